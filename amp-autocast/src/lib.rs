@@ -1,0 +1,1 @@
+//! Thread-local autocast regions applying amp-policy at the dispatch point.

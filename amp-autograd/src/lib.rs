@@ -1,0 +1,1 @@
+//! Autograd tape with double backward and the single op dispatch point.

@@ -1,0 +1,1 @@
+//! Layers, losses and the Module trait.

@@ -1,0 +1,1 @@
+//! Optimizers (SGD, Adam, AdamW) with the scaling-aware step contract.

@@ -1,0 +1,1 @@
+//! Op policy registry (being built).

@@ -1,0 +1,1 @@
+//! GradScaler with PyTorch's exact dynamic loss-scaling semantics.

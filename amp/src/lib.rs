@@ -1,0 +1,1 @@
+//! Automatic mixed precision for Rust: autocast + GradScaler (facade).

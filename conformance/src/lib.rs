@@ -1,0 +1,1 @@
+//! Conformance suite: PyTorch-computed vectors, golden snapshots and property tests for the amp workspace.
