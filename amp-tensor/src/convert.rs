@@ -1,0 +1,212 @@
+//! Dtype conversion of whole buffers: generic element casts, with vectorised
+//! f32↔f16 (F16C via `half`, chosen at run time) and f32↔bf16 (AVX2 when present)
+//! fast paths, parallel (rayon) for large buffers.
+
+use std::mem::MaybeUninit;
+
+use half::{bf16, f16, slice::HalfFloatSliceExt};
+use rayon::prelude::*;
+
+use crate::{Element, Layout};
+
+/// Buffers at least this long are converted by several threads.
+pub const PARALLEL_THRESHOLD: usize = 1 << 18;
+const CHUNK: usize = 1 << 16;
+
+/// A vector of `n` elements written by `fill` (which must write every element).
+pub(crate) fn fill_vec<U: Element>(n: usize, fill: impl FnOnce(&mut [MaybeUninit<U>])) -> Vec<U> {
+    let mut v = Vec::with_capacity(n);
+    fill(&mut v.spare_capacity_mut()[..n]);
+    // SAFETY: `fill` initialised all `n` elements (every caller writes each slot once).
+    unsafe { v.set_len(n) };
+    v
+}
+
+/// f32 → bf16 bits, round to nearest even; NaN becomes PyTorch's canonical 0x7FC0.
+#[inline(always)]
+fn f32_to_bf16_bits(x: f32) -> u16 {
+    let b = x.to_bits();
+    let rounded = (b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16) as u16;
+    if (b & 0x7FFF_FFFF) > 0x7F80_0000 {
+        0x7FC0
+    } else {
+        rounded
+    }
+}
+
+#[inline(always)]
+fn f32_to_bf16_loop(src: &[f32], dst: &mut [MaybeUninit<bf16>]) {
+    for (d, &s) in dst.iter_mut().zip(src) {
+        d.write(bf16::from_bits(f32_to_bf16_bits(s)));
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn f32_to_bf16_avx2(src: &[f32], dst: &mut [MaybeUninit<bf16>]) {
+    f32_to_bf16_loop(src, dst)
+}
+
+fn f32_to_bf16_chunk(src: &[f32], dst: &mut [MaybeUninit<bf16>]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above).
+        return unsafe { f32_to_bf16_avx2(src, dst) };
+    }
+    f32_to_bf16_loop(src, dst)
+}
+
+#[inline(always)]
+fn bf16_to_f32_loop(src: &[bf16], dst: &mut [MaybeUninit<f32>]) {
+    for (d, &s) in dst.iter_mut().zip(src) {
+        d.write(f32::from_bits((s.to_bits() as u32) << 16));
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn bf16_to_f32_avx2(src: &[bf16], dst: &mut [MaybeUninit<f32>]) {
+    bf16_to_f32_loop(src, dst)
+}
+
+fn bf16_to_f32_chunk(src: &[bf16], dst: &mut [MaybeUninit<f32>]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above).
+        return unsafe { bf16_to_f32_avx2(src, dst) };
+    }
+    bf16_to_f32_loop(src, dst)
+}
+
+fn uninit_as_init<U>(dst: &mut [MaybeUninit<U>]) -> &mut [U] {
+    // The half conversion routines take `&mut [U]`; they only write. Zero-initialise
+    // first is unnecessary for plain-old-data: every bit pattern of f16/f32 is valid.
+    // SAFETY: f16 and f32 have no invalid bit patterns and the slice is only written.
+    unsafe { &mut *(dst as *mut [MaybeUninit<U>] as *mut [U]) }
+}
+
+/// Reinterpret a slice of `T` as a slice of `V` when they are the same type.
+fn same<T: Element, V: Element>(s: &[T]) -> Option<&[V]> {
+    // SAFETY: `DTYPE` is unique per element type, so equal dtypes mean T == V.
+    (T::DTYPE == V::DTYPE).then(|| unsafe { &*(s as *const [T] as *const [V]) })
+}
+
+fn same_mut<T: Element, V: Element>(s: &mut [MaybeUninit<T>]) -> Option<&mut [MaybeUninit<V>]> {
+    // SAFETY: as in `same`.
+    (T::DTYPE == V::DTYPE)
+        .then(|| unsafe { &mut *(s as *mut [MaybeUninit<T>] as *mut [MaybeUninit<V>]) })
+}
+
+fn cast_chunk<T: Element, U: Element>(src: &[T], dst: &mut [MaybeUninit<U>]) {
+    // Fast paths for the conversions AMP does all the time (resolved at compile time).
+    if let (Some(s), Some(d)) = (same::<T, f32>(src), same_mut::<U, bf16>(dst)) {
+        return f32_to_bf16_chunk(s, d);
+    }
+    if let (Some(s), Some(d)) = (same::<T, bf16>(src), same_mut::<U, f32>(dst)) {
+        return bf16_to_f32_chunk(s, d);
+    }
+    if let (Some(s), Some(d)) = (same::<T, f32>(src), same_mut::<U, f16>(dst)) {
+        return uninit_as_init(d).convert_from_f32_slice(s);
+    }
+    if let (Some(s), Some(d)) = (same::<T, f16>(src), same_mut::<U, f32>(dst)) {
+        return s.convert_to_f32_slice(uninit_as_init(d));
+    }
+    if let (Some(s), Some(d)) = (same::<T, U>(src), same_mut::<U, U>(dst)) {
+        for (d, &s) in d.iter_mut().zip(s) {
+            d.write(s);
+        }
+        return;
+    }
+    for (d, &s) in dst.iter_mut().zip(src) {
+        d.write(s.cast::<U>());
+    }
+}
+
+/// Convert a contiguous slice, in parallel when it is large.
+pub fn cast_slice<T: Element, U: Element>(src: &[T]) -> Vec<U> {
+    fill_vec(src.len(), |dst| {
+        if src.len() >= PARALLEL_THRESHOLD {
+            dst.par_chunks_mut(CHUNK)
+                .zip(src.par_chunks(CHUNK))
+                .for_each(|(d, s)| cast_chunk(s, d));
+        } else {
+            cast_chunk(src, dst);
+        }
+    })
+}
+
+/// Gather the elements `layout` selects from `src` in row-major order, converting
+/// each to `U`. Contiguous layouts take [`cast_slice`].
+pub fn gather_cast<T: Element, U: Element>(src: &[T], layout: &Layout) -> Vec<U> {
+    if let Some(r) = layout.contiguous_range() {
+        return cast_slice(&src[r]);
+    }
+    let mut out = Vec::with_capacity(layout.elem_count());
+    layout.for_each_run(|start, len, stride| {
+        if stride == 1 {
+            out.extend(src[start..start + len].iter().map(|v| v.cast::<U>()));
+        } else {
+            out.extend((0..len).map(|i| src[start + i * stride].cast::<U>()));
+        }
+    });
+    out
+}
+
+/// Copy (with a cast) from a gathered source into the places `dst_layout` selects.
+pub fn scatter_cast<T: Element, U: Element>(src: &[T], dst: &mut [U], dst_layout: &Layout) {
+    debug_assert_eq!(src.len(), dst_layout.elem_count());
+    if let Some(r) = dst_layout.contiguous_range() {
+        let dst = &mut dst[r];
+        if src.len() >= PARALLEL_THRESHOLD {
+            dst.par_chunks_mut(CHUNK)
+                .zip(src.par_chunks(CHUNK))
+                .for_each(|(d, s)| d.iter_mut().zip(s).for_each(|(d, s)| *d = s.cast()));
+        } else {
+            dst.iter_mut().zip(src).for_each(|(d, s)| *d = s.cast());
+        }
+        return;
+    }
+    let mut i = 0;
+    dst_layout.for_each_run(|start, len, stride| {
+        for k in 0..len {
+            dst[start + k * stride] = src[i + k].cast();
+        }
+        i += len;
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bf16_matches_half_for_every_non_nan_input_pattern_sample() {
+        // exhaustive over the 16-bit patterns is in the integration tests; here a sweep
+        for hi in (0u32..=0xFFFF).step_by(7) {
+            for lo in [0u32, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF] {
+                let x = f32::from_bits((hi << 16) | lo);
+                let ours = bf16::from_bits(f32_to_bf16_bits(x));
+                if x.is_nan() {
+                    assert_eq!(ours.to_bits(), 0x7FC0);
+                } else {
+                    assert_eq!(ours.to_bits(), bf16::from_f32(x).to_bits(), "{x:e}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn parallel_path_equals_scalar() {
+        let src: Vec<f32> = (0..PARALLEL_THRESHOLD + 123)
+            .map(|i| (i as f32).sin() * 1e3)
+            .collect();
+        let a: Vec<bf16> = cast_slice(&src);
+        let b: Vec<f16> = cast_slice(&src);
+        for (i, &s) in src.iter().enumerate() {
+            assert_eq!(a[i], bf16::from_f32(s));
+            assert_eq!(b[i], f16::from_f32(s));
+        }
+        let back: Vec<f32> = cast_slice(&a);
+        assert_eq!(back[77], a[77].to_f32());
+    }
+}

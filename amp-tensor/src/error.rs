@@ -1,0 +1,90 @@
+//! The one error type of the tensor layer (and of the kernels built on it).
+
+use crate::{DType, Device};
+
+/// Result alias used across the tensor and kernel crates.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Everything that can go wrong with user input at the tensor level.
+///
+/// Messages name the offending values; where PyTorch has a message for the same
+/// situation its wording is followed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Error {
+    /// Two shapes that must agree (or broadcast) do not.
+    #[error("{op}: shape mismatch: {lhs:?} and {rhs:?}{}", hint_suffix(hint))]
+    ShapeMismatch {
+        op: &'static str,
+        lhs: Vec<usize>,
+        rhs: Vec<usize>,
+        hint: Option<String>,
+    },
+    /// A shape that is invalid on its own (wrong rank, wrong element count, ...).
+    #[error("{op}: invalid shape {shape:?}: {msg}")]
+    InvalidShape {
+        op: &'static str,
+        shape: Vec<usize>,
+        msg: String,
+    },
+    /// Tensors of different dtypes where one dtype is required.
+    #[error("{op}: expected dtype {expected}, but got {got}")]
+    DTypeMismatch {
+        op: &'static str,
+        expected: DType,
+        got: DType,
+    },
+    /// Tensors on different devices.
+    #[error("Expected all tensors to be on the same device, but found at least two devices, {lhs} and {rhs}! (in {op})")]
+    DeviceMismatch {
+        op: &'static str,
+        lhs: Device,
+        rhs: Device,
+    },
+    /// A dimension index outside `[-ndim, ndim - 1]`.
+    #[error("Dimension out of range (expected to be in range of [{}, {}], but got {dim})", -(*.ndim.max(&1) as i64), (*.ndim.max(&1) as i64) - 1)]
+    DimOutOfRange { dim: i64, ndim: usize },
+    /// An index or a range outside a dimension.
+    #[error("{op}: index {index} is out of bounds for dimension {dim} with size {size}")]
+    IndexOutOfRange {
+        op: &'static str,
+        index: i64,
+        dim: usize,
+        size: usize,
+    },
+    /// The op has no kernel for this dtype.
+    #[error("\"{op}\" not implemented for '{dtype}'")]
+    UnsupportedDType { op: &'static str, dtype: DType },
+    /// The device cannot be used (no driver, no library, feature not compiled in).
+    #[error("device {device} is unavailable: {reason}")]
+    DeviceUnavailable { device: Device, reason: String },
+    /// Any other invalid argument, with the op and a sentence saying what is wrong.
+    #[error("{op}: {msg}")]
+    InvalidArgument { op: &'static str, msg: String },
+}
+
+fn hint_suffix(hint: &Option<String>) -> String {
+    match hint {
+        Some(h) => format!(" ({h})"),
+        None => String::new(),
+    }
+}
+
+impl Error {
+    /// Shorthand for [`Error::InvalidArgument`].
+    pub fn invalid(op: &'static str, msg: impl Into<String>) -> Self {
+        Error::InvalidArgument {
+            op,
+            msg: msg.into(),
+        }
+    }
+
+    /// Shorthand for [`Error::ShapeMismatch`] without a hint.
+    pub fn shape_mismatch(op: &'static str, lhs: &[usize], rhs: &[usize]) -> Self {
+        Error::ShapeMismatch {
+            op,
+            lhs: lhs.to_vec(),
+            rhs: rhs.to_vec(),
+            hint: None,
+        }
+    }
+}

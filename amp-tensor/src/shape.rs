@@ -1,0 +1,212 @@
+//! Shapes, dimension indices (with PyTorch's negative wrapping) and broadcasting.
+
+use std::fmt;
+
+use crate::{Error, Result};
+
+/// The sizes of a tensor's dimensions. `[]` is a 0-dim tensor with one element.
+#[derive(Clone, PartialEq, Eq, Hash, Default)]
+pub struct Shape(Vec<usize>);
+
+impl Shape {
+    /// The dimension sizes.
+    #[inline]
+    pub fn dims(&self) -> &[usize] {
+        &self.0
+    }
+    /// Number of dimensions.
+    #[inline]
+    pub fn rank(&self) -> usize {
+        self.0.len()
+    }
+    /// Number of elements (1 for a 0-dim shape).
+    #[inline]
+    pub fn elem_count(&self) -> usize {
+        self.0.iter().product()
+    }
+    /// Row-major (C-contiguous) strides of this shape, in elements.
+    pub fn contiguous_strides(&self) -> Vec<usize> {
+        let mut strides = vec![0; self.0.len()];
+        let mut acc = 1;
+        for (s, &d) in strides.iter_mut().zip(&self.0).rev() {
+            *s = acc;
+            acc *= d.max(1);
+        }
+        strides
+    }
+    /// Consume into the vector of sizes.
+    pub fn into_dims(self) -> Vec<usize> {
+        self.0
+    }
+    /// Size of dimension `dim` (negative counts from the end).
+    pub fn dim(&self, dim: impl Dim) -> Result<usize> {
+        Ok(self.0[dim.to_index(self.rank())?])
+    }
+}
+
+impl fmt::Debug for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.0)
+    }
+}
+impl fmt::Display for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.0)
+    }
+}
+
+impl From<Vec<usize>> for Shape {
+    fn from(v: Vec<usize>) -> Self {
+        Shape(v)
+    }
+}
+impl From<&Vec<usize>> for Shape {
+    fn from(v: &Vec<usize>) -> Self {
+        Shape(v.clone())
+    }
+}
+impl From<&[usize]> for Shape {
+    fn from(v: &[usize]) -> Self {
+        Shape(v.to_vec())
+    }
+}
+impl<const N: usize> From<[usize; N]> for Shape {
+    fn from(v: [usize; N]) -> Self {
+        Shape(v.to_vec())
+    }
+}
+impl<const N: usize> From<&[usize; N]> for Shape {
+    fn from(v: &[usize; N]) -> Self {
+        Shape(v.to_vec())
+    }
+}
+impl From<()> for Shape {
+    fn from(_: ()) -> Self {
+        Shape(Vec::new())
+    }
+}
+impl From<&Shape> for Shape {
+    fn from(s: &Shape) -> Self {
+        s.clone()
+    }
+}
+impl From<usize> for Shape {
+    fn from(n: usize) -> Self {
+        Shape(vec![n])
+    }
+}
+
+/// A dimension index: `usize` counts from the front, signed integers may be negative
+/// and count from the end, as in PyTorch.
+pub trait Dim: Copy {
+    /// The index into a shape of rank `ndim`.
+    fn to_index(self, ndim: usize) -> Result<usize>;
+    /// The index of an insertion point (`unsqueeze`), valid in `0..=ndim`.
+    fn to_insert_index(self, ndim: usize) -> Result<usize>;
+}
+
+/// Wrap a possibly negative dimension into `0..ndim` (a 0-dim tensor accepts -1 and 0).
+pub fn wrap_dim(dim: i64, ndim: usize) -> Result<usize> {
+    let n = ndim.max(1) as i64;
+    if dim < -n || dim >= n {
+        return Err(Error::DimOutOfRange { dim, ndim });
+    }
+    Ok(if dim < 0 { dim + n } else { dim } as usize)
+}
+
+impl Dim for usize {
+    fn to_index(self, ndim: usize) -> Result<usize> {
+        wrap_dim(self as i64, ndim)
+    }
+    fn to_insert_index(self, ndim: usize) -> Result<usize> {
+        wrap_dim(self as i64, ndim + 1)
+    }
+}
+
+macro_rules! signed_dim {
+    ($($t:ty),*) => {$(
+        impl Dim for $t {
+            fn to_index(self, ndim: usize) -> Result<usize> {
+                wrap_dim(self as i64, ndim)
+            }
+            fn to_insert_index(self, ndim: usize) -> Result<usize> {
+                wrap_dim(self as i64, ndim + 1)
+            }
+        }
+    )*};
+}
+signed_dim!(i32, i64, isize);
+
+/// The broadcast of two shapes (numpy/PyTorch rules), or a shape-mismatch error.
+pub fn broadcast_shapes(op: &'static str, a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
+    let n = a.len().max(b.len());
+    let mut out = vec![0; n];
+    for i in 0..n {
+        let da = if i + a.len() >= n {
+            a[i + a.len() - n]
+        } else {
+            1
+        };
+        let db = if i + b.len() >= n {
+            b[i + b.len() - n]
+        } else {
+            1
+        };
+        out[i] = if da == db || db == 1 {
+            da
+        } else if da == 1 {
+            db
+        } else {
+            return Err(Error::ShapeMismatch {
+                op,
+                lhs: a.to_vec(),
+                rhs: b.to_vec(),
+                hint: Some(format!(
+                    "The size of tensor a ({da}) must match the size of tensor b ({db}) at non-singleton dimension {i}"
+                )),
+            });
+        };
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strides_and_counts() {
+        let s = Shape::from([2, 3, 4]);
+        assert_eq!(s.contiguous_strides(), vec![12, 4, 1]);
+        assert_eq!(s.elem_count(), 24);
+        assert_eq!(Shape::from(()).elem_count(), 1);
+        assert_eq!(s.dim(-1).unwrap(), 4);
+        assert!(s.dim(3).is_err());
+    }
+
+    #[test]
+    fn wrapping() {
+        assert_eq!(wrap_dim(-1, 0).unwrap(), 0);
+        assert_eq!(wrap_dim(-3, 3).unwrap(), 0);
+        let e = wrap_dim(2, 2).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "Dimension out of range (expected to be in range of [-2, 1], but got 2)"
+        );
+        assert_eq!((-1i64).to_insert_index(2).unwrap(), 2);
+    }
+
+    #[test]
+    fn broadcasting() {
+        assert_eq!(broadcast_shapes("add", &[3, 1], &[4]).unwrap(), vec![3, 4]);
+        assert_eq!(broadcast_shapes("add", &[], &[2, 2]).unwrap(), vec![2, 2]);
+        assert_eq!(
+            broadcast_shapes("add", &[0, 1], &[1, 5]).unwrap(),
+            vec![0, 5]
+        );
+        let e = broadcast_shapes("add", &[3], &[4]).unwrap_err();
+        assert!(e
+            .to_string()
+            .contains("must match the size of tensor b (4)"));
+    }
+}

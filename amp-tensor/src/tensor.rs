@@ -1,0 +1,652 @@
+//! The tensor value: shared storage + layout + dtype + device.
+
+use std::fmt;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use crate::convert::{gather_cast, scatter_cast};
+use crate::shape::Dim;
+use crate::{
+    with_dtype, CpuStorage, DType, Device, Element, Error, Generator, Layout, Result, Scalar,
+    Shape, Storage,
+};
+
+struct Inner {
+    storage: Arc<RwLock<Storage>>,
+    layout: Layout,
+    dtype: DType,
+    device: Device,
+    is_view: bool,
+}
+
+/// An n-dimensional array of one [`DType`] on one [`Device`].
+///
+/// Cloning is cheap (reference counted). Views (`transpose`, `narrow`, `expand`, ...)
+/// share the storage; writes through one (`copy_`) are visible through the others.
+/// This type knows nothing about gradients: `amp-autograd` wraps it.
+#[derive(Clone)]
+pub struct Tensor(Arc<Inner>);
+
+fn poisoned<T>(e: std::sync::PoisonError<T>) -> T {
+    e.into_inner()
+}
+
+impl Tensor {
+    // ----- construction -------------------------------------------------------------
+
+    /// A tensor over `storage` viewed through `layout` (host storage).
+    pub fn from_storage(storage: CpuStorage, layout: Layout) -> Result<Tensor> {
+        let needed = max_offset(&layout).map_or(0, |m| m + 1);
+        if needed > storage.len() {
+            return Err(Error::InvalidShape {
+                op: "from_storage",
+                shape: layout.dims().to_vec(),
+                msg: format!(
+                    "layout needs {needed} elements but storage has {}",
+                    storage.len()
+                ),
+            });
+        }
+        let dtype = storage.dtype();
+        Ok(Tensor(Arc::new(Inner {
+            storage: Arc::new(RwLock::new(Storage::Cpu(storage))),
+            layout,
+            dtype,
+            device: Device::Cpu,
+            is_view: false,
+        })))
+    }
+
+    /// A contiguous tensor owning `data` (row-major) with `shape`.
+    pub fn from_vec<T: Element>(data: Vec<T>, shape: impl Into<Shape>) -> Result<Tensor> {
+        let shape = shape.into();
+        if shape.elem_count() != data.len() {
+            return Err(Error::InvalidShape {
+                op: "from_vec",
+                shape: shape.into_dims(),
+                msg: format!("shape does not hold {} elements", data.len()),
+            });
+        }
+        Self::from_storage(T::into_storage(data), Layout::contiguous(shape))
+    }
+
+    /// A contiguous tensor copied from `data`.
+    pub fn from_slice<T: Element>(data: &[T], shape: impl Into<Shape>) -> Result<Tensor> {
+        Self::from_vec(data.to_vec(), shape)
+    }
+
+    /// A 0-dim tensor holding `value`.
+    pub fn scalar<T: Element>(value: T) -> Tensor {
+        Self::from_vec(vec![value], ()).expect("one element fits a 0-dim shape")
+    }
+
+    /// A 0-dim tensor of `dtype` holding `value` cast to it.
+    pub fn scalar_of(value: impl Into<Scalar>, dtype: DType) -> Tensor {
+        Self::full((), value, dtype)
+    }
+
+    /// Every element `value` (cast to `dtype` with PyTorch's rules).
+    pub fn full(shape: impl Into<Shape>, value: impl Into<Scalar>, dtype: DType) -> Tensor {
+        let shape = shape.into();
+        let n = shape.elem_count();
+        let storage = match value.into() {
+            Scalar::Int(i) => {
+                with_dtype!(dtype, T => T::into_storage(vec![<i64 as Element>::cast::<T>(i); n]))
+            }
+            Scalar::Bool(b) => {
+                with_dtype!(dtype, T => T::into_storage(vec![<bool as Element>::cast::<T>(b); n]))
+            }
+            Scalar::Float(f) => CpuStorage::full(dtype, n, f),
+        };
+        Self::from_storage(storage, Layout::contiguous(shape)).expect("sizes agree")
+    }
+
+    /// Zeros.
+    pub fn zeros(shape: impl Into<Shape>, dtype: DType) -> Tensor {
+        let shape = shape.into();
+        let storage = CpuStorage::zeros(dtype, shape.elem_count());
+        Self::from_storage(storage, Layout::contiguous(shape)).expect("sizes agree")
+    }
+
+    /// Ones.
+    pub fn ones(shape: impl Into<Shape>, dtype: DType) -> Tensor {
+        Self::full(shape, 1i64, dtype)
+    }
+
+    /// Zeros with this tensor's shape and dtype.
+    pub fn zeros_like(&self) -> Tensor {
+        Self::zeros(self.shape(), self.dtype())
+    }
+
+    /// Ones with this tensor's shape and dtype.
+    pub fn ones_like(&self) -> Tensor {
+        Self::ones(self.shape(), self.dtype())
+    }
+
+    /// `value` everywhere, with this tensor's shape and dtype.
+    pub fn full_like(&self, value: impl Into<Scalar>) -> Tensor {
+        Self::full(self.shape(), value, self.dtype())
+    }
+
+    /// `start, start + step, ...` up to (excluding) `end`, as PyTorch's `arange`.
+    pub fn arange(start: f64, end: f64, step: f64, dtype: DType) -> Result<Tensor> {
+        if step == 0.0 || !step.is_finite() || !start.is_finite() || !end.is_finite() {
+            return Err(Error::invalid(
+                "arange",
+                format!("invalid step {step} or bounds {start}..{end}"),
+            ));
+        }
+        if (end - start) * step < 0.0 {
+            return Err(Error::invalid(
+                "arange",
+                "upper bound and larger bound inconsistent with step sign",
+            ));
+        }
+        let n = ((end - start) / step).ceil().max(0.0) as usize;
+        let data = with_dtype!(dtype, T => T::into_storage(
+            (0..n).map(|i| <f64 as Element>::cast::<T>(start + i as f64 * step)).collect()));
+        Self::from_storage(data, Layout::contiguous([n]))
+    }
+
+    /// The `n × n` identity.
+    pub fn eye(n: usize, dtype: DType) -> Tensor {
+        let mut v = vec![0f64; n * n];
+        for i in 0..n {
+            v[i * n + i] = 1.0;
+        }
+        Tensor::from_vec(v, [n, n])
+            .and_then(|t| t.to_dtype(dtype))
+            .expect("sizes agree")
+    }
+
+    /// Uniform samples in `[0, 1)` drawn from `gen`.
+    pub fn rand(shape: impl Into<Shape>, dtype: DType, gen: &mut Generator) -> Result<Tensor> {
+        Self::sampled("rand", shape.into(), dtype, || gen.uniform())
+    }
+
+    /// Standard normal samples drawn from `gen`.
+    pub fn randn(shape: impl Into<Shape>, dtype: DType, gen: &mut Generator) -> Result<Tensor> {
+        Self::sampled("randn", shape.into(), dtype, || gen.normal())
+    }
+
+    /// Uniform samples in `[lo, hi)` drawn from `gen`.
+    pub fn uniform(
+        shape: impl Into<Shape>,
+        lo: f64,
+        hi: f64,
+        dtype: DType,
+        gen: &mut Generator,
+    ) -> Result<Tensor> {
+        Self::sampled("uniform", shape.into(), dtype, || gen.uniform_range(lo, hi))
+    }
+
+    fn sampled(
+        op: &'static str,
+        shape: Shape,
+        dtype: DType,
+        mut f: impl FnMut() -> f64,
+    ) -> Result<Tensor> {
+        if !dtype.is_floating_point() {
+            return Err(Error::UnsupportedDType { op, dtype });
+        }
+        let data: Vec<f64> = (0..shape.elem_count()).map(|_| f()).collect();
+        Tensor::from_vec(data, shape)?.to_dtype(dtype)
+    }
+
+    // ----- metadata -----------------------------------------------------------------
+
+    #[inline]
+    pub fn dtype(&self) -> DType {
+        self.0.dtype
+    }
+    #[inline]
+    pub fn device(&self) -> Device {
+        self.0.device
+    }
+    #[inline]
+    pub fn layout(&self) -> &Layout {
+        &self.0.layout
+    }
+    #[inline]
+    pub fn shape(&self) -> &Shape {
+        self.0.layout.shape()
+    }
+    #[inline]
+    pub fn dims(&self) -> &[usize] {
+        self.0.layout.dims()
+    }
+    /// Number of dimensions.
+    #[inline]
+    pub fn rank(&self) -> usize {
+        self.0.layout.rank()
+    }
+    /// Size of one dimension (negative counts from the end).
+    pub fn dim(&self, d: impl Dim) -> Result<usize> {
+        self.shape().dim(d)
+    }
+    /// Number of elements.
+    #[inline]
+    pub fn elem_count(&self) -> usize {
+        self.0.layout.elem_count()
+    }
+    #[inline]
+    pub fn strides(&self) -> &[usize] {
+        self.0.layout.strides()
+    }
+    pub fn is_contiguous(&self) -> bool {
+        self.0.layout.is_contiguous()
+    }
+    /// `true` when this tensor was made by a view op and shares another's storage.
+    pub fn is_view(&self) -> bool {
+        self.0.is_view
+    }
+    /// `true` when both tensors use the same storage buffer.
+    pub fn same_storage(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.0.storage, &other.0.storage)
+    }
+    /// An address identifying the storage buffer (for caches keyed by storage).
+    pub fn storage_id(&self) -> usize {
+        Arc::as_ptr(&self.0.storage) as *const () as usize
+    }
+    /// Read access to the storage (kernels use it with [`Tensor::layout`]).
+    pub fn storage(&self) -> RwLockReadGuard<'_, Storage> {
+        self.0.storage.read().unwrap_or_else(poisoned)
+    }
+    /// Write access to the storage: in-place ops (optimizers, unscale) use it.
+    pub fn storage_mut(&self) -> RwLockWriteGuard<'_, Storage> {
+        self.0.storage.write().unwrap_or_else(poisoned)
+    }
+
+    fn view_of(&self, layout: Layout) -> Tensor {
+        Tensor(Arc::new(Inner {
+            storage: self.0.storage.clone(),
+            layout,
+            dtype: self.0.dtype,
+            device: self.0.device,
+            is_view: true,
+        }))
+    }
+
+    // ----- extraction ---------------------------------------------------------------
+
+    /// The elements in row-major order; `T` must be this tensor's element type.
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        if T::DTYPE != self.dtype() {
+            return Err(Error::DTypeMismatch {
+                op: "to_vec",
+                expected: T::DTYPE,
+                got: self.dtype(),
+            });
+        }
+        Ok(self.to_vec_as())
+    }
+
+    /// The elements in row-major order, each cast to `T` with PyTorch's rules.
+    pub fn to_vec_as<T: Element>(&self) -> Vec<T> {
+        let st = self.storage();
+        with_dtype!(self.dtype(), S => gather_cast::<S, T>(S::slice(st.cpu()).expect("dtype matches storage"), self.layout()))
+    }
+
+    /// The elements as f64 (exact for every dtype but int64 beyond 2^53).
+    pub fn to_vec_f64(&self) -> Vec<f64> {
+        self.to_vec_as()
+    }
+
+    /// The value of a one-element tensor as `T` (must be its element type).
+    pub fn item<T: Element>(&self) -> Result<T> {
+        self.check_one("item")?;
+        Ok(self.to_vec::<T>()?[0])
+    }
+
+    /// The value of a one-element tensor as f64.
+    pub fn item_f64(&self) -> Result<f64> {
+        self.check_one("item")?;
+        Ok(self.to_vec_f64()[0])
+    }
+
+    fn check_one(&self, op: &'static str) -> Result<()> {
+        let n = self.elem_count();
+        if n != 1 {
+            return Err(Error::invalid(
+                op,
+                format!("a Tensor with {n} elements cannot be converted to Scalar"),
+            ));
+        }
+        Ok(())
+    }
+
+    // ----- conversion ---------------------------------------------------------------
+
+    /// A copy converted to `dtype` (this tensor itself when it already has it).
+    pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
+        if dtype == self.dtype() {
+            return Ok(self.clone());
+        }
+        let st = self.storage();
+        let storage = with_dtype!(self.dtype(), S => {
+            let src = S::slice(st.cpu()).expect("dtype matches storage");
+            with_dtype!(dtype, D => D::into_storage(gather_cast::<S, D>(src, self.layout())))
+        });
+        Tensor::from_storage(storage, Layout::contiguous(self.shape()))
+    }
+
+    /// A copy on `device` (this tensor itself when it is already there).
+    pub fn to_device(&self, device: Device) -> Result<Tensor> {
+        if device == self.device() {
+            return Ok(self.clone());
+        }
+        Err(Error::DeviceUnavailable {
+            device,
+            reason:
+                "device tensors need the CUDA backend (the `cuda` feature with a driver present)"
+                    .into(),
+        })
+    }
+
+    /// A contiguous tensor with the same values (this tensor itself when contiguous).
+    pub fn contiguous(&self) -> Tensor {
+        if self.is_contiguous() {
+            return self.clone();
+        }
+        self.copy()
+    }
+
+    /// A fresh contiguous copy that shares nothing with this tensor.
+    pub fn copy(&self) -> Tensor {
+        let st = self.storage();
+        let storage = with_dtype!(self.dtype(), S => S::into_storage(
+            gather_cast::<S, S>(S::slice(st.cpu()).expect("dtype matches storage"), self.layout())));
+        Tensor::from_storage(storage, Layout::contiguous(self.shape())).expect("sizes agree")
+    }
+
+    /// Copy `src` into this tensor in place (PyTorch's `copy_`): `src` is broadcast to
+    /// this shape and cast to this dtype. Views of the same storage see the change.
+    pub fn copy_(&self, src: &Tensor) -> Result<()> {
+        if src.device() != self.device() {
+            return Err(Error::DeviceMismatch {
+                op: "copy_",
+                lhs: self.device(),
+                rhs: src.device(),
+            });
+        }
+        let src_layout = src.layout().broadcast_as(self.dims())?;
+        // Gather first: the source may alias the destination.
+        let gathered = {
+            let st = src.storage();
+            with_dtype!(src.dtype(), S => S::into_storage(
+                gather_cast::<S, S>(S::slice(st.cpu()).expect("dtype matches storage"), &src_layout)))
+        };
+        let mut dst = self.storage_mut();
+        with_dtype!(src.dtype(), S => {
+            let s = S::slice(&gathered).expect("gathered as S");
+            with_dtype!(self.dtype(), D => scatter_cast::<S, D>(s, D::slice_mut(dst.cpu_mut()).expect("dtype matches storage"), self.layout()))
+        });
+        Ok(())
+    }
+
+    /// Set every element to `value` in place.
+    pub fn fill_(&self, value: impl Into<Scalar>) -> Result<()> {
+        self.copy_(&Tensor::scalar_of(value, self.dtype()))
+    }
+
+    // ----- views --------------------------------------------------------------------
+
+    /// A view with another shape; `-1` infers one size. Fails when the strides do not
+    /// allow a view (use [`Tensor::reshape`]).
+    pub fn view(&self, shape: impl IntoDims) -> Result<Tensor> {
+        let dims = shape.resolve("view", self.elem_count())?;
+        match self.layout().view_strides(&dims) {
+            Some(strides) => Ok(self.view_of(Layout::new(dims, strides, self.layout().offset()))),
+            None => Err(Error::invalid(
+                "view",
+                "view size is not compatible with input tensor's size and stride (at least one dimension spans across two contiguous subspaces). Use .reshape(...) instead.",
+            )),
+        }
+    }
+
+    /// Another shape over the same elements: a view when possible, else a copy.
+    pub fn reshape(&self, shape: impl IntoDims) -> Result<Tensor> {
+        let dims = shape.resolve("reshape", self.elem_count())?;
+        match self.layout().view_strides(&dims) {
+            Some(strides) => Ok(self.view_of(Layout::new(dims, strides, self.layout().offset()))),
+            None => self.copy().view(dims),
+        }
+    }
+
+    /// Swap two dimensions (a view).
+    pub fn transpose(&self, d0: impl Dim, d1: impl Dim) -> Result<Tensor> {
+        Ok(self.view_of(self.layout().transpose(d0, d1)?))
+    }
+
+    /// Transpose of a tensor with at most 2 dims (PyTorch's `.t()`).
+    pub fn t(&self) -> Result<Tensor> {
+        match self.rank() {
+            0 | 1 => Ok(self.view_of(self.layout().clone())),
+            2 => self.transpose(0usize, 1usize),
+            n => Err(Error::invalid(
+                "t",
+                format!("t() expects a tensor with <= 2 dimensions, but self is {n}D"),
+            )),
+        }
+    }
+
+    /// Reorder dimensions (a view).
+    pub fn permute<D: Dim>(&self, dims: &[D]) -> Result<Tensor> {
+        Ok(self.view_of(self.layout().permute(dims)?))
+    }
+
+    /// `len` entries of `dim` from `start` (a view).
+    pub fn narrow(&self, dim: impl Dim, start: usize, len: usize) -> Result<Tensor> {
+        Ok(self.view_of(self.layout().narrow(dim, start, len)?))
+    }
+
+    /// `x[start:end:step]` along `dim` (a view; bounds are clamped as in Python).
+    pub fn slice(&self, dim: impl Dim, start: usize, end: usize, step: usize) -> Result<Tensor> {
+        Ok(self.view_of(self.layout().slice(dim, start, end, step)?))
+    }
+
+    /// Entry `index` of `dim`, dropping the dimension (a view; `x[i]` for dim 0).
+    pub fn select(&self, dim: impl Dim, index: i64) -> Result<Tensor> {
+        Ok(self.view_of(self.layout().select(dim, index)?))
+    }
+
+    /// `x[i]`: entry `i` of the first dimension.
+    pub fn get(&self, index: i64) -> Result<Tensor> {
+        self.select(0usize, index)
+    }
+
+    /// Insert a size-1 dimension (a view).
+    pub fn unsqueeze(&self, dim: impl Dim) -> Result<Tensor> {
+        Ok(self.view_of(self.layout().unsqueeze(dim)?))
+    }
+
+    /// Drop `dim` if its size is 1 (a view).
+    pub fn squeeze(&self, dim: impl Dim) -> Result<Tensor> {
+        Ok(self.view_of(self.layout().squeeze(dim)?))
+    }
+
+    /// Drop every size-1 dimension (a view).
+    pub fn squeeze_all(&self) -> Tensor {
+        self.view_of(self.layout().squeeze_all())
+    }
+
+    /// Broadcast to `shape` without copying; `-1` keeps a size (PyTorch's `expand`).
+    pub fn expand(&self, shape: impl IntoDims) -> Result<Tensor> {
+        let raw = shape.raw();
+        let lead = raw.len().saturating_sub(self.rank());
+        let mut dims = Vec::with_capacity(raw.len());
+        for (i, &s) in raw.iter().enumerate() {
+            if s == -1 {
+                if i < lead {
+                    return Err(Error::invalid(
+                        "expand",
+                        "-1 is not allowed in a leading, non-existing dimension",
+                    ));
+                }
+                dims.push(self.dims()[i - lead]);
+            } else if s < 0 {
+                return Err(Error::invalid("expand", format!("invalid size {s}")));
+            } else {
+                dims.push(s as usize);
+            }
+        }
+        Ok(self.view_of(self.layout().broadcast_as(&dims)?))
+    }
+
+    /// Broadcast to `shape` without copying.
+    pub fn broadcast_to(&self, shape: impl Into<Shape>) -> Result<Tensor> {
+        Ok(self.view_of(self.layout().broadcast_as(shape.into().dims())?))
+    }
+
+    /// Merge dims `start..=end` into one (a view when possible).
+    pub fn flatten(&self, start: impl Dim, end: impl Dim) -> Result<Tensor> {
+        if self.rank() == 0 {
+            return self.reshape([1usize]);
+        }
+        let (s, e) = (start.to_index(self.rank())?, end.to_index(self.rank())?);
+        if s > e {
+            return Err(Error::invalid(
+                "flatten",
+                "flatten() has invalid args: start_dim cannot come after end_dim",
+            ));
+        }
+        let d = self.dims();
+        let mut dims = d[..s].to_vec();
+        dims.push(d[s..=e].iter().product());
+        dims.extend_from_slice(&d[e + 1..]);
+        self.reshape(dims)
+    }
+}
+
+fn max_offset(l: &Layout) -> Option<usize> {
+    (l.elem_count() > 0).then(|| {
+        l.offset()
+            + l.dims()
+                .iter()
+                .zip(l.strides())
+                .map(|(&d, &s)| (d - 1) * s)
+                .sum::<usize>()
+    })
+}
+
+/// A shape argument that may contain `-1` (inferred) entries.
+pub trait IntoDims {
+    /// The sizes as given (may contain -1).
+    fn raw(&self) -> Vec<i64>;
+    /// The sizes with `-1` inferred from `numel`.
+    fn resolve(&self, op: &'static str, numel: usize) -> Result<Vec<usize>> {
+        let raw = self.raw();
+        let mut infer = None;
+        let mut known = 1usize;
+        for (i, &s) in raw.iter().enumerate() {
+            match s {
+                -1 if infer.is_none() => infer = Some(i),
+                -1 => return Err(Error::invalid(op, "only one dimension can be inferred")),
+                s if s < 0 => {
+                    return Err(Error::invalid(op, format!("invalid shape dimension {s}")))
+                }
+                s => known *= s as usize,
+            }
+        }
+        let mut dims: Vec<usize> = raw.iter().map(|&s| s.max(0) as usize).collect();
+        let bad = || Error::InvalidShape {
+            op,
+            shape: dims_for_msg(&raw),
+            msg: format!("shape '{raw:?}' is invalid for input of size {numel}"),
+        };
+        match infer {
+            Some(i) => {
+                if known == 0 || numel % known != 0 {
+                    return Err(bad());
+                }
+                dims[i] = numel / known;
+            }
+            None if known != numel => return Err(bad()),
+            None => {}
+        }
+        Ok(dims)
+    }
+}
+
+fn dims_for_msg(raw: &[i64]) -> Vec<usize> {
+    raw.iter().map(|&s| s.max(0) as usize).collect()
+}
+
+macro_rules! into_dims {
+    ($($t:ty),*) => {$(
+        impl IntoDims for &[$t] {
+            fn raw(&self) -> Vec<i64> { self.iter().map(|&v| v as i64).collect() }
+        }
+        impl IntoDims for Vec<$t> {
+            fn raw(&self) -> Vec<i64> { self.iter().map(|&v| v as i64).collect() }
+        }
+        impl IntoDims for &Vec<$t> {
+            fn raw(&self) -> Vec<i64> { self.iter().map(|&v| v as i64).collect() }
+        }
+        impl<const N: usize> IntoDims for [$t; N] {
+            fn raw(&self) -> Vec<i64> { self.iter().map(|&v| v as i64).collect() }
+        }
+        impl<const N: usize> IntoDims for &[$t; N] {
+            fn raw(&self) -> Vec<i64> { self.iter().map(|&v| v as i64).collect() }
+        }
+    )*};
+}
+into_dims!(usize, i64, i32);
+
+impl IntoDims for &Shape {
+    fn raw(&self) -> Vec<i64> {
+        self.dims().iter().map(|&v| v as i64).collect()
+    }
+}
+impl IntoDims for Shape {
+    fn raw(&self) -> Vec<i64> {
+        self.dims().iter().map(|&v| v as i64).collect()
+    }
+}
+impl IntoDims for () {
+    fn raw(&self) -> Vec<i64> {
+        Vec::new()
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl fmt::Display for Tensor {
+    /// `tensor([...], shape=[..], dtype=bfloat16)`, eliding the middle of long tensors.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let v = self.to_vec_f64();
+        let show = |x: f64| {
+            if self.dtype() == DType::Bool {
+                (if x != 0.0 { "True" } else { "False" }).to_string()
+            } else if self.dtype().is_floating_point() {
+                format!("{x:.4}")
+            } else {
+                format!("{x}")
+            }
+        };
+        let items: Vec<String> = if v.len() > 12 {
+            v[..6]
+                .iter()
+                .map(|&x| show(x))
+                .chain(std::iter::once("...".into()))
+                .chain(v[v.len() - 6..].iter().map(|&x| show(x)))
+                .collect()
+        } else {
+            v.iter().map(|&x| show(x)).collect()
+        };
+        write!(
+            f,
+            "tensor([{}], shape={:?}, dtype={}",
+            items.join(", "),
+            self.dims(),
+            self.dtype()
+        )?;
+        if self.device() != Device::Cpu {
+            write!(f, ", device={}", self.device())?;
+        }
+        f.write_str(")")
+    }
+}
