@@ -1,1 +1,14 @@
-//! Kernels.
+//! CPU kernels for the amp workspace: elementwise ops with broadcasting and type
+//! promotion, reductions, softmax and friends, the matmul family (via `gemm`, f32
+//! accumulation for 16-bit types), and the two AMP kernels (fused non-finite check +
+//! unscale, and the scale update).
+//!
+//! Every function takes raw [`amp_tensor::Tensor`]s and returns a new tensor or an
+//! error; nothing here knows about gradients or autocast.
+
+pub use amp_tensor;
+
+#[macro_use]
+pub mod compute;
+
+pub use compute::{ensure_float, ensure_same_device, with_slice, Real};

@@ -122,6 +122,15 @@ fn cast_chunk<T: Element, U: Element>(src: &[T], dst: &mut [MaybeUninit<U>]) {
     }
 }
 
+/// Convert `src` into `dst` (same length) on the calling thread, with the vectorised
+/// fast paths. Kernels use it to widen a chunk of f16/bf16 into f32 and back.
+pub fn cast_into<T: Element, U: Element>(src: &[T], dst: &mut [U]) {
+    assert_eq!(src.len(), dst.len(), "cast_into: length mismatch");
+    // SAFETY: viewing initialised elements as MaybeUninit is always sound; we only write.
+    let d = unsafe { &mut *(dst as *mut [U] as *mut [MaybeUninit<U>]) };
+    cast_chunk(src, d)
+}
+
 /// Convert a contiguous slice, in parallel when it is large.
 pub fn cast_slice<T: Element, U: Element>(src: &[T]) -> Vec<U> {
     fill_vec(src.len(), |dst| {

@@ -35,7 +35,7 @@ mod shape;
 mod storage;
 mod tensor;
 
-pub use convert::{cast_slice, gather_cast, scatter_cast, PARALLEL_THRESHOLD};
+pub use convert::{cast_into, cast_slice, gather_cast, scatter_cast, PARALLEL_THRESHOLD};
 pub use device::{Device, DeviceType};
 pub use dtype::{promote_types, result_type, Category, DType, Operand, Scalar};
 pub use element::{Element, Kind};

@@ -1,0 +1,137 @@
+//! Shared plumbing for CPU kernels: the compute type of each storage dtype, slice
+//! access to (made contiguous) inputs, and chunked widen-compute-narrow loops.
+//!
+//! Kernels are generic over `T: Element` (storage) and `C: Real` (compute): f16 and
+//! bf16 compute in f32, f32 in f32, f64 in f64. The [`float_kernel!`] macro turns a
+//! runtime [`DType`] into that pair once per call.
+
+use amp_tensor::{cast_into, DType, Element, Error, Result, Tensor};
+
+/// The floating compute types (f32, f64) with the math kernels need.
+pub trait Real: num_traits::Float + Element + Send + Sync + std::iter::Sum + 'static {
+    fn from_f64c(v: f64) -> Self;
+    fn to_f64c(self) -> f64;
+    fn erf(self) -> Self;
+}
+
+impl Real for f32 {
+    #[inline(always)]
+    fn from_f64c(v: f64) -> Self {
+        v as f32
+    }
+    #[inline(always)]
+    fn to_f64c(self) -> f64 {
+        self as f64
+    }
+    #[inline(always)]
+    fn erf(self) -> Self {
+        libm::erff(self)
+    }
+}
+
+impl Real for f64 {
+    #[inline(always)]
+    fn from_f64c(v: f64) -> Self {
+        v
+    }
+    #[inline(always)]
+    fn to_f64c(self) -> f64 {
+        self
+    }
+    #[inline(always)]
+    fn erf(self) -> Self {
+        libm::erf(self)
+    }
+}
+
+/// Bind `$T` (storage element) and `$C` (compute type) for a floating `$dtype`, or
+/// return [`Error::UnsupportedDType`] naming `$op`.
+#[macro_export]
+macro_rules! float_kernel {
+    ($dtype:expr, $op:expr, |$T:ident, $C:ident| $body:expr) => {{
+        match $dtype {
+            $crate::amp_tensor::DType::F16 => {
+                type $T = $crate::amp_tensor::half::f16;
+                type $C = f32;
+                $body
+            }
+            $crate::amp_tensor::DType::BF16 => {
+                type $T = $crate::amp_tensor::half::bf16;
+                type $C = f32;
+                $body
+            }
+            $crate::amp_tensor::DType::F32 => {
+                type $T = f32;
+                type $C = f32;
+                $body
+            }
+            $crate::amp_tensor::DType::F64 => {
+                type $T = f64;
+                type $C = f64;
+                $body
+            }
+            d => {
+                return Err($crate::amp_tensor::Error::UnsupportedDType { op: $op, dtype: d })
+            }
+        }
+    }};
+}
+
+/// Fail unless `t` has a floating dtype.
+pub fn ensure_float(op: &'static str, t: &Tensor) -> Result<()> {
+    if t.dtype().is_floating_point() {
+        Ok(())
+    } else {
+        Err(Error::UnsupportedDType { op, dtype: t.dtype() })
+    }
+}
+
+/// Fail unless every tensor is on the first one's device.
+pub fn ensure_same_device(op: &'static str, ts: &[&Tensor]) -> Result<()> {
+    if let Some(first) = ts.first() {
+        for t in &ts[1..] {
+            if t.device() != first.device() {
+                return Err(Error::DeviceMismatch { op, lhs: first.device(), rhs: t.device() });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Call `f` with the elements of `t` as a contiguous row-major slice of `T`
+/// (copying only when `t` is not contiguous). `T` must be `t`'s element type.
+pub fn with_slice<T: Element, R>(t: &Tensor, f: impl FnOnce(&[T]) -> R) -> R {
+    let c = t.contiguous();
+    let st = c.storage();
+    let all = T::slice(st.cpu()).expect("with_slice: T must be the tensor's element type");
+    let r = c.layout().contiguous_range().expect("contiguous");
+    f(&all[r])
+}
+
+/// Elements per chunk when widening 16-bit floats for compute.
+pub const CHUNK: usize = 1024;
+
+/// Map `src` (storage `T`) through `f` in compute type `C` into `dst`, widening and
+/// narrowing in chunks so 16-bit types use the vectorised casts.
+#[inline]
+pub fn map_chunked<T: Element, C: Real, U: Element>(src: &[T], dst: &mut [U], f: impl Fn(C) -> C) {
+    let mut buf = [C::zero(); CHUNK];
+    for (s, d) in src.chunks(CHUNK).zip(dst.chunks_mut(CHUNK)) {
+        let b = &mut buf[..s.len()];
+        cast_into(s, b);
+        for v in b.iter_mut() {
+            *v = f(*v);
+        }
+        cast_into(b, d);
+    }
+}
+
+/// The dtype a floating result of `dtype` inputs has (ints promote to float32 where
+/// PyTorch does for float-only ops such as `exp`).
+pub fn float_result_dtype(dtype: DType) -> DType {
+    if dtype.is_floating_point() {
+        dtype
+    } else {
+        DType::F32
+    }
+}
