@@ -12,3 +12,23 @@ pub use amp_tensor;
 pub mod compute;
 
 pub use compute::{ensure_float, ensure_same_device, with_slice, Real};
+
+mod amp;
+mod binary;
+mod index;
+mod matmul;
+mod norm;
+mod reduce;
+mod softmax;
+mod ternary;
+mod unary;
+
+pub use amp::*;
+pub use binary::*;
+pub use index::*;
+pub use matmul::*;
+pub use norm::*;
+pub use reduce::*;
+pub use softmax::*;
+pub use ternary::*;
+pub use unary::*;
