@@ -14,10 +14,8 @@ pub(crate) const DOCS_CUDA: (&str, &str) = (
     include_str!("../data/docs/cuda.json"),
 );
 /// The documented CPU lists.
-pub(crate) const DOCS_CPU: (&str, &str) = (
-    "data/docs/cpu.json",
-    include_str!("../data/docs/cpu.json"),
-);
+pub(crate) const DOCS_CPU: (&str, &str) =
+    ("data/docs/cpu.json", include_str!("../data/docs/cpu.json"));
 /// PyTorch 2.15's differences from the documented lists.
 pub(crate) const TORCH_2_15: (&str, &str) = (
     "data/profiles/torch-2.15.json",
@@ -121,7 +119,10 @@ fn check_message(
         (CastPolicy::Banned, Some(m)) => {
             let m = m.into_string();
             if m.is_empty() {
-                Err(PolicyError::bad_data(file, format!("{what}: empty ban message")))
+                Err(PolicyError::bad_data(
+                    file,
+                    format!("{what}: empty ban message"),
+                ))
             } else {
                 Ok(Some(m))
             }

@@ -44,7 +44,12 @@ pub struct Entry {
 }
 
 impl Entry {
-    pub(crate) fn new(id: OpId, policy: CastPolicy, message: Option<String>, source: Source) -> Self {
+    pub(crate) fn new(
+        id: OpId,
+        policy: CastPolicy,
+        message: Option<String>,
+        source: Source,
+    ) -> Self {
         Entry {
             op: id.name(),
             id,

@@ -75,7 +75,9 @@ impl Profile {
             .get_or_init(|| {
                 Profile::docs()
                     .apply_changes(TORCH_2_15.0, TORCH_2_15.1)
-                    .expect("the embedded torch-2.15 profile is valid (checked by the crate's tests)")
+                    .expect(
+                        "the embedded torch-2.15 profile is valid (checked by the crate's tests)",
+                    )
             })
             .clone()
     }
@@ -109,7 +111,26 @@ impl Profile {
     }
 
     /// A profile built from two device-table data files (format `amp-policy-table/1`, the
-    /// format of the crate's `data/docs/*.json`).
+    /// format of the crate's `data/docs/*.json`):
+    ///
+    /// ```json
+    /// {
+    ///   "format": "amp-policy-table/1",
+    ///   "device": "cuda",
+    ///   "source": "where the lists come from",
+    ///   "notes": ["optional remarks for readers"],
+    ///   "lists": [
+    ///     {"title": "CUDA Ops that can autocast to float16", "policy": "lower_precision_fp",
+    ///      "ops": ["__matmul__", "addbmm"]},
+    ///     {"title": "...", "policy": "banned", "ops": ["binary_cross_entropy"],
+    ///      "message": ["first line", "second line"]}
+    ///   ],
+    ///   "aliases": [{"name": "grid_sampler", "of": "grid_sample", "why": "..."}]
+    /// }
+    /// ```
+    ///
+    /// Entries keep the order of the lists. A `banned` list needs a `message` (a string, or
+    /// lines joined with `\n`); no other list may have one; `none` is not a list policy.
     ///
     /// Errors with [`PolicyError::BadData`] when a file does not parse, is for the other
     /// device, lists an op twice, or has a banned list without a message.
@@ -120,7 +141,25 @@ impl Profile {
     }
 
     /// Applies a profile data file (format `amp-policy-profile/1`, the format of the crate's
-    /// `data/profiles/torch-2.15.json`) to this profile, giving a profile named after the file.
+    /// `data/profiles/torch-2.15.json`) to this profile, giving a profile named after the file:
+    ///
+    /// ```json
+    /// {
+    ///   "format": "amp-policy-profile/1",
+    ///   "profile": "torch-2.15",
+    ///   "base": "docs",
+    ///   "source": "where the changes come from",
+    ///   "notes": ["optional remarks for readers"],
+    ///   "changes": [
+    ///     {"device": "cpu", "policy": "lower_precision_fp", "ops": ["conv_transpose1d"],
+    ///      "note": "why (shown by explain)"}
+    ///   ]
+    /// }
+    /// ```
+    ///
+    /// Changes apply in order; a changed op keeps its place and records the entry it
+    /// replaces, a new op is appended; `none` takes an op off the lists. An op may be changed
+    /// once per device, and only to a policy it does not already have.
     ///
     /// The file's `base` must be this profile's name. Errors with [`PolicyError::BadData`].
     pub fn with_changes_json(&self, json: &str) -> Result<Profile, PolicyError> {

@@ -37,7 +37,9 @@ fn check(profile: &Profile, device: &str, op: &str, expect: &str) -> Result<(), 
     let expect: CastPolicy = expect.parse().map_err(|e| format!("{e}"))?;
     let listed = profile.listed_policy(device, op);
     if listed != expect {
-        return Err(format!("{op} on {device}: listed {listed}, expected {expect}"));
+        return Err(format!(
+            "{op} on {device}: listed {listed}, expected {expect}"
+        ));
     }
     let dispatch = profile.policy_by_name(device, op);
     match profile.alias(device, op) {
@@ -51,7 +53,9 @@ fn check(profile: &Profile, device: &str, op: &str, expect: &str) -> Result<(), 
             }
         }
         _ if dispatch != expect => {
-            return Err(format!("{op} on {device}: dispatches as {dispatch}, expected {expect}"));
+            return Err(format!(
+                "{op} on {device}: dispatches as {dispatch}, expected {expect}"
+            ));
         }
         _ => {}
     }
@@ -74,7 +78,12 @@ fn every_case_of_the_policy_suite() {
         }
     }
     assert_eq!(suite.cases.len(), 374);
-    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -118,12 +127,27 @@ fn grid_sample_aliases_follow_the_other_devices_name() {
     // At dispatch they are the same op as the listed name (autocast_cpu.json runs
     // grid_sample in float32 on cpu).
     let docs = Profile::docs();
-    assert_eq!(docs.listed_policy(DeviceType::Cpu, "grid_sample"), CastPolicy::None);
-    assert_eq!(docs.policy_by_name(DeviceType::Cpu, "grid_sample"), CastPolicy::Fp32);
-    assert_eq!(docs.listed_policy(DeviceType::Cuda, "grid_sampler"), CastPolicy::None);
-    assert_eq!(docs.policy_by_name(DeviceType::Cuda, "grid_sampler"), CastPolicy::Promote);
+    assert_eq!(
+        docs.listed_policy(DeviceType::Cpu, "grid_sample"),
+        CastPolicy::None
+    );
+    assert_eq!(
+        docs.policy_by_name(DeviceType::Cpu, "grid_sample"),
+        CastPolicy::Fp32
+    );
+    assert_eq!(
+        docs.listed_policy(DeviceType::Cuda, "grid_sampler"),
+        CastPolicy::None
+    );
+    assert_eq!(
+        docs.policy_by_name(DeviceType::Cuda, "grid_sampler"),
+        CastPolicy::Promote
+    );
     // The lower-level CPU names are not aliased on CUDA.
-    assert_eq!(docs.policy_by_name(DeviceType::Cuda, "grid_sampler_2d"), CastPolicy::None);
+    assert_eq!(
+        docs.policy_by_name(DeviceType::Cuda, "grid_sampler_2d"),
+        CastPolicy::None
+    );
     assert_eq!(docs.aliases(DeviceType::Cpu).len(), 1);
     assert_eq!(docs.aliases(DeviceType::Cuda).len(), 1);
 }
@@ -155,8 +179,14 @@ fn binary_cross_entropy_is_banned_on_cuda_only() {
              safe to autocast."
         )
     );
-    assert_eq!(docs.policy_by_name(DeviceType::Cpu, "binary_cross_entropy"), CastPolicy::Fp32);
-    assert_eq!(docs.banned_message(DeviceType::Cpu, "binary_cross_entropy"), None);
+    assert_eq!(
+        docs.policy_by_name(DeviceType::Cpu, "binary_cross_entropy"),
+        CastPolicy::Fp32
+    );
+    assert_eq!(
+        docs.banned_message(DeviceType::Cpu, "binary_cross_entropy"),
+        None
+    );
     assert_eq!(
         docs.policy_by_name(DeviceType::Cuda, "binary_cross_entropy_with_logits"),
         CastPolicy::Fp32

@@ -3,13 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-// TEMPORARY until amp-policy lands: replaced by `pub use amp_policy::DeviceType`.
-/// The device type autocast state is kept per: `cpu` or `cuda`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DeviceType {
-    Cpu,
-    Cuda,
-}
+pub use amp_policy::DeviceType;
 
 use crate::Error;
 
