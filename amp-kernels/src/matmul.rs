@@ -1,1 +1,893 @@
-//! (in progress)
+//! The matmul family: `mm`, `bmm`, `matmul`, `mv`, `dot`, `outer` and the fused
+//! `addmm`, `addbmm`, `baddbmm`, `addmv`, `addr`, with PyTorch's shape rules and
+//! messages.
+//!
+//! float32 and float64 go straight to `gemm` with the operands' strides (a transposed
+//! or sliced operand is never copied). float16 and bfloat16 are widened to float32
+//! (vectorised, parallel), multiplied by the float32 kernel, which accumulates in
+//! float32, and rounded once at the end; so is the `beta * input` term of the fused
+//! ops. Integer tensors use a simple wrapping kernel (not a hot path).
+//!
+//! Every operation reduces to one plan: `batch` products of an `m×k` by a `k×n`
+//! strided matrix, each matrix found at a per-batch storage offset (so broadcast batch
+//! dimensions cost nothing), optionally summed over the batch (`addbmm`) and added to
+//! `beta * input`.
+
+use amp_tensor::half::{bf16, f16};
+use amp_tensor::{
+    broadcast_shapes, cast_into, cast_slice, gather_cast, promote_types, DType, Element, Error,
+    Layout, Result, Tensor,
+};
+use gemm::Parallelism;
+use rayon::prelude::*;
+
+use crate::compute::ensure_same_device;
+
+/// Products with fewer multiply-adds than this run on the calling thread: spawning
+/// rayon work costs more than a small product (an 8×8 `mm` stays well under 1 µs).
+const PARALLEL_WORK: usize = 48 * 48 * 48;
+
+/// In a batched product, matrices with at least this many multiply-adds are each
+/// multiplied by all threads; smaller ones are spread over the threads by batch.
+const BIG_WORK: usize = 192 * 192 * 192;
+
+/// Where each matrix of one operand sits in its buffer.
+#[derive(Debug, Clone)]
+struct Side {
+    /// Storage offset of matrix `i` of the batch.
+    offsets: Vec<usize>,
+    /// Row stride (elements).
+    rs: usize,
+    /// Column stride (elements).
+    cs: usize,
+}
+
+impl Side {
+    /// A single 2-D matrix view.
+    fn matrix(t: &Tensor) -> Side {
+        Side {
+            offsets: vec![t.layout().offset()],
+            rs: t.strides()[0],
+            cs: t.strides()[1],
+        }
+    }
+
+    /// A 1-D tensor seen as a `1×len` row.
+    fn row(t: &Tensor) -> Side {
+        Side {
+            offsets: vec![t.layout().offset()],
+            rs: 0,
+            cs: t.strides()[0],
+        }
+    }
+
+    /// A 1-D tensor seen as a `len×1` column.
+    fn column(t: &Tensor) -> Side {
+        Side {
+            offsets: vec![t.layout().offset()],
+            rs: t.strides()[0],
+            cs: 0,
+        }
+    }
+
+    /// The matrices of a layout `[batch..., rows, cols]` (batch dims in row-major
+    /// order; zero strides for broadcast dims are fine).
+    fn batched(l: &Layout) -> Side {
+        let r = l.rank();
+        let batch = Layout::new(
+            l.dims()[..r - 2].to_vec(),
+            l.strides()[..r - 2].to_vec(),
+            l.offset(),
+        );
+        Side {
+            offsets: batch.offsets().collect(),
+            rs: l.strides()[r - 2],
+            cs: l.strides()[r - 1],
+        }
+    }
+
+    /// One past the largest buffer index a `rows×cols` matrix of this side touches
+    /// (0 when it touches none), and the smallest one.
+    fn span(&self, rows: usize, cols: usize) -> (usize, usize) {
+        if rows == 0 || cols == 0 || self.offsets.is_empty() {
+            return (0, 0);
+        }
+        let extent = (rows - 1) * self.rs + (cols - 1) * self.cs;
+        let lo = *self.offsets.iter().min().expect("non-empty");
+        let hi = *self.offsets.iter().max().expect("non-empty") + extent + 1;
+        (lo, hi)
+    }
+}
+
+/// One product to compute: `out[i] = beta * input[i] + alpha * (a[i] @ b[i])` for each
+/// batch entry `i` (or `out = beta * input + alpha * Σ_i a[i] @ b[i]` when `reduce`).
+struct Plan<'a> {
+    op: &'static str,
+    dtype: DType,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &'a Tensor,
+    sa: Side,
+    b: &'a Tensor,
+    sb: Side,
+    /// The input of the fused ops, with a layout broadcast to the (unreduced) output.
+    input: Option<(&'a Tensor, Layout)>,
+    beta: f64,
+    alpha: f64,
+    reduce: bool,
+    out_dims: Vec<usize>,
+}
+
+fn err(op: &'static str, msg: impl Into<String>) -> Error {
+    Error::invalid(op, msg)
+}
+
+fn same_dtype(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
+    ensure_same_device(op, &[a, b])?;
+    if a.dtype() != b.dtype() {
+        return Err(err(
+            op,
+            format!(
+                "expected m1 and m2 to have the same dtype, but got: {} != {}",
+                a.dtype(),
+                b.dtype()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The fused ops' input: same device and dtype as the product, broadcastable to `dims`.
+fn input_layout(op: &'static str, input: &Tensor, like: &Tensor, dims: &[usize]) -> Result<Layout> {
+    ensure_same_device(op, &[input, like])?;
+    if input.dtype() != like.dtype() {
+        return Err(err(
+            op,
+            format!(
+                "self and mat2 must have the same dtype, but got {} and {}",
+                input.dtype(),
+                like.dtype()
+            ),
+        ));
+    }
+    input.layout().broadcast_as(dims).map_err(|e| match e {
+        Error::ShapeMismatch { hint: Some(h), .. } => err(
+            op,
+            format!(
+                "{h}.  Target sizes: {:?}.  Tensor sizes: {:?}",
+                dims,
+                input.dims()
+            ),
+        ),
+        e => e,
+    })
+}
+
+fn check_rank(op: &'static str, t: &Tensor, rank: usize, msg: impl FnOnce() -> String) -> Result<()> {
+    if t.rank() == rank {
+        Ok(())
+    } else {
+        Err(err(op, msg()))
+    }
+}
+
+// ----- public API -----------------------------------------------------------------------
+
+/// Matrix product of two 2-D tensors (`torch.mm`): `(n×m) @ (m×p) → (n×p)`.
+///
+/// Both operands must have the same floating or integer dtype; the result has it too.
+/// float16/bfloat16 accumulate in float32 and are rounded once.
+pub fn mm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    mm_plan("mm", a, b, None, 0.0, 1.0).and_then(run)
+}
+
+/// `beta * input + alpha * (m1 @ m2)` (`torch.addmm`); `input` broadcasts to the
+/// product's shape. With `beta == 0` the input is ignored (NaN and inf included).
+pub fn addmm(input: &Tensor, m1: &Tensor, m2: &Tensor, beta: f64, alpha: f64) -> Result<Tensor> {
+    mm_plan("addmm", m1, m2, Some(input), beta, alpha).and_then(run)
+}
+
+fn mm_plan<'a>(
+    op: &'static str,
+    a: &'a Tensor,
+    b: &'a Tensor,
+    input: Option<&'a Tensor>,
+    beta: f64,
+    alpha: f64,
+) -> Result<Plan<'a>> {
+    if input.is_some() {
+        check_rank(op, a, 2, || {
+            format!("mat1 must be a matrix, got {}-D tensor", a.rank())
+        })?;
+        check_rank(op, b, 2, || {
+            format!("mat2 must be a matrix, got {}-D tensor", b.rank())
+        })?;
+    } else {
+        check_rank(op, a, 2, || "self must be a matrix".into())?;
+        check_rank(op, b, 2, || "mat2 must be a matrix".into())?;
+    }
+    same_dtype(op, a, b)?;
+    let (da, db) = (a.dims(), b.dims());
+    if da[1] != db[0] {
+        return Err(err(
+            op,
+            format!(
+                "mat1 and mat2 shapes cannot be multiplied ({}x{} and {}x{})",
+                da[0], da[1], db[0], db[1]
+            ),
+        ));
+    }
+    let out_dims = vec![da[0], db[1]];
+    let input = match input {
+        Some(i) => Some((i, input_layout(op, i, b, &out_dims)?)),
+        None => None,
+    };
+    Ok(Plan {
+        op,
+        dtype: a.dtype(),
+        m: da[0],
+        n: db[1],
+        k: da[1],
+        a,
+        sa: Side::matrix(a),
+        b,
+        sb: Side::matrix(b),
+        input,
+        beta,
+        alpha,
+        reduce: false,
+        out_dims,
+    })
+}
+
+/// Batched matrix product of two 3-D tensors (`torch.bmm`):
+/// `(B×n×m) @ (B×m×p) → (B×n×p)`.
+pub fn bmm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    bmm_plan("bmm", a, b, None, 0.0, 1.0, false).and_then(run)
+}
+
+/// `beta * input + alpha * bmm(batch1, batch2)` (`torch.baddbmm`); `input` broadcasts
+/// to `B×n×p`. With `beta == 0` the input is ignored.
+pub fn baddbmm(
+    input: &Tensor,
+    batch1: &Tensor,
+    batch2: &Tensor,
+    beta: f64,
+    alpha: f64,
+) -> Result<Tensor> {
+    bmm_plan("baddbmm", batch1, batch2, Some(input), beta, alpha, false).and_then(run)
+}
+
+/// `beta * input + alpha * Σ_i batch1[i] @ batch2[i]` (`torch.addbmm`); `input`
+/// broadcasts to `n×p`. The sum over the batch accumulates in the compute type
+/// (float32 for 16-bit floats) and is rounded once.
+pub fn addbmm(
+    input: &Tensor,
+    batch1: &Tensor,
+    batch2: &Tensor,
+    beta: f64,
+    alpha: f64,
+) -> Result<Tensor> {
+    bmm_plan("addbmm", batch1, batch2, Some(input), beta, alpha, true).and_then(run)
+}
+
+fn bmm_plan<'a>(
+    op: &'static str,
+    a: &'a Tensor,
+    b: &'a Tensor,
+    input: Option<&'a Tensor>,
+    beta: f64,
+    alpha: f64,
+    reduce: bool,
+) -> Result<Plan<'a>> {
+    check_rank(op, a, 3, || "batch1 must be a 3D tensor".into())?;
+    check_rank(op, b, 3, || "batch2 must be a 3D tensor".into())?;
+    same_dtype(op, a, b)?;
+    let (da, db) = (a.dims(), b.dims());
+    if da[0] != db[0] || da[2] != db[1] {
+        return Err(err(
+            op,
+            format!(
+                "Expected size for first two dimensions of batch2 tensor to be: [{}, {}] but got: [{}, {}].",
+                da[0], da[2], db[0], db[1]
+            ),
+        ));
+    }
+    let out_dims = if reduce {
+        vec![da[1], db[2]]
+    } else {
+        vec![da[0], da[1], db[2]]
+    };
+    let input = match input {
+        Some(i) => Some((i, input_layout(op, i, b, &out_dims)?)),
+        None => None,
+    };
+    Ok(Plan {
+        op,
+        dtype: a.dtype(),
+        m: da[1],
+        n: db[2],
+        k: da[2],
+        a,
+        sa: Side::batched(a.layout()),
+        b,
+        sb: Side::batched(b.layout()),
+        input,
+        beta,
+        alpha,
+        reduce,
+        out_dims,
+    })
+}
+
+/// Matrix-vector product (`torch.mv`): `(n×m) @ (m) → (n)`.
+pub fn mv(mat: &Tensor, vec: &Tensor) -> Result<Tensor> {
+    mv_plan("mv", mat, vec, None, 0.0, 1.0).and_then(run)
+}
+
+/// `beta * input + alpha * (mat @ vec)` (`torch.addmv`); `input` broadcasts to `n`.
+pub fn addmv(input: &Tensor, mat: &Tensor, vec: &Tensor, beta: f64, alpha: f64) -> Result<Tensor> {
+    mv_plan("addmv", mat, vec, Some(input), beta, alpha).and_then(run)
+}
+
+fn mv_plan<'a>(
+    op: &'static str,
+    mat: &'a Tensor,
+    vec: &'a Tensor,
+    input: Option<&'a Tensor>,
+    beta: f64,
+    alpha: f64,
+) -> Result<Plan<'a>> {
+    let in_rank = input.map_or(1, |i| i.rank());
+    if mat.rank() != 2 || vec.rank() != 1 || in_rank > 1 {
+        return Err(err(
+            op,
+            format!(
+                "vector + matrix @ vector expected, got {}, {}, {}",
+                in_rank,
+                mat.rank(),
+                vec.rank()
+            ),
+        ));
+    }
+    same_dtype(op, mat, vec)?;
+    let (dm, n) = (mat.dims(), vec.dims()[0]);
+    if dm[1] != n {
+        let got_in = input.map_or(dm[0], |i| i.elem_count());
+        return Err(err(
+            op,
+            format!(
+                "size mismatch, got input ({got_in}), mat ({}x{}), vec ({n})",
+                dm[0], dm[1]
+            ),
+        ));
+    }
+    let out_dims = vec![dm[0]];
+    let input = match input {
+        Some(i) => Some((i, input_layout(op, i, mat, &out_dims)?)),
+        None => None,
+    };
+    Ok(Plan {
+        op,
+        dtype: mat.dtype(),
+        m: dm[0],
+        n: 1,
+        k: n,
+        a: mat,
+        sa: Side::matrix(mat),
+        b: vec,
+        sb: Side::column(vec),
+        input,
+        beta,
+        alpha,
+        reduce: false,
+        out_dims,
+    })
+}
+
+/// Inner product of two 1-D tensors of the same length and dtype (`torch.dot`); a
+/// 0-dim result.
+pub fn dot(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    const OP: &str = "dot";
+    if a.rank() != 1 || b.rank() != 1 {
+        return Err(err(
+            OP,
+            format!(
+                "1D tensors expected, but got {}D and {}D tensors",
+                a.rank(),
+                b.rank()
+            ),
+        ));
+    }
+    ensure_same_device(OP, &[a, b])?;
+    if a.dtype() != b.dtype() {
+        return Err(err(
+            OP,
+            format!(
+                "dot : expected both vectors to have same dtype, but found {} and {}",
+                a.dtype(),
+                b.dtype()
+            ),
+        ));
+    }
+    let (na, nb) = (a.elem_count(), b.elem_count());
+    if na != nb {
+        return Err(err(
+            OP,
+            format!(
+                "inconsistent tensor size, expected tensor [{na}] and src [{nb}] to have the same number of elements, but got {na} and {nb} elements respectively"
+            ),
+        ));
+    }
+    run(Plan {
+        op: OP,
+        dtype: a.dtype(),
+        m: 1,
+        n: 1,
+        k: na,
+        a,
+        sa: Side::row(a),
+        b,
+        sb: Side::column(b),
+        input: None,
+        beta: 0.0,
+        alpha: 1.0,
+        reduce: false,
+        out_dims: vec![],
+    })
+}
+
+/// Outer product of two 1-D tensors (`torch.outer`): `(n) ⊗ (m) → (n×m)`. As in
+/// PyTorch (where it is `a[:, None] * b`), mixed dtypes promote.
+pub fn outer(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    const OP: &str = "outer";
+    check_rank(OP, a, 1, || {
+        format!("outer: Expected 1-D argument self, but got {}-D", a.rank())
+    })?;
+    check_rank(OP, b, 1, || {
+        format!("outer: Expected 1-D argument vec2, but got {}-D", b.rank())
+    })?;
+    ensure_same_device(OP, &[a, b])?;
+    let dtype = promote_types(a.dtype(), b.dtype());
+    let (a, b) = (a.to_dtype(dtype)?, b.to_dtype(dtype)?);
+    run(outer_plan(OP, &a, &b, None, 0.0, 1.0)?)
+}
+
+/// `beta * input + alpha * outer(vec1, vec2)` (`torch.addr`); `input` broadcasts to
+/// `n×m`.
+pub fn addr(input: &Tensor, vec1: &Tensor, vec2: &Tensor, beta: f64, alpha: f64) -> Result<Tensor> {
+    const OP: &str = "addr";
+    check_rank(OP, vec1, 1, || {
+        format!("addr: Expected 1-D argument vec1, but got {}-D", vec1.rank())
+    })?;
+    check_rank(OP, vec2, 1, || {
+        format!("addr: Expected 1-D argument vec2, but got {}-D", vec2.rank())
+    })?;
+    same_dtype(OP, vec1, vec2)?;
+    run(outer_plan(OP, vec1, vec2, Some(input), beta, alpha)?)
+}
+
+fn outer_plan<'a>(
+    op: &'static str,
+    a: &'a Tensor,
+    b: &'a Tensor,
+    input: Option<&'a Tensor>,
+    beta: f64,
+    alpha: f64,
+) -> Result<Plan<'a>> {
+    let out_dims = vec![a.elem_count(), b.elem_count()];
+    let input = match input {
+        Some(i) => Some((i, input_layout(op, i, b, &out_dims)?)),
+        None => None,
+    };
+    Ok(Plan {
+        op,
+        dtype: a.dtype(),
+        m: out_dims[0],
+        n: out_dims[1],
+        k: 1,
+        a,
+        sa: Side::column(a),
+        b,
+        sb: Side::row(b),
+        input,
+        beta,
+        alpha,
+        reduce: false,
+        out_dims,
+    })
+}
+
+/// PyTorch's `torch.matmul` (`a @ b`) for every rank combination:
+///
+/// - 1-D · 1-D: [`dot`] (a 0-dim result);
+/// - 2-D · 2-D: [`mm`]; 2-D · 1-D: [`mv`]; 1-D · 2-D: the vector is taken as a `1×n`
+///   matrix and the added dimension removed;
+/// - otherwise a batched product: a 1-D operand gets a dimension prepended (first
+///   operand) or appended (second), removed from the result; the batch dimensions
+///   (all but the last two) broadcast against each other.
+///
+/// An N-D first operand (N ≥ 3) with a 1-D/2-D second one whose batch dimensions can be
+/// merged without copying is folded into a single `mm`/`mv`, as PyTorch does.
+pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    const OP: &str = "matmul";
+    let (ra, rb) = (a.rank(), b.rank());
+    if ra == 0 || rb == 0 {
+        return Err(err(
+            OP,
+            format!("both arguments to matmul need to be at least 1D, but they are {ra}D and {rb}D"),
+        ));
+    }
+    match (ra, rb) {
+        (1, 1) => return dot(a, b),
+        (2, 1) => return mv(a, b),
+        (1, 2) => return mm(&a.unsqueeze(0usize)?, b)?.squeeze(0usize),
+        (2, 2) => return mm(a, b),
+        _ => {}
+    }
+    let k = a.dims()[ra - 1];
+    if ra >= 3
+        && rb <= 2
+        && k > 0
+        && a
+            .layout()
+            .view_strides(&[a.elem_count() / k, k])
+            .is_some()
+    {
+        let folded = a.view([-1i64, k as i64])?;
+        let mut out_dims = a.dims()[..ra - 1].to_vec();
+        let r = if rb == 1 {
+            mv(&folded, b)?
+        } else {
+            out_dims.push(b.dims()[1]);
+            mm(&folded, b)?
+        };
+        return r.reshape(out_dims);
+    }
+    same_dtype(OP, a, b)?;
+    // Matrices: a as [.., n, k] (1-D: [1, k]), b as [.., k2, p] (1-D: [k2, 1]).
+    let a2 = if ra == 1 { a.unsqueeze(0usize)? } else { a.clone() };
+    let b2 = if rb == 1 { b.unsqueeze(1usize)? } else { b.clone() };
+    let (da, db) = (a2.dims(), b2.dims());
+    let (n, ka) = (da[da.len() - 2], da[da.len() - 1]);
+    let (kb, p) = (db[db.len() - 2], db[db.len() - 1]);
+    let batch = broadcast_shapes(OP, &da[..da.len() - 2], &db[..db.len() - 2])?;
+    if ka != kb {
+        let count: usize = batch.iter().product();
+        return Err(err(
+            OP,
+            format!(
+                "Expected size for first two dimensions of batch2 tensor to be: [{count}, {ka}] but got: [{count}, {kb}]."
+            ),
+        ));
+    }
+    let la = a2
+        .layout()
+        .broadcast_as(&[batch.as_slice(), &[n, ka]].concat())?;
+    let lb = b2
+        .layout()
+        .broadcast_as(&[batch.as_slice(), &[kb, p]].concat())?;
+    let mut out_dims = batch.clone();
+    if ra > 1 {
+        out_dims.push(n);
+    }
+    if rb > 1 {
+        out_dims.push(p);
+    }
+    run(Plan {
+        op: OP,
+        dtype: a.dtype(),
+        m: n,
+        n: p,
+        k: ka,
+        a,
+        sa: Side::batched(&la),
+        b,
+        sb: Side::batched(&lb),
+        input: None,
+        beta: 0.0,
+        alpha: 1.0,
+        reduce: false,
+        out_dims,
+    })
+}
+
+// ----- execution ------------------------------------------------------------------------
+
+fn run(p: Plan<'_>) -> Result<Tensor> {
+    match p.dtype {
+        DType::F32 => native::<f32>(&p),
+        DType::F64 => native::<f64>(&p),
+        DType::F16 => widened::<f16>(&p),
+        DType::BF16 => widened::<bf16>(&p),
+        DType::I32 => integer::<i32>(&p),
+        DType::I64 => integer::<i64>(&p),
+        DType::Bool if p.op == "outer" => integer::<bool>(&p),
+        dtype => Err(Error::UnsupportedDType {
+            op: "addmm_impl_cpu_",
+            dtype,
+        }),
+    }
+}
+
+/// The input of a fused op, gathered (in row-major output order) and converted to
+/// `C`, or `None` when `beta == 0` makes it irrelevant.
+fn gathered_input<T: Element, C: Element>(p: &Plan<'_>) -> Option<Vec<C>> {
+    let (t, layout) = p.input.as_ref().filter(|_| p.beta != 0.0)?;
+    let st = t.storage();
+    Some(gather_cast::<T, C>(
+        T::slice(st.cpu()).expect("dtype matches storage"),
+        layout,
+    ))
+}
+
+/// f32 / f64: `gemm` reads the operands in place.
+fn native<C: GemmFloat>(p: &Plan<'_>) -> Result<Tensor> {
+    let init = gathered_input::<C, C>(p);
+    let beta = C::from_f64c(p.beta);
+    let alpha = C::from_f64c(p.alpha);
+    let out = {
+        let ga = p.a.storage();
+        let gb = (!p.a.same_storage(p.b)).then(|| p.b.storage());
+        let a = C::slice(ga.cpu()).expect("dtype matches storage");
+        let b = match &gb {
+            Some(g) => C::slice(g.cpu()).expect("dtype matches storage"),
+            None => a,
+        };
+        gemm_batched(p, a, &p.sa, b, &p.sb, init, beta, alpha)
+    };
+    Tensor::from_vec(out, p.out_dims.clone())
+}
+
+/// f16 / bf16: widen the operands (and input) to f32, multiply in f32, round once.
+fn widened<T: Element>(p: &Plan<'_>) -> Result<Tensor> {
+    let init = gathered_input::<T, f32>(p);
+    let (wa, sa) = widen::<T>(p.a, &p.sa, p.m, p.k);
+    let (wb, sb) = widen::<T>(p.b, &p.sb, p.k, p.n);
+    let out32 = gemm_batched(
+        p,
+        &wa,
+        &sa,
+        &wb,
+        &sb,
+        init,
+        p.beta as f32,
+        p.alpha as f32,
+    );
+    Tensor::from_vec(cast_slice::<f32, T>(&out32), p.out_dims.clone())
+}
+
+/// The f32 copy of the part of `t`'s storage a `rows×cols` operand touches, with the
+/// side re-based onto it. A dense-enough span is widened as is (strides kept, so a
+/// transposed operand stays transposed and a broadcast one is widened once); a sparse
+/// view is gathered into contiguous matrices.
+fn widen<T: Element>(t: &Tensor, side: &Side, rows: usize, cols: usize) -> (Vec<f32>, Side) {
+    let st = t.storage();
+    let src = T::slice(st.cpu()).expect("dtype matches storage");
+    let (lo, hi) = side.span(rows, cols);
+    let numel = side.offsets.len() * rows * cols;
+    if hi - lo <= 2 * numel + 4096 {
+        let buf = cast_slice::<T, f32>(&src[lo..hi]);
+        let offsets = side.offsets.iter().map(|&o| o - lo).collect();
+        return (
+            buf,
+            Side {
+                offsets,
+                rs: side.rs,
+                cs: side.cs,
+            },
+        );
+    }
+    let mut buf = vec![0f32; numel];
+    let mat = rows * cols;
+    buf.par_chunks_mut(mat.max(1))
+        .zip(side.offsets.par_iter())
+        .for_each(|(dst, &off)| {
+            for (i, row) in dst.chunks_mut(cols.max(1)).enumerate() {
+                let start = off + i * side.rs;
+                if side.cs == 1 {
+                    cast_into(&src[start..start + cols], row);
+                } else {
+                    for (j, d) in row.iter_mut().enumerate() {
+                        *d = src[start + j * side.cs].to_f32();
+                    }
+                }
+            }
+        });
+    let offsets = (0..side.offsets.len()).map(|i| i * mat).collect();
+    (
+        buf,
+        Side {
+            offsets,
+            rs: cols,
+            cs: 1,
+        },
+    )
+}
+
+/// The float types `gemm` multiplies natively.
+trait GemmFloat: Element + num_traits::Float + Send + Sync {
+    fn from_f64c(v: f64) -> Self;
+}
+
+impl GemmFloat for f32 {
+    fn from_f64c(v: f64) -> Self {
+        v as f32
+    }
+}
+
+impl GemmFloat for f64 {
+    fn from_f64c(v: f64) -> Self {
+        v
+    }
+}
+
+/// A raw output pointer shared by tasks writing disjoint parts.
+#[derive(Clone, Copy)]
+struct SendPtr<C>(*mut C);
+// SAFETY: tasks write disjoint matrices of the buffer (see `gemm_batched`).
+unsafe impl<C> Send for SendPtr<C> {}
+// SAFETY: as above.
+unsafe impl<C> Sync for SendPtr<C> {}
+
+impl<C> SendPtr<C> {
+    fn at(self, i: usize) -> *mut C {
+        self.0.wrapping_add(i)
+    }
+}
+
+fn parallelism(work: usize) -> Parallelism {
+    if work < PARALLEL_WORK || rayon::current_num_threads() <= 1 {
+        Parallelism::None
+    } else {
+        Parallelism::Rayon(0)
+    }
+}
+
+/// Assert that every matrix of `side` lies inside `buf` (the raw-pointer calls below
+/// rely on it).
+fn check_bounds<C>(buf: &[C], side: &Side, rows: usize, cols: usize) {
+    let (_, hi) = side.span(rows, cols);
+    assert!(hi <= buf.len(), "matmul operand out of bounds");
+}
+
+/// `C = beta * init + alpha * A @ B` for every batch entry (or summed over the batch),
+/// into a fresh row-major buffer of `(batch or 1) × m × n`.
+#[allow(clippy::too_many_arguments)]
+fn gemm_batched<C: GemmFloat>(
+    p: &Plan<'_>,
+    a: &[C],
+    sa: &Side,
+    b: &[C],
+    sb: &Side,
+    init: Option<Vec<C>>,
+    beta: C,
+    alpha: C,
+) -> Vec<C> {
+    let (m, n, k) = (p.m, p.n, p.k);
+    let batch = sa.offsets.len();
+    debug_assert_eq!(batch, sb.offsets.len());
+    let len = if p.reduce { 1 } else { batch } * m * n;
+    if len == 0 {
+        return Vec::new();
+    }
+    if k == 0 || batch == 0 {
+        // An empty sum: only the input term remains.
+        return match init {
+            Some(mut v) => {
+                v.iter_mut().for_each(|x| *x = *x * beta);
+                v
+            }
+            None => vec![C::zero(); len],
+        };
+    }
+    check_bounds(a, sa, m, k);
+    check_bounds(b, sb, k, n);
+    let read = init.is_some();
+    let mut out = init.unwrap_or_else(|| Vec::with_capacity(len));
+    debug_assert!(out.capacity() >= len);
+    let dst = SendPtr(out.as_mut_ptr());
+    let work = m * n * k;
+    let one = |i: usize, d: *mut C, dst_factor: C, read_dst: bool, par: Parallelism| {
+        // SAFETY: `d` points at an `m×n` row-major block of `out` (capacity `len`);
+        // the operands' matrices lie inside `a` and `b` (checked above); gemm writes
+        // every element of the block when `read_dst` is false.
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                k,
+                d,
+                1,
+                n as isize,
+                read_dst,
+                a.as_ptr().add(sa.offsets[i]),
+                sa.cs as isize,
+                sa.rs as isize,
+                b.as_ptr().add(sb.offsets[i]),
+                sb.cs as isize,
+                sb.rs as isize,
+                dst_factor,
+                alpha,
+                false,
+                false,
+                false,
+                par,
+            )
+        }
+    };
+    if p.reduce {
+        for i in 0..batch {
+            let (factor, rd) = if i == 0 { (beta, read) } else { (C::one(), true) };
+            one(i, dst.at(0), factor, rd, parallelism(work));
+        }
+    } else if batch == 1 || work >= BIG_WORK {
+        for i in 0..batch {
+            one(i, dst.at(i * m * n), beta, read, parallelism(work));
+        }
+    } else {
+        (0..batch)
+            .into_par_iter()
+            .for_each(|i| one(i, dst.at(i * m * n), beta, read, Parallelism::None));
+    }
+    // SAFETY: every one of the `len` elements was written (by gemm or the input).
+    unsafe { out.set_len(len) };
+    out
+}
+
+/// Integer kernel: wrapping arithmetic in i64, narrowed (wrapping) to the dtype, as
+/// PyTorch's integer matmul wraps in the element type.
+fn integer<T: Element>(p: &Plan<'_>) -> Result<Tensor> {
+    let integral = |name: &str, v: f64| {
+        if v.fract() != 0.0 || !v.is_finite() {
+            Err(err(
+                p.op,
+                format!(
+                    "For integral input tensors, argument {name} must not be a floating point number."
+                ),
+            ))
+        } else {
+            Ok(v as i64)
+        }
+    };
+    let beta = integral("beta", p.beta)?;
+    let alpha = integral("alpha", p.alpha)?;
+    let init = gathered_input::<T, i64>(p);
+    let (m, n, k) = (p.m, p.n, p.k);
+    let batch = p.sa.offsets.len();
+    let len = if p.reduce { 1 } else { batch } * m * n;
+    let mut out: Vec<i64> = match init {
+        Some(v) => v.into_iter().map(|x| x.wrapping_mul(beta)).collect(),
+        None => vec![0; len],
+    };
+    {
+        let ga = p.a.storage();
+        let gb = (!p.a.same_storage(p.b)).then(|| p.b.storage());
+        let a = T::slice(ga.cpu()).expect("dtype matches storage");
+        let b = match &gb {
+            Some(g) => T::slice(g.cpu()).expect("dtype matches storage"),
+            None => a,
+        };
+        let mut acc = vec![0i64; n];
+        for bi in 0..batch {
+            let (oa, ob) = (p.sa.offsets[bi], p.sb.offsets[bi]);
+            let base = if p.reduce { 0 } else { bi * m * n };
+            for i in 0..m {
+                acc.iter_mut().for_each(|x| *x = 0);
+                for q in 0..k {
+                    let x = a[oa + i * p.sa.rs + q * p.sa.cs].to_i64();
+                    let row = ob + q * p.sb.rs;
+                    for (j, s) in acc.iter_mut().enumerate() {
+                        *s = s.wrapping_add(x.wrapping_mul(b[row + j * p.sb.cs].to_i64()));
+                    }
+                }
+                for (o, s) in out[base + i * n..base + (i + 1) * n].iter_mut().zip(&acc) {
+                    *o = o.wrapping_add(s.wrapping_mul(alpha));
+                }
+            }
+        }
+    }
+    let out: Vec<T> = out.into_iter().map(T::from_i64).collect();
+    Tensor::from_vec(out, p.out_dims.clone())
+}

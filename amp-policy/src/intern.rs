@@ -75,6 +75,14 @@ impl OpId {
         self.0
     }
 
+    /// The id with number `v` (the inverse of [`OpId::as_u32`]), for callers that cache
+    /// ids as plain integers. A number never handed out by [`OpId::intern`] names no op:
+    /// policy lookups give [`crate::CastPolicy::None`] and [`OpId::name`] panics.
+    #[inline]
+    pub const fn from_u32(v: u32) -> OpId {
+        OpId(v)
+    }
+
     /// The id as an array index.
     #[inline]
     pub const fn index(self) -> usize {

@@ -1,1 +1,52 @@
-//! Automatic mixed precision for Rust: autocast + GradScaler (facade).
+//! Automatic mixed precision for Rust: PyTorch's `autocast` + `GradScaler`, as a
+//! facade over the amp microcrates. `use amp::prelude::*;` brings tensors, autograd
+//! ops, autocast, the scaler, optimizers and layers.
+//!
+//! The typical mixed-precision training step (seed 001's loop):
+//!
+//! ```
+//! use amp::prelude::*;
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let mut gen = Generator::new(0);
+//! let model = Sequential::new().add(Linear::new(8, 16, &mut gen)?).add(ReLU).add(Linear::new(16, 4, &mut gen)?);
+//! let mut opt = Sgd::new(model.parameters(), 0.05, SgdOptions::default())?;
+//! let mut scaler = GradScaler::new();
+//! let x = Tensor::randn([32, 8], DType::F32, &mut gen)?;
+//! let y = Tensor::randn([32, 4], DType::F32, &mut gen)?;
+//! for _ in 0..3 {
+//!     opt.zero_grad();
+//!     // forward (and the loss) under autocast: linear runs in bfloat16 on the CPU
+//!     let loss = autocast(DeviceType::Cpu, DType::BF16, || {
+//!         let out = model.forward(&x)?;
+//!         ops::mse_loss(&out, &y, Reduction::Mean)
+//!     })??;
+//!     // backward outside autocast, on the scaled loss
+//!     scaler.scale(&loss)?.backward()?;
+//!     scaler.step(&mut opt)?;   // unscales, skips the step on inf/NaN
+//!     scaler.update()?;
+//! }
+//! assert!(model.parameters().iter().all(|p| p.dtype() == DType::F32));
+//! # Ok(())
+//! # }
+//! ```
+
+pub use amp_autocast as autocast;
+pub use amp_autograd as autograd;
+pub use amp_kernels as kernels;
+pub use amp_nn as nn;
+pub use amp_optim as optim;
+pub use amp_policy as policy;
+pub use amp_scaler as scaler;
+pub use amp_tensor as tensor;
+
+/// Everything a training loop needs.
+pub mod prelude {
+    pub use amp_autocast::{autocast, custom_fwd, traced, Autocast, AutocastGuard};
+    pub use amp_autograd::{grad, no_grad, ops, GradOptions, Reduction, Tensor};
+    pub use amp_nn::{CrossEntropyLoss, Dropout, LayerNorm, Linear, MSELoss, Module, ReLU, Sequential, Sigmoid, Tanh, GELU};
+    pub use amp_optim::{clip_grad_norm_, clip_grad_value_, Adam, AdamOptions, Optimizer, Sgd, SgdOptions};
+    pub use amp_policy::{CastPolicy, DeviceType, Profile};
+    pub use amp_scaler::{GradScaler, GradScalerOptions, StepOutcome};
+    pub use amp_tensor::{DType, Device, Generator};
+}

@@ -1,0 +1,92 @@
+//! The autocast layer at the autograd dispatch point: looks up the op's policy in the
+//! active profile, decides with [`crate::decide`], casts the arguments (differentiably,
+//! so the casts are on the tape before the op), and keeps the weight-cast cache.
+
+use amp_autograd::{CallKind, DispatchLayer, OpCall, Tensor};
+use amp_policy::{CastPolicy, OpId};
+use amp_tensor::DType;
+
+use crate::decision::{decide, ArgInfo, CallFlags};
+use crate::state::STATE;
+use crate::trace::TraceEvent;
+
+pub(crate) struct AutocastLayer;
+
+/// Whether a cast of `t` to `to` may be cached: a float32 leaf that requires grad and
+/// is not a view, cast down to a lower-precision dtype.
+fn cacheable(t: &Tensor, to: DType) -> bool {
+    t.dtype() == DType::F32 && to.is_reduced_float() && t.is_leaf() && t.requires_grad() && !t.is_view()
+}
+
+impl DispatchLayer for AutocastLayer {
+    fn on_call(&self, call: &mut OpCall<'_>) -> amp_autograd::Result<()> {
+        let Some(first) = call.args.first() else { return Ok(()) };
+        let device = first.device().device_type();
+        STATE.with(|s| {
+            let mut st = s.borrow_mut();
+            let ds = st.devices[device.index()];
+            if !ds.enabled {
+                return Ok(());
+            }
+            let id = OpId::from_u32(call.op.cached_id(|n| OpId::intern(n).as_u32()));
+            let policy = st.profile.policy(device, id);
+            let flags = CallFlags {
+                inplace: call.kind == CallKind::InPlace,
+                out: call.kind == CallKind::Out,
+                explicit_dtype: call.explicit_dtype,
+                accepts_dtype: call.accepts_dtype,
+            };
+            let tracing = st.trace.is_some();
+            if policy == CastPolicy::None && !tracing {
+                return Ok(());
+            }
+            let args: Vec<ArgInfo> = call.args.iter().map(|t| ArgInfo { dtype: t.dtype(), device: t.device().device_type() }).collect();
+            let banned = if policy == CastPolicy::Banned { st.profile.banned_message_by_id(device, id) } else { None };
+            let plan = decide(policy, banned, device, ds.dtype, &args, flags)?;
+            let (mut casts, mut hits) = (0, 0);
+            for (arg, to) in call.args.iter_mut().zip(&plan.casts) {
+                let Some(to) = *to else { continue };
+                if ds.cache_enabled && cacheable(arg, to) {
+                    let key = (arg.id(), to);
+                    if let Some(c) = st.cache.get(&key) {
+                        *arg = c.clone();
+                        hits += 1;
+                        continue;
+                    }
+                    let c = arg.to_dtype(to)?;
+                    st.cache.insert(key, c.clone());
+                    *arg = c;
+                } else {
+                    *arg = arg.to_dtype(to)?;
+                }
+                casts += 1;
+            }
+            if plan.set_dtype.is_some() {
+                call.dtype = plan.set_dtype;
+            }
+            if let Some(trace) = st.trace.as_mut() {
+                let skipped = if flags.inplace {
+                    Some("in place")
+                } else if flags.out {
+                    Some("out=")
+                } else if flags.explicit_dtype {
+                    Some("explicit dtype")
+                } else {
+                    None
+                };
+                trace.push(TraceEvent {
+                    op: call.op.name(),
+                    device,
+                    policy,
+                    dtypes_in: args.iter().map(|a| a.dtype).collect(),
+                    dtypes_out: call.args.iter().map(|t| t.dtype()).collect(),
+                    set_dtype: plan.set_dtype,
+                    casts,
+                    cache_hits: hits,
+                    skipped,
+                });
+            }
+            Ok(())
+        })
+    }
+}

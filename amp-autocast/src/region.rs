@@ -1,0 +1,157 @@
+//! Autocast regions: an RAII guard, a closure form, and a wrapper for a model's
+//! forward (the decorator form).
+
+use std::rc::Rc;
+
+use amp_autograd::{install_layer, LayerGuard};
+use amp_policy::{DeviceType, Profile};
+use amp_tensor::DType;
+
+use crate::decision::check_dtype;
+use crate::layer::AutocastLayer;
+use crate::state::{DeviceState, STATE};
+use crate::trace::{Trace, TraceEvent};
+use crate::AutocastError;
+
+/// The settings of an autocast region (`torch.autocast(device_type, dtype, enabled,
+/// cache_enabled)`), plus a policy profile and an opt-in decision trace.
+#[derive(Debug, Clone)]
+pub struct Autocast {
+    device: DeviceType,
+    dtype: Option<DType>,
+    enabled: bool,
+    cache_enabled: Option<bool>,
+    profile: Option<Profile>,
+    trace: bool,
+}
+
+impl Autocast {
+    /// An enabled region for `device` with the thread's current dtype for it (float16
+    /// on cuda, bfloat16 on cpu unless an outer region set another).
+    pub fn new(device: DeviceType) -> Self {
+        Autocast { device, dtype: None, enabled: true, cache_enabled: None, profile: None, trace: false }
+    }
+    /// The lower-precision dtype.
+    pub fn dtype(mut self, dtype: DType) -> Self {
+        self.dtype = Some(dtype);
+        self
+    }
+    /// Enable or disable autocast in the region (disabled regions nest in enabled ones).
+    pub fn enabled(mut self, enabled: bool) -> Self {
+        self.enabled = enabled;
+        self
+    }
+    /// Turn the weight-cast cache on or off in the region.
+    pub fn cache_enabled(mut self, cache_enabled: bool) -> Self {
+        self.cache_enabled = Some(cache_enabled);
+        self
+    }
+    /// Use another policy profile (or one with overrides) for the region.
+    pub fn profile(mut self, profile: Profile) -> Self {
+        self.profile = Some(profile);
+        self
+    }
+    /// Record every decision made in the region (read it with [`AutocastGuard::trace`]).
+    pub fn trace(mut self, on: bool) -> Self {
+        self.trace = on;
+        self
+    }
+
+    /// Enter the region until the guard drops. Fails for a dtype the device type cannot
+    /// autocast to.
+    pub fn enter(&self) -> Result<AutocastGuard, AutocastError> {
+        STATE.with(|s| {
+            let mut st = s.borrow_mut();
+            let prev = st.devices[self.device.index()];
+            let dtype = self.dtype.unwrap_or(prev.dtype);
+            if self.enabled {
+                check_dtype(self.device, dtype)?;
+            }
+            st.devices[self.device.index()] = DeviceState {
+                enabled: self.enabled,
+                dtype,
+                cache_enabled: self.cache_enabled.unwrap_or(prev.cache_enabled),
+            };
+            st.depth += 1;
+            let prev_profile = self.profile.as_ref().map(|p| std::mem::replace(&mut st.profile, p.clone()));
+            let prev_trace = if self.trace { Some(st.trace.replace(Vec::new())) } else { None };
+            let layer = if st.layer_installed {
+                None
+            } else {
+                st.layer_installed = true;
+                Some(install_layer(Some(Rc::new(AutocastLayer))))
+            };
+            Ok(AutocastGuard { device: self.device, prev, prev_profile, prev_trace, layer })
+        })
+    }
+
+    /// Run `f` inside the region.
+    pub fn run<R>(&self, f: impl FnOnce() -> R) -> Result<R, AutocastError> {
+        let _g = self.enter()?;
+        Ok(f())
+    }
+
+    /// Wrap a function (a model's forward) so every call runs inside the region: the
+    /// decorator form, `@torch.autocast(...) def forward(...)`.
+    pub fn wrap<A, R>(self, f: impl Fn(A) -> R) -> impl Fn(A) -> Result<R, AutocastError> {
+        move |a| self.run(|| f(a))
+    }
+}
+
+/// An open autocast region; leaving it (drop, also while unwinding) restores the
+/// previous state. Leaving the outermost region clears the weight-cast cache.
+#[must_use = "the region ends when the guard drops"]
+pub struct AutocastGuard {
+    device: DeviceType,
+    prev: DeviceState,
+    prev_profile: Option<Profile>,
+    prev_trace: Option<Option<Vec<TraceEvent>>>,
+    layer: Option<LayerGuard>,
+}
+
+impl AutocastGuard {
+    /// The decisions recorded so far in this region (empty unless it traces).
+    pub fn trace(&self) -> Trace {
+        STATE.with(|s| Trace { events: s.borrow().trace.clone().unwrap_or_default() })
+    }
+}
+
+impl Drop for AutocastGuard {
+    fn drop(&mut self) {
+        STATE.with(|s| {
+            let mut st = s.borrow_mut();
+            st.devices[self.device.index()] = self.prev;
+            if let Some(p) = self.prev_profile.take() {
+                st.profile = p;
+            }
+            if let Some(prev) = self.prev_trace.take() {
+                let mine = std::mem::replace(&mut st.trace, prev);
+                if let (Some(outer), Some(mine)) = (st.trace.as_mut(), mine) {
+                    outer.extend(mine);
+                }
+            }
+            st.depth -= 1;
+            if st.depth == 0 {
+                st.cache.clear();
+            }
+            if self.layer.is_some() {
+                st.layer_installed = false;
+            }
+        });
+        self.layer.take();
+    }
+}
+
+/// Run `f` with autocast on for `device` in `dtype` (`with torch.autocast(device, dtype):`).
+pub fn autocast<R>(device: DeviceType, dtype: DType, f: impl FnOnce() -> R) -> Result<R, AutocastError> {
+    Autocast::new(device).dtype(dtype).run(f)
+}
+
+/// Run `f` and return what autocast decided in it.
+pub fn traced<R>(region: Autocast, f: impl FnOnce() -> R) -> Result<(R, Trace), AutocastError> {
+    let g = region.trace(true).enter()?;
+    let r = f();
+    let t = g.trace();
+    drop(g);
+    Ok((r, t))
+}

@@ -1,0 +1,43 @@
+//! Differentiable dtype conversion: backward casts the gradient back.
+
+use amp_tensor::DType;
+
+use crate::graph::record;
+use crate::{op_name, Result, Tensor};
+
+op_name!(TO = "to");
+
+/// `x.to(dtype)`: a copy in `dtype` (or `x` itself if it has it). Differentiable: the
+/// gradient is cast back to `x`'s dtype, so a float32 leaf gets a float32 grad.
+pub fn to_dtype(x: &Tensor, dtype: DType) -> Result<Tensor> {
+    if x.dtype() == dtype {
+        return Ok(x.clone());
+    }
+    let [x] = super::enter(&TO, [x])?;
+    let out = x.data().to_dtype(dtype)?;
+    let from = x.dtype();
+    Ok(record(out, "ToCopyBackward0", &[&x], move |g| Ok(vec![Some(to_dtype(g, from)?)])))
+}
+
+impl Tensor {
+    /// Differentiable cast (see [`to_dtype`]).
+    pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
+        to_dtype(self, dtype)
+    }
+    /// Cast to float32.
+    pub fn float(&self) -> Result<Tensor> {
+        to_dtype(self, DType::F32)
+    }
+    /// Cast to float16.
+    pub fn half(&self) -> Result<Tensor> {
+        to_dtype(self, DType::F16)
+    }
+    /// Cast to bfloat16.
+    pub fn bfloat16(&self) -> Result<Tensor> {
+        to_dtype(self, DType::BF16)
+    }
+    /// Cast to float64.
+    pub fn double(&self) -> Result<Tensor> {
+        to_dtype(self, DType::F64)
+    }
+}

@@ -1,0 +1,276 @@
+//! The matmul family: mm, bmm, matmul (every broadcasting case), mv, dot, outer,
+//! addmm, addbmm, baddbmm, addmv, addr, linear, chain_matmul / multi_dot.
+
+use super::pointwise::{add, mul, mul_scalar};
+use super::reduce::sum;
+use super::shape::{expand, reshape, squeeze, transpose, unsqueeze};
+use super::{enter, enter_vec, sum_to};
+use crate::dispatch::OpName;
+use crate::graph::record;
+use crate::{Error, Result, Tensor};
+
+static MM: OpName = OpName::new("mm");
+static BMM: OpName = OpName::new("bmm");
+static MATMUL: OpName = OpName::new("matmul");
+static DUNDER_MATMUL: OpName = OpName::new("__matmul__");
+static MV: OpName = OpName::new("mv");
+static DOT: OpName = OpName::new("dot");
+static OUTER: OpName = OpName::new("outer");
+static ADDMM: OpName = OpName::new("addmm");
+static ADDBMM: OpName = OpName::new("addbmm");
+static BADDBMM: OpName = OpName::new("baddbmm");
+static ADDMV: OpName = OpName::new("addmv");
+static ADDR: OpName = OpName::new("addr");
+static LINEAR: OpName = OpName::new("linear");
+static CHAIN_MATMUL: OpName = OpName::new("chain_matmul");
+static MULTI_DOT: OpName = OpName::new("multi_dot");
+
+fn tr(x: &Tensor) -> Result<Tensor> {
+    transpose(x, -2, -1)
+}
+
+/// Matrix product of two 2-D tensors.
+pub fn mm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let [a, b] = enter(&MM, [a, b])?;
+    let out = amp_kernels::mm(a.data(), b.data())?;
+    let (sa, sb) = (a.clone(), b.clone());
+    Ok(record(out, "MmBackward0", &[&a, &b], move |g| {
+        Ok(vec![
+            if sa.requires_grad() { Some(mm(g, &tr(&sb)?)?) } else { None },
+            if sb.requires_grad() { Some(mm(&tr(&sa)?, g)?) } else { None },
+        ])
+    }))
+}
+
+/// Batched matrix product of two 3-D tensors.
+pub fn bmm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let [a, b] = enter(&BMM, [a, b])?;
+    let out = amp_kernels::bmm(a.data(), b.data())?;
+    let (sa, sb) = (a.clone(), b.clone());
+    Ok(record(out, "BmmBackward0", &[&a, &b], move |g| {
+        Ok(vec![
+            if sa.requires_grad() { Some(bmm(g, &tr(&sb)?)?) } else { None },
+            if sb.requires_grad() { Some(bmm(&tr(&sa)?, g)?) } else { None },
+        ])
+    }))
+}
+
+/// Matrix × vector.
+pub fn mv(m: &Tensor, v: &Tensor) -> Result<Tensor> {
+    let [m, v] = enter(&MV, [m, v])?;
+    let out = amp_kernels::mv(m.data(), v.data())?;
+    let (sm, sv) = (m.clone(), v.clone());
+    Ok(record(out, "MvBackward0", &[&m, &v], move |g| {
+        Ok(vec![
+            if sm.requires_grad() { Some(outer(g, &sv)?) } else { None },
+            if sv.requires_grad() { Some(mv(&tr(&sm)?, g)?) } else { None },
+        ])
+    }))
+}
+
+/// Inner product of two 1-D tensors.
+pub fn dot(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let [a, b] = enter(&DOT, [a, b])?;
+    let out = amp_kernels::dot(a.data(), b.data())?;
+    let (sa, sb) = (a.clone(), b.clone());
+    Ok(record(out, "DotBackward0", &[&a, &b], move |g| {
+        Ok(vec![
+            if sa.requires_grad() { Some(mul(g, &sb)?) } else { None },
+            if sb.requires_grad() { Some(mul(g, &sa)?) } else { None },
+        ])
+    }))
+}
+
+/// Outer product of two 1-D tensors.
+pub fn outer(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let [a, b] = enter(&OUTER, [a, b])?;
+    let out = amp_kernels::outer(a.data(), b.data())?;
+    let (sa, sb) = (a.clone(), b.clone());
+    Ok(record(out, "OuterBackward0", &[&a, &b], move |g| {
+        Ok(vec![
+            if sa.requires_grad() { Some(mv(g, &sb)?) } else { None },
+            if sb.requires_grad() { Some(mv(&tr(g)?, &sa)?) } else { None },
+        ])
+    }))
+}
+
+/// `beta * input + alpha * (m1 @ m2)`; with `beta == 0` the input is ignored (NaN too).
+pub fn addmm(input: &Tensor, m1: &Tensor, m2: &Tensor, beta: f64, alpha: f64) -> Result<Tensor> {
+    let [input, m1, m2] = enter(&ADDMM, [input, m1, m2])?;
+    let out = amp_kernels::addmm(input.data(), m1.data(), m2.data(), beta, alpha)?;
+    let (si, s1, s2) = (input.clone(), m1.clone(), m2.clone());
+    Ok(record(out, "AddmmBackward0", &[&input, &m1, &m2], move |g| {
+        Ok(vec![
+            if si.requires_grad() && beta != 0.0 { Some(sum_to(&mul_scalar(g, beta)?, si.dims())?) } else { None },
+            if s1.requires_grad() { Some(mul_scalar(&mm(g, &tr(&s2)?)?, alpha)?) } else { None },
+            if s2.requires_grad() { Some(mul_scalar(&mm(&tr(&s1)?, g)?, alpha)?) } else { None },
+        ])
+    }))
+}
+
+fn scaled_sum(input: &Tensor, beta: f64, prod: Tensor, alpha: f64) -> Result<Tensor> {
+    let p = if alpha == 1.0 { prod } else { mul_scalar(&prod, alpha)? };
+    if beta == 0.0 {
+        let z = Tensor::zeros(input.dims().to_vec(), input.dtype());
+        return add(&z, &p);
+    }
+    let i = if beta == 1.0 { input.clone() } else { mul_scalar(input, beta)? };
+    add(&i, &p)
+}
+
+/// `beta * input + alpha * sum_b(b1[b] @ b2[b])`.
+pub fn addbmm(input: &Tensor, b1: &Tensor, b2: &Tensor, beta: f64, alpha: f64) -> Result<Tensor> {
+    let [input, b1, b2] = enter(&ADDBMM, [input, b1, b2])?;
+    scaled_sum(&input, beta, sum(&bmm(&b1, &b2)?, &[0], false, None)?, alpha)
+}
+
+/// `beta * input + alpha * (b1 @ b2)` batched.
+pub fn baddbmm(input: &Tensor, b1: &Tensor, b2: &Tensor, beta: f64, alpha: f64) -> Result<Tensor> {
+    let [input, b1, b2] = enter(&BADDBMM, [input, b1, b2])?;
+    scaled_sum(&input, beta, bmm(&b1, &b2)?, alpha)
+}
+
+/// `beta * input + alpha * (m @ v)`.
+pub fn addmv(input: &Tensor, m: &Tensor, v: &Tensor, beta: f64, alpha: f64) -> Result<Tensor> {
+    let [input, m, v] = enter(&ADDMV, [input, m, v])?;
+    scaled_sum(&input, beta, mv(&m, &v)?, alpha)
+}
+
+/// `beta * input + alpha * outer(v1, v2)`.
+pub fn addr(input: &Tensor, v1: &Tensor, v2: &Tensor, beta: f64, alpha: f64) -> Result<Tensor> {
+    let [input, v1, v2] = enter(&ADDR, [input, v1, v2])?;
+    scaled_sum(&input, beta, outer(&v1, &v2)?, alpha)
+}
+
+/// `torch.matmul`: dot, mv, mm, or batched with broadcasting of the batch dims
+/// (1-D operands are promoted to matrices and the added dim removed).
+pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let [a, b] = enter(&MATMUL, [a, b])?;
+    matmul_impl(&a, &b)
+}
+
+/// `a @ b` (`Tensor.__matmul__`).
+pub fn dunder_matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let [a, b] = enter(&DUNDER_MATMUL, [a, b])?;
+    matmul(&a, &b)
+}
+
+fn matmul_impl(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    match (a.rank(), b.rank()) {
+        (0, _) | (_, 0) => Err(Error::invalid("matmul", "both arguments to matmul need to be at least 1D")),
+        (1, 1) => dot(a, b),
+        (2, 1) => mv(a, b),
+        (1, 2) => squeeze(&mm(&unsqueeze(a, 0)?, b)?, 0),
+        (2, 2) => mm(a, b),
+        (ra, 1) => {
+            // fold the batch into rows: [..., n, k] @ [k]
+            let lead = &a.dims()[..ra - 1];
+            let k = a.dims()[ra - 1];
+            let rows: usize = lead.iter().product();
+            let out = mv(&reshape(a, [rows, k])?, b)?;
+            reshape(&out, lead.to_vec())
+        }
+        (ra, 2) => {
+            let (n, k) = (a.dims()[ra - 2], a.dims()[ra - 1]);
+            let batch = &a.dims()[..ra - 2];
+            let rows: usize = batch.iter().product::<usize>() * n;
+            let out = mm(&reshape(a, [rows, k])?, b)?;
+            let mut dims = a.dims()[..ra - 1].to_vec();
+            dims.push(b.dims()[1]);
+            reshape(&out, dims)
+        }
+        (ra, rb) => {
+            let a2 = if ra == 1 { unsqueeze(a, 0)? } else { a.clone() };
+            let b2 = if rb == 1 { unsqueeze(b, 1)? } else { b.clone() };
+            let (n, k) = (a2.dims()[a2.rank() - 2], a2.dims()[a2.rank() - 1]);
+            let (k2, p) = (b2.dims()[b2.rank() - 2], b2.dims()[b2.rank() - 1]);
+            let batch = amp_tensor::broadcast_shapes("matmul", &a2.dims()[..a2.rank() - 2], &b2.dims()[..b2.rank() - 2])?;
+            let nb: usize = batch.iter().product();
+            let ea = expand(&a2, &[batch.clone(), vec![n, k]].concat())?;
+            let eb = expand(&b2, &[batch.clone(), vec![k2, p]].concat())?;
+            let out = bmm(&reshape(&ea, [nb, n, k])?, &reshape(&eb, [nb, k2, p])?)?;
+            let mut dims = batch;
+            if ra > 1 {
+                dims.push(n);
+            }
+            if rb > 1 {
+                dims.push(p);
+            }
+            reshape(&out, dims)
+        }
+    }
+}
+
+/// `x @ weight.T + bias` (PyTorch's `F.linear`).
+pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    let (x, weight, bias) = match bias {
+        Some(b) => {
+            let [x, w, b] = enter(&LINEAR, [x, weight, b])?;
+            (x, w, Some(b))
+        }
+        None => {
+            let [x, w] = enter(&LINEAR, [x, weight])?;
+            (x, w, None)
+        }
+    };
+    let wt = transpose(&weight, 0, 1)?;
+    match (x.rank(), &bias) {
+        (2, Some(b)) => addmm(b, &x, &wt, 1.0, 1.0),
+        (_, Some(b)) => add(&matmul(&x, &wt)?, b),
+        (_, None) => matmul(&x, &wt),
+    }
+}
+
+fn chain(ms: &[Tensor], op: &'static str) -> Result<Tensor> {
+    let mut it = ms.iter();
+    let first = it.next().ok_or_else(|| Error::invalid(op, "expects at least one tensor"))?;
+    let mut acc = first.clone();
+    for m in it {
+        acc = mm(&acc, m)?;
+    }
+    Ok(acc)
+}
+
+/// Product of a chain of matrices, left to right.
+pub fn chain_matmul(ms: &[Tensor]) -> Result<Tensor> {
+    let refs: Vec<&Tensor> = ms.iter().collect();
+    let ms = enter_vec(&CHAIN_MATMUL, &refs)?;
+    chain(&ms, "chain_matmul")
+}
+
+/// `torch.linalg.multi_dot`: like [`chain_matmul`], the first and last may be 1-D.
+pub fn multi_dot(ms: &[Tensor]) -> Result<Tensor> {
+    let refs: Vec<&Tensor> = ms.iter().collect();
+    let mut ms = enter_vec(&MULTI_DOT, &refs)?;
+    if ms.len() < 2 {
+        return Err(Error::invalid("multi_dot", "expected at least 2 tensors but got fewer"));
+    }
+    let n = ms.len();
+    let first_1d = ms[0].rank() == 1;
+    let last_1d = ms[n - 1].rank() == 1;
+    if first_1d {
+        ms[0] = unsqueeze(&ms[0], 0)?;
+    }
+    if last_1d {
+        ms[n - 1] = unsqueeze(&ms[n - 1], 1)?;
+    }
+    let mut out = chain(&ms, "multi_dot")?;
+    if last_1d {
+        out = squeeze(&out, 1)?;
+    }
+    if first_1d {
+        out = squeeze(&out, 0)?;
+    }
+    Ok(out)
+}
+
+impl Tensor {
+    /// See [`matmul`].
+    pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
+        matmul(self, other)
+    }
+    /// See [`mm`].
+    pub fn mm(&self, other: &Tensor) -> Result<Tensor> {
+        mm(self, other)
+    }
+}

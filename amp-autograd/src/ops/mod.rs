@@ -1,0 +1,66 @@
+//! The differentiable ops. Each enters through [`crate::dispatch`] under its documented
+//! name, runs its kernel, and records a backward written in differentiable ops (so
+//! `create_graph` gives higher-order gradients).
+
+mod cast;
+mod loss;
+mod matmul;
+mod nn;
+mod pointwise;
+mod reduce;
+mod shape;
+
+pub use cast::*;
+pub use loss::*;
+pub use matmul::*;
+pub use nn::*;
+pub use pointwise::*;
+pub use reduce::*;
+pub use shape::*;
+
+use crate::dispatch::{dispatch, CallKind, OpName};
+use crate::{Result, Tensor};
+
+/// Dispatch a functional call with tensor arguments `args` (no dtype argument).
+#[inline]
+pub(crate) fn enter<const N: usize>(op: &'static OpName, args: [&Tensor; N]) -> Result<[Tensor; N]> {
+    let mut a: [Tensor; N] = args.map(Tensor::clone);
+    dispatch(op, &mut a, None, false, CallKind::Functional)?;
+    Ok(a)
+}
+
+/// Dispatch a functional call that has a `dtype=` argument; returns the args and the
+/// dtype to use.
+#[inline]
+pub(crate) fn enter_dtype<const N: usize>(
+    op: &'static OpName,
+    args: [&Tensor; N],
+    dtype: Option<amp_tensor::DType>,
+) -> Result<([Tensor; N], Option<amp_tensor::DType>)> {
+    let mut a: [Tensor; N] = args.map(Tensor::clone);
+    let d = dispatch(op, &mut a, dtype, true, CallKind::Functional)?;
+    Ok((a, d))
+}
+
+/// Dispatch a call with a variable number of tensor arguments.
+pub(crate) fn enter_vec(op: &'static OpName, args: &[&Tensor]) -> Result<Vec<Tensor>> {
+    let mut a: Vec<Tensor> = args.iter().map(|t| (*t).clone()).collect();
+    dispatch(op, &mut a, None, false, CallKind::Functional)?;
+    Ok(a)
+}
+
+/// Sum a broadcast gradient back to `dims` (the shape of the input it belongs to).
+pub fn sum_to(g: &Tensor, dims: &[usize]) -> Result<Tensor> {
+    if g.dims() == dims {
+        return Ok(g.clone());
+    }
+    let lead = g.rank() - dims.len();
+    let mut axes: Vec<i64> = (0..lead as i64).collect();
+    for (i, &d) in dims.iter().enumerate() {
+        if d == 1 && g.dims()[lead + i] != 1 {
+            axes.push((lead + i) as i64);
+        }
+    }
+    let s = reduce::sum_impl(g, &axes, true, None)?;
+    reshape(&s, dims)
+}

@@ -1,0 +1,165 @@
+//! Neural-network functions: softmax, log_softmax, softmin, layer_norm, dropout.
+
+use amp_tensor::{DType, Generator};
+
+use super::pointwise::*;
+use super::reduce::{mean, sum};
+use super::{enter, enter_dtype};
+use crate::dispatch::OpName;
+use crate::graph::{record, record_multi};
+use crate::grad_mode::is_grad_enabled;
+use crate::{Error, Result, Tensor};
+
+static SOFTMAX: OpName = OpName::new("softmax");
+static LOG_SOFTMAX: OpName = OpName::new("log_softmax");
+static SOFTMIN: OpName = OpName::new("softmin");
+static LAYER_NORM: OpName = OpName::new("layer_norm");
+static DROPOUT: OpName = OpName::new("dropout");
+
+fn cast_opt(x: Tensor, dtype: Option<DType>) -> Result<Tensor> {
+    match dtype {
+        Some(d) => x.to_dtype(d),
+        None => Ok(x),
+    }
+}
+
+/// Softmax along `dim` (computed in float32 for 16-bit inputs), optionally in `dtype`.
+pub fn softmax(x: &Tensor, dim: i64, dtype: Option<DType>) -> Result<Tensor> {
+    let ([x], dtype) = enter_dtype(&SOFTMAX, [x], dtype)?;
+    softmax_impl(&cast_opt(x, dtype)?, dim)
+}
+
+fn softmax_impl(x: &Tensor, dim: i64) -> Result<Tensor> {
+    let out = amp_kernels::softmax(x.data(), dim, None)?;
+    let saved = out.clone();
+    let xs = x.clone();
+    Ok(record(out, "SoftmaxBackward0", &[x], move |g| {
+        if is_grad_enabled() {
+            let y = softmax_impl(&xs, dim)?;
+            let s = sum(&mul(g, &y)?, &[dim], true, None)?;
+            Ok(vec![Some(mul(&y, &sub(g, &s)?)?)])
+        } else {
+            Ok(vec![Some(Tensor::from_raw(amp_kernels::softmax_backward(g.data(), &saved, dim)?))])
+        }
+    }))
+}
+
+/// `log(softmax(x))` along `dim`, computed stably.
+pub fn log_softmax(x: &Tensor, dim: i64, dtype: Option<DType>) -> Result<Tensor> {
+    let ([x], dtype) = enter_dtype(&LOG_SOFTMAX, [x], dtype)?;
+    log_softmax_impl(&cast_opt(x, dtype)?, dim)
+}
+
+fn log_softmax_impl(x: &Tensor, dim: i64) -> Result<Tensor> {
+    let out = amp_kernels::log_softmax(x.data(), dim, None)?;
+    let saved = out.clone();
+    let xs = x.clone();
+    Ok(record(out, "LogSoftmaxBackward0", &[x], move |g| {
+        if is_grad_enabled() {
+            let y = log_softmax_impl(&xs, dim)?;
+            let s = sum(g, &[dim], true, None)?;
+            Ok(vec![Some(sub(g, &mul(&exp(&y)?, &s)?)?)])
+        } else {
+            Ok(vec![Some(Tensor::from_raw(amp_kernels::log_softmax_backward(g.data(), &saved, dim)?))])
+        }
+    }))
+}
+
+/// `softmax(-x)` along `dim`.
+pub fn softmin(x: &Tensor, dim: i64, dtype: Option<DType>) -> Result<Tensor> {
+    let ([x], dtype) = enter_dtype(&SOFTMIN, [x], dtype)?;
+    softmax_impl(&neg(&cast_opt(x, dtype)?)?, dim)
+}
+
+/// Layer normalisation over the trailing `normalized_shape` dims, with optional
+/// elementwise affine `weight` and `bias`.
+pub fn layer_norm(x: &Tensor, normalized_shape: &[usize], weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64) -> Result<Tensor> {
+    let mut args: Vec<&Tensor> = vec![x];
+    args.extend(weight);
+    args.extend(bias);
+    let a = super::enter_vec(&LAYER_NORM, &args)?;
+    let x = a[0].clone();
+    let w = weight.map(|_| a[1].clone());
+    let b = bias.map(|_| a[if weight.is_some() { 2 } else { 1 }].clone());
+    let (out, mean_, rstd) = amp_kernels::layer_norm(x.data(), normalized_shape, w.as_ref().map(|t| t.data()), b.as_ref().map(|t| t.data()), eps)?;
+    let ns = normalized_shape.to_vec();
+    let (xs, ws, has_b) = (x.clone(), w.clone(), b.is_some());
+    let mut inputs = vec![&x];
+    inputs.extend(w.as_ref());
+    inputs.extend(b.as_ref());
+    let f = move |grads: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
+        let Some(g) = &grads[0] else { return Ok(vec![None; 1 + ws.is_some() as usize + has_b as usize]) };
+        let (gi, gw, gb) = if is_grad_enabled() {
+            layer_norm_backward_composite(g, &xs, &ns, ws.as_ref(), eps)?
+        } else {
+            let (gi, gw, gb) = amp_kernels::layer_norm_backward(g.data(), xs.data(), &ns, &mean_, &rstd, ws.as_ref().map(|t| t.data()))?;
+            (Tensor::from_raw(gi), gw.map(Tensor::from_raw), gb.map(Tensor::from_raw))
+        };
+        let mut v = vec![Some(gi)];
+        if ws.is_some() {
+            v.push(gw);
+        }
+        if has_b {
+            v.push(gb);
+        }
+        Ok(v)
+    };
+    Ok(record_multi(vec![out], &[true], "NativeLayerNormBackward0", &inputs, Box::new(f)).pop().expect("one output"))
+}
+
+/// The layer-norm gradients written in differentiable ops (used under `create_graph`).
+fn layer_norm_backward_composite(g: &Tensor, x: &Tensor, ns: &[usize], w: Option<&Tensor>, eps: f64) -> Result<(Tensor, Option<Tensor>, Option<Tensor>)> {
+    let r = x.rank();
+    let k = ns.len();
+    let norm_dims: Vec<i64> = (r - k..r).map(|d| d as i64).collect();
+    let outer_dims: Vec<i64> = (0..r - k).map(|d| d as i64).collect();
+    let x = if x.dtype().is_reduced_float() { x.to_dtype(DType::F32)? } else { x.clone() };
+    let g = g.to_dtype(x.dtype())?;
+    let mu = mean(&x, &norm_dims, true, None)?;
+    let d = sub(&x, &mu)?;
+    let var = mean(&square(&d)?, &norm_dims, true, None)?;
+    let rstd = rsqrt(&add_scalar(&var, eps)?)?;
+    let xhat = mul(&d, &rstd)?;
+    let gxhat = match w {
+        Some(w) => mul(&g, w)?,
+        None => g.clone(),
+    };
+    let m1 = mean(&gxhat, &norm_dims, true, None)?;
+    let m2 = mean(&mul(&gxhat, &xhat)?, &norm_dims, true, None)?;
+    let gi = mul(&rstd, &sub(&sub(&gxhat, &m1)?, &mul(&xhat, &m2)?)?)?;
+    let gw = match w {
+        Some(_) => Some(sum(&mul(&g, &xhat)?, &outer_dims, false, None)?),
+        None => None,
+    };
+    let gb = Some(sum(&g, &outer_dims, false, None)?);
+    Ok((gi, gw, gb))
+}
+
+/// Zero each element with probability `p` and scale the rest by `1 / (1 - p)` when
+/// `training`; the identity otherwise.
+pub fn dropout(x: &Tensor, p: f64, training: bool, gen: &mut Generator) -> Result<Tensor> {
+    if !(0.0..=1.0).contains(&p) {
+        return Err(Error::invalid("dropout", format!("dropout probability has to be between 0 and 1, but got {p}")));
+    }
+    let [x] = enter(&DROPOUT, [x])?;
+    if !training || p == 0.0 {
+        return Ok(x);
+    }
+    if p == 1.0 {
+        return mul_scalar(&x, 0.0);
+    }
+    let u = amp_tensor::Tensor::rand(x.dims(), DType::F32, gen)?;
+    let keep = amp_kernels::compare_scalar(amp_kernels::CmpOp::Ge, &u, p)?;
+    let mask = Tensor::from_raw(keep.to_dtype(x.dtype())?);
+    mul_scalar(&mul(&x, &mask)?, 1.0 / (1.0 - p))
+}
+
+/// The dim a class index lives in for loss inputs (`[N, C, ...]` → 1, `[C]` → 0).
+pub(crate) fn class_dim(x: &Tensor) -> usize {
+    if x.rank() == 1 {
+        0
+    } else {
+        1
+    }
+}
+

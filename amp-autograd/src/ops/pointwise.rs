@@ -1,0 +1,383 @@
+//! Elementwise ops: unary math, binary arithmetic with broadcasting and promotion,
+//! scalar forms (`__rpow__`, `__rtruediv__`, ...), comparisons, `where`, `clamp`.
+
+use amp_kernels::{BinaryOp, CmpOp, UnaryOp};
+use amp_tensor::{Scalar, Tensor as Raw};
+
+use super::{enter, sum_to};
+use crate::dispatch::OpName;
+use crate::graph::record;
+use crate::grad_mode::is_grad_enabled;
+use crate::{Result, Tensor};
+
+/// The forward output inside a backward closure: the saved values when no graph is
+/// being built, or the op recomputed differentiably from its input under
+/// `create_graph` (so double backward sees the dependency on the input).
+fn output_of(saved: &Raw, x: &Tensor, f: fn(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
+    if is_grad_enabled() {
+        f(x)
+    } else {
+        Ok(Tensor::from_raw(saved.clone()))
+    }
+}
+
+fn c(v: f64) -> Scalar {
+    Scalar::Float(v)
+}
+
+macro_rules! unary_ops {
+    ($($(#[$doc:meta])* $fname:ident = $opname:literal, $kop:ident, $node:literal, |$g:ident, $x:ident, $out:ident| $bw:expr;)*) => {$(
+        $(#[$doc])*
+        pub fn $fname(x: &Tensor) -> Result<Tensor> {
+            static OP: OpName = OpName::new($opname);
+            let [x] = enter(&OP, [x])?;
+            let out = amp_kernels::unary(UnaryOp::$kop, x.data())?;
+            let saved = out.clone();
+            let xs = x.clone();
+            Ok(record(out, $node, &[&x], move |$g| {
+                #[allow(unused_variables)]
+                let $x = &xs;
+                #[allow(unused_variables)]
+                let $out = || output_of(&saved, &xs, $fname);
+                Ok(vec![Some($bw)])
+            }))
+        }
+    )*};
+}
+
+unary_ops! {
+    /// `-x`.
+    neg = "neg", Neg, "NegBackward0", |g, x, out| neg(g)?;
+    /// `|x|` (gradient `sign(x)`, 0 at 0).
+    abs = "abs", Abs, "AbsBackward0", |g, x, out| mul(g, &sign(x)?)?;
+    /// `e^x`.
+    exp = "exp", Exp, "ExpBackward0", |g, x, out| mul(g, &out()?)?;
+    /// `e^x - 1`.
+    expm1 = "expm1", Expm1, "Expm1Backward0", |g, x, out| mul(g, &add_scalar(&out()?, 1.0)?)?;
+    /// Natural log.
+    log = "log", Log, "LogBackward0", |g, x, out| div(g, x)?;
+    /// `log(1 + x)`.
+    log1p = "log1p", Log1p, "Log1PBackward0", |g, x, out| div(g, &add_scalar(x, 1.0)?)?;
+    /// Base-2 log.
+    log2 = "log2", Log2, "Log2Backward0", |g, x, out| div(g, &mul_scalar(x, std::f64::consts::LN_2)?)?;
+    /// Base-10 log.
+    log10 = "log10", Log10, "Log10Backward0", |g, x, out| div(g, &mul_scalar(x, std::f64::consts::LN_10)?)?;
+    /// Square root.
+    sqrt = "sqrt", Sqrt, "SqrtBackward0", |g, x, out| div(g, &mul_scalar(&out()?, 2.0)?)?;
+    /// `1 / sqrt(x)`.
+    rsqrt = "rsqrt", Rsqrt, "RsqrtBackward0", |g, x, out| mul(g, &mul_scalar(&pow_scalar(&out()?, 3.0)?, -0.5)?)?;
+    /// `1 / x`.
+    reciprocal = "reciprocal", Reciprocal, "ReciprocalBackward0", |g, x, out| mul(g, &neg(&square(&out()?)?)?)?;
+    /// Sine.
+    sin = "sin", Sin, "SinBackward0", |g, x, out| mul(g, &cos(x)?)?;
+    /// Cosine.
+    cos = "cos", Cos, "CosBackward0", |g, x, out| mul(g, &neg(&sin(x)?)?)?;
+    /// Tangent.
+    tan = "tan", Tan, "TanBackward0", |g, x, out| mul(g, &add_scalar(&square(&out()?)?, 1.0)?)?;
+    /// Arcsine.
+    asin = "asin", Asin, "AsinBackward0", |g, x, out| div(g, &sqrt(&rsub_scalar(&square(x)?, 1.0)?)?)?;
+    /// Arccosine.
+    acos = "acos", Acos, "AcosBackward0", |g, x, out| neg(&div(g, &sqrt(&rsub_scalar(&square(x)?, 1.0)?)?)?)?;
+    /// Arctangent.
+    atan = "atan", Atan, "AtanBackward0", |g, x, out| div(g, &add_scalar(&square(x)?, 1.0)?)?;
+    /// Hyperbolic sine.
+    sinh = "sinh", Sinh, "SinhBackward0", |g, x, out| mul(g, &cosh(x)?)?;
+    /// Hyperbolic cosine.
+    cosh = "cosh", Cosh, "CoshBackward0", |g, x, out| mul(g, &sinh(x)?)?;
+    /// Hyperbolic tangent.
+    tanh = "tanh", Tanh, "TanhBackward0", |g, x, out| mul(g, &rsub_scalar(&square(&out()?)?, 1.0)?)?;
+    /// Logistic sigmoid.
+    sigmoid = "sigmoid", Sigmoid, "SigmoidBackward0", |g, x, out| { let y = out()?; mul(g, &mul(&y, &rsub_scalar(&y, 1.0)?)?)? };
+    /// `max(x, 0)`.
+    relu = "relu", Relu, "ReluBackward0", |g, x, out| mul(g, &gt_scalar(x, 0.0)?.to_dtype(g.dtype())?)?;
+    /// Exact GELU, `x * Φ(x)`.
+    gelu = "gelu", Gelu, "GeluBackward0", |g, x, out| {
+        let cdf = mul_scalar(&add_scalar(&erf(&mul_scalar(x, std::f64::consts::FRAC_1_SQRT_2)?)?, 1.0)?, 0.5)?;
+        let pdf = mul_scalar(&exp(&mul_scalar(&square(x)?, -0.5)?)?, 0.5 * std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2)?;
+        mul(g, &add(&cdf, &mul(x, &pdf)?)?)?
+    };
+    /// Error function.
+    erf = "erf", Erf, "ErfBackward0", |g, x, out| mul(g, &mul_scalar(&exp(&neg(&square(x)?)?)?, std::f64::consts::FRAC_2_SQRT_PI)?)?;
+    /// Inverse error function.
+    erfinv = "erfinv", Erfinv, "ErfinvBackward0", |g, x, out| mul(g, &mul_scalar(&exp(&square(&out()?)?)?, std::f64::consts::PI.sqrt() / 2.0)?)?;
+    /// `x * x`.
+    square = "square", Square, "PowBackward0", |g, x, out| mul(g, &mul_scalar(x, 2.0)?)?;
+    /// Sign (-1, 0, 1); gradient zero.
+    sign = "sign", Sign, "SignBackward0", |g, x, out| zeros_like(g);
+    /// Floor; gradient zero.
+    floor = "floor", Floor, "FloorBackward0", |g, x, out| zeros_like(g);
+    /// Ceil; gradient zero.
+    ceil = "ceil", Ceil, "CeilBackward0", |g, x, out| zeros_like(g);
+    /// Round half to even; gradient zero.
+    round = "round", Round, "RoundBackward0", |g, x, out| zeros_like(g);
+}
+
+/// Zeros shaped like `t` (no graph).
+pub fn zeros_like(t: &Tensor) -> Tensor {
+    Tensor::from_raw(t.data().zeros_like())
+}
+
+/// Ones shaped like `t` (no graph).
+pub fn ones_like(t: &Tensor) -> Tensor {
+    Tensor::from_raw(t.data().ones_like())
+}
+
+static SOFTPLUS: OpName = OpName::new("softplus");
+
+/// `log(1 + exp(beta x)) / beta`, linear above `threshold`.
+pub fn softplus(x: &Tensor, beta: f64, threshold: f64) -> Result<Tensor> {
+    let [x] = enter(&SOFTPLUS, [x])?;
+    let out = amp_kernels::softplus(x.data(), beta, threshold)?;
+    let xs = x.clone();
+    Ok(record(out, "SoftplusBackward0", &[&x], move |g| {
+        let bx = mul_scalar(&xs, beta)?;
+        let s = sigmoid(&bx)?;
+        let linear = gt_scalar(&bx, threshold)?;
+        Ok(vec![Some(where_(&linear, g, &mul(g, &s)?)?)])
+    }))
+}
+
+macro_rules! binary_ops {
+    ($($(#[$doc:meta])* $fname:ident = $opname:literal, $kop:ident, $node:literal, |$g:ident, $a:ident, $b:ident, $out:ident| ga: $ga:expr, gb: $gb:expr;)*) => {$(
+        $(#[$doc])*
+        pub fn $fname(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+            static OP: OpName = OpName::new($opname);
+            let [a, b] = enter(&OP, [a, b])?;
+            let out = amp_kernels::binary(BinaryOp::$kop, a.data(), b.data())?;
+            let saved = out.clone();
+            let (sa, sb) = (a.clone(), b.clone());
+            Ok(record(out, $node, &[&a, &b], move |$g| {
+                #[allow(unused_variables)]
+                let ($a, $b) = (&sa, &sb);
+                #[allow(unused_variables)]
+                let $out = || -> Result<Tensor> { if is_grad_enabled() { $fname(&sa, &sb) } else { Ok(Tensor::from_raw(saved.clone())) } };
+                let ga = if sa.requires_grad() { Some(sum_to(&$ga, sa.dims())?) } else { None };
+                let gb = if sb.requires_grad() { Some(sum_to(&$gb, sb.dims())?) } else { None };
+                Ok(vec![ga, gb])
+            }))
+        }
+    )*};
+}
+
+binary_ops! {
+    /// `a + b` with broadcasting and type promotion.
+    add = "add", Add, "AddBackward0", |g, a, b, out| ga: g.clone(), gb: g.clone();
+    /// `a - b`.
+    sub = "sub", Sub, "SubBackward0", |g, a, b, out| ga: g.clone(), gb: neg(g)?;
+    /// `a * b`.
+    mul = "mul", Mul, "MulBackward0", |g, a, b, out| ga: mul(g, b)?, gb: mul(g, a)?;
+    /// `a / b` (true division).
+    div = "div", Div, "DivBackward0", |g, a, b, out| ga: div(g, b)?, gb: neg(&div(&mul(g, a)?, &square(b)?)?)?;
+    /// `a ** b` (elementwise).
+    pow = "pow", Pow, "PowBackward1", |g, a, b, out|
+        ga: mul(g, &mul(b, &pow(a, &sub_scalar(b, 1.0)?)?)?)?,
+        gb: mul(g, &mul(&out()?, &log(a)?)?)?;
+    /// `atan2(a, b)`.
+    atan2 = "atan2", Atan2, "Atan2Backward0", |g, a, b, out|
+        ga: mul(g, &div(b, &add(&square(a)?, &square(b)?)?)?)?,
+        gb: mul(g, &div(&neg(a)?, &add(&square(a)?, &square(b)?)?)?)?;
+    /// Elementwise maximum (NaN propagates; ties split the gradient).
+    maximum = "maximum", Maximum, "MaximumBackward0", |g, a, b, out|
+        ga: mul(g, &tie_weights(a, b, CmpOp::Gt)?.0)?,
+        gb: mul(g, &tie_weights(a, b, CmpOp::Gt)?.1)?;
+    /// Elementwise minimum.
+    minimum = "minimum", Minimum, "MinimumBackward0", |g, a, b, out|
+        ga: mul(g, &tie_weights(a, b, CmpOp::Lt)?.0)?,
+        gb: mul(g, &tie_weights(a, b, CmpOp::Lt)?.1)?;
+}
+
+/// Weights 1/0 (0.5 on ties) of each side of maximum/minimum.
+fn tie_weights(a: &Tensor, b: &Tensor, cmp: CmpOp) -> Result<(Tensor, Tensor)> {
+    let dt = amp_tensor::promote_types(a.dtype(), b.dtype());
+    let win = Tensor::from_raw(amp_kernels::compare(cmp, a.data(), b.data())?.to_dtype(dt)?);
+    let tie = Tensor::from_raw(amp_kernels::compare(CmpOp::Eq, a.data(), b.data())?.to_dtype(dt)?);
+    let half = mul_scalar(&tie, 0.5)?;
+    let wa = add(&win, &half)?;
+    let wb = rsub_scalar(&wa, 1.0)?;
+    Ok((wa, wb))
+}
+
+static ADD_ALPHA: OpName = OpName::new("add");
+static SUB_ALPHA: OpName = OpName::new("sub");
+
+/// `a + alpha * b` (`torch.add(a, b, alpha=alpha)`).
+pub fn add_scaled(a: &Tensor, b: &Tensor, alpha: f64) -> Result<Tensor> {
+    let [a, b] = enter(&ADD_ALPHA, [a, b])?;
+    let out = amp_kernels::add_scaled(a.data(), b.data(), alpha)?;
+    let (da, db) = (a.dims().to_vec(), b.dims().to_vec());
+    let (ra, rb) = (a.requires_grad(), b.requires_grad());
+    Ok(record(out, "AddBackward0", &[&a, &b], move |g| {
+        Ok(vec![
+            if ra { Some(sum_to(g, &da)?) } else { None },
+            if rb { Some(sum_to(&mul_scalar(g, alpha)?, &db)?) } else { None },
+        ])
+    }))
+}
+
+/// `a - alpha * b`.
+pub fn sub_scaled(a: &Tensor, b: &Tensor, alpha: f64) -> Result<Tensor> {
+    let [a, b] = enter(&SUB_ALPHA, [a, b])?;
+    add_scaled(&a, &b, -alpha)
+}
+
+macro_rules! scalar_ops {
+    ($($(#[$doc:meta])* $fname:ident = $opname:literal, $node:literal, |$x:ident, $s:ident| $fwd:expr, |$g:ident, $xx:ident, $ss:ident, $out:ident| $bw:expr;)*) => {$(
+        $(#[$doc])*
+        pub fn $fname(x: &Tensor, s: impl Into<Scalar>) -> Result<Tensor> {
+            static OP: OpName = OpName::new($opname);
+            let s: Scalar = s.into();
+            let [x] = enter(&OP, [x])?;
+            let out = { let $x = x.data(); let $s = s; $fwd? };
+            let saved = out.clone();
+            let xs = x.clone();
+            Ok(record(out, $node, &[&x], move |$g| {
+                #[allow(unused_variables)]
+                let ($xx, $ss) = (&xs, s);
+                #[allow(unused_variables)]
+                let $out = || -> Result<Tensor> { if is_grad_enabled() { $fname(&xs, s) } else { Ok(Tensor::from_raw(saved.clone())) } };
+                Ok(vec![Some($bw)])
+            }))
+        }
+    )*};
+}
+
+scalar_ops! {
+    /// `x + s`.
+    add_scalar = "add", "AddBackward1", |x, s| amp_kernels::binary_scalar(BinaryOp::Add, x, s), |g, x, s, out| g.clone();
+    /// `x - s`.
+    sub_scalar = "sub", "SubBackward1", |x, s| amp_kernels::binary_scalar(BinaryOp::Sub, x, s), |g, x, s, out| g.clone();
+    /// `s - x` (`__rsub__`).
+    rsub_scalar = "rsub", "RsubBackward1", |x, s| amp_kernels::scalar_binary(BinaryOp::Sub, s, x), |g, x, s, out| neg(g)?;
+    /// `x * s`.
+    mul_scalar = "mul", "MulBackward1", |x, s| amp_kernels::binary_scalar(BinaryOp::Mul, x, s), |g, x, s, out| mul_scalar(g, s)?;
+    /// `x / s`.
+    div_scalar = "div", "DivBackward1", |x, s| amp_kernels::binary_scalar(BinaryOp::Div, x, s), |g, x, s, out| div_scalar(g, s)?;
+    /// `s / x` (`__rdiv__` / `__rtruediv__`).
+    rdiv_scalar = "__rdiv__", "DivBackward1", |x, s| amp_kernels::scalar_binary(BinaryOp::Div, s, x), |g, x, s, out| neg(&div(&mul_scalar(g, s)?, &square(x)?)?)?;
+    /// `x ** s` (`__pow__` with a number).
+    pow_scalar = "pow", "PowBackward0", |x, s| amp_kernels::binary_scalar(BinaryOp::Pow, x, s), |g, x, s, out| {
+        let e = s.to_f64();
+        if e == 0.0 { zeros_like(g) } else { mul(g, &mul_scalar(&pow_scalar(x, e - 1.0)?, e)?)? }
+    };
+    /// `s ** x` (`__rpow__`).
+    rpow_scalar = "__rpow__", "PowBackward2", |x, s| amp_kernels::scalar_binary(BinaryOp::Pow, s, x), |g, x, s, out| {
+        let base = s.to_f64();
+        if base == 0.0 { zeros_like(g) } else { mul(g, &mul_scalar(&out()?, base.ln())?)? }
+    };
+}
+
+/// `s / x` under the name `__rtruediv__` (Python's `2 / x`).
+pub fn rtruediv_scalar(x: &Tensor, s: impl Into<Scalar>) -> Result<Tensor> {
+    static OP: OpName = OpName::new("__rtruediv__");
+    let [x] = enter(&OP, [x])?;
+    rdiv_scalar(&x, s)
+}
+
+/// `x ** s` under the name `__pow__`.
+pub fn dunder_pow(x: &Tensor, s: impl Into<Scalar>) -> Result<Tensor> {
+    static OP: OpName = OpName::new("__pow__");
+    let [x] = enter(&OP, [x])?;
+    pow_scalar(&x, s)
+}
+
+macro_rules! comparisons {
+    ($($(#[$doc:meta])* $fname:ident, $sname:ident, $cop:ident;)*) => {$(
+        $(#[$doc])*
+        pub fn $fname(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+            Ok(Tensor::from_raw(amp_kernels::compare(CmpOp::$cop, a.data(), b.data())?))
+        }
+        $(#[$doc])*
+        pub fn $sname(a: &Tensor, s: impl Into<Scalar>) -> Result<Tensor> {
+            Ok(Tensor::from_raw(amp_kernels::compare_scalar(CmpOp::$cop, a.data(), s)?))
+        }
+    )*};
+}
+
+comparisons! {
+    /// Elementwise `==` (a bool tensor, not differentiable).
+    eq, eq_scalar, Eq;
+    /// Elementwise `!=`.
+    ne, ne_scalar, Ne;
+    /// Elementwise `<`.
+    lt, lt_scalar, Lt;
+    /// Elementwise `<=`.
+    le, le_scalar, Le;
+    /// Elementwise `>`.
+    gt, gt_scalar, Gt;
+    /// Elementwise `>=`.
+    ge, ge_scalar, Ge;
+}
+
+static WHERE: OpName = OpName::new("where");
+
+/// `cond ? a : b` elementwise (cond a bool tensor), broadcasting all three.
+pub fn where_(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let [cond, a, b] = enter(&WHERE, [cond, a, b])?;
+    let out = amp_kernels::where_cond(cond.data(), a.data(), b.data())?;
+    let (c2, da, db) = (cond.clone(), a.dims().to_vec(), b.dims().to_vec());
+    let (ra, rb) = (a.requires_grad(), b.requires_grad());
+    Ok(record(out, "WhereBackward0", &[&a, &b], move |g| {
+        let z = zeros_like(g);
+        Ok(vec![
+            if ra { Some(sum_to(&where_(&c2, g, &z)?, &da)?) } else { None },
+            if rb { Some(sum_to(&where_(&c2, &z, g)?, &db)?) } else { None },
+        ])
+    }))
+}
+
+static CLAMP: OpName = OpName::new("clamp");
+
+/// Clamp into `[min, max]` (either bound optional); gradient passes where unclamped.
+pub fn clamp(x: &Tensor, min: Option<f64>, max: Option<f64>) -> Result<Tensor> {
+    let [x] = enter(&CLAMP, [x])?;
+    let out = amp_kernels::clamp(x.data(), min, max)?;
+    let xs = x.clone();
+    Ok(record(out, "ClampBackward1", &[&x], move |g| {
+        let mut keep = ones_like(g);
+        if let Some(lo) = min {
+            keep = mul(&keep, &ge_scalar(&xs, lo)?.to_dtype(g.dtype())?)?;
+        }
+        if let Some(hi) = max {
+            keep = mul(&keep, &le_scalar(&xs, hi)?.to_dtype(g.dtype())?)?;
+        }
+        Ok(vec![Some(mul(g, &keep)?)])
+    }))
+}
+
+static ADDCMUL: OpName = OpName::new("addcmul");
+static ADDCDIV: OpName = OpName::new("addcdiv");
+
+/// `input + value * t1 * t2`.
+pub fn addcmul(input: &Tensor, t1: &Tensor, t2: &Tensor, value: f64) -> Result<Tensor> {
+    let [input, t1, t2] = enter(&ADDCMUL, [input, t1, t2])?;
+    add(&input, &mul_scalar(&mul(&t1, &t2)?, value)?)
+}
+
+/// `input + value * t1 / t2`.
+pub fn addcdiv(input: &Tensor, t1: &Tensor, t2: &Tensor, value: f64) -> Result<Tensor> {
+    let [input, t1, t2] = enter(&ADDCDIV, [input, t1, t2])?;
+    add(&input, &mul_scalar(&div(&t1, &t2)?, value)?)
+}
+
+/// Methods mirroring the free functions.
+impl Tensor {
+    pub fn neg(&self) -> Result<Tensor> { neg(self) }
+    pub fn abs(&self) -> Result<Tensor> { abs(self) }
+    pub fn exp(&self) -> Result<Tensor> { exp(self) }
+    pub fn log(&self) -> Result<Tensor> { log(self) }
+    pub fn sqrt(&self) -> Result<Tensor> { sqrt(self) }
+    pub fn tanh(&self) -> Result<Tensor> { tanh(self) }
+    pub fn sigmoid(&self) -> Result<Tensor> { sigmoid(self) }
+    pub fn relu(&self) -> Result<Tensor> { relu(self) }
+    pub fn square(&self) -> Result<Tensor> { square(self) }
+    pub fn add(&self, o: &Tensor) -> Result<Tensor> { add(self, o) }
+    pub fn sub(&self, o: &Tensor) -> Result<Tensor> { sub(self, o) }
+    pub fn mul(&self, o: &Tensor) -> Result<Tensor> { mul(self, o) }
+    pub fn div(&self, o: &Tensor) -> Result<Tensor> { div(self, o) }
+    pub fn pow(&self, o: &Tensor) -> Result<Tensor> { pow(self, o) }
+    pub fn add_scalar(&self, s: impl Into<Scalar>) -> Result<Tensor> { add_scalar(self, s) }
+    pub fn mul_scalar(&self, s: impl Into<Scalar>) -> Result<Tensor> { mul_scalar(self, s) }
+    pub fn div_scalar(&self, s: impl Into<Scalar>) -> Result<Tensor> { div_scalar(self, s) }
+    pub fn pow_scalar(&self, s: impl Into<Scalar>) -> Result<Tensor> { pow_scalar(self, s) }
+    pub fn clamp(&self, min: Option<f64>, max: Option<f64>) -> Result<Tensor> { clamp(self, min, max) }
+}

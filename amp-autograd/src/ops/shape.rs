@@ -1,0 +1,306 @@
+//! Views and data movement: reshape, transpose, permute, expand, narrow, select,
+//! (un)squeeze, flatten, cat, stack, gather/scatter, index_select/index_add/index_copy,
+//! embedding.
+
+use amp_tensor::{wrap_dim, Tensor as Raw};
+
+use super::{enter, enter_vec, sum_to};
+use crate::dispatch::OpName;
+use crate::graph::{record, record_multi};
+use crate::{Result, Tensor};
+
+static RESHAPE: OpName = OpName::new("reshape");
+static VIEW: OpName = OpName::new("view");
+static TRANSPOSE: OpName = OpName::new("transpose");
+static PERMUTE: OpName = OpName::new("permute");
+static EXPAND: OpName = OpName::new("expand");
+static NARROW: OpName = OpName::new("narrow");
+static SELECT: OpName = OpName::new("select");
+static UNSQUEEZE: OpName = OpName::new("unsqueeze");
+static SQUEEZE: OpName = OpName::new("squeeze");
+static CONTIGUOUS: OpName = OpName::new("contiguous");
+
+fn same_shape_back(out: Raw, name: &'static str, x: &Tensor) -> Tensor {
+    let dims = x.dims().to_vec();
+    record(out, name, &[x], move |g| Ok(vec![Some(reshape(g, &dims)?)]))
+}
+
+/// Another shape over the same elements (`-1` infers one size): a view when the
+/// strides allow it, else a copy.
+pub fn reshape(x: &Tensor, shape: impl amp_tensor::IntoDims) -> Result<Tensor> {
+    let [x] = enter(&RESHAPE, [x])?;
+    if x.dims() == shape.resolve("reshape", x.elem_count())?.as_slice() {
+        return Ok(x);
+    }
+    let out = x.data().reshape(shape)?;
+    Ok(same_shape_back(out, "ViewBackward0", &x))
+}
+
+/// A view with another shape (fails when the strides do not allow one).
+pub fn view(x: &Tensor, shape: impl amp_tensor::IntoDims) -> Result<Tensor> {
+    let [x] = enter(&VIEW, [x])?;
+    let out = x.data().view(shape)?;
+    Ok(same_shape_back(out, "ViewBackward0", &x))
+}
+
+/// Swap two dims (a view).
+pub fn transpose(x: &Tensor, d0: i64, d1: i64) -> Result<Tensor> {
+    let [x] = enter(&TRANSPOSE, [x])?;
+    let out = x.data().transpose(d0, d1)?;
+    Ok(record(out, "TransposeBackward0", &[&x], move |g| Ok(vec![Some(transpose(g, d0, d1)?)])))
+}
+
+/// Transpose of a ≤2-D tensor.
+pub fn t(x: &Tensor) -> Result<Tensor> {
+    if x.rank() < 2 {
+        return Ok(x.clone());
+    }
+    transpose(x, 0, 1)
+}
+
+/// Reorder dims (a view).
+pub fn permute(x: &Tensor, perm: &[i64]) -> Result<Tensor> {
+    let [x] = enter(&PERMUTE, [x])?;
+    let out = x.data().permute(perm)?;
+    let n = x.rank();
+    let mut inv = vec![0i64; n];
+    for (i, &p) in perm.iter().enumerate() {
+        inv[wrap_dim(p, n)?] = i as i64;
+    }
+    Ok(record(out, "PermuteBackward0", &[&x], move |g| Ok(vec![Some(permute(g, &inv)?)])))
+}
+
+/// Broadcast to `dims` without copying.
+pub fn expand(x: &Tensor, dims: &[usize]) -> Result<Tensor> {
+    if x.dims() == dims {
+        return Ok(x.clone());
+    }
+    let [x] = enter(&EXPAND, [x])?;
+    let out = x.data().broadcast_to(dims)?;
+    let xd = x.dims().to_vec();
+    Ok(record(out, "ExpandBackward0", &[&x], move |g| Ok(vec![Some(sum_to(g, &xd)?)])))
+}
+
+/// `len` entries of `dim` from `start` (a view).
+pub fn narrow(x: &Tensor, dim: i64, start: usize, len: usize) -> Result<Tensor> {
+    let [x] = enter(&NARROW, [x])?;
+    let out = x.data().narrow(dim, start, len)?;
+    let xd = x.dims().to_vec();
+    Ok(record(out, "NarrowBackward0", &[&x], move |g| Ok(vec![Some(narrow_scatter(g, &xd, dim, start)?)])))
+}
+
+/// Zeros of shape `dims` with `src` written at `start..` along `dim` (the backward of
+/// [`narrow`]; its own backward is `narrow`).
+pub fn narrow_scatter(src: &Tensor, dims: &[usize], dim: i64, start: usize) -> Result<Tensor> {
+    let z = Raw::zeros(dims, src.dtype());
+    let len = src.dims()[wrap_dim(dim, src.rank())?];
+    z.narrow(dim, start, len)?.copy_(src.data())?;
+    Ok(record(z, "NarrowScatterBackward", &[src], move |g| Ok(vec![Some(narrow(g, dim, start, len)?)])))
+}
+
+/// Entry `index` of `dim`, dropping it (a view).
+pub fn select(x: &Tensor, dim: i64, index: i64) -> Result<Tensor> {
+    let [x] = enter(&SELECT, [x])?;
+    let out = x.data().select(dim, index)?;
+    let xd = x.dims().to_vec();
+    let d = wrap_dim(dim, x.rank())?;
+    let i = if index < 0 { index + xd[d] as i64 } else { index } as usize;
+    Ok(record(out, "SelectBackward0", &[&x], move |g| {
+        Ok(vec![Some(narrow_scatter(&unsqueeze(g, d as i64)?, &xd, d as i64, i)?)])
+    }))
+}
+
+/// Insert a size-1 dim (a view).
+pub fn unsqueeze(x: &Tensor, dim: i64) -> Result<Tensor> {
+    let [x] = enter(&UNSQUEEZE, [x])?;
+    let out = x.data().unsqueeze(dim)?;
+    Ok(same_shape_back(out, "UnsqueezeBackward0", &x))
+}
+
+/// Drop `dim` if its size is 1 (a view).
+pub fn squeeze(x: &Tensor, dim: i64) -> Result<Tensor> {
+    let [x] = enter(&SQUEEZE, [x])?;
+    let out = x.data().squeeze(dim)?;
+    Ok(same_shape_back(out, "SqueezeBackward1", &x))
+}
+
+/// Merge dims `start..=end`.
+pub fn flatten(x: &Tensor, start: i64, end: i64) -> Result<Tensor> {
+    let dims = x.data().flatten(start, end)?.dims().to_vec();
+    reshape(x, dims)
+}
+
+/// A contiguous tensor with the same values.
+pub fn contiguous(x: &Tensor) -> Result<Tensor> {
+    if x.is_contiguous() {
+        return Ok(x.clone());
+    }
+    let [x] = enter(&CONTIGUOUS, [x])?;
+    let out = x.data().contiguous();
+    Ok(record(out, "CloneBackward0", &[&x], move |g| Ok(vec![Some(g.clone())])))
+}
+
+static CAT: OpName = OpName::new("cat");
+static STACK: OpName = OpName::new("stack");
+
+/// Concatenate along `dim` (promoting to a common dtype).
+pub fn cat(ts: &[Tensor], dim: i64) -> Result<Tensor> {
+    let refs: Vec<&Tensor> = ts.iter().collect();
+    let ts = enter_vec(&CAT, &refs)?;
+    let raws: Vec<Raw> = ts.iter().map(|t| t.data().clone()).collect();
+    let out = amp_kernels::cat(&raws, dim)?;
+    let d = wrap_dim(dim, out.rank())? as i64;
+    let sizes: Vec<Option<usize>> = ts.iter().map(|t| (t.rank() > 0 && t.elem_count() > 0 || t.rank() == out.rank()).then(|| t.dims().get(d as usize).copied().unwrap_or(0))).collect();
+    let refs: Vec<&Tensor> = ts.iter().collect();
+    Ok(record(out, "CatBackward0", &refs, move |g| {
+        let mut off = 0;
+        let mut v = Vec::with_capacity(sizes.len());
+        for s in &sizes {
+            match s {
+                Some(n) => {
+                    v.push(Some(narrow(g, d, off, *n)?));
+                    off += n;
+                }
+                None => v.push(None),
+            }
+        }
+        Ok(v)
+    }))
+}
+
+/// Stack along a new dim `dim`.
+pub fn stack(ts: &[Tensor], dim: i64) -> Result<Tensor> {
+    let refs: Vec<&Tensor> = ts.iter().collect();
+    let ts = enter_vec(&STACK, &refs)?;
+    let Some(first) = ts.first() else {
+        return Err(crate::Error::invalid("stack", "stack expects a non-empty TensorList"));
+    };
+    let d = wrap_dim(dim, first.rank() + 1)? as i64;
+    let us = ts.iter().map(|t| unsqueeze(t, d)).collect::<Result<Vec<_>>>()?;
+    cat(&us, d)
+}
+
+static GATHER: OpName = OpName::new("gather");
+static SCATTER_ADD: OpName = OpName::new("scatter_add");
+static INDEX_SELECT: OpName = OpName::new("index_select");
+static INDEX_ADD: OpName = OpName::new("index_add");
+static INDEX_COPY: OpName = OpName::new("index_copy");
+static EMBEDDING: OpName = OpName::new("embedding");
+
+/// `out[i][j] = x[index[i][j]][j]` for `dim = 0` (PyTorch's `gather`).
+pub fn gather(x: &Tensor, dim: i64, index: &Tensor) -> Result<Tensor> {
+    let [x, index] = enter(&GATHER, [x, index])?;
+    let out = amp_kernels::gather(x.data(), dim, index.data())?;
+    let xd = x.dims().to_vec();
+    Ok(record(out, "GatherBackward0", &[&x], move |g| {
+        let z = Tensor::zeros(xd.clone(), g.dtype());
+        Ok(vec![Some(scatter_add(&z, dim, &index, g)?)])
+    }))
+}
+
+/// `x` with `src` added at `index` along `dim` (out of place).
+pub fn scatter_add(x: &Tensor, dim: i64, index: &Tensor, src: &Tensor) -> Result<Tensor> {
+    let [x, index, src] = enter(&SCATTER_ADD, [x, index, src])?;
+    let out = amp_kernels::scatter_add(x.data(), dim, index.data(), src.data())?;
+    let (rx, rs) = (x.requires_grad(), src.requires_grad());
+    Ok(record(out, "ScatterAddBackward0", &[&x, &src], move |g| {
+        Ok(vec![if rx { Some(g.clone()) } else { None }, if rs { Some(gather(g, dim, &index)?) } else { None }])
+    }))
+}
+
+/// The entries `index` (1-D ints) of `dim`.
+pub fn index_select(x: &Tensor, dim: i64, index: &Tensor) -> Result<Tensor> {
+    let [x, index] = enter(&INDEX_SELECT, [x, index])?;
+    let out = amp_kernels::index_select(x.data(), dim, index.data())?;
+    let xd = x.dims().to_vec();
+    Ok(record(out, "IndexSelectBackward0", &[&x], move |g| {
+        let z = Tensor::zeros(xd.clone(), g.dtype());
+        Ok(vec![Some(index_add(&z, dim, &index, g, 1.0)?)])
+    }))
+}
+
+/// `x` with `alpha * src` added at entries `index` of `dim` (out of place).
+pub fn index_add(x: &Tensor, dim: i64, index: &Tensor, src: &Tensor, alpha: f64) -> Result<Tensor> {
+    let [x, index, src] = enter(&INDEX_ADD, [x, index, src])?;
+    let out = amp_kernels::index_add(x.data(), dim, index.data(), src.data(), alpha)?;
+    let (rx, rs) = (x.requires_grad(), src.requires_grad());
+    Ok(record(out, "IndexAddBackward0", &[&x, &src], move |g| {
+        Ok(vec![
+            if rx { Some(g.clone()) } else { None },
+            if rs { Some(super::pointwise::mul_scalar(&index_select(g, dim, &index)?, alpha)?) } else { None },
+        ])
+    }))
+}
+
+/// `x` with entries `index` of `dim` replaced by `src` (out of place).
+pub fn index_copy(x: &Tensor, dim: i64, index: &Tensor, src: &Tensor) -> Result<Tensor> {
+    let [x, index, src] = enter(&INDEX_COPY, [x, index, src])?;
+    let out = amp_kernels::index_copy(x.data(), dim, index.data(), src.data())?;
+    let (rx, rs) = (x.requires_grad(), src.requires_grad());
+    let sd = src.dims().to_vec();
+    Ok(record(out, "IndexCopyBackward0", &[&x, &src], move |g| {
+        Ok(vec![
+            if rx { Some(index_copy(g, dim, &index, &Tensor::zeros(sd.clone(), g.dtype()))?) } else { None },
+            if rs { Some(index_select(g, dim, &index)?) } else { None },
+        ])
+    }))
+}
+
+/// Rows of `weight` picked by integer `indices` (shape `indices.shape + [dim]`).
+pub fn embedding(weight: &Tensor, indices: &Tensor) -> Result<Tensor> {
+    let [weight, indices] = enter(&EMBEDDING, [weight, indices])?;
+    let flat = reshape(&indices, [-1i64])?;
+    let rows = index_select(&weight, 0, &flat)?;
+    let mut dims = indices.dims().to_vec();
+    dims.push(weight.dims()[1]);
+    reshape(&rows, dims)
+}
+
+/// Split into the outputs of a multi-output op (helper for ops returning tuples).
+pub fn split_outputs(outs: Vec<Raw>, name: &'static str, inputs: &[&Tensor], backward: crate::graph::BackwardFn) -> Vec<Tensor> {
+    let diff = vec![true; outs.len()];
+    record_multi(outs, &diff, name, inputs, backward)
+}
+
+impl Tensor {
+    /// See [`reshape`].
+    pub fn reshape(&self, shape: impl amp_tensor::IntoDims) -> Result<Tensor> {
+        reshape(self, shape)
+    }
+    /// See [`transpose`].
+    pub fn transpose(&self, d0: i64, d1: i64) -> Result<Tensor> {
+        transpose(self, d0, d1)
+    }
+    /// See [`t`].
+    pub fn t(&self) -> Result<Tensor> {
+        t(self)
+    }
+    /// See [`permute`].
+    pub fn permute(&self, perm: &[i64]) -> Result<Tensor> {
+        permute(self, perm)
+    }
+    /// See [`unsqueeze`].
+    pub fn unsqueeze(&self, dim: i64) -> Result<Tensor> {
+        unsqueeze(self, dim)
+    }
+    /// See [`squeeze`].
+    pub fn squeeze(&self, dim: i64) -> Result<Tensor> {
+        squeeze(self, dim)
+    }
+    /// See [`narrow`].
+    pub fn narrow(&self, dim: i64, start: usize, len: usize) -> Result<Tensor> {
+        narrow(self, dim, start, len)
+    }
+    /// See [`select`].
+    pub fn select(&self, dim: i64, index: i64) -> Result<Tensor> {
+        select(self, dim, index)
+    }
+    /// See [`expand`].
+    pub fn expand(&self, dims: &[usize]) -> Result<Tensor> {
+        expand(self, dims)
+    }
+    /// See [`flatten`].
+    pub fn flatten(&self, start: i64, end: i64) -> Result<Tensor> {
+        flatten(self, start, end)
+    }
+}

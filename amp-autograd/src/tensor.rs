@@ -1,0 +1,288 @@
+//! The differentiable tensor: a raw tensor plus gradient metadata.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use amp_tensor::{DType, Device, Element, Layout, Shape, Tensor as Raw};
+
+use crate::engine;
+use crate::graph::Node;
+use crate::{Error, Result};
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+pub(crate) struct Inner {
+    id: u64,
+    data: Raw,
+    requires_grad: AtomicBool,
+    grad_fn: Option<Arc<Node>>,
+    output_nr: usize,
+    grad: Mutex<Option<Tensor>>,
+}
+
+/// A tensor that can take part in automatic differentiation.
+///
+/// Wraps an [`amp_tensor::Tensor`] (its [`data`](Tensor::data)) with `requires_grad`,
+/// the node that produced it (non-leaves) and the accumulated `.grad` (leaves).
+/// Cloning is cheap and yields the same tensor (same identity, same grad).
+#[derive(Clone)]
+pub struct Tensor(pub(crate) Arc<Inner>);
+
+impl Tensor {
+    /// A leaf that does not require grad, over `data`.
+    pub fn from_raw(data: Raw) -> Tensor {
+        Self::make(data, false, None, 0)
+    }
+
+    /// A leaf over `data` that requires grad (a parameter). Fails for non-float dtypes.
+    pub fn parameter(data: Raw) -> Result<Tensor> {
+        let t = Self::from_raw(data);
+        t.requires_grad_(true)?;
+        Ok(t)
+    }
+
+    pub(crate) fn make(data: Raw, requires_grad: bool, grad_fn: Option<Arc<Node>>, output_nr: usize) -> Tensor {
+        Tensor(Arc::new(Inner {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            data,
+            requires_grad: AtomicBool::new(requires_grad),
+            grad_fn,
+            output_nr,
+            grad: Mutex::new(None),
+        }))
+    }
+
+    /// A contiguous tensor from row-major `data` with `shape`.
+    pub fn from_vec<T: Element>(data: Vec<T>, shape: impl Into<Shape>) -> Result<Tensor> {
+        Ok(Self::from_raw(Raw::from_vec(data, shape)?))
+    }
+
+    /// A contiguous tensor copied from `data`.
+    pub fn from_slice<T: Element>(data: &[T], shape: impl Into<Shape>) -> Result<Tensor> {
+        Ok(Self::from_raw(Raw::from_slice(data, shape)?))
+    }
+
+    /// A 0-dim tensor.
+    pub fn scalar<T: Element>(v: T) -> Tensor {
+        Self::from_raw(Raw::scalar(v))
+    }
+
+    /// Zeros of `dtype`.
+    pub fn zeros(shape: impl Into<Shape>, dtype: DType) -> Tensor {
+        Self::from_raw(Raw::zeros(shape, dtype))
+    }
+
+    /// Ones of `dtype`.
+    pub fn ones(shape: impl Into<Shape>, dtype: DType) -> Tensor {
+        Self::from_raw(Raw::ones(shape, dtype))
+    }
+
+    /// `value` everywhere.
+    pub fn full(shape: impl Into<Shape>, value: impl Into<amp_tensor::Scalar>, dtype: DType) -> Tensor {
+        Self::from_raw(Raw::full(shape, value, dtype))
+    }
+
+    /// Standard normal samples.
+    pub fn randn(shape: impl Into<Shape>, dtype: DType, gen: &mut amp_tensor::Generator) -> Result<Tensor> {
+        Ok(Self::from_raw(Raw::randn(shape, dtype, gen)?))
+    }
+
+    /// Uniform samples in `[0, 1)`.
+    pub fn rand(shape: impl Into<Shape>, dtype: DType, gen: &mut amp_tensor::Generator) -> Result<Tensor> {
+        Ok(Self::from_raw(Raw::rand(shape, dtype, gen)?))
+    }
+
+    /// `0, 1, ..., n - 1`-style ranges.
+    pub fn arange(start: f64, end: f64, step: f64, dtype: DType) -> Result<Tensor> {
+        Ok(Self::from_raw(Raw::arange(start, end, step, dtype)?))
+    }
+
+    // ----- metadata -----------------------------------------------------------------
+
+    /// The values (no gradient information).
+    #[inline]
+    pub fn data(&self) -> &Raw {
+        &self.0.data
+    }
+    /// A process-unique identity (clones share it).
+    #[inline]
+    pub fn id(&self) -> u64 {
+        self.0.id
+    }
+    #[inline]
+    pub fn dtype(&self) -> DType {
+        self.0.data.dtype()
+    }
+    #[inline]
+    pub fn device(&self) -> Device {
+        self.0.data.device()
+    }
+    #[inline]
+    pub fn dims(&self) -> &[usize] {
+        self.0.data.dims()
+    }
+    #[inline]
+    pub fn shape(&self) -> &Shape {
+        self.0.data.shape()
+    }
+    #[inline]
+    pub fn layout(&self) -> &Layout {
+        self.0.data.layout()
+    }
+    /// Number of dimensions.
+    #[inline]
+    pub fn rank(&self) -> usize {
+        self.0.data.rank()
+    }
+    /// Size of one dimension (negative counts from the end).
+    pub fn dim(&self, d: impl amp_tensor::Dim) -> Result<usize> {
+        Ok(self.0.data.dim(d)?)
+    }
+    /// Number of elements.
+    #[inline]
+    pub fn elem_count(&self) -> usize {
+        self.0.data.elem_count()
+    }
+    /// `true` when made by a view op (shares another tensor's storage).
+    pub fn is_view(&self) -> bool {
+        self.0.data.is_view()
+    }
+    /// `true` when the elements are row-major contiguous.
+    pub fn is_contiguous(&self) -> bool {
+        self.0.data.is_contiguous()
+    }
+    /// Whether gradients are computed for this tensor.
+    #[inline]
+    pub fn requires_grad(&self) -> bool {
+        self.0.requires_grad.load(Ordering::Relaxed)
+    }
+    /// `true` for tensors not produced by a recorded op.
+    #[inline]
+    pub fn is_leaf(&self) -> bool {
+        self.0.grad_fn.is_none()
+    }
+    /// The name of the backward node that produced this tensor (`"MmBackward0"`-style).
+    pub fn grad_fn_name(&self) -> Option<&'static str> {
+        self.0.grad_fn.as_ref().map(|n| n.name)
+    }
+    pub(crate) fn grad_fn(&self) -> Option<&Arc<Node>> {
+        self.0.grad_fn.as_ref()
+    }
+    pub(crate) fn output_nr(&self) -> usize {
+        self.0.output_nr
+    }
+
+    /// Turn gradient tracking of a leaf on or off.
+    pub fn requires_grad_(&self, requires_grad: bool) -> Result<&Self> {
+        if !self.is_leaf() {
+            if requires_grad {
+                return Ok(self);
+            }
+            return Err(Error::invalid(
+                "requires_grad_",
+                "you can only change requires_grad flags of leaf variables. If you want to use a computed variable in a subgraph that doesn't require differentiation use var_no_grad = var.detach().",
+            ));
+        }
+        if requires_grad && !self.dtype().is_floating_point() {
+            return Err(Error::invalid("requires_grad_", "only Tensors of floating point dtype can require gradients"));
+        }
+        self.0.requires_grad.store(requires_grad, Ordering::Relaxed);
+        Ok(self)
+    }
+
+    /// The same values, cut from the graph (shares storage; does not require grad).
+    pub fn detach(&self) -> Tensor {
+        Tensor::from_raw(self.0.data.clone())
+    }
+
+    /// The accumulated gradient of a leaf (`.grad`).
+    pub fn grad(&self) -> Option<Tensor> {
+        self.0.grad.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Replace the accumulated gradient (`.grad = g`); `None` clears it.
+    pub fn set_grad(&self, grad: Option<Tensor>) -> Result<()> {
+        if let Some(g) = &grad {
+            if g.dims() != self.dims() {
+                return Err(Error::BadGradient(format!(
+                    "assigned grad has data of a different size: {:?} vs {:?}",
+                    g.dims(),
+                    self.dims()
+                )));
+            }
+            if g.dtype() != self.dtype() {
+                return Err(Error::BadGradient(format!(
+                    "assigned grad has data of a different type: {} vs {}",
+                    g.dtype(),
+                    self.dtype()
+                )));
+            }
+        }
+        *self.0.grad.lock().unwrap_or_else(|e| e.into_inner()) = grad;
+        Ok(())
+    }
+
+    /// Clear `.grad` (PyTorch's `zero_grad(set_to_none=True)`).
+    pub fn zero_grad(&self) {
+        *self.0.grad.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    pub(crate) fn grad_slot(&self) -> std::sync::MutexGuard<'_, Option<Tensor>> {
+        self.0.grad.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Backpropagate from this scalar, accumulating into the leaves' `.grad`; frees the
+    /// graph.
+    pub fn backward(&self) -> Result<()> {
+        engine::backward(std::slice::from_ref(self), &[], false, false)
+    }
+
+    /// Backpropagate with an explicit gradient (or `None` for a scalar output), keeping
+    /// the graph (`retain_graph`) and/or recording the backward pass (`create_graph`).
+    pub fn backward_with(&self, gradient: Option<&Tensor>, retain_graph: bool, create_graph: bool) -> Result<()> {
+        let g: Vec<Option<Tensor>> = vec![gradient.cloned()];
+        engine::backward(std::slice::from_ref(self), &g, retain_graph, create_graph)
+    }
+
+    /// The values as `T` (must be the element type).
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        Ok(self.0.data.to_vec()?)
+    }
+    /// The values as f64.
+    pub fn to_vec_f64(&self) -> Vec<f64> {
+        self.0.data.to_vec_f64()
+    }
+    /// The value of a one-element tensor as f64.
+    pub fn item_f64(&self) -> Result<f64> {
+        Ok(self.0.data.item_f64()?)
+    }
+    /// The value of a one-element tensor as `T`.
+    pub fn item<T: Element>(&self) -> Result<T> {
+        Ok(self.0.data.item()?)
+    }
+}
+
+impl From<Raw> for Tensor {
+    fn from(data: Raw) -> Self {
+        Tensor::from_raw(data)
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl fmt::Display for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = self.0.data.to_string();
+        let s = s.strip_suffix(')').unwrap_or(&s);
+        match self.grad_fn_name() {
+            Some(n) => write!(f, "{s}, grad_fn=<{n}>)"),
+            None if self.requires_grad() => write!(f, "{s}, requires_grad=True)"),
+            None => write!(f, "{s})"),
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! The `Module` trait: forward, named parameters, train/eval, state dict.
+
+use amp_autograd::{Error, Result, Tensor};
+use amp_tensor::Tensor as Raw;
+
+/// A layer or a model.
+pub trait Module: Send + Sync {
+    /// Apply the module.
+    fn forward(&self, x: &Tensor) -> Result<Tensor>;
+    /// Parameters with PyTorch-style dotted names (`0.weight`, `fc.bias`), in
+    /// registration order.
+    fn named_parameters(&self) -> Vec<(String, Tensor)>;
+    /// Switch training mode (dropout) on or off, recursively.
+    fn train(&mut self, _mode: bool) {}
+    /// Whether in training mode.
+    fn is_training(&self) -> bool {
+        true
+    }
+
+    /// The parameters, in registration order.
+    fn parameters(&self) -> Vec<Tensor> {
+        self.named_parameters().into_iter().map(|(_, t)| t).collect()
+    }
+    /// Evaluation mode.
+    fn eval(&mut self) {
+        self.train(false)
+    }
+    /// Clear every parameter's gradient.
+    fn zero_grad(&self) {
+        for p in self.parameters() {
+            p.zero_grad();
+        }
+    }
+    /// Name → values of every parameter (copies), in registration order.
+    fn state_dict(&self) -> Vec<(String, Raw)> {
+        self.named_parameters().into_iter().map(|(n, t)| (n, t.data().copy())).collect()
+    }
+    /// Copy values into the parameters by name; every name must match, shapes too.
+    fn load_state_dict(&self, sd: &[(String, Raw)]) -> Result<()> {
+        let params = self.named_parameters();
+        for (name, p) in &params {
+            let Some((_, v)) = sd.iter().find(|(n, _)| n == name) else {
+                return Err(Error::invalid("load_state_dict", format!("Missing key(s) in state_dict: \"{name}\".")));
+            };
+            if v.dims() != p.dims() {
+                return Err(Error::invalid(
+                    "load_state_dict",
+                    format!("size mismatch for {name}: copying a param with shape {:?} from checkpoint, the shape in current model is {:?}.", v.dims(), p.dims()),
+                ));
+            }
+            p.data().copy_(v)?;
+        }
+        for (n, _) in sd {
+            if !params.iter().any(|(m, _)| m == n) {
+                return Err(Error::invalid("load_state_dict", format!("Unexpected key(s) in state_dict: \"{n}\".")));
+            }
+        }
+        Ok(())
+    }
+    /// Number of parameter elements.
+    fn num_parameters(&self) -> usize {
+        self.parameters().iter().map(|p| p.elem_count()).sum()
+    }
+}
+
+/// Prefix each parameter name of `m` with `prefix.`.
+pub fn prefixed(prefix: &str, m: &dyn Module) -> Vec<(String, Tensor)> {
+    m.named_parameters().into_iter().map(|(n, t)| (format!("{prefix}.{n}"), t)).collect()
+}

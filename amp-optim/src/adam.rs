@@ -1,0 +1,261 @@
+//! Adam and AdamW (decoupled weight decay), optional AMSGrad, float32 state, and a
+//! fused scaling-aware step that unscales, checks and skips inside the update.
+
+use std::collections::BTreeMap;
+
+use amp_autograd::Tensor;
+use amp_tensor::Tensor as Raw;
+use serde_json::json;
+
+use crate::optimizer::{check_groups, group_indices, OptimizerStateDict, ParamGroup, StateValue, TensorData};
+use crate::update::{read_f32, update_f32, zeros_state};
+use crate::{Error, Optimizer, Result};
+
+/// Adam options (PyTorch's defaults via `Default`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamOptions {
+    pub betas: (f64, f64),
+    pub eps: f64,
+    pub weight_decay: f64,
+    pub amsgrad: bool,
+    pub maximize: bool,
+    /// Decoupled weight decay (AdamW).
+    pub decoupled: bool,
+}
+
+impl Default for AdamOptions {
+    fn default() -> Self {
+        AdamOptions { betas: (0.9, 0.999), eps: 1e-8, weight_decay: 0.0, amsgrad: false, maximize: false, decoupled: false }
+    }
+}
+
+impl AdamOptions {
+    /// AdamW's defaults (weight decay 0.01, decoupled).
+    pub fn adamw() -> Self {
+        AdamOptions { weight_decay: 0.01, decoupled: true, ..Default::default() }
+    }
+}
+
+struct ParamState {
+    step: f64,
+    exp_avg: Raw,
+    exp_avg_sq: Raw,
+    max_exp_avg_sq: Option<Raw>,
+}
+
+/// `torch.optim.Adam` / `torch.optim.AdamW` (with `AdamOptions::adamw()`).
+pub struct Adam {
+    groups: Vec<ParamGroup<AdamOptions>>,
+    state: Vec<Vec<Option<ParamState>>>,
+}
+
+/// `torch.optim.AdamW`: [`Adam`] with decoupled weight decay.
+pub fn adamw(params: Vec<Tensor>, lr: f64) -> Result<Adam> {
+    Adam::new(params, lr, AdamOptions::adamw())
+}
+
+impl Adam {
+    /// One group.
+    pub fn new(params: Vec<Tensor>, lr: f64, options: AdamOptions) -> Result<Self> {
+        Self::with_groups(vec![ParamGroup { params, lr, options }])
+    }
+
+    /// Several groups.
+    pub fn with_groups(groups: Vec<ParamGroup<AdamOptions>>) -> Result<Self> {
+        for g in &groups {
+            let o = g.options;
+            if g.lr < 0.0 {
+                return Err(Error::InvalidHyperParameter(format!("Invalid learning rate: {}", g.lr)));
+            }
+            if o.eps < 0.0 {
+                return Err(Error::InvalidHyperParameter(format!("Invalid epsilon value: {}", o.eps)));
+            }
+            if !(0.0..1.0).contains(&o.betas.0) {
+                return Err(Error::InvalidHyperParameter(format!("Invalid beta parameter at index 0: {}", o.betas.0)));
+            }
+            if !(0.0..1.0).contains(&o.betas.1) {
+                return Err(Error::InvalidHyperParameter(format!("Invalid beta parameter at index 1: {}", o.betas.1)));
+            }
+            if o.weight_decay < 0.0 {
+                return Err(Error::InvalidHyperParameter(format!("Invalid weight_decay value: {}", o.weight_decay)));
+            }
+        }
+        let state = groups.iter().map(|g| g.params.iter().map(|_| None).collect()).collect();
+        Ok(Adam { groups, state })
+    }
+
+    /// The parameter groups.
+    pub fn param_groups(&self) -> &[ParamGroup<AdamOptions>] {
+        &self.groups
+    }
+
+    /// The parameter groups, to change learning rates or options.
+    pub fn param_groups_mut(&mut self) -> &mut [ParamGroup<AdamOptions>] {
+        &mut self.groups
+    }
+
+    /// The update of every parameter; `inv_scale` multiplies each gradient first.
+    fn update(&mut self, grad_scale: Option<f32>) -> Result<()> {
+        for (group, states) in self.groups.iter().zip(self.state.iter_mut()) {
+            let o = group.options;
+            for (p, st) in group.params.iter().zip(states.iter_mut()) {
+                let Some(g) = p.grad() else { continue };
+                let mut g = read_f32(g.data());
+                if let Some(s) = grad_scale {
+                    g.iter_mut().for_each(|v| *v /= s);
+                }
+                if o.maximize {
+                    g.iter_mut().for_each(|v| *v = -*v);
+                }
+                let s = st.get_or_insert_with(|| ParamState {
+                    step: 0.0,
+                    exp_avg: zeros_state(p),
+                    exp_avg_sq: zeros_state(p),
+                    max_exp_avg_sq: o.amsgrad.then(|| zeros_state(p)),
+                });
+                s.step += 1.0;
+                let (lr, wd) = (group.lr, o.weight_decay);
+                if wd != 0.0 {
+                    if o.decoupled {
+                        let f = (1.0 - lr * wd) as f32;
+                        update_f32(p.data(), |pv| pv.iter_mut().for_each(|v| *v *= f))?;
+                    } else {
+                        let pv = read_f32(p.data());
+                        let wd = wd as f32;
+                        g.iter_mut().zip(&pv).for_each(|(g, p)| *g += wd * p);
+                    }
+                }
+                let (b1, b2) = (o.betas.0 as f32, o.betas.1 as f32);
+                update_f32(&s.exp_avg, |m| m.iter_mut().zip(&g).for_each(|(m, g)| *m += (g - *m) * (1.0 - b1)))?;
+                update_f32(&s.exp_avg_sq, |v| v.iter_mut().zip(&g).for_each(|(v, g)| *v = *v * b2 + (1.0 - b2) * g * g))?;
+                let bc1 = 1.0 - o.betas.0.powf(s.step);
+                let bc2 = 1.0 - o.betas.1.powf(s.step);
+                let step_size = (lr / bc1) as f32;
+                let bc2_sqrt = bc2.sqrt() as f32;
+                let eps = o.eps as f32;
+                let m = read_f32(&s.exp_avg);
+                let mut v = read_f32(&s.exp_avg_sq);
+                if let Some(vmax) = &s.max_exp_avg_sq {
+                    update_f32(vmax, |mx| mx.iter_mut().zip(&v).for_each(|(mx, v)| *mx = mx.max(*v)))?;
+                    v = read_f32(vmax);
+                }
+                update_f32(p.data(), |pv| {
+                    for ((p, m), v) in pv.iter_mut().zip(&m).zip(&v) {
+                        *p -= step_size * m / (v.sqrt() / bc2_sqrt + eps);
+                    }
+                })?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Optimizer for Adam {
+    fn step(&mut self) -> Result<()> {
+        self.update(None)
+    }
+
+    fn supports_amp_scaling(&self) -> bool {
+        true
+    }
+
+    /// The fused path: skipped entirely (parameters and state untouched) when
+    /// `found_inf != 0`, else each gradient is divided by `grad_scale` inside the
+    /// update (the `.grad` tensors are left as they are).
+    fn step_with_scaling(&mut self, grad_scale: Option<&Raw>, found_inf: &Raw) -> Result<()> {
+        if found_inf.item_f64()? != 0.0 {
+            return Ok(());
+        }
+        let s = match grad_scale {
+            Some(s) => Some(s.item_f64()? as f32),
+            None => None,
+        };
+        self.update(s)
+    }
+
+    fn params(&self) -> Vec<Tensor> {
+        self.groups.iter().flat_map(|g| g.params.iter().cloned()).collect()
+    }
+
+    fn learning_rates(&self) -> Vec<f64> {
+        self.groups.iter().map(|g| g.lr).collect()
+    }
+
+    fn set_learning_rate(&mut self, lr: f64) {
+        self.groups.iter_mut().for_each(|g| g.lr = lr);
+    }
+
+    fn state_dict(&self) -> OptimizerStateDict {
+        let sizes: Vec<usize> = self.groups.iter().map(|g| g.params.len()).collect();
+        let idx = group_indices(&sizes);
+        let mut state = BTreeMap::new();
+        for (gi, sts) in self.state.iter().enumerate() {
+            for (pi, s) in sts.iter().enumerate() {
+                let Some(s) = s else { continue };
+                let mut m = BTreeMap::new();
+                m.insert("step".to_string(), StateValue::Number(s.step));
+                m.insert("exp_avg".to_string(), StateValue::Tensor(TensorData::from_raw(&s.exp_avg)));
+                m.insert("exp_avg_sq".to_string(), StateValue::Tensor(TensorData::from_raw(&s.exp_avg_sq)));
+                if let Some(v) = &s.max_exp_avg_sq {
+                    m.insert("max_exp_avg_sq".to_string(), StateValue::Tensor(TensorData::from_raw(v)));
+                }
+                state.insert(idx[gi][pi], m);
+            }
+        }
+        let param_groups = self
+            .groups
+            .iter()
+            .zip(idx)
+            .map(|(g, ids)| {
+                let o = g.options;
+                let v = json!({"lr": g.lr, "betas": [o.betas.0, o.betas.1], "eps": o.eps, "weight_decay": o.weight_decay,
+                    "amsgrad": o.amsgrad, "maximize": o.maximize, "decoupled_weight_decay": o.decoupled, "params": ids});
+                v.as_object().cloned().expect("object")
+            })
+            .collect();
+        OptimizerStateDict { state, param_groups }
+    }
+
+    fn load_state_dict(&mut self, sd: &OptimizerStateDict) -> Result<()> {
+        let sizes: Vec<usize> = self.groups.iter().map(|g| g.params.len()).collect();
+        check_groups(sd, &sizes)?;
+        let idx = group_indices(&sizes);
+        for (gi, (g, pg)) in self.groups.iter_mut().zip(&sd.param_groups).enumerate() {
+            let num = |k: &str, d: f64| pg.get(k).and_then(|v| v.as_f64()).unwrap_or(d);
+            let flag = |k: &str, d: bool| pg.get(k).and_then(|v| v.as_bool()).unwrap_or(d);
+            let betas = pg.get("betas").and_then(|v| v.as_array()).map(|a| (a[0].as_f64().unwrap_or(0.9), a[1].as_f64().unwrap_or(0.999)));
+            g.lr = num("lr", g.lr);
+            let o = &mut g.options;
+            o.betas = betas.unwrap_or(o.betas);
+            o.eps = num("eps", o.eps);
+            o.weight_decay = num("weight_decay", o.weight_decay);
+            o.amsgrad = flag("amsgrad", o.amsgrad);
+            o.maximize = flag("maximize", o.maximize);
+            o.decoupled = flag("decoupled_weight_decay", o.decoupled);
+            for (pi, slot) in self.state[gi].iter_mut().enumerate() {
+                *slot = match sd.state.get(&idx[gi][pi]) {
+                    None => None,
+                    Some(m) => {
+                        let t = |k: &str| -> Result<Option<Raw>> {
+                            match m.get(k) {
+                                Some(StateValue::Tensor(t)) => Ok(Some(t.to_raw()?)),
+                                _ => Ok(None),
+                            }
+                        };
+                        let missing = |k: &str| Error::BadStateDict(format!("missing `{k}` in Adam state"));
+                        Some(ParamState {
+                            step: match m.get("step") {
+                                Some(StateValue::Number(n)) => *n,
+                                _ => return Err(missing("step")),
+                            },
+                            exp_avg: t("exp_avg")?.ok_or_else(|| missing("exp_avg"))?,
+                            exp_avg_sq: t("exp_avg_sq")?.ok_or_else(|| missing("exp_avg_sq"))?,
+                            max_exp_avg_sq: t("max_exp_avg_sq")?,
+                        })
+                    }
+                };
+            }
+        }
+        Ok(())
+    }
+}

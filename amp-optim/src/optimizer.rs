@@ -1,0 +1,118 @@
+//! The optimizer trait, parameter groups and the serialisable state dict.
+
+use std::collections::BTreeMap;
+
+use amp_autograd::Tensor;
+use amp_tensor::{DType, Tensor as Raw};
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result};
+
+/// Parameters sharing a learning rate and options.
+#[derive(Clone)]
+pub struct ParamGroup<O> {
+    /// The parameters (leaves that require grad).
+    pub params: Vec<Tensor>,
+    /// Learning rate.
+    pub lr: f64,
+    /// The optimizer's other options for this group.
+    pub options: O,
+}
+
+/// A tensor in a state dict: dtype name, shape and row-major values.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TensorData {
+    pub dtype: String,
+    pub shape: Vec<usize>,
+    pub data: Vec<f64>,
+}
+
+impl TensorData {
+    /// Capture a raw tensor (values exact: every f32 is an f64).
+    pub fn from_raw(t: &Raw) -> Self {
+        TensorData { dtype: t.dtype().to_string(), shape: t.dims().to_vec(), data: t.to_vec_f64() }
+    }
+    /// Rebuild the tensor.
+    pub fn to_raw(&self) -> Result<Raw> {
+        let dtype: DType = self.dtype.parse()?;
+        Ok(Raw::from_vec(self.data.clone(), self.shape.clone())?.to_dtype(dtype)?)
+    }
+}
+
+/// One value of a parameter's optimizer state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum StateValue {
+    Number(f64),
+    Tensor(TensorData),
+}
+
+/// PyTorch's optimizer state dict: per-parameter state keyed by the parameter's index
+/// (in group order), and the groups' hyper-parameters with `params` index lists.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct OptimizerStateDict {
+    pub state: BTreeMap<usize, BTreeMap<String, StateValue>>,
+    pub param_groups: Vec<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// An optimizer: updates its parameters from their `.grad` in place.
+pub trait Optimizer {
+    /// One update of every parameter that has a gradient.
+    fn step(&mut self) -> Result<()>;
+    /// Every parameter, in group order.
+    fn params(&self) -> Vec<Tensor>;
+    /// Clear every parameter's gradient (`zero_grad(set_to_none=True)`).
+    fn zero_grad(&mut self) {
+        for p in self.params() {
+            p.zero_grad();
+        }
+    }
+    /// Learning rate of each group.
+    fn learning_rates(&self) -> Vec<f64>;
+    /// Set the learning rate of every group.
+    fn set_learning_rate(&mut self, lr: f64);
+    /// The state and hyper-parameters, serialisable.
+    fn state_dict(&self) -> OptimizerStateDict;
+    /// Restore from [`Optimizer::state_dict`].
+    fn load_state_dict(&mut self, sd: &OptimizerStateDict) -> Result<()>;
+    /// `true` if [`Optimizer::step_with_scaling`] unscales, checks for infs and skips
+    /// inside its own step (PyTorch's `_step_supports_amp_scaling`).
+    fn supports_amp_scaling(&self) -> bool {
+        false
+    }
+    /// A step that takes the loss scale (`None` when the gradients were already
+    /// unscaled) and the found-inf flag (1-element float32 tensors), and unscales the
+    /// gradients and skips when `found_inf != 0` itself.
+    fn step_with_scaling(&mut self, _grad_scale: Option<&Raw>, _found_inf: &Raw) -> Result<()> {
+        Err(Error::ScalingUnsupported)
+    }
+}
+
+/// Check a group index list against the state dict's shape.
+pub(crate) fn check_groups(sd: &OptimizerStateDict, sizes: &[usize]) -> Result<()> {
+    if sd.param_groups.len() != sizes.len() {
+        return Err(Error::BadStateDict("loaded state dict has a different number of parameter groups".into()));
+    }
+    for (g, &n) in sd.param_groups.iter().zip(sizes) {
+        let len = g.get("params").and_then(|v| v.as_array()).map_or(0, |a| a.len());
+        if len != n {
+            return Err(Error::BadStateDict(
+                "loaded state dict contains a parameter group that doesn't match the size of optimizer's group".into(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The `params` index list of each group, counting across groups.
+pub(crate) fn group_indices(sizes: &[usize]) -> Vec<Vec<usize>> {
+    let mut next = 0;
+    sizes
+        .iter()
+        .map(|&n| {
+            let v = (next..next + n).collect();
+            next += n;
+            v
+        })
+        .collect()
+}

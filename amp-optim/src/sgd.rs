@@ -1,0 +1,165 @@
+//! Stochastic gradient descent with momentum, dampening, Nesterov and weight decay.
+
+use std::collections::BTreeMap;
+
+use amp_autograd::Tensor;
+use amp_tensor::Tensor as Raw;
+use serde_json::json;
+
+use crate::optimizer::{check_groups, group_indices, OptimizerStateDict, ParamGroup, StateValue, TensorData};
+use crate::update::{read_f32, update_f32};
+use crate::{Error, Optimizer, Result};
+
+/// SGD options (PyTorch's defaults: all zero / false).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct SgdOptions {
+    pub momentum: f64,
+    pub dampening: f64,
+    pub weight_decay: f64,
+    pub nesterov: bool,
+    pub maximize: bool,
+}
+
+/// `torch.optim.SGD`.
+pub struct Sgd {
+    groups: Vec<ParamGroup<SgdOptions>>,
+    momentum_buffers: Vec<Vec<Option<Raw>>>,
+}
+
+impl Sgd {
+    /// One group of `params` with learning rate `lr`.
+    pub fn new(params: Vec<Tensor>, lr: f64, options: SgdOptions) -> Result<Self> {
+        Self::with_groups(vec![ParamGroup { params, lr, options }])
+    }
+
+    /// Several groups, each with its own learning rate and options.
+    pub fn with_groups(groups: Vec<ParamGroup<SgdOptions>>) -> Result<Self> {
+        for g in &groups {
+            let o = g.options;
+            if g.lr < 0.0 {
+                return Err(Error::InvalidHyperParameter(format!("Invalid learning rate: {}", g.lr)));
+            }
+            if o.momentum < 0.0 {
+                return Err(Error::InvalidHyperParameter(format!("Invalid momentum value: {}", o.momentum)));
+            }
+            if o.weight_decay < 0.0 {
+                return Err(Error::InvalidHyperParameter(format!("Invalid weight_decay value: {}", o.weight_decay)));
+            }
+            if o.nesterov && (o.momentum <= 0.0 || o.dampening != 0.0) {
+                return Err(Error::InvalidHyperParameter("Nesterov momentum requires a momentum and zero dampening".into()));
+            }
+        }
+        let momentum_buffers = groups.iter().map(|g| vec![None; g.params.len()]).collect();
+        Ok(Sgd { groups, momentum_buffers })
+    }
+
+    /// The parameter groups.
+    pub fn param_groups(&self) -> &[ParamGroup<SgdOptions>] {
+        &self.groups
+    }
+
+    /// The parameter groups, to change learning rates or options.
+    pub fn param_groups_mut(&mut self) -> &mut [ParamGroup<SgdOptions>] {
+        &mut self.groups
+    }
+}
+
+impl Optimizer for Sgd {
+    fn step(&mut self) -> Result<()> {
+        for (group, bufs) in self.groups.iter().zip(self.momentum_buffers.iter_mut()) {
+            let o = group.options;
+            let lr = group.lr as f32;
+            for (p, buf) in group.params.iter().zip(bufs.iter_mut()) {
+                let Some(g) = p.grad() else { continue };
+                let mut d = read_f32(g.data());
+                if o.maximize {
+                    d.iter_mut().for_each(|v| *v = -*v);
+                }
+                if o.weight_decay != 0.0 {
+                    let wd = o.weight_decay as f32;
+                    let pv = read_f32(p.data());
+                    d.iter_mut().zip(&pv).for_each(|(d, p)| *d += wd * p);
+                }
+                if o.momentum != 0.0 {
+                    let (m, damp) = (o.momentum as f32, 1.0 - o.dampening as f32);
+                    match buf {
+                        None => *buf = Some(Raw::from_vec(d.clone(), p.dims())?),
+                        Some(b) => update_f32(b, |b| b.iter_mut().zip(&d).for_each(|(b, d)| *b = *b * m + damp * d))?,
+                    }
+                    let bv = read_f32(buf.as_ref().expect("set above"));
+                    if o.nesterov {
+                        d.iter_mut().zip(&bv).for_each(|(d, b)| *d += m * b);
+                    } else {
+                        d = bv;
+                    }
+                }
+                update_f32(p.data(), |pv| pv.iter_mut().zip(&d).for_each(|(p, d)| *p += -lr * d))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn params(&self) -> Vec<Tensor> {
+        self.groups.iter().flat_map(|g| g.params.iter().cloned()).collect()
+    }
+
+    fn learning_rates(&self) -> Vec<f64> {
+        self.groups.iter().map(|g| g.lr).collect()
+    }
+
+    fn set_learning_rate(&mut self, lr: f64) {
+        self.groups.iter_mut().for_each(|g| g.lr = lr);
+    }
+
+    fn state_dict(&self) -> OptimizerStateDict {
+        let sizes: Vec<usize> = self.groups.iter().map(|g| g.params.len()).collect();
+        let idx = group_indices(&sizes);
+        let mut state = BTreeMap::new();
+        for (gi, bufs) in self.momentum_buffers.iter().enumerate() {
+            for (pi, b) in bufs.iter().enumerate() {
+                if let Some(b) = b {
+                    let mut m = BTreeMap::new();
+                    m.insert("momentum_buffer".to_string(), StateValue::Tensor(TensorData::from_raw(b)));
+                    state.insert(idx[gi][pi], m);
+                }
+            }
+        }
+        let param_groups = self
+            .groups
+            .iter()
+            .zip(idx)
+            .map(|(g, ids)| {
+                let o = g.options;
+                let v = json!({"lr": g.lr, "momentum": o.momentum, "dampening": o.dampening, "weight_decay": o.weight_decay,
+                    "nesterov": o.nesterov, "maximize": o.maximize, "params": ids});
+                v.as_object().cloned().expect("object")
+            })
+            .collect();
+        OptimizerStateDict { state, param_groups }
+    }
+
+    fn load_state_dict(&mut self, sd: &OptimizerStateDict) -> Result<()> {
+        let sizes: Vec<usize> = self.groups.iter().map(|g| g.params.len()).collect();
+        check_groups(sd, &sizes)?;
+        let idx = group_indices(&sizes);
+        for (gi, (g, pg)) in self.groups.iter_mut().zip(&sd.param_groups).enumerate() {
+            let num = |k: &str, d: f64| pg.get(k).and_then(|v| v.as_f64()).unwrap_or(d);
+            let flag = |k: &str| pg.get(k).and_then(|v| v.as_bool()).unwrap_or(false);
+            g.lr = num("lr", g.lr);
+            g.options = SgdOptions {
+                momentum: num("momentum", 0.0),
+                dampening: num("dampening", 0.0),
+                weight_decay: num("weight_decay", 0.0),
+                nesterov: flag("nesterov"),
+                maximize: flag("maximize"),
+            };
+            for (pi, slot) in self.momentum_buffers[gi].iter_mut().enumerate() {
+                *slot = match sd.state.get(&idx[gi][pi]).and_then(|m| m.get("momentum_buffer")) {
+                    Some(StateValue::Tensor(t)) => Some(t.to_raw()?),
+                    _ => None,
+                };
+            }
+        }
+        Ok(())
+    }
+}
