@@ -1,0 +1,223 @@
+//! The result of a conformance run: per-suite counts, failures, skips, op-list coverage.
+//!
+//! Its [`Display`](fmt::Display) is what `cargo xtask conformance` prints: a table of
+//! passed / failed / skipped per suite, every failure (id and first mismatch, with both
+//! values), every skip grouped by reason (count and ids), then the coverage of the
+//! documented op lists.
+
+use std::fmt;
+
+use crate::coverage::Coverage;
+use crate::vectors::Suite;
+
+/// A case that did not pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// The case id.
+    pub id: String,
+    /// The file the case comes from.
+    pub file: String,
+    /// The first mismatch (or error), with both values.
+    pub message: String,
+}
+
+/// A case that was not run because the workspace does not implement what it needs yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skip {
+    /// The case id.
+    pub id: String,
+    /// Why (`op `mm` not implemented yet`).
+    pub reason: String,
+}
+
+/// The results of one suite (over all its files).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SuiteReport {
+    /// The suite.
+    pub suite: Suite,
+    /// The files that held its cases.
+    pub files: Vec<String>,
+    /// Cases that passed.
+    pub passed: usize,
+    /// Cases that failed, in run order.
+    pub failures: Vec<Failure>,
+    /// Cases that were skipped, in run order.
+    pub skipped: Vec<Skip>,
+}
+
+impl SuiteReport {
+    /// An empty report for `suite`.
+    pub fn new(suite: Suite) -> SuiteReport {
+        SuiteReport {
+            suite,
+            files: Vec::new(),
+            passed: 0,
+            failures: Vec::new(),
+            skipped: Vec::new(),
+        }
+    }
+
+    /// Number of failed cases.
+    pub fn failed(&self) -> usize {
+        self.failures.len()
+    }
+
+    /// Number of cases run or skipped.
+    pub fn total(&self) -> usize {
+        self.passed + self.failures.len() + self.skipped.len()
+    }
+
+    /// The skips grouped by reason, in order of first appearance: `(reason, ids)`.
+    pub fn skips_by_reason(&self) -> Vec<(&str, Vec<&str>)> {
+        let mut groups: Vec<(&str, Vec<&str>)> = Vec::new();
+        for s in &self.skipped {
+            match groups.iter_mut().find(|(r, _)| *r == s.reason) {
+                Some((_, ids)) => ids.push(&s.id),
+                None => groups.push((&s.reason, vec![&s.id])),
+            }
+        }
+        groups
+    }
+}
+
+/// The whole run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    /// The backend that ran the op suites.
+    pub backend: String,
+    /// One entry per suite, in [`Suite::ALL`] order (a suite without files has zero cases).
+    pub suites: Vec<SuiteReport>,
+    /// Coverage of the documented op lists.
+    pub coverage: Coverage,
+}
+
+impl Report {
+    /// `true` when no case failed (skips are allowed): `cargo xtask conformance` exits 1
+    /// otherwise.
+    pub fn passed(&self) -> bool {
+        self.suites.iter().all(|s| s.failures.is_empty())
+    }
+
+    /// The report of `suite`.
+    pub fn suite(&self, suite: Suite) -> &SuiteReport {
+        self.suites
+            .iter()
+            .find(|s| s.suite == suite)
+            .expect("a report has every suite")
+    }
+
+    /// Every failure with its suite, in suite order.
+    pub fn failures(&self) -> impl Iterator<Item = (Suite, &Failure)> {
+        self.suites
+            .iter()
+            .flat_map(|s| s.failures.iter().map(move |f| (s.suite, f)))
+    }
+
+    /// Every skip with its suite, in suite order.
+    pub fn skipped(&self) -> impl Iterator<Item = (Suite, &Skip)> {
+        self.suites
+            .iter()
+            .flat_map(|s| s.skipped.iter().map(move |k| (s.suite, k)))
+    }
+
+    /// Total passed, failed, skipped.
+    pub fn totals(&self) -> (usize, usize, usize) {
+        self.suites.iter().fold((0, 0, 0), |(p, f, s), r| {
+            (p + r.passed, f + r.failed(), s + r.skipped.len())
+        })
+    }
+}
+
+const WIDTH: usize = 100;
+
+/// Writes `head` then `items` joined by `, `, wrapping at 100 columns with continuation
+/// lines indented to the head's indentation plus four.
+pub(crate) fn write_wrapped(
+    f: &mut fmt::Formatter<'_>,
+    head: &str,
+    items: &[impl AsRef<str>],
+) -> fmt::Result {
+    let indent = " ".repeat(head.len() - head.trim_start().len() + 4);
+    let mut line = head.to_owned();
+    let mut fresh = true;
+    for (i, item) in items.iter().enumerate() {
+        let item = item.as_ref();
+        let sep = if i + 1 < items.len() { "," } else { "" };
+        if !fresh && line.len() + 1 + item.len() + sep.len() > WIDTH {
+            writeln!(f, "{line}")?;
+            line = indent.clone();
+            fresh = true;
+        }
+        if !fresh {
+            line.push(' ');
+        }
+        line.push_str(item);
+        line.push_str(sep);
+        fresh = false;
+    }
+    writeln!(f, "{line}")
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "conformance: amp-vectors/1 (backend: {})", self.backend)?;
+        writeln!(f)?;
+        writeln!(
+            f,
+            "{:<10}{:>7}{:>8}{:>9}{:>7}  files",
+            "suite", "passed", "failed", "skipped", "total"
+        )?;
+        for s in &self.suites {
+            let files = if s.files.is_empty() {
+                "(no vector file)".to_owned()
+            } else {
+                s.files.join(", ")
+            };
+            writeln!(
+                f,
+                "{:<10}{:>7}{:>8}{:>9}{:>7}  {files}",
+                s.suite.as_str(),
+                s.passed,
+                s.failed(),
+                s.skipped.len(),
+                s.total()
+            )?;
+        }
+        let (p, fl, sk) = self.totals();
+        writeln!(
+            f,
+            "{:<10}{:>7}{:>8}{:>9}{:>7}",
+            "total",
+            p,
+            fl,
+            sk,
+            p + fl + sk
+        )?;
+
+        writeln!(f)?;
+        if fl == 0 {
+            writeln!(f, "failures: none")?;
+        } else {
+            writeln!(f, "failures ({fl}):")?;
+            for (suite, x) in self.failures() {
+                writeln!(f, "  {suite} {} [{}]: {}", x.id, x.file, x.message)?;
+            }
+        }
+
+        writeln!(f)?;
+        if sk == 0 {
+            writeln!(f, "skipped: none")?;
+        } else {
+            writeln!(f, "skipped ({sk}), by reason:")?;
+            for s in &self.suites {
+                for (reason, ids) in s.skips_by_reason() {
+                    let head = format!("  {}: {reason} ({}): ", s.suite, ids.len());
+                    write_wrapped(f, &head, &ids)?;
+                }
+            }
+        }
+
+        writeln!(f)?;
+        write!(f, "{}", self.coverage)
+    }
+}

@@ -1,0 +1,158 @@
+//! Loading vector files and running them into a [`Report`].
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::OnceLock;
+
+use amp_policy::Profile;
+
+use crate::backend::{AutocastBackend, GradBackend};
+use crate::coverage::{Coverage, OpCalls};
+use crate::report::{Failure, Report, Skip, SuiteReport};
+use crate::suite::{self, guarded, Outcome};
+use crate::vectors::{Cases, Suite, VectorFile};
+use crate::ConformanceError;
+
+/// The built-in copy of the vectors (`conformance/data/`), embedded at build time:
+/// `(file name, text)`, sorted by name as [`load_dir`] sorts a directory's files.
+pub const BUILTIN: [(&str, &str); 6] = [
+    (
+        "autocast_cpu.json",
+        include_str!("../data/autocast_cpu.json"),
+    ),
+    ("grad_f32.json", include_str!("../data/grad_f32.json")),
+    ("grad_f64.json", include_str!("../data/grad_f64.json")),
+    ("policy.json", include_str!("../data/policy.json")),
+    ("scaler.json", include_str!("../data/scaler.json")),
+    ("train.json", include_str!("../data/train.json")),
+];
+
+/// The built-in vector files, parsed once per process.
+pub fn builtin_files() -> &'static [VectorFile] {
+    static FILES: OnceLock<Vec<VectorFile>> = OnceLock::new();
+    FILES.get_or_init(|| {
+        let files = BUILTIN
+            .iter()
+            .map(|(name, text)| VectorFile::parse(name, text))
+            .collect::<Result<Vec<_>, _>>()
+            .expect("the built-in vectors are valid (checked by the crate's tests)");
+        check_unique_ids(&files).expect("the built-in vectors have unique ids");
+        files
+    })
+}
+
+/// Every `*.json` file of `dir` (not recursive), sorted by name, parsed. Other files
+/// (`README.md`, `torch_runner.py`) are ignored; no `*.json` file at all is an error, and so
+/// is a file of an unknown format or suite.
+pub fn load_dir(dir: &Path) -> Result<Vec<VectorFile>, ConformanceError> {
+    let io = |source| ConformanceError::Io {
+        path: dir.to_owned(),
+        source,
+    };
+    let mut paths = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io)? {
+        let path = entry.map_err(io)?.path();
+        if path.extension().is_some_and(|e| e == "json") && path.is_file() {
+            paths.push(path);
+        }
+    }
+    if paths.is_empty() {
+        return Err(ConformanceError::NoVectors {
+            dir: dir.to_owned(),
+        });
+    }
+    paths.sort();
+    let files = paths
+        .iter()
+        .map(|path| {
+            let text = std::fs::read_to_string(path).map_err(|source| ConformanceError::Io {
+                path: path.clone(),
+                source,
+            })?;
+            VectorFile::parse(&path.display().to_string(), &text)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    check_unique_ids(&files)?;
+    Ok(files)
+}
+
+/// Case ids must be unique within a suite, across its files.
+fn check_unique_ids(files: &[VectorFile]) -> Result<(), ConformanceError> {
+    let mut seen: HashMap<(Suite, &str), &str> = HashMap::new();
+    for file in files {
+        for id in file.cases.ids() {
+            if let Some(first) = seen.insert((file.suite(), id), &file.name) {
+                return Err(ConformanceError::DuplicateIdAcrossFiles {
+                    suite: file.suite().to_string(),
+                    id: id.to_owned(),
+                    first: first.to_owned(),
+                    second: file.name.clone(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs every case of `files` on `backend` (policy cases against [`Profile::docs`]) and
+/// reports. Several files of one suite add up. A panicking case fails; the run goes on.
+pub fn run_files<B: GradBackend + AutocastBackend>(backend: &B, files: &[VectorFile]) -> Report {
+    let profile = Profile::docs();
+    let mut suites: Vec<SuiteReport> = Suite::ALL.into_iter().map(SuiteReport::new).collect();
+    for file in files {
+        let report = suites
+            .iter_mut()
+            .find(|s| s.suite == file.suite())
+            .expect("every suite has a report");
+        report.files.push(file.name.clone());
+        let mut record = |id: &str, outcome: Outcome| match outcome {
+            Outcome::Passed => report.passed += 1,
+            Outcome::Failed(message) => report.failures.push(Failure {
+                id: id.to_owned(),
+                file: file.name.clone(),
+                message,
+            }),
+            Outcome::Skipped(reason) => report.skipped.push(Skip {
+                id: id.to_owned(),
+                reason,
+            }),
+        };
+        match &file.cases {
+            Cases::Policy(cases) => cases
+                .iter()
+                .for_each(|c| record(&c.id, guarded(|| suite::policy::run(&profile, c)))),
+            Cases::Autocast(cases) => cases
+                .iter()
+                .for_each(|c| record(&c.id, guarded(|| suite::autocast::run(backend, c)))),
+            Cases::Grad(cases) => cases
+                .iter()
+                .for_each(|c| record(&c.id, guarded(|| suite::grad::run(backend, c)))),
+            Cases::Scaler(cases) => cases
+                .iter()
+                .for_each(|c| record(&c.id, guarded(|| suite::scaler::run(c)))),
+            Cases::Train(cases) => cases
+                .iter()
+                .for_each(|c| record(&c.id, guarded(|| suite::train::run(c)))),
+        }
+    }
+    Report {
+        backend: backend.name().to_owned(),
+        suites,
+        coverage: Coverage::compute(&profile, backend.ops(), &op_calls(files)),
+    }
+}
+
+/// `op` → `call` from the built-in vectors, `files`, and
+/// [`ops::CALLS_WITHOUT_VECTORS`](crate::ops::CALLS_WITHOUT_VECTORS).
+pub fn op_calls(files: &[VectorFile]) -> OpCalls {
+    let mut calls = OpCalls::new();
+    for file in builtin_files().iter().chain(files) {
+        for (op, call) in file.cases.op_calls() {
+            calls.add(op, call);
+        }
+    }
+    for (op, call) in crate::ops::CALLS_WITHOUT_VECTORS {
+        calls.add(op, call);
+    }
+    calls
+}

@@ -1,0 +1,117 @@
+//! The runner of each suite: one case in, an [`Outcome`] out.
+//!
+//! - [`policy`]: the documented lists, checked against `Profile::docs().listed_policy`.
+//! - [`autocast`]: run the op inside the case's autocast regions, compare the output.
+//! - [`grad`]: forward, backward, and (f64) second-order gradients.
+//! - [`scaler`], [`train`]: skipped until `amp-scaler` and the training loop are wired.
+
+pub mod autocast;
+pub mod grad;
+pub mod policy;
+pub mod scaler;
+pub mod train;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use crate::args::Output;
+use crate::backend::Backend;
+use crate::compare::{all_zero, compare, Mismatch, Tolerance};
+use crate::value::TensorLit;
+
+/// What running one case gave.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every expectation held.
+    Passed,
+    /// The first mismatch or error, with both values.
+    Failed(String),
+    /// Not run: the workspace does not implement what the case needs yet (the reason).
+    Skipped(String),
+}
+
+impl Outcome {
+    /// The skip of a case whose op has no entry in the op table.
+    pub fn op_not_implemented(op: &str) -> Outcome {
+        Outcome::Skipped(format!("op `{op}` not implemented yet"))
+    }
+
+    /// `Passed` for `Ok`, `Failed` with the message for `Err`.
+    pub fn from_result(r: Result<(), String>) -> Outcome {
+        match r {
+            Ok(()) => Outcome::Passed,
+            Err(m) => Outcome::Failed(m),
+        }
+    }
+}
+
+/// Runs `f`, turning a panic into a failure (a panicking op fails its case, and the run
+/// goes on).
+pub(crate) fn guarded(f: impl FnOnce() -> Outcome) -> Outcome {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(o) => o,
+        Err(payload) => {
+            let msg = payload
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a non-string panic payload".to_owned());
+            Outcome::Failed(format!("panicked: {msg}"))
+        }
+    }
+}
+
+/// Compares an op's output tensors with the expected output (one tensor, labelled `what`,
+/// or a list, labelled `what[i]`).
+pub(crate) fn check_output<B: Backend>(
+    b: &B,
+    what: &str,
+    got: &[B::Tensor],
+    expected: &Output<TensorLit>,
+    tol: Option<Tolerance>,
+) -> Result<(), Mismatch> {
+    let want = expected.tensors();
+    if got.len() != want.len() {
+        return Err(Mismatch::Count {
+            what: what.to_owned(),
+            got: got.len(),
+            expected: want.len(),
+        });
+    }
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let label = if expected.is_list() {
+            format!("{what}[{i}]")
+        } else {
+            what.to_owned()
+        };
+        compare(&label, &b.value(g), &w.to_tensor(), tol)?;
+    }
+    Ok(())
+}
+
+/// Compares optional tensors (gradients) with their expectation, labelled `what[i]`: an
+/// expected `null` accepts no tensor or an all-zero one; an expected tensor needs one.
+pub(crate) fn check_optional<B: Backend>(
+    b: &B,
+    what: &str,
+    got: &[Option<B::Tensor>],
+    expected: &[Option<TensorLit>],
+    tol: Option<Tolerance>,
+) -> Result<(), Mismatch> {
+    if got.len() != expected.len() {
+        return Err(Mismatch::Count {
+            what: what.to_owned(),
+            got: got.len(),
+            expected: expected.len(),
+        });
+    }
+    for (i, (g, w)) in got.iter().zip(expected).enumerate() {
+        let label = format!("{what}[{i}]");
+        match (g, w) {
+            (None, None) => {}
+            (Some(g), None) => all_zero(&label, &b.value(g))?,
+            (None, Some(_)) => return Err(Mismatch::Missing { what: label }),
+            (Some(g), Some(w)) => compare(&label, &b.value(g), &w.to_tensor(), tol)?,
+        }
+    }
+    Ok(())
+}

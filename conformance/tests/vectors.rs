@@ -1,0 +1,48 @@
+//! Runs every built-in vector (the README test command runs this with the workspace).
+
+use conformance::{run_builtin, Suite};
+
+#[test]
+fn builtin_vectors_have_no_failures() {
+    let report = run_builtin();
+    // The whole report, skips included: `cargo test -p conformance -- --nocapture` shows it.
+    println!("{report}");
+    let (_, _, skipped) = report.totals();
+    if skipped > 0 {
+        eprintln!("conformance: {skipped} cases skipped (listed above, by reason)");
+    }
+    for (suite, f) in report.failures() {
+        eprintln!("FAIL {suite} {} [{}]: {}", f.id, f.file, f.message);
+    }
+    assert!(
+        report.passed(),
+        "{} conformance failures",
+        report.totals().1
+    );
+}
+
+#[test]
+fn every_builtin_case_is_counted() {
+    let report = run_builtin();
+    let expected = [
+        (Suite::Policy, 374),
+        (Suite::Autocast, 232),
+        (Suite::Grad, 246),
+        (Suite::Scaler, 28),
+        (Suite::Train, 6),
+    ];
+    for (suite, n) in expected {
+        assert_eq!(report.suite(suite).total(), n, "{suite}");
+    }
+    // The policy suite needs no other crate: it runs fully.
+    assert_eq!(report.suite(Suite::Policy).passed, 374);
+    // Every skip says why.
+    for (suite, s) in report.skipped() {
+        assert!(
+            s.reason.ends_with("not implemented yet"),
+            "{suite} {}: {}",
+            s.id,
+            s.reason
+        );
+    }
+}
