@@ -1,6 +1,5 @@
 //! Graph nodes and how ops record themselves.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use amp_tensor::{DType, Tensor as Raw};
@@ -34,13 +33,10 @@ pub(crate) struct InputMeta {
 /// One recorded op.
 pub(crate) struct Node {
     pub name: &'static str,
-    pub seq: u64,
     pub edges: Vec<(Edge, InputMeta)>,
     pub num_outputs: usize,
     pub backward: Mutex<Option<BackwardFn>>,
 }
-
-static SEQ: AtomicU64 = AtomicU64::new(0);
 
 fn edge_of(t: &Tensor) -> Edge {
     if !t.requires_grad() {
@@ -72,7 +68,6 @@ pub fn record_multi(
     }
     let node = Arc::new(Node {
         name,
-        seq: SEQ.fetch_add(1, Ordering::Relaxed),
         edges: inputs
             .iter()
             .map(|t| (edge_of(t), InputMeta { dims: t.dims().to_vec(), dtype: t.dtype() }))

@@ -14,9 +14,12 @@
 //! `beta * input`.
 
 use amp_tensor::half::{bf16, f16};
+use std::cell::RefCell;
+use std::mem::MaybeUninit;
+
 use amp_tensor::{
     broadcast_shapes, cast_into, cast_slice, gather_cast, promote_types, DType, Element, Error,
-    Layout, Result, Tensor,
+    Layout, Result, Tensor, PARALLEL_THRESHOLD,
 };
 use gemm::Parallelism;
 use rayon::prelude::*;
@@ -25,17 +28,34 @@ use crate::compute::ensure_same_device;
 
 /// Products with fewer multiply-adds than this run on the calling thread: spawning
 /// rayon work costs more than a small product (an 8×8 `mm` stays well under 1 µs).
-const PARALLEL_WORK: usize = 48 * 48 * 48;
+const PARALLEL_WORK: usize = 32 * 32 * 32;
 
 /// In a batched product, matrices with at least this many multiply-adds are each
 /// multiplied by all threads; smaller ones are spread over the threads by batch.
 const BIG_WORK: usize = 192 * 192 * 192;
 
+/// Per-batch storage offsets (a single matrix needs no allocation).
+#[derive(Debug, Clone)]
+enum Offsets {
+    One(usize),
+    Many(Vec<usize>),
+}
+
+impl std::ops::Deref for Offsets {
+    type Target = [usize];
+    fn deref(&self) -> &[usize] {
+        match self {
+            Offsets::One(o) => std::slice::from_ref(o),
+            Offsets::Many(v) => v,
+        }
+    }
+}
+
 /// Where each matrix of one operand sits in its buffer.
 #[derive(Debug, Clone)]
 struct Side {
     /// Storage offset of matrix `i` of the batch.
-    offsets: Vec<usize>,
+    offsets: Offsets,
     /// Row stride (elements).
     rs: usize,
     /// Column stride (elements).
@@ -46,7 +66,7 @@ impl Side {
     /// A single 2-D matrix view.
     fn matrix(t: &Tensor) -> Side {
         Side {
-            offsets: vec![t.layout().offset()],
+            offsets: Offsets::One(t.layout().offset()),
             rs: t.strides()[0],
             cs: t.strides()[1],
         }
@@ -55,7 +75,7 @@ impl Side {
     /// A 1-D tensor seen as a `1×len` row.
     fn row(t: &Tensor) -> Side {
         Side {
-            offsets: vec![t.layout().offset()],
+            offsets: Offsets::One(t.layout().offset()),
             rs: 0,
             cs: t.strides()[0],
         }
@@ -64,7 +84,7 @@ impl Side {
     /// A 1-D tensor seen as a `len×1` column.
     fn column(t: &Tensor) -> Side {
         Side {
-            offsets: vec![t.layout().offset()],
+            offsets: Offsets::One(t.layout().offset()),
             rs: t.strides()[0],
             cs: 0,
         }
@@ -80,7 +100,7 @@ impl Side {
             l.offset(),
         );
         Side {
-            offsets: batch.offsets().collect(),
+            offsets: Offsets::Many(batch.offsets().collect()),
             rs: l.strides()[r - 2],
             cs: l.strides()[r - 1],
         }
@@ -164,7 +184,12 @@ fn input_layout(op: &'static str, input: &Tensor, like: &Tensor, dims: &[usize])
     })
 }
 
-fn check_rank(op: &'static str, t: &Tensor, rank: usize, msg: impl FnOnce() -> String) -> Result<()> {
+fn check_rank(
+    op: &'static str,
+    t: &Tensor,
+    rank: usize,
+    msg: impl FnOnce() -> String,
+) -> Result<()> {
     if t.rank() == rank {
         Ok(())
     } else {
@@ -459,10 +484,16 @@ pub fn outer(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 pub fn addr(input: &Tensor, vec1: &Tensor, vec2: &Tensor, beta: f64, alpha: f64) -> Result<Tensor> {
     const OP: &str = "addr";
     check_rank(OP, vec1, 1, || {
-        format!("addr: Expected 1-D argument vec1, but got {}-D", vec1.rank())
+        format!(
+            "addr: Expected 1-D argument vec1, but got {}-D",
+            vec1.rank()
+        )
     })?;
     check_rank(OP, vec2, 1, || {
-        format!("addr: Expected 1-D argument vec2, but got {}-D", vec2.rank())
+        format!(
+            "addr: Expected 1-D argument vec2, but got {}-D",
+            vec2.rank()
+        )
     })?;
     same_dtype(OP, vec1, vec2)?;
     run(outer_plan(OP, vec1, vec2, Some(input), beta, alpha)?)
@@ -516,7 +547,9 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     if ra == 0 || rb == 0 {
         return Err(err(
             OP,
-            format!("both arguments to matmul need to be at least 1D, but they are {ra}D and {rb}D"),
+            format!(
+                "both arguments to matmul need to be at least 1D, but they are {ra}D and {rb}D"
+            ),
         ));
     }
     match (ra, rb) {
@@ -527,14 +560,7 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         _ => {}
     }
     let k = a.dims()[ra - 1];
-    if ra >= 3
-        && rb <= 2
-        && k > 0
-        && a
-            .layout()
-            .view_strides(&[a.elem_count() / k, k])
-            .is_some()
-    {
+    if ra >= 3 && rb <= 2 && k > 0 && a.layout().view_strides(&[a.elem_count() / k, k]).is_some() {
         let folded = a.view([-1i64, k as i64])?;
         let mut out_dims = a.dims()[..ra - 1].to_vec();
         let r = if rb == 1 {
@@ -547,8 +573,16 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     }
     same_dtype(OP, a, b)?;
     // Matrices: a as [.., n, k] (1-D: [1, k]), b as [.., k2, p] (1-D: [k2, 1]).
-    let a2 = if ra == 1 { a.unsqueeze(0usize)? } else { a.clone() };
-    let b2 = if rb == 1 { b.unsqueeze(1usize)? } else { b.clone() };
+    let a2 = if ra == 1 {
+        a.unsqueeze(0usize)?
+    } else {
+        a.clone()
+    };
+    let b2 = if rb == 1 {
+        b.unsqueeze(1usize)?
+    } else {
+        b.clone()
+    };
     let (da, db) = (a2.dims(), b2.dims());
     let (n, ka) = (da[da.len() - 2], da[da.len() - 1]);
     let (kb, p) = (db[db.len() - 2], db[db.len() - 1]);
@@ -622,12 +656,19 @@ fn gathered_input<T: Element, C: Element>(p: &Plan<'_>) -> Option<Vec<C>> {
     ))
 }
 
-/// f32 / f64: `gemm` reads the operands in place.
+/// Number of output elements of a plan.
+fn out_len(p: &Plan<'_>) -> usize {
+    let batch = if p.reduce { 1 } else { p.sa.offsets.len() };
+    batch * p.m * p.n
+}
+
+/// f32 / f64: `gemm` reads the operands in place and writes a fresh output.
 fn native<C: GemmFloat>(p: &Plan<'_>) -> Result<Tensor> {
+    let len = out_len(p);
     let init = gathered_input::<C, C>(p);
-    let beta = C::from_f64c(p.beta);
-    let alpha = C::from_f64c(p.alpha);
-    let out = {
+    let read = init.is_some();
+    let mut out = init.unwrap_or_else(|| Vec::with_capacity(len));
+    {
         let ga = p.a.storage();
         let gb = (!p.a.same_storage(p.b)).then(|| p.b.storage());
         let a = C::slice(ga.cpu()).expect("dtype matches storage");
@@ -635,27 +676,144 @@ fn native<C: GemmFloat>(p: &Plan<'_>) -> Result<Tensor> {
             Some(g) => C::slice(g.cpu()).expect("dtype matches storage"),
             None => a,
         };
-        gemm_batched(p, a, &p.sa, b, &p.sb, init, beta, alpha)
-    };
+        let beta = C::from_f64c(p.beta);
+        let alpha = C::from_f64c(p.alpha);
+        gemm_into(
+            p,
+            a,
+            &p.sa,
+            b,
+            &p.sb,
+            &mut out.spare_or_init()[..len],
+            read,
+            beta,
+            alpha,
+        );
+    }
+    // SAFETY: `gemm_into` initialised all `len` elements.
+    unsafe { out.set_len(len) };
     Tensor::from_vec(out, p.out_dims.clone())
 }
 
+/// The first `capacity` slots of a vector as possibly uninitialised memory (the
+/// initialised prefix included), for kernels that write every slot.
+trait SpareOrInit<C> {
+    fn spare_or_init(&mut self) -> &mut [MaybeUninit<C>];
+}
+
+impl<C> SpareOrInit<C> for Vec<C> {
+    fn spare_or_init(&mut self) -> &mut [MaybeUninit<C>] {
+        let cap = self.capacity();
+        // SAFETY: the allocation holds `cap` slots; viewing initialised elements as
+        // `MaybeUninit` is always sound, and callers only write valid values.
+        unsafe { std::slice::from_raw_parts_mut(self.as_mut_ptr() as *mut MaybeUninit<C>, cap) }
+    }
+}
+
 /// f16 / bf16: widen the operands (and input) to f32, multiply in f32, round once.
+/// The f32 buffers come from a per-thread pool, so repeated products do not pay
+/// for fresh (page-faulting) memory each call.
 fn widened<T: Element>(p: &Plan<'_>) -> Result<Tensor> {
-    let init = gathered_input::<T, f32>(p);
+    let len = out_len(p);
     let (wa, sa) = widen::<T>(p.a, &p.sa, p.m, p.k);
     let (wb, sb) = widen::<T>(p.b, &p.sb, p.k, p.n);
-    let out32 = gemm_batched(
+    let mut out32 = scratch(len);
+    let read = match p.input.as_ref().filter(|_| p.beta != 0.0) {
+        Some((t, layout)) => {
+            let st = t.storage();
+            let src = T::slice(st.cpu()).expect("dtype matches storage");
+            gather_into(src, layout, &mut out32);
+            true
+        }
+        None => false,
+    };
+    gemm_into(
         p,
         &wa,
         &sa,
         &wb,
         &sb,
-        init,
+        out32.spare_or_init(),
+        read,
         p.beta as f32,
         p.alpha as f32,
     );
-    Tensor::from_vec(cast_slice::<f32, T>(&out32), p.out_dims.clone())
+    let out = cast_slice::<f32, T>(&out32);
+    recycle(wa);
+    recycle(wb);
+    recycle(out32);
+    Tensor::from_vec(out, p.out_dims.clone())
+}
+
+/// Buffers larger than this (in f32 elements) are not kept in the per-thread pool.
+const SCRATCH_MAX: usize = 8 << 20;
+
+thread_local! {
+    /// Reusable f32 buffers of this thread (at most three, each at most
+    /// [`SCRATCH_MAX`] elements).
+    static SCRATCH: RefCell<Vec<Vec<f32>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// An f32 buffer of `len` (stale but initialised) elements, from the pool when one
+/// is there. Borrows of the pool are momentary, so re-entrant calls (rayon tasks run
+/// while this thread waits) just allocate.
+fn scratch(len: usize) -> Vec<f32> {
+    let mut v = SCRATCH
+        .with(|s| {
+            let mut s = s.borrow_mut();
+            let best = (0..s.len()).max_by_key(|&i| s[i].capacity())?;
+            Some(s.swap_remove(best))
+        })
+        .unwrap_or_default();
+    if v.len() < len {
+        v.resize(len, 0.0);
+    } else {
+        v.truncate(len);
+    }
+    v
+}
+
+/// Give a buffer back to this thread's pool.
+fn recycle(v: Vec<f32>) {
+    if v.capacity() == 0 || v.capacity() > SCRATCH_MAX {
+        return;
+    }
+    SCRATCH.with(|s| {
+        let mut s = s.borrow_mut();
+        if s.len() < 3 {
+            s.push(v);
+        }
+    });
+}
+
+/// Widen `src` into `dst` (same length), in parallel for large buffers.
+fn widen_into<T: Element>(src: &[T], dst: &mut [f32]) {
+    if dst.len() >= PARALLEL_THRESHOLD {
+        dst.par_chunks_mut(1 << 15)
+            .zip(src.par_chunks(1 << 15))
+            .for_each(|(d, s)| cast_into(s, d));
+    } else {
+        cast_into(src, dst);
+    }
+}
+
+/// Write the elements `layout` selects from `src`, in row-major order, into `dst`.
+fn gather_into<T: Element>(src: &[T], layout: &Layout, dst: &mut [f32]) {
+    if let Some(r) = layout.contiguous_range() {
+        return widen_into(&src[r], dst);
+    }
+    let mut i = 0;
+    layout.for_each_run(|start, len, stride| {
+        let d = &mut dst[i..i + len];
+        if stride == 1 {
+            cast_into(&src[start..start + len], d);
+        } else {
+            for (j, v) in d.iter_mut().enumerate() {
+                *v = src[start + j * stride].to_f32();
+            }
+        }
+        i += len;
+    });
 }
 
 /// The f32 copy of the part of `t`'s storage a `rows×cols` operand touches, with the
@@ -668,8 +826,9 @@ fn widen<T: Element>(t: &Tensor, side: &Side, rows: usize, cols: usize) -> (Vec<
     let (lo, hi) = side.span(rows, cols);
     let numel = side.offsets.len() * rows * cols;
     if hi - lo <= 2 * numel + 4096 {
-        let buf = cast_slice::<T, f32>(&src[lo..hi]);
-        let offsets = side.offsets.iter().map(|&o| o - lo).collect();
+        let mut buf = scratch(hi - lo);
+        widen_into(&src[lo..hi], &mut buf);
+        let offsets = Offsets::Many(side.offsets.iter().map(|&o| o - lo).collect());
         return (
             buf,
             Side {
@@ -679,7 +838,7 @@ fn widen<T: Element>(t: &Tensor, side: &Side, rows: usize, cols: usize) -> (Vec<
             },
         );
     }
-    let mut buf = vec![0f32; numel];
+    let mut buf = scratch(numel);
     let mat = rows * cols;
     buf.par_chunks_mut(mat.max(1))
         .zip(side.offsets.par_iter())
@@ -695,7 +854,7 @@ fn widen<T: Element>(t: &Tensor, side: &Side, rows: usize, cols: usize) -> (Vec<
                 }
             }
         });
-    let offsets = (0..side.offsets.len()).map(|i| i * mat).collect();
+    let offsets = Offsets::Many((0..side.offsets.len()).map(|i| i * mat).collect());
     (
         buf,
         Side {
@@ -726,7 +885,7 @@ impl GemmFloat for f64 {
 /// A raw output pointer shared by tasks writing disjoint parts.
 #[derive(Clone, Copy)]
 struct SendPtr<C>(*mut C);
-// SAFETY: tasks write disjoint matrices of the buffer (see `gemm_batched`).
+// SAFETY: tasks write disjoint matrices of the buffer (see `gemm_into`).
 unsafe impl<C> Send for SendPtr<C> {}
 // SAFETY: as above.
 unsafe impl<C> Sync for SendPtr<C> {}
@@ -752,47 +911,52 @@ fn check_bounds<C>(buf: &[C], side: &Side, rows: usize, cols: usize) {
     assert!(hi <= buf.len(), "matmul operand out of bounds");
 }
 
-/// `C = beta * init + alpha * A @ B` for every batch entry (or summed over the batch),
-/// into a fresh row-major buffer of `(batch or 1) × m × n`.
+/// `out = beta * out + alpha * A @ B` for every batch entry (or summed over the
+/// batch), `out` being row-major `(batch or 1) × m × n`. When `read` is false the
+/// output is only written (it may be uninitialised) and `beta` is ignored; when it is
+/// true `out` must hold the input term.
 #[allow(clippy::too_many_arguments)]
-fn gemm_batched<C: GemmFloat>(
+fn gemm_into<C: GemmFloat>(
     p: &Plan<'_>,
     a: &[C],
     sa: &Side,
     b: &[C],
     sb: &Side,
-    init: Option<Vec<C>>,
+    out: &mut [MaybeUninit<C>],
+    read: bool,
     beta: C,
     alpha: C,
-) -> Vec<C> {
+) {
     let (m, n, k) = (p.m, p.n, p.k);
     let batch = sa.offsets.len();
     debug_assert_eq!(batch, sb.offsets.len());
-    let len = if p.reduce { 1 } else { batch } * m * n;
+    let len = out_len(p);
+    assert!(out.len() >= len, "matmul output too small");
     if len == 0 {
-        return Vec::new();
+        return;
     }
     if k == 0 || batch == 0 {
         // An empty sum: only the input term remains.
-        return match init {
-            Some(mut v) => {
-                v.iter_mut().for_each(|x| *x = *x * beta);
-                v
-            }
-            None => vec![C::zero(); len],
-        };
+        for o in &mut out[..len] {
+            let v = if read {
+                // SAFETY: `read` means the caller initialised the output.
+                let v = unsafe { o.assume_init() };
+                v * beta
+            } else {
+                C::zero()
+            };
+            o.write(v);
+        }
+        return;
     }
     check_bounds(a, sa, m, k);
     check_bounds(b, sb, k, n);
-    let read = init.is_some();
-    let mut out = init.unwrap_or_else(|| Vec::with_capacity(len));
-    debug_assert!(out.capacity() >= len);
-    let dst = SendPtr(out.as_mut_ptr());
+    let dst = SendPtr(out.as_mut_ptr() as *mut C);
     let work = m * n * k;
     let one = |i: usize, d: *mut C, dst_factor: C, read_dst: bool, par: Parallelism| {
-        // SAFETY: `d` points at an `m×n` row-major block of `out` (capacity `len`);
-        // the operands' matrices lie inside `a` and `b` (checked above); gemm writes
-        // every element of the block when `read_dst` is false.
+        // SAFETY: `d` points at an `m×n` row-major block of `out` (length checked
+        // above); the operands' matrices lie inside `a` and `b` (checked above); gemm
+        // writes every element of the block, and reads it only when `read_dst`.
         unsafe {
             gemm::gemm(
                 m,
@@ -819,7 +983,11 @@ fn gemm_batched<C: GemmFloat>(
     };
     if p.reduce {
         for i in 0..batch {
-            let (factor, rd) = if i == 0 { (beta, read) } else { (C::one(), true) };
+            let (factor, rd) = if i == 0 {
+                (beta, read)
+            } else {
+                (C::one(), true)
+            };
             one(i, dst.at(0), factor, rd, parallelism(work));
         }
     } else if batch == 1 || work >= BIG_WORK {
@@ -831,9 +999,6 @@ fn gemm_batched<C: GemmFloat>(
             .into_par_iter()
             .for_each(|i| one(i, dst.at(i * m * n), beta, read, Parallelism::None));
     }
-    // SAFETY: every one of the `len` elements was written (by gemm or the input).
-    unsafe { out.set_len(len) };
-    out
 }
 
 /// Integer kernel: wrapping arithmetic in i64, narrowed (wrapping) to the dtype, as

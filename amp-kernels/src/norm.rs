@@ -1,1 +1,345 @@
-//! (in progress)
+//! Normalisation layers: `layer_norm` (PyTorch's `native_layer_norm`, returning the
+//! saved mean and reciprocal standard deviation) and its backward, `group_norm`, and
+//! `normalize` (`F.normalize`).
+//!
+//! Statistics are computed per row in the compute type (f32 for f16/bf16/f32, f64 for
+//! f64) with an exact two-pass mean and biased variance; outputs are rounded once.
+//! The saved statistics keep the compute type (float32 for 16-bit inputs, as PyTorch's
+//! accumulation type). Rows run in parallel when large.
+
+use amp_tensor::{cast_into, Element, Error, Result, Tensor};
+use rayon::prelude::*;
+
+use crate::compute::{with_slice, Real};
+use crate::reduce::{
+    as_same, as_same_mut, check_norm, lane_reduce, lane_sum, line_geometry, map_lines, vector_norm, Num,
+    PAR_MIN, TASK,
+};
+
+/// `(outer rows, normalized elements)` of a layer norm over the trailing
+/// `normalized_shape`, with PyTorch's checks.
+fn ln_geometry(x: &Tensor, ns: &[usize]) -> Result<(usize, usize)> {
+    let op = "layer_norm";
+    if ns.is_empty() {
+        return Err(Error::invalid(
+            op,
+            "Expected normalized_shape to be at least 1-dimensional, i.e., containing at least one element, but got normalized_shape = []",
+        ));
+    }
+    let (r, k) = (x.rank(), ns.len());
+    if k > r || x.dims()[r - k..] != *ns {
+        let inner: Vec<String> = ns.iter().map(|d| d.to_string()).collect();
+        return Err(Error::invalid(
+            op,
+            format!(
+                "Given normalized_shape={ns:?}, expected input with shape [*, {}], but got input of size{:?}",
+                inner.join(", "),
+                x.dims()
+            ),
+        ));
+    }
+    if !x.dtype().is_floating_point() {
+        return Err(Error::UnsupportedDType { op, dtype: x.dtype() });
+    }
+    Ok((x.dims()[..r - k].iter().product(), ns.iter().product()))
+}
+
+/// Check an optional affine parameter has `shape` and a floating dtype.
+fn check_param(op: &'static str, name: &str, p: Option<&Tensor>, shape: &[usize], what: &str) -> Result<()> {
+    if let Some(p) = p {
+        if p.dims() != shape {
+            return Err(Error::invalid(
+                op,
+                format!("Expected {name} to be of same shape as {what}, but got {name} of shape {:?} and {what} = {shape:?}", p.dims()),
+            ));
+        }
+        if !p.dtype().is_floating_point() {
+            return Err(Error::UnsupportedDType { op, dtype: p.dtype() });
+        }
+    }
+    Ok(())
+}
+
+/// Normalise each of the `rows` contiguous rows of `n` elements of `s` to zero mean and
+/// unit variance (`rstd = 1 / sqrt(var + eps)`), then let `affine(row, y)` scale and
+/// shift row `row` in place. Returns the output and the per-row mean and rstd.
+fn norm_rows<T: Element, C: Real + Num>(
+    s: &[T],
+    rows: usize,
+    n: usize,
+    eps: f64,
+    affine: impl Fn(usize, &mut [C]) + Sync + Send,
+) -> (Vec<T>, Vec<C>, Vec<C>) {
+    if n == 0 {
+        return (Vec::new(), vec![C::nan(); rows], vec![C::nan(); rows]);
+    }
+    let mut out = vec![T::default(); rows * n];
+    let mut mean = vec![C::ZERO; rows];
+    let mut rstd = vec![C::ZERO; rows];
+    let per = (TASK / n).max(1);
+    let (nc, epsc) = (C::from_f64c(n as f64), C::from_f64c(eps));
+    let body = |(c, ((out, mean), rstd)): (usize, ((&mut [T], &mut [C]), &mut [C]))| {
+        let mut xb = vec![C::ZERO; n];
+        let mut yb = vec![C::ZERO; n];
+        for (k, orow) in out.chunks_mut(n).enumerate() {
+            let r = c * per + k;
+            let src = &s[r * n..(r + 1) * n];
+            let xr: &[C] = match as_same::<T, C>(src) {
+                Some(v) => v,
+                None => {
+                    cast_into(src, &mut xb);
+                    &xb
+                }
+            };
+            let mu = lane_sum(xr) / nc;
+            let var = lane_reduce(xr, C::ZERO, C::nadd, |v: C| (v - mu) * (v - mu)) / nc;
+            let rs = C::ONE / (var + epsc).sqrt();
+            (mean[k], rstd[k]) = (mu, rs);
+            let write = |y: &mut [C]| {
+                for (y, &v) in y.iter_mut().zip(xr) {
+                    *y = (v - mu) * rs;
+                }
+                affine(r, y);
+            };
+            match as_same_mut::<T, C>(orow) {
+                Some(o) => write(o),
+                None => {
+                    write(&mut yb);
+                    cast_into(&yb, orow);
+                }
+            }
+        }
+    };
+    if rows * n >= PAR_MIN {
+        out.par_chunks_mut(per * n)
+            .zip(mean.par_chunks_mut(per))
+            .zip(rstd.par_chunks_mut(per))
+            .enumerate()
+            .for_each(&body);
+    } else {
+        out.chunks_mut(per * n)
+            .zip(mean.chunks_mut(per))
+            .zip(rstd.chunks_mut(per))
+            .enumerate()
+            .for_each(&body);
+    }
+    (out, mean, rstd)
+}
+
+/// Layer normalisation over the trailing `normalized_shape` dims, as PyTorch's
+/// `native_layer_norm`: returns `(output, mean, rstd)` where the output has `x`'s
+/// dtype and shape, and `mean`/`rstd` (`1 / sqrt(var + eps)`, biased variance) have
+/// shape `x.shape[..outer] + [1; normalized_shape.len()]` in the accumulation dtype
+/// (float32 for f16/bf16 inputs). `weight` and `bias` (any floating dtype) must have
+/// `normalized_shape`.
+pub fn layer_norm(
+    x: &Tensor,
+    normalized_shape: &[usize],
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f64,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let op = "layer_norm";
+    let (m, n) = ln_geometry(x, normalized_shape)?;
+    check_param(op, "weight", weight, normalized_shape, "normalized_shape")?;
+    check_param(op, "bias", bias, normalized_shape, "normalized_shape")?;
+    let mut stat_shape = x.dims()[..x.rank() - normalized_shape.len()].to_vec();
+    stat_shape.extend(std::iter::repeat_n(1, normalized_shape.len()));
+    let xc = x.contiguous();
+    float_kernel!(x.dtype(), op, |T, C| {
+        let w: Option<Vec<C>> = weight.map(|t| t.to_vec_as());
+        let b: Option<Vec<C>> = bias.map(|t| t.to_vec_as());
+        let affine = |_: usize, y: &mut [C]| match (&w, &b) {
+            (Some(w), Some(b)) => y.iter_mut().zip(w).zip(b).for_each(|((y, &w), &b)| *y = *y * w + b),
+            (Some(w), None) => y.iter_mut().zip(w).for_each(|(y, &w)| *y *= w),
+            (None, Some(b)) => y.iter_mut().zip(b).for_each(|(y, &b)| *y += b),
+            (None, None) => {}
+        };
+        let (out, mean, rstd) = with_slice::<T, _>(&xc, |s| norm_rows::<T, C>(s, m, n, eps, affine));
+        Ok((
+            Tensor::from_vec(out, x.dims().to_vec())?,
+            Tensor::from_vec(mean, stat_shape.clone())?,
+            Tensor::from_vec(rstd, stat_shape)?,
+        ))
+    })
+}
+
+/// Per-row backward of layer norm over `g`, `x` (rows of `n`, compute type) with the
+/// saved statistics: `(grad_input, grad_weight, grad_bias)`, the last two summed over
+/// rows (partial sums per task, added in order).
+fn ln_backward_rows<C: Real + Num>(
+    g: &[C],
+    x: &[C],
+    (mean, rstd): (&[C], &[C]),
+    w: Option<&[C]>,
+    n: usize,
+) -> (Vec<C>, Vec<C>, Vec<C>) {
+    let rows = mean.len();
+    let mut gi = vec![C::ZERO; rows * n];
+    if n == 0 {
+        return (gi, Vec::new(), Vec::new());
+    }
+    let per = (TASK / n).max(1);
+    let nc = C::from_f64c(n as f64);
+    let body = |(c, chunk): (usize, &mut [C])| {
+        let (mut gw, mut gb) = (vec![C::ZERO; n], vec![C::ZERO; n]);
+        let (mut gx, mut xh, mut t) = (vec![C::ZERO; n], vec![C::ZERO; n], vec![C::ZERO; n]);
+        for (k, out) in chunk.chunks_mut(n).enumerate() {
+            let r = c * per + k;
+            let (gr, xr) = (&g[r * n..(r + 1) * n], &x[r * n..(r + 1) * n]);
+            let (mu, rs) = (mean[r], rstd[r]);
+            for j in 0..n {
+                xh[j] = (xr[j] - mu) * rs;
+                gx[j] = match w {
+                    Some(w) => gr[j] * w[j],
+                    None => gr[j],
+                };
+                gw[j] = gw[j] + gr[j] * xh[j];
+                gb[j] = gb[j] + gr[j];
+                t[j] = gx[j] * xh[j];
+            }
+            let (a, b) = (lane_sum(&gx) / nc, lane_sum(&t) / nc);
+            for ((o, &gxj), &xhj) in out.iter_mut().zip(&gx).zip(&xh) {
+                *o = rs * (gxj - a - xhj * b);
+            }
+        }
+        (gw, gb)
+    };
+    let partials: Vec<(Vec<C>, Vec<C>)> = if rows * n >= PAR_MIN {
+        gi.par_chunks_mut(per * n).enumerate().map(body).collect()
+    } else {
+        gi.chunks_mut(per * n).enumerate().map(body).collect()
+    };
+    let (mut gw, mut gb) = (vec![C::ZERO; n], vec![C::ZERO; n]);
+    for (pw, pb) in &partials {
+        gw.iter_mut().zip(pw).for_each(|(a, &b)| *a = *a + b);
+        gb.iter_mut().zip(pb).for_each(|(a, &b)| *a = *a + b);
+    }
+    (gi, gw, gb)
+}
+
+/// The backward of [`layer_norm`] given the saved `mean` and `rstd`:
+/// `(grad_input, grad_weight, grad_bias)`. `grad_input` has `x`'s dtype; `grad_weight`
+/// (`sum(g * xhat)` over the outer dims, only when `weight` is given) and `grad_bias`
+/// (`sum(g)` over the outer dims, always computed) have `normalized_shape` and the
+/// weight's dtype (`x`'s without a weight).
+pub fn layer_norm_backward(
+    grad_out: &Tensor,
+    x: &Tensor,
+    normalized_shape: &[usize],
+    mean: &Tensor,
+    rstd: &Tensor,
+    weight: Option<&Tensor>,
+) -> Result<(Tensor, Option<Tensor>, Option<Tensor>)> {
+    let op = "layer_norm_backward";
+    let (m, n) = ln_geometry(x, normalized_shape)?;
+    check_param(op, "weight", weight, normalized_shape, "normalized_shape")?;
+    if grad_out.dims() != x.dims() {
+        return Err(Error::shape_mismatch(op, grad_out.dims(), x.dims()));
+    }
+    for (name, t) in [("mean", mean), ("rstd", rstd)] {
+        if t.elem_count() != m {
+            return Err(Error::invalid(
+                op,
+                format!("{name} must hold one value per normalized row ({m}), got shape {:?}", t.dims()),
+            ));
+        }
+    }
+    let param_dtype = weight.map_or(x.dtype(), |w| w.dtype());
+    float_kernel!(x.dtype(), op, |_T, C| {
+        let g: Vec<C> = grad_out.to_vec_as();
+        let xv: Vec<C> = x.to_vec_as();
+        let (mu, rs): (Vec<C>, Vec<C>) = (mean.to_vec_as(), rstd.to_vec_as());
+        let w: Option<Vec<C>> = weight.map(|t| t.to_vec_as());
+        let (gi, gw, gb) = ln_backward_rows::<C>(&g, &xv, (&mu, &rs), w.as_deref(), n);
+        let gi = Tensor::from_vec(gi, x.dims().to_vec())?.to_dtype(x.dtype())?;
+        let param = |v: Vec<C>| Tensor::from_vec(v, normalized_shape.to_vec())?.to_dtype(param_dtype);
+        let gw = match weight {
+            Some(_) => Some(param(gw)?),
+            None => None,
+        };
+        Ok((gi, gw, Some(param(gb)?)))
+    })
+}
+
+/// Group normalisation of `x` (`[N, C, *]`) with `num_groups` groups of channels, as
+/// PyTorch's `native_group_norm`: returns `(output, mean, rstd)` with the statistics
+/// shaped `[N, num_groups]` in the accumulation dtype. `weight` and `bias` are
+/// per-channel (`[C]`).
+pub fn group_norm(
+    x: &Tensor,
+    num_groups: usize,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f64,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let op = "group_norm";
+    if x.rank() < 2 {
+        return Err(Error::invalid(
+            op,
+            format!("Expected at least 2 dimensions for input tensor but received {}", x.rank()),
+        ));
+    }
+    let (nb, c) = (x.dims()[0], x.dims()[1]);
+    if num_groups == 0 || c % num_groups != 0 {
+        return Err(Error::invalid(
+            op,
+            format!(
+                "Expected number of channels in input to be divisible by num_groups, but got input of shape {:?} and num_groups={num_groups}",
+                x.dims()
+            ),
+        ));
+    }
+    if !x.dtype().is_floating_point() {
+        return Err(Error::UnsupportedDType { op, dtype: x.dtype() });
+    }
+    check_param(op, "weight", weight, &[c], "the number of channels")?;
+    check_param(op, "bias", bias, &[c], "the number of channels")?;
+    let hw: usize = x.dims()[2..].iter().product();
+    let cg = c / num_groups;
+    let xc = x.contiguous();
+    float_kernel!(x.dtype(), op, |T, C| {
+        let w: Option<Vec<C>> = weight.map(|t| t.to_vec_as());
+        let b: Option<Vec<C>> = bias.map(|t| t.to_vec_as());
+        let affine = |row: usize, y: &mut [C]| {
+            if hw == 0 {
+                return;
+            }
+            let c0 = (row % num_groups) * cg;
+            for (cc, ys) in y.chunks_mut(hw).enumerate() {
+                let wv = w.as_ref().map_or(1.0, |w| w[c0 + cc]);
+                let bv = b.as_ref().map_or(0.0, |b| b[c0 + cc]);
+                ys.iter_mut().for_each(|v| *v = *v * wv + bv);
+            }
+        };
+        let (out, mean, rstd) =
+            with_slice::<T, _>(&xc, |s| norm_rows::<T, C>(s, nb * num_groups, cg * hw, eps, affine));
+        Ok((
+            Tensor::from_vec(out, x.dims().to_vec())?,
+            Tensor::from_vec(mean, [nb, num_groups])?,
+            Tensor::from_vec(rstd, [nb, num_groups])?,
+        ))
+    })
+}
+
+/// `F.normalize`: `x / max(||x||_p, eps)` with the `p`-norm taken along `dim` (NaN
+/// norms propagate). Floating inputs only; 16-bit inputs compute in f32.
+pub fn normalize(x: &Tensor, p: f64, dim: i64, eps: f64) -> Result<Tensor> {
+    let op = "normalize";
+    check_norm(op, x, p)?;
+    let geom = line_geometry(x, dim)?;
+    let xc = x.contiguous();
+    float_kernel!(x.dtype(), op, |T, C| {
+        let epsc = eps as C;
+        let out = with_slice::<T, _>(&xc, |s| {
+            map_lines::<T, C>(&[s], geom, |ins, out| {
+                let nrm = vector_norm::<C>(ins[0], p);
+                let d = if nrm < epsc { epsc } else { nrm };
+                for (o, &v) in out.iter_mut().zip(ins[0]) {
+                    *o = v / d;
+                }
+            })
+        });
+        Tensor::from_vec(out, x.dims().to_vec())
+    })
+}

@@ -1,1 +1,1263 @@
-//! (in progress)
+//! Unary elementwise ops (`neg`, `exp`, `sigmoid`, `gelu`, `erfinv`, `round`, ...),
+//! `softplus` and the `isfinite`/`isnan`/`isinf` tests, with PyTorch's dtype rules.
+//!
+//! float16 and bfloat16 are widened to float32 a chunk at a time (vectorised casts),
+//! computed in float32 and rounded once; float32 computes in float32 and float64 in
+//! float64. Integer inputs keep their dtype for `neg`, `abs`, `sign`, `square`,
+//! `relu`, `floor`, `ceil` and `round`; the transcendental ops give float32 for them,
+//! as PyTorch does.
+//!
+//! This file also holds [`ewise`], the strided elementwise engine shared with the
+//! binary and ternary ops: operands with any strides, offsets or broadcast (zero)
+//! strides are walked as coalesced runs, widened in chunks, and large outputs are
+//! split over rayon.
+
+use amp_tensor::{DType, Error, Result, Tensor};
+
+use self::ewise::{ensure_cpu, full_tensor, int_kernel, zip1, Arg, Guards, RoundEven, Src};
+use crate::compute::Real;
+
+/// The strided elementwise engine behind the unary, binary and ternary kernels.
+pub(crate) mod ewise {
+    use std::any::TypeId;
+    use std::mem::MaybeUninit;
+    use std::sync::RwLockReadGuard;
+
+    use amp_tensor::{
+        cast_into, with_dtype, CpuStorage, DType, Element, Error, Kind, Layout, Operand, Result,
+        Scalar, Storage, Tensor,
+    };
+    use rayon::prelude::*;
+
+    use crate::compute::{ensure_same_device, CHUNK};
+
+    /// Outputs with at least this many elements are computed by several threads.
+    pub(crate) const PARALLEL_MIN: usize = 32 * 1024;
+
+    /// Elements widened / computed / narrowed at a time (fits L1 with three operands).
+    const PIECE: usize = CHUNK;
+
+    /// `s` as a slice of `U` when `T` and `U` are the same type.
+    #[inline(always)]
+    pub(crate) fn same<T: 'static, U: 'static>(s: &[T]) -> Option<&[U]> {
+        if TypeId::of::<T>() == TypeId::of::<U>() {
+            // SAFETY: `T` and `U` are the same type (equal `TypeId`s).
+            Some(unsafe { &*(s as *const [T] as *const [U]) })
+        } else {
+            None
+        }
+    }
+
+    /// `s` as a mutable slice of `U` when `T` and `U` are the same type.
+    #[inline(always)]
+    pub(crate) fn same_mut<T: 'static, U: 'static>(s: &mut [T]) -> Option<&mut [U]> {
+        if TypeId::of::<T>() == TypeId::of::<U>() {
+            // SAFETY: `T` and `U` are the same type (equal `TypeId`s).
+            Some(unsafe { &mut *(s as *mut [T] as *mut [U]) })
+        } else {
+            None
+        }
+    }
+
+    /// Round-half-to-even (`torch.round`), which `num_traits::Float` lacks.
+    pub(crate) trait RoundEven: Copy {
+        /// The nearest integer, ties to even.
+        fn round_even(self) -> Self;
+    }
+    impl RoundEven for f32 {
+        #[inline(always)]
+        fn round_even(self) -> Self {
+            self.round_ties_even()
+        }
+    }
+    impl RoundEven for f64 {
+        #[inline(always)]
+        fn round_even(self) -> Self {
+            self.round_ties_even()
+        }
+    }
+
+    /// The integer dtypes' arithmetic (wrapping, as PyTorch's CPU kernels behave).
+    pub(crate) trait Int: Element + Ord {
+        /// Zero.
+        const ZERO: Self;
+        /// Wrapping `self + o`.
+        fn wadd(self, o: Self) -> Self;
+        /// Wrapping `self - o`.
+        fn wsub(self, o: Self) -> Self;
+        /// Wrapping `self * o`.
+        fn wmul(self, o: Self) -> Self;
+        /// Wrapping `-self`.
+        fn wneg(self) -> Self;
+        /// Wrapping `|self|`.
+        fn wabs(self) -> Self;
+        /// -1, 0 or 1.
+        fn sign(self) -> Self;
+        /// `self ** e` as PyTorch's `powi`: wrapping; a negative exponent gives 0
+        /// except for bases 1 and -1.
+        fn ipow(self, e: Self) -> Self;
+        /// Python's modulo (the sign of the divisor); `d` must not be 0.
+        fn pymod(self, d: Self) -> Self;
+        /// `self` as an exact value of this type, if `v` is one.
+        fn from_integral(v: f64) -> Option<Self>;
+    }
+
+    macro_rules! int_impl {
+        ($($t:ty),*) => {$(
+            impl Int for $t {
+                const ZERO: Self = 0;
+                #[inline(always)]
+                fn wadd(self, o: Self) -> Self { self.wrapping_add(o) }
+                #[inline(always)]
+                fn wsub(self, o: Self) -> Self { self.wrapping_sub(o) }
+                #[inline(always)]
+                fn wmul(self, o: Self) -> Self { self.wrapping_mul(o) }
+                #[inline(always)]
+                fn wneg(self) -> Self { self.wrapping_neg() }
+                #[inline(always)]
+                fn wabs(self) -> Self { self.wrapping_abs() }
+                #[inline(always)]
+                fn sign(self) -> Self { self.signum() }
+                #[inline]
+                fn ipow(self, e: Self) -> Self {
+                    if e < 0 {
+                        return match self {
+                            1 => 1,
+                            -1 => if e % 2 != 0 { -1 } else { 1 },
+                            _ => 0,
+                        };
+                    }
+                    let (mut base, mut e, mut acc): (Self, Self, Self) = (self, e, 1);
+                    while e > 0 {
+                        if e & 1 == 1 {
+                            acc = acc.wrapping_mul(base);
+                        }
+                        e >>= 1;
+                        if e > 0 {
+                            base = base.wrapping_mul(base);
+                        }
+                    }
+                    acc
+                }
+                #[inline(always)]
+                fn pymod(self, d: Self) -> Self {
+                    let r = self.wrapping_rem(d);
+                    if r != 0 && ((r < 0) != (d < 0)) { r.wrapping_add(d) } else { r }
+                }
+                fn from_integral(v: f64) -> Option<Self> {
+                    let ok = v.fract() == 0.0 && v >= <$t>::MIN as f64 && v <= <$t>::MAX as f64;
+                    ok.then_some(v as $t)
+                }
+            }
+        )*};
+    }
+    int_impl!(i32, i64);
+
+    /// Bind `$T` (storage) and `$C` (compute) for any dtype: float16/bfloat16 compute
+    /// in float32, the other types in themselves.
+    macro_rules! any_kernel {
+        ($dtype:expr, |$T:ident, $C:ident| $body:expr) => {{
+            match $dtype {
+                amp_tensor::DType::F16 => {
+                    type $T = amp_tensor::half::f16;
+                    type $C = f32;
+                    $body
+                }
+                amp_tensor::DType::BF16 => {
+                    type $T = amp_tensor::half::bf16;
+                    type $C = f32;
+                    $body
+                }
+                amp_tensor::DType::F32 => {
+                    type $T = f32;
+                    type $C = f32;
+                    $body
+                }
+                amp_tensor::DType::F64 => {
+                    type $T = f64;
+                    type $C = f64;
+                    $body
+                }
+                amp_tensor::DType::I32 => {
+                    type $T = i32;
+                    type $C = i32;
+                    $body
+                }
+                amp_tensor::DType::I64 => {
+                    type $T = i64;
+                    type $C = i64;
+                    $body
+                }
+                amp_tensor::DType::Bool => {
+                    type $T = bool;
+                    type $C = bool;
+                    $body
+                }
+            }
+        }};
+    }
+    pub(crate) use any_kernel;
+
+    /// Bind `$T` to the integer element type of `$dtype` (int32 / int64), else
+    /// evaluate `$other`.
+    macro_rules! int_kernel {
+        ($dtype:expr, |$T:ident| $body:expr, _ => $other:expr) => {{
+            match $dtype {
+                amp_tensor::DType::I32 => {
+                    type $T = i32;
+                    $body
+                }
+                amp_tensor::DType::I64 => {
+                    type $T = i64;
+                    $body
+                }
+                _ => $other,
+            }
+        }};
+    }
+    pub(crate) use int_kernel;
+
+    /// Fail unless every tensor is a host tensor on one device.
+    pub(crate) fn ensure_cpu(op: &'static str, ts: &[&Tensor]) -> Result<()> {
+        ensure_same_device(op, ts)?;
+        match ts.iter().find(|t| !t.device().is_cpu()) {
+            Some(t) => Err(Error::DeviceUnavailable {
+                device: t.device(),
+                reason: format!("\"{op}\": the elementwise kernels run on the host (cpu)"),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// The `result_type` operand describing `t`.
+    #[inline]
+    pub(crate) fn meta(t: &Tensor) -> Operand {
+        Operand::Tensor {
+            dtype: t.dtype(),
+            ndim: t.rank(),
+        }
+    }
+
+    /// The elements of `st` as `T`, or a dtype error naming `op`.
+    #[inline]
+    pub(crate) fn slice_of<'s, T: Element>(st: &'s CpuStorage, op: &'static str) -> Result<&'s [T]> {
+        T::slice(st).ok_or(Error::DTypeMismatch {
+            op,
+            expected: T::DTYPE,
+            got: st.dtype(),
+        })
+    }
+
+    /// `s` cast to `U` with PyTorch's rules (a float scalar narrows through float32
+    /// into 16-bit types, truncates into integers).
+    #[inline]
+    pub(crate) fn scalar_as<U: Element>(s: Scalar) -> U {
+        match s {
+            Scalar::Bool(b) => U::from_bool(b),
+            Scalar::Int(i) => U::from_i64(i),
+            Scalar::Float(f) => U::from_f64(f),
+        }
+    }
+
+    /// `s` in compute type `C`: cast straight to `C` when `opmath`, else rounded to
+    /// the storage type `T` first.
+    #[inline]
+    pub(crate) fn splat_value<T: Element, C: Element>(s: Scalar, opmath: bool) -> C {
+        if opmath {
+            scalar_as::<C>(s)
+        } else {
+            scalar_as::<T>(s).cast::<C>()
+        }
+    }
+
+    /// The value of a one-element tensor as a [`Scalar`] of its kind (exact).
+    pub(crate) fn tensor_scalar(t: &Tensor, op: &'static str) -> Result<Scalar> {
+        let st = t.storage();
+        with_dtype!(t.dtype(), S => {
+            let v: S = slice_of::<S>(st.cpu(), op)?[t.layout().offset()];
+            Ok(match S::KIND {
+                Kind::Bool => Scalar::Bool(v.to_bool()),
+                Kind::Int => Scalar::Int(v.to_i64()),
+                Kind::Float | Kind::Double => Scalar::Float(v.to_f64()),
+            })
+        })
+    }
+
+    /// A tensor of `dims` filled with `value` cast to `dtype`.
+    pub(crate) fn full_tensor(dims: &[usize], value: impl Into<Scalar>, dtype: DType) -> Tensor {
+        Tensor::full(dims.to_vec(), value, dtype)
+    }
+
+    /// One operand of an elementwise op after promotion.
+    #[derive(Clone)]
+    pub(crate) enum Src {
+        /// A tensor in the op's dtype (any strides, broadcastable to the output).
+        Full(Tensor),
+        /// One value at every output position: a Python scalar or the element of a
+        /// one-element tensor, kept exact until the kernel casts it.
+        One(Scalar),
+    }
+
+    impl Src {
+        /// `t` as an operand of an op computing in `dtype`: a one-element tensor
+        /// becomes its value, other tensors are cast to `dtype` (a no-op when equal).
+        pub(crate) fn of(t: &Tensor, dtype: DType, op: &'static str) -> Result<Src> {
+            if t.elem_count() == 1 {
+                Ok(Src::One(tensor_scalar(t, op)?))
+            } else {
+                Ok(Src::Full(t.to_dtype(dtype)?))
+            }
+        }
+
+        /// The tensor of a [`Src::Full`] operand.
+        pub(crate) fn tensor(&self) -> Option<&Tensor> {
+            match self {
+                Src::Full(t) => Some(t),
+                Src::One(_) => None,
+            }
+        }
+
+        /// This operand as a kernel argument; `st` is the storage of a full tensor.
+        pub(crate) fn arg<'s, T: Element, C: Element>(
+            &'s self,
+            st: Option<&'s CpuStorage>,
+            opmath: bool,
+            op: &'static str,
+        ) -> Result<Arg<'s, T, C>> {
+            match self {
+                Src::One(s) => Ok(Arg::Splat(splat_value::<T, C>(*s, opmath))),
+                Src::Full(t) => {
+                    let st = st.ok_or(Error::invalid(op, "operand storage is not readable"))?;
+                    Ok(Arg::Strided(slice_of::<T>(st, op)?, t.layout()))
+                }
+            }
+        }
+    }
+
+    /// Read guards over the storages of up to `N` operands, one guard per distinct
+    /// storage (so `x op x` never takes the same lock twice).
+    pub(crate) struct Guards<'t, const N: usize> {
+        guards: [Option<RwLockReadGuard<'t, Storage>>; N],
+        owner: [usize; N],
+    }
+
+    impl<'t, const N: usize> Guards<'t, N> {
+        /// Lock the storages of the given tensors (`None` entries lock nothing).
+        pub(crate) fn new(ts: [Option<&'t Tensor>; N]) -> Self {
+            let owner: [usize; N] = std::array::from_fn(|i| match ts[i] {
+                Some(t) => (0..i)
+                    .find(|&j| ts[j].is_some_and(|u| u.same_storage(t)))
+                    .unwrap_or(i),
+                None => i,
+            });
+            let guards = std::array::from_fn(|i| match ts[i] {
+                Some(t) if owner[i] == i => Some(t.storage()),
+                _ => None,
+            });
+            Guards { guards, owner }
+        }
+
+        /// The host storage of operand `i`, if it is a locked tensor.
+        pub(crate) fn get(&self, i: usize) -> Option<&CpuStorage> {
+            self.guards[self.owner[i]].as_ref().map(|g| g.cpu())
+        }
+    }
+
+    /// A stack buffer of [`PIECE`] elements, initialised lazily (only as far as used).
+    pub(crate) struct Buf<C> {
+        data: [MaybeUninit<C>; PIECE],
+        init: usize,
+    }
+
+    impl<C: Element> Buf<C> {
+        #[inline(always)]
+        pub(crate) fn new() -> Self {
+            Buf {
+                data: [const { MaybeUninit::uninit() }; PIECE],
+                init: 0,
+            }
+        }
+
+        /// The first `len` (≤ [`PIECE`]) elements.
+        #[inline(always)]
+        pub(crate) fn get(&mut self, len: usize) -> &mut [C] {
+            if self.init < len {
+                for s in &mut self.data[self.init..len] {
+                    s.write(C::default());
+                }
+                self.init = len;
+            }
+            // SAFETY: the first `self.init >= len` elements are initialised.
+            unsafe { &mut *(&mut self.data[..len] as *mut [MaybeUninit<C>] as *mut [C]) }
+        }
+    }
+
+    /// One input of a kernel: storage `T`, seen in compute type `C`.
+    pub(crate) enum Arg<'a, T, C> {
+        /// The same value at every output position (already in compute type).
+        Splat(C),
+        /// Elements of a buffer placed by a layout broadcastable to the output.
+        Strided(&'a [T], &'a Layout),
+    }
+
+    impl<T, C> Arg<'_, T, C> {
+        #[inline]
+        fn layout(&self) -> Option<&Layout> {
+            match self {
+                Arg::Splat(_) => None,
+                Arg::Strided(_, l) => Some(l),
+            }
+        }
+    }
+
+    /// A piece of one operand in compute type.
+    enum Piece<'a, C> {
+        One(C),
+        Many(&'a [C]),
+    }
+
+    /// `len` elements of `arg` from storage index `start` by `stride`, as compute type
+    /// (borrowed when no conversion or gather is needed).
+    #[inline(always)]
+    fn load<'r, T: Element, C: Element>(
+        arg: &Arg<'r, T, C>,
+        start: usize,
+        stride: usize,
+        len: usize,
+        buf: &'r mut Buf<C>,
+    ) -> Piece<'r, C> {
+        match *arg {
+            Arg::Splat(v) => Piece::One(v),
+            Arg::Strided(data, _) => {
+                if stride == 0 || len == 1 {
+                    Piece::One(data[start].cast())
+                } else if stride == 1 {
+                    let s = &data[start..start + len];
+                    match same::<T, C>(s) {
+                        Some(s) => Piece::Many(s),
+                        None => {
+                            let b = buf.get(len);
+                            cast_into(s, b);
+                            Piece::Many(b)
+                        }
+                    }
+                } else {
+                    let b = buf.get(len);
+                    for (k, d) in b.iter_mut().enumerate() {
+                        *d = data[start + k * stride].cast();
+                    }
+                    Piece::Many(b)
+                }
+            }
+        }
+    }
+
+    /// Like [`load`], always as a slice (splats are written out).
+    #[inline(always)]
+    fn load_many<'r, T: Element, C: Element>(
+        arg: &Arg<'r, T, C>,
+        start: usize,
+        stride: usize,
+        len: usize,
+        buf: &'r mut Buf<C>,
+    ) -> &'r [C] {
+        match *arg {
+            Arg::Splat(v) => {
+                let b = buf.get(len);
+                b.fill(v);
+                b
+            }
+            Arg::Strided(data, _) if stride == 1 => {
+                let s = &data[start..start + len];
+                match same::<T, C>(s) {
+                    Some(s) => s,
+                    None => {
+                        let b = buf.get(len);
+                        cast_into(s, b);
+                        b
+                    }
+                }
+            }
+            Arg::Strided(data, _) => {
+                let b = buf.get(len);
+                for (k, d) in b.iter_mut().enumerate() {
+                    *d = data[start + k * stride].cast();
+                }
+                b
+            }
+        }
+    }
+
+    /// Compute into `dst` through `fill`, directly when the result type is the
+    /// output type, else into `tmp` and narrowed with the vectorised casts.
+    #[inline(always)]
+    fn store<R: Element, O: Element>(dst: &mut [O], tmp: &mut Buf<R>, fill: impl FnOnce(&mut [R])) {
+        if let Some(d) = same_mut::<O, R>(dst) {
+            fill(d)
+        } else {
+            let t = tmp.get(dst.len());
+            fill(t);
+            cast_into(t, dst);
+        }
+    }
+
+    /// How to walk the output: runs along a coalesced innermost dimension.
+    pub(crate) struct Plan<const K: usize> {
+        offsets: [usize; K],
+        inner: usize,
+        inner_strides: [usize; K],
+        /// Coalesced outer dimensions, outermost first: (size, stride per operand).
+        outer: Vec<(usize, [usize; K])>,
+    }
+
+    impl<const K: usize> Plan<K> {
+        /// A plan for an output of shape `out` whose operands have these layouts
+        /// (`None` for splats); each layout must broadcast to `out`.
+        pub(crate) fn new(out: &[usize], layouts: [Option<&Layout>; K]) -> Self {
+            let n: usize = out.iter().product();
+            let offsets = layouts.map(|l| l.map_or(0, |l| l.offset()));
+            if layouts
+                .iter()
+                .all(|l| l.is_none_or(|l| l.elem_count() == n && l.is_contiguous()))
+            {
+                return Plan {
+                    offsets,
+                    inner: n,
+                    inner_strides: layouts.map(|l| l.is_some() as usize),
+                    outer: Vec::new(),
+                };
+            }
+            let rank = out.len();
+            let stride_of = |l: Option<&Layout>, d: usize| -> usize {
+                let Some(l) = l else { return 0 };
+                let lr = l.rank();
+                if d + lr < rank {
+                    return 0;
+                }
+                let ld = d + lr - rank;
+                if l.dims()[ld] == 1 {
+                    0
+                } else {
+                    l.strides()[ld]
+                }
+            };
+            // Innermost group first; merge a dimension into the group inside it when
+            // every operand steps over that group contiguously.
+            let mut groups: Vec<(usize, [usize; K])> = Vec::new();
+            let mut inner: Option<(usize, [usize; K])> = None;
+            for d in (0..rank).rev() {
+                let size = out[d];
+                if size == 1 {
+                    continue;
+                }
+                let s: [usize; K] = std::array::from_fn(|k| stride_of(layouts[k], d));
+                let fits = |g: &(usize, [usize; K])| (0..K).all(|k| s[k] == g.1[k] * g.0);
+                if let Some(g) = groups.last_mut() {
+                    if fits(g) {
+                        g.0 *= size;
+                    } else {
+                        groups.push((size, s));
+                    }
+                    continue;
+                }
+                match inner.as_mut() {
+                    Some(g) if fits(g) => g.0 *= size,
+                    Some(_) => groups.push((size, s)),
+                    None => inner = Some((size, s)),
+                }
+            }
+            let (inner, inner_strides) = inner.unwrap_or((1, [0; K]));
+            groups.reverse();
+            Plan {
+                offsets,
+                inner,
+                inner_strides,
+                outer: groups,
+            }
+        }
+
+        /// Call `f(out_index, len, starts, strides)` for the runs covering output
+        /// positions `lo..hi`, in order.
+        pub(crate) fn runs(
+            &self,
+            lo: usize,
+            hi: usize,
+            f: &mut dyn FnMut(usize, usize, [usize; K], [usize; K]),
+        ) {
+            if lo >= hi {
+                return;
+            }
+            let (m, s) = (self.inner, self.inner_strides);
+            if self.outer.is_empty() {
+                let starts = std::array::from_fn(|k| self.offsets[k] + lo * s[k]);
+                return f(lo, hi - lo, starts, s);
+            }
+            let nd = self.outer.len();
+            let mut idx = vec![0usize; nd];
+            let mut base = self.offsets;
+            let (mut q, mut r) = (lo / m, lo % m);
+            for d in (0..nd).rev() {
+                let (size, st) = self.outer[d];
+                idx[d] = q % size;
+                q /= size;
+                for k in 0..K {
+                    base[k] += idx[d] * st[k];
+                }
+            }
+            let mut pos = lo;
+            loop {
+                let len = (m - r).min(hi - pos);
+                f(pos, len, std::array::from_fn(|k| base[k] + r * s[k]), s);
+                pos += len;
+                r = 0;
+                if pos >= hi {
+                    return;
+                }
+                for d in (0..nd).rev() {
+                    let (size, st) = self.outer[d];
+                    idx[d] += 1;
+                    for k in 0..K {
+                        base[k] += st[k];
+                    }
+                    if idx[d] < size {
+                        break;
+                    }
+                    idx[d] = 0;
+                    for k in 0..K {
+                        base[k] -= st[k] * size;
+                    }
+                }
+            }
+        }
+    }
+
+    /// A vector of `n` outputs written by `task(chunk, first_index)`, over rayon in
+    /// large chunks when `n` is large, else on the calling thread.
+    fn run_tasks<O: Element>(n: usize, task: impl Fn(&mut [O], usize) + Sync) -> Vec<O> {
+        let mut out = vec![O::default(); n];
+        if n >= PARALLEL_MIN {
+            let threads = rayon::current_num_threads().max(1);
+            let per = n
+                .div_ceil(threads * 4)
+                .max(PARALLEL_MIN / 2)
+                .next_multiple_of(PIECE);
+            out.par_chunks_mut(per)
+                .enumerate()
+                .for_each(|(i, c)| task(c, i * per));
+        } else if n > 0 {
+            task(&mut out, 0);
+        }
+        out
+    }
+
+    /// Split the run `(o, len, starts, strides)` into pieces of at most [`PIECE`].
+    #[inline(always)]
+    fn pieces<const K: usize>(
+        len: usize,
+        starts: [usize; K],
+        strides: [usize; K],
+        mut f: impl FnMut(usize, usize, [usize; K]),
+    ) {
+        let mut done = 0;
+        while done < len {
+            let l = (len - done).min(PIECE);
+            f(done, l, std::array::from_fn(|k| starts[k] + done * strides[k]));
+            done += l;
+        }
+    }
+
+    /// `out[i] = f(x[i])` over an output of shape `dims`.
+    pub(crate) fn zip1<T, C, R, O>(dims: &[usize], x: Arg<T, C>, f: impl Fn(C) -> R + Sync) -> Vec<O>
+    where
+        T: Element,
+        C: Element,
+        R: Element,
+        O: Element,
+    {
+        let n = dims.iter().product();
+        let plan = Plan::new(dims, [x.layout()]);
+        run_tasks(n, |out: &mut [O], lo| {
+            let (mut bx, mut br) = (Buf::<C>::new(), Buf::<R>::new());
+            plan.runs(lo, lo + out.len(), &mut |o, len, st, sd| {
+                pieces(len, st, sd, |done, l, st| {
+                    let px = load(&x, st[0], sd[0], l, &mut bx);
+                    let dst = &mut out[o - lo + done..][..l];
+                    store(dst, &mut br, |d| match px {
+                        Piece::One(v) => d.fill(f(v)),
+                        Piece::Many(s) => {
+                            for (d, &v) in d.iter_mut().zip(s) {
+                                *d = f(v);
+                            }
+                        }
+                    });
+                });
+            });
+        })
+    }
+
+    /// `out[i] = f(x[i], y[i])` over an output of shape `dims` (broadcasting).
+    pub(crate) fn zip2<T1, C1, T2, C2, R, O>(
+        dims: &[usize],
+        x: Arg<T1, C1>,
+        y: Arg<T2, C2>,
+        f: impl Fn(C1, C2) -> R + Sync,
+    ) -> Vec<O>
+    where
+        T1: Element,
+        C1: Element,
+        T2: Element,
+        C2: Element,
+        R: Element,
+        O: Element,
+    {
+        let n = dims.iter().product();
+        let plan = Plan::new(dims, [x.layout(), y.layout()]);
+        run_tasks(n, |out: &mut [O], lo| {
+            let (mut bx, mut by, mut br) = (Buf::<C1>::new(), Buf::<C2>::new(), Buf::<R>::new());
+            plan.runs(lo, lo + out.len(), &mut |o, len, st, sd| {
+                pieces(len, st, sd, |done, l, st| {
+                    let px = load(&x, st[0], sd[0], l, &mut bx);
+                    let py = load(&y, st[1], sd[1], l, &mut by);
+                    let dst = &mut out[o - lo + done..][..l];
+                    store(dst, &mut br, |d| match (px, py) {
+                        (Piece::Many(a), Piece::Many(b)) => {
+                            for ((d, &a), &b) in d.iter_mut().zip(a).zip(b) {
+                                *d = f(a, b);
+                            }
+                        }
+                        (Piece::Many(a), Piece::One(b)) => {
+                            for (d, &a) in d.iter_mut().zip(a) {
+                                *d = f(a, b);
+                            }
+                        }
+                        (Piece::One(a), Piece::Many(b)) => {
+                            for (d, &b) in d.iter_mut().zip(b) {
+                                *d = f(a, b);
+                            }
+                        }
+                        (Piece::One(a), Piece::One(b)) => d.fill(f(a, b)),
+                    });
+                });
+            });
+        })
+    }
+
+    /// `out[i] = f(x[i], y[i], z[i])` over an output of shape `dims` (broadcasting).
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    pub(crate) fn zip3<T1, C1, T2, C2, T3, C3, R, O>(
+        dims: &[usize],
+        x: Arg<T1, C1>,
+        y: Arg<T2, C2>,
+        z: Arg<T3, C3>,
+        f: impl Fn(C1, C2, C3) -> R + Sync,
+    ) -> Vec<O>
+    where
+        T1: Element,
+        C1: Element,
+        T2: Element,
+        C2: Element,
+        T3: Element,
+        C3: Element,
+        R: Element,
+        O: Element,
+    {
+        let n = dims.iter().product();
+        let plan = Plan::new(dims, [x.layout(), y.layout(), z.layout()]);
+        run_tasks(n, |out: &mut [O], lo| {
+            let (mut bx, mut by, mut bz) = (Buf::<C1>::new(), Buf::<C2>::new(), Buf::<C3>::new());
+            let mut br = Buf::<R>::new();
+            plan.runs(lo, lo + out.len(), &mut |o, len, st, sd| {
+                pieces(len, st, sd, |done, l, st| {
+                    let a = load_many(&x, st[0], sd[0], l, &mut bx);
+                    let b = load_many(&y, st[1], sd[1], l, &mut by);
+                    let c = load_many(&z, st[2], sd[2], l, &mut bz);
+                    let dst = &mut out[o - lo + done..][..l];
+                    store(dst, &mut br, |d| {
+                        for (((d, &a), &b), &c) in d.iter_mut().zip(a).zip(b).zip(c) {
+                            *d = f(a, b, c);
+                        }
+                    });
+                });
+            });
+        })
+    }
+
+    /// `true` when some element `arg` reads is zero (integer divisors).
+    pub(crate) fn any_zero<T: Int>(arg: &Arg<T, T>) -> bool {
+        match *arg {
+            Arg::Splat(v) => v == T::ZERO,
+            Arg::Strided(data, layout) => {
+                let mut found = false;
+                layout.for_each_run(|start, len, stride| {
+                    found |= (0..len).any(|k| data[start + k * stride] == T::ZERO);
+                });
+                found
+            }
+        }
+    }
+}
+
+/// The unary elementwise ops, named as in PyTorch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    /// `-x`.
+    Neg,
+    /// `|x|`.
+    Abs,
+    /// `e^x`.
+    Exp,
+    /// `e^x - 1`, accurate near 0.
+    Expm1,
+    /// Natural logarithm.
+    Log,
+    /// `log(1 + x)`, accurate near 0.
+    Log1p,
+    /// Base-2 logarithm.
+    Log2,
+    /// Base-10 logarithm.
+    Log10,
+    /// Square root.
+    Sqrt,
+    /// `1 / sqrt(x)`.
+    Rsqrt,
+    /// `1 / x`.
+    Reciprocal,
+    /// Sine.
+    Sin,
+    /// Cosine.
+    Cos,
+    /// Tangent.
+    Tan,
+    /// Arcsine.
+    Asin,
+    /// Arccosine.
+    Acos,
+    /// Arctangent.
+    Atan,
+    /// Hyperbolic sine.
+    Sinh,
+    /// Hyperbolic cosine.
+    Cosh,
+    /// Hyperbolic tangent.
+    Tanh,
+    /// Logistic sigmoid `1 / (1 + e^-x)`, evaluated without overflow.
+    Sigmoid,
+    /// `max(x, 0)` (NaN propagates).
+    Relu,
+    /// Exact GELU, `x * Φ(x) = x/2 * (1 + erf(x/√2))`.
+    Gelu,
+    /// GELU with PyTorch's tanh approximation (`approximate='tanh'`).
+    GeluTanh,
+    /// The error function.
+    Erf,
+    /// The inverse error function (PyTorch's `calc_erfinv`).
+    Erfinv,
+    /// -1, 0 or 1 (0 for NaN, as PyTorch).
+    Sign,
+    /// Round toward -∞.
+    Floor,
+    /// Round toward +∞.
+    Ceil,
+    /// Round half to even (`torch.round`).
+    Round,
+    /// `x * x`.
+    Square,
+}
+
+impl UnaryOp {
+    /// Every unary op.
+    pub const ALL: [UnaryOp; 31] = [
+        UnaryOp::Neg,
+        UnaryOp::Abs,
+        UnaryOp::Exp,
+        UnaryOp::Expm1,
+        UnaryOp::Log,
+        UnaryOp::Log1p,
+        UnaryOp::Log2,
+        UnaryOp::Log10,
+        UnaryOp::Sqrt,
+        UnaryOp::Rsqrt,
+        UnaryOp::Reciprocal,
+        UnaryOp::Sin,
+        UnaryOp::Cos,
+        UnaryOp::Tan,
+        UnaryOp::Asin,
+        UnaryOp::Acos,
+        UnaryOp::Atan,
+        UnaryOp::Sinh,
+        UnaryOp::Cosh,
+        UnaryOp::Tanh,
+        UnaryOp::Sigmoid,
+        UnaryOp::Relu,
+        UnaryOp::Gelu,
+        UnaryOp::GeluTanh,
+        UnaryOp::Erf,
+        UnaryOp::Erfinv,
+        UnaryOp::Sign,
+        UnaryOp::Floor,
+        UnaryOp::Ceil,
+        UnaryOp::Round,
+        UnaryOp::Square,
+    ];
+
+    /// PyTorch's name of the op (`GeluTanh` is `gelu` with `approximate='tanh'`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Abs => "abs",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Expm1 => "expm1",
+            UnaryOp::Log => "log",
+            UnaryOp::Log1p => "log1p",
+            UnaryOp::Log2 => "log2",
+            UnaryOp::Log10 => "log10",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Rsqrt => "rsqrt",
+            UnaryOp::Reciprocal => "reciprocal",
+            UnaryOp::Sin => "sin",
+            UnaryOp::Cos => "cos",
+            UnaryOp::Tan => "tan",
+            UnaryOp::Asin => "asin",
+            UnaryOp::Acos => "acos",
+            UnaryOp::Atan => "atan",
+            UnaryOp::Sinh => "sinh",
+            UnaryOp::Cosh => "cosh",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Sigmoid => "sigmoid",
+            UnaryOp::Relu => "relu",
+            UnaryOp::Gelu | UnaryOp::GeluTanh => "gelu",
+            UnaryOp::Erf => "erf",
+            UnaryOp::Erfinv => "erfinv",
+            UnaryOp::Sign => "sign",
+            UnaryOp::Floor => "floor",
+            UnaryOp::Ceil => "ceil",
+            UnaryOp::Round => "round",
+            UnaryOp::Square => "square",
+        }
+    }
+
+    /// `true` for the ops that keep an integer dtype (the rest compute in float).
+    pub const fn keeps_integers(self) -> bool {
+        matches!(
+            self,
+            UnaryOp::Neg
+                | UnaryOp::Abs
+                | UnaryOp::Sign
+                | UnaryOp::Square
+                | UnaryOp::Relu
+                | UnaryOp::Floor
+                | UnaryOp::Ceil
+                | UnaryOp::Round
+        )
+    }
+}
+
+/// Numerically stable logistic sigmoid.
+#[inline(always)]
+fn sigmoid_c<C: Real>(v: C) -> C {
+    if v >= C::zero() {
+        C::one() / (C::one() + (-v).exp())
+    } else {
+        let e = v.exp();
+        e / (C::one() + e)
+    }
+}
+
+/// PyTorch's `calc_erfinv`: a rational approximation (central range |y| ≤ 0.7, and
+/// a tail form) refined by two Newton steps; ±1 → ±inf, |y| > 1 → NaN.
+#[inline]
+fn erfinv_c<C: Real>(y: C) -> C {
+    const A: [f64; 4] = [0.886226899, -1.645349621, 0.914624893, -0.140543331];
+    const B: [f64; 4] = [-2.118377725, 1.442710462, -0.329097515, 0.012229801];
+    const CC: [f64; 4] = [-1.970840454, -1.624906493, 3.429567803, 1.641345311];
+    const D: [f64; 2] = [3.543889200, 1.637067800];
+    let c = C::from_f64c;
+    let one = C::one();
+    let y_abs = y.abs();
+    if y_abs > one {
+        return C::nan();
+    }
+    if y_abs == one {
+        return if y.is_sign_negative() {
+            C::neg_infinity()
+        } else {
+            C::infinity()
+        };
+    }
+    let mut x = if y_abs <= c(0.7) {
+        let z = y * y;
+        let num = ((c(A[3]) * z + c(A[2])) * z + c(A[1])) * z + c(A[0]);
+        let dem = (((c(B[3]) * z + c(B[2])) * z + c(B[1])) * z + c(B[0])) * z + one;
+        y * num / dem
+    } else {
+        let z = (-((one - y_abs) / c(2.0)).ln()).sqrt();
+        let num = ((c(CC[3]) * z + c(CC[2])) * z + c(CC[1])) * z + c(CC[0]);
+        let dem = (c(D[1]) * z + c(D[0])) * z + one;
+        let num = if y.is_sign_negative() { -num.abs() } else { num.abs() };
+        num / dem
+    };
+    let k = c(2.0) / c(std::f64::consts::PI.sqrt());
+    x = x - (x.erf() - y) / (k * (-x * x).exp());
+    x = x - (x.erf() - y) / (k * (-x * x).exp());
+    x
+}
+
+/// Run `op` on a floating tensor with storage `T`, computing in `C`.
+fn float_unary<T: amp_tensor::Element, C: Real + RoundEven>(op: UnaryOp, x: &Tensor) -> Result<Tensor> {
+    let g = Guards::new([Some(x)]);
+    let arg = Src::Full(x.clone());
+    let a: Arg<T, C> = arg.arg(g.get(0), false, op.name())?;
+    let dims = x.dims();
+    macro_rules! go {
+        ($f:expr) => {
+            zip1::<T, C, C, T>(dims, a, $f)
+        };
+    }
+    let half = C::from_f64c(0.5);
+    let out = match op {
+        UnaryOp::Neg => go!(|v: C| -v),
+        UnaryOp::Abs => go!(|v: C| v.abs()),
+        UnaryOp::Exp => go!(|v: C| v.exp()),
+        UnaryOp::Expm1 => go!(|v: C| v.exp_m1()),
+        UnaryOp::Log => go!(|v: C| v.ln()),
+        UnaryOp::Log1p => go!(|v: C| v.ln_1p()),
+        UnaryOp::Log2 => go!(|v: C| v.log2()),
+        UnaryOp::Log10 => go!(|v: C| v.log10()),
+        UnaryOp::Sqrt => go!(|v: C| v.sqrt()),
+        UnaryOp::Rsqrt => go!(|v: C| C::one() / v.sqrt()),
+        UnaryOp::Reciprocal => go!(|v: C| C::one() / v),
+        UnaryOp::Sin => go!(|v: C| v.sin()),
+        UnaryOp::Cos => go!(|v: C| v.cos()),
+        UnaryOp::Tan => go!(|v: C| v.tan()),
+        UnaryOp::Asin => go!(|v: C| v.asin()),
+        UnaryOp::Acos => go!(|v: C| v.acos()),
+        UnaryOp::Atan => go!(|v: C| v.atan()),
+        UnaryOp::Sinh => go!(|v: C| v.sinh()),
+        UnaryOp::Cosh => go!(|v: C| v.cosh()),
+        UnaryOp::Tanh => go!(|v: C| v.tanh()),
+        UnaryOp::Sigmoid => go!(sigmoid_c::<C>),
+        UnaryOp::Relu => go!(|v: C| if v < C::zero() { C::zero() } else { v }),
+        UnaryOp::Gelu => {
+            let s = C::from_f64c(std::f64::consts::FRAC_1_SQRT_2);
+            go!(move |v: C| v * half * (C::one() + (v * s).erf()))
+        }
+        UnaryOp::GeluTanh => {
+            let beta = C::from_f64c(
+                std::f64::consts::SQRT_2 * std::f64::consts::FRAC_2_SQRT_PI * 0.5,
+            );
+            let kappa = C::from_f64c(0.044715);
+            go!(move |v: C| {
+                let inner = beta * (v + kappa * (v * v * v));
+                half * v * (C::one() + inner.tanh())
+            })
+        }
+        UnaryOp::Erf => go!(|v: C| v.erf()),
+        UnaryOp::Erfinv => go!(erfinv_c::<C>),
+        UnaryOp::Sign => go!(|v: C| {
+            if v > C::zero() {
+                C::one()
+            } else if v < C::zero() {
+                -C::one()
+            } else {
+                C::zero()
+            }
+        }),
+        UnaryOp::Floor => go!(|v: C| v.floor()),
+        UnaryOp::Ceil => go!(|v: C| v.ceil()),
+        UnaryOp::Round => go!(|v: C| v.round_even()),
+        UnaryOp::Square => go!(|v: C| v * v),
+    };
+    Tensor::from_vec(out, dims.to_vec())
+}
+
+/// Run a dtype-keeping `op` on an int32/int64 tensor.
+fn int_unary<T: ewise::Int>(op: UnaryOp, x: &Tensor) -> Result<Tensor> {
+    let g = Guards::new([Some(x)]);
+    let src = Src::Full(x.clone());
+    let a: Arg<T, T> = src.arg(g.get(0), false, op.name())?;
+    let dims = x.dims();
+    let out: Vec<T> = match op {
+        UnaryOp::Neg => zip1(dims, a, |v: T| v.wneg()),
+        UnaryOp::Abs => zip1(dims, a, |v: T| v.wabs()),
+        UnaryOp::Sign => zip1(dims, a, |v: T| v.sign()),
+        UnaryOp::Square => zip1(dims, a, |v: T| v.wmul(v)),
+        UnaryOp::Relu => zip1(dims, a, |v: T| v.max(T::ZERO)),
+        UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round => return Ok(x.copy()),
+        _ => {
+            return Err(Error::UnsupportedDType {
+                op: op.name(),
+                dtype: x.dtype(),
+            })
+        }
+    };
+    Tensor::from_vec(out, dims.to_vec())
+}
+
+/// Run a dtype-keeping `op` on a bool tensor (PyTorch: `sign` is the identity,
+/// `square` gives int64, the rest are errors).
+fn bool_unary(op: UnaryOp, x: &Tensor) -> Result<Tensor> {
+    match op {
+        UnaryOp::Sign => Ok(x.copy()),
+        UnaryOp::Square => x.to_dtype(DType::I64).map(|t| t.contiguous()),
+        UnaryOp::Neg => Err(Error::invalid(
+            "neg",
+            "Negation, the `-` operator, on a bool tensor is not supported. If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.",
+        )),
+        UnaryOp::Relu => Err(Error::invalid("relu", "Boolean inputs not supported for relu")),
+        _ => Err(Error::UnsupportedDType {
+            op: op.name(),
+            dtype: DType::Bool,
+        }),
+    }
+}
+
+/// Apply a unary op elementwise. Floating inputs keep their dtype (16-bit types are
+/// computed in float32 and rounded once); integer inputs keep their dtype for the
+/// ops of [`UnaryOp::keeps_integers`] and give float32 for the others (GELU rejects
+/// them, as PyTorch does). The output is a new contiguous tensor.
+pub fn unary(op: UnaryOp, x: &Tensor) -> Result<Tensor> {
+    ensure_cpu(op.name(), &[x])?;
+    let dt = x.dtype();
+    if !dt.is_floating_point() {
+        if op.keeps_integers() {
+            return int_kernel!(dt, |T| int_unary::<T>(op, x), _ => bool_unary(op, x));
+        }
+        if matches!(op, UnaryOp::Gelu | UnaryOp::GeluTanh) {
+            return Err(Error::UnsupportedDType { op: op.name(), dtype: dt });
+        }
+        return float_unary::<f32, f32>(op, &x.to_dtype(DType::F32)?);
+    }
+    crate::float_kernel!(dt, op.name(), |T, C| float_unary::<T, C>(op, x))
+}
+
+macro_rules! unary_wrappers {
+    ($($(#[$doc:meta])* $name:ident => $op:ident;)*) => {$(
+        $(#[$doc])*
+        pub fn $name(x: &Tensor) -> Result<Tensor> {
+            unary(UnaryOp::$op, x)
+        }
+    )*};
+}
+
+unary_wrappers! {
+    /// `-x` (an error for bool tensors).
+    neg => Neg;
+    /// `|x|`.
+    abs => Abs;
+    /// `e^x`.
+    exp => Exp;
+    /// `e^x - 1`.
+    expm1 => Expm1;
+    /// Natural logarithm.
+    log => Log;
+    /// `log(1 + x)`.
+    log1p => Log1p;
+    /// Base-2 logarithm.
+    log2 => Log2;
+    /// Base-10 logarithm.
+    log10 => Log10;
+    /// Square root.
+    sqrt => Sqrt;
+    /// `1 / sqrt(x)`.
+    rsqrt => Rsqrt;
+    /// `1 / x`.
+    reciprocal => Reciprocal;
+    /// Sine.
+    sin => Sin;
+    /// Cosine.
+    cos => Cos;
+    /// Tangent.
+    tan => Tan;
+    /// Arcsine.
+    asin => Asin;
+    /// Arccosine.
+    acos => Acos;
+    /// Arctangent.
+    atan => Atan;
+    /// Hyperbolic sine.
+    sinh => Sinh;
+    /// Hyperbolic cosine.
+    cosh => Cosh;
+    /// Hyperbolic tangent.
+    tanh => Tanh;
+    /// Logistic sigmoid.
+    sigmoid => Sigmoid;
+    /// `max(x, 0)`.
+    relu => Relu;
+    /// Exact GELU.
+    gelu => Gelu;
+    /// GELU, tanh approximation.
+    gelu_tanh => GeluTanh;
+    /// Error function.
+    erf => Erf;
+    /// Inverse error function.
+    erfinv => Erfinv;
+    /// Sign (-1, 0, 1).
+    sign => Sign;
+    /// Floor.
+    floor => Floor;
+    /// Ceil.
+    ceil => Ceil;
+    /// Round half to even.
+    round => Round;
+    /// `x * x` (bool gives int64).
+    square => Square;
+}
+
+/// PyTorch's `softplus`: `x` where `x * beta > threshold`, else
+/// `log1p(exp(beta * x)) / beta` (floating inputs only; 16-bit types compute in
+/// float32 with `beta` and `threshold` in float32).
+pub fn softplus(x: &Tensor, beta: f64, threshold: f64) -> Result<Tensor> {
+    const OP: &str = "softplus";
+    ensure_cpu(OP, &[x])?;
+    crate::float_kernel!(x.dtype(), OP, |T, C| {
+        let g = Guards::new([Some(x)]);
+        let src = Src::Full(x.clone());
+        let a: Arg<T, C> = src.arg(g.get(0), false, OP)?;
+        let (b, th) = (C::from_f64c(beta), C::from_f64c(threshold));
+        let out: Vec<T> = zip1(x.dims(), a, move |v: C| {
+            if v * b > th {
+                v
+            } else {
+                (v * b).exp().ln_1p() / b
+            }
+        });
+        Tensor::from_vec(out, x.dims().to_vec())
+    })
+}
+
+/// A bool tensor of `pred` on each element of a floating `x`; `int_value` for every
+/// element of an integer or bool tensor.
+fn float_test(
+    op: &'static str,
+    x: &Tensor,
+    int_value: bool,
+    pred: fn(f64) -> bool,
+) -> Result<Tensor> {
+    ensure_cpu(op, &[x])?;
+    if !x.dtype().is_floating_point() {
+        return Ok(full_tensor(x.dims(), int_value, DType::Bool));
+    }
+    crate::float_kernel!(x.dtype(), op, |T, C| {
+        let g = Guards::new([Some(x)]);
+        let src = Src::Full(x.clone());
+        let a: Arg<T, C> = src.arg(g.get(0), false, op)?;
+        let out: Vec<bool> = zip1(x.dims(), a, |v: C| pred(v.to_f64c()));
+        Tensor::from_vec(out, x.dims().to_vec())
+    })
+}
+
+/// `true` where the element is neither infinite nor NaN (all `true` for integers).
+pub fn isfinite(x: &Tensor) -> Result<Tensor> {
+    float_test("isfinite", x, true, f64::is_finite)
+}
+
+/// `true` where the element is NaN (all `false` for integers).
+pub fn isnan(x: &Tensor) -> Result<Tensor> {
+    float_test("isnan", x, false, f64::is_nan)
+}
+
+/// `true` where the element is ±inf (all `false` for integers).
+pub fn isinf(x: &Tensor) -> Result<Tensor> {
+    float_test("isinf", x, false, f64::is_infinite)
+}

@@ -33,14 +33,7 @@ pub(crate) fn update_f32(p: &Raw, f: impl FnOnce(&mut [f32])) -> Result<()> {
     Ok(())
 }
 
-/// A parameter's gradient as f32 values (a copy), or `None` if it has none.
-pub(crate) fn grad_f32(p: &Tensor) -> Option<Vec<f32>> {
-    p.grad().map(|g| read_f32(g.data()))
-}
-
 /// A float32 state buffer of a parameter's shape, zero-initialised.
 pub(crate) fn zeros_state(p: &Tensor) -> Raw {
     Raw::zeros(p.dims(), amp_tensor::DType::F32)
 }
-
-/// Build a raw f32 tensor of `dims` from values.

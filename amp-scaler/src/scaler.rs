@@ -176,7 +176,7 @@ impl GradScaler {
         if !self.opts.enabled {
             return Ok(());
         }
-        let Some(scale) = &self.scale else { return Err(ScalerError::ScaleIsNone("unscale_")) };
+        let Some(scale) = self.scale.clone() else { return Err(ScalerError::ScaleIsNone("unscale_")) };
         match self.opt_state(opt).stage {
             Stage::Unscaled => return Err(ScalerError::AlreadyUnscaled),
             Stage::Stepped => return Err(ScalerError::UnscaleAfterStep),

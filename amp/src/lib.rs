@@ -31,6 +31,8 @@
 //! # }
 //! ```
 
+pub mod checkpoint;
+
 pub use amp_autocast as autocast;
 pub use amp_autograd as autograd;
 pub use amp_kernels as kernels;

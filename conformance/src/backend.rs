@@ -1,13 +1,14 @@
 //! What the op-running suites need from the workspace: a tensor type with autograd, the op
 //! table, and autocast regions.
 //!
-//! The suite runners ([`crate::suite`]) are written against these traits, so plugging in the
-//! real `amp-autograd` / `amp-autocast` crates is implementing them for their tensor type
-//! (and pointing [`Builtin`] at that implementation). Until then [`Pending`] stands in: its
-//! op table is empty, so every op-running case is skipped as not implemented yet.
+//! The suite runners ([`crate::suite`]) are written against these traits; [`Autograd`]
+//! implements them over the workspace's real crates (`amp::autograd` tensors and ops,
+//! `amp::autocast` regions), and is the [`Builtin`] backend.
 
-use amp_policy::DeviceType;
-use amp_tensor::Tensor;
+use amp::autocast::{Autocast, AutocastGuard};
+use amp::autograd::{self, GradOptions};
+use amp::policy::DeviceType;
+use amp::tensor::Tensor;
 
 use crate::args::Output;
 use crate::optable::OpTable;
@@ -74,102 +75,155 @@ pub trait AutocastBackend: Backend {
 }
 
 /// The backend [`run_builtin`](crate::run_builtin) and [`run_dir`](crate::run_dir) use.
-///
-/// Today [`Pending`]; when `amp-autograd` and `amp-autocast` land, an implementation of the
-/// three traits over their tensor type (and `ops::table` returning an `OpTable` of it).
-pub type Builtin = Pending;
+pub type Builtin = Autograd;
 
 /// The built-in backend.
 pub fn builtin() -> Builtin {
-    Pending::new()
+    Autograd::new()
 }
 
-/// Stands in until the autograd and autocast crates are wired: plain [`Tensor`]s and the
-/// (empty) op table of [`crate::ops`], so every op-running case is skipped, and an error
-/// for any autograd or autocast request.
+/// The workspace itself: [`amp::autograd::Tensor`]s, the op table of [`crate::ops`],
+/// `amp::autograd::grad` for gradients, and `amp::autocast` regions.
+///
+/// ```
+/// use conformance::backend::{Autograd, Backend, GradBackend};
+/// use amp::tensor::Tensor;
+///
+/// let b = Autograd::new();
+/// let x = b.tensor(&Tensor::from_vec(vec![1.0f64, 2.0], [2]).unwrap(), true).unwrap();
+/// let y = b.sum(&b.mul(&x, &x).unwrap()).unwrap();
+/// let one = b.tensor(&Tensor::ones((), amp::tensor::DType::F64), false).unwrap();
+/// let g = b.grad(&[y], &[x], &[one], false).unwrap();
+/// assert_eq!(b.value(g[0].as_ref().unwrap()).to_vec_f64(), vec![2.0, 4.0]);
+/// ```
 #[derive(Debug)]
-pub struct Pending {
-    ops: OpTable<Tensor>,
+pub struct Autograd {
+    ops: OpTable<autograd::Tensor>,
 }
 
-impl Pending {
-    /// The pending backend with the op table of [`crate::ops::table`].
-    pub fn new() -> Pending {
-        Pending {
+impl Autograd {
+    /// The backend with the op table of [`crate::ops::table`].
+    pub fn new() -> Autograd {
+        Autograd {
             ops: crate::ops::table(),
         }
     }
 }
 
-impl Default for Pending {
+impl Default for Autograd {
     fn default() -> Self {
-        Pending::new()
+        Autograd::new()
     }
 }
 
-const NO_AUTOGRAD: &str = "no autograd backend is wired into the conformance runner yet";
+fn msg(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
 
-impl Backend for Pending {
-    type Tensor = Tensor;
+impl Backend for Autograd {
+    type Tensor = autograd::Tensor;
 
     fn name(&self) -> &str {
-        "pending: autograd and autocast not wired yet"
+        "amp-autograd + amp-autocast"
     }
 
-    fn ops(&self) -> &OpTable<Tensor> {
+    fn ops(&self) -> &OpTable<autograd::Tensor> {
         &self.ops
     }
 
-    fn tensor(&self, value: &Tensor, requires_grad: bool) -> Result<Tensor, String> {
+    fn tensor(&self, value: &Tensor, requires_grad: bool) -> Result<autograd::Tensor, String> {
+        // A fresh buffer: the leaf shares nothing with the caller's tensor.
+        let t = autograd::Tensor::from_raw(value.copy());
         if requires_grad {
-            return Err(NO_AUTOGRAD.into());
+            t.requires_grad_(true).map_err(msg)?;
         }
-        Ok(value.clone())
+        Ok(t)
     }
 
-    fn value(&self, t: &Tensor) -> Tensor {
-        t.clone()
+    fn value(&self, t: &autograd::Tensor) -> Tensor {
+        t.data().contiguous()
     }
 }
 
-impl GradBackend for Pending {
-    fn requires_grad(&self, _: &Tensor) -> bool {
-        false
+impl GradBackend for Autograd {
+    fn requires_grad(&self, t: &autograd::Tensor) -> bool {
+        t.requires_grad()
     }
 
     fn grad(
         &self,
-        _: &[Tensor],
-        _: &[Tensor],
-        _: &[Tensor],
-        _: bool,
-    ) -> Result<Vec<Option<Tensor>>, String> {
-        Err(NO_AUTOGRAD.into())
+        outputs: &[autograd::Tensor],
+        inputs: &[autograd::Tensor],
+        grad_outputs: &[autograd::Tensor],
+        create_graph: bool,
+    ) -> Result<Vec<Option<autograd::Tensor>>, String> {
+        let grad_outputs: Vec<Option<autograd::Tensor>> =
+            grad_outputs.iter().cloned().map(Some).collect();
+        let opts = GradOptions {
+            retain_graph: create_graph.then_some(true),
+            create_graph,
+            allow_unused: true,
+        };
+        autograd::grad(outputs, inputs, &grad_outputs, opts).map_err(msg)
     }
 
-    fn mul(&self, _: &Tensor, _: &Tensor) -> Result<Tensor, String> {
-        Err(NO_AUTOGRAD.into())
+    fn mul(
+        &self,
+        a: &autograd::Tensor,
+        b: &autograd::Tensor,
+    ) -> Result<autograd::Tensor, String> {
+        autograd::ops::mul(a, b).map_err(msg)
     }
 
-    fn sum(&self, _: &Tensor) -> Result<Tensor, String> {
-        Err(NO_AUTOGRAD.into())
+    fn sum(&self, a: &autograd::Tensor) -> Result<autograd::Tensor, String> {
+        autograd::ops::sum_all(a).map_err(msg)
     }
 
-    fn add(&self, _: &Tensor, _: &Tensor) -> Result<Tensor, String> {
-        Err(NO_AUTOGRAD.into())
+    fn add(
+        &self,
+        a: &autograd::Tensor,
+        b: &autograd::Tensor,
+    ) -> Result<autograd::Tensor, String> {
+        autograd::ops::add(a, b).map_err(msg)
     }
 }
 
-impl AutocastBackend for Pending {
+/// Open regions, left innermost first (also when entering a later one fails or the body
+/// panics).
+struct Regions(Vec<AutocastGuard>);
+
+impl Drop for Regions {
+    fn drop(&mut self) {
+        while let Some(g) = self.0.pop() {
+            drop(g);
+        }
+    }
+}
+
+/// Enters the nested autocast `regions` of `device`, outermost first; the regions stay
+/// open until the returned value drops, which leaves them innermost first.
+fn enter_regions(device: DeviceType, regions: &[AutocastRegion]) -> Result<Regions, String> {
+    let mut open = Regions(Vec::with_capacity(regions.len()));
+    for r in regions {
+        let mut region = Autocast::new(device).enabled(r.enabled);
+        if let Some(dtype) = r.dtype {
+            region = region.dtype(dtype);
+        }
+        open.0.push(region.enter().map_err(msg)?);
+    }
+    Ok(open)
+}
+
+impl AutocastBackend for Autograd {
     fn with_autocast(
         &self,
-        _: DeviceType,
+        device: DeviceType,
         regions: &[AutocastRegion],
-        body: &mut dyn FnMut() -> Result<Output<Tensor>, String>,
-    ) -> Result<Output<Tensor>, String> {
-        if regions.iter().any(|r| r.enabled) {
-            return Err("no autocast backend is wired into the conformance runner yet".into());
-        }
-        body()
+        body: &mut dyn FnMut() -> Result<Output<autograd::Tensor>, String>,
+    ) -> Result<Output<autograd::Tensor>, String> {
+        let open = enter_regions(device, regions)?;
+        let out = body();
+        drop(open);
+        out
     }
 }

@@ -6,7 +6,7 @@
 //! equal in the dtype (so `-0.0` differs from `0.0`), any NaN matching any NaN.
 //!
 //! ```
-//! use amp_tensor::{DType, Tensor};
+//! use amp::tensor::{DType, Tensor};
 //! use conformance::compare::{compare, Tolerance};
 //!
 //! let got = Tensor::from_vec(vec![1.0f32, 2.0], [2]).unwrap().to_dtype(DType::BF16).unwrap();
@@ -18,7 +18,7 @@
 
 use std::fmt;
 
-use amp_tensor::{DType, Tensor};
+use amp::tensor::{DType, Tensor};
 
 use crate::value::format_float;
 

@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use amp_policy::{CastPolicy, DeviceType, Profile};
+use amp::policy::{CastPolicy, DeviceType, Profile};
 
 use crate::optable::OpTable;
 

@@ -25,8 +25,7 @@
 //! - [`report`], [`coverage`]: the results and their printed form.
 //!
 //! Skips are only for what the workspace does not implement yet (an op with no entry in
-//! the op table; the scaler and train suites until their crates are wired), and they are
-//! counted and listed. A case whose op exists but misbehaves — wrong value, wrong dtype,
+//! the op table), and they are counted and listed. A case whose op exists but misbehaves — wrong value, wrong dtype,
 //! an error, a panic — is a failure.
 
 #![deny(missing_docs)]

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::OnceLock;
 
-use amp_policy::Profile;
+use amp::policy::Profile;
 
 use crate::backend::{AutocastBackend, GradBackend};
 use crate::coverage::{Coverage, OpCalls};

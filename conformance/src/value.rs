@@ -1,5 +1,5 @@
 //! Tensor literals of the `amp-vectors/1` format and their conversion to
-//! [`amp_tensor::Tensor`].
+//! [`amp::tensor::Tensor`].
 //!
 //! A literal is `{"dtype": "float32", "shape": [2, 3], "data": [...], "requires_grad": true}`
 //! with `data` flat and row-major. Floats are JSON numbers or the strings `"inf"`, `"-inf"`,
@@ -9,7 +9,7 @@
 
 use std::fmt;
 
-use amp_tensor::{DType, Element, Tensor};
+use amp::tensor::{DType, Element, Tensor};
 use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 
@@ -139,7 +139,7 @@ pub enum ValueError {
 /// dtype), so [`TensorLit::to_tensor`] cannot fail.
 ///
 /// ```
-/// use amp_tensor::DType;
+/// use amp::tensor::DType;
 /// use conformance::value::{Number, TensorLit};
 ///
 /// let lit: TensorLit = serde_json::from_str(
@@ -202,7 +202,7 @@ fn valid_element(dtype: DType, n: Number) -> bool {
 
 /// Whether `v` survives a cast to `dtype` and back unchanged (NaN counts as surviving).
 fn round_trips(dtype: DType, v: f64) -> bool {
-    let back = amp_tensor::with_dtype!(dtype, T => <f64 as Element>::cast::<T>(v).to_f64());
+    let back = amp::tensor::with_dtype!(dtype, T => <f64 as Element>::cast::<T>(v).to_f64());
     back == v || (v.is_nan() && back.is_nan())
 }
 
@@ -266,7 +266,7 @@ impl TensorLit {
     /// The tensor of exactly this dtype, shape and values (bit-exact).
     pub fn to_tensor(&self) -> Tensor {
         let shape = self.shape.clone();
-        amp_tensor::with_dtype!(self.dtype, T => {
+        amp::tensor::with_dtype!(self.dtype, T => {
             let v: Vec<T> = self.data.iter().map(|n| n.cast::<T>()).collect();
             Tensor::from_vec(v, shape)
         })
@@ -277,7 +277,7 @@ impl TensorLit {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use amp_tensor::half::{bf16, f16};
+    use amp::tensor::half::{bf16, f16};
 
     fn lit(json: &str) -> Result<TensorLit, serde_json::Error> {
         serde_json::from_str(json)

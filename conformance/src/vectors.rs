@@ -13,8 +13,8 @@ use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
 
-use amp_policy::{CastPolicy, DeviceType};
-use amp_tensor::DType;
+use amp::policy::{CastPolicy, DeviceType};
+use amp::tensor::DType;
 use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
 
@@ -623,7 +623,7 @@ impl<'de> Deserialize<'de> for TrainAutocast {
 pub struct InjectInf {
     /// The optimizer step (0-based).
     pub step: usize,
-    /// The parameter, in flat order (layer weights then biases).
+    /// The parameter, in flat order: each linear layer's weight, then its bias.
     pub param: usize,
 }
 

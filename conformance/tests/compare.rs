@@ -1,6 +1,6 @@
 //! The comparison rule of the format (README "Values"), case by case.
 
-use amp_tensor::{DType, Tensor};
+use amp::tensor::{DType, Tensor};
 use conformance::compare::{all_zero, compare, Tolerance};
 use conformance::value::{parse_dtype, Number, TensorLit};
 

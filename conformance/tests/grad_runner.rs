@@ -6,8 +6,8 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use amp_policy::DeviceType;
-use amp_tensor::{DType, Tensor};
+use amp::policy::DeviceType;
+use amp::tensor::{DType, Tensor};
 use conformance::args::Output;
 use conformance::backend::{AutocastBackend, Backend, GradBackend};
 use conformance::coverage::{Coverage, OpCalls};
@@ -613,7 +613,7 @@ fn autocast_cases_run_inside_their_regions() {
 #[test]
 fn coverage_knows_a_call_for_every_documented_op() {
     let calls = conformance::op_calls(&[]);
-    let cov = Coverage::compute(&amp_policy::Profile::docs(), &OpTable::<()>::new(), &calls);
+    let cov = Coverage::compute(&amp::policy::Profile::docs(), &OpTable::<()>::new(), &calls);
     for l in &cov.lists {
         assert!(
             l.no_call.is_empty(),
@@ -628,7 +628,7 @@ fn coverage_knows_a_call_for_every_documented_op() {
     t.insert_for("torch.nn.functional.pad", &["reflection_pad1d"], |_, _| {
         Err("unused".into())
     });
-    let cov = Coverage::compute(&amp_policy::Profile::docs(), &t, &calls);
+    let cov = Coverage::compute(&amp::policy::Profile::docs(), &t, &calls);
     let cpu_fp32 = &cov.lists[4];
     assert_eq!(cpu_fp32.title(), "cpu fp32");
     assert_eq!(cpu_fp32.executable, ["reflection_pad1d"]);

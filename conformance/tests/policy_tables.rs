@@ -1,7 +1,7 @@
 //! Golden snapshots of what the documentation pins: the documented policy table of each
 //! device, op → policy in documented order.
 
-use amp_policy::{DeviceType, Profile};
+use amp::policy::{DeviceType, Profile};
 use serde_json::{Map, Value};
 
 /// The docs table of `device`: every listed op with its policy, in list order.

@@ -1,1 +1,65 @@
-fn main() {}
+//! Project automation, run as `cargo xtask <command>` (an alias in `.cargo/config.toml`
+//! for `cargo run --package xtask --release --`):
+//!
+//! - `bench [--json] [--filter SUBSTR] [--compare FILE.json]`: the performance
+//!   benchmarks of DESIGN.md, optionally side by side with a `torch-baseline` JSON;
+//! - `ci`: format check, clippy, tests, docs, stopping at the first failure;
+//! - `conformance`: the conformance suite table.
+
+use std::process::ExitCode;
+
+mod bench;
+mod ci;
+
+const USAGE: &str = "\
+usage: cargo xtask <command> [options]
+
+commands:
+  bench [--json] [--filter SUBSTR] [--compare FILE.json]
+        run the benchmarks (median of several runs after warm-ups) and print a table
+        (metric, value, unit); --json prints one JSON object {metric: number} instead;
+        --filter keeps the metrics whose name contains SUBSTR; --compare reads a
+        torch-baseline JSON and prints ours, PyTorch's and the ratio per shared metric
+  ci    cargo fmt --check, clippy -D warnings, tests (release), rustdoc -D warnings;
+        stops at the first failure
+  conformance
+        the conformance suites (pass/fail/skip per suite, op coverage)";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(cmd) = args.first() else {
+        eprintln!("{USAGE}");
+        return ExitCode::from(2);
+    };
+    let rest = &args[1..];
+    match cmd.as_str() {
+        "bench" => match bench::Options::parse(rest) {
+            Ok(opts) => bench::main(&opts),
+            Err(e) => {
+                eprintln!("xtask bench: {e}\n\n{USAGE}");
+                ExitCode::from(2)
+            }
+        },
+        "ci" => {
+            if !rest.is_empty() {
+                eprintln!("xtask ci: takes no arguments\n\n{USAGE}");
+                return ExitCode::from(2);
+            }
+            ci::main()
+        }
+        // ---- conformance: placeholder, to be replaced by the lead ------------------------
+        "conformance" => {
+            eprintln!("xtask conformance: not yet wired");
+            ExitCode::from(2)
+        }
+        // ---- end of conformance placeholder ----------------------------------------------
+        "help" | "-h" | "--help" => {
+            println!("{USAGE}");
+            ExitCode::SUCCESS
+        }
+        other => {
+            eprintln!("xtask: unknown command `{other}`\n\n{USAGE}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -21,10 +21,6 @@ fn output_of(saved: &Raw, x: &Tensor, f: fn(&Tensor) -> Result<Tensor>) -> Resul
     }
 }
 
-fn c(v: f64) -> Scalar {
-    Scalar::Float(v)
-}
-
 macro_rules! unary_ops {
     ($($(#[$doc:meta])* $fname:ident = $opname:literal, $kop:ident, $node:literal, |$g:ident, $x:ident, $out:ident| $bw:expr;)*) => {$(
         $(#[$doc])*

@@ -13,7 +13,7 @@
 //!    of sum(g * g)`, then the gradients of `penalty` with respect to the same inputs,
 //!    compared the same way.
 
-use amp_tensor::Tensor;
+use amp::tensor::Tensor;
 
 use super::{check_optional, check_output, Outcome};
 use crate::backend::GradBackend;

@@ -3,7 +3,8 @@
 //! - [`policy`]: the documented lists, checked against `Profile::docs().listed_policy`.
 //! - [`autocast`]: run the op inside the case's autocast regions, compare the output.
 //! - [`grad`]: forward, backward, and (f64) second-order gradients.
-//! - [`scaler`], [`train`]: skipped until `amp-scaler` and the training loop are wired.
+//! - [`scaler`]: GradScaler programs on `amp::scaler::GradScaler` with SGD optimizers.
+//! - [`train`]: a small MLP trained with autocast + GradScaler.
 
 pub mod autocast;
 pub mod grad;

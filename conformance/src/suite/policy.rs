@@ -1,6 +1,6 @@
 //! The policy suite: each case is one op on one device's documented lists.
 
-use amp_policy::Profile;
+use amp::policy::Profile;
 
 use super::Outcome;
 use crate::vectors::PolicyCase;

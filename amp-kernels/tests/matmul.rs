@@ -1,0 +1,639 @@
+//! The matmul family against an f64 reference computed here with naive loops, for
+//! every floating dtype, strided operands, PyTorch's broadcasting cases and messages.
+
+use amp_kernels::{addbmm, addmm, addmv, addr, baddbmm, bmm, dot, matmul, mm, mv, outer};
+use amp_tensor::{DType, Generator, Tensor};
+
+const FLOATS: [DType; 4] = [DType::F16, DType::BF16, DType::F32, DType::F64];
+
+fn randn(dims: &[usize], dtype: DType, seed: u64) -> Tensor {
+    let mut g = Generator::new(seed);
+    Tensor::randn(dims.to_vec(), dtype, &mut g).unwrap()
+}
+
+/// (rounding, accumulation) tolerances: the result is within
+/// `round * |ref| + acc * Σ|a·b|` of the exact value.
+fn tol(dtype: DType) -> (f64, f64) {
+    match dtype {
+        DType::F16 => (2f64.powi(-11), 1e-6),
+        DType::BF16 => (2f64.powi(-8), 1e-6),
+        DType::F32 => (0.0, 2e-6),
+        DType::F64 => (0.0, 1e-14),
+        _ => (0.0, 0.0),
+    }
+}
+
+/// A reference result: exact values and the magnitude sums bounding accumulation error.
+struct Ref {
+    dims: Vec<usize>,
+    val: Vec<f64>,
+    mag: Vec<f64>,
+}
+
+fn assert_close(got: &Tensor, r: &Ref, dtype: DType, what: &str) {
+    assert_eq!(got.dims(), &r.dims[..], "{what}: shape");
+    assert_eq!(got.dtype(), dtype, "{what}: dtype");
+    let (round, acc) = tol(dtype);
+    let g = got.to_vec_f64();
+    for (i, ((&x, &v), &m)) in g.iter().zip(&r.val).zip(&r.mag).enumerate() {
+        let bound = round * v.abs() + acc * m + 1e-300;
+        assert!(
+            (x - v).abs() <= bound,
+            "{what} [{dtype}] element {i}: got {x}, expected {v} (bound {bound})"
+        );
+    }
+}
+
+/// `beta * input + alpha * a @ b` on explicit row-major matrices.
+fn ref_mm(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> (Vec<f64>, Vec<f64>) {
+    let mut val = vec![0.0; m * n];
+    let mut mag = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            for q in 0..k {
+                val[i * n + j] += a[i * k + q] * b[q * n + j];
+                mag[i * n + j] += (a[i * k + q] * b[q * n + j]).abs();
+            }
+        }
+    }
+    (val, mag)
+}
+
+/// PyTorch's matmul semantics, written independently: 1-D operands promoted and the
+/// added dims removed, batch dims broadcast.
+fn ref_matmul(a: &Tensor, b: &Tensor) -> Ref {
+    let (av, bv) = (a.to_vec_f64(), b.to_vec_f64());
+    let mut ad = a.dims().to_vec();
+    let mut bd = b.dims().to_vec();
+    let (a1, b1) = (ad.len() == 1, bd.len() == 1);
+    if a1 {
+        ad.insert(0, 1);
+    }
+    if b1 {
+        bd.push(1);
+    }
+    let (m, k) = (ad[ad.len() - 2], ad[ad.len() - 1]);
+    let (k2, n) = (bd[bd.len() - 2], bd[bd.len() - 1]);
+    assert_eq!(k, k2);
+    let ab = &ad[..ad.len() - 2];
+    let bb = &bd[..bd.len() - 2];
+    let nb = ab.len().max(bb.len());
+    let pad = |s: &[usize]| {
+        let mut v = vec![1; nb - s.len()];
+        v.extend_from_slice(s);
+        v
+    };
+    let (pa, pb) = (pad(ab), pad(bb));
+    let batch: Vec<usize> = pa.iter().zip(&pb).map(|(&x, &y)| x.max(y)).collect();
+    let count: usize = batch.iter().product();
+    let (mut val, mut mag) = (Vec::new(), Vec::new());
+    for lin in 0..count {
+        // batch index → offsets in a and b (size-1 dims broadcast)
+        let mut rem = lin;
+        let (mut ia, mut ib) = (0, 0);
+        let (mut sa, mut sb) = (1, 1);
+        for d in (0..nb).rev() {
+            let idx = rem % batch[d];
+            rem /= batch[d];
+            ia += if pa[d] == 1 { 0 } else { idx * sa };
+            ib += if pb[d] == 1 { 0 } else { idx * sb };
+            sa *= pa[d];
+            sb *= pb[d];
+        }
+        let am = &av[ia * m * k..(ia + 1) * m * k];
+        let bm = &bv[ib * k * n..(ib + 1) * k * n];
+        let (v, g) = ref_mm(am, bm, m, k, n);
+        val.extend(v);
+        mag.extend(g);
+    }
+    let mut dims = batch;
+    if !a1 {
+        dims.push(m);
+    }
+    if !b1 {
+        dims.push(n);
+    }
+    Ref { dims, val, mag }
+}
+
+#[test]
+fn mm_every_dtype_and_size() {
+    for dtype in FLOATS {
+        for (i, &(m, k, n)) in [
+            (1, 1, 1),
+            (5, 7, 3),
+            (8, 8, 8),
+            (64, 65, 33),
+            (130, 257, 70),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let a = randn(&[m, k], dtype, 10 + i as u64);
+            let b = randn(&[k, n], dtype, 20 + i as u64);
+            let r = ref_matmul(&a, &b);
+            assert_close(&mm(&a, &b).unwrap(), &r, dtype, "mm");
+            assert_close(&matmul(&a, &b).unwrap(), &r, dtype, "matmul 2x2");
+        }
+    }
+}
+
+#[test]
+fn mm_large_parallel_path() {
+    for dtype in [DType::F32, DType::BF16] {
+        let a = randn(&[300, 260], dtype, 1);
+        let b = randn(&[260, 210], dtype, 2);
+        let r = ref_matmul(&a, &b);
+        assert_close(&mm(&a, &b).unwrap(), &r, dtype, "mm large");
+    }
+}
+
+#[test]
+fn half_types_round_once_from_f32_accumulation() {
+    // The 16-bit result is exactly the f32 product of the widened operands, rounded once.
+    for dtype in [DType::F16, DType::BF16] {
+        let a = randn(&[40, 600], dtype, 3);
+        let b = randn(&[600, 24], dtype, 4);
+        let wide = mm(
+            &a.to_dtype(DType::F32).unwrap(),
+            &b.to_dtype(DType::F32).unwrap(),
+        )
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap();
+        let got = mm(&a, &b).unwrap();
+        assert_eq!(got.to_vec_f64(), wide.to_vec_f64(), "{dtype}");
+    }
+}
+
+#[test]
+fn transposed_sliced_and_offset_operands() {
+    for dtype in FLOATS {
+        // transposes
+        let at = randn(&[7, 5], dtype, 5).t().unwrap();
+        let bt = randn(&[6, 7], dtype, 6).t().unwrap();
+        assert!(!at.is_contiguous() && !bt.is_contiguous());
+        let r = ref_matmul(&at, &bt);
+        assert_close(&mm(&at, &bt).unwrap(), &r, dtype, "mm(t, t)");
+        // step-2 columns, an offset row window
+        let big = randn(&[12, 20], dtype, 7);
+        let a = big
+            .narrow(0usize, 3, 5)
+            .unwrap()
+            .slice(1usize, 1, 15, 2)
+            .unwrap();
+        let b = randn(&[7, 30], dtype, 8).slice(1usize, 0, 30, 3).unwrap();
+        let r = ref_matmul(&a, &b);
+        assert_close(&mm(&a, &b).unwrap(), &r, dtype, "mm(sliced)");
+        // a sparse view (span much larger than the elements): gathered
+        let huge = randn(&[64, 400], dtype, 9);
+        let s = huge
+            .slice(0usize, 0, 64, 16)
+            .unwrap()
+            .narrow(1usize, 3, 5)
+            .unwrap();
+        let c = randn(&[5, 4], dtype, 10);
+        assert_close(
+            &mm(&s, &c).unwrap(),
+            &ref_matmul(&s, &c),
+            dtype,
+            "mm(sparse)",
+        );
+        // the same storage on both sides
+        let x = randn(&[9, 6], dtype, 11);
+        let xt = x.t().unwrap();
+        assert_close(
+            &mm(&x, &xt).unwrap(),
+            &ref_matmul(&x, &xt),
+            dtype,
+            "x @ x.T",
+        );
+    }
+}
+
+#[test]
+fn bmm_and_batched_paths() {
+    for dtype in FLOATS {
+        for &(bsz, m, k, n) in &[(3, 4, 5, 6), (16, 8, 9, 7), (2, 200, 210, 190)] {
+            if dtype == DType::F64 && m > 100 {
+                continue;
+            }
+            let a = randn(&[bsz, m, k], dtype, 12);
+            let b = randn(&[bsz, k, n], dtype, 13);
+            let r = ref_matmul(&a, &b);
+            assert_close(&bmm(&a, &b).unwrap(), &r, dtype, "bmm");
+            assert_close(&matmul(&a, &b).unwrap(), &r, dtype, "matmul 3x3");
+        }
+        // permuted batch operands
+        let a = randn(&[4, 3, 5], dtype, 14)
+            .permute(&[1usize, 0, 2])
+            .unwrap(); // [3,4,5]
+        let b = randn(&[5, 3, 2], dtype, 15)
+            .permute(&[1usize, 0, 2])
+            .unwrap(); // [3,5,2]
+        assert_close(
+            &bmm(&a, &b).unwrap(),
+            &ref_matmul(&a, &b),
+            dtype,
+            "bmm permuted",
+        );
+    }
+}
+
+#[test]
+fn matmul_broadcasting_cases() {
+    let cases: &[(&[usize], &[usize])] = &[
+        (&[4], &[4]),
+        (&[3, 4], &[4]),
+        (&[4], &[4, 5]),
+        (&[2, 3, 4], &[4]),
+        (&[2, 3, 4], &[4, 5]),
+        (&[4], &[2, 4, 5]),
+        (&[3, 4], &[2, 4, 5]),
+        (&[2, 1, 3, 4], &[5, 4, 2]),
+        (&[1, 3, 4], &[6, 4, 2]),
+        (&[2, 3, 3, 4], &[3, 4, 1]),
+        (&[2, 3, 4], &[1, 4, 5]),
+        (&[3, 0, 4], &[4, 5]),
+        (&[2, 3, 0], &[0, 5]),
+    ];
+    for dtype in FLOATS {
+        for (i, (da, db)) in cases.iter().enumerate() {
+            let a = randn(da, dtype, 100 + i as u64);
+            let b = randn(db, dtype, 200 + i as u64);
+            let r = ref_matmul(&a, &b);
+            let got = matmul(&a, &b).unwrap();
+            assert_close(&got, &r, dtype, &format!("matmul {da:?} @ {db:?}"));
+        }
+        // a non-foldable N-D operand (transposed batch dims) with a matrix
+        let a = randn(&[3, 2, 4], dtype, 300)
+            .transpose(0usize, 1usize)
+            .unwrap();
+        let b = randn(&[4, 5], dtype, 301);
+        assert_close(
+            &matmul(&a, &b).unwrap(),
+            &ref_matmul(&a, &b),
+            dtype,
+            "unfoldable",
+        );
+        let v = randn(&[4], dtype, 302);
+        assert_close(
+            &matmul(&a, &v).unwrap(),
+            &ref_matmul(&a, &v),
+            dtype,
+            "unfoldable mv",
+        );
+    }
+}
+
+#[test]
+fn mv_dot_outer() {
+    for dtype in FLOATS {
+        let m = randn(&[6, 9], dtype, 30);
+        let v = randn(&[9], dtype, 31);
+        assert_close(&mv(&m, &v).unwrap(), &ref_matmul(&m, &v), dtype, "mv");
+        let mt = randn(&[9, 6], dtype, 32).t().unwrap();
+        let vs = randn(&[18], dtype, 33).slice(0usize, 0, 18, 2).unwrap();
+        assert_close(
+            &mv(&mt, &vs).unwrap(),
+            &ref_matmul(&mt, &vs),
+            dtype,
+            "mv strided",
+        );
+
+        let x = randn(&[1000], dtype, 34);
+        let y = randn(&[2000], dtype, 35).slice(0usize, 1, 2000, 2).unwrap();
+        let d = dot(&x, &y).unwrap();
+        assert_eq!(d.rank(), 0);
+        assert_close(&d, &ref_matmul(&x, &y), dtype, "dot");
+
+        let a = randn(&[5], dtype, 36);
+        let b = randn(&[14], dtype, 37).slice(0usize, 0, 14, 2).unwrap();
+        let o = outer(&a, &b).unwrap();
+        let (av, bv) = (a.to_vec_f64(), b.to_vec_f64());
+        let val: Vec<f64> = av
+            .iter()
+            .flat_map(|x| bv.iter().map(move |y| x * y))
+            .collect();
+        let r = Ref {
+            dims: vec![5, 7],
+            mag: val.iter().map(|v| v.abs()).collect(),
+            val,
+        };
+        assert_close(&o, &r, dtype, "outer");
+    }
+    // outer promotes like `a[:, None] * b`
+    let a = randn(&[3], DType::BF16, 38);
+    let b = randn(&[2], DType::F32, 39);
+    assert_eq!(outer(&a, &b).unwrap().dtype(), DType::F32);
+}
+
+/// `beta * input(broadcast) + alpha * product`, with `beta == 0` ignoring the input.
+fn with_input(r: &Ref, input: &Tensor, beta: f64, alpha: f64) -> Ref {
+    let inp = input.broadcast_to(r.dims.clone()).unwrap().to_vec_f64();
+    let val = r
+        .val
+        .iter()
+        .zip(&inp)
+        .map(|(&p, &i)| {
+            if beta == 0.0 {
+                alpha * p
+            } else {
+                beta * i + alpha * p
+            }
+        })
+        .collect();
+    let mag = r
+        .mag
+        .iter()
+        .zip(&inp)
+        .map(|(&p, &i)| {
+            let term = if beta == 0.0 { 0.0 } else { (beta * i).abs() };
+            alpha.abs() * p + term
+        })
+        .collect();
+    Ref {
+        dims: r.dims.clone(),
+        val,
+        mag,
+    }
+}
+
+#[test]
+fn fused_ops() {
+    for dtype in FLOATS {
+        let (beta, alpha) = (0.5, -1.5);
+        let m1 = randn(&[5, 7], dtype, 40);
+        let m2 = randn(&[3, 7], dtype, 41).t().unwrap();
+        let prod = ref_matmul(&m1, &m2);
+        for input in [
+            randn(&[5, 3], dtype, 42),
+            randn(&[3], dtype, 43),
+            randn(&[5, 1], dtype, 44),
+        ] {
+            let got = addmm(&input, &m1, &m2, beta, alpha).unwrap();
+            assert_close(
+                &got,
+                &with_input(&prod, &input, beta, alpha),
+                dtype,
+                "addmm",
+            );
+            let got = addmm(&input, &m1, &m2, 1.0, 1.0).unwrap();
+            assert_close(
+                &got,
+                &with_input(&prod, &input, 1.0, 1.0),
+                dtype,
+                "addmm 1,1",
+            );
+        }
+        // beta == 0 ignores the input, NaN and inf included
+        let nan = Tensor::full([5, 3], f64::NAN, dtype);
+        let got = addmm(&nan, &m1, &m2, 0.0, 2.0).unwrap();
+        assert_close(
+            &got,
+            &with_input(&prod, &nan, 0.0, 2.0),
+            dtype,
+            "addmm beta=0",
+        );
+        let inf = Tensor::full([3], f64::INFINITY, dtype);
+        assert!(addmm(&inf, &m1, &m2, 0.0, 1.0)
+            .unwrap()
+            .to_vec_f64()
+            .iter()
+            .all(|v| v.is_finite()));
+
+        // addmv
+        let mat = randn(&[6, 4], dtype, 45);
+        let vec = randn(&[4], dtype, 46);
+        let input = randn(&[6], dtype, 47);
+        let r = with_input(&ref_matmul(&mat, &vec), &input, beta, alpha);
+        assert_close(
+            &addmv(&input, &mat, &vec, beta, alpha).unwrap(),
+            &r,
+            dtype,
+            "addmv",
+        );
+        let scalar_in = Tensor::scalar_of(2.0, dtype);
+        let r = with_input(&ref_matmul(&mat, &vec), &scalar_in, beta, alpha);
+        assert_close(
+            &addmv(&scalar_in, &mat, &vec, beta, alpha).unwrap(),
+            &r,
+            dtype,
+            "addmv 0-d",
+        );
+
+        // addr
+        let v1 = randn(&[4], dtype, 48);
+        let v2 = randn(&[3], dtype, 49);
+        let input = randn(&[4, 3], dtype, 50);
+        let prod = ref_matmul(
+            &v1.unsqueeze(1usize).unwrap(),
+            &v2.unsqueeze(0usize).unwrap(),
+        );
+        let r = with_input(&prod, &input, beta, alpha);
+        assert_close(
+            &addr(&input, &v1, &v2, beta, alpha).unwrap(),
+            &r,
+            dtype,
+            "addr",
+        );
+
+        // baddbmm / addbmm
+        let b1 = randn(&[3, 4, 5], dtype, 51);
+        let b2 = randn(&[3, 5, 2], dtype, 52);
+        let prod = ref_matmul(&b1, &b2);
+        let input = randn(&[4, 2], dtype, 53);
+        let r = with_input(&prod, &input, beta, alpha);
+        assert_close(
+            &baddbmm(&input, &b1, &b2, beta, alpha).unwrap(),
+            &r,
+            dtype,
+            "baddbmm",
+        );
+        // addbmm: sum over the batch
+        let mut val = vec![0.0; 8];
+        let mut mag = vec![0.0; 8];
+        for bi in 0..3 {
+            for j in 0..8 {
+                val[j] += prod.val[bi * 8 + j];
+                mag[j] += prod.mag[bi * 8 + j];
+            }
+        }
+        let summed = Ref {
+            dims: vec![4, 2],
+            val,
+            mag,
+        };
+        let input = randn(&[2], dtype, 54);
+        let r = with_input(&summed, &input, beta, alpha);
+        assert_close(
+            &addbmm(&input, &b1, &b2, beta, alpha).unwrap(),
+            &r,
+            dtype,
+            "addbmm",
+        );
+        let nan = Tensor::full([4, 2], f64::NAN, dtype);
+        let r = with_input(&summed, &nan, 0.0, alpha);
+        assert_close(
+            &addbmm(&nan, &b1, &b2, 0.0, alpha).unwrap(),
+            &r,
+            dtype,
+            "addbmm beta=0",
+        );
+    }
+}
+
+#[test]
+fn empty_inner_dimension() {
+    for dtype in FLOATS {
+        let a = Tensor::zeros([3, 0], dtype);
+        let b = Tensor::zeros([0, 4], dtype);
+        let z = mm(&a, &b).unwrap();
+        assert_eq!(z.dims(), &[3, 4]);
+        assert!(z.to_vec_f64().iter().all(|&v| v == 0.0));
+        let input = Tensor::full([4], 3.0, dtype);
+        let r = addmm(&input, &a, &b, 2.0, 1.0).unwrap();
+        assert!(r.to_vec_f64().iter().all(|&v| v == 6.0));
+        let e = mm(&Tensor::zeros([0, 5], dtype), &Tensor::zeros([5, 2], dtype)).unwrap();
+        assert_eq!(e.dims(), &[0, 2]);
+    }
+}
+
+#[test]
+fn integer_matmul_is_exact() {
+    for dtype in [DType::I32, DType::I64] {
+        let a = Tensor::arange(-6.0, 6.0, 1.0, dtype)
+            .unwrap()
+            .reshape([3i64, 4])
+            .unwrap();
+        let b = Tensor::arange(0.0, 8.0, 1.0, dtype)
+            .unwrap()
+            .reshape([2i64, 4])
+            .unwrap()
+            .t()
+            .unwrap();
+        let r = ref_matmul(&a, &b);
+        let got = mm(&a, &b).unwrap();
+        assert_eq!(got.dtype(), dtype);
+        assert_eq!(got.to_vec_f64(), r.val);
+        let input = Tensor::ones([2], dtype);
+        let got = addmm(&input, &a, &b, 2.0, 3.0).unwrap();
+        let want: Vec<f64> = r.val.iter().map(|v| 2.0 + 3.0 * v).collect();
+        assert_eq!(got.to_vec_f64(), want);
+        assert!(addmm(&input, &a, &b, 0.5, 1.0)
+            .unwrap_err()
+            .to_string()
+            .contains("argument beta must not be a floating point number"));
+    }
+}
+
+fn err_text(r: amp_tensor::Result<Tensor>) -> String {
+    r.unwrap_err().to_string()
+}
+
+#[test]
+fn error_messages() {
+    let f = |d: &[usize]| Tensor::zeros(d.to_vec(), DType::F32);
+    let h = |d: &[usize]| Tensor::zeros(d.to_vec(), DType::BF16);
+    let e = err_text(mm(&f(&[2, 3]), &f(&[4, 5])));
+    assert!(
+        e.contains("mat1 and mat2 shapes cannot be multiplied (2x3 and 4x5)"),
+        "{e}"
+    );
+    let e = err_text(mm(&f(&[2, 3]), &h(&[3, 5])));
+    assert!(
+        e.contains("expected m1 and m2 to have the same dtype, but got: float32 != bfloat16"),
+        "{e}"
+    );
+    assert!(err_text(mm(&f(&[3]), &f(&[3, 2]))).contains("self must be a matrix"));
+    assert!(err_text(mm(&f(&[2, 3]), &f(&[3]))).contains("mat2 must be a matrix"));
+    assert!(err_text(bmm(&f(&[2, 3]), &f(&[2, 3, 4]))).contains("batch1 must be a 3D tensor"));
+    let e = err_text(bmm(&f(&[2, 3, 4]), &f(&[2, 5, 6])));
+    assert!(
+        e.contains("Expected size for first two dimensions of batch2 tensor to be: [2, 4] but got: [2, 5]."),
+        "{e}"
+    );
+    let e = err_text(matmul(&f(&[]), &f(&[2, 2])));
+    assert!(
+        e.contains("both arguments to matmul need to be at least 1D, but they are 0D and 2D"),
+        "{e}"
+    );
+    let e = err_text(matmul(&f(&[2, 3, 4]), &f(&[5, 6])));
+    assert!(
+        e.contains("mat1 and mat2 shapes cannot be multiplied (6x4 and 5x6)"),
+        "{e}"
+    );
+    let e = err_text(matmul(&f(&[2, 3, 4]), &f(&[3, 4, 6])));
+    assert!(
+        e.contains("The size of tensor a (2) must match the size of tensor b (3)"),
+        "{e}"
+    );
+    let e = err_text(matmul(&f(&[3]), &f(&[4])));
+    assert!(
+        e.contains("inconsistent tensor size, expected tensor [3] and src [4]"),
+        "{e}"
+    );
+    let e = err_text(mv(&f(&[2, 3]), &f(&[4])));
+    assert!(
+        e.contains("size mismatch, got input (2), mat (2x3), vec (4)"),
+        "{e}"
+    );
+    let e = err_text(mv(&f(&[2, 3]), &f(&[3, 1])));
+    assert!(
+        e.contains("vector + matrix @ vector expected, got 1, 2, 2"),
+        "{e}"
+    );
+    let e = err_text(dot(&f(&[3]), &h(&[3])));
+    assert!(
+        e.contains(
+            "dot : expected both vectors to have same dtype, but found float32 and bfloat16"
+        ),
+        "{e}"
+    );
+    let e = err_text(dot(&f(&[3, 1]), &f(&[3])));
+    assert!(
+        e.contains("1D tensors expected, but got 2D and 1D tensors"),
+        "{e}"
+    );
+    let e = err_text(outer(&f(&[3, 1]), &f(&[3])));
+    assert!(
+        e.contains("outer: Expected 1-D argument self, but got 2-D"),
+        "{e}"
+    );
+    let e = err_text(addmm(&f(&[3]), &f(&[2, 3]), &f(&[3, 5]), 1.0, 1.0));
+    assert!(
+        e.contains("The expanded size of the tensor (5) must match the existing size (3) at non-singleton dimension 1"),
+        "{e}"
+    );
+    let e = err_text(addmm(&h(&[5]), &f(&[2, 3]), &f(&[3, 5]), 1.0, 1.0));
+    assert!(e.contains("must have the same dtype"), "{e}");
+    let e = err_text(addr(&f(&[2, 2]), &f(&[2, 1]), &f(&[2]), 1.0, 1.0));
+    assert!(
+        e.contains("addr: Expected 1-D argument vec1, but got 2-D"),
+        "{e}"
+    );
+    let b = Tensor::zeros([2, 2], DType::Bool);
+    assert!(err_text(mm(&b, &b)).contains("not implemented for 'bool'"));
+}
+
+#[test]
+fn concurrent_half_products_share_nothing() {
+    // The 16-bit path reuses per-thread f32 buffers: products running on several
+    // threads at once (and repeatedly on one) must not see each other's data.
+    let a = randn(&[70, 90], DType::BF16, 60);
+    let b = randn(&[90, 50], DType::BF16, 61);
+    let small = randn(&[3, 4], DType::BF16, 62);
+    let want = mm(&a, &b).unwrap().to_vec_f64();
+    let want_small = mm(&small, &small.t().unwrap()).unwrap().to_vec_f64();
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                for _ in 0..20 {
+                    assert_eq!(mm(&a, &b).unwrap().to_vec_f64(), want);
+                    let st = small.t().unwrap();
+                    assert_eq!(mm(&small, &st).unwrap().to_vec_f64(), want_small);
+                }
+            });
+        }
+    });
+}

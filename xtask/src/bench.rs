@@ -1,0 +1,338 @@
+//! `cargo xtask bench`: the performance figures of DESIGN.md, timed like
+//! `shared/tools/torch_baseline.py` (warm-up runs, then the median of several), with
+//! the same metric names so the two JSON objects compare key by key.
+//!
+//! Adding a metric is one entry in [`METRICS`]: a name, a unit and a function that
+//! sets up its workload and returns the figure.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use amp_kernels::{mm, non_finite_check_and_unscale_};
+use amp_tensor::{DType, Tensor};
+use serde_json::{Map, Number, Value};
+
+/// One benchmark: its metric name (as in the PyTorch baseline), its unit, and the
+/// function that measures it.
+pub struct Metric {
+    /// The key in the JSON output (shared with `torch_baseline.py`).
+    pub name: &'static str,
+    /// `GFLOP/s`, `GB/s` (higher is better) or `ms`, `us` (lower is better).
+    pub unit: &'static str,
+    /// Set up the workload, time it, return the figure in `unit`.
+    pub run: fn() -> f64,
+}
+
+impl Metric {
+    /// `true` for throughputs, `false` for times.
+    pub fn higher_is_better(&self) -> bool {
+        !matches!(self.unit, "ms" | "us")
+    }
+}
+
+/// Every benchmark, in the order they run.
+pub const METRICS: &[Metric] = &[
+    Metric {
+        name: "mm_f32_1024_gflops",
+        unit: "GFLOP/s",
+        run: || mm_gflops(DType::F32, 7, 2),
+    },
+    Metric {
+        name: "mm_bf16_1024_gflops",
+        unit: "GFLOP/s",
+        run: || mm_gflops(DType::BF16, 7, 2),
+    },
+    Metric {
+        name: "mm_f16_1024_gflops",
+        unit: "GFLOP/s",
+        run: || mm_gflops(DType::F16, 7, 2),
+    },
+    Metric {
+        name: "unscale_64x1M_f32_gbps",
+        unit: "GB/s",
+        run: unscale_gbps,
+    },
+    Metric {
+        name: "copy_256MB_gbps",
+        unit: "GB/s",
+        run: copy_gbps,
+    },
+    Metric {
+        name: "cast_f32_bf16_64M_gbps",
+        unit: "GB/s",
+        run: || cast_gbps(DType::BF16),
+    },
+    Metric {
+        name: "cast_f32_f16_64M_gbps",
+        unit: "GB/s",
+        run: || cast_gbps(DType::F16),
+    },
+];
+
+/// A performance target of DESIGN.md, checked when the figures it needs are there.
+enum Target {
+    /// ours ≥ factor × PyTorch's figure of the same metric.
+    VsTorch(&'static str, f64),
+    /// ours (first) ≥ factor × our own figure of another metric (second).
+    VsOurs(&'static str, &'static str, f64),
+}
+
+const TARGETS: &[Target] = &[
+    Target::VsTorch("mm_f32_1024_gflops", 0.8),
+    Target::VsOurs("mm_bf16_1024_gflops", "mm_f32_1024_gflops", 0.7),
+    Target::VsOurs("mm_f16_1024_gflops", "mm_f32_1024_gflops", 0.7),
+    Target::VsTorch("cast_f32_bf16_64M_gbps", 3.0),
+    Target::VsTorch("cast_f32_f16_64M_gbps", 3.0),
+    Target::VsOurs("unscale_64x1M_f32_gbps", "copy_256MB_gbps", 0.8),
+];
+
+/// Parsed command-line options of `bench`.
+pub struct Options {
+    json: bool,
+    filter: Option<String>,
+    compare: Option<String>,
+}
+
+impl Options {
+    /// Parse `[--json] [--filter SUBSTR] [--compare FILE.json]`.
+    pub fn parse(args: &[String]) -> Result<Options, String> {
+        let mut o = Options {
+            json: false,
+            filter: None,
+            compare: None,
+        };
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            match a.as_str() {
+                "--json" => o.json = true,
+                "--filter" => {
+                    o.filter = Some(it.next().ok_or("--filter needs a substring")?.clone())
+                }
+                "--compare" => {
+                    o.compare = Some(it.next().ok_or("--compare needs a JSON file")?.clone())
+                }
+                other => return Err(format!("unknown option `{other}`")),
+            }
+        }
+        Ok(o)
+    }
+}
+
+/// Run the selected benchmarks and print the table, the JSON object or the comparison.
+pub fn main(opts: &Options) -> ExitCode {
+    let torch = match opts.compare.as_deref().map(read_baseline).transpose() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("xtask bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let selected: Vec<&Metric> = METRICS
+        .iter()
+        .filter(|m| opts.filter.as_deref().is_none_or(|f| m.name.contains(f)))
+        .collect();
+    if selected.is_empty() {
+        eprintln!("xtask bench: no metric matches the filter");
+        return ExitCode::FAILURE;
+    }
+    eprintln!(
+        "xtask bench: {} metric(s), {} hardware thread(s)",
+        selected.len(),
+        hardware_threads()
+    );
+    let mut ours: Vec<(&Metric, f64)> = Vec::new();
+    for m in selected {
+        eprint!("  {:<32}", m.name);
+        let v = (m.run)();
+        eprintln!(" {v:>10.3} {}", m.unit);
+        ours.push((m, v));
+    }
+    if opts.json {
+        let obj: Map<String, Value> = ours
+            .iter()
+            .map(|(m, v)| {
+                let n = Number::from_f64(*v).map_or(Value::Null, Value::Number);
+                (m.name.to_string(), n)
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&Value::Object(obj)).expect("serialisable")
+        );
+    } else if torch.is_none() {
+        print_table(&ours);
+    }
+    if let Some(torch) = &torch {
+        let report = comparison(&ours, torch);
+        if opts.json {
+            eprint!("{report}");
+        } else {
+            print!("{report}");
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+fn hardware_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+fn print_table(ours: &[(&Metric, f64)]) {
+    println!("{:<32} {:>12}  unit", "metric", "value");
+    for (m, v) in ours {
+        println!("{:<32} {:>12.3}  {}", m.name, v, m.unit);
+    }
+}
+
+/// The numeric entries of a `torch-baseline` JSON object.
+fn read_baseline(path: &str) -> Result<BTreeMap<String, f64>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
+    let v: Value = serde_json::from_str(&text).map_err(|e| format!("{path} is not JSON: {e}"))?;
+    let obj = v
+        .as_object()
+        .ok_or_else(|| format!("{path}: expected one JSON object"))?;
+    Ok(obj
+        .iter()
+        .filter_map(|(k, v)| v.as_f64().map(|f| (k.clone(), f)))
+        .collect())
+}
+
+fn comparison(ours: &[(&Metric, f64)], torch: &BTreeMap<String, f64>) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{:<32} {:>12} {:>12} {:>8}  unit     (ratio = ours / PyTorch)",
+        "metric", "ours", "PyTorch", "ratio"
+    );
+    for (m, v) in ours {
+        let Some(&t) = torch.get(m.name) else {
+            continue;
+        };
+        let better = if m.higher_is_better() {
+            "higher is better"
+        } else {
+            "lower is better"
+        };
+        let _ = writeln!(
+            s,
+            "{:<32} {:>12.3} {:>12.3} {:>8.2}  {:<8} {better}",
+            m.name,
+            v,
+            t,
+            v / t,
+            m.unit
+        );
+    }
+    let value = |name: &str| ours.iter().find(|(m, _)| m.name == name).map(|(_, v)| *v);
+    let mut lines = Vec::new();
+    for target in TARGETS {
+        let (label, got, need) = match *target {
+            Target::VsTorch(name, f) => match (value(name), torch.get(name)) {
+                (Some(v), Some(&t)) => (format!("{name} >= {f} x PyTorch"), v / t, f),
+                _ => continue,
+            },
+            Target::VsOurs(name, other, f) => match (value(name), value(other)) {
+                (Some(v), Some(o)) => (format!("{name} >= {f} x our {other}"), v / o, f),
+                _ => continue,
+            },
+        };
+        let verdict = if got >= need { "met" } else { "MISSED" };
+        lines.push(format!("  {label:<64} {got:>6.2}x  {verdict}"));
+    }
+    if !lines.is_empty() {
+        let _ = writeln!(s, "\ntargets (DESIGN.md):");
+        for l in lines {
+            let _ = writeln!(s, "{l}");
+        }
+    }
+    s
+}
+
+// ----- timing ---------------------------------------------------------------------------
+
+/// Seconds per call of `f`: `warm` untimed calls, then the median of `n` timed ones
+/// (as `torch_baseline.py`'s `median_time`).
+pub fn median_time(mut f: impl FnMut(), n: usize, warm: usize) -> f64 {
+    for _ in 0..warm {
+        f();
+    }
+    let mut ts: Vec<f64> = (0..n)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    ts.sort_by(f64::total_cmp);
+    ts[ts.len() / 2]
+}
+
+/// `n` pseudo-random f32 values in [-2, 2) (fast to make, no NaN or subnormal).
+fn data_f32(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+        })
+        .collect()
+}
+
+fn tensor_f32(dims: &[usize], seed: u64) -> Tensor {
+    let n = dims.iter().product();
+    Tensor::from_vec(data_f32(n, seed), dims.to_vec()).expect("sizes agree")
+}
+
+// ----- workloads ------------------------------------------------------------------------
+
+fn mm_gflops(dtype: DType, n_runs: usize, warm: usize) -> f64 {
+    let n = 1024;
+    let a = tensor_f32(&[n, n], 1).to_dtype(dtype).expect("cast");
+    let b = tensor_f32(&[n, n], 2).to_dtype(dtype).expect("cast");
+    let t = median_time(
+        || {
+            std::hint::black_box(mm(&a, &b).expect("mm"));
+        },
+        n_runs,
+        warm,
+    );
+    2.0 * (n as f64).powi(3) / t / 1e9
+}
+
+fn unscale_gbps() -> f64 {
+    let numel = 1usize << 20;
+    let grads: Vec<Tensor> = (0..64).map(|i| tensor_f32(&[numel], 10 + i)).collect();
+    let found = Tensor::zeros([1], DType::F32);
+    let inv = Tensor::full([1], 1.0 / 65536.0, DType::F32);
+    let t = median_time(
+        || non_finite_check_and_unscale_(&grads, &found, &inv).expect("unscale"),
+        5,
+        2,
+    );
+    (64 * numel * 8) as f64 / t / 1e9
+}
+
+fn copy_gbps() -> f64 {
+    let numel = 64usize << 20;
+    let src = tensor_f32(&[numel], 3);
+    let dst = Tensor::zeros([numel], DType::F32);
+    let t = median_time(|| dst.copy_(&src).expect("copy_"), 5, 2);
+    (numel * 8) as f64 / t / 1e9
+}
+
+fn cast_gbps(dtype: DType) -> f64 {
+    let numel = 64usize << 20;
+    let src = tensor_f32(&[numel], 4);
+    let t = median_time(
+        || {
+            std::hint::black_box(src.to_dtype(dtype).expect("cast"));
+        },
+        5,
+        2,
+    );
+    (numel * 6) as f64 / t / 1e9
+}

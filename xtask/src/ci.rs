@@ -1,0 +1,83 @@
+//! `cargo xtask ci`: the checks CI runs, in order, stopping at the first failure.
+
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+
+/// One check: the cargo arguments and extra environment variables.
+struct Step {
+    args: &'static [&'static str],
+    env: &'static [(&'static str, &'static str)],
+}
+
+const STEPS: &[Step] = &[
+    Step {
+        args: &["fmt", "--all", "--", "--check"],
+        env: &[],
+    },
+    Step {
+        args: &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
+        env: &[],
+    },
+    Step {
+        args: &["test", "--workspace", "--release"],
+        env: &[],
+    },
+    Step {
+        args: &["doc", "--workspace", "--no-deps"],
+        env: &[("RUSTDOCFLAGS", "-Dwarnings")],
+    },
+];
+
+/// The workspace root (the parent of this crate's folder).
+fn workspace_root() -> PathBuf {
+    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    here.parent().map_or(here.clone(), |p| p.to_path_buf())
+}
+
+fn describe(step: &Step) -> String {
+    let env: String = step.env.iter().map(|(k, v)| format!("{k}={v} ")).collect();
+    format!("{env}cargo {}", step.args.join(" "))
+}
+
+/// Run every step; the first failing one ends the run with a non-zero exit.
+pub fn main() -> ExitCode {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let root = workspace_root();
+    let total = STEPS.len();
+    for (i, step) in STEPS.iter().enumerate() {
+        let what = describe(step);
+        eprintln!("==> [{}/{total}] {what}", i + 1);
+        let status = Command::new(&cargo)
+            .args(step.args)
+            .envs(step.env.iter().copied())
+            .current_dir(&root)
+            .status();
+        match status {
+            Ok(s) if s.success() => {}
+            Ok(s) => {
+                let code = s.code().map_or("a signal".to_string(), |c| c.to_string());
+                eprintln!(
+                    "\nxtask ci: FAILED at step {}/{total}: `{what}` exited with {code}",
+                    i + 1
+                );
+                return ExitCode::FAILURE;
+            }
+            Err(e) => {
+                eprintln!(
+                    "\nxtask ci: FAILED at step {}/{total}: could not run `{what}`: {e}",
+                    i + 1
+                );
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    eprintln!("\nxtask ci: all {total} steps passed");
+    ExitCode::SUCCESS
+}
