@@ -71,7 +71,7 @@ struct Data {
 fn make_data(seed: u64) -> Result<Data, Box<dyn std::error::Error>> {
     let mut g = Generator::new(seed);
     let protos: Vec<Vec<f64>> = (0..CLASSES).map(|_| (0..FEATURES).map(|_| g.normal() * 0.35).collect()).collect();
-    let mut batch = |g: &mut Generator| -> Result<(Tensor, Tensor), Box<dyn std::error::Error>> {
+    let batch = |g: &mut Generator| -> Result<(Tensor, Tensor), Box<dyn std::error::Error>> {
         let mut x = Vec::with_capacity(BATCH * FEATURES);
         let mut y = Vec::with_capacity(BATCH);
         for _ in 0..BATCH {
@@ -114,7 +114,7 @@ fn run(args: &Args, data: &Data, use_amp: bool, label: &str) -> Result<History, 
     let region = Autocast::new(args.device.device_type()).dtype(args.dtype).enabled(use_amp);
     let mut h = History::default();
     let style = ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {msg}")?.progress_chars("=> ");
-    let mut traced_once = !args.trace;
+    let mut traced_once = !(args.trace && use_amp);
     for epoch in 0..args.epochs {
         let bar = ProgressBar::new(data.train.len() as u64).with_style(style.clone()).with_prefix(format!("{label} {}/{}", epoch + 1, args.epochs));
         for (x, y) in &data.train {
@@ -220,10 +220,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let f32_h = run(&args, &data, false, "float32")?;
 
     println!();
-    println!("{:<28} {:>12} {:>12} {:>12} {:>10} {:>8}", "run", "ms/step", "test loss", "accuracy", "scale", "skipped");
+    println!("{:<32} {:>9} {:>12} {:>12} {:>10} {:>8}", "run", "ms/step", "test loss", "accuracy", "scale", "skipped");
     let row = |name: &str, h: &History| {
         println!(
-            "{:<28} {:>12.2} {:>12.4} {:>11.1}% {:>10} {:>8}",
+            "{:<32} {:>9.2} {:>12.6} {:>11.2}% {:>10} {:>8}",
             name,
             median(&h.step_ms),
             h.final_loss,
