@@ -61,6 +61,11 @@ fn write_one<T: Element>(t: &Tensor, v: T) {
 /// `found_inf` and `inv_scale` must be 1-element float32 tensors on the gradients'
 /// device. Every argument is validated before anything is written. Gradients sharing
 /// a storage are handled as PyTorch would handle them one after the other.
+///
+/// # Errors
+/// `found_inf`/`inv_scale` that are not 1-element float32 tensors (PyTorch's
+/// `found_inf must be a float tensor.` ...), a non-floating gradient, a gradient on
+/// another device, or one whose elements alias each other (a broadcast view).
 pub fn non_finite_check_and_unscale_(
     grads: &[Tensor],
     found_inf: &Tensor,
@@ -439,6 +444,10 @@ impl Unscale for bf16 {
 /// ```
 ///
 /// There is no floor: repeated backoff walks the scale down through subnormals to 0.
+///
+/// # Errors
+/// Tensors of the wrong dtype or size (`current_scale must be a float tensor.`,
+/// `growth_tracker must be an int tensor.`, ...) or on different devices.
 pub fn update_scale_(
     scale: &Tensor,
     growth_tracker: &Tensor,

@@ -20,7 +20,9 @@ use amp_tensor::{
 };
 
 use crate::compute::Real;
-use crate::unary::ewise::{self, any_kernel, ensure_cpu, int_kernel, meta, zip1, zip2, Arg, Guards, Int, Src};
+use crate::unary::ewise::{
+    self, any_kernel, ensure_cpu, int_kernel, meta, zip1, zip2, Arg, Guards, Int, Src,
+};
 
 /// The binary arithmetic ops, named as in PyTorch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -103,7 +105,14 @@ pub enum CmpOp {
 
 impl CmpOp {
     /// Every comparison.
-    pub const ALL: [CmpOp; 6] = [CmpOp::Eq, CmpOp::Ne, CmpOp::Lt, CmpOp::Le, CmpOp::Gt, CmpOp::Ge];
+    pub const ALL: [CmpOp; 6] = [
+        CmpOp::Eq,
+        CmpOp::Ne,
+        CmpOp::Lt,
+        CmpOp::Le,
+        CmpOp::Gt,
+        CmpOp::Ge,
+    ];
 
     /// PyTorch's name of the op.
     pub const fn name(self) -> &'static str {
@@ -119,11 +128,11 @@ impl CmpOp {
 }
 
 /// One binary computation, after promotion and broadcasting.
-struct Job {
+struct Job<'t> {
     op: BinaryOp,
     dims: Vec<usize>,
-    x: Src,
-    y: Src,
+    x: Src<'t>,
+    y: Src<'t>,
     /// Whether a single-value `x` / `y` is read unrounded into the compute type.
     opmath: [bool; 2],
     /// `x + alpha * y` (`x - alpha * y` for `Sub`).
@@ -158,7 +167,7 @@ fn is_bool_scalar(s: Scalar) -> bool {
 }
 
 /// The floating kernel: storage `T`, compute `C`.
-fn float_binary<T: Element, C: Real>(job: &Job) -> Result<Vec<T>> {
+fn float_binary<T: Element, C: Real>(job: &Job<'_>) -> Result<Vec<T>> {
     let name = job.op.name();
     let g = Guards::new([job.x.tensor(), job.y.tensor()]);
     let x: Arg<T, C> = job.x.arg(g.get(0), job.opmath[0], name)?;
@@ -166,7 +175,10 @@ fn float_binary<T: Element, C: Real>(job: &Job) -> Result<Vec<T>> {
     let d = &job.dims[..];
     // Round a compute value to the storage type (an intermediate PyTorch stores).
     let narrow = |v: C| -> C { v.cast::<T>().cast::<C>() };
-    let alpha = job.alpha.filter(|&a| a != 1.0).map(|a| narrow(C::from_f64c(a)));
+    let alpha = job
+        .alpha
+        .filter(|&a| a != 1.0)
+        .map(|a| narrow(C::from_f64c(a)));
     Ok(match job.op {
         BinaryOp::Add => match alpha {
             None => zip2(d, x, y, |p: C, q: C| p + q),
@@ -180,12 +192,12 @@ fn float_binary<T: Element, C: Real>(job: &Job) -> Result<Vec<T>> {
         BinaryOp::Div if job.rdiv => zip2(d, x, y, move |s: C, q: C| narrow(C::one() / q) * s),
         BinaryOp::Div => zip2(d, x, y, |p: C, q: C| p / q),
         BinaryOp::Pow => match job.scalar_exp {
-            Some(e) if e == 2.0 => zip2(d, x, y, |p: C, _: C| p * p),
-            Some(e) if e == 3.0 => zip2(d, x, y, |p: C, _: C| p * p * p),
-            Some(e) if e == 0.5 => zip2(d, x, y, |p: C, _: C| p.sqrt()),
-            Some(e) if e == -0.5 => zip2(d, x, y, |p: C, _: C| C::one() / p.sqrt()),
-            Some(e) if e == -1.0 => zip2(d, x, y, |p: C, _: C| C::one() / p),
-            Some(e) if e == -2.0 => zip2(d, x, y, |p: C, _: C| C::one() / (p * p)),
+            Some(2.0) => zip2(d, x, y, |p: C, _: C| p * p),
+            Some(3.0) => zip2(d, x, y, |p: C, _: C| p * p * p),
+            Some(0.5) => zip2(d, x, y, |p: C, _: C| p.sqrt()),
+            Some(-0.5) => zip2(d, x, y, |p: C, _: C| C::one() / p.sqrt()),
+            Some(-1.0) => zip2(d, x, y, |p: C, _: C| C::one() / p),
+            Some(-2.0) => zip2(d, x, y, |p: C, _: C| C::one() / (p * p)),
             _ => zip2(d, x, y, |p: C, q: C| p.powf(q)),
         },
         BinaryOp::Atan2 => zip2(d, x, y, |p: C, q: C| p.atan2(q)),
@@ -219,7 +231,7 @@ fn float_binary<T: Element, C: Real>(job: &Job) -> Result<Vec<T>> {
 }
 
 /// The integer kernel (wrapping arithmetic).
-fn int_binary<T: Int>(job: &Job) -> Result<Vec<T>> {
+fn int_binary<T: Int>(job: &Job<'_>) -> Result<Vec<T>> {
     let name = job.op.name();
     let g = Guards::new([job.x.tensor(), job.y.tensor()]);
     let x: Arg<T, T> = job.x.arg(g.get(0), false, name)?;
@@ -264,7 +276,7 @@ fn int_binary<T: Int>(job: &Job) -> Result<Vec<T>> {
 }
 
 /// The bool kernel: `add`/`maximum` are `or`, `mul`/`minimum` are `and`.
-fn bool_binary(job: &Job) -> Result<Vec<bool>> {
+fn bool_binary(job: &Job<'_>) -> Result<Vec<bool>> {
     let name = job.op.name();
     let g = Guards::new([job.x.tensor(), job.y.tensor()]);
     let x: Arg<bool, bool> = job.x.arg(g.get(0), false, name)?;
@@ -288,7 +300,7 @@ fn bool_binary(job: &Job) -> Result<Vec<bool>> {
 }
 
 /// Run `job` producing dtype `od`.
-fn run(job: Job, od: DType) -> Result<Tensor> {
+fn run(job: Job<'_>, od: DType) -> Result<Tensor> {
     if od.is_floating_point() {
         return crate::float_kernel!(od, job.op.name(), |T, C| {
             Tensor::from_vec(float_binary::<T, C>(&job)?, job.dims)
@@ -457,7 +469,12 @@ scalar_wrappers! {
 }
 
 /// The comparison kernel in compute type `C` (exact widening of `T`).
-fn cmp_kernel<T: Element, C: Element>(op: CmpOp, dims: &[usize], x: &Src, y: &Src) -> Result<Vec<bool>> {
+fn cmp_kernel<T: Element, C: Element>(
+    op: CmpOp,
+    dims: &[usize],
+    x: &Src<'_>,
+    y: &Src<'_>,
+) -> Result<Vec<bool>> {
     let name = op.name();
     let g = Guards::new([x.tensor(), y.tensor()]);
     let x: Arg<T, C> = x.arg(g.get(0), false, name)?;
@@ -472,7 +489,13 @@ fn cmp_kernel<T: Element, C: Element>(op: CmpOp, dims: &[usize], x: &Src, y: &Sr
     })
 }
 
-fn compare_srcs(op: CmpOp, dims: Vec<usize>, x: Src, y: Src, dtype: DType) -> Result<Tensor> {
+fn compare_srcs(
+    op: CmpOp,
+    dims: Vec<usize>,
+    x: Src<'_>,
+    y: Src<'_>,
+    dtype: DType,
+) -> Result<Tensor> {
     let out = any_kernel!(dtype, |T, C| cmp_kernel::<T, C>(op, &dims, &x, &y)?);
     Tensor::from_vec(out, dims)
 }
@@ -494,7 +517,13 @@ pub fn compare_scalar(op: CmpOp, a: &Tensor, s: impl Into<Scalar>) -> Result<Ten
     let name = op.name();
     ensure_cpu(name, &[a])?;
     let dt = result_type(&[meta(a), Operand::Scalar(s)]).unwrap_or(a.dtype());
-    compare_srcs(op, a.dims().to_vec(), Src::of(a, dt, name)?, Src::One(s), dt)
+    compare_srcs(
+        op,
+        a.dims().to_vec(),
+        Src::of(a, dt, name)?,
+        Src::One(s),
+        dt,
+    )
 }
 
 /// A bool tensor of `f(a != 0, b != 0)` with broadcasting (NaN counts as `true`).
@@ -506,7 +535,10 @@ fn logical2(
 ) -> Result<Tensor> {
     ensure_cpu(name, &[a, b])?;
     let dims = broadcast_shapes(name, a.dims(), b.dims())?;
-    let (x, y) = (Src::of(a, DType::Bool, name)?, Src::of(b, DType::Bool, name)?);
+    let (x, y) = (
+        Src::of(a, DType::Bool, name)?,
+        Src::of(b, DType::Bool, name)?,
+    );
     let g = Guards::new([x.tensor(), y.tensor()]);
     let out: Vec<bool> = zip2(
         &dims,
@@ -533,6 +565,10 @@ pub fn logical_not(a: &Tensor) -> Result<Tensor> {
     ensure_cpu(OP, &[a])?;
     let x = Src::of(a, DType::Bool, OP)?;
     let g = Guards::new([x.tensor()]);
-    let out: Vec<bool> = zip1(a.dims(), x.arg::<bool, bool>(g.get(0), false, OP)?, |p: bool| !p);
+    let out: Vec<bool> = zip1(
+        a.dims(),
+        x.arg::<bool, bool>(g.get(0), false, OP)?,
+        |p: bool| !p,
+    );
     Tensor::from_vec(out, a.dims().to_vec())
 }

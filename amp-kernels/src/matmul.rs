@@ -203,12 +203,21 @@ fn check_rank(
 ///
 /// Both operands must have the same floating or integer dtype; the result has it too.
 /// float16/bfloat16 accumulate in float32 and are rounded once.
+///
+/// # Errors
+/// Wrong ranks (`self must be a matrix`), operands of different dtypes or devices,
+/// mismatched inner sizes (`mat1 and mat2 shapes cannot be multiplied (2x3 and 4x5)`),
+/// or a bool dtype.
 pub fn mm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     mm_plan("mm", a, b, None, 0.0, 1.0).and_then(run)
 }
 
 /// `beta * input + alpha * (m1 @ m2)` (`torch.addmm`); `input` broadcasts to the
 /// product's shape. With `beta == 0` the input is ignored (NaN and inf included).
+///
+/// # Errors
+/// As [`mm`], plus an input of another dtype or not broadcastable to the product, and
+/// non-integral `beta`/`alpha` for integer tensors.
 pub fn addmm(input: &Tensor, m1: &Tensor, m2: &Tensor, beta: f64, alpha: f64) -> Result<Tensor> {
     mm_plan("addmm", m1, m2, Some(input), beta, alpha).and_then(run)
 }
@@ -268,12 +277,20 @@ fn mm_plan<'a>(
 
 /// Batched matrix product of two 3-D tensors (`torch.bmm`):
 /// `(B×n×m) @ (B×m×p) → (B×n×p)`.
+///
+/// # Errors
+/// Operands that are not 3-D, of different dtypes or devices, or whose batch or inner
+/// sizes differ (PyTorch's `Expected size for first two dimensions of batch2 tensor
+/// ...`).
 pub fn bmm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     bmm_plan("bmm", a, b, None, 0.0, 1.0, false).and_then(run)
 }
 
 /// `beta * input + alpha * bmm(batch1, batch2)` (`torch.baddbmm`); `input` broadcasts
 /// to `B×n×p`. With `beta == 0` the input is ignored.
+///
+/// # Errors
+/// As [`bmm`], plus an input of another dtype or not broadcastable to the product.
 pub fn baddbmm(
     input: &Tensor,
     batch1: &Tensor,
@@ -287,6 +304,9 @@ pub fn baddbmm(
 /// `beta * input + alpha * Σ_i batch1[i] @ batch2[i]` (`torch.addbmm`); `input`
 /// broadcasts to `n×p`. The sum over the batch accumulates in the compute type
 /// (float32 for 16-bit floats) and is rounded once.
+///
+/// # Errors
+/// As [`bmm`], plus an input of another dtype or not broadcastable to `n×p`.
 pub fn addbmm(
     input: &Tensor,
     batch1: &Tensor,
@@ -347,11 +367,18 @@ fn bmm_plan<'a>(
 }
 
 /// Matrix-vector product (`torch.mv`): `(n×m) @ (m) → (n)`.
+///
+/// # Errors
+/// Wrong ranks (`vector + matrix @ vector expected, ...`), dtype or device mismatch, or
+/// a length mismatch (`size mismatch, got input (2), mat (2x3), vec (4)`).
 pub fn mv(mat: &Tensor, vec: &Tensor) -> Result<Tensor> {
     mv_plan("mv", mat, vec, None, 0.0, 1.0).and_then(run)
 }
 
 /// `beta * input + alpha * (mat @ vec)` (`torch.addmv`); `input` broadcasts to `n`.
+///
+/// # Errors
+/// As [`mv`], plus an input of another dtype or not broadcastable to `n`.
 pub fn addmv(input: &Tensor, mat: &Tensor, vec: &Tensor, beta: f64, alpha: f64) -> Result<Tensor> {
     mv_plan("addmv", mat, vec, Some(input), beta, alpha).and_then(run)
 }
@@ -413,6 +440,9 @@ fn mv_plan<'a>(
 
 /// Inner product of two 1-D tensors of the same length and dtype (`torch.dot`); a
 /// 0-dim result.
+///
+/// # Errors
+/// Operands that are not 1-D, of different dtypes or devices, or of different lengths.
 pub fn dot(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     const OP: &str = "dot";
     if a.rank() != 1 || b.rank() != 1 {
@@ -465,6 +495,9 @@ pub fn dot(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 
 /// Outer product of two 1-D tensors (`torch.outer`): `(n) ⊗ (m) → (n×m)`. As in
 /// PyTorch (where it is `a[:, None] * b`), mixed dtypes promote.
+///
+/// # Errors
+/// Operands that are not 1-D or on different devices.
 pub fn outer(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     const OP: &str = "outer";
     check_rank(OP, a, 1, || {
@@ -481,6 +514,10 @@ pub fn outer(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 
 /// `beta * input + alpha * outer(vec1, vec2)` (`torch.addr`); `input` broadcasts to
 /// `n×m`.
+///
+/// # Errors
+/// Vectors that are not 1-D or of different dtypes, an input of another dtype or not
+/// broadcastable to `n×m`.
 pub fn addr(input: &Tensor, vec1: &Tensor, vec2: &Tensor, beta: f64, alpha: f64) -> Result<Tensor> {
     const OP: &str = "addr";
     check_rank(OP, vec1, 1, || {
@@ -541,6 +578,11 @@ fn outer_plan<'a>(
 ///
 /// An N-D first operand (N ≥ 3) with a 1-D/2-D second one whose batch dimensions can be
 /// merged without copying is folded into a single `mm`/`mv`, as PyTorch does.
+///
+/// # Errors
+/// A 0-dim operand, dtype or device mismatch, mismatched inner sizes, or batch
+/// dimensions that do not broadcast; the messages are those of the op the case reduces
+/// to, as in PyTorch.
 pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     const OP: &str = "matmul";
     let (ra, rb) = (a.rank(), b.rank());

@@ -39,7 +39,7 @@ const BLOCK: usize = 1024;
 const COL_W: usize = 1024;
 /// Input rows accumulated plainly before being merged into the column accumulators.
 const RBLK: usize = 256;
-/// Columns transposed together when a line op runs over a non-trailing dim.
+/// Granularity (columns) of the tiles a line op over a non-trailing dim transposes.
 const TILE: usize = 16;
 /// Independent accumulators of the lane kernels (vectorisation and accuracy).
 const LANES: usize = 16;
@@ -293,10 +293,41 @@ fn pick<N: Num, const MAX: bool>(acc: N, x: N) -> N {
     }
 }
 
+/// The maximum (`MAX`) or minimum of `g(x)` over `xs` (the identity for an empty
+/// slice), or the first NaN: lanes track the extreme and a NaN flag separately, which
+/// vectorises far better than a NaN-aware select.
+#[inline(always)]
+fn lane_extreme<N: Num, const MAX: bool>(xs: &[N], g: impl Fn(N) -> N) -> N {
+    let id = if MAX { N::LOWEST } else { N::HIGHEST };
+    let mut acc = [id; LANES];
+    let mut nan = [0u32; LANES];
+    let mut chunks = xs.chunks_exact(LANES);
+    let step = |a: &mut N, f: &mut u32, x: N| {
+        let v = g(x);
+        let better = if MAX { v > *a } else { v < *a };
+        *a = if better { v } else { *a };
+        *f |= v.isnan() as u32;
+    };
+    for c in &mut chunks {
+        for ((a, f), &x) in acc.iter_mut().zip(nan.iter_mut()).zip(c) {
+            step(a, f, x);
+        }
+    }
+    for ((a, f), &x) in acc.iter_mut().zip(nan.iter_mut()).zip(chunks.remainder()) {
+        step(a, f, x);
+    }
+    if nan.iter().any(|&f| f != 0) {
+        if let Some(v) = xs.iter().map(|&x| g(x)).find(|v| v.isnan()) {
+            return v;
+        }
+    }
+    acc.iter().fold(id, |a, &b| pick::<N, MAX>(a, b))
+}
+
 /// The maximum of `xs`, NaN if any element is NaN (-inf for an empty slice).
 #[inline]
 pub(crate) fn max_nan<N: Num>(xs: &[N]) -> N {
-    lane_reduce(xs, N::LOWEST, pick::<N, true>, |x| x)
+    lane_extreme::<N, true>(xs, |x| x)
 }
 
 // ----- folds ------------------------------------------------------------------------------
@@ -334,34 +365,35 @@ pub(crate) trait Fold<N: Copy>: Sync {
     }
 }
 
-/// Compensated sum of `g(x)`: lane sums over blocks joined with Neumaier compensation.
+/// Sum of `g(x)`: lane sums over blocks, joined with Neumaier compensation inside each
+/// slice; columns and segments add plainly (a few hundred terms at most per result).
 struct MapSum<G>(G);
 
 impl<N: Num, G: Fn(N) -> N + Sync> Fold<N> for MapSum<G> {
-    type Acc = (N, N);
+    type Acc = N;
     type Out = N;
     #[inline]
-    fn init(&self) -> (N, N) {
-        (N::ZERO, N::ZERO)
+    fn init(&self) -> N {
+        N::ZERO
     }
     #[inline(always)]
-    fn step(&self, a: (N, N), x: N, _: usize) -> (N, N) {
-        (a.0.nadd((self.0)(x)), a.1)
+    fn step(&self, a: N, x: N, _: usize) -> N {
+        a.nadd((self.0)(x))
     }
     #[inline]
-    fn merge(&self, a: (N, N), b: (N, N)) -> (N, N) {
-        let (s, c) = N::comp_add(a, b.0);
-        (s, c.nadd(b.1))
+    fn merge(&self, a: N, b: N) -> N {
+        a.nadd(b)
     }
     #[inline]
-    fn finish(&self, a: (N, N), _: usize) -> N {
-        a.0.nadd(a.1)
+    fn finish(&self, a: N, _: usize) -> N {
+        a
     }
     #[inline]
-    fn fold(&self, acc: (N, N), xs: &[N], _: usize) -> (N, N) {
-        xs.chunks(BLOCK).fold(acc, |a, b| {
+    fn fold(&self, acc: N, xs: &[N], _: usize) -> N {
+        let (s, c) = xs.chunks(BLOCK).fold((acc, N::ZERO), |a, b| {
             N::comp_add(a, lane_reduce(b, N::ZERO, N::nadd, &self.0))
-        })
+        });
+        s.nadd(c)
     }
 }
 
@@ -374,30 +406,30 @@ fn sum_fold<N: Num>() -> MapSum<impl Fn(N) -> N + Sync> {
     MapSum(identity::<N>)
 }
 
-/// The mean: the compensated sum divided by the count.
+/// The mean: the sum divided by the count.
 struct MeanFold;
 
 impl<C: Real + Num> Fold<C> for MeanFold {
-    type Acc = (C, C);
+    type Acc = C;
     type Out = C;
     #[inline]
-    fn init(&self) -> (C, C) {
-        sum_fold::<C>().init()
+    fn init(&self) -> C {
+        C::ZERO
     }
     #[inline(always)]
-    fn step(&self, a: (C, C), x: C, _: usize) -> (C, C) {
-        (a.0 + x, a.1)
+    fn step(&self, a: C, x: C, _: usize) -> C {
+        a + x
     }
     #[inline]
-    fn merge(&self, a: (C, C), b: (C, C)) -> (C, C) {
-        sum_fold::<C>().merge(a, b)
+    fn merge(&self, a: C, b: C) -> C {
+        a + b
     }
     #[inline]
-    fn finish(&self, a: (C, C), n: usize) -> C {
-        (a.0 + a.1) / C::from_f64c(n as f64)
+    fn finish(&self, a: C, n: usize) -> C {
+        a / C::from_f64c(n as f64)
     }
     #[inline]
-    fn fold(&self, acc: (C, C), xs: &[C], base: usize) -> (C, C) {
+    fn fold(&self, acc: C, xs: &[C], base: usize) -> C {
         sum_fold::<C>().fold(acc, xs, base)
     }
 }
@@ -458,7 +490,7 @@ impl<N: Num, G: Fn(N) -> N + Sync, const MAX: bool> Fold<N> for Extreme<MAX, G> 
     }
     #[inline]
     fn fold(&self, acc: N, xs: &[N], _: usize) -> N {
-        pick::<N, MAX>(acc, lane_reduce(xs, self.init(), pick::<N, MAX>, &self.0))
+        pick::<N, MAX>(acc, lane_extreme::<N, MAX>(xs, &self.0))
     }
 }
 
@@ -588,10 +620,14 @@ impl<C: BlueConst> Fold<C> for L2Fold {
     }
     #[inline]
     fn fold(&self, acc: (C, C, C), xs: &[C], base: usize) -> (C, C, C) {
+        // A block whose plain sum of squares neither overflowed nor came close to the
+        // subnormal range is exact enough; others take Blue's per-element path.
+        let lo = C::min_positive_value() / C::epsilon() * C::from_f64c(BLOCK as f64);
+        let hi = C::TBIG * C::TBIG * C::from_f64c(BLOCK as f64);
         xs.chunks(BLOCK).fold(acc, |a, b| {
-            let amax = lane_reduce(b, C::ZERO, pick::<C, true>, |x: C| x.abs());
-            if amax >= C::TSML && amax <= C::TBIG {
-                (a.0, a.1 + lane_reduce(b, C::ZERO, C::nadd, |x: C| x * x), a.2)
+            let ssq = lane_reduce(b, C::ZERO, C::nadd, |x: C| x * x);
+            if ssq >= lo && ssq <= hi {
+                (a.0, a.1 + ssq, a.2)
             } else {
                 b.iter().fold(a, |a, &x| self.step(a, x, base))
             }
@@ -697,9 +733,9 @@ impl<C: FastExp> Fold<C> for LseFold {
     #[inline]
     fn fold(&self, acc: (C, C), xs: &[C], _: usize) -> (C, C) {
         xs.chunks(BLOCK).fold(acc, |a, b| {
-            let m = max_nan(b);
+            let (m, s) = C::max_exp_sum(b);
             let part = if m.is_finite() {
-                (m, C::exp_shift_sum(b, m))
+                (m, s)
             } else {
                 (m, C::from_f64c(b.len() as f64))
             };
@@ -1380,26 +1416,61 @@ fn map_rows<T: Element, N: Element>(
     out
 }
 
+/// `dst[c * ds + r] = src[r * ss + c]` (cast) for `r < rows`, `c < cols`, through
+/// 8×8 blocks held locally, so power-of-two strides do not thrash the cache: each
+/// block reads 8 short rows and writes 8 short contiguous runs.
+fn transpose_into<S: Element, D: Element>(
+    src: &[S],
+    ss: usize,
+    dst: &mut [D],
+    ds: usize,
+    (rows, cols): (usize, usize),
+) {
+    const B: usize = 8;
+    let mut blk = [[D::default(); B]; B];
+    for r0 in (0..rows).step_by(B) {
+        let rn = B.min(rows - r0);
+        for c0 in (0..cols).step_by(B) {
+            let cn = B.min(cols - c0);
+            for r in 0..rn {
+                let row = &src[(r0 + r) * ss + c0..][..cn];
+                for (b, &v) in blk.iter_mut().zip(row) {
+                    b[r] = v.cast();
+                }
+            }
+            for (c, b) in blk.iter().enumerate().take(cn) {
+                let d = &mut dst[(c0 + c) * ds + r0..];
+                if rn == B {
+                    // a fixed-size copy: plain moves rather than a memcpy call
+                    let d: &mut [D; B] = (&mut d[..B]).try_into().expect("B elements");
+                    *d = *b;
+                } else {
+                    d[..rn].copy_from_slice(&b[..rn]);
+                }
+            }
+        }
+    }
+}
+
 fn map_cols<T: Element, N: Element>(
     ins: &[&[T]],
     (outer, n, inner): (usize, usize, usize),
     f: impl Fn(&[&[N]], &mut [N]) + Sync + Send,
 ) -> Vec<T> {
-    let nb = inner.div_ceil(TILE);
+    // Tiles of `w` columns, transposed so each line is contiguous (at most TILE_ELEMS
+    // elements per input, so a tile stays in cache).
+    const TILE_ELEMS: usize = 1 << 15;
+    let w_max = (TILE_ELEMS / n).clamp(TILE, 16 * TILE) / TILE * TILE;
+    let nb = inner.div_ceil(w_max);
     let total = outer * n * inner;
     let tiles: Vec<Vec<N>> = run_tasks(outer * nb, total, |t| {
-        let (o, j0) = (t / nb, (t % nb) * TILE);
-        let w = TILE.min(inner - j0);
+        let (o, j0) = (t / nb, (t % nb) * w_max);
+        let w = w_max.min(inner - j0);
         let bufs: Vec<Vec<N>> = ins
             .iter()
             .map(|s| {
                 let mut buf = vec![N::default(); w * n];
-                for i in 0..n {
-                    let row = &s[(o * n + i) * inner + j0..][..w];
-                    for (jj, &v) in row.iter().enumerate() {
-                        buf[jj * n + i] = v.cast();
-                    }
-                }
+                transpose_into(&s[o * n * inner + j0..], inner, &mut buf, n, (n, w));
                 buf
             })
             .collect();
@@ -1410,20 +1481,28 @@ fn map_cols<T: Element, N: Element>(
         }
         vec![res]
     });
+    // Transpose the tiles back, a block of rows per task.
     let mut out = vec![T::default(); total];
-    let scatter = |(q, orow): (usize, &mut [T])| {
-        let (o, i) = (q / n, q % n);
-        for (b, dst) in orow.chunks_mut(TILE).enumerate() {
-            let tile = &tiles[o * nb + b];
-            for (jj, d) in dst.iter_mut().enumerate() {
-                *d = tile[jj * n + i].cast();
+    let rows_per = (TASK / inner).max(TILE);
+    let scatter = |(c, chunk): (usize, &mut [T])| {
+        let q_end = c * rows_per + chunk.len() / inner;
+        let mut q = c * rows_per;
+        while q < q_end {
+            let o = q / n;
+            let run = ((o + 1) * n).min(q_end) - q;
+            let dst = &mut chunk[(q - c * rows_per) * inner..];
+            for (b, tile) in tiles[o * nb..(o + 1) * nb].iter().enumerate() {
+                let j0 = b * w_max;
+                let w = w_max.min(inner - j0);
+                transpose_into(&tile[q - o * n..], n, &mut dst[j0..], inner, (w, run));
             }
+            q += run;
         }
     };
     if total >= PAR_MIN {
-        out.par_chunks_mut(inner).enumerate().for_each(scatter);
+        out.par_chunks_mut(rows_per * inner).enumerate().for_each(scatter);
     } else {
-        out.chunks_mut(inner).enumerate().for_each(scatter);
+        out.chunks_mut(rows_per * inner).enumerate().for_each(scatter);
     }
     out
 }

@@ -9,24 +9,46 @@
 use amp_tensor::{promote_types, DType, Error, Result, Tensor};
 
 use crate::compute::{with_slice, Real};
-use crate::reduce::{cast_opt, lane_sum, line_geometry, map_lines, max_nan, Num};
+use crate::reduce::{as_same, as_same_mut, cast_opt, lane_sum, line_geometry, map_lines, max_nan, Num};
 
 /// Float compute types with a fast shifted exponential over slices.
 pub(crate) trait FastExp: Real + Num {
     /// `y[i] = exp(x[i] - shift)` for `x[i] <= shift` (NaN propagates), returning the
-    /// sum of `y`.
+    /// sum of `y`. Always inlined, so it takes the SIMD level of its caller.
     fn exp_shift_into(x: &[Self], shift: Self, y: &mut [Self]) -> Self;
 
     /// `sum(exp(x[i] - shift))` for `x[i] <= shift`, without storing the terms.
+    #[inline(always)]
     fn exp_shift_sum(x: &[Self], shift: Self) -> Self {
+        // A plain loop (no iterator adapter): it must inline into AVX2 callers.
         let mut buf = [Self::ZERO; 256];
-        x.chunks(256).fold(Self::ZERO, |s, c| {
-            s + Self::exp_shift_into(c, shift, &mut buf[..c.len()])
-        })
+        let mut s = Self::ZERO;
+        for c in x.chunks(256) {
+            s = s + Self::exp_shift_into(c, shift, &mut buf[..c.len()]);
+        }
+        s
+    }
+
+    /// `(max(x), sum(exp(x - max(x))))`, NaN-propagating (AVX2 for f32 when present).
+    fn max_exp_sum(x: &[Self]) -> (Self, Self) {
+        max_exp_sum_body(x)
     }
 }
 
+#[inline(always)]
+fn max_exp_sum_body<C: FastExp>(x: &[C]) -> (C, C) {
+    let m = max_nan(x);
+    (m, C::exp_shift_sum(x, m))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn max_exp_sum_avx2(x: &[f32]) -> (f32, f32) {
+    max_exp_sum_body(x)
+}
+
 impl FastExp for f64 {
+    #[inline(always)]
     fn exp_shift_into(x: &[f64], shift: f64, y: &mut [f64]) -> f64 {
         for (o, &v) in y.iter_mut().zip(x) {
             *o = (v - shift).exp();
@@ -35,14 +57,41 @@ impl FastExp for f64 {
     }
 }
 
-/// `exp(x)` for `x <= 0` or NaN, vectorisable: Cephes' `expf` polynomial with the
-/// power of two built from the exponent bits. Below `ln(2^-126)` the result is 0 (so
-/// `exp(-inf)` is exactly 0, as masked softmax needs).
+impl FastExp for f32 {
+    #[inline(always)]
+    fn exp_shift_into(x: &[f32], shift: f32, y: &mut [f32]) -> f32 {
+        for (o, &v) in y.iter_mut().zip(x) {
+            *o = exp_le0(v - shift);
+        }
+        lane_sum(y)
+    }
+
+    fn max_exp_sum(x: &[f32]) -> (f32, f32) {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2 (checked just above).
+            return unsafe { max_exp_sum_avx2(x) };
+        }
+        max_exp_sum_body(x)
+    }
+}
+
+/// `exp(x)`, vectorisable: Cephes' `expf` polynomial (about 1 ulp) with the power of
+/// two built from the exponent bits. The kernels call it on `x - max <= 0`. Below
+/// `ln(2^-126)` the result is 0 (so `exp(-inf)` is exactly 0, as masked softmax
+/// needs); above `127.5 * ln 2` (≈ 88.38) it is +inf; NaN propagates.
 #[inline(always)]
 fn exp_le0(x: f32) -> f32 {
     const LO: f32 = -87.336_55;
+    const HI: f32 = 88.376_26;
     const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
-    let xc = if x < LO { LO } else { x };
+    let xc = if x < LO {
+        LO
+    } else if x > HI {
+        HI
+    } else {
+        x
+    };
     let t = xc * std::f32::consts::LOG2_E + MAGIC;
     let n = t - MAGIC;
     let r = xc - n * 0.693_359_4 - n * -2.121_944_4e-4;
@@ -56,77 +105,91 @@ fn exp_le0(x: f32) -> f32 {
     let pow2 = f32::from_bits(t.to_bits().wrapping_sub(0x4B40_0000 - 127) << 23);
     if x < LO {
         0.0
+    } else if x > HI {
+        f32::INFINITY
     } else {
         y * pow2
     }
 }
 
-#[inline(always)]
-fn exp_into_f32(x: &[f32], shift: f32, y: &mut [f32]) {
-    for (o, &v) in y.iter_mut().zip(x) {
-        *o = exp_le0(v - shift);
-    }
-}
+/// Define a line kernel `fn $name<C: FastExp>(ins: &[&[C]], out: &mut [C])` whose body
+/// runs compiled for AVX2 on f32 when the CPU has it (portable code otherwise).
+macro_rules! line_kernel {
+    ($(#[$meta:meta])* fn $name:ident(|$ins:ident, $out:ident| $body:block)) => {
+        $(#[$meta])*
+        fn $name<C: FastExp>(ins: &[&[C]], out: &mut [C]) {
+            #[inline(always)]
+            fn body<C: FastExp>($ins: &[&[C]], $out: &mut [C]) $body
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn exp_into_f32_avx2(x: &[f32], shift: f32, y: &mut [f32]) {
-    exp_into_f32(x, shift, y)
-}
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx2")]
+            unsafe fn avx2(ins: &[&[f32]], out: &mut [f32]) {
+                body::<f32>(ins, out)
+            }
 
-impl FastExp for f32 {
-    fn exp_shift_into(x: &[f32], shift: f32, y: &mut [f32]) -> f32 {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2 (checked just above).
-            unsafe { exp_into_f32_avx2(x, shift, y) };
-            return lane_sum(y);
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2") {
+                let lines: Option<Vec<&[f32]>> = ins.iter().map(|s| as_same::<C, f32>(s)).collect();
+                if let (Some(lines), Some(o)) = (lines, as_same_mut::<C, f32>(out)) {
+                    // SAFETY: the CPU supports AVX2 (checked just above).
+                    unsafe { avx2(&lines, o) };
+                    return;
+                }
+            }
+            body::<C>(ins, out)
         }
-        exp_into_f32(x, shift, y);
-        lane_sum(y)
-    }
+    };
 }
 
-fn softmax_line<C: FastExp>(ins: &[&[C]], out: &mut [C]) {
-    let x = ins[0];
-    let m = max_nan(x);
-    let inv = C::ONE / C::exp_shift_into(x, m, out);
-    for o in out.iter_mut() {
-        *o = *o * inv;
-    }
+line_kernel! {
+    /// `out = exp(x - max) / sum(exp(x - max))` for one line.
+    fn softmax_line(|ins, out| {
+        let x = ins[0];
+        let m = max_nan(x);
+        let inv = C::ONE / C::exp_shift_into(x, m, out);
+        for o in out.iter_mut() {
+            *o = *o * inv;
+        }
+    })
 }
 
-fn log_softmax_line<C: FastExp>(ins: &[&[C]], out: &mut [C]) {
-    let x = ins[0];
-    let m = max_nan(x);
-    let lse = C::exp_shift_sum(x, m).ln();
-    for (o, &v) in out.iter_mut().zip(x) {
-        *o = (v - m) - lse;
-    }
+line_kernel! {
+    /// `out = (x - max) - log(sum(exp(x - max)))` for one line.
+    fn log_softmax_line(|ins, out| {
+        let x = ins[0];
+        let m = max_nan(x);
+        let lse = C::exp_shift_sum(x, m).ln();
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = (v - m) - lse;
+        }
+    })
 }
 
-fn softmax_backward_line<C: FastExp>(ins: &[&[C]], out: &mut [C]) {
-    let (g, y) = (ins[0], ins[1]);
-    // `out` is scratch for the products until the final pass overwrites it.
-    let mut dot = C::ZERO;
-    for (gc, yc) in g.chunks(1024).zip(y.chunks(1024)) {
-        let o = &mut out[..gc.len()];
-        for ((o, &a), &b) in o.iter_mut().zip(gc).zip(yc) {
+line_kernel! {
+    /// `out = y * (g - sum(g * y))` for one line (`ins = [g, y]`).
+    fn softmax_backward_line(|ins, out| {
+        let (g, y) = (ins[0], ins[1]);
+        // `out` holds the products until the final pass overwrites it.
+        for ((o, &a), &b) in out.iter_mut().zip(g).zip(y) {
             *o = a * b;
         }
-        dot = dot + lane_sum(o);
-    }
-    for ((o, &a), &b) in out.iter_mut().zip(g).zip(y) {
-        *o = b * (a - dot);
-    }
+        let dot = lane_sum(out);
+        for ((o, &a), &b) in out.iter_mut().zip(g).zip(y) {
+            *o = b * (a - dot);
+        }
+    })
 }
 
-fn log_softmax_backward_line<C: FastExp>(ins: &[&[C]], out: &mut [C]) {
-    let (g, y) = (ins[0], ins[1]);
-    let s = lane_sum(g);
-    for ((o, &a), &b) in out.iter_mut().zip(g).zip(y) {
-        *o = a - b.exp() * s;
-    }
+line_kernel! {
+    /// `out = g - exp(y) * sum(g)` for one line (`ins = [g, y]`, `y <= 0`).
+    fn log_softmax_backward_line(|ins, out| {
+        let (g, y) = (ins[0], ins[1]);
+        let s = lane_sum(g);
+        C::exp_shift_into(y, C::ZERO, out);
+        for (o, &a) in out.iter_mut().zip(g) {
+            *o = a - *o * s;
+        }
+    })
 }
 
 /// Run a one-input line op over floating `x` (cast to `dtype` first when given).
@@ -207,7 +270,7 @@ mod tests {
     fn fast_exp_matches_libm() {
         let mut worst = 0f64;
         let mut x = -87.0f32;
-        while x <= 0.0 {
+        while x <= 88.0 {
             let got = exp_le0(x) as f64;
             let want = (x as f64).exp();
             worst = worst.max(((got - want) / want).abs());
@@ -215,6 +278,8 @@ mod tests {
         }
         assert!(worst < 2.5e-7, "worst relative error {worst}");
         assert_eq!(exp_le0(0.0), 1.0);
+        assert!(((exp_le0(88.0) as f64) / 88f64.exp() - 1.0).abs() < 2.5e-7);
+        assert_eq!(exp_le0(100.0), f32::INFINITY);
         assert_eq!(exp_le0(f32::NEG_INFINITY), 0.0);
         assert!(exp_le0(f32::NAN).is_nan());
     }

@@ -76,7 +76,7 @@ fn bound_scalar(x: &Tensor, v: f64) -> Scalar {
 /// Clamp with scalar bounds in compute type `C` (bounds unrounded, as PyTorch's
 /// `min.to<opmath_t>()`); NaN elements stay NaN.
 fn clamp_kernel<T: amp_tensor::Element, C: amp_tensor::Element>(
-    x: &Src,
+    x: &Src<'_>,
     dims: &[usize],
     lo: Option<Scalar>,
     hi: Option<Scalar>,
@@ -109,7 +109,10 @@ pub fn clamp(x: &Tensor, min: Option<f64>, max: Option<f64>) -> Result<Tensor> {
         return Err(no_bounds());
     }
     ensure_cpu(OP, &[x])?;
-    let (lo, hi) = (min.map(|v| bound_scalar(x, v)), max.map(|v| bound_scalar(x, v)));
+    let (lo, hi) = (
+        min.map(|v| bound_scalar(x, v)),
+        max.map(|v| bound_scalar(x, v)),
+    );
     let ops: Vec<Operand> = std::iter::once(meta(x))
         .chain(lo.into_iter().chain(hi).map(Operand::Scalar))
         .collect();
@@ -121,7 +124,10 @@ pub fn clamp(x: &Tensor, min: Option<f64>, max: Option<f64>) -> Result<Tensor> {
     }
     let src = Src::of(x, dt, OP)?;
     let out = any_kernel!(dt, |T, C| {
-        Tensor::from_vec(clamp_kernel::<T, C>(&src, x.dims(), lo, hi)?, x.dims().to_vec())
+        Tensor::from_vec(
+            clamp_kernel::<T, C>(&src, x.dims(), lo, hi)?,
+            x.dims().to_vec(),
+        )
     });
     out
 }
@@ -129,12 +135,16 @@ pub fn clamp(x: &Tensor, min: Option<f64>, max: Option<f64>) -> Result<Tensor> {
 /// Clamp with tensor bounds in compute type `C`; NaN in any operand propagates.
 fn clamp_tensor_kernel<T: amp_tensor::Element, C: amp_tensor::Element>(
     dims: &[usize],
-    x: &Src,
-    lo: Option<&Src>,
-    hi: Option<&Src>,
+    x: &Src<'_>,
+    lo: Option<&Src<'_>>,
+    hi: Option<&Src<'_>>,
 ) -> Result<Vec<T>> {
     const OP: &str = "clamp";
-    let g = Guards::new([x.tensor(), lo.and_then(Src::tensor), hi.and_then(Src::tensor)]);
+    let g = Guards::new([
+        x.tensor(),
+        lo.and_then(Src::tensor),
+        hi.and_then(Src::tensor),
+    ]);
     let a: Arg<T, C> = x.arg(g.get(0), false, OP)?;
     Ok(match (lo, hi) {
         (Some(l), Some(h)) => zip3(
@@ -158,34 +168,44 @@ fn clamp_tensor_kernel<T: amp_tensor::Element, C: amp_tensor::Element>(
                 }
             },
         ),
-        (Some(l), None) => zip2(dims, a, l.arg::<T, C>(g.get(1), false, OP)?, |v: C, l: C| {
-            #[allow(clippy::eq_op)]
-            if v != v || l != l {
-                if v != v {
-                    v
-                } else {
+        (Some(l), None) => zip2(
+            dims,
+            a,
+            l.arg::<T, C>(g.get(1), false, OP)?,
+            |v: C, l: C| {
+                #[allow(clippy::eq_op)]
+                if v != v || l != l {
+                    if v != v {
+                        v
+                    } else {
+                        l
+                    }
+                } else if v < l {
                     l
-                }
-            } else if v < l {
-                l
-            } else {
-                v
-            }
-        }),
-        (None, Some(h)) => zip2(dims, a, h.arg::<T, C>(g.get(2), false, OP)?, |v: C, h: C| {
-            #[allow(clippy::eq_op)]
-            if v != v || h != h {
-                if v != v {
-                    v
                 } else {
-                    h
+                    v
                 }
-            } else if h < v {
-                h
-            } else {
-                v
-            }
-        }),
+            },
+        ),
+        (None, Some(h)) => zip2(
+            dims,
+            a,
+            h.arg::<T, C>(g.get(2), false, OP)?,
+            |v: C, h: C| {
+                #[allow(clippy::eq_op)]
+                if v != v || h != h {
+                    if v != v {
+                        v
+                    } else {
+                        h
+                    }
+                } else if h < v {
+                    h
+                } else {
+                    v
+                }
+            },
+        ),
         (None, None) => return Err(no_bounds()),
     })
 }

@@ -20,6 +20,7 @@ use crate::compute::Real;
 /// The strided elementwise engine behind the unary, binary and ternary kernels.
 pub(crate) mod ewise {
     use std::any::TypeId;
+    use std::borrow::Cow;
     use std::mem::MaybeUninit;
     use std::sync::RwLockReadGuard;
 
@@ -36,6 +37,12 @@ pub(crate) mod ewise {
 
     /// Elements widened / computed / narrowed at a time (fits L1 with three operands).
     const PIECE: usize = CHUNK;
+
+    /// Rows per tile when an operand is read across its innermost dimension.
+    const TILE_ROWS: usize = 64;
+
+    /// Columns per tile: the cache lines a strided operand touches per tile.
+    const TILE_COLS: usize = 32;
 
     /// `s` as a slice of `U` when `T` and `U` are the same type.
     #[inline(always)]
@@ -240,7 +247,10 @@ pub(crate) mod ewise {
 
     /// The elements of `st` as `T`, or a dtype error naming `op`.
     #[inline]
-    pub(crate) fn slice_of<'s, T: Element>(st: &'s CpuStorage, op: &'static str) -> Result<&'s [T]> {
+    pub(crate) fn slice_of<'s, T: Element>(
+        st: &'s CpuStorage,
+        op: &'static str,
+    ) -> Result<&'s [T]> {
         T::slice(st).ok_or(Error::DTypeMismatch {
             op,
             expected: T::DTYPE,
@@ -290,29 +300,37 @@ pub(crate) mod ewise {
 
     /// One operand of an elementwise op after promotion.
     #[derive(Clone)]
-    pub(crate) enum Src {
-        /// A tensor in the op's dtype (any strides, broadcastable to the output).
-        Full(Tensor),
+    pub(crate) enum Src<'t> {
+        /// A tensor in the op's dtype (any strides, broadcastable to the output):
+        /// the caller's tensor itself when it already has that dtype.
+        Full(Cow<'t, Tensor>),
         /// One value at every output position: a Python scalar or the element of a
         /// one-element tensor, kept exact until the kernel casts it.
         One(Scalar),
     }
 
-    impl Src {
+    impl<'t> Src<'t> {
         /// `t` as an operand of an op computing in `dtype`: a one-element tensor
-        /// becomes its value, other tensors are cast to `dtype` (a no-op when equal).
-        pub(crate) fn of(t: &Tensor, dtype: DType, op: &'static str) -> Result<Src> {
+        /// becomes its value, other tensors are cast to `dtype` (borrowed when equal).
+        pub(crate) fn of(t: &'t Tensor, dtype: DType, op: &'static str) -> Result<Src<'t>> {
             if t.elem_count() == 1 {
                 Ok(Src::One(tensor_scalar(t, op)?))
+            } else if t.dtype() == dtype {
+                Ok(Src::Full(Cow::Borrowed(t)))
             } else {
-                Ok(Src::Full(t.to_dtype(dtype)?))
+                Ok(Src::Full(Cow::Owned(t.to_dtype(dtype)?)))
             }
+        }
+
+        /// `t` as it is (no promotion), for single-input kernels.
+        pub(crate) fn full(t: &'t Tensor) -> Src<'t> {
+            Src::Full(Cow::Borrowed(t))
         }
 
         /// The tensor of a [`Src::Full`] operand.
         pub(crate) fn tensor(&self) -> Option<&Tensor> {
             match self {
-                Src::Full(t) => Some(t),
+                Src::Full(t) => Some(t.as_ref()),
                 Src::One(_) => None,
             }
         }
@@ -577,7 +595,10 @@ pub(crate) mod ewise {
         }
 
         /// Call `f(out_index, len, starts, strides)` for the runs covering output
-        /// positions `lo..hi`, in order.
+        /// positions `lo..hi`. Runs come in row-major order, except that when an
+        /// operand reads its innermost dimension with a stride of 16 or more (a transposed
+        /// operand), full rows are visited in tiles of [`TILE_ROWS`] rows by
+        /// [`TILE_COLS`] columns so the lines it touches stay in cache.
         pub(crate) fn runs(
             &self,
             lo: usize,
@@ -595,7 +616,7 @@ pub(crate) mod ewise {
             let nd = self.outer.len();
             let mut idx = vec![0usize; nd];
             let mut base = self.offsets;
-            let (mut q, mut r) = (lo / m, lo % m);
+            let (mut q, r) = (lo / m, lo % m);
             for d in (0..nd).rev() {
                 let (size, st) = self.outer[d];
                 idx[d] = q % size;
@@ -604,15 +625,8 @@ pub(crate) mod ewise {
                     base[k] += idx[d] * st[k];
                 }
             }
-            let mut pos = lo;
-            loop {
-                let len = (m - r).min(hi - pos);
-                f(pos, len, std::array::from_fn(|k| base[k] + r * s[k]), s);
-                pos += len;
-                r = 0;
-                if pos >= hi {
-                    return;
-                }
+            // Step `base` to the next row (odometer over the outer dimensions).
+            let advance = |idx: &mut [usize], base: &mut [usize; K]| {
                 for d in (0..nd).rev() {
                     let (size, st) = self.outer[d];
                     idx[d] += 1;
@@ -620,13 +634,49 @@ pub(crate) mod ewise {
                         base[k] += st[k];
                     }
                     if idx[d] < size {
-                        break;
+                        return;
                     }
                     idx[d] = 0;
                     for k in 0..K {
                         base[k] -= st[k] * size;
                     }
                 }
+            };
+            let mut pos = lo;
+            if r != 0 {
+                let len = (m - r).min(hi - pos);
+                f(pos, len, std::array::from_fn(|k| base[k] + r * s[k]), s);
+                pos += len;
+                advance(&mut idx, &mut base);
+            }
+            let tile = m > TILE_COLS && s.iter().any(|&st| st >= 16);
+            while pos + m <= hi {
+                if tile && pos + TILE_ROWS * m <= hi {
+                    let mut bases = [[0usize; K]; TILE_ROWS];
+                    for b in bases.iter_mut() {
+                        *b = base;
+                        advance(&mut idx, &mut base);
+                    }
+                    for c in (0..m).step_by(TILE_COLS) {
+                        let len = TILE_COLS.min(m - c);
+                        for (t, b) in bases.iter().enumerate() {
+                            f(
+                                pos + t * m + c,
+                                len,
+                                std::array::from_fn(|k| b[k] + c * s[k]),
+                                s,
+                            );
+                        }
+                    }
+                    pos += TILE_ROWS * m;
+                } else {
+                    f(pos, m, base, s);
+                    pos += m;
+                    advance(&mut idx, &mut base);
+                }
+            }
+            if pos < hi {
+                f(pos, hi - pos, base, s);
             }
         }
     }
@@ -661,13 +711,21 @@ pub(crate) mod ewise {
         let mut done = 0;
         while done < len {
             let l = (len - done).min(PIECE);
-            f(done, l, std::array::from_fn(|k| starts[k] + done * strides[k]));
+            f(
+                done,
+                l,
+                std::array::from_fn(|k| starts[k] + done * strides[k]),
+            );
             done += l;
         }
     }
 
     /// `out[i] = f(x[i])` over an output of shape `dims`.
-    pub(crate) fn zip1<T, C, R, O>(dims: &[usize], x: Arg<T, C>, f: impl Fn(C) -> R + Sync) -> Vec<O>
+    pub(crate) fn zip1<T, C, R, O>(
+        dims: &[usize],
+        x: Arg<T, C>,
+        f: impl Fn(C) -> R + Sync,
+    ) -> Vec<O>
     where
         T: Element,
         C: Element,
@@ -993,7 +1051,11 @@ fn erfinv_c<C: Real>(y: C) -> C {
         let z = (-((one - y_abs) / c(2.0)).ln()).sqrt();
         let num = ((c(CC[3]) * z + c(CC[2])) * z + c(CC[1])) * z + c(CC[0]);
         let dem = (c(D[1]) * z + c(D[0])) * z + one;
-        let num = if y.is_sign_negative() { -num.abs() } else { num.abs() };
+        let num = if y.is_sign_negative() {
+            -num.abs()
+        } else {
+            num.abs()
+        };
         num / dem
     };
     let k = c(2.0) / c(std::f64::consts::PI.sqrt());
@@ -1003,9 +1065,12 @@ fn erfinv_c<C: Real>(y: C) -> C {
 }
 
 /// Run `op` on a floating tensor with storage `T`, computing in `C`.
-fn float_unary<T: amp_tensor::Element, C: Real + RoundEven>(op: UnaryOp, x: &Tensor) -> Result<Tensor> {
+fn float_unary<T: amp_tensor::Element, C: Real + RoundEven>(
+    op: UnaryOp,
+    x: &Tensor,
+) -> Result<Tensor> {
     let g = Guards::new([Some(x)]);
-    let arg = Src::Full(x.clone());
+    let arg = Src::full(x);
     let a: Arg<T, C> = arg.arg(g.get(0), false, op.name())?;
     let dims = x.dims();
     macro_rules! go {
@@ -1042,9 +1107,8 @@ fn float_unary<T: amp_tensor::Element, C: Real + RoundEven>(op: UnaryOp, x: &Ten
             go!(move |v: C| v * half * (C::one() + (v * s).erf()))
         }
         UnaryOp::GeluTanh => {
-            let beta = C::from_f64c(
-                std::f64::consts::SQRT_2 * std::f64::consts::FRAC_2_SQRT_PI * 0.5,
-            );
+            let beta =
+                C::from_f64c(std::f64::consts::SQRT_2 * std::f64::consts::FRAC_2_SQRT_PI * 0.5);
             let kappa = C::from_f64c(0.044715);
             go!(move |v: C| {
                 let inner = beta * (v + kappa * (v * v * v));
@@ -1073,7 +1137,7 @@ fn float_unary<T: amp_tensor::Element, C: Real + RoundEven>(op: UnaryOp, x: &Ten
 /// Run a dtype-keeping `op` on an int32/int64 tensor.
 fn int_unary<T: ewise::Int>(op: UnaryOp, x: &Tensor) -> Result<Tensor> {
     let g = Guards::new([Some(x)]);
-    let src = Src::Full(x.clone());
+    let src = Src::full(x);
     let a: Arg<T, T> = src.arg(g.get(0), false, op.name())?;
     let dims = x.dims();
     let out: Vec<T> = match op {
@@ -1123,7 +1187,10 @@ pub fn unary(op: UnaryOp, x: &Tensor) -> Result<Tensor> {
             return int_kernel!(dt, |T| int_unary::<T>(op, x), _ => bool_unary(op, x));
         }
         if matches!(op, UnaryOp::Gelu | UnaryOp::GeluTanh) {
-            return Err(Error::UnsupportedDType { op: op.name(), dtype: dt });
+            return Err(Error::UnsupportedDType {
+                op: op.name(),
+                dtype: dt,
+            });
         }
         return float_unary::<f32, f32>(op, &x.to_dtype(DType::F32)?);
     }
@@ -1212,7 +1279,7 @@ pub fn softplus(x: &Tensor, beta: f64, threshold: f64) -> Result<Tensor> {
     ensure_cpu(OP, &[x])?;
     crate::float_kernel!(x.dtype(), OP, |T, C| {
         let g = Guards::new([Some(x)]);
-        let src = Src::Full(x.clone());
+        let src = Src::full(x);
         let a: Arg<T, C> = src.arg(g.get(0), false, OP)?;
         let (b, th) = (C::from_f64c(beta), C::from_f64c(threshold));
         let out: Vec<T> = zip1(x.dims(), a, move |v: C| {
@@ -1240,7 +1307,7 @@ fn float_test(
     }
     crate::float_kernel!(x.dtype(), op, |T, C| {
         let g = Guards::new([Some(x)]);
-        let src = Src::Full(x.clone());
+        let src = Src::full(x);
         let a: Arg<T, C> = src.arg(g.get(0), false, op)?;
         let out: Vec<bool> = zip1(x.dims(), a, |v: C| pred(v.to_f64c()));
         Tensor::from_vec(out, x.dims().to_vec())

@@ -886,3 +886,163 @@ pub const CALLS_WITHOUT_VECTORS: &[(&str, &str)] = &[
     ("linalg_lstsq", "torch.linalg.lstsq"),
     ("linalg_inv_ex", "torch.linalg.inv_ex"),
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(v: &[f64], shape: &[usize]) -> A {
+        Arg::Tensor(Tensor::from_vec(v.to_vec(), shape.to_vec()).unwrap())
+    }
+
+    fn kw(entries: Vec<(&str, A)>) -> K {
+        Kwargs::new(entries.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
+    }
+
+    fn run(call: &str, op: &str, args: &[A], kwargs: &K) -> R {
+        table()
+            .call(op, call, args, kwargs)
+            .expect("the call has an entry")
+    }
+
+    fn values(r: R) -> Vec<f64> {
+        match r.unwrap() {
+            Output::Tensor(t) => t.to_vec_f64(),
+            Output::Tensors(_) => panic!("one tensor expected"),
+        }
+    }
+
+    #[test]
+    fn binding_follows_python() {
+        let x = t(&[1.0, 2.0], &[2]);
+        // Too many positional arguments, an unknown keyword, a parameter given twice.
+        let e = run("torch.exp", "exp", &[x.clone(), x.clone()], &K::default()).unwrap_err();
+        assert_eq!(
+            e,
+            "takes at most 1 positional arguments (input), but 2 were given"
+        );
+        let e = run("torch.exp", "exp", &[x.clone()], &kw(vec![("alpha", Arg::Int(1))]))
+            .unwrap_err();
+        assert_eq!(e, "unexpected keyword argument `alpha`");
+        let e = run("torch.exp", "exp", &[x.clone()], &kw(vec![("input", x.clone())]))
+            .unwrap_err();
+        assert_eq!(e, "got multiple values for argument `input`");
+        // Keyword form of a positional parameter.
+        let y = values(run("torch.neg", "neg", &[], &kw(vec![("input", x.clone())])));
+        assert_eq!(y, [-1.0, -2.0]);
+        let e = run("torch.neg", "neg", &[], &K::default()).unwrap_err();
+        assert_eq!(e, "missing required argument `input`");
+    }
+
+    #[test]
+    fn unsupported_values_fail_and_defaults_pass() {
+        let x = t(&[1.0, -2.0], &[2]);
+        let e = run(
+            "torch.nn.functional.gelu",
+            "gelu",
+            &[x.clone()],
+            &kw(vec![("approximate", Arg::Str("tanh".into()))]),
+        )
+        .unwrap_err();
+        assert_eq!(e, "`approximate=\"tanh\"` is not supported");
+        assert!(run(
+            "torch.nn.functional.gelu",
+            "gelu",
+            &[x.clone()],
+            &kw(vec![("approximate", Arg::Str("none".into()))]),
+        )
+        .is_ok());
+        let e = run(
+            "torch.div",
+            "div",
+            &[x.clone(), x.clone()],
+            &kw(vec![("rounding_mode", Arg::Str("floor".into()))]),
+        )
+        .unwrap_err();
+        assert_eq!(e, "`rounding_mode=\"floor\"` is not supported");
+        let idx = Arg::Tensor(Tensor::from_vec(vec![0i64, 1], [2]).unwrap());
+        let w = t(&[1.0, 2.0, 3.0, 4.0], &[2, 2]);
+        let e = run(
+            "torch.nn.functional.embedding",
+            "embedding",
+            &[idx.clone(), w.clone(), Arg::Int(0)],
+            &K::default(),
+        )
+        .unwrap_err();
+        assert_eq!(e, "`padding_idx=0` is not supported");
+        let ok = run(
+            "torch.nn.functional.embedding",
+            "embedding",
+            &[idx, w],
+            &kw(vec![("norm_type", Arg::Int(2)), ("sparse", Arg::Bool(false))]),
+        );
+        assert_eq!(values(ok), [1.0, 2.0, 3.0, 4.0]);
+        let e = run(
+            "torch.nn.functional.mse_loss",
+            "mse_loss",
+            &[x.clone(), x.clone()],
+            &kw(vec![("size_average", Arg::Bool(true))]),
+        )
+        .unwrap_err();
+        assert_eq!(e, "`size_average=true` is not supported");
+    }
+
+    #[test]
+    fn scalars_alpha_and_dtype() {
+        let x = t(&[1.0, 2.0], &[2]);
+        let y = values(run(
+            "torch.add",
+            "add",
+            &[x.clone(), Arg::Int(2)],
+            &kw(vec![("alpha", Arg::Int(3))]),
+        ));
+        assert_eq!(y, [7.0, 8.0]);
+        let y = values(run(
+            "torch.sub",
+            "sub",
+            &[x.clone(), x.clone()],
+            &kw(vec![("alpha", Arg::Float(0.5))]),
+        ));
+        assert_eq!(y, [0.5, 1.0]);
+        let out = run(
+            "torch.sum",
+            "sum",
+            &[x.clone()],
+            &kw(vec![("dtype", Arg::Str("float32".into()))]),
+        )
+        .unwrap();
+        let Output::Tensor(s) = out else { panic!() };
+        assert_eq!(s.dtype(), DType::F32);
+        assert_eq!(s.to_vec_f64(), [3.0]);
+        let y = values(run(
+            "torch.norm",
+            "norm",
+            &[t(&[3.0, 4.0], &[2])],
+            &kw(vec![("p", Arg::Str("fro".into()))]),
+        ));
+        assert_eq!(y, [5.0]);
+        let e = run(
+            "torch.norm",
+            "norm",
+            &[x],
+            &kw(vec![("p", Arg::Str("nuc".into()))]),
+        )
+        .unwrap_err();
+        assert_eq!(e, "`p=\"nuc\"` is not supported");
+    }
+
+    #[test]
+    fn multi_dot_serves_both_ops_with_their_own_functions() {
+        let table = table();
+        assert!(table.supports("chain_matmul", "torch.linalg.multi_dot"));
+        assert!(table.supports("multi_dot", "torch.linalg.multi_dot"));
+        assert!(!table.supports("linalg_inv", "torch.linalg.multi_dot"));
+        // multi_dot accepts 1-D ends; chain_matmul needs matrices.
+        let v = t(&[1.0, 2.0], &[2]);
+        let m = t(&[1.0, 0.0, 0.0, 1.0], &[2, 2]);
+        let list = Arg::List(vec![v.clone(), m, v]);
+        let y = values(run("torch.linalg.multi_dot", "multi_dot", &[list.clone()], &K::default()));
+        assert_eq!(y, [5.0]);
+        assert!(run("torch.linalg.multi_dot", "chain_matmul", &[list], &K::default()).is_err());
+    }
+}

@@ -36,6 +36,9 @@ fn every_builtin_case_is_counted() {
     }
     // The policy suite needs no other crate: it runs fully.
     assert_eq!(report.suite(Suite::Policy).passed, 374);
+    // The scaler and train suites run on the workspace's crates: nothing is skipped.
+    assert!(report.suite(Suite::Scaler).skipped.is_empty());
+    assert!(report.suite(Suite::Train).skipped.is_empty());
     // Every skip says why.
     for (suite, s) in report.skipped() {
         assert!(

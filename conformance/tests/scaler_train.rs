@@ -1,0 +1,237 @@
+//! The scaler and train runners catch wrong expectations: each test changes one
+//! expectation of a real vector (or the vector's program) and checks the case fails with
+//! the first mismatch named, while the untouched vector passes.
+
+use conformance::{backend, run_files, Suite, VectorFile, BUILTIN};
+use serde_json::{json, Value};
+
+fn builtin_json(name: &str) -> Value {
+    let (_, text) = BUILTIN
+        .iter()
+        .find(|(n, _)| *n == name)
+        .expect("a built-in vector file");
+    serde_json::from_str(text).unwrap()
+}
+
+/// The built-in file `name` reduced to the case `id`, changed by `edit`.
+fn one_case(name: &str, id: &str, edit: impl FnOnce(&mut Value)) -> VectorFile {
+    let mut file = builtin_json(name);
+    let cases = file["cases"].as_array_mut().unwrap();
+    cases.retain(|c| c["id"] == id);
+    assert_eq!(cases.len(), 1, "{id}");
+    edit(&mut cases[0]);
+    VectorFile::parse(name, &file.to_string()).unwrap()
+}
+
+/// `Ok(())` when the case passed, else its failure message.
+fn outcome(file: VectorFile, suite: Suite) -> Result<(), String> {
+    let report = run_files(&backend::builtin(), &[file]);
+    let s = report.suite(suite);
+    assert_eq!(s.total(), 1);
+    assert!(s.skipped.is_empty(), "{:?}", s.skipped);
+    match s.failures.first() {
+        None => Ok(()),
+        Some(f) => Err(f.message.clone()),
+    }
+}
+
+fn scaler(id: &str, edit: impl FnOnce(&mut Value)) -> Result<(), String> {
+    outcome(one_case("scaler.json", id, edit), Suite::Scaler)
+}
+
+fn train(id: &str, edit: impl FnOnce(&mut Value)) -> Result<(), String> {
+    outcome(one_case("train.json", id, edit), Suite::Train)
+}
+
+/// Index of the `n`-th action named `action` of a case.
+fn nth_action(case: &Value, action: &str, n: usize) -> usize {
+    case["actions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| a["action"] == action)
+        .nth(n)
+        .map(|(i, _)| i)
+        .unwrap()
+}
+
+#[test]
+fn untouched_scaler_and_train_vectors_pass() {
+    assert_eq!(scaler("manual_update/1", |_| {}), Ok(()));
+    assert_eq!(train("scaler_only/1", |_| {}), Ok(()));
+}
+
+#[test]
+fn a_wrong_scale_after_update_fails() {
+    let msg = scaler("manual_update/1", |c| {
+        let i = nth_action(c, "update", 0);
+        c["actions"][i]["expect_scale"] = json!(1024.0);
+    })
+    .unwrap_err();
+    assert_eq!(
+        msg,
+        "action 3 (update): scale: got 512.0, expected 1024.0 (exact)"
+    );
+}
+
+#[test]
+fn a_wrong_growth_tracker_fails() {
+    let msg = scaler("manual_update/1", |c| {
+        let i = nth_action(c, "update", 0);
+        c["actions"][i]["expect_growth_tracker"] = json!(0);
+    })
+    .unwrap_err();
+    assert_eq!(msg, "action 3 (update): growth tracker: got 1, expected 0");
+}
+
+#[test]
+fn a_wrong_skip_or_param_fails() {
+    let msg = scaler("manual_update/1", |c| {
+        let i = nth_action(c, "step", 0);
+        c["actions"][i]["expect_skipped"] = json!(true);
+    })
+    .unwrap_err();
+    assert_eq!(msg, "action 2 (step): skipped: got false, expected true");
+    let msg = scaler("manual_update/1", |c| {
+        let i = nth_action(c, "step", 0);
+        c["actions"][i]["expect_params"][0]["data"][1] = json!(0.5);
+    })
+    .unwrap_err();
+    assert!(
+        msg.starts_with("action 2 (step): element 1 of params[0]: got 0.3629664480686188 (float32), expected 0.5"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_wrong_scaled_value_or_unscaled_grad_fails() {
+    let msg = scaler("trajectory/0/1", |c| {
+        c["actions"][0]["expect"]["data"][0] = json!(1.0);
+    })
+    .unwrap_err();
+    assert!(msg.starts_with("action 0 (scale): element 0 of scaled: got -16447.876953125 (float32), expected 1.0 (exact)"), "{msg}");
+    let msg = scaler("trajectory/0/1", |c| {
+        let i = nth_action(c, "unscale_", 0);
+        c["actions"][i]["expect_grads"][1] = Value::Null;
+    })
+    .unwrap_err();
+    assert!(
+        msg.starts_with("action 2 (unscale_): grads[1]: expected no gradient"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn state_dicts_compare_keys_in_order_and_value_types() {
+    let swapped = scaler("manual_update/1", |c| {
+        let i = nth_action(c, "state_dict", 0);
+        let e = c["actions"][i]["expect"].as_object().unwrap().clone();
+        let mut keys: Vec<&String> = e.keys().collect();
+        keys.swap(1, 2);
+        let reordered: serde_json::Map<String, Value> =
+            keys.into_iter().map(|k| (k.clone(), e[k].clone())).collect();
+        c["actions"][i]["expect"] = Value::Object(reordered);
+    })
+    .unwrap_err();
+    assert!(swapped.starts_with("action 23 (state_dict): state dict keys: got [\"scale\", \"growth_factor\", \"backoff_factor\""), "{swapped}");
+    // growth_interval is an int in PyTorch's dict; a float is a different value type.
+    let float = scaler("manual_update/1", |c| {
+        let i = nth_action(c, "state_dict", 0);
+        c["actions"][i]["expect"]["growth_interval"] = json!(1.0);
+    })
+    .unwrap_err();
+    assert_eq!(
+        float,
+        "action 23 (state_dict): state dict `growth_interval`: got 1, expected 1.0"
+    );
+}
+
+#[test]
+fn expected_errors_must_match_and_must_happen() {
+    let msg = scaler("error/step_twice/1", |c| {
+        c["actions"][3]["expect_error"] = json!("something else");
+    })
+    .unwrap_err();
+    assert_eq!(
+        msg,
+        "action 3 (step): error `step() has already been called since the last update().`, \
+         expected one containing `something else`"
+    );
+    // An error where none is expected.
+    let msg = scaler("error/step_twice/1", |c| {
+        c["actions"][3]
+            .as_object_mut()
+            .unwrap()
+            .remove("expect_error");
+    })
+    .unwrap_err();
+    assert_eq!(
+        msg,
+        "action 3 (step): unexpected error: step() has already been called since the last update()."
+    );
+    // No error where one is expected.
+    let msg = scaler("manual_update/1", |c| {
+        c["actions"][2]["expect_error"] = json!("boom");
+    })
+    .unwrap_err();
+    assert_eq!(
+        msg,
+        "action 2 (step): no error, expected one containing `boom`"
+    );
+    let msg = scaler("error/growth_factor_le_1/1", |c| {
+        c["init"]["growth_factor"] = json!(1.5);
+    })
+    .unwrap_err();
+    assert_eq!(
+        msg,
+        "init: construction did not fail, expected an error containing `The growth factor must be > 1.0.`"
+    );
+}
+
+#[test]
+fn a_wrong_train_expectation_fails() {
+    let msg = train("scaler_only/1", |c| {
+        c["expect"]["scales"][0] = json!(128.0);
+    })
+    .unwrap_err();
+    assert!(msg.starts_with("scales: got [256.0, 512.0, 256.0"), "{msg}");
+    let msg = train("scaler_only/1", |c| {
+        c["expect"]["skipped"][2] = json!(false);
+    })
+    .unwrap_err();
+    assert!(msg.starts_with("skipped: got [false, false, true"), "{msg}");
+    let msg = train("scaler_only/1", |c| {
+        c["expect"]["losses"][4] = json!(1.5);
+    })
+    .unwrap_err();
+    assert!(msg.starts_with("loss 4: got 1.762"), "{msg}");
+    let msg = train("scaler_only/1", |c| {
+        c["expect"]["final_params"][3]["data"][0] = json!(10.0);
+    })
+    .unwrap_err();
+    assert!(msg.starts_with("element 0 of final_params[3]: got"), "{msg}");
+}
+
+#[test]
+fn train_inject_inf_and_accumulate_change_the_run() {
+    // Without the injected inf, step 2 is not skipped: the next loss differs (it is the
+    // loss of the fp32 control run, which has the same data and no inf).
+    let msg = train("scaler_only/1", |c| {
+        c["inject_inf"] = json!([]);
+    })
+    .unwrap_err();
+    assert!(
+        msg.starts_with("loss 3: got 1.0090829133987427, expected 1.0007716417312622"),
+        "{msg}"
+    );
+    // Another accumulation count gives another number of optimizer steps.
+    let msg = train("autocast_bf16_accumulate/1", |c| {
+        c["accumulate"] = json!(1);
+    })
+    .unwrap_err();
+    assert!(
+        msg.starts_with("loss ") || msg.starts_with("scales: "),
+        "{msg}"
+    );
+}
