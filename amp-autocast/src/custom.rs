@@ -22,8 +22,16 @@ pub struct CustomFwd<F> {
 
 /// Wrap `f` with `custom_fwd(device_type=device, cast_inputs=cast_inputs)` and
 /// `custom_bwd`; call it with [`amp_autograd::apply`].
-pub fn custom_fwd<F: Function>(f: F, device: DeviceType, cast_inputs: Option<DType>) -> CustomFwd<F> {
-    CustomFwd { inner: f, device, cast_inputs }
+pub fn custom_fwd<F: Function>(
+    f: F,
+    device: DeviceType,
+    cast_inputs: Option<DType>,
+) -> CustomFwd<F> {
+    CustomFwd {
+        inner: f,
+        device,
+        cast_inputs,
+    }
 }
 
 struct Saved(DeviceState);
@@ -36,15 +44,21 @@ impl<F: Function> Function for CustomFwd<F> {
                 let cast = inputs
                     .iter()
                     .map(|t| {
-                        if t.dtype().is_floating_point() && t.device().device_type() == self.device {
+                        if t.dtype().is_floating_point() && t.device().device_type() == self.device
+                        {
                             t.to_dtype(dtype)
                         } else {
                             Ok(t.clone())
                         }
                     })
                     .collect::<Result<Vec<_>>>()?;
-                ctx.set(Saved(DeviceState { enabled: false, ..st }));
-                Autocast::new(self.device).enabled(false).run(|| self.inner.forward(ctx, &cast))?
+                ctx.set(Saved(DeviceState {
+                    enabled: false,
+                    ..st
+                }));
+                Autocast::new(self.device)
+                    .enabled(false)
+                    .run(|| self.inner.forward(ctx, &cast))?
             }
             _ => {
                 ctx.set(Saved(st));
@@ -54,8 +68,14 @@ impl<F: Function> Function for CustomFwd<F> {
     }
 
     fn backward(&self, ctx: &Ctx, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        let st = ctx.get::<Saved>().map(|s| s.0).unwrap_or_else(|| device_state(self.device));
-        let region = Autocast::new(self.device).enabled(st.enabled).dtype(st.dtype).cache_enabled(st.cache_enabled);
+        let st = ctx
+            .get::<Saved>()
+            .map(|s| s.0)
+            .unwrap_or_else(|| device_state(self.device));
+        let region = Autocast::new(self.device)
+            .enabled(st.enabled)
+            .dtype(st.dtype)
+            .cache_enabled(st.cache_enabled);
         region.run(|| self.inner.backward(ctx, grads))?
     }
 

@@ -59,7 +59,10 @@ pub fn decide(
     args: &[ArgInfo],
     flags: CallFlags,
 ) -> Result<CastPlan, AutocastError> {
-    let mut plan = CastPlan { casts: vec![None; args.len()], set_dtype: None };
+    let mut plan = CastPlan {
+        casts: vec![None; args.len()],
+        set_dtype: None,
+    };
     if flags.inplace || flags.out || flags.explicit_dtype {
         return Ok(plan);
     }
@@ -88,7 +91,9 @@ pub fn decide(
         }
         CastPolicy::Banned => {
             return Err(AutocastError::Banned(
-                banned_message.unwrap_or("this op is banned under autocast").to_string(),
+                banned_message
+                    .unwrap_or("this op is banned under autocast")
+                    .to_string(),
             ))
         }
     }

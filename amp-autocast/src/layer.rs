@@ -15,12 +15,18 @@ pub(crate) struct AutocastLayer;
 /// Whether a cast of `t` to `to` may be cached: a float32 leaf that requires grad and
 /// is not a view, cast down to a lower-precision dtype.
 fn cacheable(t: &Tensor, to: DType) -> bool {
-    t.dtype() == DType::F32 && to.is_reduced_float() && t.is_leaf() && t.requires_grad() && !t.is_view()
+    t.dtype() == DType::F32
+        && to.is_reduced_float()
+        && t.is_leaf()
+        && t.requires_grad()
+        && !t.is_view()
 }
 
 impl DispatchLayer for AutocastLayer {
     fn on_call(&self, call: &mut OpCall<'_>) -> amp_autograd::Result<()> {
-        let Some(first) = call.args.first() else { return Ok(()) };
+        let Some(first) = call.args.first() else {
+            return Ok(());
+        };
         let device = first.device().device_type();
         STATE.with(|s| {
             let mut st = s.borrow_mut();
@@ -40,8 +46,19 @@ impl DispatchLayer for AutocastLayer {
             if policy == CastPolicy::None && !tracing {
                 return Ok(());
             }
-            let args: Vec<ArgInfo> = call.args.iter().map(|t| ArgInfo { dtype: t.dtype(), device: t.device().device_type() }).collect();
-            let banned = if policy == CastPolicy::Banned { st.profile.banned_message_by_id(device, id) } else { None };
+            let args: Vec<ArgInfo> = call
+                .args
+                .iter()
+                .map(|t| ArgInfo {
+                    dtype: t.dtype(),
+                    device: t.device().device_type(),
+                })
+                .collect();
+            let banned = if policy == CastPolicy::Banned {
+                st.profile.banned_message_by_id(device, id)
+            } else {
+                None
+            };
             let plan = decide(policy, banned, device, ds.dtype, &args, flags)?;
             let (mut casts, mut hits) = (0, 0);
             for (arg, to) in call.args.iter_mut().zip(&plan.casts) {

@@ -42,11 +42,14 @@ mod state;
 mod trace;
 
 pub use custom::{custom_fwd, CustomFwd};
-pub use decision::{check_dtype, decide, default_dtype, is_eligible, supported_dtypes, ArgInfo, CallFlags, CastPlan};
+pub use decision::{
+    check_dtype, decide, default_dtype, is_eligible, supported_dtypes, ArgInfo, CallFlags, CastPlan,
+};
 pub use error::AutocastError;
 pub use region::{autocast, traced, Autocast, AutocastGuard};
 pub use state::{
-    autocast_depth, cache_len, clear_autocast_cache, current_profile, device_state, get_autocast_dtype, global_profile,
-    is_autocast_cache_enabled, is_autocast_enabled, set_global_profile, DeviceState,
+    autocast_depth, cache_len, clear_autocast_cache, current_profile, device_state,
+    get_autocast_dtype, global_profile, is_autocast_cache_enabled, is_autocast_enabled,
+    set_global_profile, DeviceState,
 };
 pub use trace::{Trace, TraceEvent};

@@ -29,7 +29,14 @@ impl Autocast {
     /// An enabled region for `device` with the thread's current dtype for it (float16
     /// on cuda, bfloat16 on cpu unless an outer region set another).
     pub fn new(device: DeviceType) -> Self {
-        Autocast { device, dtype: None, enabled: true, cache_enabled: None, profile: None, trace: false }
+        Autocast {
+            device,
+            dtype: None,
+            enabled: true,
+            cache_enabled: None,
+            profile: None,
+            trace: false,
+        }
     }
     /// The lower-precision dtype.
     pub fn dtype(mut self, dtype: DType) -> Self {
@@ -73,15 +80,28 @@ impl Autocast {
                 cache_enabled: self.cache_enabled.unwrap_or(prev.cache_enabled),
             };
             st.depth += 1;
-            let prev_profile = self.profile.as_ref().map(|p| std::mem::replace(&mut st.profile, p.clone()));
-            let prev_trace = if self.trace { Some(st.trace.replace(Vec::new())) } else { None };
+            let prev_profile = self
+                .profile
+                .as_ref()
+                .map(|p| std::mem::replace(&mut st.profile, p.clone()));
+            let prev_trace = if self.trace {
+                Some(st.trace.replace(Vec::new()))
+            } else {
+                None
+            };
             let layer = if st.layer_installed {
                 None
             } else {
                 st.layer_installed = true;
                 Some(install_layer(Some(Rc::new(AutocastLayer))))
             };
-            Ok(AutocastGuard { device: self.device, prev, prev_profile, prev_trace, layer })
+            Ok(AutocastGuard {
+                device: self.device,
+                prev,
+                prev_profile,
+                prev_trace,
+                layer,
+            })
         })
     }
 
@@ -112,7 +132,9 @@ pub struct AutocastGuard {
 impl AutocastGuard {
     /// The decisions recorded so far in this region (empty unless it traces).
     pub fn trace(&self) -> Trace {
-        STATE.with(|s| Trace { events: s.borrow().trace.clone().unwrap_or_default() })
+        STATE.with(|s| Trace {
+            events: s.borrow().trace.clone().unwrap_or_default(),
+        })
     }
 }
 
@@ -143,7 +165,11 @@ impl Drop for AutocastGuard {
 }
 
 /// Run `f` with autocast on for `device` in `dtype` (`with torch.autocast(device, dtype):`).
-pub fn autocast<R>(device: DeviceType, dtype: DType, f: impl FnOnce() -> R) -> Result<R, AutocastError> {
+pub fn autocast<R>(
+    device: DeviceType,
+    dtype: DType,
+    f: impl FnOnce() -> R,
+) -> Result<R, AutocastError> {
     Autocast::new(device).dtype(dtype).run(f)
 }
 

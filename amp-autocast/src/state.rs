@@ -40,12 +40,20 @@ pub fn set_global_profile(profile: Profile) {
 
 /// The process-wide default profile.
 pub fn global_profile() -> Profile {
-    GLOBAL_PROFILE.read().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_else(Profile::docs)
+    GLOBAL_PROFILE
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
+        .unwrap_or_else(Profile::docs)
 }
 
 impl State {
     fn new() -> Self {
-        let d = |t| DeviceState { enabled: false, dtype: default_dtype(t), cache_enabled: true };
+        let d = |t| DeviceState {
+            enabled: false,
+            dtype: default_dtype(t),
+            cache_enabled: true,
+        };
         State {
             devices: [d(DeviceType::Cpu), d(DeviceType::Cuda)],
             depth: 0,

@@ -26,8 +26,21 @@ pub struct TraceEvent {
 
 impl fmt::Display for TraceEvent {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let list = |v: &[DType]| v.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ");
-        write!(f, "{:<24} {:<5} {:<20} [{}] -> [{}]", self.op, self.device.as_str(), self.policy.as_str(), list(&self.dtypes_in), list(&self.dtypes_out))?;
+        let list = |v: &[DType]| {
+            v.iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        write!(
+            f,
+            "{:<24} {:<5} {:<20} [{}] -> [{}]",
+            self.op,
+            self.device.as_str(),
+            self.policy.as_str(),
+            list(&self.dtypes_in),
+            list(&self.dtypes_out)
+        )?;
         if let Some(d) = self.set_dtype {
             write!(f, " dtype={d}")?;
         }
@@ -58,10 +71,20 @@ impl Trace {
 
 impl fmt::Display for Trace {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "{:<24} {:<5} {:<20} args in -> args out", "op", "dev", "policy")?;
+        writeln!(
+            f,
+            "{:<24} {:<5} {:<20} args in -> args out",
+            "op", "dev", "policy"
+        )?;
         for e in &self.events {
             writeln!(f, "{e}")?;
         }
-        write!(f, "{} ops, {} casts, {} cache hits", self.events.len(), self.casts(), self.cache_hits())
+        write!(
+            f,
+            "{} ops, {} casts, {} cache hits",
+            self.events.len(),
+            self.casts(),
+            self.cache_hits()
+        )
     }
 }

@@ -68,24 +68,37 @@ fn defaults_and_validation() {
         "In CPU autocast, but the target dtype float32 is not supported. CPU Autocast only supports dtypes of torch.bfloat16, torch.float16 currently."
     );
     // a disabled region does not validate its dtype
-    assert!(Autocast::new(CPU).dtype(DType::F64).enabled(false).enter().is_ok());
+    assert!(Autocast::new(CPU)
+        .dtype(DType::F64)
+        .enabled(false)
+        .enter()
+        .is_ok());
 }
 
 #[test]
 fn state_is_thread_local() {
     let _g = Autocast::new(CPU).enter().unwrap();
     assert!(is_autocast_enabled(CPU));
-    let seen = std::thread::spawn(|| is_autocast_enabled(CPU)).join().unwrap();
+    let seen = std::thread::spawn(|| is_autocast_enabled(CPU))
+        .join()
+        .unwrap();
     assert!(!seen, "a spawned thread starts with autocast off");
     let a = Tensor::ones([4, 4], DType::F32);
     let dtypes: Vec<DType> = {
         use rayon::prelude::*;
-        (0..8).into_par_iter().map(|_| ops::mm(&a, &a).unwrap().dtype()).collect()
+        (0..8)
+            .into_par_iter()
+            .map(|_| ops::mm(&a, &a).unwrap().dtype())
+            .collect()
     };
     // rayon workers run on other threads (autocast off) — or inline on this one (on)
     let here = ops::mm(&a, &a).unwrap().dtype();
     assert_eq!(here, DType::BF16);
-    let on_worker = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap().install(|| is_autocast_enabled(CPU));
+    let on_worker = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap()
+        .install(|| is_autocast_enabled(CPU));
     assert!(!on_worker, "a rayon worker sees autocast off");
     assert!(dtypes.iter().all(|d| *d == DType::BF16 || *d == DType::F32));
 }
@@ -101,7 +114,11 @@ fn panic_restores_state() {
     assert!(!is_autocast_enabled(CPU));
     assert_eq!(autocast_depth(), 0);
     let a = Tensor::ones([2, 2], DType::F32);
-    assert_eq!(ops::mm(&a, &a).unwrap().dtype(), DType::F32, "layer uninstalled");
+    assert_eq!(
+        ops::mm(&a, &a).unwrap().dtype(),
+        DType::F32,
+        "layer uninstalled"
+    );
 }
 
 #[test]
@@ -140,7 +157,8 @@ fn weight_cache_casts_a_parameter_once_and_clears() {
 #[test]
 fn float32_leaves_get_float32_grads() {
     let mut g = Generator::new(3);
-    let w = Tensor::parameter(amp_tensor::Tensor::randn([4, 3], DType::F32, &mut g).unwrap()).unwrap();
+    let w =
+        Tensor::parameter(amp_tensor::Tensor::randn([4, 3], DType::F32, &mut g).unwrap()).unwrap();
     let b = Tensor::parameter(amp_tensor::Tensor::randn([4], DType::F32, &mut g).unwrap()).unwrap();
     let x = Tensor::randn([5, 3], DType::F32, &mut g).unwrap();
     let loss = autocast(CPU, DType::BF16, || {
@@ -160,18 +178,29 @@ fn fp32_policy_and_promote_and_unlisted() {
     let y = Tensor::full([3], 2.0, DType::F32);
     autocast(CPU, DType::BF16, || {
         // mse_loss is on the cpu fp32 list
-        assert_eq!(ops::mse_loss(&x, &x, Reduction::Mean).unwrap().dtype(), DType::F32);
+        assert_eq!(
+            ops::mse_loss(&x, &x, Reduction::Mean).unwrap().dtype(),
+            DType::F32
+        );
         // atan2 promotes to the widest eligible type
         assert_eq!(ops::atan2(&x, &y).unwrap().dtype(), DType::F32);
         assert_eq!(ops::atan2(&x, &x).unwrap().dtype(), DType::BF16);
         // float64 is never cast, and is ignored by promote
         let d = Tensor::full([3], 1.0, DType::F64);
-        assert_eq!(ops::mm(&d.reshape([3, 1]).unwrap(), &d.reshape([1, 3]).unwrap()).unwrap().dtype(), DType::F64);
+        assert_eq!(
+            ops::mm(&d.reshape([3, 1]).unwrap(), &d.reshape([1, 3]).unwrap())
+                .unwrap()
+                .dtype(),
+            DType::F64
+        );
         // unlisted ops run in their input types
         assert_eq!(ops::add(&y, &y).unwrap().dtype(), DType::F32);
         assert_eq!(ops::exp(&x).unwrap().dtype(), DType::BF16);
         // an explicit dtype= is never autocast
-        assert_eq!(ops::sum(&x, &[], false, Some(DType::F64)).unwrap().dtype(), DType::F64);
+        assert_eq!(
+            ops::sum(&x, &[], false, Some(DType::F64)).unwrap().dtype(),
+            DType::F64
+        );
     })
     .unwrap();
 }
@@ -180,47 +209,172 @@ fn fp32_policy_and_promote_and_unlisted() {
 fn cuda_policies_via_the_pure_decision() {
     let cuda = DeviceType::Cuda;
     let p = Profile::docs();
-    let f32a = ArgInfo { dtype: DType::F32, device: cuda };
-    let f16a = ArgInfo { dtype: DType::F16, device: cuda };
-    let f64a = ArgInfo { dtype: DType::F64, device: cuda };
-    let cpu32 = ArgInfo { dtype: DType::F32, device: CPU };
-    let check = |op: &str, args: &[ArgInfo], flags: CallFlags, expect: Vec<Option<DType>>, set: Option<DType>| {
-        let plan = decide(p.policy_by_name(cuda, op), p.banned_message(cuda, op), cuda, DType::F16, args, flags).unwrap();
+    let f32a = ArgInfo {
+        dtype: DType::F32,
+        device: cuda,
+    };
+    let f16a = ArgInfo {
+        dtype: DType::F16,
+        device: cuda,
+    };
+    let f64a = ArgInfo {
+        dtype: DType::F64,
+        device: cuda,
+    };
+    let cpu32 = ArgInfo {
+        dtype: DType::F32,
+        device: CPU,
+    };
+    let check = |op: &str,
+                 args: &[ArgInfo],
+                 flags: CallFlags,
+                 expect: Vec<Option<DType>>,
+                 set: Option<DType>| {
+        let plan = decide(
+            p.policy_by_name(cuda, op),
+            p.banned_message(cuda, op),
+            cuda,
+            DType::F16,
+            args,
+            flags,
+        )
+        .unwrap();
         assert_eq!(plan.casts, expect, "{op}");
         assert_eq!(plan.set_dtype, set, "{op}");
     };
-    check("mm", &[f32a, f32a], CallFlags::default(), vec![Some(DType::F16); 2], None);
-    check("mm", &[f32a, f64a], CallFlags::default(), vec![Some(DType::F16), None], None);
-    check("mm", &[f32a, cpu32], CallFlags::default(), vec![Some(DType::F16), None], None);
-    check("exp", &[f16a], CallFlags::default(), vec![Some(DType::F32)], None);
-    check("atan2", &[f16a, f32a], CallFlags::default(), vec![Some(DType::F32), None], None);
-    check("atan2", &[f16a, f64a], CallFlags::default(), vec![None, None], None);
-    check("cat", &[f16a, f32a], CallFlags::default(), vec![None, None], None);
-    check("mm", &[f32a, f32a], CallFlags { inplace: true, ..Default::default() }, vec![None, None], None);
-    check("mm", &[f32a, f32a], CallFlags { out: true, ..Default::default() }, vec![None, None], None);
-    let e = decide(p.policy_by_name(cuda, "binary_cross_entropy"), p.banned_message(cuda, "binary_cross_entropy"), cuda, DType::F16, &[f16a, f16a], CallFlags::default()).unwrap_err();
-    assert!(e.to_string().starts_with("torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast."));
+    check(
+        "mm",
+        &[f32a, f32a],
+        CallFlags::default(),
+        vec![Some(DType::F16); 2],
+        None,
+    );
+    check(
+        "mm",
+        &[f32a, f64a],
+        CallFlags::default(),
+        vec![Some(DType::F16), None],
+        None,
+    );
+    check(
+        "mm",
+        &[f32a, cpu32],
+        CallFlags::default(),
+        vec![Some(DType::F16), None],
+        None,
+    );
+    check(
+        "exp",
+        &[f16a],
+        CallFlags::default(),
+        vec![Some(DType::F32)],
+        None,
+    );
+    check(
+        "atan2",
+        &[f16a, f32a],
+        CallFlags::default(),
+        vec![Some(DType::F32), None],
+        None,
+    );
+    check(
+        "atan2",
+        &[f16a, f64a],
+        CallFlags::default(),
+        vec![None, None],
+        None,
+    );
+    check(
+        "cat",
+        &[f16a, f32a],
+        CallFlags::default(),
+        vec![None, None],
+        None,
+    );
+    check(
+        "mm",
+        &[f32a, f32a],
+        CallFlags {
+            inplace: true,
+            ..Default::default()
+        },
+        vec![None, None],
+        None,
+    );
+    check(
+        "mm",
+        &[f32a, f32a],
+        CallFlags {
+            out: true,
+            ..Default::default()
+        },
+        vec![None, None],
+        None,
+    );
+    let e = decide(
+        p.policy_by_name(cuda, "binary_cross_entropy"),
+        p.banned_message(cuda, "binary_cross_entropy"),
+        cuda,
+        DType::F16,
+        &[f16a, f16a],
+        CallFlags::default(),
+    )
+    .unwrap_err();
+    assert!(e.to_string().starts_with(
+        "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast."
+    ));
     // fp32_set_opt_dtype (torch-2.15's cuda sum): no cast, but dtype=float32 unless given
     let t = Profile::torch_2_15();
-    let plan = decide(t.policy_by_name(cuda, "sum"), None, cuda, DType::F16, &[f16a], CallFlags { accepts_dtype: true, ..Default::default() }).unwrap();
+    let plan = decide(
+        t.policy_by_name(cuda, "sum"),
+        None,
+        cuda,
+        DType::F16,
+        &[f16a],
+        CallFlags {
+            accepts_dtype: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert_eq!((plan.casts, plan.set_dtype), (vec![None], Some(DType::F32)));
-    let plan = decide(t.policy_by_name(cuda, "sum"), None, cuda, DType::F16, &[f16a], CallFlags { accepts_dtype: true, explicit_dtype: true, ..Default::default() }).unwrap();
+    let plan = decide(
+        t.policy_by_name(cuda, "sum"),
+        None,
+        cuda,
+        DType::F16,
+        &[f16a],
+        CallFlags {
+            accepts_dtype: true,
+            explicit_dtype: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert_eq!(plan.set_dtype, None);
     // cpu runs binary_cross_entropy in float32
-    assert_eq!(p.policy_by_name(CPU, "binary_cross_entropy"), CastPolicy::Fp32);
+    assert_eq!(
+        p.policy_by_name(CPU, "binary_cross_entropy"),
+        CastPolicy::Fp32
+    );
 }
 
 #[test]
 fn overrides_scoped_to_a_region() {
     let a = Tensor::ones([2, 2], DType::F32);
-    let prof = Profile::docs().with_override(CPU, "mm", CastPolicy::Fp32).with_ban(CPU, "exp", "no exp here");
+    let prof = Profile::docs()
+        .with_override(CPU, "mm", CastPolicy::Fp32)
+        .with_ban(CPU, "exp", "no exp here");
     autocast(CPU, DType::BF16, || {
         let _g = Autocast::new(CPU).profile(prof.clone()).enter().unwrap();
         assert_eq!(ops::mm(&a, &a).unwrap().dtype(), DType::F32);
         assert_eq!(ops::exp(&a).unwrap_err().to_string(), "no exp here");
     })
     .unwrap();
-    autocast(CPU, DType::BF16, || assert_eq!(ops::mm(&a, &a).unwrap().dtype(), DType::BF16)).unwrap();
+    autocast(CPU, DType::BF16, || {
+        assert_eq!(ops::mm(&a, &a).unwrap().dtype(), DType::BF16)
+    })
+    .unwrap();
 }
 
 struct Scale2;
@@ -230,11 +384,18 @@ impl Function for Scale2 {
         ctx.save_for_backward(&[&inputs[0]]);
         Ok(vec![ops::mm(&inputs[0], &inputs[1])?])
     }
-    fn backward(&self, ctx: &Ctx, grads: &[Option<Tensor>]) -> amp_autograd::Result<Vec<Option<Tensor>>> {
+    fn backward(
+        &self,
+        ctx: &Ctx,
+        grads: &[Option<Tensor>],
+    ) -> amp_autograd::Result<Vec<Option<Tensor>>> {
         // backward runs under the state forward saw
         assert_eq!(is_autocast_enabled(CPU), *ctx.get::<bool>().unwrap());
         let g = grads[0].clone().unwrap();
-        Ok(vec![Some(g.clone()), Some(ops::mm(&ops::t(&ctx.saved_tensors()[0])?, &g)?)])
+        Ok(vec![
+            Some(g.clone()),
+            Some(ops::mm(&ops::t(&ctx.saved_tensors()[0])?, &g)?),
+        ])
     }
 }
 
@@ -242,7 +403,10 @@ impl Function for Scale2 {
 fn custom_fwd_without_cast_inputs_runs_under_current_state() {
     let a = Tensor::parameter(amp_tensor::Tensor::ones([2, 2], DType::F32)).unwrap();
     let b = Tensor::parameter(amp_tensor::Tensor::ones([2, 2], DType::F32)).unwrap();
-    let out = autocast(CPU, DType::BF16, || apply(custom_fwd(Scale2, CPU, None), &[a.clone(), b.clone()]).unwrap()).unwrap();
+    let out = autocast(CPU, DType::BF16, || {
+        apply(custom_fwd(Scale2, CPU, None), &[a.clone(), b.clone()]).unwrap()
+    })
+    .unwrap();
     assert_eq!(out[0].dtype(), DType::BF16, "forward's mm autocast");
     ops::sum_all(&out[0]).unwrap().backward().unwrap();
     assert_eq!(b.grad().unwrap().dtype(), DType::F32);
@@ -252,12 +416,31 @@ fn custom_fwd_without_cast_inputs_runs_under_current_state() {
 fn custom_fwd_with_cast_inputs_runs_with_autocast_off() {
     let a = Tensor::parameter(amp_tensor::Tensor::ones([2, 2], DType::F32)).unwrap();
     let b = Tensor::parameter(amp_tensor::Tensor::ones([2, 2], DType::F32)).unwrap();
-    let out = autocast(CPU, DType::BF16, || apply(custom_fwd(Scale2, CPU, Some(DType::F16)), &[a.clone(), b.clone()]).unwrap()).unwrap();
-    assert_eq!(out[0].dtype(), DType::F16, "inputs cast to float16, body ran with autocast off");
+    let out = autocast(CPU, DType::BF16, || {
+        apply(
+            custom_fwd(Scale2, CPU, Some(DType::F16)),
+            &[a.clone(), b.clone()],
+        )
+        .unwrap()
+    })
+    .unwrap();
+    assert_eq!(
+        out[0].dtype(),
+        DType::F16,
+        "inputs cast to float16, body ran with autocast off"
+    );
     ops::sum_all(&out[0]).unwrap().backward().unwrap();
-    assert_eq!(a.grad().unwrap().dtype(), DType::F32, "grads cast back to the inputs' dtype");
+    assert_eq!(
+        a.grad().unwrap().dtype(),
+        DType::F32,
+        "grads cast back to the inputs' dtype"
+    );
     // outside autocast: a no-op
-    let out = apply(custom_fwd(Scale2, CPU, Some(DType::F16)), &[a.clone(), b.clone()]).unwrap();
+    let out = apply(
+        custom_fwd(Scale2, CPU, Some(DType::F16)),
+        &[a.clone(), b.clone()],
+    )
+    .unwrap();
     assert_eq!(out[0].dtype(), DType::F32);
 }
 

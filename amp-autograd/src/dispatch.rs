@@ -26,7 +26,10 @@ pub struct OpName {
 impl OpName {
     /// A name for a `static`.
     pub const fn new(name: &'static str) -> Self {
-        OpName { name, slot: AtomicU32::new(u32::MAX) }
+        OpName {
+            name,
+            slot: AtomicU32::new(u32::MAX),
+        }
     }
     /// The name.
     #[inline]
@@ -106,7 +109,10 @@ impl Drop for LayerGuard {
 pub fn install_layer(layer: Option<Rc<dyn DispatchLayer>>) -> LayerGuard {
     ACTIVE.with(|a| a.set(layer.is_some()));
     let prev = LAYER.with(|l| std::mem::replace(&mut *l.borrow_mut(), layer));
-    LayerGuard { prev, _not_send: std::marker::PhantomData }
+    LayerGuard {
+        prev,
+        _not_send: std::marker::PhantomData,
+    }
 }
 
 /// The layer installed on this thread, if any.
@@ -130,7 +136,13 @@ pub fn bypass<R>(f: impl FnOnce() -> R) -> R {
 /// The dispatch point. Lets the installed layer see (and rewrite) the call; returns
 /// the dtype the op should use for its `dtype=` argument.
 #[inline]
-pub fn dispatch(op: &'static OpName, args: &mut [Tensor], dtype: Option<DType>, accepts_dtype: bool, kind: CallKind) -> Result<Option<DType>> {
+pub fn dispatch(
+    op: &'static OpName,
+    args: &mut [Tensor],
+    dtype: Option<DType>,
+    accepts_dtype: bool,
+    kind: CallKind,
+) -> Result<Option<DType>> {
     if !ACTIVE.with(|a| a.get()) {
         return Ok(dtype);
     }
@@ -138,9 +150,24 @@ pub fn dispatch(op: &'static OpName, args: &mut [Tensor], dtype: Option<DType>, 
 }
 
 #[inline(never)]
-fn dispatch_slow(op: &'static OpName, args: &mut [Tensor], dtype: Option<DType>, accepts_dtype: bool, kind: CallKind) -> Result<Option<DType>> {
-    let Some(layer) = current_layer() else { return Ok(dtype) };
-    let mut call = OpCall { op, args, dtype, explicit_dtype: dtype.is_some(), accepts_dtype, kind };
+fn dispatch_slow(
+    op: &'static OpName,
+    args: &mut [Tensor],
+    dtype: Option<DType>,
+    accepts_dtype: bool,
+    kind: CallKind,
+) -> Result<Option<DType>> {
+    let Some(layer) = current_layer() else {
+        return Ok(dtype);
+    };
+    let mut call = OpCall {
+        op,
+        args,
+        dtype,
+        explicit_dtype: dtype.is_some(),
+        accepts_dtype,
+        kind,
+    };
     bypass(|| layer.on_call(&mut call))?;
     Ok(call.dtype)
 }

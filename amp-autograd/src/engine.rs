@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::graph::{Edge, Node};
 use crate::grad_mode::GradModeGuard;
+use crate::graph::{Edge, Node};
 use crate::{ops, Error, Result, Tensor};
 
 fn node_key(n: &Arc<Node>) -> usize {
@@ -14,7 +14,13 @@ fn node_key(n: &Arc<Node>) -> usize {
 
 /// Make a gradient fit the input it flows into: PyTorch casts it to the input's dtype
 /// and insists on the shape.
-fn validate(name: &str, i: usize, g: Tensor, dims: &[usize], dtype: amp_tensor::DType) -> Result<Tensor> {
+fn validate(
+    name: &str,
+    i: usize,
+    g: Tensor,
+    dims: &[usize],
+    dtype: amp_tensor::DType,
+) -> Result<Tensor> {
     if g.dims() != dims {
         return Err(Error::BadGradient(format!(
             "Function {name} returned an invalid gradient at index {i} - got {:?} but expected shape compatible with {:?}",
@@ -48,7 +54,13 @@ enum Sink<'a> {
     },
 }
 
-fn run(roots: &[Tensor], grad_outputs: &[Option<Tensor>], retain_graph: bool, create_graph: bool, mut sink: Sink<'_>) -> Result<()> {
+fn run(
+    roots: &[Tensor],
+    grad_outputs: &[Option<Tensor>],
+    retain_graph: bool,
+    create_graph: bool,
+    mut sink: Sink<'_>,
+) -> Result<()> {
     let _mode = GradModeGuard::new(create_graph);
     // Seed gradients.
     let mut pending: HashMap<usize, Vec<Option<Tensor>>> = HashMap::new();
@@ -79,7 +91,9 @@ fn run(roots: &[Tensor], grad_outputs: &[Option<Tensor>], retain_graph: bool, cr
         match root.grad_fn() {
             Some(n) => {
                 let k = node_key(n);
-                let slot = pending.entry(k).or_insert_with(|| vec![None; n.num_outputs]);
+                let slot = pending
+                    .entry(k)
+                    .or_insert_with(|| vec![None; n.num_outputs]);
                 accumulate(&mut slot[root.output_nr()], g)?;
                 if nodes.insert(k, n.clone()).is_none() {
                     stack.push(n.clone());
@@ -103,11 +117,19 @@ fn run(roots: &[Tensor], grad_outputs: &[Option<Tensor>], retain_graph: bool, cr
             }
         }
     }
-    let mut ready: Vec<Arc<Node>> = seen.into_iter().filter(|n| !deps.contains_key(&node_key(n))).collect();
+    let mut ready: Vec<Arc<Node>> = seen
+        .into_iter()
+        .filter(|n| !deps.contains_key(&node_key(n)))
+        .collect();
     while let Some(node) = ready.pop() {
         let k = node_key(&node);
-        let grads = pending.remove(&k).unwrap_or_else(|| vec![None; node.num_outputs]);
-        if let Sink::Capture { nodes: wanted, out, .. } = &mut sink {
+        let grads = pending
+            .remove(&k)
+            .unwrap_or_else(|| vec![None; node.num_outputs]);
+        if let Sink::Capture {
+            nodes: wanted, out, ..
+        } = &mut sink
+        {
             for (nr, g) in grads.iter().enumerate() {
                 if let (Some(&slot), Some(g)) = (wanted.get(&(k, nr)), g) {
                     out[slot] = Some(g.clone());
@@ -140,7 +162,9 @@ fn run(roots: &[Tensor], grad_outputs: &[Option<Tensor>], retain_graph: bool, cr
                 Edge::Node(m, nr) => {
                     let mk = node_key(m);
                     if let Some(g) = g {
-                        let slot = pending.entry(mk).or_insert_with(|| vec![None; m.num_outputs]);
+                        let slot = pending
+                            .entry(mk)
+                            .or_insert_with(|| vec![None; m.num_outputs]);
                         accumulate(&mut slot[*nr], g)?;
                     }
                     let d = deps.get_mut(&mk).expect("counted");
@@ -160,7 +184,11 @@ fn deliver_leaf(sink: &mut Sink<'_>, leaf: &Tensor, g: Tensor, create_graph: boo
         Sink::LeafGrads => {
             // A fresh buffer: a gradient may alias another's (the grad of `a + b` is the
             // same tensor for both), and `.grad` is modified in place (unscale_, step).
-            let g = if create_graph { g } else { Tensor::from_raw(g.data().copy()) };
+            let g = if create_graph {
+                g
+            } else {
+                Tensor::from_raw(g.data().copy())
+            };
             let mut slot = leaf.grad_slot();
             let new = match slot.take() {
                 None => g,
@@ -180,8 +208,19 @@ fn deliver_leaf(sink: &mut Sink<'_>, leaf: &Tensor, g: Tensor, create_graph: boo
 
 /// Backpropagate from `roots`, accumulating into the `.grad` of every leaf reached.
 /// A missing (or `None`) gradient for a root means ones (roots must then be scalars).
-pub fn backward(roots: &[Tensor], grad_outputs: &[Option<Tensor>], retain_graph: bool, create_graph: bool) -> Result<()> {
-    run(roots, grad_outputs, retain_graph || create_graph, create_graph, Sink::LeafGrads)
+pub fn backward(
+    roots: &[Tensor],
+    grad_outputs: &[Option<Tensor>],
+    retain_graph: bool,
+    create_graph: bool,
+) -> Result<()> {
+    run(
+        roots,
+        grad_outputs,
+        retain_graph || create_graph,
+        create_graph,
+        Sink::LeafGrads,
+    )
 }
 
 /// Options of [`grad`], PyTorch's defaults: graph freed unless `retain_graph`.
@@ -198,7 +237,12 @@ pub struct GradOptions {
 /// Gradients of `outputs` with respect to `inputs` (PyTorch's `torch.autograd.grad`),
 /// returned instead of accumulated. With `create_graph` they are themselves
 /// differentiable (gradient penalty, double backward).
-pub fn grad(outputs: &[Tensor], inputs: &[Tensor], grad_outputs: &[Option<Tensor>], opts: GradOptions) -> Result<Vec<Option<Tensor>>> {
+pub fn grad(
+    outputs: &[Tensor],
+    inputs: &[Tensor],
+    grad_outputs: &[Option<Tensor>],
+    opts: GradOptions,
+) -> Result<Vec<Option<Tensor>>> {
     let mut leaves = HashMap::new();
     let mut nodes = HashMap::new();
     for (i, t) in inputs.iter().enumerate() {
@@ -212,7 +256,17 @@ pub fn grad(outputs: &[Tensor], inputs: &[Tensor], grad_outputs: &[Option<Tensor
     }
     let mut out = vec![None; inputs.len()];
     let retain = opts.retain_graph.unwrap_or(opts.create_graph);
-    run(outputs, grad_outputs, retain, opts.create_graph, Sink::Capture { leaves: &leaves, nodes: &nodes, out: &mut out })?;
+    run(
+        outputs,
+        grad_outputs,
+        retain,
+        opts.create_graph,
+        Sink::Capture {
+            leaves: &leaves,
+            nodes: &nodes,
+            out: &mut out,
+        },
+    )?;
     if !opts.allow_unused && out.iter().any(Option::is_none) {
         return Err(Error::UnusedInput);
     }

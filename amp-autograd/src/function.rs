@@ -62,7 +62,9 @@ pub fn apply<F: Function>(f: F, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
     let mut ctx = Ctx::default();
     let outs = no_grad(|| f.forward(&mut ctx, inputs))?;
     let raws = outs.iter().map(|t| t.data().clone()).collect();
-    let diff: Vec<bool> = (0..outs.len()).map(|i| !ctx.non_differentiable.get(i).copied().unwrap_or(false)).collect();
+    let diff: Vec<bool> = (0..outs.len())
+        .map(|i| !ctx.non_differentiable.get(i).copied().unwrap_or(false))
+        .collect();
     let n_in = inputs.len();
     let name = f.name();
     let ctx = Arc::new(ctx);

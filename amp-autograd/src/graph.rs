@@ -70,7 +70,15 @@ pub fn record_multi(
         name,
         edges: inputs
             .iter()
-            .map(|t| (edge_of(t), InputMeta { dims: t.dims().to_vec(), dtype: t.dtype() }))
+            .map(|t| {
+                (
+                    edge_of(t),
+                    InputMeta {
+                        dims: t.dims().to_vec(),
+                        dtype: t.dtype(),
+                    },
+                )
+            })
             .collect(),
         num_outputs: outputs.len(),
         backward: Mutex::new(Some(backward)),
@@ -104,5 +112,7 @@ pub fn record(
         Some(g) => backward(g),
         None => Ok(vec![None; n]),
     });
-    record_multi(vec![output], &[true], name, inputs, f).pop().expect("one output")
+    record_multi(vec![output], &[true], name, inputs, f)
+        .pop()
+        .expect("one output")
 }

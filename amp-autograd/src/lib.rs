@@ -39,7 +39,10 @@ mod graph;
 pub mod ops;
 mod tensor;
 
-pub use dispatch::{bypass, current_layer, dispatch, install_layer, CallKind, DispatchLayer, LayerGuard, OpCall, OpName};
+pub use dispatch::{
+    bypass, current_layer, dispatch, install_layer, CallKind, DispatchLayer, LayerGuard, OpCall,
+    OpName,
+};
 pub use engine::{backward, grad, GradOptions};
 pub use error::{Error, Result};
 pub use function::{apply, Ctx, Function};

@@ -42,7 +42,12 @@ impl Tensor {
         Ok(t)
     }
 
-    pub(crate) fn make(data: Raw, requires_grad: bool, grad_fn: Option<Arc<Node>>, output_nr: usize) -> Tensor {
+    pub(crate) fn make(
+        data: Raw,
+        requires_grad: bool,
+        grad_fn: Option<Arc<Node>>,
+        output_nr: usize,
+    ) -> Tensor {
         Tensor(Arc::new(Inner {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             data,
@@ -79,17 +84,29 @@ impl Tensor {
     }
 
     /// `value` everywhere.
-    pub fn full(shape: impl Into<Shape>, value: impl Into<amp_tensor::Scalar>, dtype: DType) -> Tensor {
+    pub fn full(
+        shape: impl Into<Shape>,
+        value: impl Into<amp_tensor::Scalar>,
+        dtype: DType,
+    ) -> Tensor {
         Self::from_raw(Raw::full(shape, value, dtype))
     }
 
     /// Standard normal samples.
-    pub fn randn(shape: impl Into<Shape>, dtype: DType, gen: &mut amp_tensor::Generator) -> Result<Tensor> {
+    pub fn randn(
+        shape: impl Into<Shape>,
+        dtype: DType,
+        gen: &mut amp_tensor::Generator,
+    ) -> Result<Tensor> {
         Ok(Self::from_raw(Raw::randn(shape, dtype, gen)?))
     }
 
     /// Uniform samples in `[0, 1)`.
-    pub fn rand(shape: impl Into<Shape>, dtype: DType, gen: &mut amp_tensor::Generator) -> Result<Tensor> {
+    pub fn rand(
+        shape: impl Into<Shape>,
+        dtype: DType,
+        gen: &mut amp_tensor::Generator,
+    ) -> Result<Tensor> {
         Ok(Self::from_raw(Raw::rand(shape, dtype, gen)?))
     }
 
@@ -185,7 +202,10 @@ impl Tensor {
             ));
         }
         if requires_grad && !self.dtype().is_floating_point() {
-            return Err(Error::invalid("requires_grad_", "only Tensors of floating point dtype can require gradients"));
+            return Err(Error::invalid(
+                "requires_grad_",
+                "only Tensors of floating point dtype can require gradients",
+            ));
         }
         self.0.requires_grad.store(requires_grad, Ordering::Relaxed);
         Ok(self)
@@ -198,7 +218,11 @@ impl Tensor {
 
     /// The accumulated gradient of a leaf (`.grad`).
     pub fn grad(&self) -> Option<Tensor> {
-        self.0.grad.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.0
+            .grad
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Replace the accumulated gradient (`.grad = g`); `None` clears it.
@@ -240,7 +264,12 @@ impl Tensor {
 
     /// Backpropagate with an explicit gradient (or `None` for a scalar output), keeping
     /// the graph (`retain_graph`) and/or recording the backward pass (`create_graph`).
-    pub fn backward_with(&self, gradient: Option<&Tensor>, retain_graph: bool, create_graph: bool) -> Result<()> {
+    pub fn backward_with(
+        &self,
+        gradient: Option<&Tensor>,
+        retain_graph: bool,
+        create_graph: bool,
+    ) -> Result<()> {
         let g: Vec<Option<Tensor>> = vec![gradient.cloned()];
         engine::backward(std::slice::from_ref(self), &g, retain_graph, create_graph)
     }

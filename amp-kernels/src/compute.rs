@@ -70,9 +70,7 @@ macro_rules! float_kernel {
                 type $C = f64;
                 $body
             }
-            d => {
-                return Err($crate::amp_tensor::Error::UnsupportedDType { op: $op, dtype: d })
-            }
+            d => return Err($crate::amp_tensor::Error::UnsupportedDType { op: $op, dtype: d }),
         }
     }};
 }
@@ -82,7 +80,10 @@ pub fn ensure_float(op: &'static str, t: &Tensor) -> Result<()> {
     if t.dtype().is_floating_point() {
         Ok(())
     } else {
-        Err(Error::UnsupportedDType { op, dtype: t.dtype() })
+        Err(Error::UnsupportedDType {
+            op,
+            dtype: t.dtype(),
+        })
     }
 }
 
@@ -91,7 +92,11 @@ pub fn ensure_same_device(op: &'static str, ts: &[&Tensor]) -> Result<()> {
     if let Some(first) = ts.first() {
         for t in &ts[1..] {
             if t.device() != first.device() {
-                return Err(Error::DeviceMismatch { op, lhs: first.device(), rhs: t.device() });
+                return Err(Error::DeviceMismatch {
+                    op,
+                    lhs: first.device(),
+                    rhs: t.device(),
+                });
             }
         }
     }

@@ -11,8 +11,8 @@
 use std::sync::RwLockReadGuard;
 
 use amp_tensor::{
-    broadcast_shapes, cast_slice, promote_types, with_dtype, wrap_dim, DType, Element, Error, Layout,
-    Result, Storage, Tensor,
+    broadcast_shapes, cast_slice, promote_types, with_dtype, wrap_dim, DType, Element, Error,
+    Layout, Result, Storage, Tensor,
 };
 
 use crate::reduce::{line_geometry, num_kernel, torch_name, Num};
@@ -33,7 +33,10 @@ fn index_values(op: &'static str, index: &Tensor, allow_int32: bool) -> Result<V
 }
 
 /// The contiguous elements of `t` (whose storage `guard` is) as `T`.
-fn contiguous_slice<'a, T: Element>(guard: &'a RwLockReadGuard<'_, Storage>, t: &Tensor) -> &'a [T] {
+fn contiguous_slice<'a, T: Element>(
+    guard: &'a RwLockReadGuard<'_, Storage>,
+    t: &Tensor,
+) -> &'a [T] {
     let all = T::slice(guard.cpu()).expect("dtype matches storage");
     &all[t.layout().contiguous_range().expect("contiguous tensor")]
 }
@@ -57,7 +60,9 @@ pub fn cat(ts: &[Tensor], dim: i64) -> Result<Tensor> {
         .iter()
         .map(|t| t.dtype())
         .reduce(promote_types)
-        .ok_or_else(|| Error::invalid("cat", "torch.cat(): expected a non-empty list of Tensors"))?;
+        .ok_or_else(|| {
+            Error::invalid("cat", "torch.cat(): expected a non-empty list of Tensors")
+        })?;
     if let Some(i) = ts.iter().position(|t| t.rank() == 0) {
         return Err(Error::invalid(
             "cat",
@@ -122,7 +127,11 @@ pub fn stack(ts: &[Tensor], dim: i64) -> Result<Tensor> {
     let first = ts
         .first()
         .ok_or_else(|| Error::invalid("stack", "stack expects a non-empty TensorList"))?;
-    if let Some((k, t)) = ts.iter().enumerate().find(|(_, t)| t.dims() != first.dims()) {
+    if let Some((k, t)) = ts
+        .iter()
+        .enumerate()
+        .find(|(_, t)| t.dims() != first.dims())
+    {
         return Err(Error::invalid(
             "stack",
             format!(
@@ -165,14 +174,20 @@ pub fn index_select(x: &Tensor, dim: i64, index: &Tensor) -> Result<Tensor> {
     let op = "index_select";
     let idx = index_values(op, index, true)?;
     if index.rank() > 1 {
-        return Err(Error::invalid(op, "index_select(): Index is supposed to be a vector"));
+        return Err(Error::invalid(
+            op,
+            "index_select(): Index is supposed to be a vector",
+        ));
     }
     let mut shape = x.dims().to_vec();
     if x.rank() == 0 {
         if idx.len() != 1 {
             return Err(Error::invalid(
                 op,
-                format!("index_select(): Index to scalar can have only 1 value, got {} value(s)", idx.len()),
+                format!(
+                    "index_select(): Index to scalar can have only 1 value, got {} value(s)",
+                    idx.len()
+                ),
             ));
         }
     } else {
@@ -183,7 +198,13 @@ pub fn index_select(x: &Tensor, dim: i64, index: &Tensor) -> Result<Tensor> {
 
 /// Check the rank and size rules of `gather`/`scatter`: `index` has `x`'s rank, and is
 /// no larger than `x` except along `d` (nor than `src`, when given, anywhere).
-fn check_scatter_shapes(op: &'static str, x: &Tensor, d: usize, index: &Tensor, src: Option<&Tensor>) -> Result<()> {
+fn check_scatter_shapes(
+    op: &'static str,
+    x: &Tensor,
+    d: usize,
+    index: &Tensor,
+    src: Option<&Tensor>,
+) -> Result<()> {
     let rank = x.rank().max(1);
     let irank = index.rank().max(1);
     if irank != rank {
@@ -200,7 +221,13 @@ fn check_scatter_shapes(op: &'static str, x: &Tensor, d: usize, index: &Tensor, 
             ));
         }
     }
-    let dims = |t: &Tensor| if t.rank() == 0 { vec![1] } else { t.dims().to_vec() };
+    let dims = |t: &Tensor| {
+        if t.rank() == 0 {
+            vec![1]
+        } else {
+            t.dims().to_vec()
+        }
+    };
     let (xd, id) = (dims(x), dims(index));
     let bad_self = (0..rank).any(|a| a != d && id[a] > xd[a]);
     let bad_src = src.is_some_and(|s| {
@@ -235,7 +262,12 @@ fn strides_without(strides: &[usize], d: usize) -> (Vec<usize>, usize) {
 /// Check every index lies in `0..size` (PyTorch's gather/scatter wording otherwise).
 fn check_bounds(op: &'static str, idx: &[i64], d: usize, size: usize) -> Result<()> {
     match idx.iter().find(|&&i| i < 0 || i as usize >= size) {
-        Some(&index) => Err(Error::IndexOutOfRange { op, index, dim: d, size }),
+        Some(&index) => Err(Error::IndexOutOfRange {
+            op,
+            index,
+            dim: d,
+            size,
+        }),
         None => Ok(()),
     }
 }
@@ -251,7 +283,11 @@ pub fn gather(x: &Tensor, dim: i64, index: &Tensor) -> Result<Tensor> {
     check_bounds(op, &idx, d, size)?;
     let (strides, sd) = strides_without(x.strides(), d);
     let base = if x.rank() == 0 {
-        Layout::new(index.dims().to_vec(), vec![0; index.rank()], x.layout().offset())
+        Layout::new(
+            index.dims().to_vec(),
+            vec![0; index.rank()],
+            x.layout().offset(),
+        )
     } else {
         Layout::new(index.dims().to_vec(), strides, x.layout().offset())
     };
@@ -263,7 +299,14 @@ pub fn gather(x: &Tensor, dim: i64, index: &Tensor) -> Result<Tensor> {
     })
 }
 
-fn scatter_impl(op: &'static str, x: &Tensor, dim: i64, index: &Tensor, src: &Tensor, accumulate: bool) -> Result<Tensor> {
+fn scatter_impl(
+    op: &'static str,
+    x: &Tensor,
+    dim: i64,
+    index: &Tensor,
+    src: &Tensor,
+    accumulate: bool,
+) -> Result<Tensor> {
     let idx = index_values(op, index, false)?;
     if src.dtype() != x.dtype() {
         return Err(Error::invalid(
@@ -284,7 +327,11 @@ fn scatter_impl(op: &'static str, x: &Tensor, dim: i64, index: &Tensor, src: &Te
     let irank = index.rank();
     let fit = |s: Vec<usize>| if x.rank() == 0 { vec![0; irank] } else { s };
     let base = Layout::new(index.dims().to_vec(), fit(strides), 0);
-    let src_layout = Layout::new(index.dims().to_vec(), fit(src.strides().to_vec()), src.layout().offset());
+    let src_layout = Layout::new(
+        index.dims().to_vec(),
+        fit(src.strides().to_vec()),
+        src.layout().offset(),
+    );
     let guard = src.storage();
     num_kernel!(x.dtype(), |T, N| {
         let mut acc: Vec<N> = x.to_vec_as();
@@ -312,10 +359,19 @@ pub fn scatter(x: &Tensor, dim: i64, index: &Tensor, src: &Tensor) -> Result<Ten
 
 /// Shared checks of `index_add` / `index_copy`: 1-D index whose length is `src`'s size
 /// along `dim`, `src` shaped like `x` elsewhere, same dtypes, indices in range.
-fn check_index_src(op: &'static str, x: &Tensor, dim: i64, index: &Tensor, src: &Tensor) -> Result<Vec<i64>> {
+fn check_index_src(
+    op: &'static str,
+    x: &Tensor,
+    dim: i64,
+    index: &Tensor,
+    src: &Tensor,
+) -> Result<Vec<i64>> {
     let idx = index_values(op, index, true)?;
     if index.rank() > 1 {
-        return Err(Error::invalid(op, format!("{op}(): Index is supposed to be a vector")));
+        return Err(Error::invalid(
+            op,
+            format!("{op}(): Index is supposed to be a vector"),
+        ));
     }
     if src.dtype() != x.dtype() {
         return Err(Error::invalid(
@@ -352,7 +408,14 @@ fn check_index_src(op: &'static str, x: &Tensor, dim: i64, index: &Tensor, src: 
     Ok(idx)
 }
 
-fn index_update(op: &'static str, x: &Tensor, dim: i64, index: &Tensor, src: &Tensor, alpha: Option<f64>) -> Result<Tensor> {
+fn index_update(
+    op: &'static str,
+    x: &Tensor,
+    dim: i64,
+    index: &Tensor,
+    src: &Tensor,
+    alpha: Option<f64>,
+) -> Result<Tensor> {
     let idx = check_index_src(op, x, dim, index, src)?;
     if let Some(a) = alpha {
         if !x.dtype().is_floating_point() && a.fract() != 0.0 {
@@ -373,7 +436,10 @@ fn index_update(op: &'static str, x: &Tensor, dim: i64, index: &Tensor, src: &Te
                 let dst = &mut acc[(o * n + i as usize) * inner..][..inner];
                 let s = &sv[(o * k + j) * inner..][..inner];
                 match a {
-                    Some(a) => dst.iter_mut().zip(s).for_each(|(d, &v)| *d = d.nadd(a.nmul(v))),
+                    Some(a) => dst
+                        .iter_mut()
+                        .zip(s)
+                        .for_each(|(d, &v)| *d = d.nadd(a.nmul(v))),
                     None => dst.copy_from_slice(s),
                 }
             }
@@ -399,13 +465,21 @@ pub fn index_copy(x: &Tensor, dim: i64, index: &Tensor, src: &Tensor) -> Result<
 /// The indexed dims are replaced by the broadcast shape (in place when they are
 /// adjacent, else in front), and `values` (same dtype as `x`) broadcasts to that
 /// result shape.
-pub fn index_put(x: &Tensor, indices: &[Option<Tensor>], values: &Tensor, accumulate: bool) -> Result<Tensor> {
+pub fn index_put(
+    x: &Tensor,
+    indices: &[Option<Tensor>],
+    values: &Tensor,
+    accumulate: bool,
+) -> Result<Tensor> {
     let op = "index_put";
     let rank = x.rank();
     if indices.len() > rank {
         return Err(Error::invalid(
             op,
-            format!("too many indices for tensor of dimension {rank} (got {})", indices.len()),
+            format!(
+                "too many indices for tensor of dimension {rank} (got {})",
+                indices.len()
+            ),
         ));
     }
     if values.dtype() != x.dtype() {
@@ -418,13 +492,18 @@ pub fn index_put(x: &Tensor, indices: &[Option<Tensor>], values: &Tensor, accumu
             ),
         ));
     }
-    let adv: Vec<usize> = (0..indices.len()).filter(|&k| indices[k].is_some()).collect();
+    let adv: Vec<usize> = (0..indices.len())
+        .filter(|&k| indices[k].is_some())
+        .collect();
     let mut bshape: Vec<usize> = Vec::new();
     for t in indices.iter().flatten() {
         if !matches!(t.dtype(), DType::I64 | DType::I32) {
             return Err(Error::invalid(
                 op,
-                format!("tensors used as indices must be long or int tensors (got {})", t.dtype()),
+                format!(
+                    "tensors used as indices must be long or int tensors (got {})",
+                    t.dtype()
+                ),
             ));
         }
         bshape = broadcast_shapes(op, &bshape, t.dims())?;
@@ -432,12 +511,20 @@ pub fn index_put(x: &Tensor, indices: &[Option<Tensor>], values: &Tensor, accumu
     let xs = Layout::contiguous(x.dims().to_vec()).strides().to_vec();
     let mut adv_off = vec![0usize; bshape.iter().product()];
     for &a in &adv {
-        let t = indices[a].as_ref().expect("advanced index").broadcast_to(bshape.clone())?;
+        let t = indices[a]
+            .as_ref()
+            .expect("advanced index")
+            .broadcast_to(bshape.clone())?;
         let size = x.dims()[a];
         for (o, &i) in adv_off.iter_mut().zip(&t.to_vec_as::<i64>()) {
             let j = if i < 0 { i + size as i64 } else { i };
             if j < 0 || j >= size as i64 {
-                return Err(Error::IndexOutOfRange { op, index: i, dim: a, size });
+                return Err(Error::IndexOutOfRange {
+                    op,
+                    index: i,
+                    dim: a,
+                    size,
+                });
             }
             *o += j as usize * xs[a];
         }
@@ -447,7 +534,13 @@ pub fn index_put(x: &Tensor, indices: &[Option<Tensor>], values: &Tensor, accumu
         (Some(&f), Some(&l)) if adjacent => ((0..f).collect(), (l + 1..rank).collect()),
         _ => (Vec::new(), (0..rank).filter(|a| !adv.contains(a)).collect()),
     };
-    let part = |ds: &[usize]| Layout::new(ds.iter().map(|&a| x.dims()[a]).collect::<Vec<_>>(), ds.iter().map(|&a| xs[a]).collect(), 0);
+    let part = |ds: &[usize]| {
+        Layout::new(
+            ds.iter().map(|&a| x.dims()[a]).collect::<Vec<_>>(),
+            ds.iter().map(|&a| xs[a]).collect(),
+            0,
+        )
+    };
     let (pre_l, post_l) = (part(&pre), part(&post));
     let mut shape: Vec<usize> = pre_l.dims().to_vec();
     shape.extend_from_slice(&bshape);
@@ -489,7 +582,10 @@ pub fn masked_fill(x: &Tensor, mask: &Tensor, value: f64) -> Result<Tensor> {
     if mask.dtype() != DType::Bool {
         return Err(Error::invalid(
             op,
-            format!("masked_fill_ only supports boolean masks, but got mask with dtype {}", mask.dtype()),
+            format!(
+                "masked_fill_ only supports boolean masks, but got mask with dtype {}",
+                mask.dtype()
+            ),
         ));
     }
     let ml = mask.layout().broadcast_as(x.dims())?;
@@ -524,7 +620,12 @@ pub fn embedding(weight: &Tensor, indices: &Tensor) -> Result<Tensor> {
 /// The dense gradient of [`embedding`]: a `[num_weights, dim]` tensor (the dtype of
 /// `grad`, whose shape is `indices.shape + [dim]`) where row `i` sums the gradient
 /// rows of every occurrence of `i` in `indices`, except `padding_idx` (negative wraps).
-pub fn embedding_backward(grad: &Tensor, indices: &Tensor, num_weights: usize, padding_idx: Option<i64>) -> Result<Tensor> {
+pub fn embedding_backward(
+    grad: &Tensor,
+    indices: &Tensor,
+    num_weights: usize,
+    padding_idx: Option<i64>,
+) -> Result<Tensor> {
     let op = "embedding_backward";
     let idx = index_values(op, indices, true)?;
     let dim = match grad.dims().split_last() {
@@ -563,13 +664,19 @@ pub fn embedding_backward(grad: &Tensor, indices: &Tensor, num_weights: usize, p
 pub fn one_hot(indices: &Tensor, num_classes: i64) -> Result<Tensor> {
     let op = "one_hot";
     if indices.dtype() != DType::I64 {
-        return Err(Error::invalid(op, "one_hot is only applicable to index tensor of type LongTensor."));
+        return Err(Error::invalid(
+            op,
+            "one_hot is only applicable to index tensor of type LongTensor.",
+        ));
     }
     let idx: Vec<i64> = indices.to_vec_as();
     let nc = match (num_classes, idx.iter().max()) {
         (-1, Some(&m)) => m + 1,
         (-1, None) => {
-            return Err(Error::invalid(op, "Can not infer total number of classes from empty tensor."))
+            return Err(Error::invalid(
+                op,
+                "Can not infer total number of classes from empty tensor.",
+            ))
         }
         (c, _) if c < 0 => return Err(Error::invalid(op, "num_classes should be positive")),
         (c, _) => c,
@@ -578,7 +685,10 @@ pub fn one_hot(indices: &Tensor, num_classes: i64) -> Result<Tensor> {
         return Err(Error::invalid(op, "Class values must be non-negative."));
     }
     if idx.iter().any(|&i| i >= nc) {
-        return Err(Error::invalid(op, "Class values must be smaller than num_classes."));
+        return Err(Error::invalid(
+            op,
+            "Class values must be smaller than num_classes.",
+        ));
     }
     let nc = nc as usize;
     let mut out = vec![0i64; idx.len() * nc];

@@ -12,8 +12,8 @@ use rayon::prelude::*;
 
 use crate::compute::{with_slice, Real};
 use crate::reduce::{
-    as_same, as_same_mut, check_norm, lane_reduce, lane_sum, line_geometry, map_lines, vector_norm, Num,
-    PAR_MIN, TASK,
+    as_same, as_same_mut, check_norm, lane_reduce, lane_sum, line_geometry, map_lines, vector_norm,
+    Num, PAR_MIN, TASK,
 };
 
 /// `(outer rows, normalized elements)` of a layer norm over the trailing
@@ -39,13 +39,22 @@ fn ln_geometry(x: &Tensor, ns: &[usize]) -> Result<(usize, usize)> {
         ));
     }
     if !x.dtype().is_floating_point() {
-        return Err(Error::UnsupportedDType { op, dtype: x.dtype() });
+        return Err(Error::UnsupportedDType {
+            op,
+            dtype: x.dtype(),
+        });
     }
     Ok((x.dims()[..r - k].iter().product(), ns.iter().product()))
 }
 
 /// Check an optional affine parameter has `shape` and a floating dtype.
-fn check_param(op: &'static str, name: &str, p: Option<&Tensor>, shape: &[usize], what: &str) -> Result<()> {
+fn check_param(
+    op: &'static str,
+    name: &str,
+    p: Option<&Tensor>,
+    shape: &[usize],
+    what: &str,
+) -> Result<()> {
     if let Some(p) = p {
         if p.dims() != shape {
             return Err(Error::invalid(
@@ -54,11 +63,17 @@ fn check_param(op: &'static str, name: &str, p: Option<&Tensor>, shape: &[usize]
             ));
         }
         if !p.dtype().is_floating_point() {
-            return Err(Error::UnsupportedDType { op, dtype: p.dtype() });
+            return Err(Error::UnsupportedDType {
+                op,
+                dtype: p.dtype(),
+            });
         }
     }
     Ok(())
 }
+
+/// One task of [`norm_rows`]: its index, and its rows of output, means and rstds.
+type RowChunk<'a, T, C> = (usize, ((&'a mut [T], &'a mut [C]), &'a mut [C]));
 
 /// Normalise each of the `rows` contiguous rows of `n` elements of `s` to zero mean and
 /// unit variance (`rstd = 1 / sqrt(var + eps)`), then let `affine(row, y)` scale and
@@ -78,7 +93,7 @@ fn norm_rows<T: Element, C: Real + Num>(
     let mut rstd = vec![C::ZERO; rows];
     let per = (TASK / n).max(1);
     let (nc, epsc) = (C::from_f64c(n as f64), C::from_f64c(eps));
-    let body = |(c, ((out, mean), rstd)): (usize, ((&mut [T], &mut [C]), &mut [C]))| {
+    let body = |(c, ((out, mean), rstd)): RowChunk<'_, T, C>| {
         let mut xb = vec![C::ZERO; n];
         let mut yb = vec![C::ZERO; n];
         for (k, orow) in out.chunks_mut(n).enumerate() {
@@ -115,13 +130,13 @@ fn norm_rows<T: Element, C: Real + Num>(
             .zip(mean.par_chunks_mut(per))
             .zip(rstd.par_chunks_mut(per))
             .enumerate()
-            .for_each(&body);
+            .for_each(body);
     } else {
         out.chunks_mut(per * n)
             .zip(mean.chunks_mut(per))
             .zip(rstd.chunks_mut(per))
             .enumerate()
-            .for_each(&body);
+            .for_each(body);
     }
     (out, mean, rstd)
 }
@@ -150,12 +165,17 @@ pub fn layer_norm(
         let w: Option<Vec<C>> = weight.map(|t| t.to_vec_as());
         let b: Option<Vec<C>> = bias.map(|t| t.to_vec_as());
         let affine = |_: usize, y: &mut [C]| match (&w, &b) {
-            (Some(w), Some(b)) => y.iter_mut().zip(w).zip(b).for_each(|((y, &w), &b)| *y = *y * w + b),
+            (Some(w), Some(b)) => y
+                .iter_mut()
+                .zip(w)
+                .zip(b)
+                .for_each(|((y, &w), &b)| *y = *y * w + b),
             (Some(w), None) => y.iter_mut().zip(w).for_each(|(y, &w)| *y *= w),
             (None, Some(b)) => y.iter_mut().zip(b).for_each(|(y, &b)| *y += b),
             (None, None) => {}
         };
-        let (out, mean, rstd) = with_slice::<T, _>(&xc, |s| norm_rows::<T, C>(s, m, n, eps, affine));
+        let (out, mean, rstd) =
+            with_slice::<T, _>(&xc, |s| norm_rows::<T, C>(s, m, n, eps, affine));
         Ok((
             Tensor::from_vec(out, x.dims().to_vec())?,
             Tensor::from_vec(mean, stat_shape.clone())?,
@@ -241,7 +261,10 @@ pub fn layer_norm_backward(
         if t.elem_count() != m {
             return Err(Error::invalid(
                 op,
-                format!("{name} must hold one value per normalized row ({m}), got shape {:?}", t.dims()),
+                format!(
+                    "{name} must hold one value per normalized row ({m}), got shape {:?}",
+                    t.dims()
+                ),
             ));
         }
     }
@@ -253,7 +276,8 @@ pub fn layer_norm_backward(
         let w: Option<Vec<C>> = weight.map(|t| t.to_vec_as());
         let (gi, gw, gb) = ln_backward_rows::<C>(&g, &xv, (&mu, &rs), w.as_deref(), n);
         let gi = Tensor::from_vec(gi, x.dims().to_vec())?.to_dtype(x.dtype())?;
-        let param = |v: Vec<C>| Tensor::from_vec(v, normalized_shape.to_vec())?.to_dtype(param_dtype);
+        let param =
+            |v: Vec<C>| Tensor::from_vec(v, normalized_shape.to_vec())?.to_dtype(param_dtype);
         let gw = match weight {
             Some(_) => Some(param(gw)?),
             None => None,
@@ -277,7 +301,10 @@ pub fn group_norm(
     if x.rank() < 2 {
         return Err(Error::invalid(
             op,
-            format!("Expected at least 2 dimensions for input tensor but received {}", x.rank()),
+            format!(
+                "Expected at least 2 dimensions for input tensor but received {}",
+                x.rank()
+            ),
         ));
     }
     let (nb, c) = (x.dims()[0], x.dims()[1]);
@@ -291,7 +318,10 @@ pub fn group_norm(
         ));
     }
     if !x.dtype().is_floating_point() {
-        return Err(Error::UnsupportedDType { op, dtype: x.dtype() });
+        return Err(Error::UnsupportedDType {
+            op,
+            dtype: x.dtype(),
+        });
     }
     check_param(op, "weight", weight, &[c], "the number of channels")?;
     check_param(op, "bias", bias, &[c], "the number of channels")?;
@@ -312,8 +342,9 @@ pub fn group_norm(
                 ys.iter_mut().for_each(|v| *v = *v * wv + bv);
             }
         };
-        let (out, mean, rstd) =
-            with_slice::<T, _>(&xc, |s| norm_rows::<T, C>(s, nb * num_groups, cg * hw, eps, affine));
+        let (out, mean, rstd) = with_slice::<T, _>(&xc, |s| {
+            norm_rows::<T, C>(s, nb * num_groups, cg * hw, eps, affine)
+        });
         Ok((
             Tensor::from_vec(out, x.dims().to_vec())?,
             Tensor::from_vec(mean, [nb, num_groups])?,

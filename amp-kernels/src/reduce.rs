@@ -19,9 +19,7 @@
 use std::any::TypeId;
 use std::ops::Range;
 
-use amp_tensor::{
-    cast_into, gather_cast, wrap_dim, DType, Element, Error, Layout, Result, Tensor,
-};
+use amp_tensor::{cast_into, gather_cast, wrap_dim, DType, Element, Error, Layout, Result, Tensor};
 use rayon::prelude::*;
 
 use crate::compute::{with_slice, Real, CHUNK};
@@ -763,7 +761,12 @@ pub(crate) fn run_tasks<R: Send>(
 
 /// Fold the storage elements `xs` (first index `base`) into `acc`.
 #[inline]
-fn fold_widened<T: Element, N: Num, F: Fold<N>>(f: &F, acc: F::Acc, xs: &[T], base: usize) -> F::Acc {
+fn fold_widened<T: Element, N: Num, F: Fold<N>>(
+    f: &F,
+    acc: F::Acc,
+    xs: &[T],
+    base: usize,
+) -> F::Acc {
     let mut acc = acc;
     for_widened::<T, N>(xs, |c, off| acc = f.fold(acc, c, base + off));
     acc
@@ -865,7 +868,13 @@ fn reduce_cols<T: Element, N: Num, F: Fold<N>>(
         let (o, j0) = (ob / nb, (ob % nb) * COL_W);
         let w = COL_W.min(inner - j0);
         let rows = s * seg..((s + 1) * seg).min(red);
-        vec![reduce_col_block::<T, N, F>(f, src, (o, j0, w), rows, (red, inner))]
+        vec![reduce_col_block::<T, N, F>(
+            f,
+            src,
+            (o, j0, w),
+            rows,
+            (red, inner),
+        )]
     });
     let mut out = Vec::with_capacity(outer * inner);
     for group in parts.chunks(nseg) {
@@ -986,7 +995,9 @@ impl Plan {
                 .collect()
         });
         let shape = if keepdim {
-            (0..rank).map(|a| if mask[a] { 1 } else { dims[a] }).collect()
+            (0..rank)
+                .map(|a| if mask[a] { 1 } else { dims[a] })
+                .collect()
         } else {
             (0..rank).filter(|&a| !mask[a]).map(|a| dims[a]).collect()
         };
@@ -1025,7 +1036,10 @@ impl Plan {
     /// The output tensor holding results `v` (in the order [`Plan::run`] gives them).
     pub(crate) fn output<U: Element>(&self, v: Vec<U>) -> Result<Tensor> {
         let v = match &self.restore {
-            Some(perm) => gather_cast::<U, U>(&v, &Layout::contiguous(self.out_dims.clone()).permute(perm)?),
+            Some(perm) => gather_cast::<U, U>(
+                &v,
+                &Layout::contiguous(self.out_dims.clone()).permute(perm)?,
+            ),
             None => v,
         };
         Tensor::from_vec(v, self.shape.clone())
@@ -1109,7 +1123,8 @@ pub fn sum(x: &Tensor, dims: &[i64], keepdim: bool, dtype: Option<DType>) -> Res
     let x = cast_opt(x, dtype)?;
     let out_dtype = dtype.unwrap_or_else(|| long_if_int(x.dtype()));
     let plan = Plan::new("sum", &x, dims, keepdim)?;
-    let out = num_kernel!(x.dtype(), |T, N| plan.output(plan.run::<T, N, _>(&sum_fold::<N>()))?);
+    let out = num_kernel!(x.dtype(), |T, N| plan
+        .output(plan.run::<T, N, _>(&sum_fold::<N>()))?);
     out.to_dtype(out_dtype)
 }
 
@@ -1132,7 +1147,8 @@ pub fn mean(x: &Tensor, dims: &[i64], keepdim: bool, dtype: Option<DType>) -> Re
     let x = cast_opt(x, dtype)?;
     let plan = Plan::new("mean", &x, dims, keepdim)?;
     float_kernel!(x.dtype(), "mean", |T, C| {
-        plan.output(plan.run::<T, C, _>(&MeanFold))?.to_dtype(x.dtype())
+        plan.output(plan.run::<T, C, _>(&MeanFold))?
+            .to_dtype(x.dtype())
     })
 }
 
@@ -1143,7 +1159,8 @@ pub fn prod(x: &Tensor, dim: Option<i64>, keepdim: bool, dtype: Option<DType>) -
     let out_dtype = dtype.unwrap_or_else(|| long_if_int(x.dtype()));
     let dims: Vec<i64> = dim.into_iter().collect();
     let plan = Plan::new("prod", &x, &dims, keepdim)?;
-    let out = num_kernel!(x.dtype(), |T, N| plan.output(plan.run::<T, N, _>(&ProdFold))?);
+    let out = num_kernel!(x.dtype(), |T, N| plan
+        .output(plan.run::<T, N, _>(&ProdFold))?);
     out.to_dtype(out_dtype)
 }
 
@@ -1186,7 +1203,13 @@ pub fn amin(x: &Tensor, dims: &[i64], keepdim: bool) -> Result<Tensor> {
     extreme("amin", x, dims, keepdim, false)
 }
 
-fn extreme_dim(op: &'static str, x: &Tensor, dim: i64, keepdim: bool, max: bool) -> Result<(Tensor, Tensor)> {
+fn extreme_dim(
+    op: &'static str,
+    x: &Tensor,
+    dim: i64,
+    keepdim: bool,
+    max: bool,
+) -> Result<(Tensor, Tensor)> {
     check_nonempty(op, op, x, &[dim])?;
     let plan = Plan::new(op, x, &[dim], keepdim)?;
     num_kernel!(x.dtype(), |T, N| {
@@ -1211,7 +1234,13 @@ pub fn min_dim(x: &Tensor, dim: i64, keepdim: bool) -> Result<(Tensor, Tensor)> 
     extreme_dim("min", x, dim, keepdim, false)
 }
 
-fn arg_extreme(op: &'static str, x: &Tensor, dim: Option<i64>, keepdim: bool, max: bool) -> Result<Tensor> {
+fn arg_extreme(
+    op: &'static str,
+    x: &Tensor,
+    dim: Option<i64>,
+    keepdim: bool,
+    max: bool,
+) -> Result<Tensor> {
     match dim {
         Some(d) => Ok(extreme_dim(op, x, d, keepdim, max)?.1),
         None => {
@@ -1241,7 +1270,10 @@ pub fn argmin(x: &Tensor, dim: Option<i64>, keepdim: bool) -> Result<Tensor> {
 /// magnitude, 2 is overflow- and underflow-safe).
 pub(crate) fn vector_norm<C: BlueConst>(xs: &[C], p: f64) -> C {
     if p == 0.0 {
-        fold_slice(&MapSum(|v: C| if v != C::ZERO { C::ONE } else { C::ZERO }), xs)
+        fold_slice(
+            &MapSum(|v: C| if v != C::ZERO { C::ONE } else { C::ZERO }),
+            xs,
+        )
     } else if p == 1.0 {
         fold_slice(&MapSum(|v: C| v.abs()), xs)
     } else if p == 2.0 {
@@ -1318,11 +1350,19 @@ pub fn logsumexp(x: &Tensor, dims: &[i64], keepdim: bool) -> Result<Tensor> {
     };
     let plan = Plan::new("logsumexp", &x, dims, keepdim)?;
     float_kernel!(x.dtype(), "logsumexp", |T, C| {
-        plan.output(plan.run::<T, C, _>(&LseFold))?.to_dtype(x.dtype())
+        plan.output(plan.run::<T, C, _>(&LseFold))?
+            .to_dtype(x.dtype())
     })
 }
 
-fn moments(op: &'static str, x: &Tensor, dims: &[i64], correction: f64, keepdim: bool, sqrt: bool) -> Result<Tensor> {
+fn moments(
+    op: &'static str,
+    x: &Tensor,
+    dims: &[i64],
+    correction: f64,
+    keepdim: bool,
+    sqrt: bool,
+) -> Result<Tensor> {
     if !x.dtype().is_floating_point() {
         return Err(Error::invalid(
             op,
@@ -1334,7 +1374,9 @@ fn moments(op: &'static str, x: &Tensor, dims: &[i64], correction: f64, keepdim:
     }
     let plan = Plan::new(op, x, dims, keepdim)?;
     let f = VarFold { correction, sqrt };
-    float_kernel!(x.dtype(), op, |T, C| plan.output(plan.run::<T, C, _>(&f))?.to_dtype(x.dtype()))
+    float_kernel!(x.dtype(), op, |T, C| plan
+        .output(plan.run::<T, C, _>(&f))?
+        .to_dtype(x.dtype()))
 }
 
 /// Variance over `dims` (empty = all): `sum((x - mean)^2) / max(0, n - correction)`
@@ -1500,9 +1542,13 @@ fn map_cols<T: Element, N: Element>(
         }
     };
     if total >= PAR_MIN {
-        out.par_chunks_mut(rows_per * inner).enumerate().for_each(scatter);
+        out.par_chunks_mut(rows_per * inner)
+            .enumerate()
+            .for_each(scatter);
     } else {
-        out.chunks_mut(rows_per * inner).enumerate().for_each(scatter);
+        out.chunks_mut(rows_per * inner)
+            .enumerate()
+            .for_each(scatter);
     }
     out
 }

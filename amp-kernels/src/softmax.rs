@@ -9,7 +9,9 @@
 use amp_tensor::{promote_types, DType, Error, Result, Tensor};
 
 use crate::compute::{with_slice, Real};
-use crate::reduce::{as_same, as_same_mut, cast_opt, lane_sum, line_geometry, map_lines, max_nan, Num};
+use crate::reduce::{
+    as_same, as_same_mut, cast_opt, lane_sum, line_geometry, map_lines, max_nan, Num,
+};
 
 /// Float compute types with a fast shifted exponential over slices.
 pub(crate) trait FastExp: Real + Num {
@@ -85,21 +87,14 @@ fn exp_le0(x: f32) -> f32 {
     const LO: f32 = -87.336_55;
     const HI: f32 = 88.376_26;
     const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
-    let xc = if x < LO {
-        LO
-    } else if x > HI {
-        HI
-    } else {
-        x
-    };
+    let xc = x.clamp(LO, HI); // NaN stays NaN
     let t = xc * std::f32::consts::LOG2_E + MAGIC;
     let n = t - MAGIC;
     let r = xc - n * 0.693_359_4 - n * -2.121_944_4e-4;
-    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2)
-        * r
+    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
         + 1.666_666_5e-1)
         * r
-        + 5.000_000_1e-1;
+        + 0.5;
     let y = p * (r * r) + r + 1.0;
     // The low mantissa bits of `t` hold n; (n + 127) << 23 is 2^n.
     let pow2 = f32::from_bits(t.to_bits().wrapping_sub(0x4B40_0000 - 127) << 23);
@@ -193,10 +188,19 @@ line_kernel! {
 }
 
 /// Run a one-input line op over floating `x` (cast to `dtype` first when given).
-fn unary_lines(op: &'static str, x: &Tensor, dim: i64, dtype: Option<DType>, log: bool) -> Result<Tensor> {
+fn unary_lines(
+    op: &'static str,
+    x: &Tensor,
+    dim: i64,
+    dtype: Option<DType>,
+    log: bool,
+) -> Result<Tensor> {
     let x = cast_opt(x, dtype)?;
     if !x.dtype().is_floating_point() {
-        return Err(Error::UnsupportedDType { op, dtype: x.dtype() });
+        return Err(Error::UnsupportedDType {
+            op,
+            dtype: x.dtype(),
+        });
     }
     let geom = line_geometry(&x, dim)?;
     let xc = x.contiguous();
@@ -213,7 +217,13 @@ fn unary_lines(op: &'static str, x: &Tensor, dim: i64, dtype: Option<DType>, log
 }
 
 /// Run a (grad, output) line op; both are promoted to their common floating dtype.
-fn backward_lines(op: &'static str, grad: &Tensor, out: &Tensor, dim: i64, log: bool) -> Result<Tensor> {
+fn backward_lines(
+    op: &'static str,
+    grad: &Tensor,
+    out: &Tensor,
+    dim: i64,
+    log: bool,
+) -> Result<Tensor> {
     if grad.dims() != out.dims() {
         return Err(Error::shape_mismatch(op, grad.dims(), out.dims()));
     }

@@ -79,6 +79,22 @@ fn elementwise_timings() {
             black_box(binary(BinaryOp::Add, black_box(&xt), black_box(&y)).unwrap());
         });
         println!("add transposed + contiguous 1M {dtype}: {t:.0} ns");
+        let one = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let t1 = one.install(|| {
+            time_ns(10, 7, || {
+                black_box(binary(BinaryOp::Add, black_box(&xt), black_box(&y)).unwrap());
+            })
+        });
+        println!("  ... on one thread: {t1:.0} ns");
+        let c1 = one.install(|| {
+            time_ns(20, 11, || {
+                black_box(add(black_box(&x), black_box(&y)).unwrap());
+            })
+        });
+        println!("add 1M {dtype} on one thread: {c1:.0} ns");
     }
     // in-cache throughput (single thread): vectorised loops run well under 1 ns/elem
     let m = 16 * 1024;

@@ -9,10 +9,14 @@ const FLOATS: [DType; 4] = [DType::F16, DType::BF16, DType::F32, DType::F64];
 
 /// Deterministic pseudo-random values in `[-1, 1)`.
 fn values(n: usize, seed: u64) -> Vec<f64> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((s >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
         })
         .collect()
@@ -37,7 +41,11 @@ fn check(got: &Tensor, want: &[f64], shape: &[usize], dtype: DType, rtol: f64, w
     let g = got.to_vec_f64();
     assert_eq!(g.len(), want.len(), "{what}: length");
     // the exact result rounded to the output dtype (overflow to inf included)
-    let want = Tensor::from_vec(want.to_vec(), [want.len()]).unwrap().to_dtype(dtype).unwrap().to_vec_f64();
+    let want = Tensor::from_vec(want.to_vec(), [want.len()])
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap()
+        .to_vec_f64();
     for (i, (&a, &b)) in g.iter().zip(&want).enumerate() {
         let ok = if b.is_nan() {
             a.is_nan()
@@ -52,8 +60,18 @@ fn check(got: &Tensor, want: &[f64], shape: &[usize], dtype: DType, rtol: f64, w
 
 /// Reference reduction of row-major `x` of `shape` over the `mask`ed dims: each output
 /// sees its reduced elements in row-major order.
-fn reference(x: &[f64], shape: &[usize], mask: &[bool], keepdim: bool, f: &dyn Fn(&[f64]) -> f64) -> (Vec<f64>, Vec<usize>) {
-    let full: Vec<usize> = shape.iter().zip(mask).map(|(&d, &m)| if m { 1 } else { d }).collect();
+fn reference(
+    x: &[f64],
+    shape: &[usize],
+    mask: &[bool],
+    keepdim: bool,
+    f: &dyn Fn(&[f64]) -> f64,
+) -> (Vec<f64>, Vec<usize>) {
+    let full: Vec<usize> = shape
+        .iter()
+        .zip(mask)
+        .map(|(&d, &m)| if m { 1 } else { d })
+        .collect();
     let mut groups = vec![Vec::new(); full.iter().product()];
     for (flat, &v) in x.iter().enumerate() {
         let (mut rem, mut o, mut mult) = (flat, 0, 1);
@@ -71,7 +89,12 @@ fn reference(x: &[f64], shape: &[usize], mask: &[bool], keepdim: bool, f: &dyn F
     let shape = if keepdim {
         full
     } else {
-        shape.iter().zip(mask).filter(|(_, &m)| !m).map(|(&d, _)| d).collect()
+        shape
+            .iter()
+            .zip(mask)
+            .filter(|(_, &m)| !m)
+            .map(|(&d, _)| d)
+            .collect()
     };
     (out, shape)
 }
@@ -92,20 +115,50 @@ fn mask_of(rank: usize, dims: &[i64]) -> Vec<bool> {
 fn layouts(dtype: DType, seed: u64) -> Vec<(&'static str, Tensor)> {
     let base = |shape: &[usize]| {
         let n = shape.iter().product();
-        Tensor::from_vec(values(n, seed), shape.to_vec()).unwrap().to_dtype(dtype).unwrap()
+        Tensor::from_vec(values(n, seed), shape.to_vec())
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap()
     };
     vec![
         ("contiguous", base(&[4, 5, 6])),
-        ("transposed", base(&[6, 5, 4]).permute(&[2usize, 1, 0]).unwrap()),
-        ("permuted", base(&[5, 4, 6]).permute(&[1usize, 0, 2]).unwrap()),
-        ("sliced", base(&[4, 7, 6]).narrow(1usize, 1, 5).unwrap().slice(2usize, 0, 12, 1).unwrap()),
-        ("strided", base(&[4, 5, 12]).slice(2usize, 1, 12, 2).unwrap()),
+        (
+            "transposed",
+            base(&[6, 5, 4]).permute(&[2usize, 1, 0]).unwrap(),
+        ),
+        (
+            "permuted",
+            base(&[5, 4, 6]).permute(&[1usize, 0, 2]).unwrap(),
+        ),
+        (
+            "sliced",
+            base(&[4, 7, 6])
+                .narrow(1usize, 1, 5)
+                .unwrap()
+                .slice(2usize, 0, 12, 1)
+                .unwrap(),
+        ),
+        (
+            "strided",
+            base(&[4, 5, 12]).slice(2usize, 1, 12, 2).unwrap(),
+        ),
         ("matrix_t", base(&[33, 40]).t().unwrap()),
         ("vector", base(&[37])),
+        ("expanded", base(&[4, 1, 6]).expand([4i64, 5, 6]).unwrap()),
     ]
 }
 
-const DIM_SETS: [&[i64]; 9] = [&[], &[0], &[-1], &[1], &[0, 2], &[-1, 0], &[1, 2], &[0, 1], &[2, 0, 1]];
+const DIM_SETS: [&[i64]; 9] = [
+    &[],
+    &[0],
+    &[-1],
+    &[1],
+    &[0, 2],
+    &[-1, 0],
+    &[1, 2],
+    &[0, 1],
+    &[2, 0, 1],
+];
 
 type Kernel = fn(&Tensor, &[i64], bool) -> amp_tensor::Result<Tensor>;
 
@@ -116,7 +169,10 @@ fn sweep(name: &str, kernel: Kernel, f: &dyn Fn(&[f64]) -> f64, rtol_scale: f64)
             let xv = x.to_vec_f64();
             for dims in DIM_SETS {
                 let r = x.rank() as i64;
-                let mut wrapped: Vec<i64> = dims.iter().map(|&d| if d < 0 { d + r } else { d }).collect();
+                let mut wrapped: Vec<i64> = dims
+                    .iter()
+                    .map(|&d| if d < 0 { d + r } else { d })
+                    .collect();
                 wrapped.sort_unstable();
                 wrapped.dedup();
                 if wrapped.len() != dims.len() || wrapped.iter().any(|&d| d < 0 || d >= r) {
@@ -159,7 +215,10 @@ fn prod_all_layouts() {
     for dtype in FLOATS {
         for (label, x) in layouts(dtype, 11) {
             let x = amp_kernels::amp_tensor::Tensor::from_vec(
-                x.to_vec_f64().iter().map(|v| 1.0 + v * 0.5).collect::<Vec<_>>(),
+                x.to_vec_f64()
+                    .iter()
+                    .map(|v| 1.0 + v * 0.5)
+                    .collect::<Vec<_>>(),
                 x.dims().to_vec(),
             )
             .unwrap()
@@ -170,9 +229,17 @@ fn prod_all_layouts() {
                 for keepdim in [false, true] {
                     let dims: Vec<i64> = dim.into_iter().collect();
                     let mask = mask_of(x.rank(), &dims);
-                    let (want, shape) = reference(&xv, x.dims(), &mask, keepdim, &|v| v.iter().product());
+                    let (want, shape) =
+                        reference(&xv, x.dims(), &mask, keepdim, &|v| v.iter().product());
                     let got = prod(&x, dim, keepdim, None).unwrap();
-                    check(&got, &want, &shape, dtype, tol(dtype) * 4.0, &format!("prod {dtype} {label} {dim:?}"));
+                    check(
+                        &got,
+                        &want,
+                        &shape,
+                        dtype,
+                        tol(dtype) * 4.0,
+                        &format!("prod {dtype} {label} {dim:?}"),
+                    );
                 }
             }
         }
@@ -199,8 +266,18 @@ fn norms_all_layouts() {
     sweep("norm2", |x, d, k| norm(x, 2.0, d, k), &p2, 1.0);
     sweep("norm1", |x, d, k| norm(x, 1.0, d, k), &p1, 1.0);
     sweep("norm0", |x, d, k| norm(x, 0.0, d, k), &p0, 1.0);
-    sweep("norminf", |x, d, k| norm(x, f64::INFINITY, d, k), &pinf, 0.0);
-    sweep("normninf", |x, d, k| norm(x, f64::NEG_INFINITY, d, k), &pninf, 0.0);
+    sweep(
+        "norminf",
+        |x, d, k| norm(x, f64::INFINITY, d, k),
+        &pinf,
+        0.0,
+    );
+    sweep(
+        "normninf",
+        |x, d, k| norm(x, f64::NEG_INFINITY, d, k),
+        &pninf,
+        0.0,
+    );
     sweep("norm3", |x, d, k| norm(x, 3.0, d, k), &p3, 2.0);
     sweep("norm0.5", |x, d, k| norm(x, 0.5, d, k), &pm, 4.0);
 }
@@ -212,9 +289,24 @@ fn logsumexp_var_std_all_layouts() {
         m + v.iter().map(|x| (x - m).exp()).sum::<f64>().ln()
     };
     sweep("logsumexp", logsumexp, &lse, 1.0);
-    sweep("var", |x, d, k| var(x, d, 1.0, k), &|v| ref_var(v, 1.0), 2.0);
-    sweep("var0", |x, d, k| var(x, d, 0.0, k), &|v| ref_var(v, 0.0), 2.0);
-    sweep("std", |x, d, k| std(x, d, 1.0, k), &|v| ref_var(v, 1.0).sqrt(), 2.0);
+    sweep(
+        "var",
+        |x, d, k| var(x, d, 1.0, k),
+        &|v| ref_var(v, 1.0),
+        2.0,
+    );
+    sweep(
+        "var0",
+        |x, d, k| var(x, d, 0.0, k),
+        &|v| ref_var(v, 0.0),
+        2.0,
+    );
+    sweep(
+        "std",
+        |x, d, k| std(x, d, 1.0, k),
+        &|v| ref_var(v, 1.0).sqrt(),
+        2.0,
+    );
 }
 
 #[test]
@@ -242,27 +334,97 @@ fn max_min_dim_and_arg() {
                     let (v, i) = max_dim(&x, dim, keepdim).unwrap();
                     let (wv, shape) = reference(&xv, x.dims(), &mask, keepdim, &max);
                     let (wi, _) = reference(&xv, x.dims(), &mask, keepdim, &argmax_ref);
-                    check(&v, &wv, &shape, dtype, 0.0, &format!("max_dim values {what}"));
-                    check(&i, &wi, &shape, DType::I64, 0.0, &format!("max_dim indices {what}"));
-                    check(&argmax(&x, Some(dim), keepdim).unwrap(), &wi, &shape, DType::I64, 0.0, &what);
+                    check(
+                        &v,
+                        &wv,
+                        &shape,
+                        dtype,
+                        0.0,
+                        &format!("max_dim values {what}"),
+                    );
+                    check(
+                        &i,
+                        &wi,
+                        &shape,
+                        DType::I64,
+                        0.0,
+                        &format!("max_dim indices {what}"),
+                    );
+                    check(
+                        &argmax(&x, Some(dim), keepdim).unwrap(),
+                        &wi,
+                        &shape,
+                        DType::I64,
+                        0.0,
+                        &what,
+                    );
                     let (v, i) = min_dim(&x, dim, keepdim).unwrap();
                     let (wv, _) = reference(&xv, x.dims(), &mask, keepdim, &min);
                     let (wi, _) = reference(&xv, x.dims(), &mask, keepdim, &argmin_ref);
-                    check(&v, &wv, &shape, dtype, 0.0, &format!("min_dim values {what}"));
-                    check(&i, &wi, &shape, DType::I64, 0.0, &format!("min_dim indices {what}"));
-                    check(&argmin(&x, Some(dim), keepdim).unwrap(), &wi, &shape, DType::I64, 0.0, &what);
+                    check(
+                        &v,
+                        &wv,
+                        &shape,
+                        dtype,
+                        0.0,
+                        &format!("min_dim values {what}"),
+                    );
+                    check(
+                        &i,
+                        &wi,
+                        &shape,
+                        DType::I64,
+                        0.0,
+                        &format!("min_dim indices {what}"),
+                    );
+                    check(
+                        &argmin(&x, Some(dim), keepdim).unwrap(),
+                        &wi,
+                        &shape,
+                        DType::I64,
+                        0.0,
+                        &what,
+                    );
                 }
             }
             // flattened argmax/argmin index into the logical row-major order
             let m = xv.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let am = xv.iter().position(|&v| v == m).unwrap() as f64;
-            check(&argmax(&x, None, false).unwrap(), &[am], &[], DType::I64, 0.0, label);
+            check(
+                &argmax(&x, None, false).unwrap(),
+                &[am],
+                &[],
+                DType::I64,
+                0.0,
+                label,
+            );
             let ones = vec![1; x.rank()];
-            check(&argmax(&x, None, true).unwrap(), &[am], &ones, DType::I64, 0.0, label);
+            check(
+                &argmax(&x, None, true).unwrap(),
+                &[am],
+                &ones,
+                DType::I64,
+                0.0,
+                label,
+            );
             let m = xv.iter().cloned().fold(f64::INFINITY, f64::min);
             let am = xv.iter().position(|&v| v == m).unwrap() as f64;
-            check(&argmin(&x, None, false).unwrap(), &[am], &[], DType::I64, 0.0, label);
-            check(&max_all(&x).unwrap(), &[xv.iter().cloned().fold(f64::NEG_INFINITY, f64::max)], &[], dtype, 0.0, label);
+            check(
+                &argmin(&x, None, false).unwrap(),
+                &[am],
+                &[],
+                DType::I64,
+                0.0,
+                label,
+            );
+            check(
+                &max_all(&x).unwrap(),
+                &[xv.iter().cloned().fold(f64::NEG_INFINITY, f64::max)],
+                &[],
+                dtype,
+                0.0,
+                label,
+            );
             check(&min_all(&x).unwrap(), &[m], &[], dtype, 0.0, label);
         }
     }
@@ -277,7 +439,12 @@ fn ties_take_first_index() {
     let i = argmin(&x, Some(0), false).unwrap();
     assert_eq!(i.to_vec::<i64>().unwrap(), vec![0, 1, 1, 0]);
     // column path (non-trailing dim) keeps the first too
-    let i = argmax(&Tensor::from_vec(vec![5i64, 1, 5, 7, 5, 7], [3, 2]).unwrap(), Some(0), false).unwrap();
+    let i = argmax(
+        &Tensor::from_vec(vec![5i64, 1, 5, 7, 5, 7], [3, 2]).unwrap(),
+        Some(0),
+        false,
+    )
+    .unwrap();
     assert_eq!(i.to_vec::<i64>().unwrap(), vec![0, 1]);
 }
 
@@ -290,8 +457,22 @@ fn nan_propagation() {
             .to_dtype(dtype)
             .unwrap();
         let what = format!("{dtype}");
-        check(&amax(&x, &[1], false).unwrap(), &[nan, nan, 4.0], &[3], dtype, 0.0, &what);
-        check(&amin(&x, &[0], false).unwrap(), &[nan, nan, 3.0], &[3], dtype, 0.0, &what);
+        check(
+            &amax(&x, &[1], false).unwrap(),
+            &[nan, nan, 4.0],
+            &[3],
+            dtype,
+            0.0,
+            &what,
+        );
+        check(
+            &amin(&x, &[0], false).unwrap(),
+            &[nan, nan, 3.0],
+            &[3],
+            dtype,
+            0.0,
+            &what,
+        );
         check(&max_all(&x).unwrap(), &[nan], &[], dtype, 0.0, &what);
         check(&min_all(&x).unwrap(), &[nan], &[], dtype, 0.0, &what);
         let (v, i) = max_dim(&x, 1, false).unwrap();
@@ -300,20 +481,78 @@ fn nan_propagation() {
         let (v, i) = min_dim(&x, 0, true).unwrap();
         check(&v, &[nan, nan, 3.0], &[1, 3], dtype, 0.0, &what);
         check(&i, &[1.0, 0.0, 1.0], &[1, 3], DType::I64, 0.0, &what);
-        check(&argmax(&x, None, false).unwrap(), &[1.0], &[], DType::I64, 0.0, &what);
-        check(&sum(&x, &[1], false, None).unwrap(), &[nan, nan, 3.5], &[3], dtype, tol(dtype), &what);
-        check(&norm(&x, 2.0, &[1], false).unwrap(), &[nan, nan, 4.153311931459037], &[3], dtype, tol(dtype), &what);
-        check(&norm(&x, f64::INFINITY, &[1], false).unwrap(), &[nan, nan, 4.0], &[3], dtype, 0.0, &what);
-        check(&logsumexp(&x, &[1], false).unwrap()
-            .narrow(0usize, 0, 2).unwrap().contiguous(), &[nan, nan], &[2], dtype, 0.0, &what);
-        check(&var(&x, &[1], 1.0, false).unwrap().narrow(0usize, 0, 2).unwrap().contiguous(), &[nan, nan], &[2], dtype, 0.0, &what);
+        check(
+            &argmax(&x, None, false).unwrap(),
+            &[1.0],
+            &[],
+            DType::I64,
+            0.0,
+            &what,
+        );
+        check(
+            &sum(&x, &[1], false, None).unwrap(),
+            &[nan, nan, 3.5],
+            &[3],
+            dtype,
+            tol(dtype),
+            &what,
+        );
+        check(
+            &norm(&x, 2.0, &[1], false).unwrap(),
+            &[nan, nan, 4.153311931459037],
+            &[3],
+            dtype,
+            tol(dtype),
+            &what,
+        );
+        check(
+            &norm(&x, f64::INFINITY, &[1], false).unwrap(),
+            &[nan, nan, 4.0],
+            &[3],
+            dtype,
+            0.0,
+            &what,
+        );
+        check(
+            &logsumexp(&x, &[1], false)
+                .unwrap()
+                .narrow(0usize, 0, 2)
+                .unwrap()
+                .contiguous(),
+            &[nan, nan],
+            &[2],
+            dtype,
+            0.0,
+            &what,
+        );
+        check(
+            &var(&x, &[1], 1.0, false)
+                .unwrap()
+                .narrow(0usize, 0, 2)
+                .unwrap()
+                .contiguous(),
+            &[nan, nan],
+            &[2],
+            dtype,
+            0.0,
+            &what,
+        );
         // long rows (lane kernels) and long columns (column kernels) too
         let mut big = values(5000, 1);
         big[3777] = nan;
-        let b = Tensor::from_vec(big.clone(), [5000]).unwrap().to_dtype(dtype).unwrap();
+        let b = Tensor::from_vec(big.clone(), [5000])
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
         assert!(amax(&b, &[], false).unwrap().item_f64().unwrap().is_nan());
-        assert_eq!(argmax(&b, Some(0), false).unwrap().item::<i64>().unwrap(), 3777);
-        assert_eq!(argmin(&b, None, false).unwrap().item::<i64>().unwrap(), 3777);
+        assert_eq!(
+            argmax(&b, Some(0), false).unwrap().item::<i64>().unwrap(),
+            3777
+        );
+        assert_eq!(
+            argmin(&b, None, false).unwrap().item::<i64>().unwrap(),
+            3777
+        );
         let col = b.reshape([1000usize, 5]).unwrap();
         let (v, i) = max_dim(&col, 0, false).unwrap();
         assert!(v.to_vec_f64()[2].is_nan());
@@ -324,12 +563,22 @@ fn nan_propagation() {
 #[test]
 fn infinities() {
     let inf = f64::INFINITY;
-    let x = Tensor::from_vec(vec![-inf, -inf, -inf, 1.0, -inf, 2.0, inf, 0.0, 1.0], [3, 3]).unwrap();
+    let x = Tensor::from_vec(
+        vec![-inf, -inf, -inf, 1.0, -inf, 2.0, inf, 0.0, 1.0],
+        [3, 3],
+    )
+    .unwrap();
     let lse = logsumexp(&x, &[1], false).unwrap().to_vec_f64();
     assert_eq!(lse[0], -inf);
     assert!((lse[1] - (1f64.exp() + 2f64.exp()).ln()).abs() < 1e-6);
     assert_eq!(lse[2], inf);
-    assert_eq!(logsumexp(&Tensor::zeros([0usize], DType::F32), &[], false).unwrap().item_f64().unwrap(), -inf);
+    assert_eq!(
+        logsumexp(&Tensor::zeros([0usize], DType::F32), &[], false)
+            .unwrap()
+            .item_f64()
+            .unwrap(),
+        -inf
+    );
     let big = Tensor::from_vec(vec![1000.0f32, 1000.0], [2]).unwrap();
     let v = logsumexp(&big, &[0], false).unwrap().item_f64().unwrap();
     assert!((v - (1000.0 + 2f64.ln())).abs() < 1e-3);
@@ -343,14 +592,25 @@ fn l2_norm_is_scaling_safe() {
     for dtype in [DType::BF16, DType::F32] {
         for scale in [1e30, 1e-30, 1e-40] {
             let v: Vec<f64> = (0..3000).map(|i| scale * (1.0 + (i % 7) as f64)).collect();
-            let x = Tensor::from_vec(v, [3000]).unwrap().to_dtype(dtype).unwrap();
+            let x = Tensor::from_vec(v, [3000])
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
             let xv = x.to_vec_f64();
             let want = xv.iter().map(|v| v * v).sum::<f64>().sqrt();
             let got = norm(&x, 2.0, &[], false).unwrap().item_f64().unwrap();
-            assert!(((got - want) / want).abs() < tol(dtype), "{dtype} {scale}: {got} vs {want}");
+            assert!(
+                ((got - want) / want).abs() < tol(dtype),
+                "{dtype} {scale}: {got} vs {want}"
+            );
             // the same through the column kernel
-            let got = norm(&x.reshape([1000usize, 3]).unwrap(), 2.0, &[0], false).unwrap().to_vec_f64();
-            assert!(got.iter().all(|g| g.is_finite() && *g > 0.0), "{dtype} {scale}: {got:?}");
+            let got = norm(&x.reshape([1000usize, 3]).unwrap(), 2.0, &[0], false)
+                .unwrap()
+                .to_vec_f64();
+            assert!(
+                got.iter().all(|g| g.is_finite() && *g > 0.0),
+                "{dtype} {scale}: {got:?}"
+            );
         }
     }
     let x = Tensor::from_vec(vec![3e200f64, 4e200, 0.0], [3]).unwrap();
@@ -373,26 +633,51 @@ fn integer_and_bool_rules() {
     let s = sum(&x, &[], false, Some(DType::F16)).unwrap();
     assert_eq!((s.dtype(), s.item_f64().unwrap()), (DType::F16, 21.0));
     let p = prod(&x, Some(-1), false, None).unwrap();
-    assert_eq!((p.dtype(), p.to_vec::<i64>().unwrap()), (DType::I64, vec![6, 120]));
+    assert_eq!(
+        (p.dtype(), p.to_vec::<i64>().unwrap()),
+        (DType::I64, vec![6, 120])
+    );
     let b = Tensor::from_vec(vec![true, false, true, true], [4]).unwrap();
     let s = sum(&b, &[], false, None).unwrap();
     assert_eq!((s.dtype(), s.item::<i64>().unwrap()), (DType::I64, 3));
     let m = amax(&b, &[], false).unwrap();
     assert_eq!((m.dtype(), m.item::<bool>().unwrap()), (DType::Bool, true));
     let big = Tensor::from_vec(vec![i64::MAX - 1, 5, i64::MIN + 3], [3]).unwrap();
-    assert_eq!(amax(&big, &[0], false).unwrap().item::<i64>().unwrap(), i64::MAX - 1);
-    assert_eq!(argmin(&big, Some(0), false).unwrap().item::<i64>().unwrap(), 2);
-    assert_eq!(cumsum(&x, 1, None).unwrap().to_vec::<i64>().unwrap(), vec![1, 3, 6, 4, 9, 15]);
-    let e = mean(&x.to_dtype(DType::I64).unwrap(), &[], false, None).unwrap_err().to_string();
+    assert_eq!(
+        amax(&big, &[0], false).unwrap().item::<i64>().unwrap(),
+        i64::MAX - 1
+    );
+    assert_eq!(
+        argmin(&big, Some(0), false).unwrap().item::<i64>().unwrap(),
+        2
+    );
+    assert_eq!(
+        cumsum(&x, 1, None).unwrap().to_vec::<i64>().unwrap(),
+        vec![1, 3, 6, 4, 9, 15]
+    );
+    let e = mean(&x.to_dtype(DType::I64).unwrap(), &[], false, None)
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("mean(): could not infer output dtype. Input dtype must be either a floating point or complex dtype. Got: Long"),
         "{e}"
     );
-    let e = mean(&x, &[], false, Some(DType::I64)).unwrap_err().to_string();
-    assert!(e.contains("Optional dtype must be either a floating point or complex dtype. Got: Long"), "{e}");
+    let e = mean(&x, &[], false, Some(DType::I64))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("Optional dtype must be either a floating point or complex dtype. Got: Long"),
+        "{e}"
+    );
     let m = mean(&x, &[1], false, Some(DType::F64)).unwrap();
-    assert_eq!((m.dtype(), m.to_vec::<f64>().unwrap()), (DType::F64, vec![2.0, 5.0]));
-    assert!(norm(&x, 2.0, &[], false).unwrap_err().to_string().contains("Expected a floating point"));
+    assert_eq!(
+        (m.dtype(), m.to_vec::<f64>().unwrap()),
+        (DType::F64, vec![2.0, 5.0])
+    );
+    assert!(norm(&x, 2.0, &[], false)
+        .unwrap_err()
+        .to_string()
+        .contains("Expected a floating point"));
     assert!(var(&x, &[], 1.0, false).is_err());
     let l = logsumexp(&x, &[1], false).unwrap();
     assert_eq!(l.dtype(), DType::F32);
@@ -400,17 +685,30 @@ fn integer_and_bool_rules() {
 
 #[test]
 fn dtype_argument_casts_input_first() {
-    // 70000 overflows f16: summing in f16 after the cast gives inf, as PyTorch
+    // ±70000 overflow f16: after the cast the sum is inf - inf = NaN, as in PyTorch
     let x = Tensor::from_vec(vec![70000.0f32, -70000.0], [2]).unwrap();
-    assert_eq!(sum(&x, &[], false, Some(DType::F16)).unwrap().item_f64().unwrap().is_nan(), true);
-    let h = Tensor::from_vec(vec![60000.0f32, 60000.0], [2]).unwrap().to_dtype(DType::F16).unwrap();
+    assert!(sum(&x, &[], false, Some(DType::F16))
+        .unwrap()
+        .item_f64()
+        .unwrap()
+        .is_nan());
+    let h = Tensor::from_vec(vec![60000.0f32, 60000.0], [2])
+        .unwrap()
+        .to_dtype(DType::F16)
+        .unwrap();
     // f16 accumulates in f32, rounds once: the mean is representable
-    assert_eq!(mean(&h, &[], false, None).unwrap().item_f64().unwrap(), 60000.0);
+    assert_eq!(
+        mean(&h, &[], false, None).unwrap().item_f64().unwrap(),
+        60000.0
+    );
     let s = sum(&h, &[], false, Some(DType::F32)).unwrap();
     assert_eq!((s.dtype(), s.item_f64().unwrap()), (DType::F32, 120000.0));
     // many small f16 values: accumulating in f16 would stall at 2048
     let ones = Tensor::ones([10000usize], DType::F16);
-    assert_eq!(sum(&ones, &[], false, None).unwrap().item_f64().unwrap(), 10000.0);
+    assert_eq!(
+        sum(&ones, &[], false, None).unwrap().item_f64().unwrap(),
+        10000.0
+    );
     let c = cumsum(&ones, 0, None).unwrap().to_vec_f64();
     assert_eq!(c[4095], 4096.0);
     let c = cumsum(&ones, 0, Some(DType::F32)).unwrap();
@@ -432,7 +730,10 @@ fn scans_all_layouts() {
                 let n = shape[d];
                 let mut want_s = xv.clone();
                 let mut want_p = xv.iter().map(|v| 1.0 + v * 0.1).collect::<Vec<_>>();
-                let xp = Tensor::from_vec(want_p.clone(), shape.clone()).unwrap().to_dtype(dtype).unwrap();
+                let xp = Tensor::from_vec(want_p.clone(), shape.clone())
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap();
                 want_p = xp.to_vec_f64();
                 for base in 0..xv.len() {
                     if (base / stride) % n != 0 {
@@ -444,8 +745,22 @@ fn scans_all_layouts() {
                     }
                 }
                 let what = format!("{dtype} {label} dim={dim}");
-                check(&cumsum(&x, dim, None).unwrap(), &want_s, &shape, dtype, tol(dtype) * 4.0, &format!("cumsum {what}"));
-                check(&cumprod(&xp, dim, None).unwrap(), &want_p, &shape, dtype, tol(dtype) * 4.0, &format!("cumprod {what}"));
+                check(
+                    &cumsum(&x, dim, None).unwrap(),
+                    &want_s,
+                    &shape,
+                    dtype,
+                    tol(dtype) * 4.0,
+                    &format!("cumsum {what}"),
+                );
+                check(
+                    &cumprod(&xp, dim, None).unwrap(),
+                    &want_p,
+                    &shape,
+                    dtype,
+                    tol(dtype) * 4.0,
+                    &format!("cumprod {what}"),
+                );
             }
         }
     }
@@ -461,14 +776,23 @@ fn large_inputs_take_parallel_paths() {
     let v = values(n, 99);
     let want: f64 = v.iter().sum();
     for dtype in FLOATS {
-        let x = Tensor::from_vec(v.clone(), [n]).unwrap().to_dtype(dtype).unwrap();
+        let x = Tensor::from_vec(v.clone(), [n])
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
         let xv = x.to_vec_f64();
         let want_r: f64 = xv.iter().sum();
         let got = sum(&x, &[], false, None).unwrap().item_f64().unwrap();
         let scale = xv.iter().map(|v| v.abs()).sum::<f64>();
-        assert!((got - want_r).abs() <= scale * 1e-6 + want_r.abs() * tol(dtype), "{dtype}: {got} vs {want_r}");
+        assert!(
+            (got - want_r).abs() <= scale * 1e-6 + want_r.abs() * tol(dtype),
+            "{dtype}: {got} vs {want_r}"
+        );
         let m = mean(&x, &[0], false, None).unwrap().item_f64().unwrap();
-        assert!((m - want_r / n as f64).abs() < 1e-6 + tol(dtype) * (want_r / n as f64).abs(), "{dtype}");
+        assert!(
+            (m - want_r / n as f64).abs() < 1e-6 + tol(dtype) * (want_r / n as f64).abs(),
+            "{dtype}"
+        );
         for shape in [[1024usize, 1024], [n / 3, 3], [4, n / 4]] {
             if shape[0] * shape[1] != n {
                 continue;
@@ -478,17 +802,46 @@ fn large_inputs_take_parallel_paths() {
                 let mask = mask_of(2, &[dim]);
                 let (w, s) = reference(&xv, &shape, &mask, false, &ref_sum);
                 let got = sum(&m2, &[dim], false, None).unwrap();
-                check(&got, &w, &s, dtype, tol(dtype) * 2.0, &format!("{dtype} {shape:?} dim {dim}"));
-                let (w, s) = reference(&xv, &shape, &mask, false, &|g| g.iter().cloned().fold(f64::NEG_INFINITY, f64::max));
-                check(&amax(&m2, &[dim], false).unwrap(), &w, &s, dtype, 0.0, "amax");
+                check(
+                    &got,
+                    &w,
+                    &s,
+                    dtype,
+                    tol(dtype) * 2.0,
+                    &format!("{dtype} {shape:?} dim {dim}"),
+                );
+                let (w, s) = reference(&xv, &shape, &mask, false, &|g| {
+                    g.iter().cloned().fold(f64::NEG_INFINITY, f64::max)
+                });
+                check(
+                    &amax(&m2, &[dim], false).unwrap(),
+                    &w,
+                    &s,
+                    dtype,
+                    0.0,
+                    "amax",
+                );
             }
         }
     }
     let _ = want;
     let x = Tensor::from_vec(values(3 * 1000 * 700, 5), [3, 1000, 700]).unwrap();
     let xv = x.to_vec_f64();
-    let (w, s) = reference(&xv, &[3, 1000, 700], &[false, true, false], true, &ref_var_1);
-    check(&var(&x, &[1], 1.0, true).unwrap(), &w, &s, DType::F64, 1e-11, "var middle");
+    let (w, s) = reference(
+        &xv,
+        &[3, 1000, 700],
+        &[false, true, false],
+        true,
+        &ref_var_1,
+    );
+    check(
+        &var(&x, &[1], 1.0, true).unwrap(),
+        &w,
+        &s,
+        DType::F64,
+        1e-11,
+        "var middle",
+    );
 }
 
 fn ref_var_1(v: &[f64]) -> f64 {
@@ -498,31 +851,107 @@ fn ref_var_1(v: &[f64]) -> f64 {
 #[test]
 fn empty_inputs() {
     let e = Tensor::zeros([0usize, 3], DType::F32);
-    check(&sum(&e, &[0], false, None).unwrap(), &[0.0; 3], &[3], DType::F32, 0.0, "sum empty");
-    check(&prod(&e, Some(0), false, None).unwrap(), &[1.0; 3], &[3], DType::F32, 0.0, "prod empty");
-    check(&sum(&e, &[1], true, None).unwrap(), &[], &[0, 1], DType::F32, 0.0, "sum empty kept");
-    assert!(mean(&e, &[0], false, None).unwrap().to_vec_f64().iter().all(|v| v.is_nan()));
-    check(&amax(&e, &[1], false).unwrap(), &[], &[0], DType::F32, 0.0, "amax to empty");
+    check(
+        &sum(&e, &[0], false, None).unwrap(),
+        &[0.0; 3],
+        &[3],
+        DType::F32,
+        0.0,
+        "sum empty",
+    );
+    check(
+        &prod(&e, Some(0), false, None).unwrap(),
+        &[1.0; 3],
+        &[3],
+        DType::F32,
+        0.0,
+        "prod empty",
+    );
+    check(
+        &sum(&e, &[1], true, None).unwrap(),
+        &[],
+        &[0, 1],
+        DType::F32,
+        0.0,
+        "sum empty kept",
+    );
+    assert!(mean(&e, &[0], false, None)
+        .unwrap()
+        .to_vec_f64()
+        .iter()
+        .all(|v| v.is_nan()));
+    check(
+        &amax(&e, &[1], false).unwrap(),
+        &[],
+        &[0],
+        DType::F32,
+        0.0,
+        "amax to empty",
+    );
     let msg = max_all(&e).unwrap_err().to_string();
-    assert!(msg.contains("max(): Expected reduction dim to be specified for input.numel() == 0"), "{msg}");
+    assert!(
+        msg.contains("max(): Expected reduction dim to be specified for input.numel() == 0"),
+        "{msg}"
+    );
     let msg = amax(&e, &[0], false).unwrap_err().to_string();
-    assert!(msg.contains("amax(): Expected reduction dim 0 to have non-zero size."), "{msg}");
+    assert!(
+        msg.contains("amax(): Expected reduction dim 0 to have non-zero size."),
+        "{msg}"
+    );
     let msg = max_dim(&e, 0, false).unwrap_err().to_string();
-    assert!(msg.contains("max(): Expected reduction dim 0 to have non-zero size."), "{msg}");
+    assert!(
+        msg.contains("max(): Expected reduction dim 0 to have non-zero size."),
+        "{msg}"
+    );
     assert!(min_all(&e).is_err() && argmax(&e, None, false).is_err());
     assert!(norm(&e, f64::INFINITY, &[0], false).is_err());
-    check(&norm(&e, 2.0, &[0], false).unwrap(), &[0.0; 3], &[3], DType::F32, 0.0, "norm empty");
+    check(
+        &norm(&e, 2.0, &[0], false).unwrap(),
+        &[0.0; 3],
+        &[3],
+        DType::F32,
+        0.0,
+        "norm empty",
+    );
 }
 
 #[test]
 fn zero_dim_inputs() {
     let s = Tensor::scalar(-3.0f32);
-    check(&sum(&s, &[], false, None).unwrap(), &[-3.0], &[], DType::F32, 0.0, "sum");
-    check(&sum(&s, &[0], true, None).unwrap(), &[-3.0], &[], DType::F32, 0.0, "sum dim 0");
-    check(&amax(&s, &[-1], false).unwrap(), &[-3.0], &[], DType::F32, 0.0, "amax");
+    check(
+        &sum(&s, &[], false, None).unwrap(),
+        &[-3.0],
+        &[],
+        DType::F32,
+        0.0,
+        "sum",
+    );
+    check(
+        &sum(&s, &[0], true, None).unwrap(),
+        &[-3.0],
+        &[],
+        DType::F32,
+        0.0,
+        "sum dim 0",
+    );
+    check(
+        &amax(&s, &[-1], false).unwrap(),
+        &[-3.0],
+        &[],
+        DType::F32,
+        0.0,
+        "amax",
+    );
     let (v, i) = max_dim(&s, 0, false).unwrap();
     assert_eq!((v.item_f64().unwrap(), i.item::<i64>().unwrap()), (-3.0, 0));
-    check(&norm(&s, 1.0, &[], false).unwrap(), &[3.0], &[], DType::F32, 0.0, "norm");
+    check(
+        &norm(&s, 1.0, &[], false).unwrap(),
+        &[3.0],
+        &[],
+        DType::F32,
+        0.0,
+        "norm",
+    );
     assert!(sum(&s, &[1], false, None).is_err());
 }
 
@@ -530,10 +959,16 @@ fn zero_dim_inputs() {
 fn bad_dims_are_errors() {
     let x = Tensor::zeros([2usize, 3], DType::F32);
     let e = sum(&x, &[2], false, None).unwrap_err().to_string();
-    assert_eq!(e, "Dimension out of range (expected to be in range of [-2, 1], but got 2)");
+    assert_eq!(
+        e,
+        "Dimension out of range (expected to be in range of [-2, 1], but got 2)"
+    );
     assert!(sum(&x, &[-3], false, None).is_err());
     let e = sum(&x, &[1, -1], false, None).unwrap_err().to_string();
-    assert!(e.contains("dim 1 appears multiple times in the list of dims"), "{e}");
+    assert!(
+        e.contains("dim 1 appears multiple times in the list of dims"),
+        "{e}"
+    );
     assert!(max_dim(&x, 5, false).is_err());
     assert!(argmax(&x, Some(-3), false).is_err());
     assert!(cumsum(&x, 2, None).is_err());
@@ -551,7 +986,11 @@ fn var_degenerate_counts() {
     let v = var(&x, &[], 3.0, false).unwrap().item_f64().unwrap();
     assert!(v.is_infinite());
     // a large offset does not destroy the variance (two-pass / Welford, not E[x^2]-E[x]^2)
-    let x = Tensor::from_vec((0..4096).map(|i| 1e4 + (i % 2) as f32).collect::<Vec<_>>(), [4096]).unwrap();
+    let x = Tensor::from_vec(
+        (0..4096).map(|i| 1e4 + (i % 2) as f32).collect::<Vec<_>>(),
+        [4096],
+    )
+    .unwrap();
     let v = var(&x, &[], 0.0, false).unwrap().item_f64().unwrap();
     assert!((v - 0.25).abs() < 1e-4, "{v}");
 }

@@ -7,17 +7,24 @@ use amp_tensor::{DType, Tensor};
 const FLOATS: [DType; 4] = [DType::F16, DType::BF16, DType::F32, DType::F64];
 
 fn values(n: usize, seed: u64) -> Vec<f64> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((s >> 11) as f64 / (1u64 << 53) as f64) * 4.0 - 2.0
         })
         .collect()
 }
 
 fn t(v: &[f64], shape: &[usize], dtype: DType) -> Tensor {
-    Tensor::from_vec(v.to_vec(), shape.to_vec()).unwrap().to_dtype(dtype).unwrap()
+    Tensor::from_vec(v.to_vec(), shape.to_vec())
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap()
 }
 
 fn tol(dtype: DType) -> f64 {
@@ -33,13 +40,23 @@ fn check(got: &Tensor, want: &[f64], shape: &[usize], dtype: DType, rtol: f64, w
     assert_eq!(got.dims(), shape, "{what}: shape");
     assert_eq!(got.dtype(), dtype, "{what}: dtype");
     for (i, (a, b)) in got.to_vec_f64().into_iter().zip(want).enumerate() {
-        let ok = if b.is_nan() { a.is_nan() } else { (a - b).abs() <= rtol * b.abs().max(1.0) };
+        let ok = if b.is_nan() {
+            a.is_nan()
+        } else {
+            (a - b).abs() <= rtol * b.abs().max(1.0)
+        };
         assert!(ok, "{what}: element {i}: got {a}, want {b}");
     }
 }
 
 /// Reference layer norm over rows of `n`: (out, mean, rstd).
-fn ref_ln(x: &[f64], n: usize, w: Option<&[f64]>, b: Option<&[f64]>, eps: f64) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+fn ref_ln(
+    x: &[f64],
+    n: usize,
+    w: Option<&[f64]>,
+    b: Option<&[f64]>,
+    eps: f64,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     let (mut out, mut means, mut rstds) = (Vec::new(), Vec::new(), Vec::new());
     for row in x.chunks(n) {
         let m = row.iter().sum::<f64>() / n as f64;
@@ -65,12 +82,26 @@ fn layer_norm_forward() {
             let w = t(&values(n, 2), &ns, DType::F32);
             let b = t(&values(n, 3), &ns, dtype);
             let (wv, bv) = (w.to_vec_f64(), b.to_vec_f64());
-            let (wo, bo) = if affine { (Some(&w), Some(&b)) } else { (None, None) };
+            let (wo, bo) = if affine {
+                (Some(&w), Some(&b))
+            } else {
+                (None, None)
+            };
             let (out, mean, rstd) = layer_norm(&x, &ns, wo, bo, 1e-5).unwrap();
-            let (ro, rm, rr) = ref_ln(&xv, n, affine.then_some(&wv[..]), affine.then_some(&bv[..]), 1e-5);
+            let (ro, rm, rr) = ref_ln(
+                &xv,
+                n,
+                affine.then_some(&wv[..]),
+                affine.then_some(&bv[..]),
+                1e-5,
+            );
             let what = format!("{dtype} {ns:?} affine={affine}");
             check(&out, &ro, &[2, 3, 8], dtype, tol(dtype), &what);
-            let stat_shape: Vec<usize> = if ns.len() == 1 { vec![2, 3, 1] } else { vec![2, 1, 1] };
+            let stat_shape: Vec<usize> = if ns.len() == 1 {
+                vec![2, 3, 1]
+            } else {
+                vec![2, 1, 1]
+            };
             let acc = dtype.accumulation_dtype();
             check(&mean, &rm, &stat_shape, acc, 1e-6, &what);
             check(&rstd, &rr, &stat_shape, acc, 1e-5, &what);
@@ -86,35 +117,85 @@ fn layer_norm_forward() {
 #[test]
 fn layer_norm_errors() {
     let x = Tensor::zeros([2usize, 4], DType::F32);
-    let e = layer_norm(&x, &[3], None, None, 1e-5).unwrap_err().to_string();
+    let e = layer_norm(&x, &[3], None, None, 1e-5)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("Given normalized_shape=[3], expected input with shape [*, 3], but got input of size[2, 4]"), "{e}");
     assert!(layer_norm(&x, &[], None, None, 1e-5).is_err());
     assert!(layer_norm(&x, &[2, 2, 4], None, None, 1e-5).is_err());
     let w = Tensor::ones([3usize], DType::F32);
-    let e = layer_norm(&x, &[4], Some(&w), None, 1e-5).unwrap_err().to_string();
-    assert!(e.contains("Expected weight to be of same shape as normalized_shape"), "{e}");
-    assert!(layer_norm(&Tensor::zeros([2usize, 4], DType::I64), &[4], None, None, 1e-5).is_err());
-    let (m, r) = (Tensor::zeros([2usize, 1], DType::F32), Tensor::ones([2usize, 1], DType::F32));
-    assert!(layer_norm_backward(&Tensor::zeros([4usize, 2], DType::F32), &x, &[4], &m, &r, None).is_err());
-    assert!(layer_norm_backward(&x, &x, &[4], &Tensor::zeros([3usize], DType::F32), &r, None).is_err());
+    let e = layer_norm(&x, &[4], Some(&w), None, 1e-5)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("Expected weight to be of same shape as normalized_shape"),
+        "{e}"
+    );
+    assert!(layer_norm(
+        &Tensor::zeros([2usize, 4], DType::I64),
+        &[4],
+        None,
+        None,
+        1e-5
+    )
+    .is_err());
+    let (m, r) = (
+        Tensor::zeros([2usize, 1], DType::F32),
+        Tensor::ones([2usize, 1], DType::F32),
+    );
+    assert!(layer_norm_backward(
+        &Tensor::zeros([4usize, 2], DType::F32),
+        &x,
+        &[4],
+        &m,
+        &r,
+        None
+    )
+    .is_err());
+    assert!(
+        layer_norm_backward(&x, &x, &[4], &Tensor::zeros([3usize], DType::F32), &r, None).is_err()
+    );
 }
 
 /// `sum(layer_norm(x, w, b) * r)`, the scalar whose gradients the backward gives.
 fn loss(x: &[f64], w: &[f64], b: &[f64], r: &[f64], shape: &[usize], ns: &[usize]) -> f64 {
-    let (out, _, _) = layer_norm(&t(x, shape, DType::F64), ns, Some(&t(w, ns, DType::F64)), Some(&t(b, ns, DType::F64)), 1e-5).unwrap();
+    let (out, _, _) = layer_norm(
+        &t(x, shape, DType::F64),
+        ns,
+        Some(&t(w, ns, DType::F64)),
+        Some(&t(b, ns, DType::F64)),
+        1e-5,
+    )
+    .unwrap();
     out.to_vec_f64().iter().zip(r).map(|(o, r)| o * r).sum()
 }
 
 #[test]
 fn layer_norm_backward_matches_finite_differences() {
-    for (shape, ns) in [(vec![3usize, 5], vec![5usize]), (vec![2, 3, 4], vec![3, 4]), (vec![4, 1, 6], vec![6])] {
+    for (shape, ns) in [
+        (vec![3usize, 5], vec![5usize]),
+        (vec![2, 3, 4], vec![3, 4]),
+        (vec![4, 1, 6], vec![6]),
+    ] {
         let n: usize = ns.iter().product();
         let numel: usize = shape.iter().product();
-        let (x, w, b, r) = (values(numel, 11), values(n, 12), values(n, 13), values(numel, 14));
+        let (x, w, b, r) = (
+            values(numel, 11),
+            values(n, 12),
+            values(n, 13),
+            values(numel, 14),
+        );
         let xt = t(&x, &shape, DType::F64);
         let (_, mean, rstd) = layer_norm(&xt, &ns, None, None, 1e-5).unwrap();
-        let (gi, gw, gb) =
-            layer_norm_backward(&t(&r, &shape, DType::F64), &xt, &ns, &mean, &rstd, Some(&t(&w, &ns, DType::F64))).unwrap();
+        let (gi, gw, gb) = layer_norm_backward(
+            &t(&r, &shape, DType::F64),
+            &xt,
+            &ns,
+            &mean,
+            &rstd,
+            Some(&t(&w, &ns, DType::F64)),
+        )
+        .unwrap();
         let h = 1e-6;
         let fd = |which: usize, k: usize| {
             let bump = |d: f64| {
@@ -132,10 +213,25 @@ fn layer_norm_backward_matches_finite_differences() {
         let want_gw: Vec<f64> = (0..n).map(|k| fd(1, k)).collect();
         let want_gb: Vec<f64> = (0..n).map(|k| fd(2, k)).collect();
         check(&gi, &want_gi, &shape, DType::F64, 1e-6, "grad_input");
-        check(gw.as_ref().unwrap(), &want_gw, &ns, DType::F64, 1e-6, "grad_weight");
-        check(gb.as_ref().unwrap(), &want_gb, &ns, DType::F64, 1e-6, "grad_bias");
+        check(
+            gw.as_ref().unwrap(),
+            &want_gw,
+            &ns,
+            DType::F64,
+            1e-6,
+            "grad_weight",
+        );
+        check(
+            gb.as_ref().unwrap(),
+            &want_gb,
+            &ns,
+            DType::F64,
+            1e-6,
+            "grad_bias",
+        );
         // without a weight: no grad_weight, grad_input of the unscaled normalisation
-        let (gi, gw, gb) = layer_norm_backward(&t(&r, &shape, DType::F64), &xt, &ns, &mean, &rstd, None).unwrap();
+        let (gi, gw, gb) =
+            layer_norm_backward(&t(&r, &shape, DType::F64), &xt, &ns, &mean, &rstd, None).unwrap();
         assert!(gw.is_none() && gb.is_some());
         let ones = vec![1.0; n];
         let zeros = vec![0.0; n];
@@ -149,7 +245,14 @@ fn layer_norm_backward_matches_finite_differences() {
                 (bump(h) - bump(-h)) / (2.0 * h)
             })
             .collect();
-        check(&gi, &want, &shape, DType::F64, 1e-6, "grad_input without weight");
+        check(
+            &gi,
+            &want,
+            &shape,
+            DType::F64,
+            1e-6,
+            "grad_input without weight",
+        );
     }
 }
 
@@ -160,16 +263,46 @@ fn layer_norm_backward_low_precision() {
     let (x, w, g) = (values(96, 21), values(16, 22), values(96, 23));
     let x64 = t(&x, &shape, DType::F64);
     let (_, m64, r64) = layer_norm(&x64, &[16], None, None, 1e-5).unwrap();
-    let (gi64, gw64, gb64) = layer_norm_backward(&t(&g, &shape, DType::F64), &x64, &[16], &m64, &r64, Some(&t(&w, &[16], DType::F64))).unwrap();
+    let (gi64, gw64, gb64) = layer_norm_backward(
+        &t(&g, &shape, DType::F64),
+        &x64,
+        &[16],
+        &m64,
+        &r64,
+        Some(&t(&w, &[16], DType::F64)),
+    )
+    .unwrap();
     for dtype in [DType::F16, DType::BF16, DType::F32] {
         let xd = t(&x, &shape, dtype);
         let (_, m, r) = layer_norm(&xd, &[16], None, None, 1e-5).unwrap();
         let wd = t(&w, &[16], DType::F32);
-        let (gi, gw, gb) = layer_norm_backward(&t(&g, &shape, dtype), &xd, &[16], &m, &r, Some(&wd)).unwrap();
+        let (gi, gw, gb) =
+            layer_norm_backward(&t(&g, &shape, dtype), &xd, &[16], &m, &r, Some(&wd)).unwrap();
         let scale = 20.0;
-        check(&gi, &gi64.to_vec_f64(), &shape, dtype, tol(dtype) * scale, &format!("{dtype} gi"));
-        check(gw.as_ref().unwrap(), &gw64.as_ref().unwrap().to_vec_f64(), &[16], DType::F32, tol(dtype) * scale, &format!("{dtype} gw"));
-        check(gb.as_ref().unwrap(), &gb64.as_ref().unwrap().to_vec_f64(), &[16], DType::F32, tol(dtype) * scale, &format!("{dtype} gb"));
+        check(
+            &gi,
+            &gi64.to_vec_f64(),
+            &shape,
+            dtype,
+            tol(dtype) * scale,
+            &format!("{dtype} gi"),
+        );
+        check(
+            gw.as_ref().unwrap(),
+            &gw64.as_ref().unwrap().to_vec_f64(),
+            &[16],
+            DType::F32,
+            tol(dtype) * scale,
+            &format!("{dtype} gw"),
+        );
+        check(
+            gb.as_ref().unwrap(),
+            &gb64.as_ref().unwrap().to_vec_f64(),
+            &[16],
+            DType::F32,
+            tol(dtype) * scale,
+            &format!("{dtype} gb"),
+        );
     }
 }
 
@@ -179,20 +312,55 @@ fn group_norm_forward() {
         let (nb, c, hw, g) = (2usize, 6usize, 5usize, 3usize);
         let x = t(&values(nb * c * hw, 31), &[nb, c, hw], dtype);
         let xv = x.to_vec_f64();
-        let (w, b) = (t(&values(c, 32), &[c], dtype), t(&values(c, 33), &[c], dtype));
+        let (w, b) = (
+            t(&values(c, 32), &[c], dtype),
+            t(&values(c, 33), &[c], dtype),
+        );
         let (wv, bv) = (w.to_vec_f64(), b.to_vec_f64());
         let (out, mean, rstd) = group_norm(&x, g, Some(&w), Some(&b), 1e-5).unwrap();
         let gl = c / g * hw;
         let (ro, rm, rr) = ref_ln(&xv, gl, None, None, 1e-5);
-        let want: Vec<f64> = ro.iter().enumerate().map(|(k, v)| {
-            let ch = (k / hw) % c;
-            v * wv[ch] + bv[ch]
-        }).collect();
-        check(&out, &want, &[nb, c, hw], dtype, tol(dtype), &format!("group_norm {dtype}"));
-        check(&mean, &rm, &[nb, g], dtype.accumulation_dtype(), 1e-6, "mean");
-        check(&rstd, &rr, &[nb, g], dtype.accumulation_dtype(), 1e-5, "rstd");
+        let want: Vec<f64> = ro
+            .iter()
+            .enumerate()
+            .map(|(k, v)| {
+                let ch = (k / hw) % c;
+                v * wv[ch] + bv[ch]
+            })
+            .collect();
+        check(
+            &out,
+            &want,
+            &[nb, c, hw],
+            dtype,
+            tol(dtype),
+            &format!("group_norm {dtype}"),
+        );
+        check(
+            &mean,
+            &rm,
+            &[nb, g],
+            dtype.accumulation_dtype(),
+            1e-6,
+            "mean",
+        );
+        check(
+            &rstd,
+            &rr,
+            &[nb, g],
+            dtype.accumulation_dtype(),
+            1e-5,
+            "rstd",
+        );
         let (out, _, _) = group_norm(&x, 1, None, None, 1e-5).unwrap();
-        check(&out, &ref_ln(&xv, c * hw, None, None, 1e-5).0, &[nb, c, hw], dtype, tol(dtype), "one group");
+        check(
+            &out,
+            &ref_ln(&xv, c * hw, None, None, 1e-5).0,
+            &[nb, c, hw],
+            dtype,
+            tol(dtype),
+            "one group",
+        );
     }
     let x = Tensor::zeros([2usize, 6, 4], DType::F32);
     let e = group_norm(&x, 4, None, None, 1e-5).unwrap_err().to_string();
@@ -200,7 +368,8 @@ fn group_norm_forward() {
     assert!(group_norm(&Tensor::zeros([6usize], DType::F32), 3, None, None, 1e-5).is_err());
     assert!(group_norm(&x, 3, Some(&Tensor::ones([3usize], DType::F32)), None, 1e-5).is_err());
     // [N, C] input (no spatial dims)
-    let (out, _, _) = group_norm(&t(&values(12, 3), &[2, 6], DType::F64), 2, None, None, 0.0).unwrap();
+    let (out, _, _) =
+        group_norm(&t(&values(12, 3), &[2, 6], DType::F64), 2, None, None, 0.0).unwrap();
     assert_eq!(out.dims(), &[2, 6]);
 }
 
@@ -219,20 +388,39 @@ fn normalize_lines() {
                     let nrm = if p.is_infinite() {
                         idx.iter().fold(0f64, |a, &k| a.max(xv[k].abs()))
                     } else {
-                        idx.iter().map(|&k| xv[k].abs().powf(p)).sum::<f64>().powf(1.0 / p)
+                        idx.iter()
+                            .map(|&k| xv[k].abs().powf(p))
+                            .sum::<f64>()
+                            .powf(1.0 / p)
                     };
                     for &k in &idx {
                         want[k] = xv[k] / nrm.max(1e-12);
                     }
                 }
             }
-            check(&normalize(&x, p, dim, 1e-12).unwrap(), &want, &[4, 7], dtype, tol(dtype), &format!("normalize {dtype} p={p} dim={dim}"));
+            check(
+                &normalize(&x, p, dim, 1e-12).unwrap(),
+                &want,
+                &[4, 7],
+                dtype,
+                tol(dtype),
+                &format!("normalize {dtype} p={p} dim={dim}"),
+            );
         }
     }
     let z = Tensor::from_vec(vec![0.0f32, 0.0, 3.0, 4.0], [2, 2]).unwrap();
-    assert_eq!(normalize(&z, 2.0, 1, 1e-12).unwrap().to_vec::<f32>().unwrap(), vec![0.0, 0.0, 0.6, 0.8]);
+    assert_eq!(
+        normalize(&z, 2.0, 1, 1e-12)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap(),
+        vec![0.0, 0.0, 0.6, 0.8]
+    );
     let small = Tensor::from_vec(vec![1e-3f64, 0.0], [2]).unwrap();
-    assert_eq!(normalize(&small, 2.0, 0, 0.1).unwrap().to_vec_f64(), vec![1e-2, 0.0]);
+    assert_eq!(
+        normalize(&small, 2.0, 0, 0.1).unwrap().to_vec_f64(),
+        vec![1e-2, 0.0]
+    );
     assert!(normalize(&Tensor::ones([2usize], DType::I64), 2.0, 0, 1e-12).is_err());
     assert!(normalize(&z, 2.0, 2, 1e-12).is_err());
 }

@@ -6,17 +6,31 @@ use amp_tensor::{DType, Tensor};
 use proptest::prelude::*;
 
 fn values(n: usize, seed: u64) -> Vec<f64> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((s >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
         })
         .collect()
 }
 
-fn reference(x: &[f64], shape: &[usize], mask: &[bool], keepdim: bool, avg: bool) -> (Vec<f64>, Vec<usize>) {
-    let full: Vec<usize> = shape.iter().zip(mask).map(|(&d, &m)| if m { 1 } else { d }).collect();
+fn reference(
+    x: &[f64],
+    shape: &[usize],
+    mask: &[bool],
+    keepdim: bool,
+    avg: bool,
+) -> (Vec<f64>, Vec<usize>) {
+    let full: Vec<usize> = shape
+        .iter()
+        .zip(mask)
+        .map(|(&d, &m)| if m { 1 } else { d })
+        .collect();
     let mut acc = vec![(0.0, 0usize); full.iter().product()];
     for (flat, &v) in x.iter().enumerate() {
         let (mut rem, mut o, mut mult) = (flat, 0, 1);
@@ -31,8 +45,20 @@ fn reference(x: &[f64], shape: &[usize], mask: &[bool], keepdim: bool, avg: bool
         acc[o].0 += v;
         acc[o].1 += 1;
     }
-    let out = acc.iter().map(|&(s, n)| if avg { s / n as f64 } else { s }).collect();
-    let shape = if keepdim { full } else { shape.iter().zip(mask).filter(|(_, &m)| !m).map(|(&d, _)| d).collect() };
+    let out = acc
+        .iter()
+        .map(|&(s, n)| if avg { s / n as f64 } else { s })
+        .collect();
+    let shape = if keepdim {
+        full
+    } else {
+        shape
+            .iter()
+            .zip(mask)
+            .filter(|(_, &m)| !m)
+            .map(|(&d, _)| d)
+            .collect()
+    };
     (out, shape)
 }
 
@@ -54,7 +80,12 @@ fn case() -> impl Strategy<Value = Case> {
                 Just((0..rank).collect::<Vec<_>>()).prop_shuffle(),
                 proptest::collection::vec((any::<bool>(), any::<bool>()), rank),
                 any::<bool>(),
-                prop_oneof![Just(DType::F16), Just(DType::BF16), Just(DType::F32), Just(DType::F64)],
+                prop_oneof![
+                    Just(DType::F16),
+                    Just(DType::BF16),
+                    Just(DType::F32),
+                    Just(DType::F64)
+                ],
                 any::<u64>(),
             )
         })
@@ -67,7 +98,14 @@ fn case() -> impl Strategy<Value = Case> {
                 .map(|(d, (_, neg))| if *neg { d as i64 - rank } else { d as i64 })
                 .rev()
                 .collect();
-            Case { shape, perm, dims, keepdim, dtype, seed }
+            Case {
+                shape,
+                perm,
+                dims,
+                keepdim,
+                dtype,
+                seed,
+            }
         })
 }
 

@@ -8,10 +8,14 @@ use amp_tensor::{DType, Tensor};
 const FLOATS: [DType; 4] = [DType::F16, DType::BF16, DType::F32, DType::F64];
 
 fn values(n: usize, seed: u64) -> Vec<f64> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((s >> 11) as f64 / (1u64 << 53) as f64) * 8.0 - 4.0
         })
         .collect()
@@ -31,7 +35,11 @@ fn tol(dtype: DType) -> f64 {
 fn check(got: &Tensor, want: &[f64], shape: &[usize], dtype: DType, rtol: f64, what: &str) {
     assert_eq!(got.dims(), shape, "{what}: shape");
     assert_eq!(got.dtype(), dtype, "{what}: dtype");
-    let want = Tensor::from_vec(want.to_vec(), [want.len()]).unwrap().to_dtype(dtype).unwrap().to_vec_f64();
+    let want = Tensor::from_vec(want.to_vec(), [want.len()])
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap()
+        .to_vec_f64();
     for (i, (a, b)) in got.to_vec_f64().into_iter().zip(want).enumerate() {
         let ok = if b.is_nan() {
             a.is_nan()
@@ -76,12 +84,25 @@ fn ref_log_softmax(v: &[f64]) -> Vec<f64> {
 
 fn inputs(dtype: DType) -> Vec<(&'static str, Tensor)> {
     let mk = |shape: &[usize], seed| {
-        Tensor::from_vec(values(shape.iter().product(), seed), shape.to_vec()).unwrap().to_dtype(dtype).unwrap()
+        Tensor::from_vec(values(shape.iter().product(), seed), shape.to_vec())
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap()
     };
     vec![
         ("contiguous", mk(&[3, 5, 7], 1)),
-        ("transposed", mk(&[7, 5, 3], 2).permute(&[2usize, 1, 0]).unwrap()),
-        ("sliced", mk(&[3, 9, 7], 3).slice(1usize, 1, 9, 2).unwrap().narrow(2usize, 0, 7).unwrap()),
+        (
+            "transposed",
+            mk(&[7, 5, 3], 2).permute(&[2usize, 1, 0]).unwrap(),
+        ),
+        (
+            "sliced",
+            mk(&[3, 9, 7], 3)
+                .slice(1usize, 1, 9, 2)
+                .unwrap()
+                .narrow(2usize, 0, 7)
+                .unwrap(),
+        ),
         ("wide", mk(&[2, 40, 33], 4)),
         ("vector", mk(&[300], 5)),
     ]
@@ -96,9 +117,23 @@ fn softmax_and_log_softmax_match_reference() {
                 let d = if dim < 0 { dim + x.rank() as i64 } else { dim } as usize;
                 let what = format!("{dtype} {label} dim={dim}");
                 let y = softmax(&x, dim, None).unwrap();
-                check(&y, &along(&xv, x.dims(), d, &ref_softmax), x.dims(), dtype, tol(dtype), &format!("softmax {what}"));
+                check(
+                    &y,
+                    &along(&xv, x.dims(), d, &ref_softmax),
+                    x.dims(),
+                    dtype,
+                    tol(dtype),
+                    &format!("softmax {what}"),
+                );
                 let y = log_softmax(&x, dim, None).unwrap();
-                check(&y, &along(&xv, x.dims(), d, &ref_log_softmax), x.dims(), dtype, tol(dtype) * 4.0, &format!("log_softmax {what}"));
+                check(
+                    &y,
+                    &along(&xv, x.dims(), d, &ref_log_softmax),
+                    x.dims(),
+                    dtype,
+                    tol(dtype) * 4.0,
+                    &format!("log_softmax {what}"),
+                );
             }
         }
     }
@@ -106,15 +141,39 @@ fn softmax_and_log_softmax_match_reference() {
 
 #[test]
 fn dtype_argument_casts_first() {
-    let x = Tensor::from_vec(values(24, 9), [4, 6]).unwrap().to_dtype(DType::F16).unwrap();
+    let x = Tensor::from_vec(values(24, 9), [4, 6])
+        .unwrap()
+        .to_dtype(DType::F16)
+        .unwrap();
     let xv = x.to_vec_f64();
     let y = softmax(&x, -1, Some(DType::F32)).unwrap();
-    check(&y, &along(&xv, &[4, 6], 1, &ref_softmax), &[4, 6], DType::F32, 1e-6, "softmax f16->f32");
+    check(
+        &y,
+        &along(&xv, &[4, 6], 1, &ref_softmax),
+        &[4, 6],
+        DType::F32,
+        1e-6,
+        "softmax f16->f32",
+    );
     let y = log_softmax(&x, 0, Some(DType::F64)).unwrap();
-    check(&y, &along(&xv, &[4, 6], 0, &ref_log_softmax), &[4, 6], DType::F64, 1e-12, "log_softmax f16->f64");
+    check(
+        &y,
+        &along(&xv, &[4, 6], 0, &ref_log_softmax),
+        &[4, 6],
+        DType::F64,
+        1e-12,
+        "log_softmax f16->f64",
+    );
     let i = Tensor::from_vec(vec![1i64, 2, 3], [3]).unwrap();
     let y = softmax(&i, 0, Some(DType::F32)).unwrap();
-    check(&y, &ref_softmax(&[1.0, 2.0, 3.0]), &[3], DType::F32, 1e-6, "int with dtype");
+    check(
+        &y,
+        &ref_softmax(&[1.0, 2.0, 3.0]),
+        &[3],
+        DType::F32,
+        1e-6,
+        "int with dtype",
+    );
     let e = softmax(&i, 0, None).unwrap_err().to_string();
     assert!(e.contains("softmax") && e.contains("int64"), "{e}");
     assert!(log_softmax(&i, 0, None).is_err());
@@ -124,10 +183,13 @@ fn dtype_argument_casts_first() {
 fn masking_stability_and_specials() {
     let ninf = f64::NEG_INFINITY;
     for dtype in FLOATS {
-        let x = Tensor::from_vec(vec![0.5, ninf, 2.0, ninf, ninf, ninf, 1e4, 1e4 - 1.0, ninf], [3, 3])
-            .unwrap()
-            .to_dtype(dtype)
-            .unwrap();
+        let x = Tensor::from_vec(
+            vec![0.5, ninf, 2.0, ninf, ninf, ninf, 1e4, 1e4 - 1.0, ninf],
+            [3, 3],
+        )
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap();
         let y = softmax(&x, 1, None).unwrap().to_vec_f64();
         // masked entries are exactly 0; an all -inf row is NaN (as PyTorch)
         assert_eq!(y[1], 0.0, "{dtype}");
@@ -135,30 +197,69 @@ fn masking_stability_and_specials() {
         assert_eq!(y[8], 0.0);
         let xv = x.to_vec_f64();
         let big = ref_softmax(&xv[6..8]);
-        assert!((y[6] - big[0]).abs() < tol(dtype) * 4.0 && (y[7] - big[1]).abs() < tol(dtype) * 4.0, "{dtype}: {y:?}");
+        assert!(
+            (y[6] - big[0]).abs() < tol(dtype) * 4.0 && (y[7] - big[1]).abs() < tol(dtype) * 4.0,
+            "{dtype}: {y:?}"
+        );
         let l = log_softmax(&x, 1, None).unwrap().to_vec_f64();
         assert_eq!(l[1], ninf);
         assert!(l[3..6].iter().all(|v| v.is_nan()));
-        assert!((l[6] - (xv[6] - xv[6] - (1.0 + (xv[7] - xv[6]).exp()).ln())).abs() < tol(dtype) * 10.0);
-        let nan = Tensor::from_vec(vec![1.0, f64::NAN, 2.0], [3]).unwrap().to_dtype(dtype).unwrap();
-        assert!(softmax(&nan, 0, None).unwrap().to_vec_f64().iter().all(|v| v.is_nan()));
+        assert!(
+            (l[6] - (xv[6] - xv[6] - (1.0 + (xv[7] - xv[6]).exp()).ln())).abs() < tol(dtype) * 10.0
+        );
+        let nan = Tensor::from_vec(vec![1.0, f64::NAN, 2.0], [3])
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        assert!(softmax(&nan, 0, None)
+            .unwrap()
+            .to_vec_f64()
+            .iter()
+            .all(|v| v.is_nan()));
     }
     // rows summing to one, long rows through the parallel path
-    let x = Tensor::from_vec(values(256 * 1024, 17), [256, 1024]).unwrap().to_dtype(DType::F32).unwrap();
+    let x = Tensor::from_vec(values(256 * 1024, 17), [256, 1024])
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap();
     let xv = x.to_vec_f64();
     let y = softmax(&x, -1, None).unwrap();
-    check(&y, &along(&xv, &[256, 1024], 1, &ref_softmax), &[256, 1024], DType::F32, 1e-6, "big softmax");
+    check(
+        &y,
+        &along(&xv, &[256, 1024], 1, &ref_softmax),
+        &[256, 1024],
+        DType::F32,
+        1e-6,
+        "big softmax",
+    );
     let y0 = softmax(&x, 0, None).unwrap();
-    check(&y0, &along(&xv, &[256, 1024], 0, &ref_softmax), &[256, 1024], DType::F32, 1e-6, "big softmax dim 0");
+    check(
+        &y0,
+        &along(&xv, &[256, 1024], 0, &ref_softmax),
+        &[256, 1024],
+        DType::F32,
+        1e-6,
+        "big softmax dim 0",
+    );
     let l = log_softmax(&x, 1, None).unwrap();
-    check(&l, &along(&xv, &[256, 1024], 1, &ref_log_softmax), &[256, 1024], DType::F32, 4e-6, "big log_softmax");
+    check(
+        &l,
+        &along(&xv, &[256, 1024], 1, &ref_log_softmax),
+        &[256, 1024],
+        DType::F32,
+        4e-6,
+        "big log_softmax",
+    );
 }
 
 #[test]
 fn backward_helpers_match_formulas() {
     for dtype in FLOATS {
         for (label, x) in inputs(dtype) {
-            let g = Tensor::from_vec(values(x.elem_count(), 77), x.dims().to_vec()).unwrap().to_dtype(dtype).unwrap();
+            let g = Tensor::from_vec(values(x.elem_count(), 77), x.dims().to_vec())
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
             let gv = g.to_vec_f64();
             for dim in [0i64, -1] {
                 let d = if dim < 0 { dim + x.rank() as i64 } else { dim } as usize;
@@ -168,17 +269,41 @@ fn backward_helpers_match_formulas() {
                 // out * (g - sum(g * out))
                 let gy: Vec<f64> = gv.iter().zip(&yv).map(|(a, b)| a * b).collect();
                 let s = along(&gy, x.dims(), d, &|l| vec![l.iter().sum::<f64>(); l.len()]);
-                let want: Vec<f64> = yv.iter().zip(&gv).zip(&s).map(|((y, g), s)| y * (g - s)).collect();
+                let want: Vec<f64> = yv
+                    .iter()
+                    .zip(&gv)
+                    .zip(&s)
+                    .map(|((y, g), s)| y * (g - s))
+                    .collect();
                 let got = softmax_backward(&g, &y, dim).unwrap();
-                check(&got, &want, x.dims(), dtype, tol(dtype) * 4.0, &format!("softmax_backward {what}"));
+                check(
+                    &got,
+                    &want,
+                    x.dims(),
+                    dtype,
+                    tol(dtype) * 4.0,
+                    &format!("softmax_backward {what}"),
+                );
                 // g - exp(out) * sum(g)
                 let ly = log_softmax(&x, dim, None).unwrap();
                 let lyv = ly.to_vec_f64();
                 let s = along(&gv, x.dims(), d, &|l| vec![l.iter().sum::<f64>(); l.len()]);
-                let want: Vec<f64> = gv.iter().zip(&lyv).zip(&s).map(|((g, y), s)| g - y.exp() * s).collect();
+                let want: Vec<f64> = gv
+                    .iter()
+                    .zip(&lyv)
+                    .zip(&s)
+                    .map(|((g, y), s)| g - y.exp() * s)
+                    .collect();
                 let got = log_softmax_backward(&g, &ly, dim).unwrap();
                 let scale = s.iter().fold(1f64, |a, b| a.max(b.abs()));
-                check(&got, &want, x.dims(), dtype, tol(dtype) * 4.0 * scale, &format!("log_softmax_backward {what}"));
+                check(
+                    &got,
+                    &want,
+                    x.dims(),
+                    dtype,
+                    tol(dtype) * 4.0 * scale,
+                    &format!("log_softmax_backward {what}"),
+                );
             }
         }
     }
@@ -196,7 +321,10 @@ fn backward_helpers_match_formulas() {
 fn dims_and_shapes() {
     let x = Tensor::from_vec(values(6, 3), [2, 3]).unwrap();
     let e = softmax(&x, 2, None).unwrap_err().to_string();
-    assert_eq!(e, "Dimension out of range (expected to be in range of [-2, 1], but got 2)");
+    assert_eq!(
+        e,
+        "Dimension out of range (expected to be in range of [-2, 1], but got 2)"
+    );
     assert!(log_softmax(&x, -3, None).is_err());
     let s = Tensor::scalar(3.0f32);
     assert_eq!(softmax(&s, 0, None).unwrap().item_f64().unwrap(), 1.0);

@@ -10,7 +10,11 @@ pub fn uniform(dims: &[usize], bound: f64, gen: &mut Generator) -> Result<Tensor
 
 /// Kaiming-uniform with `a = sqrt(5)` (PyTorch's default for Linear/Conv weights):
 /// bound `1 / sqrt(fan_in)`.
-pub fn kaiming_uniform_default(dims: &[usize], fan_in: usize, gen: &mut Generator) -> Result<Tensor> {
+pub fn kaiming_uniform_default(
+    dims: &[usize],
+    fan_in: usize,
+    gen: &mut Generator,
+) -> Result<Tensor> {
     let gain = (2.0 / (1.0 + 5.0f64)).sqrt();
     let bound = gain * (3.0 / fan_in.max(1) as f64).sqrt();
     uniform(dims, bound, gen)
@@ -30,6 +34,11 @@ fn scale(v: &Raw, s: f64) -> Result<Raw> {
 }
 
 /// Xavier/Glorot-uniform: bound `sqrt(6 / (fan_in + fan_out))`.
-pub fn xavier_uniform(dims: &[usize], fan_in: usize, fan_out: usize, gen: &mut Generator) -> Result<Tensor> {
+pub fn xavier_uniform(
+    dims: &[usize],
+    fan_in: usize,
+    fan_out: usize,
+    gen: &mut Generator,
+) -> Result<Tensor> {
     uniform(dims, (6.0 / (fan_in + fan_out).max(1) as f64).sqrt(), gen)
 }

@@ -20,9 +20,22 @@ impl Linear {
         Self::with_bias(in_features, out_features, true, gen)
     }
     /// With or without a bias.
-    pub fn with_bias(in_features: usize, out_features: usize, bias: bool, gen: &mut Generator) -> Result<Self> {
+    pub fn with_bias(
+        in_features: usize,
+        out_features: usize,
+        bias: bool,
+        gen: &mut Generator,
+    ) -> Result<Self> {
         let weight = kaiming_uniform_default(&[out_features, in_features], in_features, gen)?;
-        let bias = if bias { Some(uniform(&[out_features], 1.0 / (in_features.max(1) as f64).sqrt(), gen)?) } else { None };
+        let bias = if bias {
+            Some(uniform(
+                &[out_features],
+                1.0 / (in_features.max(1) as f64).sqrt(),
+                gen,
+            )?)
+        } else {
+            None
+        };
         Ok(Linear { weight, bias })
     }
     /// From existing parameters.
@@ -54,7 +67,10 @@ pub struct Sequential {
 impl Sequential {
     /// An empty sequence.
     pub fn new() -> Self {
-        Sequential { layers: Vec::new(), training: true }
+        Sequential {
+            layers: Vec::new(),
+            training: true,
+        }
     }
     /// Append a module.
     pub fn add(mut self, m: impl Module + 'static) -> Self {
@@ -80,7 +96,11 @@ impl Module for Sequential {
         Ok(h)
     }
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        self.layers.iter().enumerate().flat_map(|(i, l)| prefixed(&i.to_string(), l.as_ref())).collect()
+        self.layers
+            .iter()
+            .enumerate()
+            .flat_map(|(i, l)| prefixed(&i.to_string(), l.as_ref()))
+            .collect()
     }
     fn train(&mut self, mode: bool) {
         self.training = mode;
@@ -132,15 +152,32 @@ pub struct LayerNorm {
 impl LayerNorm {
     /// PyTorch's defaults: eps 1e-5, elementwise affine.
     pub fn new(normalized_shape: &[usize]) -> Result<Self> {
-        let w = Tensor::parameter(amp_tensor::Tensor::ones(normalized_shape, amp_tensor::DType::F32))?;
-        let b = Tensor::parameter(amp_tensor::Tensor::zeros(normalized_shape, amp_tensor::DType::F32))?;
-        Ok(LayerNorm { normalized_shape: normalized_shape.to_vec(), eps: 1e-5, weight: Some(w), bias: Some(b) })
+        let w = Tensor::parameter(amp_tensor::Tensor::ones(
+            normalized_shape,
+            amp_tensor::DType::F32,
+        ))?;
+        let b = Tensor::parameter(amp_tensor::Tensor::zeros(
+            normalized_shape,
+            amp_tensor::DType::F32,
+        ))?;
+        Ok(LayerNorm {
+            normalized_shape: normalized_shape.to_vec(),
+            eps: 1e-5,
+            weight: Some(w),
+            bias: Some(b),
+        })
     }
 }
 
 impl Module for LayerNorm {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        ops::layer_norm(x, &self.normalized_shape, self.weight.as_ref(), self.bias.as_ref(), self.eps)
+        ops::layer_norm(
+            x,
+            &self.normalized_shape,
+            self.weight.as_ref(),
+            self.bias.as_ref(),
+            self.eps,
+        )
     }
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
         let mut v = Vec::new();
@@ -164,7 +201,11 @@ pub struct Dropout {
 impl Dropout {
     /// Dropout with probability `p`, masks drawn from a generator seeded with `seed`.
     pub fn new(p: f64, seed: u64) -> Self {
-        Dropout { p, training: true, gen: Mutex::new(Generator::new(seed)) }
+        Dropout {
+            p,
+            training: true,
+            gen: Mutex::new(Generator::new(seed)),
+        }
     }
 }
 

@@ -27,7 +27,14 @@ pub struct CrossEntropyLoss {
 impl CrossEntropyLoss {
     /// The loss of logits `input` against class indices `target`.
     pub fn forward(&self, input: &Tensor, target: &Tensor) -> Result<Tensor> {
-        ops::cross_entropy(input, target, self.weight.as_ref(), self.ignore_index.unwrap_or(-100), self.reduction, self.label_smoothing)
+        ops::cross_entropy(
+            input,
+            target,
+            self.weight.as_ref(),
+            self.ignore_index.unwrap_or(-100),
+            self.reduction,
+            self.label_smoothing,
+        )
     }
 }
 
@@ -42,6 +49,12 @@ pub struct BCEWithLogitsLoss {
 impl BCEWithLogitsLoss {
     /// The loss of logits `input` against targets in `[0, 1]`.
     pub fn forward(&self, input: &Tensor, target: &Tensor) -> Result<Tensor> {
-        ops::binary_cross_entropy_with_logits(input, target, self.weight.as_ref(), self.pos_weight.as_ref(), self.reduction)
+        ops::binary_cross_entropy_with_logits(
+            input,
+            target,
+            self.weight.as_ref(),
+            self.pos_weight.as_ref(),
+            self.reduction,
+        )
     }
 }

@@ -19,7 +19,10 @@ pub trait Module: Send + Sync {
 
     /// The parameters, in registration order.
     fn parameters(&self) -> Vec<Tensor> {
-        self.named_parameters().into_iter().map(|(_, t)| t).collect()
+        self.named_parameters()
+            .into_iter()
+            .map(|(_, t)| t)
+            .collect()
     }
     /// Evaluation mode.
     fn eval(&mut self) {
@@ -33,14 +36,20 @@ pub trait Module: Send + Sync {
     }
     /// Name → values of every parameter (copies), in registration order.
     fn state_dict(&self) -> Vec<(String, Raw)> {
-        self.named_parameters().into_iter().map(|(n, t)| (n, t.data().copy())).collect()
+        self.named_parameters()
+            .into_iter()
+            .map(|(n, t)| (n, t.data().copy()))
+            .collect()
     }
     /// Copy values into the parameters by name; every name must match, shapes too.
     fn load_state_dict(&self, sd: &[(String, Raw)]) -> Result<()> {
         let params = self.named_parameters();
         for (name, p) in &params {
             let Some((_, v)) = sd.iter().find(|(n, _)| n == name) else {
-                return Err(Error::invalid("load_state_dict", format!("Missing key(s) in state_dict: \"{name}\".")));
+                return Err(Error::invalid(
+                    "load_state_dict",
+                    format!("Missing key(s) in state_dict: \"{name}\"."),
+                ));
             };
             if v.dims() != p.dims() {
                 return Err(Error::invalid(
@@ -52,7 +61,10 @@ pub trait Module: Send + Sync {
         }
         for (n, _) in sd {
             if !params.iter().any(|(m, _)| m == n) {
-                return Err(Error::invalid("load_state_dict", format!("Unexpected key(s) in state_dict: \"{n}\".")));
+                return Err(Error::invalid(
+                    "load_state_dict",
+                    format!("Unexpected key(s) in state_dict: \"{n}\"."),
+                ));
             }
         }
         Ok(())
@@ -65,5 +77,8 @@ pub trait Module: Send + Sync {
 
 /// Prefix each parameter name of `m` with `prefix.`.
 pub fn prefixed(prefix: &str, m: &dyn Module) -> Vec<(String, Tensor)> {
-    m.named_parameters().into_iter().map(|(n, t)| (format!("{prefix}.{n}"), t)).collect()
+    m.named_parameters()
+        .into_iter()
+        .map(|(n, t)| (format!("{prefix}.{n}"), t))
+        .collect()
 }

@@ -7,7 +7,9 @@ use amp_autograd::Tensor;
 use amp_tensor::Tensor as Raw;
 use serde_json::json;
 
-use crate::optimizer::{check_groups, group_indices, OptimizerStateDict, ParamGroup, StateValue, TensorData};
+use crate::optimizer::{
+    check_groups, group_indices, OptimizerStateDict, ParamGroup, StateValue, TensorData,
+};
 use crate::update::{read_f32, update_f32, zeros_state};
 use crate::{Error, Optimizer, Result};
 
@@ -25,14 +27,25 @@ pub struct AdamOptions {
 
 impl Default for AdamOptions {
     fn default() -> Self {
-        AdamOptions { betas: (0.9, 0.999), eps: 1e-8, weight_decay: 0.0, amsgrad: false, maximize: false, decoupled: false }
+        AdamOptions {
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            weight_decay: 0.0,
+            amsgrad: false,
+            maximize: false,
+            decoupled: false,
+        }
     }
 }
 
 impl AdamOptions {
     /// AdamW's defaults (weight decay 0.01, decoupled).
     pub fn adamw() -> Self {
-        AdamOptions { weight_decay: 0.01, decoupled: true, ..Default::default() }
+        AdamOptions {
+            weight_decay: 0.01,
+            decoupled: true,
+            ..Default::default()
+        }
     }
 }
 
@@ -57,7 +70,11 @@ pub fn adamw(params: Vec<Tensor>, lr: f64) -> Result<Adam> {
 impl Adam {
     /// One group.
     pub fn new(params: Vec<Tensor>, lr: f64, options: AdamOptions) -> Result<Self> {
-        Self::with_groups(vec![ParamGroup { params, lr, options }])
+        Self::with_groups(vec![ParamGroup {
+            params,
+            lr,
+            options,
+        }])
     }
 
     /// Several groups.
@@ -65,22 +82,40 @@ impl Adam {
         for g in &groups {
             let o = g.options;
             if g.lr < 0.0 {
-                return Err(Error::InvalidHyperParameter(format!("Invalid learning rate: {}", g.lr)));
+                return Err(Error::InvalidHyperParameter(format!(
+                    "Invalid learning rate: {}",
+                    g.lr
+                )));
             }
             if o.eps < 0.0 {
-                return Err(Error::InvalidHyperParameter(format!("Invalid epsilon value: {}", o.eps)));
+                return Err(Error::InvalidHyperParameter(format!(
+                    "Invalid epsilon value: {}",
+                    o.eps
+                )));
             }
             if !(0.0..1.0).contains(&o.betas.0) {
-                return Err(Error::InvalidHyperParameter(format!("Invalid beta parameter at index 0: {}", o.betas.0)));
+                return Err(Error::InvalidHyperParameter(format!(
+                    "Invalid beta parameter at index 0: {}",
+                    o.betas.0
+                )));
             }
             if !(0.0..1.0).contains(&o.betas.1) {
-                return Err(Error::InvalidHyperParameter(format!("Invalid beta parameter at index 1: {}", o.betas.1)));
+                return Err(Error::InvalidHyperParameter(format!(
+                    "Invalid beta parameter at index 1: {}",
+                    o.betas.1
+                )));
             }
             if o.weight_decay < 0.0 {
-                return Err(Error::InvalidHyperParameter(format!("Invalid weight_decay value: {}", o.weight_decay)));
+                return Err(Error::InvalidHyperParameter(format!(
+                    "Invalid weight_decay value: {}",
+                    o.weight_decay
+                )));
             }
         }
-        let state = groups.iter().map(|g| g.params.iter().map(|_| None).collect()).collect();
+        let state = groups
+            .iter()
+            .map(|g| g.params.iter().map(|_| None).collect())
+            .collect();
         Ok(Adam { groups, state })
     }
 
@@ -126,8 +161,16 @@ impl Adam {
                     }
                 }
                 let (b1, b2) = (o.betas.0 as f32, o.betas.1 as f32);
-                update_f32(&s.exp_avg, |m| m.iter_mut().zip(&g).for_each(|(m, g)| *m += (g - *m) * (1.0 - b1)))?;
-                update_f32(&s.exp_avg_sq, |v| v.iter_mut().zip(&g).for_each(|(v, g)| *v = *v * b2 + (1.0 - b2) * g * g))?;
+                update_f32(&s.exp_avg, |m| {
+                    m.iter_mut()
+                        .zip(&g)
+                        .for_each(|(m, g)| *m += (g - *m) * (1.0 - b1))
+                })?;
+                update_f32(&s.exp_avg_sq, |v| {
+                    v.iter_mut()
+                        .zip(&g)
+                        .for_each(|(v, g)| *v = *v * b2 + (1.0 - b2) * g * g)
+                })?;
                 let bc1 = 1.0 - o.betas.0.powf(s.step);
                 let bc2 = 1.0 - o.betas.1.powf(s.step);
                 let step_size = (lr / bc1) as f32;
@@ -136,7 +179,9 @@ impl Adam {
                 let m = read_f32(&s.exp_avg);
                 let mut v = read_f32(&s.exp_avg_sq);
                 if let Some(vmax) = &s.max_exp_avg_sq {
-                    update_f32(vmax, |mx| mx.iter_mut().zip(&v).for_each(|(mx, v)| *mx = mx.max(*v)))?;
+                    update_f32(vmax, |mx| {
+                        mx.iter_mut().zip(&v).for_each(|(mx, v)| *mx = mx.max(*v))
+                    })?;
                     v = read_f32(vmax);
                 }
                 update_f32(p.data(), |pv| {
@@ -174,7 +219,10 @@ impl Optimizer for Adam {
     }
 
     fn params(&self) -> Vec<Tensor> {
-        self.groups.iter().flat_map(|g| g.params.iter().cloned()).collect()
+        self.groups
+            .iter()
+            .flat_map(|g| g.params.iter().cloned())
+            .collect()
     }
 
     fn learning_rates(&self) -> Vec<f64> {
@@ -194,10 +242,19 @@ impl Optimizer for Adam {
                 let Some(s) = s else { continue };
                 let mut m = BTreeMap::new();
                 m.insert("step".to_string(), StateValue::Number(s.step));
-                m.insert("exp_avg".to_string(), StateValue::Tensor(TensorData::from_raw(&s.exp_avg)));
-                m.insert("exp_avg_sq".to_string(), StateValue::Tensor(TensorData::from_raw(&s.exp_avg_sq)));
+                m.insert(
+                    "exp_avg".to_string(),
+                    StateValue::Tensor(TensorData::from_raw(&s.exp_avg)),
+                );
+                m.insert(
+                    "exp_avg_sq".to_string(),
+                    StateValue::Tensor(TensorData::from_raw(&s.exp_avg_sq)),
+                );
                 if let Some(v) = &s.max_exp_avg_sq {
-                    m.insert("max_exp_avg_sq".to_string(), StateValue::Tensor(TensorData::from_raw(v)));
+                    m.insert(
+                        "max_exp_avg_sq".to_string(),
+                        StateValue::Tensor(TensorData::from_raw(v)),
+                    );
                 }
                 state.insert(idx[gi][pi], m);
             }
@@ -213,7 +270,10 @@ impl Optimizer for Adam {
                 v.as_object().cloned().expect("object")
             })
             .collect();
-        OptimizerStateDict { state, param_groups }
+        OptimizerStateDict {
+            state,
+            param_groups,
+        }
     }
 
     fn load_state_dict(&mut self, sd: &OptimizerStateDict) -> Result<()> {
@@ -223,7 +283,10 @@ impl Optimizer for Adam {
         for (gi, (g, pg)) in self.groups.iter_mut().zip(&sd.param_groups).enumerate() {
             let num = |k: &str, d: f64| pg.get(k).and_then(|v| v.as_f64()).unwrap_or(d);
             let flag = |k: &str, d: bool| pg.get(k).and_then(|v| v.as_bool()).unwrap_or(d);
-            let betas = pg.get("betas").and_then(|v| v.as_array()).map(|a| (a[0].as_f64().unwrap_or(0.9), a[1].as_f64().unwrap_or(0.999)));
+            let betas = pg
+                .get("betas")
+                .and_then(|v| v.as_array())
+                .map(|a| (a[0].as_f64().unwrap_or(0.9), a[1].as_f64().unwrap_or(0.999)));
             g.lr = num("lr", g.lr);
             let o = &mut g.options;
             o.betas = betas.unwrap_or(o.betas);
@@ -242,7 +305,8 @@ impl Optimizer for Adam {
                                 _ => Ok(None),
                             }
                         };
-                        let missing = |k: &str| Error::BadStateDict(format!("missing `{k}` in Adam state"));
+                        let missing =
+                            |k: &str| Error::BadStateDict(format!("missing `{k}` in Adam state"));
                         Some(ParamState {
                             step: match m.get("step") {
                                 Some(StateValue::Number(n)) => *n,

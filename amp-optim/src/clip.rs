@@ -10,7 +10,12 @@ use crate::{Error, Result};
 /// most `max_norm`; returns the total norm before clipping (a 0-dim float32 tensor).
 /// As PyTorch: the coefficient is `max_norm / (total + 1e-6)` clamped to 1, and it is
 /// applied even when it is 1.
-pub fn clip_grad_norm_(params: &[Tensor], max_norm: f64, norm_type: f64, error_if_nonfinite: bool) -> Result<Raw> {
+pub fn clip_grad_norm_(
+    params: &[Tensor],
+    max_norm: f64,
+    norm_type: f64,
+    error_if_nonfinite: bool,
+) -> Result<Raw> {
     let grads: Vec<Tensor> = params.iter().filter_map(|p| p.grad()).collect();
     if grads.is_empty() {
         return Ok(Raw::scalar(0.0f32));
@@ -22,7 +27,10 @@ pub fn clip_grad_norm_(params: &[Tensor], max_norm: f64, norm_type: f64, error_i
     let total = if norm_type.is_infinite() {
         norms.iter().cloned().fold(f64::NEG_INFINITY, f64::max)
     } else {
-        let stacked = Raw::from_vec(norms.iter().map(|&n| n as f32).collect::<Vec<_>>(), [norms.len()])?;
+        let stacked = Raw::from_vec(
+            norms.iter().map(|&n| n as f32).collect::<Vec<_>>(),
+            [norms.len()],
+        )?;
         amp_kernels::norm(&stacked, norm_type, &[], false)?.item_f64()?
     };
     let total32 = total as f32;
@@ -44,4 +52,3 @@ pub fn clip_grad_value_(params: &[Tensor], clip_value: f64) -> Result<()> {
     }
     Ok(())
 }
-

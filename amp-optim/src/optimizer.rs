@@ -30,7 +30,11 @@ pub struct TensorData {
 impl TensorData {
     /// Capture a raw tensor (values exact: every f32 is an f64).
     pub fn from_raw(t: &Raw) -> Self {
-        TensorData { dtype: t.dtype().to_string(), shape: t.dims().to_vec(), data: t.to_vec_f64() }
+        TensorData {
+            dtype: t.dtype().to_string(),
+            shape: t.dims().to_vec(),
+            data: t.to_vec_f64(),
+        }
     }
     /// Rebuild the tensor.
     pub fn to_raw(&self) -> Result<Raw> {
@@ -91,10 +95,15 @@ pub trait Optimizer {
 /// Check a group index list against the state dict's shape.
 pub(crate) fn check_groups(sd: &OptimizerStateDict, sizes: &[usize]) -> Result<()> {
     if sd.param_groups.len() != sizes.len() {
-        return Err(Error::BadStateDict("loaded state dict has a different number of parameter groups".into()));
+        return Err(Error::BadStateDict(
+            "loaded state dict has a different number of parameter groups".into(),
+        ));
     }
     for (g, &n) in sd.param_groups.iter().zip(sizes) {
-        let len = g.get("params").and_then(|v| v.as_array()).map_or(0, |a| a.len());
+        let len = g
+            .get("params")
+            .and_then(|v| v.as_array())
+            .map_or(0, |a| a.len());
         if len != n {
             return Err(Error::BadStateDict(
                 "loaded state dict contains a parameter group that doesn't match the size of optimizer's group".into(),

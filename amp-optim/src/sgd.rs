@@ -6,7 +6,9 @@ use amp_autograd::Tensor;
 use amp_tensor::Tensor as Raw;
 use serde_json::json;
 
-use crate::optimizer::{check_groups, group_indices, OptimizerStateDict, ParamGroup, StateValue, TensorData};
+use crate::optimizer::{
+    check_groups, group_indices, OptimizerStateDict, ParamGroup, StateValue, TensorData,
+};
 use crate::update::{read_f32, update_f32};
 use crate::{Error, Optimizer, Result};
 
@@ -29,7 +31,11 @@ pub struct Sgd {
 impl Sgd {
     /// One group of `params` with learning rate `lr`.
     pub fn new(params: Vec<Tensor>, lr: f64, options: SgdOptions) -> Result<Self> {
-        Self::with_groups(vec![ParamGroup { params, lr, options }])
+        Self::with_groups(vec![ParamGroup {
+            params,
+            lr,
+            options,
+        }])
     }
 
     /// Several groups, each with its own learning rate and options.
@@ -37,20 +43,34 @@ impl Sgd {
         for g in &groups {
             let o = g.options;
             if g.lr < 0.0 {
-                return Err(Error::InvalidHyperParameter(format!("Invalid learning rate: {}", g.lr)));
+                return Err(Error::InvalidHyperParameter(format!(
+                    "Invalid learning rate: {}",
+                    g.lr
+                )));
             }
             if o.momentum < 0.0 {
-                return Err(Error::InvalidHyperParameter(format!("Invalid momentum value: {}", o.momentum)));
+                return Err(Error::InvalidHyperParameter(format!(
+                    "Invalid momentum value: {}",
+                    o.momentum
+                )));
             }
             if o.weight_decay < 0.0 {
-                return Err(Error::InvalidHyperParameter(format!("Invalid weight_decay value: {}", o.weight_decay)));
+                return Err(Error::InvalidHyperParameter(format!(
+                    "Invalid weight_decay value: {}",
+                    o.weight_decay
+                )));
             }
             if o.nesterov && (o.momentum <= 0.0 || o.dampening != 0.0) {
-                return Err(Error::InvalidHyperParameter("Nesterov momentum requires a momentum and zero dampening".into()));
+                return Err(Error::InvalidHyperParameter(
+                    "Nesterov momentum requires a momentum and zero dampening".into(),
+                ));
             }
         }
         let momentum_buffers = groups.iter().map(|g| vec![None; g.params.len()]).collect();
-        Ok(Sgd { groups, momentum_buffers })
+        Ok(Sgd {
+            groups,
+            momentum_buffers,
+        })
     }
 
     /// The parameter groups.
@@ -84,7 +104,11 @@ impl Optimizer for Sgd {
                     let (m, damp) = (o.momentum as f32, 1.0 - o.dampening as f32);
                     match buf {
                         None => *buf = Some(Raw::from_vec(d.clone(), p.dims())?),
-                        Some(b) => update_f32(b, |b| b.iter_mut().zip(&d).for_each(|(b, d)| *b = *b * m + damp * d))?,
+                        Some(b) => update_f32(b, |b| {
+                            b.iter_mut()
+                                .zip(&d)
+                                .for_each(|(b, d)| *b = *b * m + damp * d)
+                        })?,
                     }
                     let bv = read_f32(buf.as_ref().expect("set above"));
                     if o.nesterov {
@@ -93,14 +117,19 @@ impl Optimizer for Sgd {
                         d = bv;
                     }
                 }
-                update_f32(p.data(), |pv| pv.iter_mut().zip(&d).for_each(|(p, d)| *p += -lr * d))?;
+                update_f32(p.data(), |pv| {
+                    pv.iter_mut().zip(&d).for_each(|(p, d)| *p += -lr * d)
+                })?;
             }
         }
         Ok(())
     }
 
     fn params(&self) -> Vec<Tensor> {
-        self.groups.iter().flat_map(|g| g.params.iter().cloned()).collect()
+        self.groups
+            .iter()
+            .flat_map(|g| g.params.iter().cloned())
+            .collect()
     }
 
     fn learning_rates(&self) -> Vec<f64> {
@@ -119,7 +148,10 @@ impl Optimizer for Sgd {
             for (pi, b) in bufs.iter().enumerate() {
                 if let Some(b) = b {
                     let mut m = BTreeMap::new();
-                    m.insert("momentum_buffer".to_string(), StateValue::Tensor(TensorData::from_raw(b)));
+                    m.insert(
+                        "momentum_buffer".to_string(),
+                        StateValue::Tensor(TensorData::from_raw(b)),
+                    );
                     state.insert(idx[gi][pi], m);
                 }
             }
@@ -135,7 +167,10 @@ impl Optimizer for Sgd {
                 v.as_object().cloned().expect("object")
             })
             .collect();
-        OptimizerStateDict { state, param_groups }
+        OptimizerStateDict {
+            state,
+            param_groups,
+        }
     }
 
     fn load_state_dict(&mut self, sd: &OptimizerStateDict) -> Result<()> {
@@ -154,7 +189,11 @@ impl Optimizer for Sgd {
                 maximize: flag("maximize"),
             };
             for (pi, slot) in self.momentum_buffers[gi].iter_mut().enumerate() {
-                *slot = match sd.state.get(&idx[gi][pi]).and_then(|m| m.get("momentum_buffer")) {
+                *slot = match sd
+                    .state
+                    .get(&idx[gi][pi])
+                    .and_then(|m| m.get("momentum_buffer"))
+                {
                     Some(StateValue::Tensor(t)) => Some(t.to_raw()?),
                     _ => None,
                 };

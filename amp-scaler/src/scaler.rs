@@ -27,7 +27,10 @@ struct OptState {
 
 impl Default for OptState {
     fn default() -> Self {
-        OptState { stage: Stage::Ready, found_inf_per_device: BTreeMap::new() }
+        OptState {
+            stage: Stage::Ready,
+            found_inf_per_device: BTreeMap::new(),
+        }
     }
 }
 
@@ -128,7 +131,8 @@ impl GradScaler {
     fn lazy_init(&mut self, device: Device) -> Result<()> {
         if self.scale.is_none() {
             self.scale = Some(Raw::full((), self.opts.init_scale, DType::F32).to_device(device)?);
-            self.growth_tracker = Some(Raw::full((), self.init_growth_tracker, DType::I32).to_device(device)?);
+            self.growth_tracker =
+                Some(Raw::full((), self.init_growth_tracker, DType::I32).to_device(device)?);
         }
         Ok(())
     }
@@ -140,7 +144,12 @@ impl GradScaler {
             return Ok(outputs.clone());
         }
         self.lazy_init(outputs.device())?;
-        let s = Tensor::from_raw(self.scale.clone().expect("initialised").to_device(outputs.device())?);
+        let s = Tensor::from_raw(
+            self.scale
+                .clone()
+                .expect("initialised")
+                .to_device(outputs.device())?,
+        );
         Ok(ops::mul(outputs, &s)?)
     }
 
@@ -148,7 +157,11 @@ impl GradScaler {
     pub fn scale_outputs(&mut self, outputs: &Outputs) -> Result<Outputs> {
         match outputs {
             Outputs::Tensor(t) => Ok(Outputs::Tensor(self.scale(t)?)),
-            Outputs::List(v) => Ok(Outputs::List(v.iter().map(|o| self.scale_outputs(o)).collect::<Result<_>>()?)),
+            Outputs::List(v) => Ok(Outputs::List(
+                v.iter()
+                    .map(|o| self.scale_outputs(o))
+                    .collect::<Result<_>>()?,
+            )),
         }
     }
 
@@ -176,7 +189,9 @@ impl GradScaler {
         if !self.opts.enabled {
             return Ok(());
         }
-        let Some(scale) = self.scale.clone() else { return Err(ScalerError::ScaleIsNone("unscale_")) };
+        let Some(scale) = self.scale.clone() else {
+            return Err(ScalerError::ScaleIsNone("unscale_"));
+        };
         match self.opt_state(opt).stage {
             Stage::Unscaled => return Err(ScalerError::AlreadyUnscaled),
             Stage::Stepped => return Err(ScalerError::UnscaleAfterStep),
@@ -198,7 +213,9 @@ impl GradScaler {
             opt.step()?;
             return Ok(StepOutcome::Stepped);
         }
-        let Some(scale) = self.scale.clone() else { return Err(ScalerError::ScaleIsNone("step")) };
+        let Some(scale) = self.scale.clone() else {
+            return Err(ScalerError::ScaleIsNone("step"));
+        };
         if self.opt_state(opt).stage == Stage::Stepped {
             return Err(ScalerError::AlreadyStepped);
         }
@@ -244,7 +261,11 @@ impl GradScaler {
 
     /// `step(optimizer, closure)`: PyTorch refuses closures while enabled; disabled, the
     /// closure runs and the optimizer steps.
-    pub fn step_with_closure<F: FnMut() -> amp_autograd::Result<Tensor>>(&mut self, opt: &mut dyn Optimizer, mut closure: F) -> Result<StepOutcome> {
+    pub fn step_with_closure<F: FnMut() -> amp_autograd::Result<Tensor>>(
+        &mut self,
+        opt: &mut dyn Optimizer,
+        mut closure: F,
+    ) -> Result<StepOutcome> {
         if self.opts.enabled {
             return Err(ScalerError::Closure);
         }
@@ -269,8 +290,13 @@ impl GradScaler {
         if !self.opts.enabled {
             return Ok(());
         }
-        let Some(scale) = self.scale.clone() else { return Err(ScalerError::ScaleIsNone("update")) };
-        let tracker = self.growth_tracker.clone().expect("initialised with the scale");
+        let Some(scale) = self.scale.clone() else {
+            return Err(ScalerError::ScaleIsNone("update"));
+        };
+        let tracker = self
+            .growth_tracker
+            .clone()
+            .expect("initialised with the scale");
         match new_scale {
             Some(NewScale::Value(v)) => scale.fill_(v)?,
             Some(NewScale::Tensor(t)) => {
@@ -280,7 +306,11 @@ impl GradScaler {
                 scale.copy_(&t.data().reshape(())?)?;
             }
             None => {
-                let founds: Vec<Raw> = self.per_optimizer.values().flat_map(|s| s.found_inf_per_device.values().cloned()).collect();
+                let founds: Vec<Raw> = self
+                    .per_optimizer
+                    .values()
+                    .flat_map(|s| s.found_inf_per_device.values().cloned())
+                    .collect();
                 if founds.is_empty() {
                     return Err(ScalerError::NoInfChecks);
                 }
@@ -305,7 +335,14 @@ impl GradScaler {
                     self.consecutive_overflows = 0;
                     combined
                 };
-                amp_kernels::update_scale_(&scale, &tracker, &effective, self.opts.growth_factor, self.opts.backoff_factor, self.opts.growth_interval)?;
+                amp_kernels::update_scale_(
+                    &scale,
+                    &tracker,
+                    &effective,
+                    self.opts.growth_factor,
+                    self.opts.backoff_factor,
+                    self.opts.growth_interval,
+                )?;
                 self.clamp_scale(&scale)?;
             }
         }
@@ -373,7 +410,9 @@ impl GradScaler {
 
     /// The stage of `opt` in the current iteration.
     pub fn stage(&self, opt: &dyn Optimizer) -> Stage {
-        self.per_optimizer.get(&key(opt)).map_or(Stage::Ready, |s| s.stage)
+        self.per_optimizer
+            .get(&key(opt))
+            .map_or(Stage::Ready, |s| s.stage)
     }
 
     /// Statistics beyond PyTorch: steps taken and skipped, and the last inf check.
@@ -430,10 +469,13 @@ impl GradScaler {
         match v.as_object() {
             Some(m) if m.is_empty() => Err(ScalerError::EmptyStateDict),
             Some(_) => {
-                let sd: ScalerStateDict = serde_json::from_value(v.clone()).map_err(|e| ScalerError::BadStateDict(e.to_string()))?;
+                let sd: ScalerStateDict = serde_json::from_value(v.clone())
+                    .map_err(|e| ScalerError::BadStateDict(e.to_string()))?;
                 self.load_state_dict(Some(&sd))
             }
-            None => Err(ScalerError::BadStateDict("a GradScaler state dict is a JSON object".into())),
+            None => Err(ScalerError::BadStateDict(
+                "a GradScaler state dict is a JSON object".into(),
+            )),
         }
     }
 }
@@ -446,14 +488,27 @@ impl Default for GradScaler {
 
 /// Unscale (or, with `inv_scale == 1`, only check) every gradient of `opt` with the
 /// fused kernel, grouped by device; float16 gradients are refused unless `allow_fp16`.
-fn unscale_grads(opt: &dyn Optimizer, inv_scale: &Raw, allow_fp16: bool) -> Result<BTreeMap<DeviceKey, Raw>> {
-    let grads: Vec<Raw> = opt.params().iter().filter_map(|p| p.grad()).map(|g| g.data().clone()).collect();
+fn unscale_grads(
+    opt: &dyn Optimizer,
+    inv_scale: &Raw,
+    allow_fp16: bool,
+) -> Result<BTreeMap<DeviceKey, Raw>> {
+    let grads: Vec<Raw> = opt
+        .params()
+        .iter()
+        .filter_map(|p| p.grad())
+        .map(|g| g.data().clone())
+        .collect();
     if !allow_fp16 && grads.iter().any(|g| g.dtype() == DType::F16) {
         return Err(ScalerError::Fp16Gradients);
     }
     let mut by_device: BTreeMap<DeviceKey, (Device, Vec<Raw>)> = BTreeMap::new();
     for g in grads {
-        by_device.entry(g.device().into()).or_insert_with(|| (g.device(), Vec::new())).1.push(g);
+        by_device
+            .entry(g.device().into())
+            .or_insert_with(|| (g.device(), Vec::new()))
+            .1
+            .push(g);
     }
     let mut out = BTreeMap::new();
     for (k, (dev, gs)) in by_device {

@@ -12,7 +12,8 @@ fn param(v: &[f32]) -> Tensor {
 }
 
 fn set_grad(p: &Tensor, g: &[f32]) {
-    p.set_grad(Some(Tensor::from_slice(g, [g.len()]).unwrap())).unwrap();
+    p.set_grad(Some(Tensor::from_slice(g, [g.len()]).unwrap()))
+        .unwrap();
 }
 
 #[test]
@@ -21,7 +22,12 @@ fn constructor_validation_messages() {
     assert_eq!(e.to_string(), "The growth factor must be > 1.0.");
     let e = GradScaler::with_options(GradScalerOptions::default().backoff_factor(1.0)).unwrap_err();
     assert_eq!(e.to_string(), "The backoff factor must be < 1.0.");
-    assert!(GradScaler::with_options(GradScalerOptions::default().enabled(false).growth_factor(0.1)).is_ok());
+    assert!(GradScaler::with_options(
+        GradScalerOptions::default()
+            .enabled(false)
+            .growth_factor(0.1)
+    )
+    .is_ok());
 }
 
 #[test]
@@ -29,36 +35,72 @@ fn messages_are_pytorchs() {
     let p = param(&[1.0]);
     let mut opt = Sgd::new(vec![p.clone()], 1.0, SgdOptions::default()).unwrap();
     let mut s = GradScaler::new();
-    insta::assert_snapshot!("unscale_before_scale", s.try_unscale_(&mut opt).unwrap_err().to_string());
-    insta::assert_snapshot!("step_before_scale", s.step(&mut opt).unwrap_err().to_string());
+    insta::assert_snapshot!(
+        "unscale_before_scale",
+        s.try_unscale_(&mut opt).unwrap_err().to_string()
+    );
+    insta::assert_snapshot!(
+        "step_before_scale",
+        s.step(&mut opt).unwrap_err().to_string()
+    );
     insta::assert_snapshot!("update_before_scale", s.update().unwrap_err().to_string());
     s.scale(&Tensor::scalar(1.0f32)).unwrap();
     insta::assert_snapshot!("update_without_checks", s.update().unwrap_err().to_string());
     set_grad(&p, &[1.0]);
     s.try_unscale_(&mut opt).unwrap();
-    insta::assert_snapshot!("unscale_twice", s.try_unscale_(&mut opt).unwrap_err().to_string());
+    insta::assert_snapshot!(
+        "unscale_twice",
+        s.try_unscale_(&mut opt).unwrap_err().to_string()
+    );
     s.step(&mut opt).unwrap();
-    insta::assert_snapshot!("unscale_after_step", s.try_unscale_(&mut opt).unwrap_err().to_string());
+    insta::assert_snapshot!(
+        "unscale_after_step",
+        s.try_unscale_(&mut opt).unwrap_err().to_string()
+    );
     insta::assert_snapshot!("step_twice", s.step(&mut opt).unwrap_err().to_string());
     s.update().unwrap();
-    p.set_grad(Some(Tensor::from_vec(vec![amp_tensor::half::f16::ONE], [1]).unwrap().to_dtype(DType::F16).unwrap())).ok();
+    p.set_grad(Some(
+        Tensor::from_vec(vec![amp_tensor::half::f16::ONE], [1])
+            .unwrap()
+            .to_dtype(DType::F16)
+            .unwrap(),
+    ))
+    .ok();
     let h = Tensor::parameter(amp_tensor::Tensor::ones([1], DType::F16)).unwrap();
     h.set_grad(Some(Tensor::ones([1], DType::F16))).unwrap();
     let mut hopt = Sgd::new(vec![h], 1.0, SgdOptions::default()).unwrap();
-    insta::assert_snapshot!("fp16_grads", s.try_unscale_(&mut hopt).unwrap_err().to_string());
-    insta::assert_snapshot!("closure", s.step_with_closure(&mut opt, || Ok(Tensor::scalar(0.0f32))).unwrap_err().to_string());
-    insta::assert_snapshot!("empty_state_dict", s.load_state_dict(None).unwrap_err().to_string());
+    insta::assert_snapshot!(
+        "fp16_grads",
+        s.try_unscale_(&mut hopt).unwrap_err().to_string()
+    );
+    insta::assert_snapshot!(
+        "closure",
+        s.step_with_closure(&mut opt, || Ok(Tensor::scalar(0.0f32)))
+            .unwrap_err()
+            .to_string()
+    );
+    insta::assert_snapshot!(
+        "empty_state_dict",
+        s.load_state_dict(None).unwrap_err().to_string()
+    );
     insta::assert_snapshot!("no_checks_for_optimizer", {
         let q = param(&[1.0]);
         let mut o = Sgd::new(vec![q], 1.0, SgdOptions::default()).unwrap();
         s.step(&mut o).unwrap_err().to_string()
     });
-    insta::assert_snapshot!("bad_new_scale", s.update_with(NewScale::Tensor(Tensor::ones([2], DType::F32))).unwrap_err().to_string());
+    insta::assert_snapshot!(
+        "bad_new_scale",
+        s.update_with(NewScale::Tensor(Tensor::ones([2], DType::F32)))
+            .unwrap_err()
+            .to_string()
+    );
     insta::assert_snapshot!("not_a_tensor", ScalerError::NotATensor.to_string());
 }
 
 #[test]
-#[should_panic(expected = "unscale_() has already been called on this optimizer since the last update().")]
+#[should_panic(
+    expected = "unscale_() has already been called on this optimizer since the last update()."
+)]
 fn second_unscale_panics() {
     let p = param(&[1.0]);
     let mut opt = Sgd::new(vec![p.clone()], 1.0, SgdOptions::default()).unwrap();
@@ -71,7 +113,13 @@ fn second_unscale_panics() {
 
 #[test]
 fn state_dict_json_exact() {
-    let mut s = GradScaler::with_options(GradScalerOptions::default().init_scale(3.0).growth_factor(1.1).growth_interval(1)).unwrap();
+    let mut s = GradScaler::with_options(
+        GradScalerOptions::default()
+            .init_scale(3.0)
+            .growth_factor(1.1)
+            .growth_interval(1),
+    )
+    .unwrap();
     insta::assert_snapshot!("state_dict_before_scale", s.state_dict_json().to_string());
     let p = param(&[1.0]);
     let mut opt = Sgd::new(vec![p.clone()], 1.0, SgdOptions::default()).unwrap();
@@ -82,11 +130,15 @@ fn state_dict_json_exact() {
     assert_eq!(s.get_scale(), 3.299999952316284, "f32(f64(3.0) * 1.1)");
     insta::assert_snapshot!("state_dict_after_growth", s.state_dict_json().to_string());
     let disabled = GradScaler::with_options(GradScalerOptions::default().enabled(false)).unwrap();
-    insta::assert_snapshot!("state_dict_disabled", disabled.state_dict_json().to_string());
+    insta::assert_snapshot!(
+        "state_dict_disabled",
+        disabled.state_dict_json().to_string()
+    );
     // JSON round trip and loading a PyTorch-produced dict
     let torch = r#"{"scale": 32768.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000, "_growth_tracker": 17}"#;
     let mut t = GradScaler::new();
-    t.load_state_dict_json(&serde_json::from_str(torch).unwrap()).unwrap();
+    t.load_state_dict_json(&serde_json::from_str(torch).unwrap())
+        .unwrap();
     assert_eq!(t.get_scale(), 32768.0);
     assert_eq!(t.get_growth_tracker(), 17);
     let back: ScalerStateDict = serde_json::from_str(&t.state_dict_json().to_string()).unwrap();
@@ -110,7 +162,13 @@ fn fused_adam_equals_ordinary_path() {
                 s.step(&mut opt).unwrap();
             } else {
                 s.unscale_(&mut opt);
-                if !p.grad().unwrap().to_vec_f64().iter().any(|v| !v.is_finite()) {
+                if !p
+                    .grad()
+                    .unwrap()
+                    .to_vec_f64()
+                    .iter()
+                    .any(|v| !v.is_finite())
+                {
                     opt.step().unwrap();
                 }
             }
@@ -118,7 +176,9 @@ fn fused_adam_equals_ordinary_path() {
         }
         (p.to_vec_f64(), s.get_scale())
     };
-    assert!(Adam::new(vec![param(&[0.0])], 0.01, AdamOptions::default()).unwrap().supports_amp_scaling());
+    assert!(Adam::new(vec![param(&[0.0])], 0.01, AdamOptions::default())
+        .unwrap()
+        .supports_amp_scaling());
     assert_eq!(run(true), run(false));
 }
 
@@ -126,7 +186,15 @@ fn fused_adam_equals_ordinary_path() {
 fn extras_min_max_hysteresis() {
     let p = param(&[1.0]);
     let mut opt = Sgd::new(vec![p.clone()], 0.0, SgdOptions::default()).unwrap();
-    let mut s = GradScaler::with_options(GradScalerOptions::default().init_scale(4.0).hysteresis(2).min_scale(1.0).max_scale(8.0).growth_interval(1)).unwrap();
+    let mut s = GradScaler::with_options(
+        GradScalerOptions::default()
+            .init_scale(4.0)
+            .hysteresis(2)
+            .min_scale(1.0)
+            .max_scale(8.0)
+            .growth_interval(1),
+    )
+    .unwrap();
     let mut step = |g: f32, s: &mut GradScaler| {
         s.scale(&Tensor::scalar(1.0f32)).unwrap();
         set_grad(&p, &[g]);
@@ -135,7 +203,11 @@ fn extras_min_max_hysteresis() {
         s.get_scale()
     };
     assert_eq!(step(f32::INFINITY, &mut s), 4.0, "first overflow tolerated");
-    assert_eq!(step(f32::INFINITY, &mut s), 2.0, "second consecutive backs off");
+    assert_eq!(
+        step(f32::INFINITY, &mut s),
+        2.0,
+        "second consecutive backs off"
+    );
     assert_eq!(step(f32::INFINITY, &mut s), 2.0);
     assert_eq!(step(f32::INFINITY, &mut s), 1.0);
     assert_eq!(step(f32::INFINITY, &mut s), 1.0);

@@ -15,20 +15,44 @@ const INF_AT: usize = 3;
 
 fn model(seed: u64) -> Sequential {
     let mut g = Generator::new(seed);
-    Sequential::new().add(Linear::new(6, 8, &mut g).unwrap()).add(ReLU).add(Linear::new(8, 3, &mut g).unwrap())
+    Sequential::new()
+        .add(Linear::new(6, 8, &mut g).unwrap())
+        .add(ReLU)
+        .add(Linear::new(8, 3, &mut g).unwrap())
 }
 
 fn data(n: usize) -> Vec<(Tensor, Tensor)> {
     let mut g = Generator::new(99);
-    (0..n).map(|_| (Tensor::randn([4, 6], DType::F32, &mut g).unwrap(), Tensor::randn([4, 3], DType::F32, &mut g).unwrap())).collect()
+    (0..n)
+        .map(|_| {
+            (
+                Tensor::randn([4, 6], DType::F32, &mut g).unwrap(),
+                Tensor::randn([4, 3], DType::F32, &mut g).unwrap(),
+            )
+        })
+        .collect()
 }
 
 fn scaler() -> GradScaler {
-    GradScaler::with_options(GradScalerOptions::default().init_scale(128.0).growth_factor(2.0).growth_interval(1)).unwrap()
+    GradScaler::with_options(
+        GradScalerOptions::default()
+            .init_scale(128.0)
+            .growth_factor(2.0)
+            .growth_interval(1),
+    )
+    .unwrap()
 }
 
 fn sgd(m: &Sequential) -> Sgd {
-    Sgd::new(m.parameters(), 0.1, SgdOptions { momentum: 0.5, ..Default::default() }).unwrap()
+    Sgd::new(
+        m.parameters(),
+        0.1,
+        SgdOptions {
+            momentum: 0.5,
+            ..Default::default()
+        },
+    )
+    .unwrap()
 }
 
 fn loss_of(m: &Sequential, x: &Tensor, y: &Tensor) -> Tensor {
@@ -162,21 +186,35 @@ fn gradient_penalty() {
     let (m, c) = (model(5), model(5));
     let (mut opt, mut copt) = (sgd(&m), sgd(&c));
     let mut s = scaler();
-    let penalty_loss = |net: &Sequential, x: &Tensor, y: &Tensor, scaled: Option<&mut GradScaler>| -> Tensor {
-        let loss = loss_of(net, x, y);
-        let params = net.parameters();
-        let opts = GradOptions { create_graph: true, ..Default::default() };
-        let grads: Vec<Tensor> = match scaled {
-            Some(s) => {
-                let sg = grad(&[s.scale(&loss).unwrap()], &params, &[], opts).unwrap();
-                let inv = 1.0 / s.get_scale();
-                sg.into_iter().map(|g| ops::mul_scalar(&g.unwrap(), inv).unwrap()).collect()
-            }
-            None => grad(&[loss.clone()], &params, &[], opts).unwrap().into_iter().map(Option::unwrap).collect(),
+    let penalty_loss =
+        |net: &Sequential, x: &Tensor, y: &Tensor, scaled: Option<&mut GradScaler>| -> Tensor {
+            let loss = loss_of(net, x, y);
+            let params = net.parameters();
+            let opts = GradOptions {
+                create_graph: true,
+                ..Default::default()
+            };
+            let grads: Vec<Tensor> = match scaled {
+                Some(s) => {
+                    let sg = grad(&[s.scale(&loss).unwrap()], &params, &[], opts).unwrap();
+                    let inv = 1.0 / s.get_scale();
+                    sg.into_iter()
+                        .map(|g| ops::mul_scalar(&g.unwrap(), inv).unwrap())
+                        .collect()
+                }
+                None => grad(&[loss.clone()], &params, &[], opts)
+                    .unwrap()
+                    .into_iter()
+                    .map(Option::unwrap)
+                    .collect(),
+            };
+            let norm = grads
+                .iter()
+                .map(|g| ops::sum_all(&ops::square(g).unwrap()).unwrap())
+                .reduce(|a, b| ops::add(&a, &b).unwrap())
+                .unwrap();
+            ops::add(&loss, &ops::sqrt(&norm).unwrap()).unwrap()
         };
-        let norm = grads.iter().map(|g| ops::sum_all(&ops::square(g).unwrap()).unwrap()).reduce(|a, b| ops::add(&a, &b).unwrap()).unwrap();
-        ops::add(&loss, &ops::sqrt(&norm).unwrap()).unwrap()
-    };
     for (i, (x, y)) in data(ITERS).iter().enumerate() {
         opt.zero_grad();
         let l = penalty_loss(&m, x, y, Some(&mut s));
@@ -204,14 +242,27 @@ fn multiple_models_losses_optimizers() {
     for (i, (x, y)) in data(ITERS).iter().enumerate() {
         let run = |a: &Sequential, b: &Sequential| {
             let (oa, ob) = (a.forward(x).unwrap(), b.forward(x).unwrap());
-            let l0 = ops::mse_loss(&ops::add(&ops::mul_scalar(&oa, 2.0).unwrap(), &ob).unwrap(), y, Reduction::Mean).unwrap();
-            let l1 = ops::mse_loss(&ops::add(&ops::mul_scalar(&ob, 3.0).unwrap(), &oa).unwrap(), y, Reduction::Mean).unwrap();
+            let l0 = ops::mse_loss(
+                &ops::add(&ops::mul_scalar(&oa, 2.0).unwrap(), &ob).unwrap(),
+                y,
+                Reduction::Mean,
+            )
+            .unwrap();
+            let l1 = ops::mse_loss(
+                &ops::add(&ops::mul_scalar(&ob, 3.0).unwrap(), &oa).unwrap(),
+                y,
+                Reduction::Mean,
+            )
+            .unwrap();
             (l0, l1)
         };
         o0.zero_grad();
         o1.zero_grad();
         let (l0, l1) = run(&m0, &m1);
-        s.scale(&l0).unwrap().backward_with(None, true, false).unwrap();
+        s.scale(&l0)
+            .unwrap()
+            .backward_with(None, true, false)
+            .unwrap();
         s.scale(&l1).unwrap().backward().unwrap();
         if i == INF_AT {
             inject_inf(&m1); // only optimizer 1 sees the inf
@@ -229,7 +280,11 @@ fn multiple_models_losses_optimizers() {
             p1.step().unwrap();
         }
     }
-    assert_eq!(s.get_scale(), expected_scale(1), "one inf backs the shared scale off once");
+    assert_eq!(
+        s.get_scale(),
+        expected_scale(1),
+        "one inf backs the shared scale off once"
+    );
     assert_params_eq(&m0, &c0, 0.0);
     assert_params_eq(&m1, &c1, 0.0);
 }
@@ -268,7 +323,12 @@ fn batch_replay_after_a_skipped_step() {
 fn disabled_scaler_is_a_pass_through() {
     let (m, c) = (model(9), model(9));
     let (mut opt, mut copt) = (sgd(&m), sgd(&c));
-    let mut s = GradScaler::with_options(GradScalerOptions::default().enabled(false).growth_factor(0.5)).unwrap();
+    let mut s = GradScaler::with_options(
+        GradScalerOptions::default()
+            .enabled(false)
+            .growth_factor(0.5),
+    )
+    .unwrap();
     for (x, y) in data(ITERS) {
         opt.zero_grad();
         let l = loss_of(&m, &x, &y);

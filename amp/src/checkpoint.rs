@@ -48,17 +48,30 @@ fn from_st_dtype(d: Dtype) -> Result<DType, CheckpointError> {
         Dtype::I64 => DType::I64,
         Dtype::I32 => DType::I32,
         Dtype::BOOL => DType::Bool,
-        other => return Err(CheckpointError::Format(format!("unsupported safetensors dtype {other:?}"))),
+        other => {
+            return Err(CheckpointError::Format(format!(
+                "unsupported safetensors dtype {other:?}"
+            )))
+        }
     })
 }
 
 /// Encode a model's parameters as a safetensors buffer.
 pub fn model_to_safetensors(model: &dyn Module) -> Result<Vec<u8>, CheckpointError> {
     let sd = model.state_dict();
-    let bytes: Vec<(String, DType, Vec<usize>, Vec<u8>)> = sd.iter().map(|(n, t)| (n.clone(), t.dtype(), t.dims().to_vec(), raw_bytes(t))).collect();
+    let bytes: Vec<(String, DType, Vec<usize>, Vec<u8>)> = sd
+        .iter()
+        .map(|(n, t)| (n.clone(), t.dtype(), t.dims().to_vec(), raw_bytes(t)))
+        .collect();
     let views = bytes
         .iter()
-        .map(|(n, d, s, b)| Ok((n.clone(), TensorView::new(st_dtype(*d), s.clone(), b).map_err(|e| CheckpointError::Format(e.to_string()))?)))
+        .map(|(n, d, s, b)| {
+            Ok((
+                n.clone(),
+                TensorView::new(st_dtype(*d), s.clone(), b)
+                    .map_err(|e| CheckpointError::Format(e.to_string()))?,
+            ))
+        })
         .collect::<Result<Vec<_>, CheckpointError>>()?;
     safetensors::serialize(views, &None).map_err(|e| CheckpointError::Format(e.to_string()))
 }
@@ -115,21 +128,37 @@ fn from_bytes(dtype: DType, shape: &[usize], data: &[u8]) -> Result<Raw, Checkpo
 
 /// Save model, optimizer and scaler into `dir` (`model.safetensors`,
 /// `optimizer.json`, `scaler.json`).
-pub fn save(dir: &Path, model: &dyn Module, opt: &dyn Optimizer, scaler: &GradScaler) -> Result<(), CheckpointError> {
+pub fn save(
+    dir: &Path,
+    model: &dyn Module,
+    opt: &dyn Optimizer,
+    scaler: &GradScaler,
+) -> Result<(), CheckpointError> {
     std::fs::create_dir_all(dir)?;
     std::fs::write(dir.join("model.safetensors"), model_to_safetensors(model)?)?;
-    let o = serde_json::to_string(&opt.state_dict()).map_err(|e| CheckpointError::Format(e.to_string()))?;
+    let o = serde_json::to_string(&opt.state_dict())
+        .map_err(|e| CheckpointError::Format(e.to_string()))?;
     std::fs::write(dir.join("optimizer.json"), o)?;
-    std::fs::write(dir.join("scaler.json"), scaler.state_dict_json().to_string())?;
+    std::fs::write(
+        dir.join("scaler.json"),
+        scaler.state_dict_json().to_string(),
+    )?;
     Ok(())
 }
 
 /// Restore what [`save`] wrote into existing model, optimizer and scaler objects.
-pub fn load(dir: &Path, model: &dyn Module, opt: &mut dyn Optimizer, scaler: &mut GradScaler) -> Result<(), CheckpointError> {
+pub fn load(
+    dir: &Path,
+    model: &dyn Module,
+    opt: &mut dyn Optimizer,
+    scaler: &mut GradScaler,
+) -> Result<(), CheckpointError> {
     model_from_safetensors(model, &std::fs::read(dir.join("model.safetensors"))?)?;
-    let o: OptimizerStateDict = serde_json::from_slice(&std::fs::read(dir.join("optimizer.json"))?).map_err(|e| CheckpointError::Format(e.to_string()))?;
+    let o: OptimizerStateDict = serde_json::from_slice(&std::fs::read(dir.join("optimizer.json"))?)
+        .map_err(|e| CheckpointError::Format(e.to_string()))?;
     opt.load_state_dict(&o)?;
-    let s: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("scaler.json"))?).map_err(|e| CheckpointError::Format(e.to_string()))?;
+    let s: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("scaler.json"))?)
+        .map_err(|e| CheckpointError::Format(e.to_string()))?;
     if scaler.is_enabled() {
         scaler.load_state_dict_json(&s)?;
     }

@@ -46,8 +46,13 @@ pub use amp_tensor as tensor;
 pub mod prelude {
     pub use amp_autocast::{autocast, custom_fwd, traced, Autocast, AutocastGuard};
     pub use amp_autograd::{grad, no_grad, ops, GradOptions, Reduction, Tensor};
-    pub use amp_nn::{CrossEntropyLoss, Dropout, LayerNorm, Linear, MSELoss, Module, ReLU, Sequential, Sigmoid, Tanh, GELU};
-    pub use amp_optim::{clip_grad_norm_, clip_grad_value_, Adam, AdamOptions, Optimizer, Sgd, SgdOptions};
+    pub use amp_nn::{
+        CrossEntropyLoss, Dropout, LayerNorm, Linear, MSELoss, Module, ReLU, Sequential, Sigmoid,
+        Tanh, GELU,
+    };
+    pub use amp_optim::{
+        clip_grad_norm_, clip_grad_value_, Adam, AdamOptions, Optimizer, Sgd, SgdOptions,
+    };
     pub use amp_policy::{CastPolicy, DeviceType, Profile};
     pub use amp_scaler::{GradScaler, GradScalerOptions, StepOutcome};
     pub use amp_tensor::{DType, Device, Generator};

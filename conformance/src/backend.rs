@@ -167,11 +167,7 @@ impl GradBackend for Autograd {
         autograd::grad(outputs, inputs, &grad_outputs, opts).map_err(msg)
     }
 
-    fn mul(
-        &self,
-        a: &autograd::Tensor,
-        b: &autograd::Tensor,
-    ) -> Result<autograd::Tensor, String> {
+    fn mul(&self, a: &autograd::Tensor, b: &autograd::Tensor) -> Result<autograd::Tensor, String> {
         autograd::ops::mul(a, b).map_err(msg)
     }
 
@@ -179,11 +175,7 @@ impl GradBackend for Autograd {
         autograd::ops::sum_all(a).map_err(msg)
     }
 
-    fn add(
-        &self,
-        a: &autograd::Tensor,
-        b: &autograd::Tensor,
-    ) -> Result<autograd::Tensor, String> {
+    fn add(&self, a: &autograd::Tensor, b: &autograd::Tensor) -> Result<autograd::Tensor, String> {
         autograd::ops::add(a, b).map_err(msg)
     }
 }

@@ -111,7 +111,9 @@ impl<'a> Bound<'a> {
 
     /// A required tensor.
     pub fn tensor(&self, name: &str) -> Result<&'a Tensor, String> {
-        self.req(name)?.tensor().map_err(|e| format!("`{name}`: {e}"))
+        self.req(name)?
+            .tensor()
+            .map_err(|e| format!("`{name}`: {e}"))
     }
 
     /// An optional tensor (absent or `None`: `None`).
@@ -137,20 +139,23 @@ impl<'a> Bound<'a> {
 
     /// An int, `default` when absent.
     pub fn int_or(&self, name: &str, default: i64) -> Result<i64, String> {
-        self.get(name)
-            .map_or(Ok(default), |a| a.int().map_err(|e| format!("`{name}`: {e}")))
+        self.get(name).map_or(Ok(default), |a| {
+            a.int().map_err(|e| format!("`{name}`: {e}"))
+        })
     }
 
     /// A number, `default` when absent.
     pub fn f64_or(&self, name: &str, default: f64) -> Result<f64, String> {
-        self.get(name)
-            .map_or(Ok(default), |a| a.float().map_err(|e| format!("`{name}`: {e}")))
+        self.get(name).map_or(Ok(default), |a| {
+            a.float().map_err(|e| format!("`{name}`: {e}"))
+        })
     }
 
     /// A bool, `default` when absent.
     pub fn bool_or(&self, name: &str, default: bool) -> Result<bool, String> {
-        self.get(name)
-            .map_or(Ok(default), |a| a.bool().map_err(|e| format!("`{name}`: {e}")))
+        self.get(name).map_or(Ok(default), |a| {
+            a.bool().map_err(|e| format!("`{name}`: {e}"))
+        })
     }
 
     /// A string, `default` when absent.
@@ -178,15 +183,14 @@ impl<'a> Bound<'a> {
 
     /// Dims of a reduction (`int`, `int[]` or `None`: all, as the empty list).
     pub fn dims(&self, name: &str) -> Result<Vec<i64>, String> {
-        self.get(name)
-            .map_or(Ok(Vec::new()), |a| a.ints().map_err(|e| format!("`{name}`: {e}")))
+        self.get(name).map_or(Ok(Vec::new()), |a| {
+            a.ints().map_err(|e| format!("`{name}`: {e}"))
+        })
     }
 
     /// `reduction=` of a loss (`'mean'` when absent).
     pub fn reduction(&self, name: &str) -> Result<Reduction, String> {
-        self.str_or(name, "mean")?
-            .parse::<Reduction>()
-            .map_err(err)
+        self.str_or(name, "mean")?.parse::<Reduction>().map_err(err)
     }
 
     /// Fails unless the parameter is absent or `None` (a parameter the workspace does not
@@ -265,7 +269,9 @@ fn dunder_scalar(
         let b = bind(args, kwargs, &["self", "other"], &[])?;
         let x = b.tensor("self")?;
         match b.req("other")? {
-            Arg::Tensor(_) => Err("`other` as a tensor is not supported (only a Python number)".into()),
+            Arg::Tensor(_) => {
+                Err("`other` as a tensor is not supported (only a Python number)".into())
+            }
             _ => one(f(x, b.scalar("other")?)),
         }
     }
@@ -283,7 +289,10 @@ fn binary(f: Binary, names: [&'static str; 2]) -> impl Fn(&[A], &K) -> R + Send 
 type Addmm = fn(&Tensor, &Tensor, &Tensor, f64, f64) -> amp::autograd::Result<Tensor>;
 
 /// `torch.addmm`-style: `(input, m1, m2, *, beta=1, alpha=1, out=None)`.
-fn beta_alpha(f: Addmm, names: [&'static str; 3]) -> impl Fn(&[A], &K) -> R + Send + Sync + 'static {
+fn beta_alpha(
+    f: Addmm,
+    names: [&'static str; 3],
+) -> impl Fn(&[A], &K) -> R + Send + Sync + 'static {
     move |args, kwargs| {
         let b = bind(args, kwargs, &names, &["beta", "alpha", "out"])?;
         b.unsupported_unless_none("out")?;
@@ -336,7 +345,11 @@ fn add_sub(sub: bool) -> impl Fn(&[A], &K) -> R + Send + Sync + 'static {
 /// `other` (`div` also `rounding_mode=None`).
 fn mul_div(div: bool) -> impl Fn(&[A], &K) -> R + Send + Sync + 'static {
     move |args, kwargs| {
-        let kw: &[&'static str] = if div { &["rounding_mode", "out"] } else { &["out"] };
+        let kw: &[&'static str] = if div {
+            &["rounding_mode", "out"]
+        } else {
+            &["out"]
+        };
         let b = bind(args, kwargs, &["input", "other"], kw)?;
         b.unsupported_unless_none("out")?;
         if div {
@@ -357,7 +370,12 @@ type Reduce = fn(&Tensor, &[i64], bool, Option<DType>) -> amp::autograd::Result<
 /// `torch.sum` / `torch.mean`: `(input, dim=None, keepdim=False, *, dtype=None, out=None)`.
 fn reduce_dims(f: Reduce) -> impl Fn(&[A], &K) -> R + Send + Sync + 'static {
     move |args, kwargs| {
-        let b = bind(args, kwargs, &["input", "dim", "keepdim"], &["dtype", "out"])?;
+        let b = bind(
+            args,
+            kwargs,
+            &["input", "dim", "keepdim"],
+            &["dtype", "out"],
+        )?;
         b.unsupported_unless_none("out")?;
         one(f(
             b.tensor("input")?,
@@ -459,7 +477,12 @@ pub fn table() -> OpTable<BuiltinTensor> {
         ("torch.addcdiv", ops::addcdiv as Addcx),
     ] {
         t.insert(call, move |args, kwargs| {
-            let b = bind(args, kwargs, &["input", "tensor1", "tensor2"], &["value", "out"])?;
+            let b = bind(
+                args,
+                kwargs,
+                &["input", "tensor1", "tensor2"],
+                &["value", "out"],
+            )?;
             b.unsupported_unless_none("out")?;
             one(f(
                 b.tensor("input")?,
@@ -469,12 +492,12 @@ pub fn table() -> OpTable<BuiltinTensor> {
             ))
         });
     }
-    t.insert("torch.Tensor.__pow__", dunder_scalar(|x, s| ops::dunder_pow(x, s)));
-    t.insert("torch.Tensor.__rpow__", dunder_scalar(|x, s| ops::rpow_scalar(x, s)));
-    t.insert("torch.Tensor.__rdiv__", dunder_scalar(|x, s| ops::rdiv_scalar(x, s)));
+    t.insert("torch.Tensor.__pow__", dunder_scalar(ops::dunder_pow));
+    t.insert("torch.Tensor.__rpow__", dunder_scalar(ops::rpow_scalar));
+    t.insert("torch.Tensor.__rdiv__", dunder_scalar(ops::rdiv_scalar));
     t.insert(
         "torch.Tensor.__rtruediv__",
-        dunder_scalar(|x, s| ops::rtruediv_scalar(x, s)),
+        dunder_scalar(ops::rtruediv_scalar),
     );
 
     // ----- matmul family ------------------------------------------------------------------
@@ -487,11 +510,26 @@ pub fn table() -> OpTable<BuiltinTensor> {
         let b = bind(args, kwargs, &["self", "other"], &[])?;
         one(ops::dunder_matmul(b.tensor("self")?, b.tensor("other")?))
     });
-    t.insert("torch.addmm", beta_alpha(ops::addmm, ["input", "mat1", "mat2"]));
-    t.insert("torch.addbmm", beta_alpha(ops::addbmm, ["input", "batch1", "batch2"]));
-    t.insert("torch.baddbmm", beta_alpha(ops::baddbmm, ["input", "batch1", "batch2"]));
-    t.insert("torch.addmv", beta_alpha(ops::addmv, ["input", "mat", "vec"]));
-    t.insert("torch.addr", beta_alpha(ops::addr, ["input", "vec1", "vec2"]));
+    t.insert(
+        "torch.addmm",
+        beta_alpha(ops::addmm, ["input", "mat1", "mat2"]),
+    );
+    t.insert(
+        "torch.addbmm",
+        beta_alpha(ops::addbmm, ["input", "batch1", "batch2"]),
+    );
+    t.insert(
+        "torch.baddbmm",
+        beta_alpha(ops::baddbmm, ["input", "batch1", "batch2"]),
+    );
+    t.insert(
+        "torch.addmv",
+        beta_alpha(ops::addmv, ["input", "mat", "vec"]),
+    );
+    t.insert(
+        "torch.addr",
+        beta_alpha(ops::addr, ["input", "vec1", "vec2"]),
+    );
     t.insert("torch.nn.functional.linear", |args, kwargs| {
         let b = bind(args, kwargs, &["input", "weight", "bias"], &[])?;
         one(ops::linear(
@@ -503,11 +541,15 @@ pub fn table() -> OpTable<BuiltinTensor> {
     // The vectors reach both documented ops through `torch.linalg.multi_dot(tensors)`
     // (`torch.chain_matmul(*matrices)` is its deprecated varargs form); each op runs the
     // workspace function of its own name on the same list of matrices.
-    t.insert_for("torch.linalg.multi_dot", &["chain_matmul"], |args, kwargs| {
-        let b = bind(args, kwargs, &["tensors"], &["out"])?;
-        b.unsupported_unless_none("out")?;
-        one(ops::chain_matmul(&b.tensors("tensors")?))
-    });
+    t.insert_for(
+        "torch.linalg.multi_dot",
+        &["chain_matmul"],
+        |args, kwargs| {
+            let b = bind(args, kwargs, &["tensors"], &["out"])?;
+            b.unsupported_unless_none("out")?;
+            one(ops::chain_matmul(&b.tensors("tensors")?))
+        },
+    );
     t.insert_for("torch.linalg.multi_dot", &["multi_dot"], |args, kwargs| {
         let b = bind(args, kwargs, &["tensors"], &["out"])?;
         b.unsupported_unless_none("out")?;
@@ -518,7 +560,12 @@ pub fn table() -> OpTable<BuiltinTensor> {
     t.insert("torch.sum", reduce_dims(ops::sum));
     t.insert("torch.mean", reduce_dims(ops::mean));
     t.insert("torch.prod", |args, kwargs| {
-        let b = bind(args, kwargs, &["input", "dim", "keepdim"], &["dtype", "out"])?;
+        let b = bind(
+            args,
+            kwargs,
+            &["input", "dim", "keepdim"],
+            &["dtype", "out"],
+        )?;
         b.unsupported_unless_none("out")?;
         let dim = b
             .get("dim")
@@ -589,12 +636,19 @@ pub fn table() -> OpTable<BuiltinTensor> {
     // ----- views and data movement ------------------------------------------------------------
     t.insert("torch.reshape", |args, kwargs| {
         let b = bind(args, kwargs, &["input", "shape"], &[])?;
-        let shape = b.req("shape")?.ints().map_err(|e| format!("`shape`: {e}"))?;
+        let shape = b
+            .req("shape")?
+            .ints()
+            .map_err(|e| format!("`shape`: {e}"))?;
         one(ops::reshape(b.tensor("input")?, shape))
     });
     t.insert("torch.transpose", |args, kwargs| {
         let b = bind(args, kwargs, &["input", "dim0", "dim1"], &[])?;
-        one(ops::transpose(b.tensor("input")?, b.int("dim0")?, b.int("dim1")?))
+        one(ops::transpose(
+            b.tensor("input")?,
+            b.int("dim0")?,
+            b.int("dim1")?,
+        ))
     });
     t.insert("torch.cat", |args, kwargs| {
         let b = bind(args, kwargs, &["tensors", "dim"], &["out"])?;
@@ -676,7 +730,14 @@ pub fn table() -> OpTable<BuiltinTensor> {
             let b = bind(
                 args,
                 kwargs,
-                &["input", "target", "size_average", "reduce", "reduction", "weight"],
+                &[
+                    "input",
+                    "target",
+                    "size_average",
+                    "reduce",
+                    "reduction",
+                    "weight",
+                ],
                 &[],
             )?;
             legacy_reduction(&b)?;
@@ -692,7 +753,14 @@ pub fn table() -> OpTable<BuiltinTensor> {
         let b = bind(
             args,
             kwargs,
-            &["input", "target", "size_average", "reduce", "reduction", "beta"],
+            &[
+                "input",
+                "target",
+                "size_average",
+                "reduce",
+                "reduction",
+                "beta",
+            ],
             &[],
         )?;
         legacy_reduction(&b)?;
@@ -753,21 +821,31 @@ pub fn table() -> OpTable<BuiltinTensor> {
             b.f64_or("label_smoothing", 0.0)?,
         ))
     });
-    t.insert("torch.nn.functional.binary_cross_entropy", |args, kwargs| {
-        let b = bind(
-            args,
-            kwargs,
-            &["input", "target", "weight", "size_average", "reduce", "reduction"],
-            &[],
-        )?;
-        legacy_reduction(&b)?;
-        one(ops::binary_cross_entropy(
-            b.tensor("input")?,
-            b.tensor("target")?,
-            b.opt_tensor("weight")?,
-            b.reduction("reduction")?,
-        ))
-    });
+    t.insert(
+        "torch.nn.functional.binary_cross_entropy",
+        |args, kwargs| {
+            let b = bind(
+                args,
+                kwargs,
+                &[
+                    "input",
+                    "target",
+                    "weight",
+                    "size_average",
+                    "reduce",
+                    "reduction",
+                ],
+                &[],
+            )?;
+            legacy_reduction(&b)?;
+            one(ops::binary_cross_entropy(
+                b.tensor("input")?,
+                b.tensor("target")?,
+                b.opt_tensor("weight")?,
+                b.reduction("reduction")?,
+            ))
+        },
+    );
     t.insert(
         "torch.nn.functional.binary_cross_entropy_with_logits",
         |args, kwargs| {
@@ -896,7 +974,12 @@ mod tests {
     }
 
     fn kw(entries: Vec<(&str, A)>) -> K {
-        Kwargs::new(entries.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
+        Kwargs::new(
+            entries
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v))
+                .collect(),
+        )
     }
 
     fn run(call: &str, op: &str, args: &[A], kwargs: &K) -> R {
@@ -921,14 +1004,29 @@ mod tests {
             e,
             "takes at most 1 positional arguments (input), but 2 were given"
         );
-        let e = run("torch.exp", "exp", &[x.clone()], &kw(vec![("alpha", Arg::Int(1))]))
-            .unwrap_err();
+        let e = run(
+            "torch.exp",
+            "exp",
+            std::slice::from_ref(&x),
+            &kw(vec![("alpha", Arg::Int(1))]),
+        )
+        .unwrap_err();
         assert_eq!(e, "unexpected keyword argument `alpha`");
-        let e = run("torch.exp", "exp", &[x.clone()], &kw(vec![("input", x.clone())]))
-            .unwrap_err();
+        let e = run(
+            "torch.exp",
+            "exp",
+            std::slice::from_ref(&x),
+            &kw(vec![("input", x.clone())]),
+        )
+        .unwrap_err();
         assert_eq!(e, "got multiple values for argument `input`");
         // Keyword form of a positional parameter.
-        let y = values(run("torch.neg", "neg", &[], &kw(vec![("input", x.clone())])));
+        let y = values(run(
+            "torch.neg",
+            "neg",
+            &[],
+            &kw(vec![("input", x.clone())]),
+        ));
         assert_eq!(y, [-1.0, -2.0]);
         let e = run("torch.neg", "neg", &[], &K::default()).unwrap_err();
         assert_eq!(e, "missing required argument `input`");
@@ -940,7 +1038,7 @@ mod tests {
         let e = run(
             "torch.nn.functional.gelu",
             "gelu",
-            &[x.clone()],
+            std::slice::from_ref(&x),
             &kw(vec![("approximate", Arg::Str("tanh".into()))]),
         )
         .unwrap_err();
@@ -948,7 +1046,7 @@ mod tests {
         assert!(run(
             "torch.nn.functional.gelu",
             "gelu",
-            &[x.clone()],
+            std::slice::from_ref(&x),
             &kw(vec![("approximate", Arg::Str("none".into()))]),
         )
         .is_ok());
@@ -974,7 +1072,10 @@ mod tests {
             "torch.nn.functional.embedding",
             "embedding",
             &[idx, w],
-            &kw(vec![("norm_type", Arg::Int(2)), ("sparse", Arg::Bool(false))]),
+            &kw(vec![
+                ("norm_type", Arg::Int(2)),
+                ("sparse", Arg::Bool(false)),
+            ]),
         );
         assert_eq!(values(ok), [1.0, 2.0, 3.0, 4.0]);
         let e = run(
@@ -1007,7 +1108,7 @@ mod tests {
         let out = run(
             "torch.sum",
             "sum",
-            &[x.clone()],
+            std::slice::from_ref(&x),
             &kw(vec![("dtype", Arg::Str("float32".into()))]),
         )
         .unwrap();
@@ -1041,8 +1142,19 @@ mod tests {
         let v = t(&[1.0, 2.0], &[2]);
         let m = t(&[1.0, 0.0, 0.0, 1.0], &[2, 2]);
         let list = Arg::List(vec![v.clone(), m, v]);
-        let y = values(run("torch.linalg.multi_dot", "multi_dot", &[list.clone()], &K::default()));
+        let y = values(run(
+            "torch.linalg.multi_dot",
+            "multi_dot",
+            std::slice::from_ref(&list),
+            &K::default(),
+        ));
         assert_eq!(y, [5.0]);
-        assert!(run("torch.linalg.multi_dot", "chain_matmul", &[list], &K::default()).is_err());
+        assert!(run(
+            "torch.linalg.multi_dot",
+            "chain_matmul",
+            &[list],
+            &K::default()
+        )
+        .is_err());
     }
 }

@@ -51,7 +51,10 @@ fn pytorch_texts() -> Vec<(&'static str, ScalerError)> {
     let all = vec![
         ("GrowthFactor", ScalerError::GrowthFactor),
         ("BackoffFactor", ScalerError::BackoffFactor),
-        ("ScaleIsNone(unscale_)", ScalerError::ScaleIsNone("unscale_")),
+        (
+            "ScaleIsNone(unscale_)",
+            ScalerError::ScaleIsNone("unscale_"),
+        ),
         ("ScaleIsNone(step)", ScalerError::ScaleIsNone("step")),
         ("ScaleIsNone(update)", ScalerError::ScaleIsNone("update")),
         ("AlreadyUnscaled", ScalerError::AlreadyUnscaled),
@@ -59,7 +62,10 @@ fn pytorch_texts() -> Vec<(&'static str, ScalerError)> {
         ("Fp16Gradients", ScalerError::Fp16Gradients),
         ("Closure", ScalerError::Closure),
         ("AlreadyStepped", ScalerError::AlreadyStepped),
-        ("NoInfChecksForOptimizer", ScalerError::NoInfChecksForOptimizer),
+        (
+            "NoInfChecksForOptimizer",
+            ScalerError::NoInfChecksForOptimizer,
+        ),
         ("NoInfChecks", ScalerError::NoInfChecks),
         ("BadNewScale", ScalerError::BadNewScale),
         ("EmptyStateDict", ScalerError::EmptyStateDict),

@@ -129,8 +129,10 @@ fn state_dicts_compare_keys_in_order_and_value_types() {
         let e = c["actions"][i]["expect"].as_object().unwrap().clone();
         let mut keys: Vec<&String> = e.keys().collect();
         keys.swap(1, 2);
-        let reordered: serde_json::Map<String, Value> =
-            keys.into_iter().map(|k| (k.clone(), e[k].clone())).collect();
+        let reordered: serde_json::Map<String, Value> = keys
+            .into_iter()
+            .map(|k| (k.clone(), e[k].clone()))
+            .collect();
         c["actions"][i]["expect"] = Value::Object(reordered);
     })
     .unwrap_err();
@@ -210,7 +212,10 @@ fn a_wrong_train_expectation_fails() {
         c["expect"]["final_params"][3]["data"][0] = json!(10.0);
     })
     .unwrap_err();
-    assert!(msg.starts_with("element 0 of final_params[3]: got"), "{msg}");
+    assert!(
+        msg.starts_with("element 0 of final_params[3]: got"),
+        "{msg}"
+    );
 }
 
 #[test]

@@ -47,12 +47,7 @@ fn main() -> ExitCode {
             }
             ci::main()
         }
-        // ---- conformance: placeholder, to be replaced by the lead ------------------------
-        "conformance" => {
-            eprintln!("xtask conformance: not yet wired");
-            ExitCode::from(2)
-        }
-        // ---- end of conformance placeholder ----------------------------------------------
+        "conformance" => conformance_cmd(rest),
         "help" | "-h" | "--help" => {
             println!("{USAGE}");
             ExitCode::SUCCESS
@@ -61,5 +56,31 @@ fn main() -> ExitCode {
             eprintln!("xtask: unknown command `{other}`\n\n{USAGE}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// `cargo xtask conformance [--vectors DIR]`: run the built-in vectors (or those in
+/// DIR), print the report, exit 1 on any failure.
+fn conformance_cmd(args: &[String]) -> ExitCode {
+    let report = match args {
+        [] => conformance::run_builtin(),
+        [flag, dir] if flag == "--vectors" => match conformance::run_dir(std::path::Path::new(dir))
+        {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("xtask conformance: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        _ => {
+            eprintln!("usage: cargo xtask conformance [--vectors DIR]");
+            return ExitCode::from(2);
+        }
+    };
+    print!("{report}");
+    if report.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
     }
 }

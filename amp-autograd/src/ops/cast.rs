@@ -16,7 +16,9 @@ pub fn to_dtype(x: &Tensor, dtype: DType) -> Result<Tensor> {
     let [x] = super::enter(&TO, [x])?;
     let out = x.data().to_dtype(dtype)?;
     let from = x.dtype();
-    Ok(record(out, "ToCopyBackward0", &[&x], move |g| Ok(vec![Some(to_dtype(g, from)?)])))
+    Ok(record(out, "ToCopyBackward0", &[&x], move |g| {
+        Ok(vec![Some(to_dtype(g, from)?)])
+    }))
 }
 
 impl Tensor {

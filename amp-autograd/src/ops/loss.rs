@@ -33,7 +33,10 @@ impl FromStr for Reduction {
             "none" => Ok(Reduction::None),
             "mean" => Ok(Reduction::Mean),
             "sum" => Ok(Reduction::Sum),
-            _ => Err(Error::invalid("reduction", format!("{s} is not a valid value for reduction"))),
+            _ => Err(Error::invalid(
+                "reduction",
+                format!("{s} is not a valid value for reduction"),
+            )),
         }
     }
 }
@@ -78,7 +81,12 @@ pub fn l1_loss(input: &Tensor, target: &Tensor, reduction: Reduction) -> Result<
 }
 
 /// Smooth L1: quadratic below `beta`, linear above.
-pub fn smooth_l1_loss(input: &Tensor, target: &Tensor, reduction: Reduction, beta: f64) -> Result<Tensor> {
+pub fn smooth_l1_loss(
+    input: &Tensor,
+    target: &Tensor,
+    reduction: Reduction,
+    beta: f64,
+) -> Result<Tensor> {
     let [input, target] = enter(&SMOOTH_L1, [input, target])?;
     let d = abs(&sub(&input, &target)?)?;
     if beta == 0.0 {
@@ -90,7 +98,12 @@ pub fn smooth_l1_loss(input: &Tensor, target: &Tensor, reduction: Reduction, bet
 }
 
 /// Huber loss with threshold `delta`.
-pub fn huber_loss(input: &Tensor, target: &Tensor, reduction: Reduction, delta: f64) -> Result<Tensor> {
+pub fn huber_loss(
+    input: &Tensor,
+    target: &Tensor,
+    reduction: Reduction,
+    delta: f64,
+) -> Result<Tensor> {
     let [input, target] = enter(&HUBER, [input, target])?;
     let d = abs(&sub(&input, &target)?)?;
     let quad = mul_scalar(&square(&d)?, 0.5)?;
@@ -100,28 +113,53 @@ pub fn huber_loss(input: &Tensor, target: &Tensor, reduction: Reduction, delta: 
 
 /// Negative log-likelihood of class indices `target` under log-probabilities `input`
 /// (`[N, C, ...]` or `[C]`), with optional class `weight` and `ignore_index`.
-pub fn nll_loss(input: &Tensor, target: &Tensor, weight: Option<&Tensor>, ignore_index: i64, reduction: Reduction) -> Result<Tensor> {
+pub fn nll_loss(
+    input: &Tensor,
+    target: &Tensor,
+    weight: Option<&Tensor>,
+    ignore_index: i64,
+    reduction: Reduction,
+) -> Result<Tensor> {
     let mut args = vec![input, target];
     args.extend(weight);
     let a = enter_vec(&NLL, &args)?;
     nll_impl(&a[0], &a[1], weight.map(|_| &a[2]), ignore_index, reduction)
 }
 
-fn nll_impl(input: &Tensor, target: &Tensor, weight: Option<&Tensor>, ignore_index: i64, reduction: Reduction) -> Result<Tensor> {
+fn nll_impl(
+    input: &Tensor,
+    target: &Tensor,
+    weight: Option<&Tensor>,
+    ignore_index: i64,
+    reduction: Reduction,
+) -> Result<Tensor> {
     if target.dtype().is_floating_point() {
-        return Err(Error::invalid("nll_loss", format!("expected scalar type Long but found {}", target.dtype())));
+        return Err(Error::invalid(
+            "nll_loss",
+            format!("expected scalar type Long but found {}", target.dtype()),
+        ));
     }
     // Move the class dim last and flatten: [M, C] log-probs, [M] targets.
     let cd = class_dim(input);
     let c = input.dims()[cd];
     let (lp, out_dims) = if input.rank() <= 2 {
-        (if input.rank() == 1 { unsqueeze(input, 0)? } else { input.clone() }, target.dims().to_vec())
+        (
+            if input.rank() == 1 {
+                unsqueeze(input, 0)?
+            } else {
+                input.clone()
+            },
+            target.dims().to_vec(),
+        )
     } else {
         let r = input.rank() as i64;
         let mut perm: Vec<i64> = vec![0];
         perm.extend(2..r);
         perm.push(1);
-        (reshape(&permute(input, &perm)?, [-1, c as i64])?, target.dims().to_vec())
+        (
+            reshape(&permute(input, &perm)?, [-1, c as i64])?,
+            target.dims().to_vec(),
+        )
     };
     let tgt = reshape(target, [-1i64])?.to_dtype(DType::I64)?;
     let valid = ne_scalar(&tgt, ignore_index)?;
@@ -142,7 +180,14 @@ fn nll_impl(input: &Tensor, target: &Tensor, weight: Option<&Tensor>, ignore_ind
 
 /// Cross entropy of logits `input` (`[N, C, ...]` or `[C]`) against class indices
 /// (or class probabilities of `input`'s shape), with `label_smoothing`.
-pub fn cross_entropy(input: &Tensor, target: &Tensor, weight: Option<&Tensor>, ignore_index: i64, reduction: Reduction, label_smoothing: f64) -> Result<Tensor> {
+pub fn cross_entropy(
+    input: &Tensor,
+    target: &Tensor,
+    weight: Option<&Tensor>,
+    ignore_index: i64,
+    reduction: Reduction,
+    label_smoothing: f64,
+) -> Result<Tensor> {
     let mut args = vec![input, target];
     args.extend(weight);
     let a = enter_vec(&CROSS_ENTROPY, &args)?;
@@ -152,7 +197,14 @@ pub fn cross_entropy(input: &Tensor, target: &Tensor, weight: Option<&Tensor>, i
     let lp = log_softmax(input, cd, None)?;
     if target.dtype().is_floating_point() {
         // class probabilities
-        let t = if label_smoothing > 0.0 { add_scalar(&mul_scalar(target, 1.0 - label_smoothing)?, label_smoothing / c)? } else { target.clone() };
+        let t = if label_smoothing > 0.0 {
+            add_scalar(
+                &mul_scalar(target, 1.0 - label_smoothing)?,
+                label_smoothing / c,
+            )?
+        } else {
+            target.clone()
+        };
         let mut prod = mul(&lp, &t)?;
         if let Some(w) = weight {
             let mut shape = vec![1usize; input.rank()];
@@ -163,7 +215,9 @@ pub fn cross_entropy(input: &Tensor, target: &Tensor, weight: Option<&Tensor>, i
         return match reduction {
             Reduction::None => Ok(per),
             Reduction::Sum => sum_all(&per),
-            Reduction::Mean => div_scalar(&sum_all(&per)?, (input.elem_count() as f64 / c).max(1.0)),
+            Reduction::Mean => {
+                div_scalar(&sum_all(&per)?, (input.elem_count() as f64 / c).max(1.0))
+            }
         };
     }
     let nll = nll_impl(&lp, target, weight, ignore_index, reduction)?;
@@ -171,7 +225,10 @@ pub fn cross_entropy(input: &Tensor, target: &Tensor, weight: Option<&Tensor>, i
         return Ok(nll);
     }
     if weight.is_some() {
-        return Err(Error::invalid("cross_entropy", "label_smoothing together with weight is not supported yet"));
+        return Err(Error::invalid(
+            "cross_entropy",
+            "label_smoothing together with weight is not supported yet",
+        ));
     }
     let valid = ne_scalar(target, ignore_index)?.to_dtype(lp.dtype())?;
     let smooth = mul(&neg(&sum(&lp, &[cd], false, None)?)?, &valid)?;
@@ -180,11 +237,19 @@ pub fn cross_entropy(input: &Tensor, target: &Tensor, weight: Option<&Tensor>, i
         Reduction::Sum => sum_all(&smooth)?,
         Reduction::Mean => div(&sum_all(&smooth)?, &sum_all(&valid)?)?,
     };
-    add(&mul_scalar(&nll, 1.0 - label_smoothing)?, &mul_scalar(&smooth, label_smoothing / c)?)
+    add(
+        &mul_scalar(&nll, 1.0 - label_smoothing)?,
+        &mul_scalar(&smooth, label_smoothing / c)?,
+    )
 }
 
 /// Binary cross entropy of probabilities `input` (logs clamped at -100 as PyTorch).
-pub fn binary_cross_entropy(input: &Tensor, target: &Tensor, weight: Option<&Tensor>, reduction: Reduction) -> Result<Tensor> {
+pub fn binary_cross_entropy(
+    input: &Tensor,
+    target: &Tensor,
+    weight: Option<&Tensor>,
+    reduction: Reduction,
+) -> Result<Tensor> {
     let mut args = vec![input, target];
     args.extend(weight);
     let a = enter_vec(&BCE, &args)?;
@@ -199,7 +264,13 @@ pub fn binary_cross_entropy(input: &Tensor, target: &Tensor, weight: Option<&Ten
 }
 
 /// Binary cross entropy of logits `input`, stable, with optional `pos_weight`.
-pub fn binary_cross_entropy_with_logits(input: &Tensor, target: &Tensor, weight: Option<&Tensor>, pos_weight: Option<&Tensor>, reduction: Reduction) -> Result<Tensor> {
+pub fn binary_cross_entropy_with_logits(
+    input: &Tensor,
+    target: &Tensor,
+    weight: Option<&Tensor>,
+    pos_weight: Option<&Tensor>,
+    reduction: Reduction,
+) -> Result<Tensor> {
     let mut args = vec![input, target];
     args.extend(weight);
     args.extend(pos_weight);
@@ -208,10 +279,16 @@ pub fn binary_cross_entropy_with_logits(input: &Tensor, target: &Tensor, weight:
     let w = weight.map(|_| &a[2]);
     let pw = pos_weight.map(|_| &a[2 + weight.is_some() as usize]);
     // log(1 + exp(-|x|)) + max(-x, 0)
-    let sp = add(&log1p(&exp(&neg(&abs(x)?)?)?)?, &clamp(&neg(x)?, Some(0.0), None)?)?;
+    let sp = add(
+        &log1p(&exp(&neg(&abs(x)?)?)?)?,
+        &clamp(&neg(x)?, Some(0.0), None)?,
+    )?;
     let lin = mul(&rsub_scalar(y, 1.0)?, x)?;
     let mut l = match pw {
-        Some(pw) => add(&lin, &mul(&add_scalar(&mul(&sub_scalar(pw, 1.0)?, y)?, 1.0)?, &sp)?)?,
+        Some(pw) => add(
+            &lin,
+            &mul(&add_scalar(&mul(&sub_scalar(pw, 1.0)?, y)?, 1.0)?, &sp)?,
+        )?,
         None => add(&lin, &sp)?,
     };
     if let Some(w) = w {

@@ -36,8 +36,16 @@ pub fn mm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let (sa, sb) = (a.clone(), b.clone());
     Ok(record(out, "MmBackward0", &[&a, &b], move |g| {
         Ok(vec![
-            if sa.requires_grad() { Some(mm(g, &tr(&sb)?)?) } else { None },
-            if sb.requires_grad() { Some(mm(&tr(&sa)?, g)?) } else { None },
+            if sa.requires_grad() {
+                Some(mm(g, &tr(&sb)?)?)
+            } else {
+                None
+            },
+            if sb.requires_grad() {
+                Some(mm(&tr(&sa)?, g)?)
+            } else {
+                None
+            },
         ])
     }))
 }
@@ -49,8 +57,16 @@ pub fn bmm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let (sa, sb) = (a.clone(), b.clone());
     Ok(record(out, "BmmBackward0", &[&a, &b], move |g| {
         Ok(vec![
-            if sa.requires_grad() { Some(bmm(g, &tr(&sb)?)?) } else { None },
-            if sb.requires_grad() { Some(bmm(&tr(&sa)?, g)?) } else { None },
+            if sa.requires_grad() {
+                Some(bmm(g, &tr(&sb)?)?)
+            } else {
+                None
+            },
+            if sb.requires_grad() {
+                Some(bmm(&tr(&sa)?, g)?)
+            } else {
+                None
+            },
         ])
     }))
 }
@@ -62,8 +78,16 @@ pub fn mv(m: &Tensor, v: &Tensor) -> Result<Tensor> {
     let (sm, sv) = (m.clone(), v.clone());
     Ok(record(out, "MvBackward0", &[&m, &v], move |g| {
         Ok(vec![
-            if sm.requires_grad() { Some(outer(g, &sv)?) } else { None },
-            if sv.requires_grad() { Some(mv(&tr(&sm)?, g)?) } else { None },
+            if sm.requires_grad() {
+                Some(outer(g, &sv)?)
+            } else {
+                None
+            },
+            if sv.requires_grad() {
+                Some(mv(&tr(&sm)?, g)?)
+            } else {
+                None
+            },
         ])
     }))
 }
@@ -75,8 +99,16 @@ pub fn dot(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let (sa, sb) = (a.clone(), b.clone());
     Ok(record(out, "DotBackward0", &[&a, &b], move |g| {
         Ok(vec![
-            if sa.requires_grad() { Some(mul(g, &sb)?) } else { None },
-            if sb.requires_grad() { Some(mul(g, &sa)?) } else { None },
+            if sa.requires_grad() {
+                Some(mul(g, &sb)?)
+            } else {
+                None
+            },
+            if sb.requires_grad() {
+                Some(mul(g, &sa)?)
+            } else {
+                None
+            },
         ])
     }))
 }
@@ -88,8 +120,16 @@ pub fn outer(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let (sa, sb) = (a.clone(), b.clone());
     Ok(record(out, "OuterBackward0", &[&a, &b], move |g| {
         Ok(vec![
-            if sa.requires_grad() { Some(mv(g, &sb)?) } else { None },
-            if sb.requires_grad() { Some(mv(&tr(g)?, &sa)?) } else { None },
+            if sa.requires_grad() {
+                Some(mv(g, &sb)?)
+            } else {
+                None
+            },
+            if sb.requires_grad() {
+                Some(mv(&tr(g)?, &sa)?)
+            } else {
+                None
+            },
         ])
     }))
 }
@@ -99,29 +139,59 @@ pub fn addmm(input: &Tensor, m1: &Tensor, m2: &Tensor, beta: f64, alpha: f64) ->
     let [input, m1, m2] = enter(&ADDMM, [input, m1, m2])?;
     let out = amp_kernels::addmm(input.data(), m1.data(), m2.data(), beta, alpha)?;
     let (si, s1, s2) = (input.clone(), m1.clone(), m2.clone());
-    Ok(record(out, "AddmmBackward0", &[&input, &m1, &m2], move |g| {
-        Ok(vec![
-            if si.requires_grad() && beta != 0.0 { Some(sum_to(&mul_scalar(g, beta)?, si.dims())?) } else { None },
-            if s1.requires_grad() { Some(mul_scalar(&mm(g, &tr(&s2)?)?, alpha)?) } else { None },
-            if s2.requires_grad() { Some(mul_scalar(&mm(&tr(&s1)?, g)?, alpha)?) } else { None },
-        ])
-    }))
+    Ok(record(
+        out,
+        "AddmmBackward0",
+        &[&input, &m1, &m2],
+        move |g| {
+            Ok(vec![
+                if si.requires_grad() && beta != 0.0 {
+                    Some(sum_to(&mul_scalar(g, beta)?, si.dims())?)
+                } else {
+                    None
+                },
+                if s1.requires_grad() {
+                    Some(mul_scalar(&mm(g, &tr(&s2)?)?, alpha)?)
+                } else {
+                    None
+                },
+                if s2.requires_grad() {
+                    Some(mul_scalar(&mm(&tr(&s1)?, g)?, alpha)?)
+                } else {
+                    None
+                },
+            ])
+        },
+    ))
 }
 
 fn scaled_sum(input: &Tensor, beta: f64, prod: Tensor, alpha: f64) -> Result<Tensor> {
-    let p = if alpha == 1.0 { prod } else { mul_scalar(&prod, alpha)? };
+    let p = if alpha == 1.0 {
+        prod
+    } else {
+        mul_scalar(&prod, alpha)?
+    };
     if beta == 0.0 {
         let z = Tensor::zeros(input.dims().to_vec(), input.dtype());
         return add(&z, &p);
     }
-    let i = if beta == 1.0 { input.clone() } else { mul_scalar(input, beta)? };
+    let i = if beta == 1.0 {
+        input.clone()
+    } else {
+        mul_scalar(input, beta)?
+    };
     add(&i, &p)
 }
 
 /// `beta * input + alpha * sum_b(b1[b] @ b2[b])`.
 pub fn addbmm(input: &Tensor, b1: &Tensor, b2: &Tensor, beta: f64, alpha: f64) -> Result<Tensor> {
     let [input, b1, b2] = enter(&ADDBMM, [input, b1, b2])?;
-    scaled_sum(&input, beta, sum(&bmm(&b1, &b2)?, &[0], false, None)?, alpha)
+    scaled_sum(
+        &input,
+        beta,
+        sum(&bmm(&b1, &b2)?, &[0], false, None)?,
+        alpha,
+    )
 }
 
 /// `beta * input + alpha * (b1 @ b2)` batched.
@@ -157,7 +227,10 @@ pub fn dunder_matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 
 fn matmul_impl(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     match (a.rank(), b.rank()) {
-        (0, _) | (_, 0) => Err(Error::invalid("matmul", "both arguments to matmul need to be at least 1D")),
+        (0, _) | (_, 0) => Err(Error::invalid(
+            "matmul",
+            "both arguments to matmul need to be at least 1D",
+        )),
         (1, 1) => dot(a, b),
         (2, 1) => mv(a, b),
         (1, 2) => squeeze(&mm(&unsqueeze(a, 0)?, b)?, 0),
@@ -184,7 +257,11 @@ fn matmul_impl(a: &Tensor, b: &Tensor) -> Result<Tensor> {
             let b2 = if rb == 1 { unsqueeze(b, 1)? } else { b.clone() };
             let (n, k) = (a2.dims()[a2.rank() - 2], a2.dims()[a2.rank() - 1]);
             let (k2, p) = (b2.dims()[b2.rank() - 2], b2.dims()[b2.rank() - 1]);
-            let batch = amp_tensor::broadcast_shapes("matmul", &a2.dims()[..a2.rank() - 2], &b2.dims()[..b2.rank() - 2])?;
+            let batch = amp_tensor::broadcast_shapes(
+                "matmul",
+                &a2.dims()[..a2.rank() - 2],
+                &b2.dims()[..b2.rank() - 2],
+            )?;
             let nb: usize = batch.iter().product();
             let ea = expand(&a2, &[batch.clone(), vec![n, k]].concat())?;
             let eb = expand(&b2, &[batch.clone(), vec![k2, p]].concat())?;
@@ -223,7 +300,9 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tens
 
 fn chain(ms: &[Tensor], op: &'static str) -> Result<Tensor> {
     let mut it = ms.iter();
-    let first = it.next().ok_or_else(|| Error::invalid(op, "expects at least one tensor"))?;
+    let first = it
+        .next()
+        .ok_or_else(|| Error::invalid(op, "expects at least one tensor"))?;
     let mut acc = first.clone();
     for m in it {
         acc = mm(&acc, m)?;
@@ -243,7 +322,10 @@ pub fn multi_dot(ms: &[Tensor]) -> Result<Tensor> {
     let refs: Vec<&Tensor> = ms.iter().collect();
     let mut ms = enter_vec(&MULTI_DOT, &refs)?;
     if ms.len() < 2 {
-        return Err(Error::invalid("multi_dot", "expected at least 2 tensors but got fewer"));
+        return Err(Error::invalid(
+            "multi_dot",
+            "expected at least 2 tensors but got fewer",
+        ));
     }
     let n = ms.len();
     let first_1d = ms[0].rank() == 1;

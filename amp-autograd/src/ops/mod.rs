@@ -23,7 +23,10 @@ use crate::{Result, Tensor};
 
 /// Dispatch a functional call with tensor arguments `args` (no dtype argument).
 #[inline]
-pub(crate) fn enter<const N: usize>(op: &'static OpName, args: [&Tensor; N]) -> Result<[Tensor; N]> {
+pub(crate) fn enter<const N: usize>(
+    op: &'static OpName,
+    args: [&Tensor; N],
+) -> Result<[Tensor; N]> {
     let mut a: [Tensor; N] = args.map(Tensor::clone);
     dispatch(op, &mut a, None, false, CallKind::Functional)?;
     Ok(a)

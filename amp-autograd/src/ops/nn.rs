@@ -6,8 +6,8 @@ use super::pointwise::*;
 use super::reduce::{mean, sum};
 use super::{enter, enter_dtype};
 use crate::dispatch::OpName;
-use crate::graph::{record, record_multi};
 use crate::grad_mode::is_grad_enabled;
+use crate::graph::{record, record_multi};
 use crate::{Error, Result, Tensor};
 
 static SOFTMAX: OpName = OpName::new("softmax");
@@ -39,7 +39,11 @@ fn softmax_impl(x: &Tensor, dim: i64) -> Result<Tensor> {
             let s = sum(&mul(g, &y)?, &[dim], true, None)?;
             Ok(vec![Some(mul(&y, &sub(g, &s)?)?)])
         } else {
-            Ok(vec![Some(Tensor::from_raw(amp_kernels::softmax_backward(g.data(), &saved, dim)?))])
+            Ok(vec![Some(Tensor::from_raw(amp_kernels::softmax_backward(
+                g.data(),
+                &saved,
+                dim,
+            )?))])
         }
     }))
 }
@@ -60,7 +64,9 @@ fn log_softmax_impl(x: &Tensor, dim: i64) -> Result<Tensor> {
             let s = sum(g, &[dim], true, None)?;
             Ok(vec![Some(sub(g, &mul(&exp(&y)?, &s)?)?)])
         } else {
-            Ok(vec![Some(Tensor::from_raw(amp_kernels::log_softmax_backward(g.data(), &saved, dim)?))])
+            Ok(vec![Some(Tensor::from_raw(
+                amp_kernels::log_softmax_backward(g.data(), &saved, dim)?,
+            ))])
         }
     }))
 }
@@ -73,7 +79,13 @@ pub fn softmin(x: &Tensor, dim: i64, dtype: Option<DType>) -> Result<Tensor> {
 
 /// Layer normalisation over the trailing `normalized_shape` dims, with optional
 /// elementwise affine `weight` and `bias`.
-pub fn layer_norm(x: &Tensor, normalized_shape: &[usize], weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64) -> Result<Tensor> {
+pub fn layer_norm(
+    x: &Tensor,
+    normalized_shape: &[usize],
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f64,
+) -> Result<Tensor> {
     let mut args: Vec<&Tensor> = vec![x];
     args.extend(weight);
     args.extend(bias);
@@ -81,19 +93,38 @@ pub fn layer_norm(x: &Tensor, normalized_shape: &[usize], weight: Option<&Tensor
     let x = a[0].clone();
     let w = weight.map(|_| a[1].clone());
     let b = bias.map(|_| a[if weight.is_some() { 2 } else { 1 }].clone());
-    let (out, mean_, rstd) = amp_kernels::layer_norm(x.data(), normalized_shape, w.as_ref().map(|t| t.data()), b.as_ref().map(|t| t.data()), eps)?;
+    let (out, mean_, rstd) = amp_kernels::layer_norm(
+        x.data(),
+        normalized_shape,
+        w.as_ref().map(|t| t.data()),
+        b.as_ref().map(|t| t.data()),
+        eps,
+    )?;
     let ns = normalized_shape.to_vec();
     let (xs, ws, has_b) = (x.clone(), w.clone(), b.is_some());
     let mut inputs = vec![&x];
     inputs.extend(w.as_ref());
     inputs.extend(b.as_ref());
     let f = move |grads: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
-        let Some(g) = &grads[0] else { return Ok(vec![None; 1 + ws.is_some() as usize + has_b as usize]) };
+        let Some(g) = &grads[0] else {
+            return Ok(vec![None; 1 + ws.is_some() as usize + has_b as usize]);
+        };
         let (gi, gw, gb) = if is_grad_enabled() {
             layer_norm_backward_composite(g, &xs, &ns, ws.as_ref(), eps)?
         } else {
-            let (gi, gw, gb) = amp_kernels::layer_norm_backward(g.data(), xs.data(), &ns, &mean_, &rstd, ws.as_ref().map(|t| t.data()))?;
-            (Tensor::from_raw(gi), gw.map(Tensor::from_raw), gb.map(Tensor::from_raw))
+            let (gi, gw, gb) = amp_kernels::layer_norm_backward(
+                g.data(),
+                xs.data(),
+                &ns,
+                &mean_,
+                &rstd,
+                ws.as_ref().map(|t| t.data()),
+            )?;
+            (
+                Tensor::from_raw(gi),
+                gw.map(Tensor::from_raw),
+                gb.map(Tensor::from_raw),
+            )
         };
         let mut v = vec![Some(gi)];
         if ws.is_some() {
@@ -104,16 +135,34 @@ pub fn layer_norm(x: &Tensor, normalized_shape: &[usize], weight: Option<&Tensor
         }
         Ok(v)
     };
-    Ok(record_multi(vec![out], &[true], "NativeLayerNormBackward0", &inputs, Box::new(f)).pop().expect("one output"))
+    Ok(record_multi(
+        vec![out],
+        &[true],
+        "NativeLayerNormBackward0",
+        &inputs,
+        Box::new(f),
+    )
+    .pop()
+    .expect("one output"))
 }
 
 /// The layer-norm gradients written in differentiable ops (used under `create_graph`).
-fn layer_norm_backward_composite(g: &Tensor, x: &Tensor, ns: &[usize], w: Option<&Tensor>, eps: f64) -> Result<(Tensor, Option<Tensor>, Option<Tensor>)> {
+fn layer_norm_backward_composite(
+    g: &Tensor,
+    x: &Tensor,
+    ns: &[usize],
+    w: Option<&Tensor>,
+    eps: f64,
+) -> Result<(Tensor, Option<Tensor>, Option<Tensor>)> {
     let r = x.rank();
     let k = ns.len();
     let norm_dims: Vec<i64> = (r - k..r).map(|d| d as i64).collect();
     let outer_dims: Vec<i64> = (0..r - k).map(|d| d as i64).collect();
-    let x = if x.dtype().is_reduced_float() { x.to_dtype(DType::F32)? } else { x.clone() };
+    let x = if x.dtype().is_reduced_float() {
+        x.to_dtype(DType::F32)?
+    } else {
+        x.clone()
+    };
     let g = g.to_dtype(x.dtype())?;
     let mu = mean(&x, &norm_dims, true, None)?;
     let d = sub(&x, &mu)?;
@@ -139,7 +188,10 @@ fn layer_norm_backward_composite(g: &Tensor, x: &Tensor, ns: &[usize], w: Option
 /// `training`; the identity otherwise.
 pub fn dropout(x: &Tensor, p: f64, training: bool, gen: &mut Generator) -> Result<Tensor> {
     if !(0.0..=1.0).contains(&p) {
-        return Err(Error::invalid("dropout", format!("dropout probability has to be between 0 and 1, but got {p}")));
+        return Err(Error::invalid(
+            "dropout",
+            format!("dropout probability has to be between 0 and 1, but got {p}"),
+        ));
     }
     let [x] = enter(&DROPOUT, [x])?;
     if !training || p == 0.0 {
@@ -162,4 +214,3 @@ pub(crate) fn class_dim(x: &Tensor) -> usize {
         1
     }
 }
-

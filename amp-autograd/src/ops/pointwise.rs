@@ -6,8 +6,8 @@ use amp_tensor::{Scalar, Tensor as Raw};
 
 use super::{enter, sum_to};
 use crate::dispatch::OpName;
-use crate::graph::record;
 use crate::grad_mode::is_grad_enabled;
+use crate::graph::record;
 use crate::{Result, Tensor};
 
 /// The forward output inside a backward closure: the saved values when no graph is
@@ -85,7 +85,7 @@ unary_ops! {
     /// Logistic sigmoid.
     sigmoid = "sigmoid", Sigmoid, "SigmoidBackward0", |g, x, out| { let y = out()?; mul(g, &mul(&y, &rsub_scalar(&y, 1.0)?)?)? };
     /// `max(x, 0)`.
-    relu = "relu", Relu, "ReluBackward0", |g, x, out| mul(g, &gt_scalar(x, 0.0)?.to_dtype(g.dtype())?)?;
+    relu = "relu", Relu, "ReluBackward0", |g, x, out| link_zero(mul(g, &gt_scalar(x, 0.0)?.to_dtype(g.dtype())?)?, x);
     /// Exact GELU, `x * Φ(x)`.
     gelu = "gelu", Gelu, "GeluBackward0", |g, x, out| {
         let cdf = mul_scalar(&add_scalar(&erf(&mul_scalar(x, std::f64::consts::FRAC_1_SQRT_2)?)?, 1.0)?, 0.5)?;
@@ -106,6 +106,24 @@ unary_ops! {
     ceil = "ceil", Ceil, "CeilBackward0", |g, x, out| zeros_like(g);
     /// Round half to even; gradient zero.
     round = "round", Round, "RoundBackward0", |g, x, out| zeros_like(g);
+}
+
+/// `t` itself, recorded as also depending on `x` with a zero derivative. Backward
+/// formulas whose value does not involve `x` but whose PyTorch counterpart takes it
+/// (`threshold_backward`, `nll_loss_backward`) use it under `create_graph`, so the
+/// first-order gradient requires grad and the second-order gradient is zeros, as in
+/// PyTorch.
+pub(crate) fn link_zero(t: Tensor, x: &Tensor) -> Tensor {
+    if !is_grad_enabled() || !x.requires_grad() {
+        return t;
+    }
+    let (xd, xt) = (x.dims().to_vec(), x.dtype());
+    record(
+        t.data().clone(),
+        "ThresholdBackwardBackward0",
+        &[&t, x],
+        move |gg| Ok(vec![Some(gg.clone()), Some(Tensor::zeros(xd.clone(), xt))]),
+    )
 }
 
 /// Zeros shaped like `t` (no graph).
@@ -205,7 +223,11 @@ pub fn add_scaled(a: &Tensor, b: &Tensor, alpha: f64) -> Result<Tensor> {
     Ok(record(out, "AddBackward0", &[&a, &b], move |g| {
         Ok(vec![
             if ra { Some(sum_to(g, &da)?) } else { None },
-            if rb { Some(sum_to(&mul_scalar(g, alpha)?, &db)?) } else { None },
+            if rb {
+                Some(sum_to(&mul_scalar(g, alpha)?, &db)?)
+            } else {
+                None
+            },
         ])
     }))
 }
@@ -315,8 +337,16 @@ pub fn where_(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     Ok(record(out, "WhereBackward0", &[&a, &b], move |g| {
         let z = zeros_like(g);
         Ok(vec![
-            if ra { Some(sum_to(&where_(&c2, g, &z)?, &da)?) } else { None },
-            if rb { Some(sum_to(&where_(&c2, &z, g)?, &db)?) } else { None },
+            if ra {
+                Some(sum_to(&where_(&c2, g, &z)?, &da)?)
+            } else {
+                None
+            },
+            if rb {
+                Some(sum_to(&where_(&c2, &z, g)?, &db)?)
+            } else {
+                None
+            },
         ])
     }))
 }
@@ -357,23 +387,61 @@ pub fn addcdiv(input: &Tensor, t1: &Tensor, t2: &Tensor, value: f64) -> Result<T
 
 /// Methods mirroring the free functions.
 impl Tensor {
-    pub fn neg(&self) -> Result<Tensor> { neg(self) }
-    pub fn abs(&self) -> Result<Tensor> { abs(self) }
-    pub fn exp(&self) -> Result<Tensor> { exp(self) }
-    pub fn log(&self) -> Result<Tensor> { log(self) }
-    pub fn sqrt(&self) -> Result<Tensor> { sqrt(self) }
-    pub fn tanh(&self) -> Result<Tensor> { tanh(self) }
-    pub fn sigmoid(&self) -> Result<Tensor> { sigmoid(self) }
-    pub fn relu(&self) -> Result<Tensor> { relu(self) }
-    pub fn square(&self) -> Result<Tensor> { square(self) }
-    pub fn add(&self, o: &Tensor) -> Result<Tensor> { add(self, o) }
-    pub fn sub(&self, o: &Tensor) -> Result<Tensor> { sub(self, o) }
-    pub fn mul(&self, o: &Tensor) -> Result<Tensor> { mul(self, o) }
-    pub fn div(&self, o: &Tensor) -> Result<Tensor> { div(self, o) }
-    pub fn pow(&self, o: &Tensor) -> Result<Tensor> { pow(self, o) }
-    pub fn add_scalar(&self, s: impl Into<Scalar>) -> Result<Tensor> { add_scalar(self, s) }
-    pub fn mul_scalar(&self, s: impl Into<Scalar>) -> Result<Tensor> { mul_scalar(self, s) }
-    pub fn div_scalar(&self, s: impl Into<Scalar>) -> Result<Tensor> { div_scalar(self, s) }
-    pub fn pow_scalar(&self, s: impl Into<Scalar>) -> Result<Tensor> { pow_scalar(self, s) }
-    pub fn clamp(&self, min: Option<f64>, max: Option<f64>) -> Result<Tensor> { clamp(self, min, max) }
+    pub fn neg(&self) -> Result<Tensor> {
+        neg(self)
+    }
+    pub fn abs(&self) -> Result<Tensor> {
+        abs(self)
+    }
+    pub fn exp(&self) -> Result<Tensor> {
+        exp(self)
+    }
+    pub fn log(&self) -> Result<Tensor> {
+        log(self)
+    }
+    pub fn sqrt(&self) -> Result<Tensor> {
+        sqrt(self)
+    }
+    pub fn tanh(&self) -> Result<Tensor> {
+        tanh(self)
+    }
+    pub fn sigmoid(&self) -> Result<Tensor> {
+        sigmoid(self)
+    }
+    pub fn relu(&self) -> Result<Tensor> {
+        relu(self)
+    }
+    pub fn square(&self) -> Result<Tensor> {
+        square(self)
+    }
+    pub fn add(&self, o: &Tensor) -> Result<Tensor> {
+        add(self, o)
+    }
+    pub fn sub(&self, o: &Tensor) -> Result<Tensor> {
+        sub(self, o)
+    }
+    pub fn mul(&self, o: &Tensor) -> Result<Tensor> {
+        mul(self, o)
+    }
+    pub fn div(&self, o: &Tensor) -> Result<Tensor> {
+        div(self, o)
+    }
+    pub fn pow(&self, o: &Tensor) -> Result<Tensor> {
+        pow(self, o)
+    }
+    pub fn add_scalar(&self, s: impl Into<Scalar>) -> Result<Tensor> {
+        add_scalar(self, s)
+    }
+    pub fn mul_scalar(&self, s: impl Into<Scalar>) -> Result<Tensor> {
+        mul_scalar(self, s)
+    }
+    pub fn div_scalar(&self, s: impl Into<Scalar>) -> Result<Tensor> {
+        div_scalar(self, s)
+    }
+    pub fn pow_scalar(&self, s: impl Into<Scalar>) -> Result<Tensor> {
+        pow_scalar(self, s)
+    }
+    pub fn clamp(&self, min: Option<f64>, max: Option<f64>) -> Result<Tensor> {
+        clamp(self, min, max)
+    }
 }

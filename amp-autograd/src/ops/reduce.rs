@@ -15,7 +15,10 @@ fn reduced_dims(rank: usize, dims: &[i64]) -> Result<Vec<usize>> {
     if dims.is_empty() {
         return Ok((0..rank).collect());
     }
-    let mut v = dims.iter().map(|&d| wrap_dim(d, rank)).collect::<amp_tensor::Result<Vec<_>>>()?;
+    let mut v = dims
+        .iter()
+        .map(|&d| wrap_dim(d, rank))
+        .collect::<amp_tensor::Result<Vec<_>>>()?;
     v.sort_unstable();
     v.dedup();
     Ok(v)
@@ -23,7 +26,12 @@ fn reduced_dims(rank: usize, dims: &[i64]) -> Result<Vec<usize>> {
 
 /// Re-insert reduced dims into a reduction result (if `keepdim` was false) and
 /// broadcast it back to `dims`.
-pub(crate) fn expand_back(g: &Tensor, dims: &[usize], reduced: &[usize], keepdim: bool) -> Result<Tensor> {
+pub(crate) fn expand_back(
+    g: &Tensor,
+    dims: &[usize],
+    reduced: &[usize],
+    keepdim: bool,
+) -> Result<Tensor> {
     let mut g = g.clone();
     if !keepdim && dims.len() > 0 {
         for &d in reduced {
@@ -54,7 +62,12 @@ pub fn sum_all(x: &Tensor) -> Result<Tensor> {
     sum(x, &[], false, None)
 }
 
-pub(crate) fn sum_impl(x: &Tensor, dims: &[i64], keepdim: bool, dtype: Option<DType>) -> Result<Tensor> {
+pub(crate) fn sum_impl(
+    x: &Tensor,
+    dims: &[i64],
+    keepdim: bool,
+    dtype: Option<DType>,
+) -> Result<Tensor> {
     let x = match dtype {
         Some(d) => x.to_dtype(d)?,
         None => x.clone(),
@@ -62,7 +75,9 @@ pub(crate) fn sum_impl(x: &Tensor, dims: &[i64], keepdim: bool, dtype: Option<DT
     let out = amp_kernels::sum(x.data(), dims, keepdim, None)?;
     let shape = x.dims().to_vec();
     let reduced = reduced_dims(x.rank(), dims)?;
-    Ok(record(out, "SumBackward1", &[&x], move |g| Ok(vec![Some(expand_back(g, &shape, &reduced, keepdim)?)])))
+    Ok(record(out, "SumBackward1", &[&x], move |g| {
+        Ok(vec![Some(expand_back(g, &shape, &reduced, keepdim)?)])
+    }))
 }
 
 /// Mean over `dims` (all when empty).
@@ -76,7 +91,14 @@ pub fn mean(x: &Tensor, dims: &[i64], keepdim: bool, dtype: Option<DType>) -> Re
     let shape = x.dims().to_vec();
     let reduced = reduced_dims(x.rank(), dims)?;
     let n = count(&shape, &reduced).max(1) as f64;
-    Ok(record(out, "MeanBackward1", &[&x], move |g| Ok(vec![Some(expand_back(&div_scalar(g, n)?, &shape, &reduced, keepdim)?)])))
+    Ok(record(out, "MeanBackward1", &[&x], move |g| {
+        Ok(vec![Some(expand_back(
+            &div_scalar(g, n)?,
+            &shape,
+            &reduced,
+            keepdim,
+        )?)])
+    }))
 }
 
 /// Mean of every element.
@@ -112,7 +134,10 @@ pub fn prod(x: &Tensor, dim: Option<i64>, keepdim: bool, dtype: Option<DType>) -
         let at_nonzero = where_(&none, &div(&p_nz, &x_nz)?, &zero)?;
         let at_zero = where_(&one, &p_nz, &zero)?;
         let local = where_(&is_zero, &at_zero, &at_nonzero)?;
-        Ok(vec![Some(mul(&expand_back(g, &shape, &reduced, keepdim)?, &local)?)])
+        Ok(vec![Some(mul(
+            &expand_back(g, &shape, &reduced, keepdim)?,
+            &local,
+        )?)])
     }))
 }
 
@@ -128,18 +153,34 @@ static AMAX: OpName = OpName::new("amax");
 static AMIN: OpName = OpName::new("amin");
 
 fn extreme(x: &Tensor, dims: &[i64], keepdim: bool, max: bool) -> Result<Tensor> {
-    let out = if max { amp_kernels::amax(x.data(), dims, keepdim)? } else { amp_kernels::amin(x.data(), dims, keepdim)? };
+    let out = if max {
+        amp_kernels::amax(x.data(), dims, keepdim)?
+    } else {
+        amp_kernels::amin(x.data(), dims, keepdim)?
+    };
     let xs = x.clone();
     let saved = out.clone();
     let shape = x.dims().to_vec();
     let reduced = reduced_dims(x.rank(), dims)?;
-    Ok(record(out, if max { "AmaxBackward0" } else { "AminBackward0" }, &[x], move |g| {
-        let o = expand_back(&Tensor::from_raw(saved.clone()), &shape, &reduced, keepdim)?;
-        let hit = eq(&xs, &o)?.to_dtype(g.dtype())?;
-        let dims_i: Vec<i64> = reduced.iter().map(|&d| d as i64).collect();
-        let n = expand(&sum(&hit, &dims_i, true, None)?, &shape)?;
-        Ok(vec![Some(div(&mul(&expand_back(g, &shape, &reduced, keepdim)?, &hit)?, &n)?)])
-    }))
+    Ok(record(
+        out,
+        if max {
+            "AmaxBackward0"
+        } else {
+            "AminBackward0"
+        },
+        &[x],
+        move |g| {
+            let o = expand_back(&Tensor::from_raw(saved.clone()), &shape, &reduced, keepdim)?;
+            let hit = eq(&xs, &o)?.to_dtype(g.dtype())?;
+            let dims_i: Vec<i64> = reduced.iter().map(|&d| d as i64).collect();
+            let n = expand(&sum(&hit, &dims_i, true, None)?, &shape)?;
+            Ok(vec![Some(div(
+                &mul(&expand_back(g, &shape, &reduced, keepdim)?, &hit)?,
+                &n,
+            )?)])
+        },
+    ))
 }
 
 /// Maximum over `dims` (gradient split evenly between ties).
@@ -158,7 +199,11 @@ static MAX: OpName = OpName::new("max");
 static MIN: OpName = OpName::new("min");
 
 fn extreme_dim(x: &Tensor, dim: i64, keepdim: bool, max: bool) -> Result<(Tensor, Tensor)> {
-    let (v, i) = if max { amp_kernels::max_dim(x.data(), dim, keepdim)? } else { amp_kernels::min_dim(x.data(), dim, keepdim)? };
+    let (v, i) = if max {
+        amp_kernels::max_dim(x.data(), dim, keepdim)?
+    } else {
+        amp_kernels::min_dim(x.data(), dim, keepdim)?
+    };
     let idx = Tensor::from_raw(i.clone());
     let shape = x.dims().to_vec();
     let d = wrap_dim(dim, x.rank())? as i64;
@@ -168,8 +213,14 @@ fn extreme_dim(x: &Tensor, dim: i64, keepdim: bool, max: bool) -> Result<(Tensor
         if max { "MaxBackward0" } else { "MinBackward0" },
         &[x],
         Box::new(move |grads| {
-            let Some(g) = &grads[0] else { return Ok(vec![None]) };
-            let (g, ix) = if keepdim { (g.clone(), idx.clone()) } else { (unsqueeze(g, d)?, unsqueeze(&idx, d)?) };
+            let Some(g) = &grads[0] else {
+                return Ok(vec![None]);
+            };
+            let (g, ix) = if keepdim {
+                (g.clone(), idx.clone())
+            } else {
+                (unsqueeze(g, d)?, unsqueeze(&idx, d)?)
+            };
             let z = Tensor::zeros(shape.clone(), g.dtype());
             Ok(vec![Some(scatter_add(&z, d, &ix, &g)?)])
         }),
@@ -193,7 +244,11 @@ pub fn min_dim(x: &Tensor, dim: i64, keepdim: bool) -> Result<(Tensor, Tensor)> 
 
 /// Index of the maximum (flattened when `dim` is `None`); not differentiable.
 pub fn argmax(x: &Tensor, dim: Option<i64>, keepdim: bool) -> Result<Tensor> {
-    Ok(Tensor::from_raw(amp_kernels::argmax(x.data(), dim, keepdim)?))
+    Ok(Tensor::from_raw(amp_kernels::argmax(
+        x.data(),
+        dim,
+        keepdim,
+    )?))
 }
 
 static NORM: OpName = OpName::new("norm");
@@ -208,7 +263,11 @@ pub fn norm(x: &Tensor, p: f64, dims: &[i64], keepdim: bool) -> Result<Tensor> {
     let dims_owned = dims.to_vec();
     let saved = out.clone();
     Ok(record(out, "NormBackward1", &[&x], move |g| {
-        let o = if crate::is_grad_enabled() { norm(&xs, p, &dims_owned, keepdim)? } else { Tensor::from_raw(saved.clone()) };
+        let o = if crate::is_grad_enabled() {
+            norm(&xs, p, &dims_owned, keepdim)?
+        } else {
+            Tensor::from_raw(saved.clone())
+        };
         let o = expand_back(&o, &shape, &reduced, keepdim)?;
         let g = expand_back(g, &shape, &reduced, keepdim)?;
         let zero = zeros_like(&xs);
@@ -245,9 +304,16 @@ pub fn logsumexp(x: &Tensor, dims: &[i64], keepdim: bool) -> Result<Tensor> {
     let dims_owned = dims.to_vec();
     let saved = out.clone();
     Ok(record(out, "LogsumexpBackward0", &[&x], move |g| {
-        let o = if crate::is_grad_enabled() { logsumexp(&xs, &dims_owned, keepdim)? } else { Tensor::from_raw(saved.clone()) };
+        let o = if crate::is_grad_enabled() {
+            logsumexp(&xs, &dims_owned, keepdim)?
+        } else {
+            Tensor::from_raw(saved.clone())
+        };
         let o = expand_back(&o, &shape, &reduced, keepdim)?;
-        Ok(vec![Some(mul(&expand_back(g, &shape, &reduced, keepdim)?, &exp(&sub(&xs, &o)?)?)?)])
+        Ok(vec![Some(mul(
+            &expand_back(g, &shape, &reduced, keepdim)?,
+            &exp(&sub(&xs, &o)?)?,
+        )?)])
     }))
 }
 
@@ -262,7 +328,10 @@ pub fn var(x: &Tensor, dims: &[i64], correction: f64, keepdim: bool) -> Result<T
     let dims_i: Vec<i64> = reduced.iter().map(|&d| d as i64).collect();
     let m = mean(&x, &dims_i, true, None)?;
     let d = sub(&x, &m)?;
-    div_scalar(&sum(&square(&d)?, &dims_i, keepdim, None)?, (n - correction).max(0.0))
+    div_scalar(
+        &sum(&square(&d)?, &dims_i, keepdim, None)?,
+        (n - correction).max(0.0),
+    )
 }
 
 /// Standard deviation (the square root of [`var`]).
@@ -282,7 +351,9 @@ pub fn cumsum(x: &Tensor, dim: i64, dtype: Option<DType>) -> Result<Tensor> {
         None => x,
     };
     let out = amp_kernels::cumsum(x.data(), dim, None)?;
-    Ok(record(out, "CumsumBackward0", &[&x], move |g| Ok(vec![Some(reverse_cumsum(g, dim)?)])))
+    Ok(record(out, "CumsumBackward0", &[&x], move |g| {
+        Ok(vec![Some(reverse_cumsum(g, dim)?)])
+    }))
 }
 
 /// `sum_{j >= i} g_j` along `dim`.
@@ -302,7 +373,11 @@ pub fn cumprod(x: &Tensor, dim: i64, dtype: Option<DType>) -> Result<Tensor> {
     let xs = x.clone();
     let saved = out.clone();
     Ok(record(out, "CumprodBackward0", &[&x], move |g| {
-        let o = if crate::is_grad_enabled() { cumprod(&xs, dim, None)? } else { Tensor::from_raw(saved.clone()) };
+        let o = if crate::is_grad_enabled() {
+            cumprod(&xs, dim, None)?
+        } else {
+            Tensor::from_raw(saved.clone())
+        };
         Ok(vec![Some(div(&reverse_cumsum(&mul(g, &o)?, dim)?, &xs)?)])
     }))
 }
@@ -325,4 +400,3 @@ impl Tensor {
         mean(self, dims, keepdim, None)
     }
 }
-

@@ -47,7 +47,9 @@ pub fn view(x: &Tensor, shape: impl amp_tensor::IntoDims) -> Result<Tensor> {
 pub fn transpose(x: &Tensor, d0: i64, d1: i64) -> Result<Tensor> {
     let [x] = enter(&TRANSPOSE, [x])?;
     let out = x.data().transpose(d0, d1)?;
-    Ok(record(out, "TransposeBackward0", &[&x], move |g| Ok(vec![Some(transpose(g, d0, d1)?)])))
+    Ok(record(out, "TransposeBackward0", &[&x], move |g| {
+        Ok(vec![Some(transpose(g, d0, d1)?)])
+    }))
 }
 
 /// Transpose of a ≤2-D tensor.
@@ -67,7 +69,9 @@ pub fn permute(x: &Tensor, perm: &[i64]) -> Result<Tensor> {
     for (i, &p) in perm.iter().enumerate() {
         inv[wrap_dim(p, n)?] = i as i64;
     }
-    Ok(record(out, "PermuteBackward0", &[&x], move |g| Ok(vec![Some(permute(g, &inv)?)])))
+    Ok(record(out, "PermuteBackward0", &[&x], move |g| {
+        Ok(vec![Some(permute(g, &inv)?)])
+    }))
 }
 
 /// Broadcast to `dims` without copying.
@@ -78,7 +82,9 @@ pub fn expand(x: &Tensor, dims: &[usize]) -> Result<Tensor> {
     let [x] = enter(&EXPAND, [x])?;
     let out = x.data().broadcast_to(dims)?;
     let xd = x.dims().to_vec();
-    Ok(record(out, "ExpandBackward0", &[&x], move |g| Ok(vec![Some(sum_to(g, &xd)?)])))
+    Ok(record(out, "ExpandBackward0", &[&x], move |g| {
+        Ok(vec![Some(sum_to(g, &xd)?)])
+    }))
 }
 
 /// `len` entries of `dim` from `start` (a view).
@@ -86,7 +92,9 @@ pub fn narrow(x: &Tensor, dim: i64, start: usize, len: usize) -> Result<Tensor> 
     let [x] = enter(&NARROW, [x])?;
     let out = x.data().narrow(dim, start, len)?;
     let xd = x.dims().to_vec();
-    Ok(record(out, "NarrowBackward0", &[&x], move |g| Ok(vec![Some(narrow_scatter(g, &xd, dim, start)?)])))
+    Ok(record(out, "NarrowBackward0", &[&x], move |g| {
+        Ok(vec![Some(narrow_scatter(g, &xd, dim, start)?)])
+    }))
 }
 
 /// Zeros of shape `dims` with `src` written at `start..` along `dim` (the backward of
@@ -95,7 +103,9 @@ pub fn narrow_scatter(src: &Tensor, dims: &[usize], dim: i64, start: usize) -> R
     let z = Raw::zeros(dims, src.dtype());
     let len = src.dims()[wrap_dim(dim, src.rank())?];
     z.narrow(dim, start, len)?.copy_(src.data())?;
-    Ok(record(z, "NarrowScatterBackward", &[src], move |g| Ok(vec![Some(narrow(g, dim, start, len)?)])))
+    Ok(record(z, "NarrowScatterBackward", &[src], move |g| {
+        Ok(vec![Some(narrow(g, dim, start, len)?)])
+    }))
 }
 
 /// Entry `index` of `dim`, dropping it (a view).
@@ -104,9 +114,18 @@ pub fn select(x: &Tensor, dim: i64, index: i64) -> Result<Tensor> {
     let out = x.data().select(dim, index)?;
     let xd = x.dims().to_vec();
     let d = wrap_dim(dim, x.rank())?;
-    let i = if index < 0 { index + xd[d] as i64 } else { index } as usize;
+    let i = if index < 0 {
+        index + xd[d] as i64
+    } else {
+        index
+    } as usize;
     Ok(record(out, "SelectBackward0", &[&x], move |g| {
-        Ok(vec![Some(narrow_scatter(&unsqueeze(g, d as i64)?, &xd, d as i64, i)?)])
+        Ok(vec![Some(narrow_scatter(
+            &unsqueeze(g, d as i64)?,
+            &xd,
+            d as i64,
+            i,
+        )?)])
     }))
 }
 
@@ -137,7 +156,9 @@ pub fn contiguous(x: &Tensor) -> Result<Tensor> {
     }
     let [x] = enter(&CONTIGUOUS, [x])?;
     let out = x.data().contiguous();
-    Ok(record(out, "CloneBackward0", &[&x], move |g| Ok(vec![Some(g.clone())])))
+    Ok(record(out, "CloneBackward0", &[&x], move |g| {
+        Ok(vec![Some(g.clone())])
+    }))
 }
 
 static CAT: OpName = OpName::new("cat");
@@ -150,7 +171,13 @@ pub fn cat(ts: &[Tensor], dim: i64) -> Result<Tensor> {
     let raws: Vec<Raw> = ts.iter().map(|t| t.data().clone()).collect();
     let out = amp_kernels::cat(&raws, dim)?;
     let d = wrap_dim(dim, out.rank())? as i64;
-    let sizes: Vec<Option<usize>> = ts.iter().map(|t| (t.rank() > 0 && t.elem_count() > 0 || t.rank() == out.rank()).then(|| t.dims().get(d as usize).copied().unwrap_or(0))).collect();
+    let sizes: Vec<Option<usize>> = ts
+        .iter()
+        .map(|t| {
+            (t.rank() > 0 && t.elem_count() > 0 || t.rank() == out.rank())
+                .then(|| t.dims().get(d as usize).copied().unwrap_or(0))
+        })
+        .collect();
     let refs: Vec<&Tensor> = ts.iter().collect();
     Ok(record(out, "CatBackward0", &refs, move |g| {
         let mut off = 0;
@@ -173,10 +200,16 @@ pub fn stack(ts: &[Tensor], dim: i64) -> Result<Tensor> {
     let refs: Vec<&Tensor> = ts.iter().collect();
     let ts = enter_vec(&STACK, &refs)?;
     let Some(first) = ts.first() else {
-        return Err(crate::Error::invalid("stack", "stack expects a non-empty TensorList"));
+        return Err(crate::Error::invalid(
+            "stack",
+            "stack expects a non-empty TensorList",
+        ));
     };
     let d = wrap_dim(dim, first.rank() + 1)? as i64;
-    let us = ts.iter().map(|t| unsqueeze(t, d)).collect::<Result<Vec<_>>>()?;
+    let us = ts
+        .iter()
+        .map(|t| unsqueeze(t, d))
+        .collect::<Result<Vec<_>>>()?;
     cat(&us, d)
 }
 
@@ -192,9 +225,13 @@ pub fn gather(x: &Tensor, dim: i64, index: &Tensor) -> Result<Tensor> {
     let [x, index] = enter(&GATHER, [x, index])?;
     let out = amp_kernels::gather(x.data(), dim, index.data())?;
     let xd = x.dims().to_vec();
+    let xs = x.clone();
     Ok(record(out, "GatherBackward0", &[&x], move |g| {
         let z = Tensor::zeros(xd.clone(), g.dtype());
-        Ok(vec![Some(scatter_add(&z, dim, &index, g)?)])
+        Ok(vec![Some(super::pointwise::link_zero(
+            scatter_add(&z, dim, &index, g)?,
+            &xs,
+        ))])
     }))
 }
 
@@ -204,7 +241,14 @@ pub fn scatter_add(x: &Tensor, dim: i64, index: &Tensor, src: &Tensor) -> Result
     let out = amp_kernels::scatter_add(x.data(), dim, index.data(), src.data())?;
     let (rx, rs) = (x.requires_grad(), src.requires_grad());
     Ok(record(out, "ScatterAddBackward0", &[&x, &src], move |g| {
-        Ok(vec![if rx { Some(g.clone()) } else { None }, if rs { Some(gather(g, dim, &index)?) } else { None }])
+        Ok(vec![
+            if rx { Some(g.clone()) } else { None },
+            if rs {
+                Some(gather(g, dim, &index)?)
+            } else {
+                None
+            },
+        ])
     }))
 }
 
@@ -227,7 +271,14 @@ pub fn index_add(x: &Tensor, dim: i64, index: &Tensor, src: &Tensor, alpha: f64)
     Ok(record(out, "IndexAddBackward0", &[&x, &src], move |g| {
         Ok(vec![
             if rx { Some(g.clone()) } else { None },
-            if rs { Some(super::pointwise::mul_scalar(&index_select(g, dim, &index)?, alpha)?) } else { None },
+            if rs {
+                Some(super::pointwise::mul_scalar(
+                    &index_select(g, dim, &index)?,
+                    alpha,
+                )?)
+            } else {
+                None
+            },
         ])
     }))
 }
@@ -240,8 +291,21 @@ pub fn index_copy(x: &Tensor, dim: i64, index: &Tensor, src: &Tensor) -> Result<
     let sd = src.dims().to_vec();
     Ok(record(out, "IndexCopyBackward0", &[&x, &src], move |g| {
         Ok(vec![
-            if rx { Some(index_copy(g, dim, &index, &Tensor::zeros(sd.clone(), g.dtype()))?) } else { None },
-            if rs { Some(index_select(g, dim, &index)?) } else { None },
+            if rx {
+                Some(index_copy(
+                    g,
+                    dim,
+                    &index,
+                    &Tensor::zeros(sd.clone(), g.dtype()),
+                )?)
+            } else {
+                None
+            },
+            if rs {
+                Some(index_select(g, dim, &index)?)
+            } else {
+                None
+            },
         ])
     }))
 }
@@ -257,7 +321,12 @@ pub fn embedding(weight: &Tensor, indices: &Tensor) -> Result<Tensor> {
 }
 
 /// Split into the outputs of a multi-output op (helper for ops returning tuples).
-pub fn split_outputs(outs: Vec<Raw>, name: &'static str, inputs: &[&Tensor], backward: crate::graph::BackwardFn) -> Vec<Tensor> {
+pub fn split_outputs(
+    outs: Vec<Raw>,
+    name: &'static str,
+    inputs: &[&Tensor],
+    backward: crate::graph::BackwardFn,
+) -> Vec<Tensor> {
     let diff = vec![true; outs.len()];
     record_multi(outs, &diff, name, inputs, backward)
 }

@@ -127,9 +127,7 @@ fn check(case: &ScalerCase) -> Result<(), String> {
         match (act(&mut scaler, &mut o, a), a.expect_error()) {
             (Ok(()), None) => {}
             (Ok(()), Some(want)) => {
-                return Err(format!(
-                    "{at}: no error, expected one containing `{want}`"
-                ))
+                return Err(format!("{at}: no error, expected one containing `{want}`"))
             }
             (Err(Fail::Api(e)), Some(want)) if e.contains(want) => return Ok(()),
             (Err(Fail::Api(e)), Some(want)) => {
@@ -158,7 +156,9 @@ fn check_grads(params: &[Tensor], want: &[Option<TensorLit>], what: &str) -> Res
         match (p.grad(), w) {
             (None, None) => {}
             (Some(g), None) => all_zero(&label, g.data()).map_err(mismatch)?,
-            (None, Some(_)) => return Err(mismatch(format!("{label}: missing, expected a tensor"))),
+            (None, Some(_)) => {
+                return Err(mismatch(format!("{label}: missing, expected a tensor")))
+            }
             (Some(g), Some(w)) => {
                 compare(&label, &g.data().contiguous(), &w.to_tensor(), None).map_err(mismatch)?
             }
@@ -173,13 +173,16 @@ fn act(scaler: &mut GradScaler, o: &mut Optimizers, a: &ScalerAction) -> Result<
             let got: Vec<Tensor> = match input {
                 Output::Tensor(lit) => vec![scaler.scale(&leaf(lit)).map_err(api)?],
                 Output::Tensors(lits) => {
-                    let list = Outputs::List(lits.iter().map(|l| Outputs::Tensor(leaf(l))).collect());
+                    let list =
+                        Outputs::List(lits.iter().map(|l| Outputs::Tensor(leaf(l))).collect());
                     match scaler.scale_outputs(&list).map_err(api)? {
                         Outputs::List(items) => items
                             .into_iter()
                             .map(|i| match i {
                                 Outputs::Tensor(t) => Ok(t),
-                                Outputs::List(_) => Err(mismatch("scaled: a nested list where a tensor is expected")),
+                                Outputs::List(_) => Err(mismatch(
+                                    "scaled: a nested list where a tensor is expected",
+                                )),
                             })
                             .collect::<Result<_, _>>()?,
                         Outputs::Tensor(_) => {
@@ -245,15 +248,14 @@ fn act(scaler: &mut GradScaler, o: &mut Optimizers, a: &ScalerAction) -> Result<
             let skipped = outcome.is_skipped();
             if let Some(want) = expect_skipped {
                 if skipped != *want {
-                    return Err(mismatch(format!(
-                        "skipped: got {skipped}, expected {want}"
-                    )));
+                    return Err(mismatch(format!("skipped: got {skipped}, expected {want}")));
                 }
             }
             if skipped {
                 for (j, (b, p)) in before.iter().zip(&o.params[i]).enumerate() {
-                    compare(&format!("params[{j}]"), &p.data().contiguous(), b, None)
-                        .map_err(|m| mismatch(format!("a skipped step changed a parameter: {m}")))?;
+                    compare(&format!("params[{j}]"), &p.data().contiguous(), b, None).map_err(
+                        |m| mismatch(format!("a skipped step changed a parameter: {m}")),
+                    )?;
                 }
             }
             if let Some(want) = expect_params {
@@ -266,8 +268,13 @@ fn act(scaler: &mut GradScaler, o: &mut Optimizers, a: &ScalerAction) -> Result<
                 }
                 let tol = Some(Tolerance::new(STEP_RTOL, 0.0));
                 for (j, (p, w)) in o.params[i].iter().zip(want).enumerate() {
-                    compare(&format!("params[{j}]"), &p.data().contiguous(), &w.to_tensor(), tol)
-                        .map_err(mismatch)?;
+                    compare(
+                        &format!("params[{j}]"),
+                        &p.data().contiguous(),
+                        &w.to_tensor(),
+                        tol,
+                    )
+                    .map_err(mismatch)?;
                 }
             }
             Ok(())
@@ -319,7 +326,8 @@ fn act(scaler: &mut GradScaler, o: &mut Optimizers, a: &ScalerAction) -> Result<
             let got = got
                 .as_object()
                 .ok_or_else(|| mismatch(format!("state dict: got {got}, not an object")))?;
-            let (gk, wk): (Vec<&String>, Vec<&String>) = (got.keys().collect(), expect.keys().collect());
+            let (gk, wk): (Vec<&String>, Vec<&String>) =
+                (got.keys().collect(), expect.keys().collect());
             if gk != wk {
                 return Err(mismatch(format!(
                     "state dict keys: got {gk:?}, expected {wk:?}"
@@ -329,9 +337,7 @@ fn act(scaler: &mut GradScaler, o: &mut Optimizers, a: &ScalerAction) -> Result<
                 let g = &got[k];
                 // serde_json numbers compare with their kind: 2000 (int) != 2000.0 (float).
                 if g != w {
-                    return Err(mismatch(format!(
-                        "state dict `{k}`: got {g}, expected {w}"
-                    )));
+                    return Err(mismatch(format!("state dict `{k}`: got {g}, expected {w}")));
                 }
             }
             Ok(())
@@ -353,9 +359,7 @@ fn act(scaler: &mut GradScaler, o: &mut Optimizers, a: &ScalerAction) -> Result<
                         "bad vector: growth_interval must be an int, got {v}"
                     )))
                 }
-                (other, _) => {
-                    return Err(mismatch(format!("bad vector: unknown field `{other}`")))
-                }
+                (other, _) => return Err(mismatch(format!("bad vector: unknown field `{other}`"))),
             }
             Ok(())
         }

@@ -76,8 +76,8 @@ fn check(case: &TrainCase) -> Result<(), String> {
         ..SgdOptions::default()
     };
     let mut opt = Sgd::new(params.clone(), case.optimizer.lr, sgd).map_err(ctx("optimizer"))?;
-    let mut scaler = GradScaler::with_options(super::scaler::options(&case.scaler))
-        .map_err(ctx("scaler"))?;
+    let mut scaler =
+        GradScaler::with_options(super::scaler::options(&case.scaler)).map_err(ctx("scaler"))?;
     let acc = case.accumulate;
 
     let (mut losses, mut scales, mut skipped) = (Vec::new(), Vec::new(), Vec::new());
@@ -100,7 +100,8 @@ fn check(case: &TrainCase) -> Result<(), String> {
         }
         .map_err(ctx(format!("batch {i}: forward")))?;
         losses.push(loss.item_f64().map_err(ctx(format!("batch {i}: loss")))?);
-        let divided = ops::div_scalar(&loss, acc as i64).map_err(ctx(format!("batch {i}: loss / accumulate")))?;
+        let divided = ops::div_scalar(&loss, acc as i64)
+            .map_err(ctx(format!("batch {i}: loss / accumulate")))?;
         scaler
             .scale(&divided)
             .map_err(ctx(format!("batch {i}: scale")))?
@@ -113,11 +114,18 @@ fn check(case: &TrainCase) -> Result<(), String> {
         let at = format!("step {step}");
         for inj in case.inject_inf.iter().filter(|inj| inj.step == step) {
             let p = params.get(inj.param).ok_or_else(|| {
-                format!("bad vector: inject_inf names parameter {} of {}", inj.param, params.len())
+                format!(
+                    "bad vector: inject_inf names parameter {} of {}",
+                    inj.param,
+                    params.len()
+                )
             })?;
-            let g = p
-                .grad()
-                .ok_or_else(|| format!("{at}: parameter {} has no grad to inject inf into", inj.param))?;
+            let g = p.grad().ok_or_else(|| {
+                format!(
+                    "{at}: parameter {} has no grad to inject inf into",
+                    inj.param
+                )
+            })?;
             g.data()
                 .fill_(f64::INFINITY)
                 .map_err(ctx(format!("{at}: inject inf")))?;
@@ -139,7 +147,11 @@ fn check(case: &TrainCase) -> Result<(), String> {
         if outcome.is_skipped() != unchanged {
             return Err(format!(
                 "{at}: step returned {outcome:?}, but the parameters {}",
-                if unchanged { "did not change" } else { "changed" }
+                if unchanged {
+                    "did not change"
+                } else {
+                    "changed"
+                }
             ));
         }
         skipped.push(unchanged);
@@ -164,7 +176,10 @@ fn check(case: &TrainCase) -> Result<(), String> {
                 "loss {i}: got {}, expected {}{}",
                 format_float(got),
                 format_float(want),
-                tol.map_or(" (exact)".to_owned(), |t| format!(" (rtol {}, atol {})", t.rtol, t.atol))
+                tol.map_or(" (exact)".to_owned(), |t| format!(
+                    " (rtol {}, atol {})",
+                    t.rtol, t.atol
+                ))
             ));
         }
     }
@@ -172,7 +187,10 @@ fn check(case: &TrainCase) -> Result<(), String> {
         return Err(format!("scales: got {scales:?}, expected {:?}", e.scales));
     }
     if skipped != e.skipped {
-        return Err(format!("skipped: got {skipped:?}, expected {:?}", e.skipped));
+        return Err(format!(
+            "skipped: got {skipped:?}, expected {:?}",
+            e.skipped
+        ));
     }
     if params.len() != e.final_params.len() {
         return Err(format!(
