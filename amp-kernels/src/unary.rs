@@ -253,7 +253,7 @@ pub(crate) mod ewise {
         st: &'s CpuStorage,
         op: &'static str,
     ) -> Result<&'s [T]> {
-        T::slice(st).ok_or(Error::DTypeMismatch {
+        T::slice(st).ok_or_else(|| Error::DTypeMismatch {
             op,
             expected: T::DTYPE,
             got: st.dtype(),
@@ -347,7 +347,8 @@ pub(crate) mod ewise {
             match self {
                 Src::One(s) => Ok(Arg::Splat(splat_value::<T, C>(*s, opmath))),
                 Src::Full(t) => {
-                    let st = st.ok_or(Error::invalid(op, "operand storage is not readable"))?;
+                    let st =
+                        st.ok_or_else(|| Error::invalid(op, "operand storage is not readable"))?;
                     Ok(Arg::Strided(slice_of::<T>(st, op)?, t.layout()))
                 }
             }

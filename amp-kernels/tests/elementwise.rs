@@ -1229,6 +1229,39 @@ fn large_binary_paths_match_small_ones() {
     }
 }
 
+#[test]
+fn large_ternary_with_transposed_and_3d_operands() {
+    // tiles over three operands, rows split across parallel tasks, 3-D outer dims
+    let (d0, r, c) = (3usize, 150usize, 97usize);
+    let n = d0 * r * c;
+    let data: Vec<f64> = (0..n)
+        .map(|i| ((i * 31) % 211) as f64 * 0.05 - 5.0)
+        .collect();
+    for dtype in [DType::F32, DType::BF16] {
+        let x = tensor(&data, &[d0, r, c], dtype);
+        let t = tensor(&data, &[d0, c, r], dtype).transpose(1, 2).unwrap();
+        let w = tensor(&data[..c], &[c], dtype);
+        let got = addcmul(&x, &t, &w, 0.5).unwrap();
+        let cond = compare_scalar(CmpOp::Gt, &t, 0.0).unwrap();
+        let sel = where_cond(&cond, &t, &x).unwrap();
+        let mut want = Vec::new();
+        let mut want_sel = Vec::new();
+        for i in 0..d0 {
+            for j in 0..r {
+                let (xi, ti) = (
+                    x.get(i as i64).unwrap().get(j as i64).unwrap(),
+                    t.get(i as i64).unwrap().get(j as i64).unwrap(),
+                );
+                want.extend(addcmul(&xi, &ti, &w, 0.5).unwrap().to_vec_f64());
+                let ci = cond.get(i as i64).unwrap().get(j as i64).unwrap();
+                want_sel.extend(where_cond(&ci, &ti, &xi).unwrap().to_vec_f64());
+            }
+        }
+        check_exact("addcmul 3-d transposed", &got, dtype, &want);
+        check_exact("where 3-d transposed", &sel, dtype, &want_sel);
+    }
+}
+
 /// Reverse the rows of a 2-D tensor (a fresh contiguous tensor with other values).
 trait FlipRows {
     fn flip_rows(&self) -> Tensor;

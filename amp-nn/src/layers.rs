@@ -73,6 +73,7 @@ impl Sequential {
         }
     }
     /// Append a module.
+    #[allow(clippy::should_implement_trait)] // builder style, as `nn.Sequential(...)`
     pub fn add(mut self, m: impl Module + 'static) -> Self {
         self.layers.push(Box::new(m));
         self

@@ -202,7 +202,7 @@ fn gradient_penalty() {
                         .map(|g| ops::mul_scalar(&g.unwrap(), inv).unwrap())
                         .collect()
                 }
-                None => grad(&[loss.clone()], &params, &[], opts)
+                None => grad(std::slice::from_ref(&loss), &params, &[], opts)
                     .unwrap()
                     .into_iter()
                     .map(Option::unwrap)

@@ -33,7 +33,7 @@ pub(crate) fn expand_back(
     keepdim: bool,
 ) -> Result<Tensor> {
     let mut g = g.clone();
-    if !keepdim && dims.len() > 0 {
+    if !keepdim && !dims.is_empty() {
         for &d in reduced {
             g = unsqueeze(&g, d as i64)?;
         }
