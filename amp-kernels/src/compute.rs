@@ -2,7 +2,7 @@
 //! access to (made contiguous) inputs, and chunked widen-compute-narrow loops.
 //!
 //! Kernels are generic over `T: Element` (storage) and `C: Real` (compute): f16 and
-//! bf16 compute in f32, f32 in f32, f64 in f64. The [`float_kernel!`] macro turns a
+//! bf16 compute in f32, f32 in f32, f64 in f64. The [`crate::float_kernel!`] macro turns a
 //! runtime [`DType`] into that pair once per call.
 
 use amp_tensor::{cast_into, DType, Element, Error, Result, Tensor};
