@@ -19,7 +19,7 @@ const UNSCALE_OP: &str = "_amp_foreach_non_finite_check_and_unscale_";
 const UPDATE_OP: &str = "_amp_update_scale_";
 
 /// Elements per parallel task of the unscale kernel.
-const TASK: usize = 1 << 16;
+const TASK: usize = 1 << 18;
 
 /// Elements per widened block for 16-bit gradients.
 const BLOCK: usize = 1024;

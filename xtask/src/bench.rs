@@ -49,6 +49,11 @@ pub const METRICS: &[Metric] = &[
         run: || mm_gflops(DType::F16, 7, 2),
     },
     Metric {
+        name: "mm_8x8_us",
+        unit: "us",
+        run: mm_8x8_us,
+    },
+    Metric {
         name: "unscale_64x1M_f32_gbps",
         unit: "GB/s",
         run: unscale_gbps,
@@ -301,6 +306,21 @@ fn mm_gflops(dtype: DType, n_runs: usize, warm: usize) -> f64 {
         warm,
     );
     2.0 * (n as f64).powi(3) / t / 1e9
+}
+
+fn mm_8x8_us() -> f64 {
+    let x = tensor_f32(&[8, 8], 5);
+    let k = 2000;
+    let t = median_time(
+        || {
+            for _ in 0..k {
+                std::hint::black_box(mm(&x, &x).expect("mm"));
+            }
+        },
+        7,
+        2,
+    );
+    t / k as f64 * 1e6
 }
 
 fn unscale_gbps() -> f64 {
