@@ -24,6 +24,10 @@
 //! have no entry: their cases are skipped, counted and listed as "op `NAME` not implemented
 //! yet".
 
+mod conv;
+mod extra;
+mod linalg;
+
 use amp::autograd::{ops, Reduction, Tensor};
 use amp::tensor::{DType, Scalar};
 
@@ -874,6 +878,9 @@ pub fn table() -> OpTable<BuiltinTensor> {
         },
     );
 
+    conv::register(&mut t);
+    extra::register(&mut t);
+    linalg::register(&mut t);
     t
 }
 
