@@ -14,8 +14,13 @@ pub const PARALLEL_THRESHOLD: usize = 1 << 18;
 const CHUNK: usize = 1 << 16;
 
 /// A vector of `n` elements written by `fill` (which must write every element).
+/// Large vectors reuse a dropped buffer from the [`crate::pool`] cache when one fits.
 pub(crate) fn fill_vec<U: Element>(n: usize, fill: impl FnOnce(&mut [MaybeUninit<U>])) -> Vec<U> {
-    let mut v = Vec::with_capacity(n);
+    let mut v = crate::pool::take::<U>(n).unwrap_or_default();
+    // Elements are `Copy`: forgetting the recycled values needs no drop.
+    // SAFETY: 0 <= len, and the spare capacity below is written in full before `set_len(n)`.
+    unsafe { v.set_len(0) };
+    v.reserve_exact(n);
     fill(&mut v.spare_capacity_mut()[..n]);
     // SAFETY: `fill` initialised all `n` elements (every caller writes each slot once).
     unsafe { v.set_len(n) };
@@ -150,7 +155,9 @@ pub fn gather_cast<T: Element, U: Element>(src: &[T], layout: &Layout) -> Vec<U>
     if let Some(r) = layout.contiguous_range() {
         return cast_slice(&src[r]);
     }
-    let mut out = Vec::with_capacity(layout.elem_count());
+    let mut out = crate::pool::take::<U>(layout.elem_count()).unwrap_or_default();
+    out.clear();
+    out.reserve_exact(layout.elem_count());
     layout.for_each_run(|start, len, stride| {
         if stride == 1 {
             out.extend(src[start..start + len].iter().map(|v| v.cast::<U>()));
@@ -182,6 +189,47 @@ pub fn scatter_cast<T: Element, U: Element>(src: &[T], dst: &mut [U], dst_layout
         }
         i += len;
     });
+}
+
+/// Copy (with a cast) the elements `src_layout` selects from `src` into the places
+/// `dst_layout` selects in `dst` (same element count), without an intermediate buffer when
+/// either side is contiguous. The two buffers are distinct, so nothing aliases.
+pub fn copy_cast<T: Element, U: Element>(
+    src: &[T],
+    src_layout: &Layout,
+    dst: &mut [U],
+    dst_layout: &Layout,
+) {
+    debug_assert_eq!(src_layout.elem_count(), dst_layout.elem_count());
+    match (src_layout.contiguous_range(), dst_layout.contiguous_range()) {
+        (Some(rs), Some(rd)) => {
+            let (src, dst) = (&src[rs], &mut dst[rd]);
+            if src.len() >= PARALLEL_THRESHOLD {
+                dst.par_chunks_mut(CHUNK)
+                    .zip(src.par_chunks(CHUNK))
+                    .for_each(|(d, s)| cast_into(s, d));
+            } else {
+                cast_into(src, dst);
+            }
+        }
+        (Some(rs), None) => scatter_cast(&src[rs], dst, dst_layout),
+        (None, Some(rd)) => {
+            let dst = &mut dst[rd];
+            let mut i = 0;
+            src_layout.for_each_run(|start, len, stride| {
+                let d = &mut dst[i..i + len];
+                if stride == 1 {
+                    cast_into(&src[start..start + len], d);
+                } else {
+                    for (k, d) in d.iter_mut().enumerate() {
+                        *d = src[start + k * stride].cast();
+                    }
+                }
+                i += len;
+            });
+        }
+        (None, None) => scatter_cast(&gather_cast::<T, T>(src, src_layout), dst, dst_layout),
+    }
 }
 
 #[cfg(test)]

@@ -42,6 +42,8 @@ pub trait Element:
     fn slice_mut(s: &mut CpuStorage) -> Option<&mut [Self]>;
     /// Wrap a vector as storage.
     fn into_storage(v: Vec<Self>) -> CpuStorage;
+    /// The storage's vector if it holds this type.
+    fn vec_mut(s: &mut CpuStorage) -> Option<&mut Vec<Self>>;
 
     /// Convert to another element type with PyTorch's cast semantics.
     #[inline(always)]
@@ -66,6 +68,13 @@ macro_rules! storage_access {
         }
         #[inline]
         fn slice_mut(s: &mut CpuStorage) -> Option<&mut [Self]> {
+            match s {
+                CpuStorage::$variant(v) => Some(v),
+                _ => None,
+            }
+        }
+        #[inline]
+        fn vec_mut(s: &mut CpuStorage) -> Option<&mut Vec<Self>> {
             match s {
                 CpuStorage::$variant(v) => Some(v),
                 _ => None,

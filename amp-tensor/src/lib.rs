@@ -30,12 +30,15 @@ mod dtype;
 mod element;
 mod error;
 mod layout;
+pub mod pool;
 mod random;
 mod shape;
 mod storage;
 mod tensor;
 
-pub use convert::{cast_into, cast_slice, gather_cast, scatter_cast, PARALLEL_THRESHOLD};
+pub use convert::{
+    cast_into, cast_slice, copy_cast, gather_cast, scatter_cast, PARALLEL_THRESHOLD,
+};
 pub use device::{Device, DeviceType};
 pub use dtype::{promote_types, result_type, Category, DType, Operand, Scalar};
 pub use element::{Element, Kind};

@@ -71,6 +71,15 @@ pub enum Storage {
     Cpu(CpuStorage),
 }
 
+impl Drop for Storage {
+    /// Large host buffers go to the [`crate::pool`] cache for reuse.
+    fn drop(&mut self) {
+        match self {
+            Storage::Cpu(s) => crate::pool::give(std::mem::replace(s, CpuStorage::F32(Vec::new()))),
+        }
+    }
+}
+
 impl Storage {
     pub fn dtype(&self) -> DType {
         match self {

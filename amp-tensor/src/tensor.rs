@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use crate::convert::{gather_cast, scatter_cast};
+use crate::convert::{copy_cast, gather_cast, scatter_cast};
 use crate::shape::Dim;
 use crate::{
     with_dtype, CpuStorage, DType, Device, Element, Error, Generator, Layout, Result, Scalar,
@@ -369,7 +369,16 @@ impl Tensor {
             });
         }
         let src_layout = src.layout().broadcast_as(self.dims())?;
-        // Gather first: the source may alias the destination.
+        if !self.same_storage(src) {
+            let st = src.storage();
+            let mut dst = self.storage_mut();
+            with_dtype!(src.dtype(), S => {
+                let s = S::slice(st.cpu()).expect("dtype matches storage");
+                with_dtype!(self.dtype(), D => copy_cast::<S, D>(s, &src_layout, D::slice_mut(dst.cpu_mut()).expect("dtype matches storage"), self.layout()))
+            });
+            return Ok(());
+        }
+        // Same storage: gather first, the source may overlap the destination.
         let gathered = {
             let st = src.storage();
             with_dtype!(src.dtype(), S => S::into_storage(
