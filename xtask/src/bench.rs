@@ -51,7 +51,27 @@ pub const METRICS: &[Metric] = &[
     Metric {
         name: "mm_8x8_us",
         unit: "us",
-        run: mm_8x8_us,
+        run: || small_op_us(SmallOp::Mm, Mode::Plain),
+    },
+    Metric {
+        name: "mm_8x8_autocast_us",
+        unit: "us",
+        run: || small_op_us(SmallOp::Mm, Mode::Autocast),
+    },
+    Metric {
+        name: "mm_8x8_manual_bf16_us",
+        unit: "us",
+        run: || small_op_us(SmallOp::Mm, Mode::ManualCasts),
+    },
+    Metric {
+        name: "add_8x8_us",
+        unit: "us",
+        run: || small_op_us(SmallOp::Add, Mode::Plain),
+    },
+    Metric {
+        name: "add_8x8_autocast_us",
+        unit: "us",
+        run: || small_op_us(SmallOp::Add, Mode::Autocast),
     },
     Metric {
         name: "unscale_64x1M_f32_gbps",
@@ -73,14 +93,33 @@ pub const METRICS: &[Metric] = &[
         unit: "GB/s",
         run: || cast_gbps(DType::F16),
     },
+    Metric {
+        name: "mlp_step_f32_ms",
+        unit: "ms",
+        run: || mlp_step_ms(false),
+    },
+    Metric {
+        name: "mlp_step_autocast_bf16_scaler_ms",
+        unit: "ms",
+        run: || mlp_step_ms(true),
+    },
 ];
 
-/// A performance target of DESIGN.md, checked when the figures it needs are there.
+/// A performance target of DESIGN.md or of an issue, checked when the figures it needs
+/// are there.
 enum Target {
-    /// ours ≥ factor × PyTorch's figure of the same metric.
+    /// ours ≥ factor × PyTorch's figure of the same metric (throughputs).
     VsTorch(&'static str, f64),
-    /// ours (first) ≥ factor × our own figure of another metric (second).
+    /// ours ≤ factor × PyTorch's figure of the same metric (times).
+    TimeVsTorch(&'static str, f64),
+    /// ours (first) ≥ factor × our own figure of another metric (second; throughputs).
     VsOurs(&'static str, &'static str, f64),
+    /// ours (first) ≤ factor × our own figure of another metric (second; times).
+    TimeVsOurs(&'static str, &'static str, f64),
+    /// ours ≤ an absolute bound (times, in the metric's unit).
+    TimeBelow(&'static str, f64),
+    /// ours (first) − our other metric (second) ≤ a bound (an overhead, in the unit).
+    OverheadBelow(&'static str, &'static str, f64),
 }
 
 const TARGETS: &[Target] = &[
@@ -90,6 +129,14 @@ const TARGETS: &[Target] = &[
     Target::VsTorch("cast_f32_bf16_64M_gbps", 3.0),
     Target::VsTorch("cast_f32_f16_64M_gbps", 3.0),
     Target::VsOurs("unscale_64x1M_f32_gbps", "copy_256MB_gbps", 0.8),
+    Target::TimeBelow("mm_8x8_us", 1.0),
+    Target::TimeBelow("add_8x8_us", 1.0),
+    // autocast adds at most 0.5 us to a listed op beyond its casts (the same casts and op
+    // written by hand), and about nothing to an unlisted one
+    Target::OverheadBelow("mm_8x8_autocast_us", "mm_8x8_manual_bf16_us", 0.5),
+    Target::OverheadBelow("add_8x8_autocast_us", "add_8x8_us", 0.1),
+    Target::TimeVsTorch("mlp_step_f32_ms", 1.2),
+    Target::TimeVsOurs("mlp_step_autocast_bf16_scaler_ms", "mlp_step_f32_ms", 1.3),
 ];
 
 /// Parsed command-line options of `bench`.
@@ -167,6 +214,7 @@ pub fn main(opts: &Options) -> ExitCode {
         );
     } else if torch.is_none() {
         print_table(&ours);
+        print!("{}", targets_report(&ours, &BTreeMap::new()));
     }
     if let Some(torch) = &torch {
         let report = comparison(&ours, torch);
@@ -230,24 +278,59 @@ fn comparison(ours: &[(&Metric, f64)], torch: &BTreeMap<String, f64>) -> String 
             m.unit
         );
     }
+    s.push_str(&targets_report(ours, torch));
+    s
+}
+
+/// The verdict on every target whose figures are there (PyTorch's may be empty).
+fn targets_report(ours: &[(&Metric, f64)], torch: &BTreeMap<String, f64>) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
     let value = |name: &str| ours.iter().find(|(m, _)| m.name == name).map(|(_, v)| *v);
     let mut lines = Vec::new();
     for target in TARGETS {
-        let (label, got, need) = match *target {
-            Target::VsTorch(name, f) => match (value(name), torch.get(name)) {
-                (Some(v), Some(&t)) => (format!("{name} >= {f} x PyTorch"), v / t, f),
+        let torch_of = |name: &str| torch.get(name).copied();
+        // (label, figure, bound, figure must be at least the bound, unit of the figure)
+        let (label, got, need, at_least, unit) = match *target {
+            Target::VsTorch(name, f) => match (value(name), torch_of(name)) {
+                (Some(v), Some(t)) => (format!("{name} >= {f} x PyTorch"), v / t, f, true, "x"),
+                _ => continue,
+            },
+            Target::TimeVsTorch(name, f) => match (value(name), torch_of(name)) {
+                (Some(v), Some(t)) => (format!("{name} <= {f} x PyTorch"), v / t, f, false, "x"),
                 _ => continue,
             },
             Target::VsOurs(name, other, f) => match (value(name), value(other)) {
-                (Some(v), Some(o)) => (format!("{name} >= {f} x our {other}"), v / o, f),
+                (Some(v), Some(o)) => (format!("{name} >= {f} x our {other}"), v / o, f, true, "x"),
+                _ => continue,
+            },
+            Target::TimeVsOurs(name, other, f) => match (value(name), value(other)) {
+                (Some(v), Some(o)) => {
+                    (format!("{name} <= {f} x our {other}"), v / o, f, false, "x")
+                }
+                _ => continue,
+            },
+            Target::TimeBelow(name, bound) => match value(name) {
+                Some(v) => (format!("{name} <= {bound}"), v, bound, false, ""),
+                None => continue,
+            },
+            Target::OverheadBelow(name, base, bound) => match (value(name), value(base)) {
+                (Some(v), Some(b)) => (
+                    format!("{name} - {base} <= {bound}"),
+                    v - b,
+                    bound,
+                    false,
+                    "",
+                ),
                 _ => continue,
             },
         };
-        let verdict = if got >= need { "met" } else { "MISSED" };
-        lines.push(format!("  {label:<64} {got:>6.2}x  {verdict}"));
+        let met = if at_least { got >= need } else { got <= need };
+        let verdict = if met { "met" } else { "MISSED" };
+        lines.push(format!("  {label:<72} {got:>7.2}{unit:<1}  {verdict}"));
     }
     if !lines.is_empty() {
-        let _ = writeln!(s, "\ntargets (DESIGN.md):");
+        let _ = writeln!(s, "\ntargets (DESIGN.md and the issues):");
         for l in lines {
             let _ = writeln!(s, "{l}");
         }
@@ -308,19 +391,107 @@ fn mm_gflops(dtype: DType, n_runs: usize, warm: usize) -> f64 {
     2.0 * (n as f64).powi(3) / t / 1e9
 }
 
-fn mm_8x8_us() -> f64 {
-    let x = tensor_f32(&[8, 8], 5);
+/// The two small ops of the dispatch-overhead benchmarks.
+#[derive(Clone, Copy)]
+enum SmallOp {
+    /// `mm` (on the lower-precision list: autocast casts both arguments to bfloat16).
+    Mm,
+    /// `add` (on no list: autocast leaves it alone).
+    Add,
+}
+
+/// How the small op is called.
+#[derive(Clone, Copy)]
+enum Mode {
+    /// Outside autocast.
+    Plain,
+    /// Inside a cpu bfloat16 autocast region.
+    Autocast,
+    /// Outside autocast, with the casts autocast would make written by hand.
+    ManualCasts,
+}
+
+/// Microseconds per call of a differentiable op on two 8x8 float32 tensors (forward
+/// only, through the dispatch point), as `torch_baseline.py` times `torch.mm(x, x)`.
+fn small_op_us(op: SmallOp, mode: Mode) -> f64 {
+    use amp::autocast::autocast;
+    use amp::autograd::{ops, Tensor as T};
+    use amp::policy::DeviceType;
+    let x = T::from_raw(tensor_f32(&[8, 8], 5));
     let k = 2000;
+    let call = |x: &T| match (op, mode) {
+        (SmallOp::Mm, Mode::ManualCasts) => {
+            let xb = x.to_dtype(DType::BF16).expect("cast");
+            let yb = x.to_dtype(DType::BF16).expect("cast");
+            ops::mm(&xb, &yb).expect("mm")
+        }
+        (SmallOp::Mm, _) => ops::mm(x, x).expect("mm"),
+        (SmallOp::Add, _) => ops::add(x, x).expect("add"),
+    };
+    let run = || {
+        for _ in 0..k {
+            std::hint::black_box(call(&x));
+        }
+    };
+    let t = match mode {
+        Mode::Autocast => median_time(
+            || autocast(DeviceType::Cpu, DType::BF16, run).expect("autocast region"),
+            7,
+            2,
+        ),
+        Mode::Plain | Mode::ManualCasts => median_time(run, 7, 2),
+    };
+    t / k as f64 * 1e6
+}
+
+/// Milliseconds per training step of `torch_baseline.py`'s MLP (784-1024-1024-10, batch
+/// 256, cross entropy, SGD lr 0.01): float32, or under cpu bfloat16 autocast with a
+/// `GradScaler`.
+fn mlp_step_ms(amp_on: bool) -> f64 {
+    use amp::prelude::*;
+    let mut gen = Generator::new(0);
+    let layer = |i, o, gen: &mut Generator| Linear::new(i, o, gen).expect("linear");
+    let model = Sequential::new()
+        .add(layer(784, 1024, &mut gen))
+        .add(ReLU)
+        .add(layer(1024, 1024, &mut gen))
+        .add(ReLU)
+        .add(layer(1024, 10, &mut gen));
+    let mut opt = Sgd::new(model.parameters(), 0.01, SgdOptions::default()).expect("sgd");
+    let x = Tensor::randn([256, 784], DType::F32, &mut gen).expect("randn");
+    let labels: Vec<i64> = (0..256).map(|i| (i * 7 % 10) as i64).collect();
+    let y = Tensor::from_vec(labels, [256]).expect("labels");
+    let loss_of = |model: &Sequential| {
+        ops::cross_entropy(&model.forward(&x)?, &y, None, -100, Reduction::Mean, 0.0)
+    };
+    let mut scaler = GradScaler::new();
+    let (n, warm) = if amp_on { (5, 1) } else { (10, 2) };
     let t = median_time(
         || {
-            for _ in 0..k {
-                std::hint::black_box(mm(&x, &x).expect("mm"));
+            opt.zero_grad();
+            if amp_on {
+                let loss = autocast(DeviceType::Cpu, DType::BF16, || loss_of(&model))
+                    .expect("autocast region")
+                    .expect("forward");
+                scaler
+                    .scale(&loss)
+                    .expect("scale")
+                    .backward()
+                    .expect("backward");
+                scaler.step(&mut opt).expect("step");
+                scaler.update().expect("update");
+            } else {
+                loss_of(&model)
+                    .expect("forward")
+                    .backward()
+                    .expect("backward");
+                opt.step().expect("step");
             }
         },
-        7,
-        2,
+        n,
+        warm,
     );
-    t / k as f64 * 1e6
+    t * 1e3
 }
 
 fn unscale_gbps() -> f64 {
