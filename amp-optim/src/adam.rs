@@ -1,4 +1,5 @@
-//! Adam and AdamW (decoupled weight decay), optional AMSGrad, float32 state, and a
+//! Adam and AdamW (decoupled weight decay), optional AMSGrad, float32 state (float64 for
+//! float64 parameters), and a
 //! fused scaling-aware step that unscales, checks and skips inside the update.
 
 use std::collections::BTreeMap;
@@ -10,7 +11,7 @@ use serde_json::json;
 use crate::optimizer::{
     check_groups, group_indices, OptimizerStateDict, ParamGroup, StateValue, TensorData,
 };
-use crate::update::{read_f32, update_f32, zeros_state};
+use crate::update::{computes_in_f64, read, update, zeros_state, Real};
 use crate::{Error, Optimizer, Result};
 
 /// Adam options (PyTorch's defaults via `Default`).
@@ -129,19 +130,12 @@ impl Adam {
         &mut self.groups
     }
 
-    /// The update of every parameter; `inv_scale` multiplies each gradient first.
-    fn update(&mut self, grad_scale: Option<f32>) -> Result<()> {
+    /// The update of every parameter; each gradient is first divided by `grad_scale`.
+    fn update(&mut self, grad_scale: Option<f64>) -> Result<()> {
         for (group, states) in self.groups.iter().zip(self.state.iter_mut()) {
             let o = group.options;
             for (p, st) in group.params.iter().zip(states.iter_mut()) {
                 let Some(g) = p.grad() else { continue };
-                let mut g = read_f32(g.data());
-                if let Some(s) = grad_scale {
-                    g.iter_mut().for_each(|v| *v /= s);
-                }
-                if o.maximize {
-                    g.iter_mut().for_each(|v| *v = -*v);
-                }
                 let s = st.get_or_insert_with(|| ParamState {
                     step: 0.0,
                     exp_avg: zeros_state(p),
@@ -149,50 +143,75 @@ impl Adam {
                     max_exp_avg_sq: o.amsgrad.then(|| zeros_state(p)),
                 });
                 s.step += 1.0;
-                let (lr, wd) = (group.lr, o.weight_decay);
-                if wd != 0.0 {
-                    if o.decoupled {
-                        let f = (1.0 - lr * wd) as f32;
-                        update_f32(p.data(), |pv| pv.iter_mut().for_each(|v| *v *= f))?;
-                    } else {
-                        let pv = read_f32(p.data());
-                        let wd = wd as f32;
-                        g.iter_mut().zip(&pv).for_each(|(g, p)| *g += wd * p);
-                    }
+                if computes_in_f64(p.dtype()) {
+                    adam_update::<f64>(p, g.data(), s, o, group.lr, grad_scale)?;
+                } else {
+                    adam_update::<f32>(p, g.data(), s, o, group.lr, grad_scale)?;
                 }
-                let (b1, b2) = (o.betas.0 as f32, o.betas.1 as f32);
-                update_f32(&s.exp_avg, |m| {
-                    m.iter_mut()
-                        .zip(&g)
-                        .for_each(|(m, g)| *m += (g - *m) * (1.0 - b1))
-                })?;
-                update_f32(&s.exp_avg_sq, |v| {
-                    v.iter_mut()
-                        .zip(&g)
-                        .for_each(|(v, g)| *v = *v * b2 + (1.0 - b2) * g * g)
-                })?;
-                let bc1 = 1.0 - o.betas.0.powf(s.step);
-                let bc2 = 1.0 - o.betas.1.powf(s.step);
-                let step_size = (lr / bc1) as f32;
-                let bc2_sqrt = bc2.sqrt() as f32;
-                let eps = o.eps as f32;
-                let m = read_f32(&s.exp_avg);
-                let mut v = read_f32(&s.exp_avg_sq);
-                if let Some(vmax) = &s.max_exp_avg_sq {
-                    update_f32(vmax, |mx| {
-                        mx.iter_mut().zip(&v).for_each(|(mx, v)| *mx = mx.max(*v))
-                    })?;
-                    v = read_f32(vmax);
-                }
-                update_f32(p.data(), |pv| {
-                    for ((p, m), v) in pv.iter_mut().zip(&m).zip(&v) {
-                        *p -= step_size * m / (v.sqrt() / bc2_sqrt + eps);
-                    }
-                })?;
             }
         }
         Ok(())
     }
+}
+
+/// One parameter's Adam update (its `step` already counted) in the compute type `F`.
+fn adam_update<F: Real>(
+    p: &Tensor,
+    g: &Raw,
+    s: &ParamState,
+    o: AdamOptions,
+    lr: f64,
+    grad_scale: Option<f64>,
+) -> Result<()> {
+    let mut g = read::<F>(g);
+    if let Some(scale) = grad_scale {
+        let scale = F::of(scale);
+        g.iter_mut().for_each(|v| *v /= scale);
+    }
+    if o.maximize {
+        g.iter_mut().for_each(|v| *v = -*v);
+    }
+    let wd = o.weight_decay;
+    if wd != 0.0 {
+        if o.decoupled {
+            let f = F::of(1.0 - lr * wd);
+            update::<F>(p.data(), |pv| pv.iter_mut().for_each(|v| *v *= f))?;
+        } else {
+            let pv = read::<F>(p.data());
+            let wd = F::of(wd);
+            g.iter_mut().zip(&pv).for_each(|(g, p)| *g += wd * *p);
+        }
+    }
+    let (b1, b2) = (F::of(o.betas.0), F::of(o.betas.1));
+    let one = F::one();
+    update::<F>(&s.exp_avg, |m| {
+        m.iter_mut()
+            .zip(&g)
+            .for_each(|(m, g)| *m += (*g - *m) * (one - b1))
+    })?;
+    update::<F>(&s.exp_avg_sq, |v| {
+        v.iter_mut()
+            .zip(&g)
+            .for_each(|(v, g)| *v = *v * b2 + (one - b2) * *g * *g)
+    })?;
+    let bc1 = 1.0 - o.betas.0.powf(s.step);
+    let bc2 = 1.0 - o.betas.1.powf(s.step);
+    let step_size = F::of(lr / bc1);
+    let bc2_sqrt = F::of(bc2.sqrt());
+    let eps = F::of(o.eps);
+    let m = read::<F>(&s.exp_avg);
+    let mut v = read::<F>(&s.exp_avg_sq);
+    if let Some(vmax) = &s.max_exp_avg_sq {
+        update::<F>(vmax, |mx| {
+            mx.iter_mut().zip(&v).for_each(|(mx, v)| *mx = mx.max(*v))
+        })?;
+        v = read::<F>(vmax);
+    }
+    update::<F>(p.data(), |pv| {
+        for ((p, m), v) in pv.iter_mut().zip(&m).zip(&v) {
+            *p -= step_size * *m / (v.sqrt() / bc2_sqrt + eps);
+        }
+    })
 }
 
 impl Optimizer for Adam {
@@ -212,7 +231,7 @@ impl Optimizer for Adam {
             return Ok(());
         }
         let s = match grad_scale {
-            Some(s) => Some(s.item_f64()? as f32),
+            Some(s) => Some(s.item_f64()?),
             None => None,
         };
         self.update(s)

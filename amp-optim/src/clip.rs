@@ -3,11 +3,12 @@
 use amp_autograd::Tensor;
 use amp_tensor::Tensor as Raw;
 
-use crate::update::update_f32;
+use crate::update::{computes_in_f64, update, Real};
 use crate::{Error, Result};
 
 /// Scale the gradients of `params` in place so their total `norm_type`-norm is at
-/// most `max_norm`; returns the total norm before clipping (a 0-dim float32 tensor).
+/// most `max_norm`; returns the total norm before clipping (a 0-dim tensor: float64 when
+/// every gradient is float64, else float32, in which the arithmetic is also done).
 /// As PyTorch: the coefficient is `max_norm / (total + 1e-6)` clamped to 1, and it is
 /// applied even when it is 1.
 pub fn clip_grad_norm_(
@@ -20,6 +21,19 @@ pub fn clip_grad_norm_(
     if grads.is_empty() {
         return Ok(Raw::scalar(0.0f32));
     }
+    if grads.iter().all(|g| computes_in_f64(g.dtype())) {
+        clip_norm_in::<f64>(&grads, max_norm, norm_type, error_if_nonfinite)
+    } else {
+        clip_norm_in::<f32>(&grads, max_norm, norm_type, error_if_nonfinite)
+    }
+}
+
+fn clip_norm_in<F: Real>(
+    grads: &[Tensor],
+    max_norm: f64,
+    norm_type: f64,
+    error_if_nonfinite: bool,
+) -> Result<Raw> {
     let norms: Vec<f64> = grads
         .iter()
         .map(|g| Ok(amp_kernels::norm(g.data(), norm_type, &[], false)?.item_f64()?))
@@ -28,27 +42,34 @@ pub fn clip_grad_norm_(
         norms.iter().cloned().fold(f64::NEG_INFINITY, f64::max)
     } else {
         let stacked = Raw::from_vec(
-            norms.iter().map(|&n| n as f32).collect::<Vec<_>>(),
+            norms.iter().map(|&n| F::of(n)).collect::<Vec<F>>(),
             [norms.len()],
         )?;
         amp_kernels::norm(&stacked, norm_type, &[], false)?.item_f64()?
     };
-    let total32 = total as f32;
-    if error_if_nonfinite && !total32.is_finite() {
+    let total = F::of(total);
+    if error_if_nonfinite && !total.is_finite() {
         return Err(Error::NonFiniteNorm { norm_type });
     }
-    let coef = ((max_norm as f32) / (total32 + 1e-6)).min(1.0);
-    for g in &grads {
-        update_f32(g.data(), |v| v.iter_mut().for_each(|x| *x *= coef))?;
+    let coef = (F::of(max_norm) / (total + F::of(1e-6))).min(F::one());
+    for g in grads {
+        update::<F>(g.data(), |v| v.iter_mut().for_each(|x| *x *= coef))?;
     }
-    Ok(Raw::scalar(total32))
+    Ok(Raw::scalar(total))
 }
 
 /// Clamp every gradient of `params` into `[-clip_value, clip_value]` in place.
 pub fn clip_grad_value_(params: &[Tensor], clip_value: f64) -> Result<()> {
-    let c = clip_value as f32;
     for g in params.iter().filter_map(|p| p.grad()) {
-        update_f32(g.data(), |v| v.iter_mut().for_each(|x| *x = x.clamp(-c, c)))?;
+        if computes_in_f64(g.dtype()) {
+            update::<f64>(g.data(), |v| {
+                v.iter_mut()
+                    .for_each(|x| *x = x.clamp(-clip_value, clip_value))
+            })?;
+        } else {
+            let c = clip_value as f32;
+            update::<f32>(g.data(), |v| v.iter_mut().for_each(|x| *x = x.clamp(-c, c)))?;
+        }
     }
     Ok(())
 }

@@ -9,7 +9,7 @@ use serde_json::json;
 use crate::optimizer::{
     check_groups, group_indices, OptimizerStateDict, ParamGroup, StateValue, TensorData,
 };
-use crate::update::{read_f32, update_f32};
+use crate::update::{computes_in_f64, read, update, Real};
 use crate::{Error, Optimizer, Result};
 
 /// SGD options (PyTorch's defaults: all zero / false).
@@ -84,42 +84,56 @@ impl Sgd {
     }
 }
 
+/// One parameter's SGD update in the compute type `F`.
+fn sgd_update<F: Real>(
+    p: &Tensor,
+    g: &Raw,
+    buf: &mut Option<Raw>,
+    o: SgdOptions,
+    lr: f64,
+) -> Result<()> {
+    let lr = F::of(lr);
+    let mut d = read::<F>(g);
+    if o.maximize {
+        d.iter_mut().for_each(|v| *v = -*v);
+    }
+    if o.weight_decay != 0.0 {
+        let wd = F::of(o.weight_decay);
+        let pv = read::<F>(p.data());
+        d.iter_mut().zip(&pv).for_each(|(d, p)| *d += wd * *p);
+    }
+    if o.momentum != 0.0 {
+        let (m, damp) = (F::of(o.momentum), F::of(1.0 - o.dampening));
+        match buf {
+            None => *buf = Some(Raw::from_vec(d.clone(), p.dims())?),
+            Some(b) => update::<F>(b, |b| {
+                b.iter_mut()
+                    .zip(&d)
+                    .for_each(|(b, d)| *b = *b * m + damp * *d)
+            })?,
+        }
+        let bv = read::<F>(buf.as_ref().expect("set above"));
+        if o.nesterov {
+            d.iter_mut().zip(&bv).for_each(|(d, b)| *d += m * *b);
+        } else {
+            d = bv;
+        }
+    }
+    update::<F>(p.data(), |pv| {
+        pv.iter_mut().zip(&d).for_each(|(p, d)| *p += -lr * *d)
+    })
+}
+
 impl Optimizer for Sgd {
     fn step(&mut self) -> Result<()> {
         for (group, bufs) in self.groups.iter().zip(self.momentum_buffers.iter_mut()) {
-            let o = group.options;
-            let lr = group.lr as f32;
             for (p, buf) in group.params.iter().zip(bufs.iter_mut()) {
                 let Some(g) = p.grad() else { continue };
-                let mut d = read_f32(g.data());
-                if o.maximize {
-                    d.iter_mut().for_each(|v| *v = -*v);
+                if computes_in_f64(p.dtype()) {
+                    sgd_update::<f64>(p, g.data(), buf, group.options, group.lr)?;
+                } else {
+                    sgd_update::<f32>(p, g.data(), buf, group.options, group.lr)?;
                 }
-                if o.weight_decay != 0.0 {
-                    let wd = o.weight_decay as f32;
-                    let pv = read_f32(p.data());
-                    d.iter_mut().zip(&pv).for_each(|(d, p)| *d += wd * p);
-                }
-                if o.momentum != 0.0 {
-                    let (m, damp) = (o.momentum as f32, 1.0 - o.dampening as f32);
-                    match buf {
-                        None => *buf = Some(Raw::from_vec(d.clone(), p.dims())?),
-                        Some(b) => update_f32(b, |b| {
-                            b.iter_mut()
-                                .zip(&d)
-                                .for_each(|(b, d)| *b = *b * m + damp * d)
-                        })?,
-                    }
-                    let bv = read_f32(buf.as_ref().expect("set above"));
-                    if o.nesterov {
-                        d.iter_mut().zip(&bv).for_each(|(d, b)| *d += m * b);
-                    } else {
-                        d = bv;
-                    }
-                }
-                update_f32(p.data(), |pv| {
-                    pv.iter_mut().zip(&d).for_each(|(p, d)| *p += -lr * d)
-                })?;
             }
         }
         Ok(())

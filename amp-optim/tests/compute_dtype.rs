@@ -1,0 +1,101 @@
+//! Updates run in the parameter's compute type: float64 parameters in float64 (state
+//! too), float32 ones in float32, each against a reference written here.
+
+use amp_autograd::Tensor;
+use amp_optim::{Adam, AdamOptions, Optimizer, Sgd, SgdOptions};
+use amp_tensor::{DType, Tensor as Raw};
+
+fn param<T: amp_tensor::Element>(v: Vec<T>) -> Tensor {
+    let n = v.len();
+    Tensor::parameter(Raw::from_vec(v, [n]).unwrap()).unwrap()
+}
+
+fn set_grad<T: amp_tensor::Element>(p: &Tensor, g: Vec<T>) {
+    let n = g.len();
+    p.set_grad(Some(Tensor::from_vec(g, [n]).unwrap())).unwrap();
+}
+
+const P0: [f64; 3] = [0.1, -0.7, 1.3];
+const G: [[f64; 3]; 3] = [[0.3, -0.2, 0.05], [1e-3, 0.4, -0.9], [0.25, 0.25, -1e-4]];
+
+#[test]
+fn sgd_with_momentum_in_float64() {
+    let p = param(P0.to_vec());
+    let o = SgdOptions {
+        momentum: 0.9,
+        dampening: 0.1,
+        weight_decay: 0.01,
+        nesterov: false,
+        maximize: false,
+    };
+    let mut opt = Sgd::new(vec![p.clone()], 0.1, o).unwrap();
+    let (mut want, mut buf) = (P0.to_vec(), None::<Vec<f64>>);
+    for g in G {
+        set_grad(&p, g.to_vec());
+        opt.step().unwrap();
+        let d: Vec<f64> = g.iter().zip(&want).map(|(g, p)| g + 0.01 * p).collect();
+        let b = match buf {
+            None => d,
+            Some(b) => b
+                .iter()
+                .zip(&d)
+                .map(|(b, d)| b * 0.9 + (1.0 - 0.1) * d)
+                .collect(),
+        };
+        want.iter_mut().zip(&b).for_each(|(p, b)| *p += -0.1 * b);
+        buf = Some(b);
+        assert_eq!(p.dtype(), DType::F64);
+        assert_eq!(p.to_vec::<f64>().unwrap(), want);
+    }
+}
+
+/// Adam's update as the optimizer writes it, in the compute type `F`.
+fn adam_reference<F: num_traits::Float + std::ops::AddAssign>(lr: f64, of: fn(f64) -> F) -> Vec<F> {
+    let (b1, b2, eps) = (0.9f64, 0.999f64, 1e-8f64);
+    let mut p: Vec<F> = P0.iter().map(|&v| of(v)).collect();
+    let (mut m, mut v) = (vec![F::zero(); 3], vec![F::zero(); 3]);
+    for (k, g) in G.iter().enumerate() {
+        let step = (k + 1) as f64;
+        for i in 0..3 {
+            let g = of(g[i]);
+            let mi = m[i];
+            m[i] += (g - mi) * (F::one() - of(b1));
+            v[i] = v[i] * of(b2) + (F::one() - of(b2)) * g * g;
+            let step_size = of(lr / (1.0 - b1.powf(step)));
+            let bc2_sqrt = of((1.0 - b2.powf(step)).sqrt());
+            p[i] = p[i] - step_size * m[i] / (v[i].sqrt() / bc2_sqrt + of(eps));
+        }
+    }
+    p
+}
+
+#[test]
+fn adam_in_float64_and_float32() {
+    let p64 = param(P0.to_vec());
+    let p32 = param(P0.iter().map(|&v| v as f32).collect());
+    let mut opt = Adam::new(vec![p64.clone(), p32.clone()], 1e-2, AdamOptions::default()).unwrap();
+    for g in G {
+        set_grad(&p64, g.to_vec());
+        set_grad(&p32, g.iter().map(|&v| v as f32).collect());
+        opt.step().unwrap();
+    }
+    assert_eq!(
+        p64.to_vec::<f64>().unwrap(),
+        adam_reference::<f64>(1e-2, |v| v)
+    );
+    assert_eq!(
+        p32.to_vec::<f32>().unwrap(),
+        adam_reference::<f32>(1e-2, |v| v as f32)
+    );
+    // float64 state for the float64 parameter, float32 for the float32 one
+    let sd = opt.state_dict();
+    let dtypes: Vec<String> = sd
+        .state
+        .values()
+        .map(|m| match m.get("exp_avg") {
+            Some(amp_optim::StateValue::Tensor(t)) => t.to_raw().unwrap().dtype().to_string(),
+            other => panic!("exp_avg missing: {other:?}"),
+        })
+        .collect();
+    assert_eq!(dtypes, ["float64", "float32"]);
+}

@@ -1,0 +1,106 @@
+//! A run stopped at a checkpoint and resumed from it continues bit for bit: model
+//! (safetensors), optimizer state (Adam moments, step counts) and scaler state (scale,
+//! growth tracker) all come back exactly.
+
+use amp::checkpoint;
+use amp::prelude::*;
+
+struct Run {
+    model: Sequential,
+    opt: Adam,
+    scaler: GradScaler,
+}
+
+fn fresh(seed: u64) -> Run {
+    let mut gen = Generator::new(seed);
+    let model = Sequential::new()
+        .add(Linear::new(6, 16, &mut gen).unwrap())
+        .add(Tanh)
+        .add(Linear::new(16, 3, &mut gen).unwrap());
+    let opt = Adam::new(model.parameters(), 1e-2, AdamOptions::default()).unwrap();
+    // Small growth interval and a huge initial scale: the scale both backs off (inf
+    // gradients in bfloat16 are impossible, so an inf is injected below) and grows.
+    let scaler = GradScaler::with_options(
+        GradScalerOptions::default()
+            .init_scale(2f64.powi(20))
+            .growth_interval(3),
+    )
+    .unwrap();
+    Run { model, opt, scaler }
+}
+
+/// The batch of step `i`; step 4 carries an infinite input, so its step is skipped.
+fn batch(i: usize) -> (Tensor, Tensor) {
+    let mut gen = Generator::new(100 + i as u64);
+    let mut x = Tensor::randn([8, 6], DType::F32, &mut gen).unwrap();
+    if i == 4 {
+        let mut v = x.to_vec::<f32>().unwrap();
+        v[5] = f32::INFINITY;
+        x = Tensor::from_vec(v, [8, 6]).unwrap();
+    }
+    let y = Tensor::randn([8, 3], DType::F32, &mut gen).unwrap();
+    (x, y)
+}
+
+fn step(run: &mut Run, i: usize) {
+    let (x, y) = batch(i);
+    run.opt.zero_grad();
+    let loss = autocast(DeviceType::Cpu, DType::BF16, || {
+        ops::mse_loss(&run.model.forward(&x)?, &y, Reduction::Mean)
+    })
+    .unwrap()
+    .unwrap();
+    run.scaler.scale(&loss).unwrap().backward().unwrap();
+    run.scaler.step(&mut run.opt).unwrap();
+    run.scaler.update().unwrap();
+}
+
+fn bits(run: &Run) -> Vec<Vec<u32>> {
+    run.model
+        .parameters()
+        .iter()
+        .map(|p| {
+            p.to_vec::<f32>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn resumed_run_continues_bit_for_bit() {
+    let (total, stop) = (10, 6);
+    let mut straight = fresh(7);
+    for i in 0..total {
+        step(&mut straight, i);
+    }
+
+    let dir = std::env::temp_dir().join(format!("amp-ckpt-test-{}", std::process::id()));
+    let mut first = fresh(7);
+    for i in 0..stop {
+        step(&mut first, i);
+    }
+    checkpoint::save(&dir, &first.model, &first.opt, &first.scaler).unwrap();
+    drop(first);
+
+    // A different seed: everything that matters must come from the checkpoint.
+    let mut resumed = fresh(99);
+    checkpoint::load(&dir, &resumed.model, &mut resumed.opt, &mut resumed.scaler).unwrap();
+    for i in stop..total {
+        step(&mut resumed, i);
+    }
+    std::fs::remove_dir_all(&dir).ok();
+
+    assert_eq!(bits(&resumed), bits(&straight));
+    assert_eq!(resumed.scaler.get_scale(), straight.scaler.get_scale());
+    assert_eq!(
+        resumed.scaler.state_dict_json(),
+        straight.scaler.state_dict_json()
+    );
+    assert_eq!(
+        serde_json::to_string(&resumed.opt.state_dict()).unwrap(),
+        serde_json::to_string(&straight.opt.state_dict()).unwrap()
+    );
+}
