@@ -12,7 +12,7 @@ use amp_kernels::{DimWindows, GridMode, GridPadding, PadMode, PoolParams};
 use amp_tensor::{DType, Generator, Tensor as Raw};
 
 use super::enter;
-use super::pointwise::{add, mul, sub};
+use super::pointwise::{add, link_zero, mul, sub};
 use super::shape::{select, unsqueeze};
 use crate::dispatch::OpName;
 use crate::graph::{needs_grad, record};
@@ -84,14 +84,27 @@ fn plane_scatter_add(g: &Tensor, idx: &Raw, input: &[usize]) -> Result<Tensor> {
     }))
 }
 
-/// Average over `geo`'s windows; backward: [`avg_windows_t`].
-fn avg_windows(x: &Tensor, geo: &[DimWindows], div: Option<f64>, name: &'static str) -> Result<Tensor> {
+/// Average over `geo`'s windows; backward: [`avg_windows_t`]. With `link`, the gradient
+/// is recorded as depending on `x` with a zero derivative (PyTorch's
+/// `avg_pool2d_backward(grad, self, ...)` takes `self`), so double backward gives zeros.
+fn avg_windows(
+    x: &Tensor,
+    geo: &[DimWindows],
+    div: Option<f64>,
+    name: &'static str,
+    link: bool,
+) -> Result<Tensor> {
     let out = amp_kernels::avg_pool_windows(name, x.data(), geo, div)?;
     let n = geo.len();
     let input = x.dims()[x.rank() - n..].to_vec();
     let geo = geo.to_vec();
+    let xs = link.then(|| x.clone());
     Ok(record(out, "AvgPoolBackward0", &[x], move |g| {
-        Ok(vec![Some(avg_windows_t(g, &input, &geo, div, name)?)])
+        let gi = avg_windows_t(g, &input, &geo, div, name)?;
+        Ok(vec![Some(match &xs {
+            Some(x) => link_zero(gi, x),
+            None => gi,
+        })])
     }))
 }
 
@@ -106,7 +119,7 @@ fn avg_windows_t(
     let out = amp_kernels::avg_pool_windows_backward(name, g.data(), input, geo, div)?;
     let geo = geo.to_vec();
     Ok(record(out, "AvgPoolBackwardBackward0", &[g], move |gg| {
-        Ok(vec![Some(avg_windows(gg, &geo, div, name)?)])
+        Ok(vec![Some(avg_windows(gg, &geo, div, name, false)?)])
     }))
 }
 
@@ -114,8 +127,10 @@ fn avg_windows_t(
 fn max_by_indices(x: &Tensor, vals: Raw, idx: Raw, n: usize, name: &'static str) -> (Tensor, Tensor) {
     let input = x.dims()[x.rank() - n..].to_vec();
     let saved = idx.clone();
+    let xs = x.clone();
+    // PyTorch's backward takes `self`: link it (zero derivative) for double backward.
     let out = record(vals, name, &[x], move |g| {
-        Ok(vec![Some(plane_scatter_add(g, &saved, &input)?)])
+        Ok(vec![Some(link_zero(plane_scatter_add(g, &saved, &input)?, &xs))])
     });
     (out, Tensor::from_raw(idx))
 }
@@ -246,7 +261,7 @@ pub fn avg_pool_nd(
     let sp = spatial(op, &x, n)?;
     let p = params(op, n, kernel_size, stride, padding, &[1], ceil_mode)?;
     let geo = p.windows(op, &sp, Some(count_include_pad))?;
-    avg_windows(&x, &geo, divisor_override.map(|d| d as f64), op)
+    avg_windows(&x, &geo, divisor_override.map(|d| d as f64), op, true)
 }
 
 /// `torch.nn.functional.avg_pool1d`.
@@ -320,7 +335,7 @@ pub fn adaptive_avg_pool_nd(x: &Tensor, n: usize, output_size: &[Option<usize>])
         .zip(&os)
         .map(|(&i, &o)| amp_kernels::adaptive_windows(i, o))
         .collect();
-    avg_windows(&x, &geo, None, op)
+    avg_windows(&x, &geo, None, op, true)
 }
 
 /// `adaptive_max_pool{n}d`: `(values, indices)` over the adaptive windows.
@@ -541,8 +556,14 @@ pub fn pad(x: &Tensor, pad: &[i64], mode: &str, value: Option<f64>) -> Result<Te
         PadMode::Replicate => "ReplicationPadBackward0",
         PadMode::Circular => "CircularPadBackward0",
     };
+    // reflection / replication backward take `self` in PyTorch: link it (zero derivative).
+    let xs = matches!(mode, PadMode::Reflect | PadMode::Replicate).then(|| x.clone());
     Ok(record(out, bw, &[&x], move |g| {
-        Ok(vec![Some(plane_scatter_add(g, &idx, &input)?)])
+        let gi = plane_scatter_add(g, &idx, &input)?;
+        Ok(vec![Some(match &xs {
+            Some(x) => link_zero(gi, x),
+            None => gi,
+        })])
     }))
 }
 
