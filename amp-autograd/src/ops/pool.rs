@@ -8,7 +8,9 @@
 //! built from differentiable gathers weighted by differentiable functions of the grid, so
 //! both the input and the grid get first- and second-order gradients.
 
-use amp_kernels::{DimWindows, GridMode, GridPadding, PadMode, PoolParams};
+use amp_kernels::{DimWindows, PadMode, PoolParams};
+
+pub use amp_kernels::{GridMode, GridPadding};
 use amp_tensor::{DType, Generator, Tensor as Raw};
 
 use super::enter;
