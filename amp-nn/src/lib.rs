@@ -23,8 +23,10 @@ mod init;
 mod layers;
 mod loss;
 mod module;
+mod pool;
 
 pub use init::{kaiming_normal, kaiming_uniform_default, uniform, xavier_uniform};
 pub use layers::{Dropout, LayerNorm, Linear, ReLU, Sequential, Sigmoid, Tanh, GELU};
 pub use loss::{BCEWithLogitsLoss, CrossEntropyLoss, MSELoss};
 pub use module::{prefixed, Module};
+pub use pool::*;

@@ -7,6 +7,7 @@ mod loss;
 mod matmul;
 mod nn;
 mod pointwise;
+mod pool;
 mod reduce;
 mod shape;
 
@@ -15,6 +16,7 @@ pub use loss::*;
 pub use matmul::*;
 pub use nn::*;
 pub use pointwise::*;
+pub use pool::*;
 pub use reduce::*;
 pub use shape::*;
 

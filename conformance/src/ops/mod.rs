@@ -27,6 +27,7 @@
 mod conv;
 mod extra;
 mod linalg;
+mod pool;
 
 use amp::autograd::{ops, Reduction, Tensor};
 use amp::tensor::{DType, Scalar};
@@ -881,6 +882,7 @@ pub fn table() -> OpTable<BuiltinTensor> {
     conv::register(&mut t);
     extra::register(&mut t);
     linalg::register(&mut t);
+    pool::register(&mut t);
     t
 }
 

@@ -1,0 +1,315 @@
+//! Grid sampling (`torch.nn.functional.grid_sample`), 2-d and 3-d, bilinear and nearest,
+//! with zeros / border / reflection padding and both `align_corners` conventions.
+//!
+//! [`grid_sample_plan`] turns a grid into, per output point, the flat input positions of
+//! its corners (`-1` outside) with their weights, plus the source coordinates and their
+//! derivatives with respect to the grid; [`grid_sample`] applies a plan to every channel.
+//! The autograd op builds its differentiable form from the same plan.
+
+use std::str::FromStr;
+
+use amp_tensor::{cast_into, cast_slice, Error, Result, Tensor};
+use num_traits::{One, Zero};
+use rayon::prelude::*;
+
+use crate::compute::{with_slice, Real};
+
+/// Interpolation mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GridMode {
+    /// (Tri)linear interpolation of the `2^n` corners.
+    Bilinear,
+    /// The nearest input position (ties to even).
+    Nearest,
+}
+
+/// What out-of-range coordinates read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GridPadding {
+    /// Zero outside the input.
+    Zeros,
+    /// Coordinates clipped to the border.
+    Border,
+    /// Coordinates reflected at the border, then clipped.
+    Reflection,
+}
+
+impl FromStr for GridMode {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<GridMode> {
+        match s {
+            "bilinear" => Ok(GridMode::Bilinear),
+            "nearest" => Ok(GridMode::Nearest),
+            other => Err(Error::invalid(
+                "grid_sample",
+                format!("nn.functional.grid_sample(): mode '{other}' is not supported (bilinear, nearest)"),
+            )),
+        }
+    }
+}
+
+impl FromStr for GridPadding {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<GridPadding> {
+        match s {
+            "zeros" => Ok(GridPadding::Zeros),
+            "border" => Ok(GridPadding::Border),
+            "reflection" => Ok(GridPadding::Reflection),
+            other => Err(Error::invalid(
+                "grid_sample",
+                format!("nn.functional.grid_sample(): expected padding_mode to be 'zeros', 'border', or 'reflection', but got: '{other}'"),
+            )),
+        }
+    }
+}
+
+/// The sampling plan of a grid (see the module docs). `K` is `2^n` (bilinear) or 1.
+#[derive(Clone, Debug)]
+pub struct GridPlan {
+    /// int64 `[N, K, out...]`: flat input position of each corner, `-1` outside.
+    pub index: Tensor,
+    /// `[N, K, out...]` (the compute dtype: f32 or f64): each corner's weight.
+    pub weight: Tensor,
+    /// `[N, n, out...]`: source coordinate per dim (grid order: x, y, z).
+    pub coord: Tensor,
+    /// `[N, n, out...]`: derivative of each source coordinate w.r.t. its grid value.
+    pub mult: Tensor,
+    /// `[N, n, out...]`: the floor of each source coordinate (bilinear) or the rounded one.
+    pub base: Tensor,
+}
+
+/// PyTorch's `reflect_coordinates` with the derivative sign.
+fn reflect<C: Real>(x: C, twice_low: i64, twice_high: i64) -> (C, C) {
+    if twice_low == twice_high {
+        return (C::zero(), C::zero());
+    }
+    let min = C::from_f64c(twice_low as f64 / 2.0);
+    let span = C::from_f64c((twice_high - twice_low) as f64 / 2.0);
+    let mut v = x - min;
+    let mut sign = C::one();
+    if v < C::zero() {
+        sign = -C::one();
+        v = -v;
+    }
+    let extra = v % span;
+    let flips = (v / span).floor();
+    if flips.to_f64c().rem_euclid(2.0) == 0.0 {
+        (extra + min, sign)
+    } else {
+        (span - extra + min, -sign)
+    }
+}
+
+/// Clip to `[0, size - 1]` with the derivative (0 at and beyond the bounds).
+fn clip<C: Real>(x: C, size: usize) -> (C, C) {
+    let hi = C::from_f64c(size as f64 - 1.0);
+    if x <= C::zero() {
+        (C::zero(), C::zero())
+    } else if x >= hi {
+        (hi, C::zero())
+    } else {
+        (x, C::one())
+    }
+}
+
+/// The source coordinate of grid value `g` along a dim of `size`, and its derivative.
+fn source<C: Real>(g: C, size: usize, padding: GridPadding, align: bool) -> (C, C) {
+    let s = C::from_f64c(size as f64);
+    let one = C::one();
+    let two = one + one;
+    let (mut x, mut m) = if align {
+        ((g + one) / two * (s - one), (s - one) / two)
+    } else {
+        (((g + one) * s - one) / two, s / two)
+    };
+    match padding {
+        GridPadding::Zeros => {}
+        GridPadding::Border => {
+            let (c, d) = clip(x, size);
+            x = c;
+            m = m * d;
+        }
+        GridPadding::Reflection => {
+            let (r, d) = if align {
+                reflect(x, 0, 2 * (size as i64 - 1))
+            } else {
+                reflect(x, -1, 2 * size as i64 - 1)
+            };
+            let (c, d2) = clip(r, size);
+            x = c;
+            m = m * d * d2;
+        }
+    }
+    (x, m)
+}
+
+fn check(input: &[usize], grid: &Tensor) -> Result<(usize, usize, Vec<usize>)> {
+    let op = "grid_sample";
+    let gd = grid.dims();
+    if !(gd.len() == 4 || gd.len() == 5) || input.len() != gd.len() || gd[gd.len() - 1] != gd.len() - 2 {
+        return Err(Error::invalid(
+            op,
+            format!("grid_sampler(): expected 4D or 5D input and grid with same number of dimensions, and grid of shape [N, ..., {}], but got input with sizes {input:?} and grid with sizes {gd:?}", gd.len().saturating_sub(2)),
+        ));
+    }
+    if input[0] != gd[0] {
+        return Err(Error::invalid(
+            op,
+            format!("grid_sampler(): expected grid and input to have same batch size, but got input with sizes {input:?} and grid with sizes {gd:?}"),
+        ));
+    }
+    if input[2..].contains(&0) {
+        return Err(Error::invalid(
+            op,
+            format!("grid_sampler(): expected input to have non-empty spatial dimensions, but input has sizes {input:?}"),
+        ));
+    }
+    let n = gd.len() - 2;
+    Ok((gd[0], n, gd[1..=n].to_vec()))
+}
+
+/// The sampling plan of `grid` (`[N, out..., n]`) over an input of dims `input`
+/// (`[N, C, in...]`).
+pub fn grid_sample_plan(
+    input: &[usize],
+    grid: &Tensor,
+    mode: GridMode,
+    padding: GridPadding,
+    align_corners: bool,
+) -> Result<GridPlan> {
+    let op = "grid_sample";
+    crate::ensure_float(op, grid)?;
+    let (nb, n, out_sp) = check(input, grid)?;
+    let pts: usize = out_sp.iter().product();
+    // Sizes in grid order (x: last input dim).
+    let sizes: Vec<usize> = (0..n).map(|d| input[input.len() - 1 - d]).collect();
+    let k = match mode {
+        GridMode::Bilinear => 1usize << n,
+        GridMode::Nearest => 1,
+    };
+    let shape = |m: usize| {
+        let mut s = vec![nb, m];
+        s.extend(&out_sp);
+        s
+    };
+    float_kernel!(grid.dtype(), op, |T, C| {
+        let g: Vec<C> = with_slice::<T, _>(grid, |gs| {
+            let mut b = vec![C::zero(); gs.len()];
+            cast_into(gs, &mut b);
+            b
+        });
+        let mut index = vec![-1i64; nb * k * pts];
+        let mut weight = vec![C::zero(); nb * k * pts];
+        let mut coord = vec![C::zero(); nb * n * pts];
+        let mut mult = vec![C::zero(); nb * n * pts];
+        let mut base = vec![C::zero(); nb * n * pts];
+        for b in 0..nb {
+            for p in 0..pts {
+                let gp = &g[(b * pts + p) * n..][..n];
+                let mut lo = [0i64; 3];
+                let mut t = [C::zero(); 3];
+                let mut finite = true;
+                for d in 0..n {
+                    let (x, m) = source(gp[d], sizes[d], padding, align_corners);
+                    let at = (b * n + d) * pts + p;
+                    coord[at] = x;
+                    mult[at] = m;
+                    if !x.is_finite() {
+                        finite = false;
+                        base[at] = x;
+                        continue;
+                    }
+                    let f = match mode {
+                        GridMode::Bilinear => x.floor(),
+                        GridMode::Nearest => C::from_f64c(x.to_f64c().round_ties_even()),
+                    };
+                    base[at] = f;
+                    lo[d] = f.to_f64c() as i64;
+                    t[d] = x - f;
+                }
+                if !finite {
+                    continue;
+                }
+                for c in 0..k {
+                    let mut flat = 0i64;
+                    let mut inside = true;
+                    let mut w = C::one();
+                    // Flat position: dims from the outermost (z or y) to x.
+                    for d in (0..n).rev() {
+                        let bit = (c >> d) & 1;
+                        let pos = lo[d] + bit as i64;
+                        inside &= pos >= 0 && pos < sizes[d] as i64;
+                        flat = flat * sizes[d] as i64 + pos;
+                        if mode == GridMode::Bilinear {
+                            w = w * if bit == 1 { t[d] } else { C::one() - t[d] };
+                        }
+                    }
+                    let at = (b * k + c) * pts + p;
+                    if inside {
+                        index[at] = flat;
+                    }
+                    weight[at] = w;
+                }
+            }
+        }
+        let mk = |v: Vec<C>, m: usize| Tensor::from_vec(v, shape(m));
+        Ok(GridPlan {
+            index: Tensor::from_vec(index, shape(k))?,
+            weight: mk(weight, k)?,
+            coord: mk(coord, n)?,
+            mult: mk(mult, n)?,
+            base: mk(base, n)?,
+        })
+    })
+}
+
+/// `grid_sample(input, grid)`: `input` `[N, C, in...]`, `grid` `[N, out..., n]` with
+/// `n` = 2 or 3; the result `[N, C, out...]` has `input`'s dtype (both must match).
+pub fn grid_sample(
+    input: &Tensor,
+    grid: &Tensor,
+    mode: GridMode,
+    padding: GridPadding,
+    align_corners: bool,
+) -> Result<Tensor> {
+    let op = "grid_sample";
+    crate::ensure_float(op, input)?;
+    if input.dtype() != grid.dtype() {
+        return Err(Error::invalid(
+            op,
+            format!("grid_sampler(): expected input and grid to have the same dtype, but input has {} and grid has {}", input.dtype(), grid.dtype()),
+        ));
+    }
+    let plan = grid_sample_plan(input.dims(), grid, mode, padding, align_corners)?;
+    let (nb, ch) = (input.dims()[0], input.dims()[1]);
+    let in_len: usize = input.dims()[2..].iter().product();
+    let out_sp = &grid.dims()[1..grid.rank() - 1];
+    let pts: usize = out_sp.iter().product();
+    let k = plan.index.dims()[1];
+    let idx: Vec<i64> = plan.index.to_vec_as();
+    let mut out_dims = vec![nb, ch];
+    out_dims.extend(out_sp);
+    float_kernel!(input.dtype(), op, |T, C| {
+        let w: Vec<C> = plan.weight.to_vec_as();
+        with_slice::<T, _>(input, |xs| {
+            let mut out = vec![C::zero(); nb * ch * pts];
+            if pts > 0 && in_len > 0 {
+                out.par_chunks_mut(pts).enumerate().for_each(|(plane, o)| {
+                    let b = plane / ch;
+                    let mut buf = vec![C::zero(); in_len];
+                    cast_into(&xs[plane * in_len..][..in_len], &mut buf);
+                    for c in 0..k {
+                        let ri = &idx[(b * k + c) * pts..][..pts];
+                        let rw = &w[(b * k + c) * pts..][..pts];
+                        for ((ov, &i), &wv) in o.iter_mut().zip(ri).zip(rw) {
+                            if i >= 0 {
+                                *ov = *ov + wv * buf[i as usize];
+                            }
+                        }
+                    }
+                });
+            }
+            Tensor::from_vec(cast_slice::<C, T>(&out), out_dims.clone())
+        })
+    })
+}
