@@ -19,14 +19,22 @@
 //! # }
 //! ```
 
+mod extra;
 mod init;
 mod layers;
 mod loss;
 mod module;
 mod pool;
+mod rnn;
 
+pub use extra::{
+    Bilinear, CTCLoss, CosineEmbeddingLoss, GroupNorm, HingeEmbeddingLoss, KLDivLoss,
+    MarginRankingLoss, MultiLabelMarginLoss, MultiMarginLoss, PReLU, PoissonNLLLoss,
+    SoftMarginLoss, TripletMarginLoss,
+};
 pub use init::{kaiming_normal, kaiming_uniform_default, uniform, xavier_uniform};
 pub use layers::{Dropout, LayerNorm, Linear, ReLU, Sequential, Sigmoid, Tanh, GELU};
 pub use loss::{BCEWithLogitsLoss, CrossEntropyLoss, MSELoss};
 pub use module::{prefixed, Module};
 pub use pool::*;
+pub use rnn::{CellParams, GRUCell, LSTMCell, RNNCell};

@@ -3,21 +3,29 @@
 //! `create_graph` gives higher-order gradients).
 
 mod cast;
+mod distance;
 mod loss;
+mod loss_extra;
 mod matmul;
 mod nn;
+mod nn_extra;
 mod pointwise;
 mod pool;
 mod reduce;
+mod rnn;
 mod shape;
 
 pub use cast::*;
+pub use distance::*;
 pub use loss::*;
+pub use loss_extra::*;
 pub use matmul::*;
 pub use nn::*;
+pub use nn_extra::*;
 pub use pointwise::*;
 pub use pool::*;
 pub use reduce::*;
+pub use rnn::*;
 pub use shape::*;
 
 use crate::dispatch::{dispatch, CallKind, OpName};

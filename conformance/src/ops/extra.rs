@@ -1,7 +1,415 @@
 //! Op-table entries: Recurrent cells, the remaining losses, distances, norms and promote-list ops.
 
-use super::BuiltinTensor;
+use amp::autograd::ops::{self, CdistMode, KlDivReduction, TensordotDims};
+use amp::autograd::Tensor;
+
+use super::{bind, err, legacy_reduction, one, BuiltinTensor, Bound, A, K, R};
+use crate::args::{Arg, Output};
 use crate::optable::OpTable;
 
+type Cell = fn(
+    &Tensor,
+    &Tensor,
+    &Tensor,
+    &Tensor,
+    Option<&Tensor>,
+    Option<&Tensor>,
+) -> amp::autograd::Result<Tensor>;
+
+/// The parameters of `torch.rnn_tanh_cell`-style calls.
+const CELL: [&str; 6] = ["input", "hx", "w_ih", "w_hh", "b_ih", "b_hh"];
+
+/// `torch.rnn_tanh_cell` / `rnn_relu_cell` / `gru_cell`:
+/// `(input, hx, w_ih, w_hh, b_ih=None, b_hh=None)`.
+fn cell(f: Cell) -> impl Fn(&[A], &K) -> R + Send + Sync + 'static {
+    move |args, kwargs| {
+        let b = bind(args, kwargs, &CELL, &[])?;
+        one(f(
+            b.tensor("input")?,
+            b.tensor("hx")?,
+            b.tensor("w_ih")?,
+            b.tensor("w_hh")?,
+            b.opt_tensor("b_ih")?,
+            b.opt_tensor("b_hh")?,
+        ))
+    }
+}
+
+/// A list of ints given as a list, a tuple, one int, or an integer tensor
+/// (`input_lengths` of `ctc_loss`).
+fn lengths(b: &Bound<'_>, name: &str) -> Result<Vec<usize>, String> {
+    let v: Vec<i64> = match b.req(name)? {
+        Arg::Tensor(t) => {
+            if t.dtype().is_floating_point() {
+                return Err(format!("`{name}`: expected an integer tensor"));
+            }
+            t.to_vec_f64().into_iter().map(|x| x as i64).collect()
+        }
+        a => a.ints().map_err(|e| format!("`{name}`: {e}"))?,
+    };
+    v.into_iter()
+        .map(|x| usize::try_from(x).map_err(|_| format!("`{name}`: negative length {x}")))
+        .collect()
+}
+
+/// The standard tail of a loss signature, after its own parameters.
+const LEGACY: [&str; 3] = ["size_average", "reduce", "reduction"];
+
+fn with_legacy(own: &[&'static str]) -> Vec<&'static str> {
+    own.iter().chain(&LEGACY).copied().collect()
+}
+
 /// Adds this area's entries to the table.
-pub(super) fn register(_t: &mut OpTable<BuiltinTensor>) {}
+pub(super) fn register(t: &mut OpTable<BuiltinTensor>) {
+    // ----- recurrent cells ------------------------------------------------------------------
+    t.insert("torch.rnn_tanh_cell", cell(ops::rnn_tanh_cell));
+    t.insert("torch.rnn_relu_cell", cell(ops::rnn_relu_cell));
+    t.insert("torch.gru_cell", cell(ops::gru_cell));
+    t.insert("torch.lstm_cell", |args, kwargs| {
+        let b = bind(args, kwargs, &CELL, &[])?;
+        let hx = b.tensors("hx")?;
+        if hx.len() != 2 {
+            return Err(format!(
+                "`hx`: lstm_cell expects two hidden states (h, c), got {}",
+                hx.len()
+            ));
+        }
+        let (h, c) = ops::lstm_cell(
+            b.tensor("input")?,
+            (&hx[0], &hx[1]),
+            b.tensor("w_ih")?,
+            b.tensor("w_hh")?,
+            b.opt_tensor("b_ih")?,
+            b.opt_tensor("b_hh")?,
+        )
+        .map_err(err)?;
+        Ok(Output::Tensors(vec![h, c]))
+    });
+
+    // ----- losses -------------------------------------------------------------------------
+    t.insert("torch.nn.functional.kl_div", |args, kwargs| {
+        let b = bind(
+            args,
+            kwargs,
+            &[
+                "input",
+                "target",
+                "size_average",
+                "reduce",
+                "reduction",
+                "log_target",
+            ],
+            &[],
+        )?;
+        legacy_reduction(&b)?;
+        let reduction: KlDivReduction = b.str_or("reduction", "mean")?.parse().map_err(err)?;
+        one(ops::kl_div(
+            b.tensor("input")?,
+            b.tensor("target")?,
+            reduction,
+            b.bool_or("log_target", false)?,
+        ))
+    });
+    t.insert("torch.nn.functional.poisson_nll_loss", |args, kwargs| {
+        let b = bind(
+            args,
+            kwargs,
+            &[
+                "input",
+                "target",
+                "log_input",
+                "full",
+                "size_average",
+                "eps",
+                "reduce",
+                "reduction",
+            ],
+            &[],
+        )?;
+        legacy_reduction(&b)?;
+        one(ops::poisson_nll_loss(
+            b.tensor("input")?,
+            b.tensor("target")?,
+            b.bool_or("log_input", true)?,
+            b.bool_or("full", false)?,
+            b.f64_or("eps", 1e-8)?,
+            b.reduction("reduction")?,
+        ))
+    });
+    t.insert("torch.nn.functional.hinge_embedding_loss", |args, kwargs| {
+        let b = bind(args, kwargs, &with_legacy(&["input", "target", "margin"]), &[])?;
+        legacy_reduction(&b)?;
+        one(ops::hinge_embedding_loss(
+            b.tensor("input")?,
+            b.tensor("target")?,
+            b.f64_or("margin", 1.0)?,
+            b.reduction("reduction")?,
+        ))
+    });
+    t.insert("torch.nn.functional.margin_ranking_loss", |args, kwargs| {
+        let b = bind(
+            args,
+            kwargs,
+            &with_legacy(&["input1", "input2", "target", "margin"]),
+            &[],
+        )?;
+        legacy_reduction(&b)?;
+        one(ops::margin_ranking_loss(
+            b.tensor("input1")?,
+            b.tensor("input2")?,
+            b.tensor("target")?,
+            b.f64_or("margin", 0.0)?,
+            b.reduction("reduction")?,
+        ))
+    });
+    t.insert("torch.nn.functional.soft_margin_loss", |args, kwargs| {
+        let b = bind(args, kwargs, &with_legacy(&["input", "target"]), &[])?;
+        legacy_reduction(&b)?;
+        one(ops::soft_margin_loss(
+            b.tensor("input")?,
+            b.tensor("target")?,
+            b.reduction("reduction")?,
+        ))
+    });
+    // Serves `multilabel_margin_loss` and the ATen op behind it,
+    // `multilabel_margin_loss_forward`.
+    t.insert("torch.nn.functional.multilabel_margin_loss", |args, kwargs| {
+        let b = bind(args, kwargs, &with_legacy(&["input", "target"]), &[])?;
+        legacy_reduction(&b)?;
+        one(ops::multilabel_margin_loss(
+            b.tensor("input")?,
+            b.tensor("target")?,
+            b.reduction("reduction")?,
+        ))
+    });
+    t.insert("torch.nn.functional.multi_margin_loss", |args, kwargs| {
+        let b = bind(
+            args,
+            kwargs,
+            &with_legacy(&["input", "target", "p", "margin", "weight"]),
+            &[],
+        )?;
+        legacy_reduction(&b)?;
+        one(ops::multi_margin_loss(
+            b.tensor("input")?,
+            b.tensor("target")?,
+            b.int_or("p", 1)?,
+            b.f64_or("margin", 1.0)?,
+            b.opt_tensor("weight")?,
+            b.reduction("reduction")?,
+        ))
+    });
+    t.insert("torch.nn.functional.cosine_embedding_loss", |args, kwargs| {
+        let b = bind(
+            args,
+            kwargs,
+            &with_legacy(&["input1", "input2", "target", "margin"]),
+            &[],
+        )?;
+        legacy_reduction(&b)?;
+        one(ops::cosine_embedding_loss(
+            b.tensor("input1")?,
+            b.tensor("input2")?,
+            b.tensor("target")?,
+            b.f64_or("margin", 0.0)?,
+            b.reduction("reduction")?,
+        ))
+    });
+    t.insert("torch.nn.functional.triplet_margin_loss", |args, kwargs| {
+        let b = bind(
+            args,
+            kwargs,
+            &with_legacy(&["anchor", "positive", "negative", "margin", "p", "eps", "swap"]),
+            &[],
+        )?;
+        legacy_reduction(&b)?;
+        one(ops::triplet_margin_loss(
+            b.tensor("anchor")?,
+            b.tensor("positive")?,
+            b.tensor("negative")?,
+            b.f64_or("margin", 1.0)?,
+            b.f64_or("p", 2.0)?,
+            b.f64_or("eps", 1e-6)?,
+            b.bool_or("swap", false)?,
+            b.reduction("reduction")?,
+        ))
+    });
+    t.insert("torch.nn.functional.ctc_loss", |args, kwargs| {
+        let b = bind(
+            args,
+            kwargs,
+            &[
+                "log_probs",
+                "targets",
+                "input_lengths",
+                "target_lengths",
+                "blank",
+                "reduction",
+                "zero_infinity",
+            ],
+            &[],
+        )?;
+        let blank = b.int_or("blank", 0)?;
+        let blank = usize::try_from(blank).map_err(|_| format!("`blank`: negative {blank}"))?;
+        one(ops::ctc_loss(
+            b.tensor("log_probs")?,
+            b.tensor("targets")?,
+            &lengths(&b, "input_lengths")?,
+            &lengths(&b, "target_lengths")?,
+            blank,
+            b.reduction("reduction")?,
+            b.bool_or("zero_infinity", false)?,
+        ))
+    });
+
+    // ----- norms, distances, other nn functions ---------------------------------------------
+    t.insert("torch.nn.functional.prelu", |args, kwargs| {
+        let b = bind(args, kwargs, &["input", "weight"], &[])?;
+        one(ops::prelu(b.tensor("input")?, b.tensor("weight")?))
+    });
+    t.insert("torch.nn.functional.bilinear", |args, kwargs| {
+        let b = bind(args, kwargs, &["input1", "input2", "weight", "bias"], &[])?;
+        one(ops::bilinear(
+            b.tensor("input1")?,
+            b.tensor("input2")?,
+            b.tensor("weight")?,
+            b.opt_tensor("bias")?,
+        ))
+    });
+    t.insert("torch.nn.functional.group_norm", |args, kwargs| {
+        let b = bind(
+            args,
+            kwargs,
+            &["input", "num_groups", "weight", "bias", "eps"],
+            &[],
+        )?;
+        let g = b.int("num_groups")?;
+        let g = usize::try_from(g).map_err(|_| format!("`num_groups`: negative {g}"))?;
+        one(ops::group_norm(
+            b.tensor("input")?,
+            g,
+            b.opt_tensor("weight")?,
+            b.opt_tensor("bias")?,
+            b.f64_or("eps", 1e-5)?,
+        ))
+    });
+    t.insert("torch.nn.functional.normalize", |args, kwargs| {
+        let b = bind(args, kwargs, &["input", "p", "dim", "eps", "out"], &[])?;
+        b.unsupported_unless_none("out")?;
+        one(ops::normalize(
+            b.tensor("input")?,
+            b.f64_or("p", 2.0)?,
+            b.int_or("dim", 1)?,
+            b.f64_or("eps", 1e-12)?,
+        ))
+    });
+    t.insert("torch.nn.functional.cosine_similarity", |args, kwargs| {
+        let b = bind(args, kwargs, &["x1", "x2", "dim", "eps"], &[])?;
+        one(ops::cosine_similarity(
+            b.tensor("x1")?,
+            b.tensor("x2")?,
+            b.int_or("dim", 1)?,
+            b.f64_or("eps", 1e-8)?,
+        ))
+    });
+    t.insert("torch.nn.functional.pairwise_distance", |args, kwargs| {
+        let b = bind(args, kwargs, &["x1", "x2", "p", "eps", "keepdim"], &[])?;
+        one(ops::pairwise_distance(
+            b.tensor("x1")?,
+            b.tensor("x2")?,
+            b.f64_or("p", 2.0)?,
+            b.f64_or("eps", 1e-6)?,
+            b.bool_or("keepdim", false)?,
+        ))
+    });
+    t.insert("torch.cdist", |args, kwargs| {
+        let b = bind(args, kwargs, &["x1", "x2", "p", "compute_mode"], &[])?;
+        let mode: CdistMode = b
+            .str_or("compute_mode", "use_mm_for_euclid_dist_if_necessary")?
+            .parse()
+            .map_err(err)?;
+        one(ops::cdist(
+            b.tensor("x1")?,
+            b.tensor("x2")?,
+            b.f64_or("p", 2.0)?,
+            mode,
+        ))
+    });
+    t.insert("torch.nn.functional.pdist", |args, kwargs| {
+        let b = bind(args, kwargs, &["input", "p"], &[])?;
+        one(ops::pdist(b.tensor("input")?, b.f64_or("p", 2.0)?))
+    });
+    t.insert("torch.dist", |args, kwargs| {
+        let b = bind(args, kwargs, &["input", "other", "p"], &[])?;
+        one(ops::dist(
+            b.tensor("input")?,
+            b.tensor("other")?,
+            b.f64_or("p", 2.0)?,
+        ))
+    });
+    t.insert("torch.renorm", |args, kwargs| {
+        let b = bind(args, kwargs, &["input", "p", "dim", "maxnorm"], &["out"])?;
+        b.unsupported_unless_none("out")?;
+        let p = b.req("p")?.float().map_err(|e| format!("`p`: {e}"))?;
+        let maxnorm = b
+            .req("maxnorm")?
+            .float()
+            .map_err(|e| format!("`maxnorm`: {e}"))?;
+        one(ops::renorm(b.tensor("input")?, p, b.int("dim")?, maxnorm))
+    });
+
+    // ----- promote-list ops ------------------------------------------------------------------
+    t.insert("torch.linalg.cross", |args, kwargs| {
+        let b = bind(args, kwargs, &["input", "other"], &["dim", "out"])?;
+        b.unsupported_unless_none("out")?;
+        one(ops::cross(
+            b.tensor("input")?,
+            b.tensor("other")?,
+            b.int_or("dim", -1)?,
+        ))
+    });
+    t.insert("torch.cross", |args, kwargs| {
+        let b = bind(args, kwargs, &["input", "other", "dim"], &["out"])?;
+        b.unsupported_unless_none("out")?;
+        let dim = b
+            .get("dim")
+            .map(|d| d.int().map_err(|e| format!("`dim`: {e}")))
+            .transpose()?;
+        one(ops::cross_default(
+            b.tensor("input")?,
+            b.tensor("other")?,
+            dim,
+        ))
+    });
+    t.insert("torch.index_put", |args, kwargs| {
+        let b = bind(args, kwargs, &["input", "indices", "values", "accumulate"], &[])?;
+        one(ops::index_put(
+            b.tensor("input")?,
+            &b.tensors("indices")?,
+            b.tensor("values")?,
+            b.bool_or("accumulate", false)?,
+        ))
+    });
+    t.insert("torch.tensordot", |args, kwargs| {
+        let b = bind(args, kwargs, &["a", "b", "dims", "out"], &[])?;
+        b.unsupported_unless_none("out")?;
+        let dims = match b.get("dims") {
+            None => TensordotDims::Count(2),
+            Some(Arg::Int(n)) => TensordotDims::Count(
+                usize::try_from(*n)
+                    .map_err(|_| format!("tensordot expects dims >= 0, but got dims={n}"))?,
+            ),
+            Some(Arg::List(pair)) if pair.len() == 2 => {
+                let x = pair[0].ints().map_err(|e| format!("`dims`: {e}"))?;
+                let y = pair[1].ints().map_err(|e| format!("`dims`: {e}"))?;
+                TensordotDims::Pairs(x, y)
+            }
+            Some(other) => {
+                return Err(format!(
+                    "`dims={other}` is not supported (an int or a pair of dim lists)"
+                ))
+            }
+        };
+        one(ops::tensordot(b.tensor("a")?, b.tensor("b")?, &dims))
+    });
+}

@@ -1,0 +1,282 @@
+//! Norms and distances: normalize, renorm, cosine_similarity, pairwise_distance, cdist,
+//! pdist, dist.
+//!
+//! Each enters the dispatch point once under its documented name and computes its value
+//! from differentiable ops with the layer bypassed; 16-bit inputs are computed in float32
+//! and the result rounded once (PyTorch accumulates norms in float32).
+
+use std::str::FromStr;
+
+use amp_tensor::{broadcast_shapes, promote_types, wrap_dim};
+
+use super::loss_extra::{acc, back};
+use super::matmul::matmul;
+use super::pointwise::*;
+use super::reduce::{norm, sum};
+use super::shape::{cat, expand, index_select, transpose, unsqueeze};
+use super::{enter, sum_to};
+use crate::dispatch::{bypass, OpName};
+use crate::grad_mode::is_grad_enabled;
+use crate::graph::record;
+use crate::{Error, Result, Tensor};
+
+static NORMALIZE: OpName = OpName::new("normalize");
+static RENORM: OpName = OpName::new("renorm");
+static COSINE_SIMILARITY: OpName = OpName::new("cosine_similarity");
+static PAIRWISE_DISTANCE: OpName = OpName::new("pairwise_distance");
+static CDIST: OpName = OpName::new("cdist");
+static PDIST: OpName = OpName::new("pdist");
+static DIST: OpName = OpName::new("dist");
+
+/// `x / max(‖x‖_p, eps)` with the norm taken along `dim` (`F.normalize`).
+pub fn normalize(x: &Tensor, p: f64, dim: i64, eps: f64) -> Result<Tensor> {
+    let [x] = enter(&NORMALIZE, [x])?;
+    bypass(|| {
+        let dt = x.dtype();
+        let xa = acc(&x)?;
+        let n = clamp(&norm(&xa, p, &[dim], true)?, Some(eps), None)?;
+        back(div(&xa, &n)?, dt)
+    })
+}
+
+/// `torch.renorm`: each slice `x.select(dim, i)` whose `p`-norm exceeds `maxnorm` is
+/// scaled to norm `maxnorm` (by `maxnorm / (norm + 1e-7)`, as PyTorch).
+pub fn renorm(x: &Tensor, p: f64, dim: i64, maxnorm: f64) -> Result<Tensor> {
+    const OP: &str = "renorm";
+    let [x] = enter(&RENORM, [x])?;
+    if p <= 0.0 {
+        return Err(Error::invalid(OP, "non-positive-norm not supported"));
+    }
+    if maxnorm < 0.0 {
+        return Err(Error::invalid(
+            OP,
+            format!("expected maxnorm to be >= 0 but got {maxnorm}"),
+        ));
+    }
+    if x.rank() <= 1 {
+        return Err(Error::invalid(
+            OP,
+            format!("input needs at least 2 dimensions, got {} dimensions", x.rank()),
+        ));
+    }
+    let d = wrap_dim(dim, x.rank())?;
+    bypass(|| {
+        let dt = x.dtype();
+        let xa = acc(&x)?;
+        let others: Vec<i64> = (0..x.rank()).filter(|&i| i != d).map(|i| i as i64).collect();
+        let n = norm(&xa, p, &others, true)?;
+        let scale = rdiv_scalar(&add_scalar(&n, 1e-7)?, maxnorm)?;
+        let factor = where_(&gt_scalar(&n, maxnorm)?, &scale, &ones_like(&n))?;
+        back(mul(&xa, &factor)?, dt)
+    })
+}
+
+/// Cosine similarity of `x1` and `x2` (broadcast together) along `dim`: each is
+/// divided by its norm clamped below at `eps` (the clamp carries no gradient, as in
+/// PyTorch), then the products are summed.
+pub fn cosine_similarity(x1: &Tensor, x2: &Tensor, dim: i64, eps: f64) -> Result<Tensor> {
+    let [x1, x2] = enter(&COSINE_SIMILARITY, [x1, x2])?;
+    bypass(|| {
+        let dt = promote_types(x1.dtype(), x2.dtype());
+        let shape = broadcast_shapes("cosine_similarity", x1.dims(), x2.dims())?;
+        let a = expand(&acc(&x1)?, &shape)?;
+        let b = expand(&acc(&x2)?, &shape)?;
+        let na = clamped_norm(&a, dim, eps)?;
+        let nb = clamped_norm(&b, dim, eps)?;
+        let s = sum(&mul(&div(&a, &na)?, &div(&b, &nb)?)?, &[dim], false, None)?;
+        back(s, dt)
+    })
+}
+
+/// The 2-norm along `dim` (kept), its value clamped below at `eps` without changing its
+/// gradient.
+fn clamped_norm(x: &Tensor, dim: i64, eps: f64) -> Result<Tensor> {
+    let n = norm(x, 2.0, &[dim], true)?;
+    let nd = n.detach();
+    let shift = sub(&clamp(&nd, Some(eps), None)?, &nd)?;
+    add(&n, &shift)
+}
+
+/// `‖x1 - x2 + eps‖_p` along the last dim (`F.pairwise_distance`), optionally keeping it.
+pub fn pairwise_distance(
+    x1: &Tensor,
+    x2: &Tensor,
+    p: f64,
+    eps: f64,
+    keepdim: bool,
+) -> Result<Tensor> {
+    let [x1, x2] = enter(&PAIRWISE_DISTANCE, [x1, x2])?;
+    bypass(|| {
+        let dt = promote_types(x1.dtype(), x2.dtype());
+        let d = add_scalar(&sub(&acc(&x1)?, &acc(&x2)?)?, eps)?;
+        let dims: Vec<i64> = if d.rank() == 0 { vec![] } else { vec![-1] };
+        back(norm(&d, p, &dims, keepdim && d.rank() > 0)?, dt)
+    })
+}
+
+/// How [`cdist`] computes Euclidean (`p = 2`) distances.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CdistMode {
+    /// Through a matrix product when either set has more than 25 rows (PyTorch's default
+    /// `use_mm_for_euclid_dist_if_necessary`).
+    #[default]
+    MmIfNecessary,
+    /// Always through a matrix product (`use_mm_for_euclid_dist`): faster, less exact.
+    Mm,
+    /// Never through a matrix product (`donot_use_mm_for_euclid_dist`).
+    Direct,
+}
+
+impl FromStr for CdistMode {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "use_mm_for_euclid_dist_if_necessary" => Ok(CdistMode::MmIfNecessary),
+            "use_mm_for_euclid_dist" => Ok(CdistMode::Mm),
+            "donot_use_mm_for_euclid_dist" => Ok(CdistMode::Direct),
+            _ => Err(Error::invalid(
+                "cdist",
+                format!("{s} is not a valid value for compute_mode"),
+            )),
+        }
+    }
+}
+
+/// `p`-norm distances between each row of `x1` (`[..., P, M]`) and each row of `x2`
+/// (`[..., R, M]`): `[..., P, R]`, batch dims broadcast.
+pub fn cdist(x1: &Tensor, x2: &Tensor, p: f64, mode: CdistMode) -> Result<Tensor> {
+    const OP: &str = "cdist";
+    let [x1, x2] = enter(&CDIST, [x1, x2])?;
+    if x1.rank() < 2 || x2.rank() < 2 {
+        return Err(Error::invalid(
+            OP,
+            format!(
+                "cdist only supports at least 2D tensors, X1 got: {}D, X2 got: {}D",
+                x1.rank(),
+                x2.rank()
+            ),
+        ));
+    }
+    let (m1, m2) = (x1.dims()[x1.rank() - 1], x2.dims()[x2.rank() - 1]);
+    if m1 != m2 {
+        return Err(Error::invalid(
+            OP,
+            format!("X1 and X2 must have the same number of columns. X1: {m1} X2: {m2}"),
+        ));
+    }
+    if !(p >= 0.0) {
+        return Err(Error::invalid(
+            OP,
+            "cdist only supports non-negative p values",
+        ));
+    }
+    let (rows1, rows2) = (x1.dims()[x1.rank() - 2], x2.dims()[x2.rank() - 2]);
+    let use_mm = p == 2.0
+        && match mode {
+            CdistMode::Mm => true,
+            CdistMode::MmIfNecessary => rows1 > 25 || rows2 > 25,
+            CdistMode::Direct => false,
+        };
+    bypass(|| {
+        let dt = promote_types(x1.dtype(), x2.dtype());
+        let (a, b) = (acc(&x1)?, acc(&x2)?);
+        let out = if use_mm {
+            euclidean_dist(&a, &b)?
+        } else {
+            let diff = sub(&unsqueeze(&a, -2)?, &unsqueeze(&b, -3)?)?;
+            norm(&diff, p, &[-1], false)?
+        };
+        back(out, dt)
+    })
+}
+
+/// The raw `sqrt(max(‖a‖² + ‖b‖² - 2 a·b, 0))` distances through one matrix product.
+fn euclidean_dist_values(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let na = sum(&square(a)?, &[-1], true, None)?;
+    let nb = sum(&square(b)?, &[-1], true, None)?;
+    let a_ = cat(&[mul_scalar(a, -2.0)?, na.clone(), ones_like(&na)], -1)?;
+    let b_ = cat(&[b.clone(), ones_like(&nb), nb], -1)?;
+    let d2 = matmul(&a_, &transpose(&b_, -2, -1)?)?;
+    sqrt(&clamp(&d2, Some(0.0), None)?)
+}
+
+/// Euclidean distances through a matrix product, with PyTorch's backward (zero where a
+/// distance is zero, instead of the square root's infinite slope).
+fn euclidean_dist(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let out = crate::grad_mode::no_grad(|| euclidean_dist_values(a, b))?;
+    let saved = out.data().clone();
+    let (sa, sb) = (a.clone(), b.clone());
+    let (da, db) = (a.dims().to_vec(), b.dims().to_vec());
+    Ok(record(saved.clone(), "EuclideanDistBackward0", &[a, b], move |g| {
+        let res = if is_grad_enabled() {
+            euclidean_dist(&sa, &sb)?
+        } else {
+            Tensor::from_raw(saved.clone())
+        };
+        let zero = eq_scalar(&res, 0.0)?;
+        let ratio = where_(&zero, &zeros_like(g), &div(g, &res)?)?;
+        let ga = if sa.requires_grad() {
+            let ga = sub(
+                &mul(&sa, &sum(&ratio, &[-1], true, None)?)?,
+                &matmul(&ratio, &sb)?,
+            )?;
+            Some(sum_to(&ga, &da)?)
+        } else {
+            None
+        };
+        let gb = if sb.requires_grad() {
+            let gb = sub(
+                &mul(&sb, &unsqueeze(&sum(&ratio, &[-2], false, None)?, -1)?)?,
+                &matmul(&transpose(&ratio, -2, -1)?, &sa)?,
+            )?;
+            Some(sum_to(&gb, &db)?)
+        } else {
+            None
+        };
+        Ok(vec![ga, gb])
+    }))
+}
+
+/// `p`-norm distances between every pair of rows `i < j` of `x` (`[N, M]`), in row-major
+/// pair order: `N (N - 1) / 2` values.
+pub fn pdist(x: &Tensor, p: f64) -> Result<Tensor> {
+    const OP: &str = "pdist";
+    let [x] = enter(&PDIST, [x])?;
+    if x.rank() != 2 {
+        return Err(Error::invalid(
+            OP,
+            format!("pdist only supports 2D tensors, got: {}D", x.rank()),
+        ));
+    }
+    if !(p >= 0.0) {
+        return Err(Error::invalid(OP, "pdist only supports non-negative p values"));
+    }
+    let n = x.dims()[0];
+    let (mut ii, mut jj) = (Vec::new(), Vec::new());
+    for i in 0..n {
+        for j in i + 1..n {
+            ii.push(i as i64);
+            jj.push(j as i64);
+        }
+    }
+    let pairs = ii.len();
+    bypass(|| {
+        let dt = x.dtype();
+        let xa = acc(&x)?;
+        if pairs == 0 {
+            return back(Tensor::zeros([0usize], xa.dtype()), dt);
+        }
+        let a = index_select(&xa, 0, &Tensor::from_vec(ii, [pairs])?)?;
+        let b = index_select(&xa, 0, &Tensor::from_vec(jj, [pairs])?)?;
+        back(norm(&sub(&a, &b)?, p, &[1], false)?, dt)
+    })
+}
+
+/// `‖x - other‖_p` over every element (broadcast), a 0-dim tensor (`torch.dist`).
+pub fn dist(x: &Tensor, other: &Tensor, p: f64) -> Result<Tensor> {
+    let [x, other] = enter(&DIST, [x, other])?;
+    bypass(|| {
+        let dt = promote_types(x.dtype(), other.dtype());
+        back(norm(&sub(&acc(&x)?, &acc(&other)?)?, p, &[], false)?, dt)
+    })
+}

@@ -1,0 +1,254 @@
+//! Recurrent cells as PyTorch defines them: `rnn_tanh_cell` / `rnn_relu_cell` (listed as
+//! `RNNCell`), `gru_cell` (`GRUCell`) and `lstm_cell` (`LSTMCell`).
+//!
+//! Each cell enters the dispatch point once under its listed name (so autocast casts the
+//! cell's inputs as the policy says) and then runs its body, built from differentiable
+//! ops (`linear`, `sigmoid`, `tanh`, `narrow`), with the dispatch layer bypassed: the
+//! body runs in the dtypes the cell was entered with, as PyTorch's autocast wrapper does.
+
+use super::enter_vec;
+use super::matmul::linear;
+use super::pointwise::{add, mul, relu, sigmoid, sub, tanh};
+use super::shape::narrow;
+use crate::dispatch::{bypass, OpName};
+use crate::{Error, Result, Tensor};
+
+static RNN_CELL: OpName = OpName::new("RNNCell");
+static GRU_CELL: OpName = OpName::new("GRUCell");
+static LSTM_CELL: OpName = OpName::new("LSTMCell");
+
+/// The nonlinearity of a plain RNN cell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RnnNonlinearity {
+    /// `tanh` (`torch.rnn_tanh_cell`, the default of `nn.RNNCell`).
+    #[default]
+    Tanh,
+    /// `relu` (`torch.rnn_relu_cell`).
+    Relu,
+}
+
+/// A cell's arguments after the dispatch point: input, hidden states, weights, biases.
+struct CellArgs {
+    input: Tensor,
+    hx: Vec<Tensor>,
+    w_ih: Tensor,
+    w_hh: Tensor,
+    b_ih: Option<Tensor>,
+    b_hh: Option<Tensor>,
+}
+
+/// Enters the dispatch point under `op` with every tensor argument of the cell, and
+/// checks the shapes (`gates` gate blocks of `hidden` rows in the weights).
+#[allow(clippy::too_many_arguments)]
+fn enter_cell(
+    op: &'static OpName,
+    input: &Tensor,
+    hx: &[&Tensor],
+    w_ih: &Tensor,
+    w_hh: &Tensor,
+    b_ih: Option<&Tensor>,
+    b_hh: Option<&Tensor>,
+    gates: usize,
+) -> Result<CellArgs> {
+    let name = op.name();
+    let mut args: Vec<&Tensor> = vec![input];
+    args.extend_from_slice(hx);
+    args.push(w_ih);
+    args.push(w_hh);
+    args.extend(b_ih);
+    args.extend(b_hh);
+    let mut a = enter_vec(op, &args)?.into_iter();
+    let mut next = || a.next().expect("as many tensors as entered");
+    let input = next();
+    let hx: Vec<Tensor> = hx.iter().map(|_| next()).collect();
+    let w_ih = next();
+    let w_hh = next();
+    let b_ih = b_ih.map(|_| next());
+    let b_hh = b_hh.map(|_| next());
+
+    if !(1..=2).contains(&input.rank()) {
+        return Err(Error::invalid(
+            name,
+            format!("Expected input to be 1D or 2D, got {}D instead", input.rank()),
+        ));
+    }
+    if w_ih.rank() != 2 || w_hh.rank() != 2 {
+        return Err(Error::invalid(name, "weights must be 2-D"));
+    }
+    let hidden = w_hh.dims()[1];
+    let rows = gates * hidden;
+    if w_ih.dims()[0] != rows || w_hh.dims()[0] != rows {
+        return Err(Error::invalid(
+            name,
+            format!(
+                "expected weights with {rows} rows ({gates} x hidden size {hidden}), got \
+                 weight_ih {:?} and weight_hh {:?}",
+                w_ih.dims(),
+                w_hh.dims()
+            ),
+        ));
+    }
+    let in_features = input.dims()[input.rank() - 1];
+    if w_ih.dims()[1] != in_features {
+        return Err(Error::invalid(
+            name,
+            format!(
+                "input has inconsistent input_size: got {in_features} expected {}",
+                w_ih.dims()[1]
+            ),
+        ));
+    }
+    for h in &hx {
+        let mut want = input.dims()[..input.rank() - 1].to_vec();
+        want.push(hidden);
+        if h.dims() != want.as_slice() {
+            return Err(Error::invalid(
+                name,
+                format!(
+                    "hidden state has shape {:?}, expected {want:?}",
+                    h.dims()
+                ),
+            ));
+        }
+    }
+    for b in b_ih.iter().chain(&b_hh) {
+        if b.dims() != [rows] {
+            return Err(Error::invalid(
+                name,
+                format!("bias has shape {:?}, expected [{rows}]", b.dims()),
+            ));
+        }
+    }
+    Ok(CellArgs {
+        input,
+        hx,
+        w_ih,
+        w_hh,
+        b_ih,
+        b_hh,
+    })
+}
+
+/// The two gate projections `input @ w_ih.T + b_ih` and `hx @ w_hh.T + b_hh`.
+fn projections(a: &CellArgs, h: &Tensor) -> Result<(Tensor, Tensor)> {
+    Ok((
+        linear(&a.input, &a.w_ih, a.b_ih.as_ref())?,
+        linear(h, &a.w_hh, a.b_hh.as_ref())?,
+    ))
+}
+
+/// Gate block `k` (of `hidden` columns) of `gates` along the last dim.
+fn chunk(gates: &Tensor, k: usize, hidden: usize) -> Result<Tensor> {
+    narrow(gates, gates.rank() as i64 - 1, k * hidden, hidden)
+}
+
+/// One step of an Elman RNN: `act(input @ w_ih.T + b_ih + hx @ w_hh.T + b_hh)` with
+/// `act` tanh or relu (`torch.rnn_tanh_cell` / `torch.rnn_relu_cell`, listed as
+/// `RNNCell`). `input` is `[batch, input_size]` or `[input_size]`, `hx` the matching
+/// `[batch, hidden]`, `w_ih` `[hidden, input_size]`, `w_hh` `[hidden, hidden]`.
+pub fn rnn_cell(
+    input: &Tensor,
+    hx: &Tensor,
+    w_ih: &Tensor,
+    w_hh: &Tensor,
+    b_ih: Option<&Tensor>,
+    b_hh: Option<&Tensor>,
+    nonlinearity: RnnNonlinearity,
+) -> Result<Tensor> {
+    let a = enter_cell(&RNN_CELL, input, &[hx], w_ih, w_hh, b_ih, b_hh, 1)?;
+    bypass(|| {
+        let (gi, gh) = projections(&a, &a.hx[0])?;
+        let pre = add(&gi, &gh)?;
+        match nonlinearity {
+            RnnNonlinearity::Tanh => tanh(&pre),
+            RnnNonlinearity::Relu => relu(&pre),
+        }
+    })
+}
+
+/// `torch.rnn_tanh_cell`: [`rnn_cell`] with tanh.
+pub fn rnn_tanh_cell(
+    input: &Tensor,
+    hx: &Tensor,
+    w_ih: &Tensor,
+    w_hh: &Tensor,
+    b_ih: Option<&Tensor>,
+    b_hh: Option<&Tensor>,
+) -> Result<Tensor> {
+    rnn_cell(input, hx, w_ih, w_hh, b_ih, b_hh, RnnNonlinearity::Tanh)
+}
+
+/// `torch.rnn_relu_cell`: [`rnn_cell`] with relu.
+pub fn rnn_relu_cell(
+    input: &Tensor,
+    hx: &Tensor,
+    w_ih: &Tensor,
+    w_hh: &Tensor,
+    b_ih: Option<&Tensor>,
+    b_hh: Option<&Tensor>,
+) -> Result<Tensor> {
+    rnn_cell(input, hx, w_ih, w_hh, b_ih, b_hh, RnnNonlinearity::Relu)
+}
+
+/// One GRU step (`torch.gru_cell`, listed as `GRUCell`), gates ordered r, z, n as in
+/// PyTorch's weights (`w_ih` `[3 * hidden, input_size]`, `w_hh` `[3 * hidden, hidden]`):
+///
+/// ```text
+/// r = σ(x W_ir + b_ir + h W_hr + b_hr)
+/// z = σ(x W_iz + b_iz + h W_hz + b_hz)
+/// n = tanh(x W_in + b_in + r ⊙ (h W_hn + b_hn))
+/// h' = n + z ⊙ (h - n)
+/// ```
+pub fn gru_cell(
+    input: &Tensor,
+    hx: &Tensor,
+    w_ih: &Tensor,
+    w_hh: &Tensor,
+    b_ih: Option<&Tensor>,
+    b_hh: Option<&Tensor>,
+) -> Result<Tensor> {
+    let a = enter_cell(&GRU_CELL, input, &[hx], w_ih, w_hh, b_ih, b_hh, 3)?;
+    bypass(|| {
+        let h = &a.hx[0];
+        let hidden = a.w_hh.dims()[1];
+        let (gi, gh) = projections(&a, h)?;
+        let r = sigmoid(&add(&chunk(&gi, 0, hidden)?, &chunk(&gh, 0, hidden)?)?)?;
+        let z = sigmoid(&add(&chunk(&gi, 1, hidden)?, &chunk(&gh, 1, hidden)?)?)?;
+        let n = tanh(&add(
+            &chunk(&gi, 2, hidden)?,
+            &mul(&r, &chunk(&gh, 2, hidden)?)?,
+        )?)?;
+        add(&n, &mul(&z, &sub(h, &n)?)?)
+    })
+}
+
+/// One LSTM step (`torch.lstm_cell`, listed as `LSTMCell`) from `(hx, cx)`, gates
+/// ordered i, f, g, o as in PyTorch's weights (`[4 * hidden, ...]`); returns `(h', c')`:
+///
+/// ```text
+/// i, f, g, o = σ, σ, tanh, σ of (x W_ih^T + b_ih + h W_hh^T + b_hh) split in 4
+/// c' = f ⊙ c + i ⊙ g,   h' = o ⊙ tanh(c')
+/// ```
+pub fn lstm_cell(
+    input: &Tensor,
+    hx: (&Tensor, &Tensor),
+    w_ih: &Tensor,
+    w_hh: &Tensor,
+    b_ih: Option<&Tensor>,
+    b_hh: Option<&Tensor>,
+) -> Result<(Tensor, Tensor)> {
+    let a = enter_cell(&LSTM_CELL, input, &[hx.0, hx.1], w_ih, w_hh, b_ih, b_hh, 4)?;
+    bypass(|| {
+        let (h, c) = (&a.hx[0], &a.hx[1]);
+        let hidden = a.w_hh.dims()[1];
+        let (gi, gh) = projections(&a, h)?;
+        let gates = add(&gi, &gh)?;
+        let i = sigmoid(&chunk(&gates, 0, hidden)?)?;
+        let f = sigmoid(&chunk(&gates, 1, hidden)?)?;
+        let g = tanh(&chunk(&gates, 2, hidden)?)?;
+        let o = sigmoid(&chunk(&gates, 3, hidden)?)?;
+        let cy = add(&mul(&f, c)?, &mul(&i, &g)?)?;
+        let hy = mul(&o, &tanh(&cy)?)?;
+        Ok((hy, cy))
+    })
+}

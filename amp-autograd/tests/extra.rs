@@ -1,0 +1,887 @@
+//! Recurrent cells, the remaining losses, norms/distances and promote-list ops: forward
+//! values against references written here (plain loops in f64), first-order gradients
+//! against central finite differences, and second-order gradients (of `sum(g * g)` over
+//! the first-order grads) against finite differences of the first-order grads.
+
+use amp_autograd::ops::{self, CdistMode, KlDivReduction, RnnNonlinearity, TensordotDims};
+use amp_autograd::{grad, GradOptions, Reduction, Result, Tensor};
+use amp_tensor::{DType, Generator};
+use proptest::prelude::*;
+
+fn randn(dims: &[usize], gen: &mut Generator) -> Tensor {
+    let t = Tensor::randn(dims.to_vec(), DType::F64, gen).unwrap();
+    t.requires_grad_(true).unwrap();
+    t
+}
+
+fn leaf(v: Vec<f64>, dims: &[usize]) -> Tensor {
+    let t = Tensor::from_vec(v, dims.to_vec()).unwrap();
+    t.requires_grad_(true).unwrap();
+    t
+}
+
+fn vals(t: &Tensor) -> Vec<f64> {
+    t.to_vec_f64()
+}
+
+fn close(a: &[f64], b: &[f64], tol: f64, what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths differ");
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!(
+            (x - y).abs() <= tol * (1.0 + y.abs()),
+            "{what}[{i}]: {x} vs {y}"
+        );
+    }
+}
+
+/// Copies of `inputs` (fresh leaves) with element `k` of input `i` shifted by `h`.
+fn shifted(inputs: &[Tensor], i: usize, k: usize, h: f64) -> Vec<Tensor> {
+    inputs
+        .iter()
+        .enumerate()
+        .map(|(j, t)| {
+            let mut v = vals(t);
+            if j == i {
+                v[k] += h;
+            }
+            leaf(v, t.dims())
+        })
+        .collect()
+}
+
+/// A scalar function of the inputs: `sum(f(inputs) * w)` with fixed weights `w`.
+fn scalar_fn<'a>(
+    f: &'a dyn Fn(&[Tensor]) -> Result<Tensor>,
+    w: &'a [f64],
+) -> impl Fn(&[Tensor]) -> Tensor + 'a {
+    move |xs| {
+        let y = f(xs).unwrap();
+        let w = Tensor::from_vec(w.to_vec(), y.dims().to_vec()).unwrap();
+        ops::sum_all(&ops::mul(&y, &w).unwrap()).unwrap()
+    }
+}
+
+/// `sum over i of sum(g_i * g_i)` for the first-order grads `g_i` of `s` (built with
+/// `create_graph` when `graph`).
+fn grad_norm(s: &dyn Fn(&[Tensor]) -> Tensor, xs: &[Tensor], graph: bool) -> Tensor {
+    let y = s(xs);
+    let gs = grad(
+        &[y],
+        xs,
+        &[],
+        GradOptions {
+            create_graph: graph,
+            allow_unused: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut acc = Tensor::scalar(0.0f64);
+    for g in gs.into_iter().flatten() {
+        acc = ops::add(&acc, &ops::sum_all(&ops::square(&g).unwrap()).unwrap()).unwrap();
+    }
+    acc
+}
+
+/// Checks the gradients (and, with `second`, the second-order gradients) of
+/// `sum(f(inputs) * w)` against central differences.
+fn check_grads(
+    f: &dyn Fn(&[Tensor]) -> Result<Tensor>,
+    inputs: &[Tensor],
+    second: bool,
+    seed: u64,
+) {
+    let mut gen = Generator::new(seed);
+    let out_n = f(inputs).unwrap().elem_count();
+    let w = vals(&Tensor::randn([out_n], DType::F64, &mut gen).unwrap());
+    let s = scalar_fn(f, &w);
+    let h = 1e-6;
+    let y = s(inputs);
+    let gs = grad(
+        &[y],
+        inputs,
+        &[],
+        GradOptions {
+            allow_unused: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    for (i, t) in inputs.iter().enumerate() {
+        let g = gs[i].as_ref().map(vals).unwrap_or(vec![0.0; t.elem_count()]);
+        let fd: Vec<f64> = (0..t.elem_count())
+            .map(|k| {
+                let p = s(&shifted(inputs, i, k, h)).item_f64().unwrap();
+                let m = s(&shifted(inputs, i, k, -h)).item_f64().unwrap();
+                (p - m) / (2.0 * h)
+            })
+            .collect();
+        close(&g, &fd, 1e-5, &format!("grad of input {i}"));
+    }
+    if !second {
+        return;
+    }
+    let y2 = grad_norm(&s, inputs, true);
+    let gg = grad(
+        &[y2],
+        inputs,
+        &[],
+        GradOptions {
+            allow_unused: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    for (i, t) in inputs.iter().enumerate() {
+        let g = gg[i].as_ref().map(vals).unwrap_or(vec![0.0; t.elem_count()]);
+        let fd: Vec<f64> = (0..t.elem_count())
+            .map(|k| {
+                let p = grad_norm(&s, &shifted(inputs, i, k, h), false)
+                    .item_f64()
+                    .unwrap();
+                let m = grad_norm(&s, &shifted(inputs, i, k, -h), false)
+                    .item_f64()
+                    .unwrap();
+                (p - m) / (2.0 * h)
+            })
+            .collect();
+        close(&g, &fd, 1e-4, &format!("second-order grad of input {i}"));
+    }
+}
+
+// ----- references -----------------------------------------------------------------------
+
+fn sigm(x: f64) -> f64 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// `x W^T + b` for row-major `x` `[n, k]`, `w` `[m, k]`.
+fn lin(x: &[f64], n: usize, k: usize, w: &[f64], m: usize, b: &[f64]) -> Vec<f64> {
+    let mut out = vec![0.0; n * m];
+    for r in 0..n {
+        for c in 0..m {
+            let mut s = b[c];
+            for j in 0..k {
+                s += x[r * k + j] * w[c * k + j];
+            }
+            out[r * m + c] = s;
+        }
+    }
+    out
+}
+
+struct CellCase {
+    n: usize,
+    input: usize,
+    hidden: usize,
+    x: Tensor,
+    h: Tensor,
+    c: Tensor,
+    w_ih: Tensor,
+    w_hh: Tensor,
+    b_ih: Tensor,
+    b_hh: Tensor,
+}
+
+fn cell_case(n: usize, input: usize, hidden: usize, gates: usize, seed: u64) -> CellCase {
+    let mut g = Generator::new(seed);
+    CellCase {
+        n,
+        input,
+        hidden,
+        x: randn(&[n, input], &mut g),
+        h: randn(&[n, hidden], &mut g),
+        c: randn(&[n, hidden], &mut g),
+        w_ih: randn(&[gates * hidden, input], &mut g),
+        w_hh: randn(&[gates * hidden, hidden], &mut g),
+        b_ih: randn(&[gates * hidden], &mut g),
+        b_hh: randn(&[gates * hidden], &mut g),
+    }
+}
+
+impl CellCase {
+    fn gates(&self, rows: usize) -> (Vec<f64>, Vec<f64>) {
+        (
+            lin(&vals(&self.x), self.n, self.input, &vals(&self.w_ih), rows, &vals(&self.b_ih)),
+            lin(&vals(&self.h), self.n, self.hidden, &vals(&self.w_hh), rows, &vals(&self.b_hh)),
+        )
+    }
+    fn inputs(&self, with_c: bool) -> Vec<Tensor> {
+        let mut v = vec![self.x.clone(), self.h.clone()];
+        if with_c {
+            v.push(self.c.clone());
+        }
+        v.extend([
+            self.w_ih.clone(),
+            self.w_hh.clone(),
+            self.b_ih.clone(),
+            self.b_hh.clone(),
+        ]);
+        v
+    }
+}
+
+#[test]
+fn rnn_cells_match_references() {
+    let c = cell_case(2, 4, 3, 1, 1);
+    let (gi, gh) = c.gates(3);
+    let want: Vec<f64> = gi.iter().zip(&gh).map(|(a, b)| (a + b).tanh()).collect();
+    let got = ops::rnn_tanh_cell(&c.x, &c.h, &c.w_ih, &c.w_hh, Some(&c.b_ih), Some(&c.b_hh)).unwrap();
+    close(&vals(&got), &want, 1e-12, "rnn_tanh_cell");
+    let want: Vec<f64> = gi.iter().zip(&gh).map(|(a, b)| (a + b).max(0.0)).collect();
+    let got = ops::rnn_relu_cell(&c.x, &c.h, &c.w_ih, &c.w_hh, Some(&c.b_ih), Some(&c.b_hh)).unwrap();
+    close(&vals(&got), &want, 1e-12, "rnn_relu_cell");
+
+    let c = cell_case(2, 4, 3, 3, 2);
+    let (gi, gh) = c.gates(9);
+    let hv = vals(&c.h);
+    let mut want = vec![0.0; 6];
+    for r in 0..2 {
+        for j in 0..3 {
+            let at = |g: &[f64], k: usize| g[r * 9 + k * 3 + j];
+            let rg = sigm(at(&gi, 0) + at(&gh, 0));
+            let z = sigm(at(&gi, 1) + at(&gh, 1));
+            let nn = (at(&gi, 2) + rg * at(&gh, 2)).tanh();
+            want[r * 3 + j] = (1.0 - z) * nn + z * hv[r * 3 + j];
+        }
+    }
+    let got = ops::gru_cell(&c.x, &c.h, &c.w_ih, &c.w_hh, Some(&c.b_ih), Some(&c.b_hh)).unwrap();
+    close(&vals(&got), &want, 1e-12, "gru_cell");
+
+    let c = cell_case(2, 4, 3, 4, 3);
+    let (gi, gh) = c.gates(12);
+    let cv = vals(&c.c);
+    let (mut wh, mut wc) = (vec![0.0; 6], vec![0.0; 6]);
+    for r in 0..2 {
+        for j in 0..3 {
+            let at = |k: usize| gi[r * 12 + k * 3 + j] + gh[r * 12 + k * 3 + j];
+            let cy = sigm(at(1)) * cv[r * 3 + j] + sigm(at(0)) * at(2).tanh();
+            wc[r * 3 + j] = cy;
+            wh[r * 3 + j] = sigm(at(3)) * cy.tanh();
+        }
+    }
+    let (h, cy) = ops::lstm_cell(
+        &c.x,
+        (&c.h, &c.c),
+        &c.w_ih,
+        &c.w_hh,
+        Some(&c.b_ih),
+        Some(&c.b_hh),
+    )
+    .unwrap();
+    close(&vals(&h), &wh, 1e-12, "lstm_cell h");
+    close(&vals(&cy), &wc, 1e-12, "lstm_cell c");
+}
+
+#[test]
+fn cells_check_shapes_and_keep_dtypes() {
+    let c = cell_case(2, 4, 3, 3, 4);
+    // A GRU cell needs 3 * hidden rows.
+    assert!(ops::gru_cell(&c.x, &c.h, &c.w_hh, &c.w_hh, None, None).is_err());
+    assert!(ops::lstm_cell(&c.x, (&c.h, &c.c), &c.w_ih, &c.w_hh, None, None).is_err());
+    // Unbatched input.
+    let x1 = ops::select(&c.x, 0, 0).unwrap();
+    let h1 = ops::select(&c.h, 0, 0).unwrap();
+    let y = ops::gru_cell(&x1, &h1, &c.w_ih, &c.w_hh, Some(&c.b_ih), None).unwrap();
+    assert_eq!(y.dims(), &[3]);
+    // bf16 in, bf16 out.
+    let b = |t: &Tensor| t.to_dtype(DType::BF16).unwrap();
+    let y = ops::rnn_cell(
+        &b(&c.x),
+        &b(&c.h),
+        &b(&ops::narrow(&c.w_ih, 0, 0, 3).unwrap()),
+        &b(&ops::narrow(&c.w_hh, 0, 0, 3).unwrap()),
+        None,
+        None,
+        RnnNonlinearity::Tanh,
+    )
+    .unwrap();
+    assert_eq!(y.dtype(), DType::BF16);
+}
+
+#[test]
+fn cell_gradients_and_double_gradients() {
+    let c = cell_case(2, 3, 2, 1, 5);
+    check_grads(
+        &|v| ops::rnn_tanh_cell(&v[0], &v[1], &v[2], &v[3], Some(&v[4]), Some(&v[5])),
+        &c.inputs(false),
+        true,
+        10,
+    );
+    let c = cell_case(2, 3, 2, 3, 6);
+    check_grads(
+        &|v| ops::gru_cell(&v[0], &v[1], &v[2], &v[3], Some(&v[4]), Some(&v[5])),
+        &c.inputs(false),
+        true,
+        11,
+    );
+    let c = cell_case(2, 3, 2, 4, 7);
+    check_grads(
+        &|v| {
+            let (h, cy) =
+                ops::lstm_cell(&v[0], (&v[1], &v[2]), &v[3], &v[4], Some(&v[5]), Some(&v[6]))?;
+            ops::cat(&[h, cy], 0)
+        },
+        &c.inputs(true),
+        true,
+        12,
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(16))]
+    #[test]
+    fn gru_and_lstm_gradients_on_random_shapes(
+        n in 1usize..3, input in 1usize..4, hidden in 1usize..3, seed in 0u64..1000
+    ) {
+        let c = cell_case(n, input, hidden, 3, seed);
+        check_grads(
+            &|v| ops::gru_cell(&v[0], &v[1], &v[2], &v[3], Some(&v[4]), Some(&v[5])),
+            &c.inputs(false),
+            false,
+            seed,
+        );
+        let c = cell_case(n, input, hidden, 4, seed + 1);
+        check_grads(
+            &|v| Ok(ops::lstm_cell(&v[0], (&v[1], &v[2]), &v[3], &v[4], Some(&v[5]), Some(&v[6]))?.1),
+            &c.inputs(true),
+            false,
+            seed,
+        );
+    }
+}
+
+// ----- losses ----------------------------------------------------------------------------
+
+fn probs(n: usize, c: usize, seed: u64) -> Tensor {
+    let mut g = Generator::new(seed);
+    let x = Tensor::randn([n, c], DType::F64, &mut g).unwrap();
+    let p = ops::softmax(&x, 1, None).unwrap().detach();
+    p.requires_grad_(true).unwrap();
+    p
+}
+
+#[test]
+fn kl_div_values_and_gradients() {
+    let mut g = Generator::new(20);
+    let x = ops::log_softmax(&randn(&[3, 4], &mut g), 1, None).unwrap().detach();
+    x.requires_grad_(true).unwrap();
+    let t = probs(3, 4, 21);
+    let (xv, tv) = (vals(&x), vals(&t));
+    let pointwise: Vec<f64> = xv.iter().zip(&tv).map(|(x, t)| t * (t.ln() - x)).collect();
+    let total: f64 = pointwise.iter().sum();
+    let got = ops::kl_div(&x, &t, KlDivReduction::BatchMean, false).unwrap();
+    close(&vals(&got), &[total / 3.0], 1e-12, "kl_div batchmean");
+    let got = ops::kl_div(&x, &t, KlDivReduction::Mean, false).unwrap();
+    close(&vals(&got), &[total / 12.0], 1e-12, "kl_div mean");
+    let lt = ops::log(&t).unwrap();
+    let got = ops::kl_div(&x, &lt, KlDivReduction::None, true).unwrap();
+    close(&vals(&got), &pointwise, 1e-12, "kl_div log_target");
+    // A zero target contributes 0, not NaN.
+    let z = Tensor::from_vec(vec![0.0f64, 1.0], [2]).unwrap();
+    let xz = Tensor::from_vec(vec![-1.0f64, -2.0], [2]).unwrap();
+    let got = ops::kl_div(&xz, &z, KlDivReduction::None, false).unwrap();
+    close(&vals(&got), &[0.0, 2.0], 1e-12, "kl_div zero target");
+    check_grads(
+        &|v| ops::kl_div(&v[0], &v[1], KlDivReduction::BatchMean, false),
+        &[x, t],
+        true,
+        22,
+    );
+}
+
+#[test]
+fn pointwise_losses_match_references() {
+    let mut g = Generator::new(30);
+    let x = randn(&[3, 4], &mut g);
+    let xv = vals(&x);
+    let sign: Vec<f64> = (0..12).map(|i| if i % 3 == 0 { -1.0 } else { 1.0 }).collect();
+    let y = Tensor::from_vec(sign.clone(), [3, 4]).unwrap();
+    let counts: Vec<f64> = (0..12).map(|i| (i % 4) as f64).collect();
+    let cnt = Tensor::from_vec(counts.clone(), [3, 4]).unwrap();
+
+    // poisson_nll_loss, log_input and full
+    let want: Vec<f64> = xv.iter().zip(&counts).map(|(x, t)| x.exp() - t * x).collect();
+    let got = ops::poisson_nll_loss(&x, &cnt, true, false, 1e-8, Reduction::None).unwrap();
+    close(&vals(&got), &want, 1e-12, "poisson_nll_loss");
+    let full: Vec<f64> = want
+        .iter()
+        .zip(&counts)
+        .map(|(l, &t)| {
+            if t > 1.0 {
+                l + t * t.ln() - t + 0.5 * (2.0 * std::f64::consts::PI * t).ln()
+            } else {
+                *l
+            }
+        })
+        .collect();
+    let got = ops::poisson_nll_loss(&x, &cnt, true, true, 1e-8, Reduction::None).unwrap();
+    close(&vals(&got), &full, 1e-12, "poisson_nll_loss full");
+    let pos = ops::exp(&x).unwrap();
+    let pv = vals(&pos);
+    let want: Vec<f64> = pv
+        .iter()
+        .zip(&counts)
+        .map(|(x, t)| x - t * (x + 1e-8).ln())
+        .collect();
+    let got = ops::poisson_nll_loss(&pos, &cnt, false, false, 1e-8, Reduction::None).unwrap();
+    close(&vals(&got), &want, 1e-12, "poisson_nll_loss rate input");
+
+    // hinge_embedding_loss
+    let want: Vec<f64> = xv
+        .iter()
+        .zip(&sign)
+        .map(|(x, &t)| if t == 1.0 { *x } else { (1.5 - x).max(0.0) })
+        .collect();
+    let got = ops::hinge_embedding_loss(&x, &y, 1.5, Reduction::None).unwrap();
+    close(&vals(&got), &want, 1e-12, "hinge_embedding_loss");
+
+    // soft_margin_loss
+    let want: f64 = xv
+        .iter()
+        .zip(&sign)
+        .map(|(x, t)| (1.0 + (-t * x).exp()).ln())
+        .sum::<f64>()
+        / 12.0;
+    let got = ops::soft_margin_loss(&x, &y, Reduction::Mean).unwrap();
+    close(&vals(&got), &[want], 1e-12, "soft_margin_loss");
+
+    // margin_ranking_loss
+    let a = randn(&[5], &mut g);
+    let b = randn(&[5], &mut g);
+    let t = Tensor::from_vec(vec![1.0f64, -1.0, 1.0, -1.0, 1.0], [5]).unwrap();
+    let want: f64 = vals(&a)
+        .iter()
+        .zip(vals(&b))
+        .zip(vals(&t))
+        .map(|((a, b), t)| (-t * (a - b) + 0.1).max(0.0))
+        .sum();
+    let got = ops::margin_ranking_loss(&a, &b, &t, 0.1, Reduction::Sum).unwrap();
+    close(&vals(&got), &[want], 1e-12, "margin_ranking_loss");
+
+    check_grads(
+        &|v| ops::poisson_nll_loss(&v[0], &cnt, true, true, 1e-8, Reduction::Mean),
+        std::slice::from_ref(&x),
+        true,
+        31,
+    );
+    check_grads(
+        &|v| ops::soft_margin_loss(&v[0], &y, Reduction::Mean),
+        std::slice::from_ref(&x),
+        true,
+        32,
+    );
+    check_grads(
+        &|v| ops::margin_ranking_loss(&v[0], &v[1], &t, 0.1, Reduction::Mean),
+        &[a, b],
+        false,
+        33,
+    );
+}
+
+#[test]
+fn margin_losses_match_loops() {
+    let mut g = Generator::new(40);
+    let x = randn(&[2, 4], &mut g);
+    let xv = vals(&x);
+    // multilabel: sample 0 targets {3, 0}, sample 1 targets {1, 2, 3}
+    let tgt = Tensor::from_vec(vec![3i64, 0, -1, 1, 1, 2, 3, -1], [2, 4]).unwrap();
+    let sets: [&[usize]; 2] = [&[3, 0], &[1, 2, 3]];
+    let mut want = [0.0; 2];
+    for (s, set) in sets.iter().enumerate() {
+        for &j in *set {
+            for i in 0..4 {
+                if !set.contains(&i) {
+                    want[s] += (1.0 - (xv[s * 4 + j] - xv[s * 4 + i])).max(0.0);
+                }
+            }
+        }
+        want[s] /= 4.0;
+    }
+    let got = ops::multilabel_margin_loss(&x, &tgt, Reduction::None).unwrap();
+    close(&vals(&got), &want, 1e-12, "multilabel_margin_loss");
+    let (_, is_t) = ops::multilabel_margin_loss_forward(&x, &tgt, Reduction::Mean).unwrap();
+    assert_eq!(vals(&is_t), [1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0]);
+    check_grads(
+        &|v| ops::multilabel_margin_loss(&v[0], &tgt, Reduction::Mean),
+        std::slice::from_ref(&x),
+        false,
+        41,
+    );
+
+    // multi_margin, p = 1 and 2, with weights
+    let x = randn(&[3, 4], &mut g);
+    let xv = vals(&x);
+    let y = [1usize, 3, 0];
+    let yt = Tensor::from_vec(y.iter().map(|&v| v as i64).collect::<Vec<_>>(), [3]).unwrap();
+    let w = Tensor::from_vec(vec![0.5f64, 1.0, 2.0, 1.5], [4]).unwrap();
+    let wv = vals(&w);
+    for p in [1i64, 2] {
+        let mut total = 0.0;
+        for s in 0..3 {
+            let mut l = 0.0;
+            for i in 0..4 {
+                if i != y[s] {
+                    let z: f64 = 0.7 - xv[s * 4 + y[s]] + xv[s * 4 + i];
+                    if z > 0.0 {
+                        l += z.powi(p as i32) * wv[y[s]];
+                    }
+                }
+            }
+            total += l / 4.0;
+        }
+        let got = ops::multi_margin_loss(&x, &yt, p, 0.7, Some(&w), Reduction::Mean).unwrap();
+        close(&vals(&got), &[total / 3.0], 1e-12, "multi_margin_loss");
+        check_grads(
+            &|v| ops::multi_margin_loss(&v[0], &yt, p, 0.7, Some(&w), Reduction::Sum),
+            std::slice::from_ref(&x),
+            false,
+            42,
+        );
+    }
+    assert!(ops::multi_margin_loss(&x, &yt, 3, 1.0, None, Reduction::Mean).is_err());
+}
+
+#[test]
+fn embedding_losses_match_references() {
+    let mut g = Generator::new(50);
+    let a = randn(&[3, 4], &mut g);
+    let b = randn(&[3, 4], &mut g);
+    let n = randn(&[3, 4], &mut g);
+    let t = Tensor::from_vec(vec![1.0f64, -1.0, -1.0], [3]).unwrap();
+    let (av, bv, nv) = (vals(&a), vals(&b), vals(&n));
+    let mut want = 0.0;
+    for r in 0..3 {
+        let (mut d, mut na, mut nb) = (0.0, 1e-12, 1e-12);
+        for k in 0..4 {
+            d += av[r * 4 + k] * bv[r * 4 + k];
+            na += av[r * 4 + k] * av[r * 4 + k];
+            nb += bv[r * 4 + k] * bv[r * 4 + k];
+        }
+        let cos = d / (na * nb).sqrt();
+        want += if r == 0 { 1.0 - cos } else { (cos - 0.1f64).max(0.0) };
+    }
+    let got = ops::cosine_embedding_loss(&a, &b, &t, 0.1, Reduction::Sum).unwrap();
+    close(&vals(&got), &[want], 1e-12, "cosine_embedding_loss");
+    check_grads(
+        &|v| ops::cosine_embedding_loss(&v[0], &v[1], &t, -0.5, Reduction::Mean),
+        &[a.clone(), b.clone()],
+        true,
+        51,
+    );
+
+    let dist = |x: &[f64], y: &[f64], r: usize| -> f64 {
+        (0..4)
+            .map(|k| (x[r * 4 + k] - y[r * 4 + k] + 1e-6).powi(2))
+            .sum::<f64>()
+            .sqrt()
+    };
+    for swap in [false, true] {
+        let mut want = 0.0;
+        for r in 0..3 {
+            let mut dn = dist(&av, &nv, r);
+            if swap {
+                dn = dn.min(dist(&bv, &nv, r));
+            }
+            want += (2.0 + dist(&av, &bv, r) - dn).max(0.0);
+        }
+        let got =
+            ops::triplet_margin_loss(&a, &b, &n, 2.0, 2.0, 1e-6, swap, Reduction::Mean).unwrap();
+        close(&vals(&got), &[want / 3.0], 1e-12, "triplet_margin_loss");
+    }
+    check_grads(
+        &|v| ops::triplet_margin_loss(&v[0], &v[1], &v[2], 2.0, 2.0, 1e-6, false, Reduction::Mean),
+        &[a, b, n],
+        true,
+        52,
+    );
+}
+
+/// Brute-force CTC: the probability of every alignment of length `t` that collapses to
+/// `target`.
+fn ctc_brute(lp: &[f64], t: usize, c: usize, target: &[usize], blank: usize) -> f64 {
+    let mut total = 0.0;
+    let count = c.pow(t as u32);
+    for code in 0..count {
+        let mut path = Vec::with_capacity(t);
+        let mut rem = code;
+        for _ in 0..t {
+            path.push(rem % c);
+            rem /= c;
+        }
+        let mut collapsed = Vec::new();
+        let mut prev = None;
+        for &s in &path {
+            if Some(s) != prev && s != blank {
+                collapsed.push(s);
+            }
+            prev = Some(s);
+        }
+        if collapsed == target {
+            total += path
+                .iter()
+                .enumerate()
+                .map(|(i, &s)| lp[i * c + s])
+                .sum::<f64>()
+                .exp();
+        }
+    }
+    -total.ln()
+}
+
+#[test]
+fn ctc_loss_matches_brute_force() {
+    let mut g = Generator::new(60);
+    let (t, n, c) = (4usize, 2usize, 3usize);
+    let logits = randn(&[t, n, c], &mut g);
+    let lp = ops::log_softmax(&logits, 2, None).unwrap();
+    let targets = Tensor::from_vec(vec![1i64, 2, 1, 1], [2, 2]).unwrap();
+    let (il, tl) = ([4usize, 3], [2usize, 2]);
+    let got = ops::ctc_loss(&lp, &targets, &il, &tl, 0, Reduction::None, false).unwrap();
+    let lv = vals(&lp);
+    let sample = |s: usize, len: usize| -> Vec<f64> {
+        (0..len)
+            .flat_map(|ti| (0..c).map(move |k| (ti, k)))
+            .map(|(ti, k)| lv[ti * n * c + s * c + k])
+            .collect()
+    };
+    let want = [
+        ctc_brute(&sample(0, 4), 4, c, &[1, 2], 0),
+        ctc_brute(&sample(1, 3), 3, c, &[1, 1], 0),
+    ];
+    close(&vals(&got), &want, 1e-10, "ctc_loss");
+    // Through log_softmax the gradient is the exact one.
+    check_grads(
+        &|v| {
+            let lp = ops::log_softmax(&v[0], 2, None)?;
+            ops::ctc_loss(&lp, &targets, &il, &tl, 0, Reduction::Mean, false)
+        },
+        &[logits],
+        false,
+        61,
+    );
+    // Concatenated targets give the same losses; an impossible alignment is inf (or 0).
+    let flat = Tensor::from_vec(vec![1i64, 2, 1, 1], [4]).unwrap();
+    let got2 = ops::ctc_loss(&lp, &flat, &il, &tl, 0, Reduction::None, false).unwrap();
+    close(&vals(&got2), &want, 1e-10, "ctc_loss concatenated");
+    let got3 = ops::ctc_loss(&lp, &flat, &[4, 2], &tl, 0, Reduction::None, true).unwrap();
+    assert_eq!(vals(&got3)[1], 0.0);
+}
+
+// ----- norms, distances, others -----------------------------------------------------------
+
+#[test]
+fn distances_match_references() {
+    let mut g = Generator::new(70);
+    let a = randn(&[3, 4], &mut g);
+    let b = randn(&[2, 4], &mut g);
+    let (av, bv) = (vals(&a), vals(&b));
+    let pn = |x: &[f64], p: f64| -> f64 {
+        if p.is_infinite() {
+            x.iter().fold(0.0f64, |m, v| m.max(v.abs()))
+        } else {
+            x.iter().map(|v| v.abs().powf(p)).sum::<f64>().powf(1.0 / p)
+        }
+    };
+    for p in [1.0, 2.0, 3.0, f64::INFINITY] {
+        let mut want = Vec::new();
+        for i in 0..3 {
+            for j in 0..2 {
+                let d: Vec<f64> = (0..4).map(|k| av[i * 4 + k] - bv[j * 4 + k]).collect();
+                want.push(pn(&d, p));
+            }
+        }
+        for mode in [CdistMode::MmIfNecessary, CdistMode::Mm, CdistMode::Direct] {
+            if mode == CdistMode::Mm && p != 2.0 {
+                continue;
+            }
+            let got = ops::cdist(&a, &b, p, mode).unwrap();
+            close(&vals(&got), &want, 1e-10, "cdist");
+        }
+    }
+    check_grads(
+        &|v| ops::cdist(&v[0], &v[1], 2.0, CdistMode::Direct),
+        &[a.clone(), b.clone()],
+        true,
+        71,
+    );
+    check_grads(
+        &|v| ops::cdist(&v[0], &v[1], 2.0, CdistMode::Mm),
+        &[a.clone(), b.clone()],
+        true,
+        72,
+    );
+    // pdist: rows (0,1), (0,2), (1,2)
+    let want: Vec<f64> = [(0, 1), (0, 2), (1, 2)]
+        .iter()
+        .map(|&(i, j)| pn(&(0..4).map(|k| av[i * 4 + k] - av[j * 4 + k]).collect::<Vec<_>>(), 2.0))
+        .collect();
+    close(&vals(&ops::pdist(&a, 2.0).unwrap()), &want, 1e-12, "pdist");
+    check_grads(&|v| ops::pdist(&v[0], 2.0), std::slice::from_ref(&a), true, 73);
+    // dist
+    let c = randn(&[3, 4], &mut g);
+    let d: Vec<f64> = av.iter().zip(vals(&c)).map(|(x, y)| x - y).collect();
+    close(&vals(&ops::dist(&a, &c, 3.0).unwrap()), &[pn(&d, 3.0)], 1e-12, "dist");
+    check_grads(&|v| ops::dist(&v[0], &v[1], 2.0), &[a.clone(), c.clone()], true, 74);
+    // cosine_similarity and normalize along dim 1
+    let cv = vals(&c);
+    let want: Vec<f64> = (0..3)
+        .map(|r| {
+            let x = &av[r * 4..r * 4 + 4];
+            let y = &cv[r * 4..r * 4 + 4];
+            let dot: f64 = x.iter().zip(y).map(|(a, b)| a * b).sum();
+            dot / (pn(x, 2.0) * pn(y, 2.0))
+        })
+        .collect();
+    close(
+        &vals(&ops::cosine_similarity(&a, &c, 1, 1e-8).unwrap()),
+        &want,
+        1e-12,
+        "cosine_similarity",
+    );
+    check_grads(&|v| ops::cosine_similarity(&v[0], &v[1], 1, 1e-8), &[a.clone(), c], true, 75);
+    let want: Vec<f64> = (0..12).map(|i| av[i] / pn(&av[(i / 4) * 4..(i / 4) * 4 + 4], 2.0)).collect();
+    close(&vals(&ops::normalize(&a, 2.0, 1, 1e-12).unwrap()), &want, 1e-12, "normalize");
+    check_grads(&|v| ops::normalize(&v[0], 3.0, 1, 1e-12), std::slice::from_ref(&a), true, 76);
+    // renorm along dim 0: rows with norm above 1.5 scaled to 1.5
+    let want: Vec<f64> = (0..12)
+        .map(|i| {
+            let n = pn(&av[(i / 4) * 4..(i / 4) * 4 + 4], 2.0);
+            if n > 1.5 { av[i] * 1.5 / (n + 1e-7) } else { av[i] }
+        })
+        .collect();
+    close(&vals(&ops::renorm(&a, 2.0, 0, 1.5).unwrap()), &want, 1e-12, "renorm");
+    check_grads(&|v| ops::renorm(&v[0], 2.0, 0, 1.5), std::slice::from_ref(&a), true, 77);
+}
+
+#[test]
+fn prelu_bilinear_group_norm_match_references() {
+    let mut g = Generator::new(80);
+    let x = randn(&[2, 3, 4], &mut g);
+    let w = leaf(vec![0.25, -0.5, 2.0], &[3]);
+    let (xv, wv) = (vals(&x), vals(&w));
+    let want: Vec<f64> = (0..24)
+        .map(|i| if xv[i] > 0.0 { xv[i] } else { wv[(i / 4) % 3] * xv[i] })
+        .collect();
+    close(&vals(&ops::prelu(&x, &w).unwrap()), &want, 1e-15, "prelu");
+    check_grads(&|v| ops::prelu(&v[0], &v[1]), &[x.clone(), w], true, 81);
+
+    let x1 = randn(&[2, 3], &mut g);
+    let x2 = randn(&[2, 4], &mut g);
+    let bw = randn(&[5, 3, 4], &mut g);
+    let bb = randn(&[5], &mut g);
+    let (v1, v2, vw, vb) = (vals(&x1), vals(&x2), vals(&bw), vals(&bb));
+    let mut want = vec![0.0; 10];
+    for n in 0..2 {
+        for o in 0..5 {
+            let mut s = vb[o];
+            for i in 0..3 {
+                for j in 0..4 {
+                    s += v1[n * 3 + i] * vw[o * 12 + i * 4 + j] * v2[n * 4 + j];
+                }
+            }
+            want[n * 5 + o] = s;
+        }
+    }
+    close(&vals(&ops::bilinear(&x1, &x2, &bw, Some(&bb)).unwrap()), &want, 1e-12, "bilinear");
+    check_grads(
+        &|v| ops::bilinear(&v[0], &v[1], &v[2], Some(&v[3])),
+        &[x1, x2, bw, bb],
+        true,
+        82,
+    );
+
+    let gw = randn(&[4], &mut g);
+    let gb = randn(&[4], &mut g);
+    let x = randn(&[2, 4, 3], &mut g);
+    let (xv, gwv, gbv) = (vals(&x), vals(&gw), vals(&gb));
+    let mut want = vec![0.0; 24];
+    for n in 0..2 {
+        for grp in 0..2 {
+            let idx: Vec<usize> = (0..6).map(|k| n * 12 + grp * 6 + k).collect();
+            let m: f64 = idx.iter().map(|&i| xv[i]).sum::<f64>() / 6.0;
+            let var: f64 = idx.iter().map(|&i| (xv[i] - m).powi(2)).sum::<f64>() / 6.0;
+            for &i in &idx {
+                let ch = (i / 3) % 4;
+                want[i] = (xv[i] - m) / (var + 1e-5).sqrt() * gwv[ch] + gbv[ch];
+            }
+        }
+    }
+    close(
+        &vals(&ops::group_norm(&x, 2, Some(&gw), Some(&gb), 1e-5).unwrap()),
+        &want,
+        1e-10,
+        "group_norm",
+    );
+    check_grads(
+        &|v| ops::group_norm(&v[0], 2, Some(&v[1]), Some(&v[2]), 1e-5),
+        &[x, gw, gb],
+        true,
+        83,
+    );
+}
+
+#[test]
+fn cross_index_put_tensordot_match_references() {
+    let mut g = Generator::new(90);
+    let a = randn(&[2, 3], &mut g);
+    let b = randn(&[2, 3], &mut g);
+    let (av, bv) = (vals(&a), vals(&b));
+    let mut want = vec![0.0; 6];
+    for r in 0..2 {
+        let (x, y) = (&av[r * 3..r * 3 + 3], &bv[r * 3..r * 3 + 3]);
+        want[r * 3] = x[1] * y[2] - x[2] * y[1];
+        want[r * 3 + 1] = x[2] * y[0] - x[0] * y[2];
+        want[r * 3 + 2] = x[0] * y[1] - x[1] * y[0];
+    }
+    close(&vals(&ops::cross(&a, &b, 1).unwrap()), &want, 1e-15, "cross");
+    close(&vals(&ops::cross_default(&a, &b, None).unwrap()), &want, 1e-15, "cross default dim");
+    check_grads(&|v| ops::cross(&v[0], &v[1], -1), &[a, b], true, 91);
+
+    let x = randn(&[5, 3], &mut g);
+    let v = randn(&[2, 3], &mut g);
+    let idx = Tensor::from_vec(vec![4i64, -4], [2]).unwrap();
+    let (xv, vv) = (vals(&x), vals(&v));
+    let mut want = xv.clone();
+    let mut acc = xv.clone();
+    for (r, row) in [4usize, 1].iter().enumerate() {
+        for k in 0..3 {
+            want[row * 3 + k] = vv[r * 3 + k];
+            acc[row * 3 + k] += vv[r * 3 + k];
+        }
+    }
+    let idxs = [idx.clone()];
+    close(&vals(&ops::index_put(&x, &idxs, &v, false).unwrap()), &want, 0.0, "index_put");
+    close(&vals(&ops::index_put(&x, &idxs, &v, true).unwrap()), &acc, 1e-15, "index_put acc");
+    // Two index tensors pick elements; a bool mask picks rows.
+    let rows = Tensor::from_vec(vec![0i64, 2], [2]).unwrap();
+    let cols = Tensor::from_vec(vec![1i64, 0], [2]).unwrap();
+    let pts = Tensor::from_vec(vec![10.0f64, 20.0], [2]).unwrap();
+    let got = vals(&ops::index_put(&x, &[rows, cols], &pts, false).unwrap());
+    assert_eq!((got[1], got[6]), (10.0, 20.0));
+    let mask = Tensor::from_vec(vec![true, false, false, true, false], [5]).unwrap();
+    let got = vals(&ops::index_put(&x, &[mask], &Tensor::scalar(7.0f64), false).unwrap());
+    assert_eq!(&got[0..3], &[7.0, 7.0, 7.0]);
+    assert_eq!(&got[9..12], &[7.0, 7.0, 7.0]);
+    assert!(ops::index_put(&x, &[Tensor::from_vec(vec![5i64], [1]).unwrap()], &v, false).is_err());
+    check_grads(&|t| ops::index_put(&t[0], &idxs, &t[1], false), &[x.clone(), v.clone()], false, 92);
+    check_grads(&|t| ops::index_put(&t[0], &idxs, &t[1], true), &[x, v], false, 93);
+
+    let a = randn(&[2, 3, 4], &mut g);
+    let b = randn(&[3, 4, 5], &mut g);
+    let (av, bv) = (vals(&a), vals(&b));
+    let mut want = vec![0.0; 10];
+    for i in 0..2 {
+        for l in 0..5 {
+            for j in 0..3 {
+                for k in 0..4 {
+                    want[i * 5 + l] += av[i * 12 + j * 4 + k] * bv[j * 20 + k * 5 + l];
+                }
+            }
+        }
+    }
+    close(&vals(&ops::tensordot(&a, &b, &TensordotDims::Count(2)).unwrap()), &want, 1e-12, "tensordot");
+    let pairs = TensordotDims::Pairs(vec![1, 2], vec![0, 1]);
+    close(&vals(&ops::tensordot(&a, &b, &pairs).unwrap()), &want, 1e-12, "tensordot pairs");
+    check_grads(&|v| ops::tensordot(&v[0], &v[1], &pairs), &[a, b], true, 94);
+}
