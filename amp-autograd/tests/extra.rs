@@ -108,7 +108,10 @@ fn check_grads(
     )
     .unwrap();
     for (i, t) in inputs.iter().enumerate() {
-        let g = gs[i].as_ref().map(vals).unwrap_or(vec![0.0; t.elem_count()]);
+        let g = gs[i]
+            .as_ref()
+            .map(vals)
+            .unwrap_or(vec![0.0; t.elem_count()]);
         let fd: Vec<f64> = (0..t.elem_count())
             .map(|k| {
                 let p = s(&shifted(inputs, i, k, h)).item_f64().unwrap();
@@ -133,7 +136,10 @@ fn check_grads(
     )
     .unwrap();
     for (i, t) in inputs.iter().enumerate() {
-        let g = gg[i].as_ref().map(vals).unwrap_or(vec![0.0; t.elem_count()]);
+        let g = gg[i]
+            .as_ref()
+            .map(vals)
+            .unwrap_or(vec![0.0; t.elem_count()]);
         let fd: Vec<f64> = (0..t.elem_count())
             .map(|k| {
                 let p = grad_norm(&s, &shifted(inputs, i, k, h), false)
@@ -202,8 +208,22 @@ fn cell_case(n: usize, input: usize, hidden: usize, gates: usize, seed: u64) -> 
 impl CellCase {
     fn gates(&self, rows: usize) -> (Vec<f64>, Vec<f64>) {
         (
-            lin(&vals(&self.x), self.n, self.input, &vals(&self.w_ih), rows, &vals(&self.b_ih)),
-            lin(&vals(&self.h), self.n, self.hidden, &vals(&self.w_hh), rows, &vals(&self.b_hh)),
+            lin(
+                &vals(&self.x),
+                self.n,
+                self.input,
+                &vals(&self.w_ih),
+                rows,
+                &vals(&self.b_ih),
+            ),
+            lin(
+                &vals(&self.h),
+                self.n,
+                self.hidden,
+                &vals(&self.w_hh),
+                rows,
+                &vals(&self.b_hh),
+            ),
         )
     }
     fn inputs(&self, with_c: bool) -> Vec<Tensor> {
@@ -226,10 +246,12 @@ fn rnn_cells_match_references() {
     let c = cell_case(2, 4, 3, 1, 1);
     let (gi, gh) = c.gates(3);
     let want: Vec<f64> = gi.iter().zip(&gh).map(|(a, b)| (a + b).tanh()).collect();
-    let got = ops::rnn_tanh_cell(&c.x, &c.h, &c.w_ih, &c.w_hh, Some(&c.b_ih), Some(&c.b_hh)).unwrap();
+    let got =
+        ops::rnn_tanh_cell(&c.x, &c.h, &c.w_ih, &c.w_hh, Some(&c.b_ih), Some(&c.b_hh)).unwrap();
     close(&vals(&got), &want, 1e-12, "rnn_tanh_cell");
     let want: Vec<f64> = gi.iter().zip(&gh).map(|(a, b)| (a + b).max(0.0)).collect();
-    let got = ops::rnn_relu_cell(&c.x, &c.h, &c.w_ih, &c.w_hh, Some(&c.b_ih), Some(&c.b_hh)).unwrap();
+    let got =
+        ops::rnn_relu_cell(&c.x, &c.h, &c.w_ih, &c.w_hh, Some(&c.b_ih), Some(&c.b_hh)).unwrap();
     close(&vals(&got), &want, 1e-12, "rnn_relu_cell");
 
     let c = cell_case(2, 4, 3, 3, 2);
@@ -318,8 +340,14 @@ fn cell_gradients_and_double_gradients() {
     let c = cell_case(2, 3, 2, 4, 7);
     check_grads(
         &|v| {
-            let (h, cy) =
-                ops::lstm_cell(&v[0], (&v[1], &v[2]), &v[3], &v[4], Some(&v[5]), Some(&v[6]))?;
+            let (h, cy) = ops::lstm_cell(
+                &v[0],
+                (&v[1], &v[2]),
+                &v[3],
+                &v[4],
+                Some(&v[5]),
+                Some(&v[6]),
+            )?;
             ops::cat(&[h, cy], 0)
         },
         &c.inputs(true),
@@ -364,7 +392,9 @@ fn probs(n: usize, c: usize, seed: u64) -> Tensor {
 #[test]
 fn kl_div_values_and_gradients() {
     let mut g = Generator::new(20);
-    let x = ops::log_softmax(&randn(&[3, 4], &mut g), 1, None).unwrap().detach();
+    let x = ops::log_softmax(&randn(&[3, 4], &mut g), 1, None)
+        .unwrap()
+        .detach();
     x.requires_grad_(true).unwrap();
     let t = probs(3, 4, 21);
     let (xv, tv) = (vals(&x), vals(&t));
@@ -395,13 +425,19 @@ fn pointwise_losses_match_references() {
     let mut g = Generator::new(30);
     let x = randn(&[3, 4], &mut g);
     let xv = vals(&x);
-    let sign: Vec<f64> = (0..12).map(|i| if i % 3 == 0 { -1.0 } else { 1.0 }).collect();
+    let sign: Vec<f64> = (0..12)
+        .map(|i| if i % 3 == 0 { -1.0 } else { 1.0 })
+        .collect();
     let y = Tensor::from_vec(sign.clone(), [3, 4]).unwrap();
     let counts: Vec<f64> = (0..12).map(|i| (i % 4) as f64).collect();
     let cnt = Tensor::from_vec(counts.clone(), [3, 4]).unwrap();
 
     // poisson_nll_loss, log_input and full
-    let want: Vec<f64> = xv.iter().zip(&counts).map(|(x, t)| x.exp() - t * x).collect();
+    let want: Vec<f64> = xv
+        .iter()
+        .zip(&counts)
+        .map(|(x, t)| x.exp() - t * x)
+        .collect();
     let got = ops::poisson_nll_loss(&x, &cnt, true, false, 1e-8, Reduction::None).unwrap();
     close(&vals(&got), &want, 1e-12, "poisson_nll_loss");
     let full: Vec<f64> = want
@@ -559,7 +595,11 @@ fn embedding_losses_match_references() {
             nb += bv[r * 4 + k] * bv[r * 4 + k];
         }
         let cos = d / (na * nb).sqrt();
-        want += if r == 0 { 1.0 - cos } else { (cos - 0.1f64).max(0.0) };
+        want += if r == 0 {
+            1.0 - cos
+        } else {
+            (cos - 0.1f64).max(0.0)
+        };
     }
     let got = ops::cosine_embedding_loss(&a, &b, &t, 0.1, Reduction::Sum).unwrap();
     close(&vals(&got), &[want], 1e-12, "cosine_embedding_loss");
@@ -714,15 +754,37 @@ fn distances_match_references() {
     // pdist: rows (0,1), (0,2), (1,2)
     let want: Vec<f64> = [(0, 1), (0, 2), (1, 2)]
         .iter()
-        .map(|&(i, j)| pn(&(0..4).map(|k| av[i * 4 + k] - av[j * 4 + k]).collect::<Vec<_>>(), 2.0))
+        .map(|&(i, j)| {
+            pn(
+                &(0..4)
+                    .map(|k| av[i * 4 + k] - av[j * 4 + k])
+                    .collect::<Vec<_>>(),
+                2.0,
+            )
+        })
         .collect();
     close(&vals(&ops::pdist(&a, 2.0).unwrap()), &want, 1e-12, "pdist");
-    check_grads(&|v| ops::pdist(&v[0], 2.0), std::slice::from_ref(&a), true, 73);
+    check_grads(
+        &|v| ops::pdist(&v[0], 2.0),
+        std::slice::from_ref(&a),
+        true,
+        73,
+    );
     // dist
     let c = randn(&[3, 4], &mut g);
     let d: Vec<f64> = av.iter().zip(vals(&c)).map(|(x, y)| x - y).collect();
-    close(&vals(&ops::dist(&a, &c, 3.0).unwrap()), &[pn(&d, 3.0)], 1e-12, "dist");
-    check_grads(&|v| ops::dist(&v[0], &v[1], 2.0), &[a.clone(), c.clone()], true, 74);
+    close(
+        &vals(&ops::dist(&a, &c, 3.0).unwrap()),
+        &[pn(&d, 3.0)],
+        1e-12,
+        "dist",
+    );
+    check_grads(
+        &|v| ops::dist(&v[0], &v[1], 2.0),
+        &[a.clone(), c.clone()],
+        true,
+        74,
+    );
     // cosine_similarity and normalize along dim 1
     let cv = vals(&c);
     let want: Vec<f64> = (0..3)
@@ -739,19 +801,50 @@ fn distances_match_references() {
         1e-12,
         "cosine_similarity",
     );
-    check_grads(&|v| ops::cosine_similarity(&v[0], &v[1], 1, 1e-8), &[a.clone(), c], true, 75);
-    let want: Vec<f64> = (0..12).map(|i| av[i] / pn(&av[(i / 4) * 4..(i / 4) * 4 + 4], 2.0)).collect();
-    close(&vals(&ops::normalize(&a, 2.0, 1, 1e-12).unwrap()), &want, 1e-12, "normalize");
-    check_grads(&|v| ops::normalize(&v[0], 3.0, 1, 1e-12), std::slice::from_ref(&a), true, 76);
+    check_grads(
+        &|v| ops::cosine_similarity(&v[0], &v[1], 1, 1e-8),
+        &[a.clone(), c],
+        true,
+        75,
+    );
+    let want: Vec<f64> = (0..12)
+        .map(|i| av[i] / pn(&av[(i / 4) * 4..(i / 4) * 4 + 4], 2.0))
+        .collect();
+    close(
+        &vals(&ops::normalize(&a, 2.0, 1, 1e-12).unwrap()),
+        &want,
+        1e-12,
+        "normalize",
+    );
+    check_grads(
+        &|v| ops::normalize(&v[0], 3.0, 1, 1e-12),
+        std::slice::from_ref(&a),
+        true,
+        76,
+    );
     // renorm along dim 0: rows with norm above 1.5 scaled to 1.5
     let want: Vec<f64> = (0..12)
         .map(|i| {
             let n = pn(&av[(i / 4) * 4..(i / 4) * 4 + 4], 2.0);
-            if n > 1.5 { av[i] * 1.5 / (n + 1e-7) } else { av[i] }
+            if n > 1.5 {
+                av[i] * 1.5 / (n + 1e-7)
+            } else {
+                av[i]
+            }
         })
         .collect();
-    close(&vals(&ops::renorm(&a, 2.0, 0, 1.5).unwrap()), &want, 1e-12, "renorm");
-    check_grads(&|v| ops::renorm(&v[0], 2.0, 0, 1.5), std::slice::from_ref(&a), true, 77);
+    close(
+        &vals(&ops::renorm(&a, 2.0, 0, 1.5).unwrap()),
+        &want,
+        1e-12,
+        "renorm",
+    );
+    check_grads(
+        &|v| ops::renorm(&v[0], 2.0, 0, 1.5),
+        std::slice::from_ref(&a),
+        true,
+        77,
+    );
 }
 
 #[test]
@@ -761,7 +854,13 @@ fn prelu_bilinear_group_norm_match_references() {
     let w = leaf(vec![0.25, -0.5, 2.0], &[3]);
     let (xv, wv) = (vals(&x), vals(&w));
     let want: Vec<f64> = (0..24)
-        .map(|i| if xv[i] > 0.0 { xv[i] } else { wv[(i / 4) % 3] * xv[i] })
+        .map(|i| {
+            if xv[i] > 0.0 {
+                xv[i]
+            } else {
+                wv[(i / 4) % 3] * xv[i]
+            }
+        })
         .collect();
     close(&vals(&ops::prelu(&x, &w).unwrap()), &want, 1e-15, "prelu");
     check_grads(&|v| ops::prelu(&v[0], &v[1]), &[x.clone(), w], true, 81);
@@ -783,7 +882,12 @@ fn prelu_bilinear_group_norm_match_references() {
             want[n * 5 + o] = s;
         }
     }
-    close(&vals(&ops::bilinear(&x1, &x2, &bw, Some(&bb)).unwrap()), &want, 1e-12, "bilinear");
+    close(
+        &vals(&ops::bilinear(&x1, &x2, &bw, Some(&bb)).unwrap()),
+        &want,
+        1e-12,
+        "bilinear",
+    );
     check_grads(
         &|v| ops::bilinear(&v[0], &v[1], &v[2], Some(&v[3])),
         &[x1, x2, bw, bb],
@@ -834,8 +938,18 @@ fn cross_index_put_tensordot_match_references() {
         want[r * 3 + 1] = x[2] * y[0] - x[0] * y[2];
         want[r * 3 + 2] = x[0] * y[1] - x[1] * y[0];
     }
-    close(&vals(&ops::cross(&a, &b, 1).unwrap()), &want, 1e-15, "cross");
-    close(&vals(&ops::cross_default(&a, &b, None).unwrap()), &want, 1e-15, "cross default dim");
+    close(
+        &vals(&ops::cross(&a, &b, 1).unwrap()),
+        &want,
+        1e-15,
+        "cross",
+    );
+    close(
+        &vals(&ops::cross_default(&a, &b, None).unwrap()),
+        &want,
+        1e-15,
+        "cross default dim",
+    );
     check_grads(&|v| ops::cross(&v[0], &v[1], -1), &[a, b], true, 91);
 
     let x = randn(&[5, 3], &mut g);
@@ -851,8 +965,18 @@ fn cross_index_put_tensordot_match_references() {
         }
     }
     let idxs = [idx.clone()];
-    close(&vals(&ops::index_put(&x, &idxs, &v, false).unwrap()), &want, 0.0, "index_put");
-    close(&vals(&ops::index_put(&x, &idxs, &v, true).unwrap()), &acc, 1e-15, "index_put acc");
+    close(
+        &vals(&ops::index_put(&x, &idxs, &v, false).unwrap()),
+        &want,
+        0.0,
+        "index_put",
+    );
+    close(
+        &vals(&ops::index_put(&x, &idxs, &v, true).unwrap()),
+        &acc,
+        1e-15,
+        "index_put acc",
+    );
     // Two index tensors pick elements; a bool mask picks rows.
     let rows = Tensor::from_vec(vec![0i64, 2], [2]).unwrap();
     let cols = Tensor::from_vec(vec![1i64, 0], [2]).unwrap();
@@ -864,8 +988,18 @@ fn cross_index_put_tensordot_match_references() {
     assert_eq!(&got[0..3], &[7.0, 7.0, 7.0]);
     assert_eq!(&got[9..12], &[7.0, 7.0, 7.0]);
     assert!(ops::index_put(&x, &[Tensor::from_vec(vec![5i64], [1]).unwrap()], &v, false).is_err());
-    check_grads(&|t| ops::index_put(&t[0], &idxs, &t[1], false), &[x.clone(), v.clone()], false, 92);
-    check_grads(&|t| ops::index_put(&t[0], &idxs, &t[1], true), &[x, v], false, 93);
+    check_grads(
+        &|t| ops::index_put(&t[0], &idxs, &t[1], false),
+        &[x.clone(), v.clone()],
+        false,
+        92,
+    );
+    check_grads(
+        &|t| ops::index_put(&t[0], &idxs, &t[1], true),
+        &[x, v],
+        false,
+        93,
+    );
 
     let a = randn(&[2, 3, 4], &mut g);
     let b = randn(&[3, 4, 5], &mut g);
@@ -880,8 +1014,18 @@ fn cross_index_put_tensordot_match_references() {
             }
         }
     }
-    close(&vals(&ops::tensordot(&a, &b, &TensordotDims::Count(2)).unwrap()), &want, 1e-12, "tensordot");
+    close(
+        &vals(&ops::tensordot(&a, &b, &TensordotDims::Count(2)).unwrap()),
+        &want,
+        1e-12,
+        "tensordot",
+    );
     let pairs = TensordotDims::Pairs(vec![1, 2], vec![0, 1]);
-    close(&vals(&ops::tensordot(&a, &b, &pairs).unwrap()), &want, 1e-12, "tensordot pairs");
+    close(
+        &vals(&ops::tensordot(&a, &b, &pairs).unwrap()),
+        &want,
+        1e-12,
+        "tensordot pairs",
+    );
     check_grads(&|v| ops::tensordot(&v[0], &v[1], &pairs), &[a, b], true, 94);
 }

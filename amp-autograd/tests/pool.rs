@@ -20,7 +20,11 @@ fn with_values(t: &Tensor, v: Vec<f64>) -> Tensor {
 }
 
 fn dot(a: &Tensor, b: &Tensor) -> f64 {
-    a.to_vec_f64().iter().zip(b.to_vec_f64()).map(|(x, y)| x * y).sum()
+    a.to_vec_f64()
+        .iter()
+        .zip(b.to_vec_f64())
+        .map(|(x, y)| x * y)
+        .sum()
 }
 
 /// Compare the gradient of `sum(f(inputs) * w)` with central differences for every
@@ -43,7 +47,10 @@ fn check_grad(inputs: &[Tensor], f: &dyn Fn(&[Tensor]) -> Result<Tensor>, tol: f
     let eps = 1e-6;
     for (k, x) in inputs.iter().enumerate() {
         let base = x.to_vec_f64();
-        let g = gs[k].as_ref().map(|g| g.to_vec_f64()).unwrap_or(vec![0.0; base.len()]);
+        let g = gs[k]
+            .as_ref()
+            .map(|g| g.to_vec_f64())
+            .unwrap_or(vec![0.0; base.len()]);
         for i in 0..base.len() {
             let at = |d: f64| {
                 let mut v = base.clone();
@@ -107,7 +114,10 @@ fn check_second_order(inputs: &[Tensor], f: &dyn Fn(&[Tensor]) -> Result<Tensor>
     let eps = 1e-5;
     for (k, x) in inputs.iter().enumerate() {
         let base = x.to_vec_f64();
-        let g = g2[k].as_ref().map(|g| g.to_vec_f64()).unwrap_or(vec![0.0; base.len()]);
+        let g = g2[k]
+            .as_ref()
+            .map(|g| g.to_vec_f64())
+            .unwrap_or(vec![0.0; base.len()]);
         for i in 0..base.len() {
             let at = |d: f64| {
                 let mut v = base.clone();
@@ -141,7 +151,11 @@ fn max_pool_gradients() {
         1e-6,
     );
     let x1 = leaf(&[3, 7], 3, -1.0, 1.0);
-    check_grad(&[x1], &|v| ops::max_pool1d(&v[0], &[3], &[2], &[1], &[1], true), 1e-6);
+    check_grad(
+        &[x1],
+        &|v| ops::max_pool1d(&v[0], &[3], &[2], &[1], &[1], true),
+        1e-6,
+    );
     // Double backward: zeros, and the first-order grad is on the graph.
     check_second_order(
         &[x],
@@ -276,8 +290,16 @@ fn unpool_and_fractional_gradients() {
     );
     // Without samples the windows are drawn from the generator, reproducibly.
     let a = ops::fractional_max_pool_nd(&x, 2, &[2], None, Some(&[0.5]), None, &mut gen).unwrap();
-    let b = ops::fractional_max_pool_nd(&x, 2, &[2], None, Some(&[0.5]), None, &mut Generator::new(0))
-        .unwrap();
+    let b = ops::fractional_max_pool_nd(
+        &x,
+        2,
+        &[2],
+        None,
+        Some(&[0.5]),
+        None,
+        &mut Generator::new(0),
+    )
+    .unwrap();
     assert_eq!(a.0.dims(), &[1, 2, 3, 2]);
     assert_eq!(a.1.to_vec::<i64>().unwrap(), b.1.to_vec::<i64>().unwrap());
 }
@@ -288,9 +310,16 @@ fn fractional_intervals_follow_pytorch() {
     // the last start is in - pool. input 10, pool 2, out 4, u = 0.5: alpha = 8/3.
     let x = Tensor::from_vec((0..10).map(f64::from).collect::<Vec<_>>(), [1, 1, 1, 10]).unwrap();
     let s = Tensor::from_vec(vec![0.5f64, 0.5], [1, 1, 2]).unwrap();
-    let (v, i) =
-        ops::fractional_max_pool_nd(&x, 2, &[1, 2], Some(&[1, 4]), None, Some(&s), &mut Generator::new(0))
-            .unwrap();
+    let (v, i) = ops::fractional_max_pool_nd(
+        &x,
+        2,
+        &[1, 2],
+        Some(&[1, 4]),
+        None,
+        Some(&s),
+        &mut Generator::new(0),
+    )
+    .unwrap();
     // starts int(4/3) - 1 = 0, int(4) - 1 = 3, int(20/3) - 1 = 5, 8 → maxima at 1, 4, 6, 9.
     assert_eq!(i.to_vec::<i64>().unwrap(), [1, 4, 6, 9]);
     assert_eq!(v.to_vec_f64(), [1.0, 4.0, 6.0, 9.0]);
@@ -300,7 +329,11 @@ fn fractional_intervals_follow_pytorch() {
 fn grid_sample_gradients_input_and_grid_first_and_second_order() {
     let x = leaf(&[1, 2, 3, 4], 10, -1.0, 1.0);
     let g = leaf(&[1, 2, 3, 2], 11, -1.2, 1.2);
-    for pm in [GridPadding::Zeros, GridPadding::Border, GridPadding::Reflection] {
+    for pm in [
+        GridPadding::Zeros,
+        GridPadding::Border,
+        GridPadding::Reflection,
+    ] {
         for align in [false, true] {
             check_grad(
                 &[x.clone(), g.clone()],
@@ -323,7 +356,15 @@ fn grid_sample_gradients_input_and_grid_first_and_second_order() {
     let g3 = leaf(&[1, 2, 2, 1, 3], 13, -1.0, 1.0);
     check_grad(
         &[x3.clone(), g3.clone()],
-        &|v| ops::grid_sample(&v[0], &v[1], GridMode::Bilinear, GridPadding::Reflection, true),
+        &|v| {
+            ops::grid_sample(
+                &v[0],
+                &v[1],
+                GridMode::Bilinear,
+                GridPadding::Reflection,
+                true,
+            )
+        },
         1e-5,
     );
     // With gradients the result equals the fused (no-grad) kernel's.
@@ -351,7 +392,10 @@ fn embedding_padding_idx_gets_no_gradient() {
     )
     .unwrap();
     let g = gs[0].as_ref().unwrap().to_vec_f64();
-    assert_eq!(g, [0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0]);
+    assert_eq!(
+        g,
+        [0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
+    );
     assert!(ops::embedding_padded(&w, &idx, Some(5)).is_err());
 }
 

@@ -63,7 +63,10 @@ fn source(o: i64, size: i64, before: i64, mode: PadMode) -> Option<i64> {
 pub fn padded_sizes(input: &[usize], pads: &[(i64, i64)], mode: PadMode) -> Result<Vec<usize>> {
     let op = "pad";
     if input.len() != pads.len() {
-        return Err(Error::invalid(op, "one (before, after) pair per padded dim is needed"));
+        return Err(Error::invalid(
+            op,
+            "one (before, after) pair per padded dim is needed",
+        ));
     }
     let mut out = Vec::with_capacity(input.len());
     for (d, (&size, &(b, a))) in input.iter().zip(pads).enumerate() {
@@ -131,7 +134,11 @@ pub fn pad(x: &Tensor, pads: &[(i64, i64)], mode: PadMode, value: f64) -> Result
     if n == 0 || n > x.rank() {
         return Err(Error::invalid(
             "pad",
-            format!("Padding length too large: {} dims padded of a {}-d input", n, x.rank()),
+            format!(
+                "Padding length too large: {} dims padded of a {}-d input",
+                n,
+                x.rank()
+            ),
         ));
     }
     let idx = pad_indices(&x.dims()[x.rank() - n..], pads, mode)?;
@@ -140,7 +147,12 @@ pub fn pad(x: &Tensor, pads: &[(i64, i64)], mode: PadMode, value: f64) -> Result
 
 /// The gradient of [`pad`]: `g` (padded shape) summed back onto the input positions
 /// (`input` are the unpadded spatial sizes).
-pub fn pad_backward(g: &Tensor, input: &[usize], pads: &[(i64, i64)], mode: PadMode) -> Result<Tensor> {
+pub fn pad_backward(
+    g: &Tensor,
+    input: &[usize],
+    pads: &[(i64, i64)],
+    mode: PadMode,
+) -> Result<Tensor> {
     let idx = pad_indices(input, pads, mode)?;
     plane_scatter(g, &idx, input, true)
 }

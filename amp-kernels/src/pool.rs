@@ -61,7 +61,11 @@ impl DimWindows {
 
 /// Split `x`'s dims into (leading, spatial) for an `n`-d spatial op that accepts
 /// `n + 1` (unbatched) or `n + 2` dims, checking that the non-batch dims are non-empty.
-pub fn split_spatial(op: &'static str, dims: &[usize], n: usize) -> Result<(Vec<usize>, Vec<usize>)> {
+pub fn split_spatial(
+    op: &'static str,
+    dims: &[usize],
+    n: usize,
+) -> Result<(Vec<usize>, Vec<usize>)> {
     if dims.len() != n + 1 && dims.len() != n + 2 {
         return Err(Error::invalid(
             op,
@@ -135,7 +139,10 @@ impl PoolParams {
             ));
         }
         if self.kernel.contains(&0) {
-            return Err(Error::invalid(op, "kernel size should be greater than zero"));
+            return Err(Error::invalid(
+                op,
+                "kernel size should be greater than zero",
+            ));
         }
         if self.stride.contains(&0) {
             return Err(Error::invalid(op, "stride should be greater than zero"));
@@ -171,7 +178,14 @@ impl PoolParams {
                 self.padding[d] as i64,
                 self.dilation[d] as i64,
             );
-            let o = pool_output_size(size, k as usize, s as usize, p as usize, dil as usize, self.ceil_mode);
+            let o = pool_output_size(
+                size,
+                k as usize,
+                s as usize,
+                p as usize,
+                dil as usize,
+                self.ceil_mode,
+            );
             if o <= 0 {
                 return Err(Error::invalid(
                     op,
@@ -196,12 +210,19 @@ impl PoolParams {
                             count: count as usize,
                             step: 1,
                         });
-                        dw.divisors
-                            .push(if include_pad { pool as f64 } else { count as f64 });
+                        dw.divisors.push(if include_pad {
+                            pool as f64
+                        } else {
+                            count as f64
+                        });
                     }
                     None => {
                         // First j with start + j * dil >= 0, last with < n.
-                        let j0 = if start < 0 { (-start + dil - 1) / dil } else { 0 };
+                        let j0 = if start < 0 {
+                            (-start + dil - 1) / dil
+                        } else {
+                            0
+                        };
                         let mut count = 0;
                         let mut j = j0;
                         while j < k && start + j * dil < n {
@@ -244,7 +265,12 @@ pub fn adaptive_windows(input: usize, output: usize) -> DimWindows {
 }
 
 /// PyTorch's fractional max-pool interval starts for one dim and one `sample` in `[0, 1)`.
-pub fn fractional_windows<C: Real>(sample: C, input: usize, output: usize, pool: usize) -> DimWindows {
+pub fn fractional_windows<C: Real>(
+    sample: C,
+    input: usize,
+    output: usize,
+    pool: usize,
+) -> DimWindows {
     let mut seq = vec![0usize; output];
     if output > 1 {
         let alpha = C::from_f64c((input - pool) as f64) / C::from_f64c((output - 1) as f64);
@@ -313,14 +339,26 @@ fn window_positions(w: [Window; 3], s: [usize; 3], mut f: impl FnMut(usize)) {
 
 fn check_geo(op: &'static str, geos: &[Vec<DimWindows>], planes: usize, n: usize) -> Result<()> {
     if geos.is_empty() || (geos.len() != 1 && geos.len() != planes) {
-        return Err(Error::invalid(op, "one geometry, or one per plane, is needed"));
+        return Err(Error::invalid(
+            op,
+            "one geometry, or one per plane, is needed",
+        ));
     }
     if geos.iter().any(|g| g.len() != n) {
-        return Err(Error::invalid(op, "the geometry must have one entry per spatial dim"));
+        return Err(Error::invalid(
+            op,
+            "the geometry must have one entry per spatial dim",
+        ));
     }
     let out: Vec<usize> = geos[0].iter().map(DimWindows::len).collect();
-    if geos.iter().any(|g| g.iter().map(DimWindows::len).ne(out.iter().copied())) {
-        return Err(Error::invalid(op, "every plane must have the same output size"));
+    if geos
+        .iter()
+        .any(|g| g.iter().map(DimWindows::len).ne(out.iter().copied()))
+    {
+        return Err(Error::invalid(
+            op,
+            "every plane must have the same output size",
+        ));
     }
     Ok(())
 }
@@ -328,7 +366,11 @@ fn check_geo(op: &'static str, geos: &[Vec<DimWindows>], planes: usize, n: usize
 /// Max pooling of the trailing `geos[0].len()` dims of `x` over windows `geos` (one
 /// geometry shared by all planes, or one per plane): `(values, flat indices)`. NaN
 /// propagates (the last NaN of a window wins), as PyTorch's CPU kernels.
-pub fn max_pool_windows(op: &'static str, x: &Tensor, geos: &[Vec<DimWindows>]) -> Result<(Tensor, Tensor)> {
+pub fn max_pool_windows(
+    op: &'static str,
+    x: &Tensor,
+    geos: &[Vec<DimWindows>],
+) -> Result<(Tensor, Tensor)> {
     crate::ensure_float(op, x)?;
     let n = geos.first().map_or(0, Vec::len);
     if n == 0 || n > 3 || x.rank() < n {
@@ -381,7 +423,12 @@ pub fn max_pool_windows(op: &'static str, x: &Tensor, geos: &[Vec<DimWindows>]) 
 
 /// Average pooling of the trailing dims of `x` over windows `geo`: each output is the
 /// window's sum divided by the product of the per-dim divisors, or `divisor_override`.
-pub fn avg_pool_windows(op: &'static str, x: &Tensor, geo: &[DimWindows], divisor_override: Option<f64>) -> Result<Tensor> {
+pub fn avg_pool_windows(
+    op: &'static str,
+    x: &Tensor,
+    geo: &[DimWindows],
+    divisor_override: Option<f64>,
+) -> Result<Tensor> {
     crate::ensure_float(op, x)?;
     let n = geo.len();
     if n == 0 || n > 3 || x.rank() < n {
@@ -400,16 +447,18 @@ pub fn avg_pool_windows(op: &'static str, x: &Tensor, geo: &[DimWindows], diviso
         with_slice::<T, _>(x, |xs| {
             let mut vals = vec![C::zero(); planes * out_len];
             if out_len > 0 && in_len > 0 {
-                vals.par_chunks_mut(out_len).enumerate().for_each(|(p, ov)| {
-                    let mut buf = vec![C::zero(); in_len];
-                    cast_into(&xs[p * in_len..][..in_len], &mut buf);
-                    for_each_window(&g, |o, w, div| {
-                        let mut acc = C::zero();
-                        window_positions(w, s, |q| acc = acc + buf[q]);
-                        let div = divisor_override.unwrap_or(div);
-                        ov[o] = acc / C::from_f64c(div);
+                vals.par_chunks_mut(out_len)
+                    .enumerate()
+                    .for_each(|(p, ov)| {
+                        let mut buf = vec![C::zero(); in_len];
+                        cast_into(&xs[p * in_len..][..in_len], &mut buf);
+                        for_each_window(&g, |o, w, div| {
+                            let mut acc = C::zero();
+                            window_positions(w, s, |q| acc = acc + buf[q]);
+                            let div = divisor_override.unwrap_or(div);
+                            ov[o] = acc / C::from_f64c(div);
+                        });
                     });
-                });
             }
             Tensor::from_vec(cast_slice::<C, T>(&vals), out_dims.clone())
         })
@@ -428,7 +477,8 @@ pub fn avg_pool_windows_backward(
     crate::ensure_float(op, g)?;
     let n = geo.len();
     let out_sp: Vec<usize> = geo.iter().map(DimWindows::len).collect();
-    if n == 0 || n > 3 || input.len() != n || g.rank() < n || g.dims()[g.rank() - n..] != out_sp[..] {
+    if n == 0 || n > 3 || input.len() != n || g.rank() < n || g.dims()[g.rank() - n..] != out_sp[..]
+    {
         return Err(Error::shape_mismatch(op, g.dims(), &out_sp));
     }
     let lead = g.dims()[..g.rank() - n].to_vec();
@@ -471,7 +521,10 @@ fn check_rows(op: &'static str, planes: usize, rows: usize) -> Result<usize> {
 fn index_vec(op: &'static str, idx: &Tensor) -> Result<Vec<i64>> {
     match idx.dtype() {
         amp_tensor::DType::I64 => Ok(idx.to_vec_as()),
-        d => Err(Error::invalid(op, format!("{op}: expected int64 indices, got {d}"))),
+        d => Err(Error::invalid(
+            op,
+            format!("{op}: expected int64 indices, got {d}"),
+        )),
     }
 }
 
@@ -503,15 +556,17 @@ pub fn plane_gather(x: &Tensor, spatial_rank: usize, idx: &Tensor, fill: f64) ->
             let fillv: T = amp_tensor::Element::cast(<C as Real>::from_f64c(fill));
             let mut out = vec![fillv; planes * out_len];
             if out_len > 0 {
-                out.par_chunks_mut(out_len).enumerate().for_each(|(p, op_)| {
-                    let row = &iv[(p / per) * out_len..][..out_len];
-                    let src = &xs[p * in_len..][..in_len];
-                    for (d, &i) in op_.iter_mut().zip(row) {
-                        if i >= 0 {
-                            *d = src[i as usize];
+                out.par_chunks_mut(out_len)
+                    .enumerate()
+                    .for_each(|(p, op_)| {
+                        let row = &iv[(p / per) * out_len..][..out_len];
+                        let src = &xs[p * in_len..][..in_len];
+                        for (d, &i) in op_.iter_mut().zip(row) {
+                            if i >= 0 {
+                                *d = src[i as usize];
+                            }
                         }
-                    }
-                });
+                    });
             }
             Tensor::from_vec(out, out_dims.clone())
         })
@@ -521,8 +576,17 @@ pub fn plane_gather(x: &Tensor, spatial_rank: usize, idx: &Tensor, fill: f64) ->
 /// The adjoint of [`plane_gather`]: `g` is `[lead..., S_out...]`; values are added (or,
 /// with `accumulate = false`, written: the last write wins) at their index into zeros of
 /// `[lead..., input...]`; negative indices are skipped.
-pub fn plane_scatter(g: &Tensor, idx: &Tensor, input: &[usize], accumulate: bool) -> Result<Tensor> {
-    let op = if accumulate { "plane_scatter_add" } else { "plane_scatter" };
+pub fn plane_scatter(
+    g: &Tensor,
+    idx: &Tensor,
+    input: &[usize],
+    accumulate: bool,
+) -> Result<Tensor> {
+    let op = if accumulate {
+        "plane_scatter_add"
+    } else {
+        "plane_scatter"
+    };
     crate::ensure_float(op, g)?;
     let n = input.len();
     if g.rank() < n || idx.rank() < n || g.dims()[g.rank() - n..] != idx.dims()[idx.rank() - n..] {

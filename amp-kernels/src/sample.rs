@@ -146,7 +146,10 @@ fn source<C: Real>(g: C, size: usize, padding: GridPadding, align: bool) -> (C, 
 fn check(input: &[usize], grid: &Tensor) -> Result<(usize, usize, Vec<usize>)> {
     let op = "grid_sample";
     let gd = grid.dims();
-    if !(gd.len() == 4 || gd.len() == 5) || input.len() != gd.len() || gd[gd.len() - 1] != gd.len() - 2 {
+    if !(gd.len() == 4 || gd.len() == 5)
+        || input.len() != gd.len()
+        || gd[gd.len() - 1] != gd.len() - 2
+    {
         return Err(Error::invalid(
             op,
             format!("grid_sampler(): expected 4D or 5D input and grid with same number of dimensions, and grid of shape [N, ..., {}], but got input with sizes {input:?} and grid with sizes {gd:?}", gd.len().saturating_sub(2)),

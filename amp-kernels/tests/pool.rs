@@ -1,8 +1,8 @@
 //! Pooling, padding and grid-sampling kernels against direct reference loops in f64.
 
 use amp_kernels::{
-    adaptive_windows, avg_pool_windows, avg_pool_windows_backward, grid_sample, max_pool_windows, pad,
-    pad_backward, plane_gather, plane_scatter, GridMode, GridPadding, PadMode, PoolParams,
+    adaptive_windows, avg_pool_windows, avg_pool_windows_backward, grid_sample, max_pool_windows,
+    pad, pad_backward, plane_gather, plane_scatter, GridMode, GridPadding, PadMode, PoolParams,
 };
 use amp_tensor::{DType, Generator, Tensor};
 use proptest::prelude::*;
@@ -210,7 +210,12 @@ fn avg_pool2d_matches_reference_and_backward_is_adjoint() {
         // <A x, g> == <x, A^T g>.
         let g = randn(out.dims(), 9);
         let at = avg_pool_windows_backward("avg_pool2d", &g, &[6, 5], &geo, div).unwrap();
-        let lhs: f64 = out.to_vec_f64().iter().zip(g.to_vec_f64()).map(|(a, b)| a * b).sum();
+        let lhs: f64 = out
+            .to_vec_f64()
+            .iter()
+            .zip(g.to_vec_f64())
+            .map(|(a, b)| a * b)
+            .sum();
         let rhs: f64 = xv.iter().zip(at.to_vec_f64()).map(|(a, b)| a * b).sum();
         assert!((lhs - rhs).abs() < 1e-10, "{lhs} vs {rhs}");
     }
@@ -307,7 +312,12 @@ fn pad2d_matches_reference_for_every_mode() {
         let g = randn(out.dims(), 5);
         let gi = pad_backward(&g, &[h, w], &pads, mode).unwrap();
         let out0 = pad(&x, &pads, mode, 0.0).unwrap();
-        let lhs: f64 = out0.to_vec_f64().iter().zip(g.to_vec_f64()).map(|(a, b)| a * b).sum();
+        let lhs: f64 = out0
+            .to_vec_f64()
+            .iter()
+            .zip(g.to_vec_f64())
+            .map(|(a, b)| a * b)
+            .sum();
         let rhs: f64 = xv.iter().zip(gi.to_vec_f64()).map(|(a, b)| a * b).sum();
         assert!((lhs - rhs).abs() < 1e-10);
     }
@@ -337,13 +347,21 @@ fn ref_grid_point(
             GridPadding::Zeros => {}
             GridPadding::Border => c = clip(c),
             GridPadding::Reflection => {
-                let (lo, hi) = if align { (0.0, s - 1.0) } else { (-0.5, s - 0.5) };
+                let (lo, hi) = if align {
+                    (0.0, s - 1.0)
+                } else {
+                    (-0.5, s - 0.5)
+                };
                 if hi > lo {
                     let span = hi - lo;
                     let mut v = (c - lo).abs();
                     let flips = (v / span).floor();
                     v %= span;
-                    c = if flips as i64 % 2 == 0 { lo + v } else { hi - v };
+                    c = if flips as i64 % 2 == 0 {
+                        lo + v
+                    } else {
+                        hi - v
+                    };
                 } else {
                     c = 0.0;
                 }
@@ -382,7 +400,11 @@ fn grid_sample2d_matches_reference_for_every_mode() {
     let grid = Tensor::uniform([n, oh, ow, 2], -1.6, 1.6, DType::F64, &mut gen).unwrap();
     let (xv, gv) = (x.to_vec_f64(), grid.to_vec_f64());
     for mode in [GridMode::Bilinear, GridMode::Nearest] {
-        for pm in [GridPadding::Zeros, GridPadding::Border, GridPadding::Reflection] {
+        for pm in [
+            GridPadding::Zeros,
+            GridPadding::Border,
+            GridPadding::Reflection,
+        ] {
             for align in [false, true] {
                 let out = grid_sample(&x, &grid, mode, pm, align).unwrap();
                 assert_eq!(out.dims(), &[n, c, oh, ow]);
@@ -449,7 +471,12 @@ fn sixteen_bit_inputs_compute_in_f32_and_round_once() {
     )
     .unwrap();
     assert_eq!(s.dtype(), DType::F16);
-    assert!(max_pool_windows("max_pool2d", &Tensor::from_vec(vec![1i64; 4], [1, 2, 2]).unwrap(), &[pp.windows("max_pool2d", &[2, 2], None).unwrap()]).is_err());
+    assert!(max_pool_windows(
+        "max_pool2d",
+        &Tensor::from_vec(vec![1i64; 4], [1, 2, 2]).unwrap(),
+        &[pp.windows("max_pool2d", &[2, 2], None).unwrap()]
+    )
+    .is_err());
 }
 
 #[test]
@@ -468,7 +495,11 @@ fn plane_gather_and_scatter_are_adjoint_and_unpool_writes() {
         for c in 0..3 {
             let row = [[3i64, -1, 0], [1, 2, 2]][b];
             for (j, &i) in row.iter().enumerate() {
-                let want = if i < 0 { 7.0 } else { xv[(b * 3 + c) * 4 + i as usize] };
+                let want = if i < 0 {
+                    7.0
+                } else {
+                    xv[(b * 3 + c) * 4 + i as usize]
+                };
                 assert_eq!(vv[(b * 3 + c) * 3 + j], want);
             }
         }
@@ -476,7 +507,12 @@ fn plane_gather_and_scatter_are_adjoint_and_unpool_writes() {
     let g = randn(&[2, 3, 3], 12);
     let s = plane_scatter(&g, &idx, &[4], true).unwrap();
     let v0 = plane_gather(&x, 1, &idx, 0.0).unwrap();
-    let lhs: f64 = v0.to_vec_f64().iter().zip(g.to_vec_f64()).map(|(a, b)| a * b).sum();
+    let lhs: f64 = v0
+        .to_vec_f64()
+        .iter()
+        .zip(g.to_vec_f64())
+        .map(|(a, b)| a * b)
+        .sum();
     let rhs: f64 = xv.iter().zip(s.to_vec_f64()).map(|(a, b)| a * b).sum();
     assert!((lhs - rhs).abs() < 1e-12);
     let set = plane_scatter(&g, &idx, &[4], false).unwrap().to_vec_f64();

@@ -34,7 +34,10 @@ impl CellParams {
         let weight_ih = uniform(&[rows, input_size], k, gen)?;
         let weight_hh = uniform(&[rows, hidden_size], k, gen)?;
         let (bias_ih, bias_hh) = if bias {
-            (Some(uniform(&[rows], k, gen)?), Some(uniform(&[rows], k, gen)?))
+            (
+                Some(uniform(&[rows], k, gen)?),
+                Some(uniform(&[rows], k, gen)?),
+            )
         } else {
             (None, None)
         };

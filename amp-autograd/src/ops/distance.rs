@@ -56,14 +56,20 @@ pub fn renorm(x: &Tensor, p: f64, dim: i64, maxnorm: f64) -> Result<Tensor> {
     if x.rank() <= 1 {
         return Err(Error::invalid(
             OP,
-            format!("input needs at least 2 dimensions, got {} dimensions", x.rank()),
+            format!(
+                "input needs at least 2 dimensions, got {} dimensions",
+                x.rank()
+            ),
         ));
     }
     let d = wrap_dim(dim, x.rank())?;
     bypass(|| {
         let dt = x.dtype();
         let xa = acc(&x)?;
-        let others: Vec<i64> = (0..x.rank()).filter(|&i| i != d).map(|i| i as i64).collect();
+        let others: Vec<i64> = (0..x.rank())
+            .filter(|&i| i != d)
+            .map(|i| i as i64)
+            .collect();
         let n = norm(&xa, p, &others, true)?;
         let scale = rdiv_scalar(&add_scalar(&n, 1e-7)?, maxnorm)?;
         let factor = where_(&gt_scalar(&n, maxnorm)?, &scale, &ones_like(&n))?;
@@ -164,7 +170,7 @@ pub fn cdist(x1: &Tensor, x2: &Tensor, p: f64, mode: CdistMode) -> Result<Tensor
             format!("X1 and X2 must have the same number of columns. X1: {m1} X2: {m2}"),
         ));
     }
-    if !(p >= 0.0) {
+    if p.is_nan() || p < 0.0 {
         return Err(Error::invalid(
             OP,
             "cdist only supports non-negative p values",
@@ -207,34 +213,39 @@ fn euclidean_dist(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let saved = out.data().clone();
     let (sa, sb) = (a.clone(), b.clone());
     let (da, db) = (a.dims().to_vec(), b.dims().to_vec());
-    Ok(record(saved.clone(), "EuclideanDistBackward0", &[a, b], move |g| {
-        let res = if is_grad_enabled() {
-            euclidean_dist(&sa, &sb)?
-        } else {
-            Tensor::from_raw(saved.clone())
-        };
-        let zero = eq_scalar(&res, 0.0)?;
-        let ratio = where_(&zero, &zeros_like(g), &div(g, &res)?)?;
-        let ga = if sa.requires_grad() {
-            let ga = sub(
-                &mul(&sa, &sum(&ratio, &[-1], true, None)?)?,
-                &matmul(&ratio, &sb)?,
-            )?;
-            Some(sum_to(&ga, &da)?)
-        } else {
-            None
-        };
-        let gb = if sb.requires_grad() {
-            let gb = sub(
-                &mul(&sb, &unsqueeze(&sum(&ratio, &[-2], false, None)?, -1)?)?,
-                &matmul(&transpose(&ratio, -2, -1)?, &sa)?,
-            )?;
-            Some(sum_to(&gb, &db)?)
-        } else {
-            None
-        };
-        Ok(vec![ga, gb])
-    }))
+    Ok(record(
+        saved.clone(),
+        "EuclideanDistBackward0",
+        &[a, b],
+        move |g| {
+            let res = if is_grad_enabled() {
+                euclidean_dist(&sa, &sb)?
+            } else {
+                Tensor::from_raw(saved.clone())
+            };
+            let zero = eq_scalar(&res, 0.0)?;
+            let ratio = where_(&zero, &zeros_like(g), &div(g, &res)?)?;
+            let ga = if sa.requires_grad() {
+                let ga = sub(
+                    &mul(&sa, &sum(&ratio, &[-1], true, None)?)?,
+                    &matmul(&ratio, &sb)?,
+                )?;
+                Some(sum_to(&ga, &da)?)
+            } else {
+                None
+            };
+            let gb = if sb.requires_grad() {
+                let gb = sub(
+                    &mul(&sb, &unsqueeze(&sum(&ratio, &[-2], false, None)?, -1)?)?,
+                    &matmul(&transpose(&ratio, -2, -1)?, &sa)?,
+                )?;
+                Some(sum_to(&gb, &db)?)
+            } else {
+                None
+            };
+            Ok(vec![ga, gb])
+        },
+    ))
 }
 
 /// `p`-norm distances between every pair of rows `i < j` of `x` (`[N, M]`), in row-major
@@ -248,8 +259,11 @@ pub fn pdist(x: &Tensor, p: f64) -> Result<Tensor> {
             format!("pdist only supports 2D tensors, got: {}D", x.rank()),
         ));
     }
-    if !(p >= 0.0) {
-        return Err(Error::invalid(OP, "pdist only supports non-negative p values"));
+    if p.is_nan() || p < 0.0 {
+        return Err(Error::invalid(
+            OP,
+            "pdist only supports non-negative p values",
+        ));
     }
     let n = x.dims()[0];
     let (mut ii, mut jj) = (Vec::new(), Vec::new());

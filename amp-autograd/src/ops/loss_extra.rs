@@ -322,7 +322,7 @@ pub fn multilabel_margin_loss_forward(
         let is_t = Tensor::from_vec(is_target, [n, c])?;
         let not_t = unsqueeze(&rsub_scalar(&is_t, 1.0)?.to_dtype(cdt)?, 1)?;
         let xj = gather(&x, 1, &idx)?; // [n, k]
-        // 1 - x[j] + x[i] over [n, k, c]
+                                       // 1 - x[j] + x[i] over [n, k, c]
         let d = add(&rsub_scalar(&unsqueeze(&xj, 2)?, 1.0)?, &unsqueeze(&x, 1)?)?;
         let h = mul(&mul(&relu(&d)?, &valid)?, &not_t)?;
         let per = div_scalar(&sum(&h, &[1, 2], false, None)?, c as f64)?;
@@ -496,11 +496,7 @@ pub fn triplet_margin_loss(
             let d_swap = pairwise_distance(&pos, &negt, p, eps, false)?;
             d_neg = minimum(&d_neg, &d_swap)?;
         }
-        let l = clamp(
-            &sub(&add_scalar(&d_pos, margin)?, &d_neg)?,
-            Some(0.0),
-            None,
-        )?;
+        let l = clamp(&sub(&add_scalar(&d_pos, margin)?, &d_neg)?, Some(0.0), None)?;
         back(reduce(l, reduction)?, dt)
     })
 }
@@ -563,7 +559,10 @@ pub fn ctc_loss(
             2 if !unbatched => {
                 let w = targets.dims()[1];
                 if len > w {
-                    return Err(Error::invalid(OP, "target length exceeds the padded targets"));
+                    return Err(Error::invalid(
+                        OP,
+                        "target length exceeds the padded targets",
+                    ));
                 }
                 &tv[s * w..s * w + len]
             }
@@ -646,13 +645,19 @@ pub fn ctc_loss(
                 for t in 1..il {
                     let e = index_select(&select(&sample, 0, t as i64)?, 0, &ext_idx)?;
                     let prev1 = if len > 1 {
-                        cat(&[ninf.clone(), super::shape::narrow(&alpha, 0, 0, len - 1)?], 0)?
+                        cat(
+                            &[ninf.clone(), super::shape::narrow(&alpha, 0, 0, len - 1)?],
+                            0,
+                        )?
                     } else {
                         ninf.clone()
                     };
                     let prev2 = if len > 2 {
                         add(
-                            &cat(&[ninf2.clone(), super::shape::narrow(&alpha, 0, 0, len - 2)?], 0)?,
+                            &cat(
+                                &[ninf2.clone(), super::shape::narrow(&alpha, 0, 0, len - 2)?],
+                                0,
+                            )?,
                             &skip,
                         )?
                     } else {

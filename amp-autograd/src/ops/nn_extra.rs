@@ -33,7 +33,10 @@ pub fn prelu(x: &Tensor, weight: &Tensor) -> Result<Tensor> {
     let [x, weight] = enter(&PRELU, [x, weight])?;
     let wn = weight.elem_count();
     if weight.rank() > 1 {
-        return Err(Error::invalid(OP, "prelu: Expected `weight` to be a scalar or 1D tensor"));
+        return Err(Error::invalid(
+            OP,
+            "prelu: Expected `weight` to be a scalar or 1D tensor",
+        ));
     }
     bypass(|| {
         let w = if wn == 1 {
@@ -77,7 +80,10 @@ pub fn bilinear(
         ));
     }
     let (o, i1, i2) = (w.dims()[0], w.dims()[1], w.dims()[2]);
-    if x1.rank() == 0 || x1.rank() != x2.rank() || x1.dims()[..x1.rank() - 1] != x2.dims()[..x2.rank() - 1] {
+    if x1.rank() == 0
+        || x1.rank() != x2.rank()
+        || x1.dims()[..x1.rank() - 1] != x2.dims()[..x2.rank() - 1]
+    {
         return Err(Error::invalid(
             OP,
             format!(
@@ -148,7 +154,10 @@ pub fn group_norm(
     if x.rank() < 2 {
         return Err(Error::invalid(
             OP,
-            format!("Expected at least 2 dimensions for input tensor but received {}", x.rank()),
+            format!(
+                "Expected at least 2 dimensions for input tensor but received {}",
+                x.rank()
+            ),
         ));
     }
     let c = x.dims()[1];
@@ -340,9 +349,11 @@ pub fn cross_default(input: &Tensor, other: &Tensor, dim: Option<i64>) -> Result
         Some(d) => d,
         None => {
             let shape = broadcast_shapes("cross", input.dims(), other.dims())?;
-            shape.iter().position(|&s| s == 3).ok_or_else(|| {
-                Error::invalid("cross", "no dimension of size 3 in input")
-            })? as i64
+            shape
+                .iter()
+                .position(|&s| s == 3)
+                .ok_or_else(|| Error::invalid("cross", "no dimension of size 3 in input"))?
+                as i64
         }
     };
     cross(input, other, dim)
@@ -396,7 +407,10 @@ pub fn index_put(
             let hits: Vec<usize> = (0..mask.len()).filter(|&i| mask[i] != 0.0).collect();
             for k in 0..mdims.len() {
                 let stride: usize = mdims[k + 1..].iter().product();
-                let v = hits.iter().map(|&h| ((h / stride) % mdims[k]) as i64).collect();
+                let v = hits
+                    .iter()
+                    .map(|&h| ((h / stride) % mdims[k]) as i64)
+                    .collect();
                 idx.push((vec![hits.len()], v));
             }
         } else if t.dtype().is_floating_point() {

@@ -126,13 +126,22 @@ fn avg_windows_t(
 }
 
 /// A max-pool style result: values with a backward scattering to the argmax `idx`.
-fn max_by_indices(x: &Tensor, vals: Raw, idx: Raw, n: usize, name: &'static str) -> (Tensor, Tensor) {
+fn max_by_indices(
+    x: &Tensor,
+    vals: Raw,
+    idx: Raw,
+    n: usize,
+    name: &'static str,
+) -> (Tensor, Tensor) {
     let input = x.dims()[x.rank() - n..].to_vec();
     let saved = idx.clone();
     let xs = x.clone();
     // PyTorch's backward takes `self`: link it (zero derivative) for double backward.
     let out = record(vals, name, &[x], move |g| {
-        Ok(vec![Some(link_zero(plane_scatter_add(g, &saved, &input)?, &xs))])
+        Ok(vec![Some(link_zero(
+            plane_scatter_add(g, &saved, &input)?,
+            &xs,
+        ))])
     });
     (out, Tensor::from_raw(idx))
 }
@@ -193,7 +202,10 @@ pub fn max_pool_nd_with_indices(
     ceil_mode: bool,
 ) -> Result<(Tensor, Tensor)> {
     if !(1..=3).contains(&n) {
-        return Err(Error::invalid("max_pool", "1 to 3 spatial dims are supported"));
+        return Err(Error::invalid(
+            "max_pool",
+            "1 to 3 spatial dims are supported",
+        ));
     }
     let op = MAX_POOL[n - 1].name();
     let [x] = enter(&MAX_POOL[n - 1], [x])?;
@@ -201,7 +213,13 @@ pub fn max_pool_nd_with_indices(
     let p = params(op, n, kernel_size, stride, padding, dilation, ceil_mode)?;
     let geo = p.windows(op, &sp, None)?;
     let (vals, idx) = amp_kernels::max_pool_windows(op, x.data(), &[geo])?;
-    Ok(max_by_indices(&x, vals, idx, n, "MaxPoolWithIndicesBackward0"))
+    Ok(max_by_indices(
+        &x,
+        vals,
+        idx,
+        n,
+        "MaxPoolWithIndicesBackward0",
+    ))
 }
 
 macro_rules! max_pool_fns {
@@ -253,7 +271,10 @@ pub fn avg_pool_nd(
     divisor_override: Option<i64>,
 ) -> Result<Tensor> {
     if !(1..=3).contains(&n) {
-        return Err(Error::invalid("avg_pool", "1 to 3 spatial dims are supported"));
+        return Err(Error::invalid(
+            "avg_pool",
+            "1 to 3 spatial dims are supported",
+        ));
     }
     let op = AVG_POOL[n - 1].name();
     if divisor_override == Some(0) {
@@ -275,7 +296,16 @@ pub fn avg_pool1d(
     ceil_mode: bool,
     count_include_pad: bool,
 ) -> Result<Tensor> {
-    avg_pool_nd(x, 1, kernel_size, stride, padding, ceil_mode, count_include_pad, None)
+    avg_pool_nd(
+        x,
+        1,
+        kernel_size,
+        stride,
+        padding,
+        ceil_mode,
+        count_include_pad,
+        None,
+    )
 }
 
 /// `torch.nn.functional.avg_pool2d`.
@@ -288,7 +318,16 @@ pub fn avg_pool2d(
     count_include_pad: bool,
     divisor_override: Option<i64>,
 ) -> Result<Tensor> {
-    avg_pool_nd(x, 2, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    avg_pool_nd(
+        x,
+        2,
+        kernel_size,
+        stride,
+        padding,
+        ceil_mode,
+        count_include_pad,
+        divisor_override,
+    )
 }
 
 /// `torch.nn.functional.avg_pool3d`.
@@ -301,13 +340,26 @@ pub fn avg_pool3d(
     count_include_pad: bool,
     divisor_override: Option<i64>,
 ) -> Result<Tensor> {
-    avg_pool_nd(x, 3, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    avg_pool_nd(
+        x,
+        3,
+        kernel_size,
+        stride,
+        padding,
+        ceil_mode,
+        count_include_pad,
+        divisor_override,
+    )
 }
 
 // ----- adaptive pooling ------------------------------------------------------------------
 
 /// The adaptive output sizes: `None` keeps the input size.
-fn adaptive_sizes(op: &'static str, sp: &[usize], output_size: &[Option<usize>]) -> Result<Vec<usize>> {
+fn adaptive_sizes(
+    op: &'static str,
+    sp: &[usize],
+    output_size: &[Option<usize>],
+) -> Result<Vec<usize>> {
     let n = sp.len();
     let os: Vec<Option<usize>> = match output_size.len() {
         1 => vec![output_size[0]; n],
@@ -326,7 +378,10 @@ fn adaptive_sizes(op: &'static str, sp: &[usize], output_size: &[Option<usize>])
 /// input size) windows `[floor(i*in/out), ceil((i+1)*in/out))`.
 pub fn adaptive_avg_pool_nd(x: &Tensor, n: usize, output_size: &[Option<usize>]) -> Result<Tensor> {
     if !(1..=3).contains(&n) {
-        return Err(Error::invalid("adaptive_avg_pool", "1 to 3 spatial dims are supported"));
+        return Err(Error::invalid(
+            "adaptive_avg_pool",
+            "1 to 3 spatial dims are supported",
+        ));
     }
     let op = ADAPTIVE_AVG_POOL[n - 1].name();
     let [x] = enter(&ADAPTIVE_AVG_POOL[n - 1], [x])?;
@@ -341,9 +396,16 @@ pub fn adaptive_avg_pool_nd(x: &Tensor, n: usize, output_size: &[Option<usize>])
 }
 
 /// `adaptive_max_pool{n}d`: `(values, indices)` over the adaptive windows.
-pub fn adaptive_max_pool_nd(x: &Tensor, n: usize, output_size: &[Option<usize>]) -> Result<(Tensor, Tensor)> {
+pub fn adaptive_max_pool_nd(
+    x: &Tensor,
+    n: usize,
+    output_size: &[Option<usize>],
+) -> Result<(Tensor, Tensor)> {
     if !(1..=3).contains(&n) {
-        return Err(Error::invalid("adaptive_max_pool", "1 to 3 spatial dims are supported"));
+        return Err(Error::invalid(
+            "adaptive_max_pool",
+            "1 to 3 spatial dims are supported",
+        ));
     }
     let op = ADAPTIVE_MAX_POOL[n - 1].name();
     let [x] = enter(&ADAPTIVE_MAX_POOL[n - 1], [x])?;
@@ -374,7 +436,10 @@ pub fn fractional_max_pool_nd(
     gen: &mut Generator,
 ) -> Result<(Tensor, Tensor)> {
     if !(2..=3).contains(&n) {
-        return Err(Error::invalid("fractional_max_pool", "2 or 3 spatial dims are supported"));
+        return Err(Error::invalid(
+            "fractional_max_pool",
+            "2 or 3 spatial dims are supported",
+        ));
     }
     let name = &FRACTIONAL_MAX_POOL[n - 2];
     let op = name.name();
@@ -383,7 +448,11 @@ pub fn fractional_max_pool_nd(
         Some(s) => s,
         None => {
             let batch = if x.rank() == n + 2 { x.dims()[0] } else { 1 };
-            let ch = x.dims().get(x.rank().wrapping_sub(n + 1)).copied().unwrap_or(0);
+            let ch = x
+                .dims()
+                .get(x.rank().wrapping_sub(n + 1))
+                .copied()
+                .unwrap_or(0);
             owned = Tensor::from_raw(Raw::rand([batch, ch, n], x.dtype(), gen)?);
             &owned
         }
@@ -418,7 +487,10 @@ pub fn fractional_max_pool_nd(
         if out[d] + kernel[d] - 1 > sp[d] || kernel[d] == 0 {
             return Err(Error::invalid(
                 op,
-                format!("{op}(): pool size {} and output size {} are too large for input size {}", kernel[d], out[d], sp[d]),
+                format!(
+                    "{op}(): pool size {} and output size {} are too large for input size {}",
+                    kernel[d], out[d], sp[d]
+                ),
             ));
         }
     }
@@ -448,7 +520,13 @@ pub fn fractional_max_pool_nd(
         })
         .collect();
     let (vals, idx) = amp_kernels::max_pool_windows(op, x.data(), &geos)?;
-    Ok(max_by_indices(&x, vals, idx, n, "FractionalMaxPoolBackward0"))
+    Ok(max_by_indices(
+        &x,
+        vals,
+        idx,
+        n,
+        "FractionalMaxPoolBackward0",
+    ))
 }
 
 // ----- max unpooling ---------------------------------------------------------------------
@@ -466,7 +544,10 @@ pub fn max_unpool_nd(
     output_size: Option<&[usize]>,
 ) -> Result<Tensor> {
     if !(1..=3).contains(&n) {
-        return Err(Error::invalid("max_unpool", "1 to 3 spatial dims are supported"));
+        return Err(Error::invalid(
+            "max_unpool",
+            "1 to 3 spatial dims are supported",
+        ));
     }
     let op = MAX_UNPOOL[n - 1].name();
     let [x, indices] = enter(&MAX_UNPOOL[n - 1], [x, indices])?;
@@ -483,7 +564,10 @@ pub fn max_unpool_nd(
         Some(o) => {
             return Err(Error::invalid(
                 op,
-                format!("output_size should have at least {n} elements (got {})", o.len()),
+                format!(
+                    "output_size should have at least {n} elements (got {})",
+                    o.len()
+                ),
             ))
         }
         None => (0..n)
@@ -517,7 +601,10 @@ pub fn max_unpool_nd(
 pub fn pad(x: &Tensor, pad: &[i64], mode: &str, value: Option<f64>) -> Result<Tensor> {
     let mode: PadMode = mode.parse()?;
     if pad.len() % 2 != 0 {
-        return Err(Error::invalid("pad", "Padding length must be divisible by 2"));
+        return Err(Error::invalid(
+            "pad",
+            "Padding length must be divisible by 2",
+        ));
     }
     let n = pad.len() / 2;
     if n > x.rank() {
@@ -599,9 +686,14 @@ pub fn grid_sample(
     }
     // Differentiable form, in the compute type (f32 for 16-bit inputs).
     let dtype = x.dtype();
-    let cd = if dtype == DType::F64 { DType::F64 } else { DType::F32 };
+    let cd = if dtype == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    };
     let (xc, gc) = (x.to_dtype(cd)?, grid.to_dtype(cd)?);
-    let plan = amp_kernels::grid_sample_plan(x.dims(), gc.data(), mode, padding_mode, align_corners)?;
+    let plan =
+        amp_kernels::grid_sample_plan(x.dims(), gc.data(), mode, padding_mode, align_corners)?;
     let n = grid.rank() - 2;
     let k = plan.index.dims()[1];
     let corner_index = |c: usize| -> Result<Raw> {
@@ -617,9 +709,12 @@ pub fn grid_sample(
             for d in 0..n {
                 let gd = select(&gc, -1, d as i64)?; // [N, out...]
                 let pick = |r: &Raw| -> Result<Tensor> {
-                    Ok(Tensor::from_raw(r.narrow(1, d, 1)?.squeeze(1)?.contiguous()))
+                    Ok(Tensor::from_raw(
+                        r.narrow(1, d, 1)?.squeeze(1)?.contiguous(),
+                    ))
                 };
-                let (coord, mult, base) = (pick(&plan.coord)?, pick(&plan.mult)?, pick(&plan.base)?);
+                let (coord, mult, base) =
+                    (pick(&plan.coord)?, pick(&plan.mult)?, pick(&plan.base)?);
                 let gdv = gd.detach();
                 let offset = sub(&sub(&coord, &mul(&gdv, &mult)?)?, &base)?;
                 t.push(add(&mul(&gd, &mult)?, &offset)?);
@@ -659,7 +754,11 @@ static EMBEDDING: OpName = OpName::new("embedding");
 
 /// `torch.nn.functional.embedding(indices, weight, padding_idx)`: rows of `weight`; the
 /// `padding_idx` row (negative counts from the end) gets no gradient.
-pub fn embedding_padded(weight: &Tensor, indices: &Tensor, padding_idx: Option<i64>) -> Result<Tensor> {
+pub fn embedding_padded(
+    weight: &Tensor,
+    indices: &Tensor,
+    padding_idx: Option<i64>,
+) -> Result<Tensor> {
     let Some(p) = padding_idx else {
         return super::shape::embedding(weight, indices);
     };
@@ -670,7 +769,10 @@ pub fn embedding_padded(weight: &Tensor, indices: &Tensor, padding_idx: Option<i
     let (num, dim) = (weight.dims()[0], weight.dims()[1]);
     let n = num as i64;
     if p >= n || p < -n {
-        return Err(Error::invalid("embedding", "Padding_idx must be within num_embeddings"));
+        return Err(Error::invalid(
+            "embedding",
+            "Padding_idx must be within num_embeddings",
+        ));
     }
     let pad = if p < 0 { p + n } else { p };
     let out = amp_kernels::embedding(weight.data(), indices.data())?;

@@ -69,7 +69,10 @@ fn enter_cell(
     if !(1..=2).contains(&input.rank()) {
         return Err(Error::invalid(
             name,
-            format!("Expected input to be 1D or 2D, got {}D instead", input.rank()),
+            format!(
+                "Expected input to be 1D or 2D, got {}D instead",
+                input.rank()
+            ),
         ));
     }
     if w_ih.rank() != 2 || w_hh.rank() != 2 {
@@ -104,10 +107,7 @@ fn enter_cell(
         if h.dims() != want.as_slice() {
             return Err(Error::invalid(
                 name,
-                format!(
-                    "hidden state has shape {:?}, expected {want:?}",
-                    h.dims()
-                ),
+                format!("hidden state has shape {:?}, expected {want:?}", h.dims()),
             ));
         }
     }

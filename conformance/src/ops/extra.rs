@@ -3,7 +3,7 @@
 use amp::autograd::ops::{self, CdistMode, KlDivReduction, TensordotDims};
 use amp::autograd::Tensor;
 
-use super::{bind, err, legacy_reduction, one, BuiltinTensor, Bound, A, K, R};
+use super::{bind, err, legacy_reduction, one, Bound, BuiltinTensor, A, K, R};
 use crate::args::{Arg, Output};
 use crate::optable::OpTable;
 
@@ -136,16 +136,24 @@ pub(super) fn register(t: &mut OpTable<BuiltinTensor>) {
             b.reduction("reduction")?,
         ))
     });
-    t.insert("torch.nn.functional.hinge_embedding_loss", |args, kwargs| {
-        let b = bind(args, kwargs, &with_legacy(&["input", "target", "margin"]), &[])?;
-        legacy_reduction(&b)?;
-        one(ops::hinge_embedding_loss(
-            b.tensor("input")?,
-            b.tensor("target")?,
-            b.f64_or("margin", 1.0)?,
-            b.reduction("reduction")?,
-        ))
-    });
+    t.insert(
+        "torch.nn.functional.hinge_embedding_loss",
+        |args, kwargs| {
+            let b = bind(
+                args,
+                kwargs,
+                &with_legacy(&["input", "target", "margin"]),
+                &[],
+            )?;
+            legacy_reduction(&b)?;
+            one(ops::hinge_embedding_loss(
+                b.tensor("input")?,
+                b.tensor("target")?,
+                b.f64_or("margin", 1.0)?,
+                b.reduction("reduction")?,
+            ))
+        },
+    );
     t.insert("torch.nn.functional.margin_ranking_loss", |args, kwargs| {
         let b = bind(
             args,
@@ -173,15 +181,18 @@ pub(super) fn register(t: &mut OpTable<BuiltinTensor>) {
     });
     // Serves `multilabel_margin_loss` and the ATen op behind it,
     // `multilabel_margin_loss_forward`.
-    t.insert("torch.nn.functional.multilabel_margin_loss", |args, kwargs| {
-        let b = bind(args, kwargs, &with_legacy(&["input", "target"]), &[])?;
-        legacy_reduction(&b)?;
-        one(ops::multilabel_margin_loss(
-            b.tensor("input")?,
-            b.tensor("target")?,
-            b.reduction("reduction")?,
-        ))
-    });
+    t.insert(
+        "torch.nn.functional.multilabel_margin_loss",
+        |args, kwargs| {
+            let b = bind(args, kwargs, &with_legacy(&["input", "target"]), &[])?;
+            legacy_reduction(&b)?;
+            one(ops::multilabel_margin_loss(
+                b.tensor("input")?,
+                b.tensor("target")?,
+                b.reduction("reduction")?,
+            ))
+        },
+    );
     t.insert("torch.nn.functional.multi_margin_loss", |args, kwargs| {
         let b = bind(
             args,
@@ -199,27 +210,32 @@ pub(super) fn register(t: &mut OpTable<BuiltinTensor>) {
             b.reduction("reduction")?,
         ))
     });
-    t.insert("torch.nn.functional.cosine_embedding_loss", |args, kwargs| {
-        let b = bind(
-            args,
-            kwargs,
-            &with_legacy(&["input1", "input2", "target", "margin"]),
-            &[],
-        )?;
-        legacy_reduction(&b)?;
-        one(ops::cosine_embedding_loss(
-            b.tensor("input1")?,
-            b.tensor("input2")?,
-            b.tensor("target")?,
-            b.f64_or("margin", 0.0)?,
-            b.reduction("reduction")?,
-        ))
-    });
+    t.insert(
+        "torch.nn.functional.cosine_embedding_loss",
+        |args, kwargs| {
+            let b = bind(
+                args,
+                kwargs,
+                &with_legacy(&["input1", "input2", "target", "margin"]),
+                &[],
+            )?;
+            legacy_reduction(&b)?;
+            one(ops::cosine_embedding_loss(
+                b.tensor("input1")?,
+                b.tensor("input2")?,
+                b.tensor("target")?,
+                b.f64_or("margin", 0.0)?,
+                b.reduction("reduction")?,
+            ))
+        },
+    );
     t.insert("torch.nn.functional.triplet_margin_loss", |args, kwargs| {
         let b = bind(
             args,
             kwargs,
-            &with_legacy(&["anchor", "positive", "negative", "margin", "p", "eps", "swap"]),
+            &with_legacy(&[
+                "anchor", "positive", "negative", "margin", "p", "eps", "swap",
+            ]),
             &[],
         )?;
         legacy_reduction(&b)?;
@@ -382,7 +398,12 @@ pub(super) fn register(t: &mut OpTable<BuiltinTensor>) {
         ))
     });
     t.insert("torch.index_put", |args, kwargs| {
-        let b = bind(args, kwargs, &["input", "indices", "values", "accumulate"], &[])?;
+        let b = bind(
+            args,
+            kwargs,
+            &["input", "indices", "values", "accumulate"],
+            &[],
+        )?;
         one(ops::index_put(
             b.tensor("input")?,
             &b.tensors("indices")?,

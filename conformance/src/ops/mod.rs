@@ -700,12 +700,19 @@ pub fn table() -> OpTable<BuiltinTensor> {
             ],
             &[],
         )?;
-        b.unsupported_unless_none("padding_idx")?;
         b.unsupported_unless_none("max_norm")?;
         b.unsupported_unless("norm_type", &Arg::Float(2.0))?;
         b.unsupported_unless("scale_grad_by_freq", &Arg::Bool(false))?;
         b.unsupported_unless("sparse", &Arg::Bool(false))?;
-        one(ops::embedding(b.tensor("weight")?, b.tensor("input")?))
+        let padding_idx = b
+            .get("padding_idx")
+            .map(|a| a.int().map_err(|e| format!("`padding_idx`: {e}")))
+            .transpose()?;
+        one(ops::embedding_padded(
+            b.tensor("weight")?,
+            b.tensor("input")?,
+            padding_idx,
+        ))
     });
 
     // ----- activations ------------------------------------------------------------------------
@@ -1072,11 +1079,18 @@ mod tests {
         let e = run(
             "torch.nn.functional.embedding",
             "embedding",
-            &[idx.clone(), w.clone(), Arg::Int(0)],
+            &[idx.clone(), w.clone(), Arg::Int(0), Arg::Float(1.0)],
             &K::default(),
         )
         .unwrap_err();
-        assert_eq!(e, "`padding_idx=0` is not supported");
+        assert_eq!(e, "`max_norm=1.0` is not supported");
+        let padded = run(
+            "torch.nn.functional.embedding",
+            "embedding",
+            &[idx.clone(), w.clone(), Arg::Int(0)],
+            &K::default(),
+        );
+        assert_eq!(values(padded), [1.0, 2.0, 3.0, 4.0]);
         let ok = run(
             "torch.nn.functional.embedding",
             "embedding",
