@@ -115,7 +115,7 @@ fn check_grads(f: &F, x: &[f64], shape: &[usize], dirs: &[Vec<f64>], second: boo
     let l = loss_of(f, &t, seed);
     let g = grad(
         &[l],
-        &[t.clone()],
+        std::slice::from_ref(&t),
         &[],
         GradOptions {
             create_graph: second,
@@ -140,7 +140,7 @@ fn check_grads(f: &F, x: &[f64], shape: &[usize], dirs: &[Vec<f64>], second: boo
     let gg = ops::sum_all(&ops::mul(&g, &g).unwrap()).unwrap();
     // A first-order gradient that does not depend on x (linear in x) has no graph.
     let hv = if gg.requires_grad() {
-        let h = grad(&[gg], &[t.clone()], &[], GradOptions::default()).unwrap()[0]
+        let h = grad(&[gg], std::slice::from_ref(&t), &[], GradOptions::default()).unwrap()[0]
             .clone()
             .unwrap();
         vals(&h)
@@ -170,7 +170,9 @@ fn check_grads(f: &F, x: &[f64], shape: &[usize], dirs: &[Vec<f64>], second: boo
 }
 
 fn random_dirs(len: usize, count: usize, seed: u64) -> Vec<Vec<f64>> {
-    (0..count).map(|i| randn(&[len], seed + 100 + i as u64)).collect()
+    (0..count)
+        .map(|i| randn(&[len], seed + 100 + i as u64))
+        .collect()
 }
 
 fn symmetric_dirs(n: usize, count: usize, seed: u64) -> Vec<Vec<f64>> {
@@ -342,8 +344,18 @@ fn batched_and_broadcast_solve() {
     }
     // left=False: X A = B.
     let bm = randn(&[2, 3], 13);
-    let x = ops::linalg_solve(&Tensor::from_vec(a[..9].to_vec(), [3, 3]).unwrap(), &Tensor::from_vec(bm.clone(), [2, 3]).unwrap(), false).unwrap();
-    assert_close(&matmul_vals(&vals(&x), &a[..9], 2, 3, 3), &bm, 1e-10, "X A = B");
+    let x = ops::linalg_solve(
+        &Tensor::from_vec(a[..9].to_vec(), [3, 3]).unwrap(),
+        &Tensor::from_vec(bm.clone(), [2, 3]).unwrap(),
+        false,
+    )
+    .unwrap();
+    assert_close(
+        &matmul_vals(&vals(&x), &a[..9], 2, 3, 3),
+        &bm,
+        1e-10,
+        "X A = B",
+    );
 }
 
 #[test]
@@ -400,12 +412,36 @@ fn float32_matches_float64() {
 fn inverse_and_solve_gradients() {
     let n = 3;
     let a = well_conditioned(n, 1, 21);
-    check_grads(&|x| ops::linalg_inv(x), &a, &[n, n], &random_dirs(9, 3, 1), true);
-    check_grads(&|x| ops::inverse(x), &a, &[n, n], &random_dirs(9, 2, 2), true);
+    check_grads(
+        &|x| ops::linalg_inv(x),
+        &a,
+        &[n, n],
+        &random_dirs(9, 3, 1),
+        true,
+    );
+    check_grads(
+        &|x| ops::inverse(x),
+        &a,
+        &[n, n],
+        &random_dirs(9, 2, 2),
+        true,
+    );
     let b = Tensor::from_vec(randn(&[n, 2], 22), [n, 2]).unwrap();
-    check_grads(&move |x| ops::linalg_solve(x, &b, true), &a, &[n, n], &random_dirs(9, 3, 3), true);
+    check_grads(
+        &move |x| ops::linalg_solve(x, &b, true),
+        &a,
+        &[n, n],
+        &random_dirs(9, 3, 3),
+        true,
+    );
     let at = Tensor::from_vec(a.clone(), [n, n]).unwrap();
-    check_grads(&move |x| ops::linalg_solve(&at, x, true), &randn(&[n, 2], 23), &[n, 2], &random_dirs(6, 2, 4), true);
+    check_grads(
+        &move |x| ops::linalg_solve(&at, x, true),
+        &randn(&[n, 2], 23),
+        &[n, 2],
+        &random_dirs(6, 2, 4),
+        true,
+    );
 }
 
 #[test]
@@ -413,17 +449,45 @@ fn triangular_and_cholesky_solve_gradients() {
     let n = 3;
     let l = {
         let mut v = well_conditioned(n, 1, 31);
-        for i in 0..n { for j in i + 1..n { v[i * n + j] = 0.0; } }
+        for i in 0..n {
+            for j in i + 1..n {
+                v[i * n + j] = 0.0;
+            }
+        }
         v
     };
     let b = Tensor::from_vec(randn(&[n, 2], 32), [n, 2]).unwrap();
     let b2 = b.clone();
-    check_grads(&move |x| ops::linalg_solve_triangular(x, &b2, false, true, false), &l, &[n, n], &lower_dirs(n, 3, 5), true);
+    check_grads(
+        &move |x| ops::linalg_solve_triangular(x, &b2, false, true, false),
+        &l,
+        &[n, n],
+        &lower_dirs(n, 3, 5),
+        true,
+    );
     let b3 = b.clone();
-    check_grads(&move |x| Ok(ops::triangular_solve(&b3, x, false, true, false)?.0), &l, &[n, n], &lower_dirs(n, 2, 6), true);
+    check_grads(
+        &move |x| Ok(ops::triangular_solve(&b3, x, false, true, false)?.0),
+        &l,
+        &[n, n],
+        &lower_dirs(n, 2, 6),
+        true,
+    );
     let b4 = b.clone();
-    check_grads(&move |x| ops::cholesky_solve(&b4, x, false), &l, &[n, n], &lower_dirs(n, 3, 7), true);
-    check_grads(&|x| ops::cholesky_inverse(x, false), &l, &[n, n], &lower_dirs(n, 3, 8), true);
+    check_grads(
+        &move |x| ops::cholesky_solve(&b4, x, false),
+        &l,
+        &[n, n],
+        &lower_dirs(n, 3, 7),
+        true,
+    );
+    check_grads(
+        &|x| ops::cholesky_inverse(x, false),
+        &l,
+        &[n, n],
+        &lower_dirs(n, 3, 8),
+        true,
+    );
     // Values: cholesky_solve(B, L) = (L Lᵀ)⁻¹ B.
     let lt = Tensor::from_vec(l.clone(), [n, n]).unwrap();
     let a = ops::matmul(&lt, &lt.t().unwrap()).unwrap();
@@ -431,24 +495,52 @@ fn triangular_and_cholesky_solve_gradients() {
     let x2 = ops::linalg_solve(&a, &b, true).unwrap();
     assert_close(&vals(&x1), &vals(&x2), 1e-10, "cholesky_solve");
     let ci = ops::cholesky_inverse(&lt, false).unwrap();
-    assert_close(&vals(&ci), &vals(&ops::linalg_inv(&a).unwrap()), 1e-10, "cholesky_inverse");
+    assert_close(
+        &vals(&ci),
+        &vals(&ops::linalg_inv(&a).unwrap()),
+        1e-10,
+        "cholesky_inverse",
+    );
     let u = lt.t().unwrap();
-    assert_close(&vals(&ops::cholesky_inverse(&u, true).unwrap()), &vals(&ci), 1e-10, "upper");
+    assert_close(
+        &vals(&ops::cholesky_inverse(&u, true).unwrap()),
+        &vals(&ci),
+        1e-10,
+        "upper",
+    );
 }
 
 #[test]
 fn cholesky_gradients_along_symmetric_directions() {
     let n = 3;
     let a = spd(n, 41);
-    check_grads(&|x| ops::linalg_cholesky(x, false), &a, &[n, n], &symmetric_dirs(n, 3, 9), true);
-    check_grads(&|x| ops::linalg_cholesky(x, true), &a, &[n, n], &symmetric_dirs(n, 2, 10), true);
+    check_grads(
+        &|x| ops::linalg_cholesky(x, false),
+        &a,
+        &[n, n],
+        &symmetric_dirs(n, 3, 9),
+        true,
+    );
+    check_grads(
+        &|x| ops::linalg_cholesky(x, true),
+        &a,
+        &[n, n],
+        &symmetric_dirs(n, 2, 10),
+        true,
+    );
 }
 
 #[test]
 fn eigh_gradients_along_symmetric_directions() {
     let n = 3;
     let a = symmetric(&randn(&[n, n], 51), n);
-    check_grads(&|x| ops::linalg_eigvalsh(x, "L"), &a, &[n, n], &symmetric_dirs(n, 3, 11), true);
+    check_grads(
+        &|x| ops::linalg_eigvalsh(x, "L"),
+        &a,
+        &[n, n],
+        &symmetric_dirs(n, 3, 11),
+        true,
+    );
     // Eigenvectors up to sign: a loss on V ∘ V.
     check_grads(
         &|x| {
@@ -467,15 +559,30 @@ fn svd_and_pinverse_gradients() {
     for (m, n) in [(3, 4), (4, 3), (3, 3)] {
         let a = randn(&[m, n], 61 + m as u64);
         let len = m * n;
-        check_grads(&|x| ops::linalg_svdvals(x), &a, &[m, n], &random_dirs(len, 3, 13), true);
-        check_grads(&|x| ops::pinverse(x, 1e-15), &a, &[m, n], &random_dirs(len, 3, 14), true);
+        check_grads(
+            &|x| ops::linalg_svdvals(x),
+            &a,
+            &[m, n],
+            &random_dirs(len, 3, 13),
+            true,
+        );
+        check_grads(
+            &|x| ops::pinverse(x, 1e-15),
+            &a,
+            &[m, n],
+            &random_dirs(len, 3, 14),
+            true,
+        );
         // U and Vh up to a common sign per singular pair: losses on U∘U and Vh∘Vh.
         check_grads(
             &|x| {
                 let (u, _, vh) = ops::linalg_svd(x, false)?;
                 let uu = ops::sum(&ops::mul(&u, &u)?, &[0], false, None)?;
                 let vv = ops::sum(&ops::mul(&vh, &vh)?, &[0], false, None)?;
-                ops::cat(&[ops::mul_scalar(&uu, 0.3)?, vv, ops::linalg_svdvals(x)?], 0)
+                ops::cat(
+                    &[ops::mul_scalar(&uu, 0.3)?, vv, ops::linalg_svdvals(x)?],
+                    0,
+                )
             },
             &a,
             &[m, n],
@@ -521,34 +628,74 @@ fn qr_gradients() {
 fn lu_gradients() {
     let n = 3;
     let a = well_conditioned(n, 1, 81);
-    check_grads(&|x| Ok(ops::lu(x, true, false)?[0].clone()), &a, &[n, n], &random_dirs(9, 3, 18), true);
+    check_grads(
+        &|x| Ok(ops::lu(x, true, false)?[0].clone()),
+        &a,
+        &[n, n],
+        &random_dirs(9, 3, 18),
+        true,
+    );
     let at = Tensor::from_vec(a.clone(), [n, n]).unwrap();
     let out = ops::lu(&at, true, false).unwrap();
     let (lu, piv) = (out[0].clone(), out[1].clone());
     let (lu2, piv2) = (lu.clone(), piv.clone());
-    check_grads(&move |b| ops::lu_solve(b, &lu2, &piv2), &randn(&[n, 2], 82), &[n, 2], &random_dirs(6, 2, 19), true);
+    check_grads(
+        &move |b| ops::lu_solve(b, &lu2, &piv2),
+        &randn(&[n, 2], 82),
+        &[n, 2],
+        &random_dirs(6, 2, 19),
+        true,
+    );
     let b = Tensor::from_vec(randn(&[n, 2], 83), [n, 2]).unwrap();
-    check_grads(&move |l| ops::lu_solve(&b, l, &piv), &vals(&lu), &[n, n], &random_dirs(9, 3, 20), true);
+    check_grads(
+        &move |l| ops::lu_solve(&b, l, &piv),
+        &vals(&lu),
+        &[n, n],
+        &random_dirs(9, 3, 20),
+        true,
+    );
 }
 
 #[test]
 fn norms_condition_rank_and_tensor_ops() {
     let a = randn(&[3, 4], 91);
     let t = Tensor::from_vec(a.clone(), [3, 4]).unwrap();
-    let fro = vals(&ops::linalg_matrix_norm(&t, MatrixNormOrd::Fro, [-2, -1], false, None).unwrap());
-    assert_close(&fro, &[a.iter().map(|v| v * v).sum::<f64>().sqrt()], 1e-12, "fro");
+    let fro =
+        vals(&ops::linalg_matrix_norm(&t, MatrixNormOrd::Fro, [-2, -1], false, None).unwrap());
+    assert_close(
+        &fro,
+        &[a.iter().map(|v| v * v).sum::<f64>().sqrt()],
+        1e-12,
+        "fro",
+    );
     let s = vals(&ops::linalg_svdvals(&t).unwrap());
-    let nuc = vals(&ops::linalg_matrix_norm(&t, MatrixNormOrd::Nuc, [-2, -1], false, None).unwrap());
+    let nuc =
+        vals(&ops::linalg_matrix_norm(&t, MatrixNormOrd::Nuc, [-2, -1], false, None).unwrap());
     assert_close(&nuc, &[s.iter().sum()], 1e-12, "nuc");
-    let two = vals(&ops::linalg_matrix_norm(&t, MatrixNormOrd::P(2.0), [-2, -1], true, None).unwrap());
+    let two =
+        vals(&ops::linalg_matrix_norm(&t, MatrixNormOrd::P(2.0), [-2, -1], true, None).unwrap());
     assert_close(&two, &[s[0]], 1e-12, "2");
-    let one = vals(&ops::linalg_matrix_norm(&t, MatrixNormOrd::P(1.0), [-2, -1], false, None).unwrap());
-    let col_max = (0..4).map(|j| (0..3).map(|i| a[i * 4 + j].abs()).sum::<f64>()).fold(0.0, f64::max);
+    let one =
+        vals(&ops::linalg_matrix_norm(&t, MatrixNormOrd::P(1.0), [-2, -1], false, None).unwrap());
+    let col_max = (0..4)
+        .map(|j| (0..3).map(|i| a[i * 4 + j].abs()).sum::<f64>())
+        .fold(0.0, f64::max);
     assert_close(&one, &[col_max], 1e-12, "1");
-    let inf = vals(&ops::linalg_matrix_norm(&t, MatrixNormOrd::P(f64::INFINITY), [-2, -1], false, None).unwrap());
-    let row_max = (0..3).map(|i| (0..4).map(|j| a[i * 4 + j].abs()).sum::<f64>()).fold(0.0, f64::max);
+    let inf = vals(
+        &ops::linalg_matrix_norm(&t, MatrixNormOrd::P(f64::INFINITY), [-2, -1], false, None)
+            .unwrap(),
+    );
+    let row_max = (0..3)
+        .map(|i| (0..4).map(|j| a[i * 4 + j].abs()).sum::<f64>())
+        .fold(0.0, f64::max);
     assert_close(&inf, &[row_max], 1e-12, "inf");
-    check_grads(&|x| ops::linalg_matrix_norm(x, MatrixNormOrd::Nuc, [-2, -1], false, None), &a, &[3, 4], &random_dirs(12, 2, 21), true);
+    check_grads(
+        &|x| ops::linalg_matrix_norm(x, MatrixNormOrd::Nuc, [-2, -1], false, None),
+        &a,
+        &[3, 4],
+        &random_dirs(12, 2, 21),
+        true,
+    );
     // cond
     let c = vals(&ops::linalg_cond(&t, None).unwrap());
     assert_close(&c, &[s[0] / s[2]], 1e-10, "cond");
@@ -558,21 +705,48 @@ fn norms_condition_rank_and_tensor_ops() {
     let f = |x: &Tensor| vals(x).iter().map(|v| v * v).sum::<f64>().sqrt();
     assert_close(&c1, &[f(&sq) * f(&inv)], 1e-10, "cond fro");
     let sing = Tensor::from_vec(vec![1.0, 2.0, 2.0, 4.0], [2, 2]).unwrap();
-    assert_eq!(vals(&ops::linalg_cond(&sing, Some(MatrixNormOrd::P(1.0))).unwrap()), vec![f64::INFINITY]);
+    assert_eq!(
+        vals(&ops::linalg_cond(&sing, Some(MatrixNormOrd::P(1.0))).unwrap()),
+        vec![f64::INFINITY]
+    );
     // rank
     let r = ops::linalg_matrix_rank(&sing, None, None, false).unwrap();
     assert_eq!(r.dtype(), DType::I64);
     assert_eq!(r.data().to_vec_as::<i64>(), vec![1]);
-    assert_eq!(ops::linalg_matrix_rank(&t, None, None, false).unwrap().data().to_vec_as::<i64>(), vec![3]);
-    assert_eq!(ops::linalg_matrix_rank(&sing, None, None, true).unwrap().data().to_vec_as::<i64>(), vec![1]);
-    assert_eq!(ops::linalg_matrix_rank(&t, Some(1e9), None, false).unwrap().data().to_vec_as::<i64>(), vec![0]);
+    assert_eq!(
+        ops::linalg_matrix_rank(&t, None, None, false)
+            .unwrap()
+            .data()
+            .to_vec_as::<i64>(),
+        vec![3]
+    );
+    assert_eq!(
+        ops::linalg_matrix_rank(&sing, None, None, true)
+            .unwrap()
+            .data()
+            .to_vec_as::<i64>(),
+        vec![1]
+    );
+    assert_eq!(
+        ops::linalg_matrix_rank(&t, Some(1e9), None, false)
+            .unwrap()
+            .data()
+            .to_vec_as::<i64>(),
+        vec![0]
+    );
     // tensorinv / tensorsolve
-    let a4 = Tensor::from_vec(well_conditioned(6, 1, 93), [6, 6]).unwrap().reshape([2, 3, 6]).unwrap();
+    let a4 = Tensor::from_vec(well_conditioned(6, 1, 93), [6, 6])
+        .unwrap()
+        .reshape([2, 3, 6])
+        .unwrap();
     let ainv = ops::linalg_tensorinv(&a4, 2).unwrap();
     assert_eq!(ainv.dims(), &[6, 2, 3]);
     let prod = ops::matmul(&a4.reshape([6, 6]).unwrap(), &ainv.reshape([6, 6]).unwrap()).unwrap();
     assert_close(&vals(&prod), &eye_vals(6), 1e-10, "tensorinv");
-    let a3 = Tensor::from_vec(well_conditioned(6, 1, 94), [6, 6]).unwrap().reshape([2, 3, 2, 3]).unwrap();
+    let a3 = Tensor::from_vec(well_conditioned(6, 1, 94), [6, 6])
+        .unwrap()
+        .reshape([2, 3, 2, 3])
+        .unwrap();
     let b = Tensor::from_vec(randn(&[2, 3], 95), [2, 3]).unwrap();
     let x = ops::linalg_tensorsolve(&a3, &b, None).unwrap();
     assert_eq!(x.dims(), &[2, 3]);
@@ -592,10 +766,19 @@ fn lstsq_solves_the_normal_equations() {
         let x = vals(&out[0]);
         // Aᵀ (A X - B) = 0.
         let mut atr = vec![0.0; n * m];
-        for i in 0..m { for j in 0..n { atr[j * m + i] = a[i * n + j]; } }
+        for i in 0..m {
+            for j in 0..n {
+                atr[j * m + i] = a[i * n + j];
+            }
+        }
         let ax = matmul_vals(&a, &x, m, n, 2);
         let r: Vec<f64> = ax.iter().zip(&b).map(|(p, q)| p - q).collect();
-        assert_close(&matmul_vals(&atr, &r, n, m, 2), &[0.0; 6], 1e-10, "normal equations");
+        assert_close(
+            &matmul_vals(&atr, &r, n, m, 2),
+            &[0.0; 6],
+            1e-10,
+            "normal equations",
+        );
         match driver {
             None => {
                 assert_eq!(out[1].elem_count(), 0);
@@ -603,7 +786,9 @@ fn lstsq_solves_the_normal_equations() {
                 assert_eq!(out[3].elem_count(), 0);
             }
             Some("gelsd") => {
-                let res: Vec<f64> = (0..2).map(|c| (0..m).map(|i| r[i * 2 + c].powi(2)).sum()).collect();
+                let res: Vec<f64> = (0..2)
+                    .map(|c| (0..m).map(|i| r[i * 2 + c].powi(2)).sum())
+                    .collect();
                 assert_close(&vals(&out[1]), &res, 1e-10, "residuals");
                 assert_eq!(out[3].elem_count(), 3);
             }
@@ -611,7 +796,13 @@ fn lstsq_solves_the_normal_equations() {
         }
     }
     let bt2 = bt.clone();
-    check_grads(&move |x| Ok(ops::linalg_lstsq(x, &bt2, None, None)?[0].clone()), &a, &[m, n], &random_dirs(15, 2, 22), true);
+    check_grads(
+        &move |x| Ok(ops::linalg_lstsq(x, &bt2, None, None)?[0].clone()),
+        &a,
+        &[m, n],
+        &random_dirs(15, 2, 22),
+        true,
+    );
 }
 
 // ----- quantiles and fake quantization ----------------------------------------------------------
@@ -665,14 +856,41 @@ fn quantile_shapes_and_gradients() {
     let x = randn(&[3, 5], 111);
     let t = Tensor::from_vec(x.clone(), [3, 5]).unwrap();
     let qt = Tensor::from_vec(vec![0.1, 0.5, 0.9], [3]).unwrap();
-    assert_eq!(ops::quantile(&t, QuantileQ::Tensor(&qt), Some(0), true, "linear").unwrap().dims(), &[3, 1, 5]);
-    assert_eq!(ops::quantile(&t, QuantileQ::Tensor(&qt), None, false, "linear").unwrap().dims(), &[3]);
-    assert_eq!(ops::quantile(&t, QuantileQ::Scalar(0.5), None, true, "linear").unwrap().dims(), &[1, 1]);
+    assert_eq!(
+        ops::quantile(&t, QuantileQ::Tensor(&qt), Some(0), true, "linear")
+            .unwrap()
+            .dims(),
+        &[3, 1, 5]
+    );
+    assert_eq!(
+        ops::quantile(&t, QuantileQ::Tensor(&qt), None, false, "linear")
+            .unwrap()
+            .dims(),
+        &[3]
+    );
+    assert_eq!(
+        ops::quantile(&t, QuantileQ::Scalar(0.5), None, true, "linear")
+            .unwrap()
+            .dims(),
+        &[1, 1]
+    );
     assert!(ops::quantile(&t, QuantileQ::Scalar(1.5), None, false, "linear").is_err());
     assert!(ops::quantile(&t, QuantileQ::Scalar(0.5), None, false, "cubic").is_err());
-    check_grads(&|x| ops::quantile(x, QuantileQ::Scalar(0.3), Some(1), false, "linear"), &x, &[3, 5], &random_dirs(15, 3, 23), false);
+    check_grads(
+        &|x| ops::quantile(x, QuantileQ::Scalar(0.3), Some(1), false, "linear"),
+        &x,
+        &[3, 5],
+        &random_dirs(15, 3, 23),
+        false,
+    );
     let qt2 = qt.clone();
-    check_grads(&move |x| ops::nanquantile(x, QuantileQ::Tensor(&qt2), Some(0), false, "midpoint"), &x, &[3, 5], &random_dirs(15, 3, 24), false);
+    check_grads(
+        &move |x| ops::nanquantile(x, QuantileQ::Tensor(&qt2), Some(0), false, "midpoint"),
+        &x,
+        &[3, 5],
+        &random_dirs(15, 3, 24),
+        false,
+    );
 }
 
 #[test]
@@ -697,7 +915,11 @@ fn fake_quantize_values_and_straight_through_gradient() {
         .iter()
         .map(|&v| {
             let q = zp as f32 + (v * inv).round_ties_even();
-            if q >= qmin as f32 && q <= qmax as f32 { 1.0 } else { 0.0 }
+            if q >= qmin as f32 && q <= qmax as f32 {
+                1.0
+            } else {
+                0.0
+            }
         })
         .collect();
     assert_eq!(g, mask);
@@ -714,17 +936,30 @@ fn householder_representation_round_trips() {
         assert_eq!(tau.dims(), &[k]);
         // Q from the reflectors (first k columns), R from the upper triangle.
         let qa = ops::narrow(&qr, -1, 0, k).unwrap();
-        let qa = if m < k { qa } else { ops::narrow(&qa, -2, 0, m).unwrap() };
+        let qa = if m < k {
+            qa
+        } else {
+            ops::narrow(&qa, -2, 0, m).unwrap()
+        };
         let q = ops::linalg_householder_product(&qa, &tau).unwrap();
         assert_eq!(q.dims(), &[m, k]);
         let qrv = vals(&qr);
         let mut r = vec![0.0; k * n];
-        for i in 0..k { for j in i..n { r[i * n + j] = qrv[i * n + j]; } }
+        for i in 0..k {
+            for j in i..n {
+                r[i * n + j] = qrv[i * n + j];
+            }
+        }
         assert_close(&matmul_vals(&vals(&q), &r, m, k, n), &a, 1e-10, "geqrf Q R");
         // The same R as linalg.qr (LAPACK's sign convention in both).
         let (_, r2) = ops::linalg_qr(&t, QrMode::Reduced).unwrap();
         assert_close(&r, &vals(&r2), 1e-10, "R");
-        assert_close(&vals(&ops::orgqr(&qa, &tau).unwrap()), &vals(&q), 1e-12, "orgqr");
+        assert_close(
+            &vals(&ops::orgqr(&qa, &tau).unwrap()),
+            &vals(&q),
+            1e-12,
+            "orgqr",
+        );
         // ormqr against explicit products with the full Q.
         let qfull = {
             let (qf, _) = ops::linalg_qr(&t, QrMode::Complete).unwrap();
@@ -735,7 +970,11 @@ fn householder_representation_round_trips() {
         let qc = vals(&ops::ormqr(&qa, &tau, &ct, true, false).unwrap());
         assert_close(&qc, &matmul_vals(&qfull, &c, m, m, 2), 1e-10, "Q C");
         let mut qt = vec![0.0; m * m];
-        for i in 0..m { for j in 0..m { qt[j * m + i] = qfull[i * m + j]; } }
+        for i in 0..m {
+            for j in 0..m {
+                qt[j * m + i] = qfull[i * m + j];
+            }
+        }
         let qtc = vals(&ops::ormqr(&qa, &tau, &ct, true, true).unwrap());
         assert_close(&qtc, &matmul_vals(&qt, &c, m, m, 2), 1e-10, "Qt C");
         let d = randn(&[2, m], 6);
@@ -749,5 +988,11 @@ fn householder_representation_round_trips() {
     let (m, n) = (4, 3);
     let a = randn(&[m, n], 131);
     let tau = Tensor::from_vec(vec![1.2, 0.7, 1.5], [3]).unwrap();
-    check_grads(&move |x| ops::linalg_householder_product(x, &tau), &a, &[m, n], &random_dirs(12, 3, 25), true);
+    check_grads(
+        &move |x| ops::linalg_householder_product(x, &tau),
+        &a,
+        &[m, n],
+        &random_dirs(12, 3, 25),
+        true,
+    );
 }

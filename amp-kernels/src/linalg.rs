@@ -162,7 +162,10 @@ pub fn linalg_inv_ex(a: &Tensor) -> Result<(Tensor, Tensor)> {
             (row_major(lu.inverse().as_ref()), lu_info(lu.U()))
         });
         let (inv, info): (Vec<_>, Vec<_>) = res.into_iter().unzip();
-        Ok((assemble(inv, &b.batch, &[n, n])?, info_tensor(info, &b.batch)?))
+        Ok((
+            assemble(inv, &b.batch, &[n, n])?,
+            info_tensor(info, &b.batch)?,
+        ))
     })
 }
 
@@ -199,7 +202,10 @@ pub fn linalg_solve_ex(a: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor)> {
             (row_major(x.as_ref()), lu_info(lu.U()))
         });
         let (x, info): (Vec<_>, Vec<_>) = res.into_iter().unzip();
-        Ok((assemble(x, &ab.batch, &[n, k])?, info_tensor(info, &ab.batch)?))
+        Ok((
+            assemble(x, &ab.batch, &[n, k])?,
+            info_tensor(info, &ab.batch)?,
+        ))
     })
 }
 
@@ -276,7 +282,10 @@ pub fn linalg_cholesky_ex(a: &Tensor) -> Result<(Tensor, Tensor)> {
             }
         });
         let (l, info): (Vec<_>, Vec<_>) = res.into_iter().unzip();
-        Ok((assemble(l, &b.batch, &[n, n])?, info_tensor(info, &b.batch)?))
+        Ok((
+            assemble(l, &b.batch, &[n, n])?,
+            info_tensor(info, &b.batch)?,
+        ))
     })
 }
 
@@ -301,7 +310,11 @@ pub fn linalg_eigh(a: &Tensor, upper: bool, vectors: bool) -> Result<(Tensor, Op
                 Ok((w, Vec::new()))
             }
         });
-        let (w, v): (Vec<_>, Vec<_>) = res.into_iter().collect::<Result<Vec<_>>>()?.into_iter().unzip();
+        let (w, v): (Vec<_>, Vec<_>) = res
+            .into_iter()
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .unzip();
         let w = assemble(w, &b.batch, &[n])?;
         let v = if vectors {
             Some(assemble(v, &b.batch, &[n, n])?)
@@ -456,7 +469,10 @@ pub fn linalg_lu_factor_ex(a: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
 pub fn lu_pivots_to_permutation(pivots: &Tensor, m: usize, dtype: DType) -> Result<Tensor> {
     const OP: &str = "lu_unpack";
     if pivots.dtype().is_floating_point() || pivots.rank() < 1 {
-        return Err(Error::invalid(OP, "pivots must be an integer tensor of rank >= 1"));
+        return Err(Error::invalid(
+            OP,
+            "pivots must be an integer tensor of rank >= 1",
+        ));
     }
     let r = pivots.rank();
     let k = pivots.dims()[r - 1];
@@ -498,7 +514,10 @@ pub fn linalg_matrix_rank(
     const OP: &str = "linalg.matrix_rank";
     let r = a.rank();
     if r < 2 {
-        return Err(Error::invalid(OP, "The input tensor A must have at least 2 dimensions."));
+        return Err(Error::invalid(
+            OP,
+            "The input tensor A must have at least 2 dimensions.",
+        ));
     }
     let (m, n) = (a.dims()[r - 2], a.dims()[r - 1]);
     let s = if hermitian {
@@ -511,7 +530,11 @@ pub fn linalg_matrix_rank(
         DType::F64 => f64::EPSILON,
         _ => f32::EPSILON as f64,
     };
-    let rtol = rtol.unwrap_or(if atol.is_none() { eps * m.max(n) as f64 } else { 0.0 });
+    let rtol = rtol.unwrap_or(if atol.is_none() {
+        eps * m.max(n) as f64
+    } else {
+        0.0
+    });
     let atol = atol.unwrap_or(0.0);
     let k = m.min(n);
     let batch = a.dims()[..r - 2].to_vec();
@@ -550,8 +573,15 @@ pub fn geqrf(a: &Tensor) -> Result<(Tensor, Tensor)> {
             // H = I - v vᵀ / tau; LAPACK's tau is its reciprocal (0 for no reflection).
             let mut coeff = Mat::<C>::zeros(1, k);
             let par = faer::Par::Seq;
-            let mut mem = MemBuffer::new(qr_in_place_scratch::<C>(m, n, 1, par, Default::default()));
-            qr_in_place(qr.as_mut(), coeff.as_mut(), par, MemStack::new(&mut mem), Default::default());
+            let mut mem =
+                MemBuffer::new(qr_in_place_scratch::<C>(m, n, 1, par, Default::default()));
+            qr_in_place(
+                qr.as_mut(),
+                coeff.as_mut(),
+                par,
+                MemStack::new(&mut mem),
+                Default::default(),
+            );
             let tau: Vec<C> = (0..k)
                 .map(|j| {
                     let t = 1.0 / Element::to_f64(coeff[(0, j)]);

@@ -95,7 +95,10 @@ pub fn quantile_rows(
     }
     let (rows, n) = (x.dims()[0], x.dims()[1]);
     if n == 0 {
-        return Err(Error::invalid(OP, "quantile() input tensor must be non-empty"));
+        return Err(Error::invalid(
+            OP,
+            "quantile() input tensor must be non-empty",
+        ));
     }
     match x.dtype() {
         DType::F32 => rows_impl::<f32>(x, q, interpolation, ignore_nan, rows, n),
@@ -225,13 +228,7 @@ pub fn fake_quantize_per_tensor_affine(
             "`zero_point` must be between `quant_min` and `quant_max`.",
         ));
     }
-    fn run<C: Real>(
-        x: &Tensor,
-        scale: f64,
-        zp: i64,
-        qmin: i64,
-        qmax: i64,
-    ) -> (Vec<C>, Vec<bool>) {
+    fn run<C: Real>(x: &Tensor, scale: f64, zp: i64, qmin: i64, qmax: i64) -> (Vec<C>, Vec<bool>) {
         let xs = x.to_vec_as::<C>();
         let sc = scale as f32;
         let inv = C::from_f64c((1.0f32 / sc) as f64);

@@ -264,10 +264,14 @@ fn solve_impl(a: &Tensor, b: &Tensor, left: bool) -> Result<Tensor> {
             format!("A must be batches of square matrices, but they are {m} by {n} matrices"),
         ));
     }
-    let vector = b.rank() == 1 || (b.rank() + 1 == a.rank() && b.dims() == &a.dims()[..a.rank() - 1]);
+    let vector =
+        b.rank() == 1 || (b.rank() + 1 == a.rank() && b.dims() == &a.dims()[..a.rank() - 1]);
     if !left {
         if vector {
-            return Err(Error::invalid(OP, "left=False needs B to be a batch of matrices"));
+            return Err(Error::invalid(
+                OP,
+                "left=False needs B to be a batch of matrices",
+            ));
         }
         return mt(&solve_impl(&mt(a)?, &mt(b)?, true)?);
     }
@@ -312,18 +316,23 @@ pub fn solve(input: &Tensor, a: &Tensor) -> Result<(Tensor, Tensor)> {
 fn tri_core(a: &Tensor, b: &Tensor, upper: bool, unit: bool) -> Result<Tensor> {
     let x = amp_kernels::linalg_solve_triangular(a.data(), b.data(), upper, unit)?;
     let (saved, sa, sb) = (x.clone(), a.clone(), b.clone());
-    Ok(record(x, "LinalgSolveTriangularBackward0", &[a, b], move |g| {
-        let gb = tri_core(&mt(&sa)?, g, !upper, unit)?;
-        let ga = if sa.requires_grad() {
-            let x = again(raw(&saved), || tri_core(&sa, &sb, upper, unit))?;
-            let p = neg(&matmul(&gb, &mt(&x)?)?)?;
-            let k = i64::from(unit);
-            Some(if upper { triu(&p, k)? } else { tril(&p, -k)? })
-        } else {
-            None
-        };
-        Ok(vec![ga, sb.requires_grad().then_some(gb)])
-    }))
+    Ok(record(
+        x,
+        "LinalgSolveTriangularBackward0",
+        &[a, b],
+        move |g| {
+            let gb = tri_core(&mt(&sa)?, g, !upper, unit)?;
+            let ga = if sa.requires_grad() {
+                let x = again(raw(&saved), || tri_core(&sa, &sb, upper, unit))?;
+                let p = neg(&matmul(&gb, &mt(&x)?)?)?;
+                let k = i64::from(unit);
+                Some(if upper { triu(&p, k)? } else { tril(&p, -k)? })
+            } else {
+                None
+            };
+            Ok(vec![ga, sb.requires_grad().then_some(gb)])
+        },
+    ))
 }
 
 fn tri_impl(a: &Tensor, b: &Tensor, upper: bool, left: bool, unit: bool) -> Result<Tensor> {
@@ -453,7 +462,11 @@ fn chol_solve_core(b: &Tensor, l: &Tensor, upper: bool) -> Result<Tensor> {
             let x = again(raw(&saved), || chol_solve_core(&sb, &sl, upper))?;
             let c = matmul(&gb, &mt(&x)?)?;
             let c = add(&c, &mt(&c)?)?;
-            Some(neg(&if upper { matmul(&sl, &c)? } else { matmul(&c, &sl)? })?)
+            Some(neg(&if upper {
+                matmul(&sl, &c)?
+            } else {
+                matmul(&c, &sl)?
+            })?)
         } else {
             None
         };
@@ -467,7 +480,10 @@ pub fn cholesky_solve(b: &Tensor, l: &Tensor, upper: bool) -> Result<Tensor> {
     last2("cholesky_solve", &b)?;
     let (m, n) = last2("cholesky_solve", &l)?;
     if m != n {
-        return Err(Error::invalid("cholesky_solve", "A must be batches of square matrices"));
+        return Err(Error::invalid(
+            "cholesky_solve",
+            "A must be batches of square matrices",
+        ));
     }
     let (le, be) = broadcast_batch("cholesky_solve", &l, &b)?;
     chol_solve_core(&be, &le, upper)
@@ -475,7 +491,9 @@ pub fn cholesky_solve(b: &Tensor, l: &Tensor, upper: bool) -> Result<Tensor> {
 
 fn chol_inverse_core(l: &Tensor, upper: bool) -> Result<Tensor> {
     let n = l.dims()[l.rank() - 1];
-    let id = Raw::eye(n, l.dtype()).broadcast_to(l.dims().to_vec())?.contiguous();
+    let id = Raw::eye(n, l.dtype())
+        .broadcast_to(l.dims().to_vec())?
+        .contiguous();
     let lower = if upper {
         l.data().transpose(-2, -1)?.contiguous()
     } else {
@@ -488,7 +506,11 @@ fn chol_inverse_core(l: &Tensor, upper: bool) -> Result<Tensor> {
         let inv = again(raw(&saved), || chol_inverse_core(&sl, upper))?;
         let c = add(g, &mt(g)?)?;
         let c = matmul(&inv, &matmul(&c, &inv)?)?;
-        Ok(vec![Some(neg(&if upper { matmul(&sl, &c)? } else { matmul(&c, &sl)? })?)])
+        Ok(vec![Some(neg(&if upper {
+            matmul(&sl, &c)?
+        } else {
+            matmul(&c, &sl)?
+        })?)])
     }))
 }
 
@@ -497,7 +519,10 @@ pub fn cholesky_inverse(l: &Tensor, upper: bool) -> Result<Tensor> {
     let [l] = enter(&CHOLESKY_INVERSE, [l])?;
     let (m, n) = last2("cholesky_inverse", &l)?;
     if m != n {
-        return Err(Error::invalid("cholesky_inverse", "A must be batches of square matrices"));
+        return Err(Error::invalid(
+            "cholesky_inverse",
+            "A must be batches of square matrices",
+        ));
     }
     chol_inverse_core(&l, upper)
 }
@@ -523,12 +548,18 @@ fn eigh_core(a: &Tensor, upper: bool) -> Result<(Tensor, Tensor)> {
         let (w, v) = again((raw(&sw), raw(&sv)), || eigh_core(&sa, upper))?;
         let Some(gv) = gv else {
             let gw = gw.expect("checked");
-            return Ok(vec![Some(matmul(&mul(&v, &unsqueeze(gw, -2)?)?, &mt(&v)?)?)]);
+            return Ok(vec![Some(matmul(
+                &mul(&v, &unsqueeze(gw, -2)?)?,
+                &mt(&v)?,
+            )?)]);
         };
         let n = *w.dims().last().expect("rank >= 1");
         let vhgv = matmul(&mt(&v)?, gv)?;
         let vhgv = mul_scalar(&sub(&vhgv, &mt(&vhgv)?)?, 0.5)?;
-        let e = add(&sub(&unsqueeze(&w, -2)?, &unsqueeze(&w, -1)?)?, &eye(n, w.dtype()))?;
+        let e = add(
+            &sub(&unsqueeze(&w, -2)?, &unsqueeze(&w, -1)?)?,
+            &eye(n, w.dtype()),
+        )?;
         let mut ga = div(&vhgv, &e)?;
         if let Some(gw) = gw {
             ga = add(&ga, &diag_embed(gw)?)?;
@@ -569,9 +600,14 @@ pub fn linalg_eigvalsh(a: &Tensor, uplo: &str) -> Result<Tensor> {
     }
     let (m, n) = last2("linalg.eigvalsh", &a)?;
     if m != n {
-        return Err(Error::invalid("linalg.eigvalsh", "A must be batches of square matrices"));
+        return Err(Error::invalid(
+            "linalg.eigvalsh",
+            "A must be batches of square matrices",
+        ));
     }
-    Ok(Tensor::from_raw(amp_kernels::linalg_eigh(a.data(), upper, false)?.0))
+    Ok(Tensor::from_raw(
+        amp_kernels::linalg_eigh(a.data(), upper, false)?.0,
+    ))
 }
 
 /// The removed `torch.symeig(input, eigenvectors=False, upper=True)` (PyTorch 1.x):
@@ -599,8 +635,7 @@ fn svd_core(a: &Tensor, full: bool) -> Result<(Tensor, Tensor, Tensor)> {
         if gu.is_none() && gsv.is_none() && gvh.is_none() {
             return Ok(vec![None]);
         }
-        let (mut u, s, mut vh) =
-            again((raw(&su), raw(&ss), raw(&svh)), || svd_core(&sa, full))?;
+        let (mut u, s, mut vh) = again((raw(&su), raw(&ss), raw(&svh)), || svd_core(&sa, full))?;
         let k = *s.dims().last().expect("rank >= 1");
         let (mut gu, mut gvh) = (gu, gvh);
         if full {
@@ -609,9 +644,22 @@ fn svd_core(a: &Tensor, full: bool) -> Result<(Tensor, Tensor, Tensor)> {
             gu = gu.map(|g| narrow(&g, -1, 0, k)).transpose()?;
             gvh = gvh.map(|g| narrow(&g, -2, 0, k)).transpose()?;
         }
-        Ok(vec![Some(svd_backward(gu.as_ref(), gsv.as_ref(), gvh.as_ref(), &u, &s, &vh)?)])
+        Ok(vec![Some(svd_backward(
+            gu.as_ref(),
+            gsv.as_ref(),
+            gvh.as_ref(),
+            &u,
+            &s,
+            &vh,
+        )?)])
     });
-    let mut outs = record_multi(vec![u, s, vh], &[true, true, true], "LinalgSvdBackward0", &[a], bw);
+    let mut outs = record_multi(
+        vec![u, s, vh],
+        &[true, true, true],
+        "LinalgSvdBackward0",
+        &[a],
+        bw,
+    );
     let vh = outs.pop().expect("three outputs");
     let s = outs.pop().expect("three outputs");
     let u = outs.pop().expect("three outputs");
@@ -642,7 +690,10 @@ fn svd_backward(
     let uhgu = gu.map(|g| skew(matmul(&mt(u)?, g)?)).transpose()?;
     let vhgv = gvh.map(|g| skew(matmul(vh, &mt(g)?)?)).transpose()?;
     let s2 = mul(s, s)?;
-    let e = add(&sub(&unsqueeze(&s2, -2)?, &unsqueeze(&s2, -1)?)?, &eye(k, s.dtype()))?;
+    let e = add(
+        &sub(&unsqueeze(&s2, -2)?, &unsqueeze(&s2, -1)?)?,
+        &eye(k, s.dtype()),
+    )?;
     let s_row = unsqueeze(s, -2)?;
     let s_col = unsqueeze(s, -1)?;
     let mut ret = match (&uhgu, &vhgv) {
@@ -654,22 +705,24 @@ fn svd_backward(
     if let Some(gs) = gs {
         ret = add(&ret, &diag_embed(gs)?)?;
     }
-    if m > n && gu.is_some() {
-        let gu = gu.expect("checked");
-        let mut ga = matmul(u, &ret)?;
-        let gusinv = div(gu, &s_row)?;
-        ga = sub(&add(&ga, &gusinv)?, &matmul(u, &matmul(&mt(u)?, &gusinv)?)?)?;
-        matmul(&ga, vh)
-    } else if m < n && gvh.is_some() {
-        let gvh = gvh.expect("checked");
-        let mut ga = matmul(&ret, vh)?;
-        let sinvgvh = div(gvh, &s_col)?;
-        ga = sub(&add(&ga, &sinvgvh)?, &matmul(&matmul(&sinvgvh, &mt(vh)?)?, vh)?)?;
-        matmul(u, &ga)
-    } else if m >= n {
-        matmul(u, &matmul(&ret, vh)?)
-    } else {
-        matmul(&matmul(u, &ret)?, vh)
+    match (gu, gvh) {
+        (Some(gu), _) if m > n => {
+            let mut ga = matmul(u, &ret)?;
+            let gusinv = div(gu, &s_row)?;
+            ga = sub(&add(&ga, &gusinv)?, &matmul(u, &matmul(&mt(u)?, &gusinv)?)?)?;
+            matmul(&ga, vh)
+        }
+        (_, Some(gvh)) if m < n => {
+            let mut ga = matmul(&ret, vh)?;
+            let sinvgvh = div(gvh, &s_col)?;
+            ga = sub(
+                &add(&ga, &sinvgvh)?,
+                &matmul(&matmul(&sinvgvh, &mt(vh)?)?, vh)?,
+            )?;
+            matmul(u, &ga)
+        }
+        _ if m >= n => matmul(u, &matmul(&ret, vh)?),
+        _ => matmul(&matmul(u, &ret)?, vh),
     }
 }
 
@@ -685,7 +738,9 @@ fn svdvals_impl(a: &Tensor) -> Result<Tensor> {
     if needs_grad(&[a]) {
         return Ok(svd_core(a, false)?.1);
     }
-    Ok(Tensor::from_raw(amp_kernels::linalg_svd(a.data(), false, false)?.1))
+    Ok(Tensor::from_raw(
+        amp_kernels::linalg_svd(a.data(), false, false)?.1,
+    ))
 }
 
 /// `torch.linalg.svdvals(A)`: the singular values, descending.
@@ -842,14 +897,25 @@ fn qr_core(a: &Tensor, mode: QrMode) -> Result<(Tensor, Tensor)> {
         };
         Ok(vec![Some(cat(&[gx, gy], -1)?)])
     });
-    let mut outs = record_multi(vec![q, r], &[mode != QrMode::R, true], "LinalgQrBackward0", &[a], bw);
+    let mut outs = record_multi(
+        vec![q, r],
+        &[mode != QrMode::R, true],
+        "LinalgQrBackward0",
+        &[a],
+        bw,
+    );
     let r = outs.pop().expect("two outputs");
     let q = outs.pop().expect("two outputs");
     Ok((q, r))
 }
 
 /// `gA = (gQ + Q copyltu(M)) R⁻ᵀ` with `M = R gRᵀ - gQᵀ Q` (`m >= n`, `R` square).
-fn qr_backward_tall(gq: Option<&Tensor>, gr: Option<&Tensor>, q: &Tensor, r: &Tensor) -> Result<Tensor> {
+fn qr_backward_tall(
+    gq: Option<&Tensor>,
+    gr: Option<&Tensor>,
+    q: &Tensor,
+    r: &Tensor,
+) -> Result<Tensor> {
     let m = match (gr, gq) {
         (Some(gr), Some(gq)) => sub(&matmul(r, &mt(gr)?)?, &matmul(&mt(gq)?, q)?)?,
         (Some(gr), None) => matmul(r, &mt(gr)?)?,
@@ -874,7 +940,14 @@ pub fn linalg_qr(a: &Tensor, mode: QrMode) -> Result<(Tensor, Tensor)> {
 /// `torch.qr(input, some=True)`: `(Q, R)`, reduced when `some`.
 pub fn qr(a: &Tensor, some: bool) -> Result<(Tensor, Tensor)> {
     let [a] = enter(&QR, [a])?;
-    qr_core(&a, if some { QrMode::Reduced } else { QrMode::Complete })
+    qr_core(
+        &a,
+        if some {
+            QrMode::Reduced
+        } else {
+            QrMode::Complete
+        },
+    )
 }
 
 // ----- Householder representation ---------------------------------------------------------
@@ -885,7 +958,10 @@ pub fn geqrf(a: &Tensor) -> Result<(Tensor, Tensor)> {
     let [a] = enter(&GEQRF, [a])?;
     last2("geqrf", &a)?;
     if needs_grad(&[&a]) {
-        return Err(Error::invalid("geqrf", "the derivative for 'geqrf' is not implemented."));
+        return Err(Error::invalid(
+            "geqrf",
+            "the derivative for 'geqrf' is not implemented.",
+        ));
     }
     let (qr, tau) = amp_kernels::geqrf(a.data())?;
     Ok((Tensor::from_raw(qr), Tensor::from_raw(tau)))
@@ -916,10 +992,20 @@ fn check_householder(op: &'static str, a: &Tensor, tau: &Tensor) -> Result<(usiz
     let (m, n) = last2(op, a)?;
     let k = *tau.dims().last().unwrap_or(&0);
     if tau.rank() + 1 != a.rank() || tau.dims()[..tau.rank() - 1] != a.dims()[..a.rank() - 2] {
-        return Err(Error::invalid(op, format!("expected tau of shape {:?}[..., k], got {:?}", &a.dims()[..a.rank() - 2], tau.dims())));
+        return Err(Error::invalid(
+            op,
+            format!(
+                "expected tau of shape {:?}[..., k], got {:?}",
+                &a.dims()[..a.rank() - 2],
+                tau.dims()
+            ),
+        ));
     }
     if k > n || n > m {
-        return Err(Error::invalid(op, format!("expected m >= n >= k, got A {m} x {n} and {k} reflectors")));
+        return Err(Error::invalid(
+            op,
+            format!("expected m >= n >= k, got A {m} x {n} and {k} reflectors"),
+        ));
     }
     if a.dtype() != tau.dtype() {
         return Err(Error::invalid(op, "tau dtype should match the input dtype"));
@@ -929,7 +1015,10 @@ fn check_householder(op: &'static str, a: &Tensor, tau: &Tensor) -> Result<(usiz
 
 fn householder_impl(op: &'static str, a: &Tensor, tau: &Tensor) -> Result<Tensor> {
     if !matches!(a.dtype(), DType::F32 | DType::F64) {
-        return Err(Error::Tensor(amp_tensor::Error::UnsupportedDType { op, dtype: a.dtype() }));
+        return Err(Error::Tensor(amp_tensor::Error::UnsupportedDType {
+            op,
+            dtype: a.dtype(),
+        }));
     }
     let (m, n, k) = check_householder(op, a, tau)?;
     bypass(|| {
@@ -960,29 +1049,51 @@ pub fn orgqr(a: &Tensor, tau: &Tensor) -> Result<Tensor> {
 /// `torch.ormqr(input, tau, other, left=True, transpose=False)`: `other` multiplied by
 /// the full `Q = H_1 ⋯ H_k` of ([`geqrf`]'s) `input, tau`: `op(Q) other` (`left`) or
 /// `other op(Q)`, `op` the transpose when `transpose`.
-pub fn ormqr(a: &Tensor, tau: &Tensor, other: &Tensor, left: bool, transpose_q: bool) -> Result<Tensor> {
+pub fn ormqr(
+    a: &Tensor,
+    tau: &Tensor,
+    other: &Tensor,
+    left: bool,
+    transpose_q: bool,
+) -> Result<Tensor> {
     const OP: &str = "ormqr";
     let [a, tau, other] = enter(&ORMQR, [a, tau, other])?;
     if !matches!(a.dtype(), DType::F32 | DType::F64) {
-        return Err(Error::Tensor(amp_tensor::Error::UnsupportedDType { op: OP, dtype: a.dtype() }));
+        return Err(Error::Tensor(amp_tensor::Error::UnsupportedDType {
+            op: OP,
+            dtype: a.dtype(),
+        }));
     }
     let (m, _, k) = {
         let (m, n) = last2(OP, &a)?;
         let k = *tau.dims().last().unwrap_or(&0);
         if k > n.min(m) || tau.dims()[..tau.rank() - 1] != a.dims()[..a.rank() - 2] {
-            return Err(Error::invalid(OP, "tau must have shape [..., k] with k <= min(m, n)"));
+            return Err(Error::invalid(
+                OP,
+                "tau must have shape [..., k] with k <= min(m, n)",
+            ));
         }
         (m, n, k)
     };
     let (r, c) = last2(OP, &other)?;
     if (left && r != m) || (!left && c != m) {
-        return Err(Error::invalid(OP, format!("other must have {m} {}", if left { "rows" } else { "columns" })));
+        return Err(Error::invalid(
+            OP,
+            format!(
+                "other must have {m} {}",
+                if left { "rows" } else { "columns" }
+            ),
+        ));
     }
     bypass(|| {
         let mut out = other.clone();
         // Q C = H_1 (⋯ (H_k C)); Qᵀ C = H_k ⋯ H_1 C; C Q = C H_1 ⋯ H_k; C Qᵀ = C H_k ⋯ H_1.
         let forward = left == transpose_q;
-        let order: Vec<usize> = if forward { (0..k).collect() } else { (0..k).rev().collect() };
+        let order: Vec<usize> = if forward {
+            (0..k).collect()
+        } else {
+            (0..k).rev().collect()
+        };
         for i in order {
             out = apply_reflector(&a, &tau, i, &out, left)?;
         }
@@ -1014,7 +1125,10 @@ fn lu_core(a: &Tensor) -> Result<(Tensor, Raw, Raw)> {
         let (l, u) = lu_unpack_lu(&lu)?;
         let gl = tril(g, -1)?;
         let gu = triu(g, 0)?;
-        let phi = add(&tril(&matmul(&mt(&l)?, &gl)?, -1)?, &triu(&matmul(&gu, &mt(&u)?)?, 0)?)?;
+        let phi = add(
+            &tril(&matmul(&mt(&l)?, &gl)?, -1)?,
+            &triu(&matmul(&gu, &mt(&u)?)?, 0)?,
+        )?;
         let y = tri_core(&mt(&l)?, &phi, true, true)?;
         let z = mt(&tri_core(&u, &mt(&y)?, true, false)?)?;
         let p = Tensor::from_raw(amp_kernels::lu_pivots_to_permutation(&spiv, m, g.dtype())?);
@@ -1030,7 +1144,10 @@ fn lu_core(a: &Tensor) -> Result<(Tensor, Raw, Raw)> {
 pub fn lu(a: &Tensor, pivot: bool, get_infos: bool) -> Result<Vec<Tensor>> {
     let [a] = enter(&LU_WITH_INFO, [a])?;
     if !pivot {
-        return Err(Error::invalid("torch.lu", "LU without pivoting is not implemented on the CPU"));
+        return Err(Error::invalid(
+            "torch.lu",
+            "LU without pivoting is not implemented on the CPU",
+        ));
     }
     let (lu, piv, info) = lu_core(&a)?;
     let mut out = vec![lu, Tensor::from_raw(piv)];
@@ -1047,7 +1164,10 @@ pub fn lu_solve(b: &Tensor, lu_data: &Tensor, lu_pivots: &Tensor) -> Result<Tens
     bypass(|| {
         let (m, n) = last2("lu_solve", &lu_data)?;
         if m != n {
-            return Err(Error::invalid("lu_solve", "LU_data must be batches of square matrices"));
+            return Err(Error::invalid(
+                "lu_solve",
+                "LU_data must be batches of square matrices",
+            ));
         }
         last2("lu_solve", &b)?;
         let p = Tensor::from_raw(amp_kernels::lu_pivots_to_permutation(
@@ -1081,14 +1201,24 @@ pub fn linalg_lstsq(
     if !["gels", "gelsy", "gelsd", "gelss"].contains(&driver) {
         return Err(Error::invalid(
             "torch.linalg.lstsq",
-            format!("parameter `driver` should be one of (gels, gelsy, gelsd, gelss), but got {driver}"),
+            format!(
+                "parameter `driver` should be one of (gels, gelsy, gelsd, gelss), but got {driver}"
+            ),
         ));
     }
     bypass(|| {
         let (m, n) = last2("torch.linalg.lstsq", &a)?;
         let vector = b.rank() + 1 == a.rank();
-        let b2 = if vector { unsqueeze(&b, -1)? } else { b.clone() };
-        let eps = if a.dtype() == DType::F64 { f64::EPSILON } else { f32::EPSILON as f64 };
+        let b2 = if vector {
+            unsqueeze(&b, -1)?
+        } else {
+            b.clone()
+        };
+        let eps = if a.dtype() == DType::F64 {
+            f64::EPSILON
+        } else {
+            f32::EPSILON as f64
+        };
         let rcond = rcond.filter(|r| *r > 0.0).unwrap_or(eps * m.max(n) as f64);
         let p = pinv_core(&a, rcond)?;
         let (pe, be) = broadcast_batch("torch.linalg.lstsq", &p, &b2)?;
@@ -1097,14 +1227,22 @@ pub fn linalg_lstsq(
         let rank = if driver == "gels" {
             Tensor::zeros([0], DType::I64)
         } else {
-            Tensor::from_raw(amp_kernels::linalg_matrix_rank(a.data(), None, Some(rcond), false)?)
+            Tensor::from_raw(amp_kernels::linalg_matrix_rank(
+                a.data(),
+                None,
+                Some(rcond),
+                false,
+            )?)
         };
         let full_rank = amp_kernels::linalg_matrix_rank(a.data(), None, Some(rcond), false)?
             .to_vec_as::<i64>()
             .iter()
             .all(|&r| r as usize == n);
         let residuals = if m > n && driver != "gelsy" && (driver == "gels" || full_rank) {
-            let r = sub(&matmul(&expand_batch(&a, &be.dims()[..be.rank() - 2])?, &x)?, &be)?;
+            let r = sub(
+                &matmul(&expand_batch(&a, &be.dims()[..be.rank() - 2])?, &x)?,
+                &be,
+            )?;
             let r = Tensor::from_raw(r.data().clone());
             sum(&mul(&r, &r)?, &[-2], false, None)?
         } else {
@@ -1136,16 +1274,27 @@ pub enum MatrixNormOrd {
     P(f64),
 }
 
-fn matrix_norm_impl(a: &Tensor, ord: MatrixNormOrd, dims: [i64; 2], keepdim: bool) -> Result<Tensor> {
+fn matrix_norm_impl(
+    a: &Tensor,
+    ord: MatrixNormOrd,
+    dims: [i64; 2],
+    keepdim: bool,
+) -> Result<Tensor> {
     const OP: &str = "linalg.matrix_norm";
     let r = a.rank() as i64;
     if r < 2 {
-        return Err(Error::invalid(OP, "The input tensor A must have at least 2 dimensions."));
+        return Err(Error::invalid(
+            OP,
+            "The input tensor A must have at least 2 dimensions.",
+        ));
     }
     let wrap = |d: i64| -> Result<i64> {
         let w = if d < 0 { d + r } else { d };
         if !(0..r).contains(&w) {
-            return Err(Error::Tensor(amp_tensor::Error::DimOutOfRange { dim: d, ndim: r as usize }));
+            return Err(Error::Tensor(amp_tensor::Error::DimOutOfRange {
+                dim: d,
+                ndim: r as usize,
+            }));
         }
         Ok(w)
     };
@@ -1167,8 +1316,8 @@ fn matrix_norm_impl(a: &Tensor, ord: MatrixNormOrd, dims: [i64; 2], keepdim: boo
     match ord {
         MatrixNormOrd::Fro => super::reduce::norm(a, 2.0, &[d0, d1], keepdim),
         MatrixNormOrd::Nuc => svd_based(&|s| sum(s, &[-1], false, None)),
-        MatrixNormOrd::P(p) if p == 2.0 => svd_based(&|s| amax(s, &[-1], false)),
-        MatrixNormOrd::P(p) if p == -2.0 => svd_based(&|s| amin(s, &[-1], false)),
+        MatrixNormOrd::P(2.0) => svd_based(&|s| amax(s, &[-1], false)),
+        MatrixNormOrd::P(-2.0) => svd_based(&|s| amin(s, &[-1], false)),
         MatrixNormOrd::P(p) if p.abs() == 1.0 || p.is_infinite() => {
             // 1: max over columns of the abs-sum down dim0; inf: over rows.
             let (sum_dim, red_dim) = if p.abs() == 1.0 { (d0, d1) } else { (d1, d0) };
@@ -1185,10 +1334,7 @@ fn matrix_norm_impl(a: &Tensor, ord: MatrixNormOrd, dims: [i64; 2], keepdim: boo
                 squeeze(&squeeze(&out, hi)?, lo)
             }
         }
-        MatrixNormOrd::P(p) => Err(Error::invalid(
-            OP,
-            format!("Order {p} not supported."),
-        )),
+        MatrixNormOrd::P(p) => Err(Error::invalid(OP, format!("Order {p} not supported."))),
     }
 }
 
@@ -1241,12 +1387,13 @@ pub fn linalg_cond(a: &Tensor, p: Option<MatrixNormOrd>) -> Result<Tensor> {
                 let na = matrix_norm_impl(&a, ord, [-2, -1], false)?;
                 let ni = matrix_norm_impl(&inv, ord, [-2, -1], false)?;
                 let c = mul(&na, &ni)?;
-                let singular = Tensor::from_raw(
-                    Raw::from_vec(
-                        info.to_vec_as::<i64>().iter().map(|&i| i != 0).collect::<Vec<_>>(),
-                        info.dims().to_vec(),
-                    )?,
-                );
+                let singular = Tensor::from_raw(Raw::from_vec(
+                    info.to_vec_as::<i64>()
+                        .iter()
+                        .map(|&i| i != 0)
+                        .collect::<Vec<_>>(),
+                    info.dims().to_vec(),
+                )?);
                 let inf = Tensor::full(c.dims().to_vec(), f64::INFINITY, c.dtype());
                 where_(&singular, &inf, &c)
             }
@@ -1262,7 +1409,12 @@ pub fn linalg_matrix_rank(
     hermitian: bool,
 ) -> Result<Tensor> {
     let [a] = enter(&LINALG_MATRIX_RANK, [a])?;
-    Ok(Tensor::from_raw(amp_kernels::linalg_matrix_rank(a.data(), atol, rtol, hermitian)?))
+    Ok(Tensor::from_raw(amp_kernels::linalg_matrix_rank(
+        a.data(),
+        atol,
+        rtol,
+        hermitian,
+    )?))
 }
 
 /// `torch.linalg.tensorinv(A, ind=2)`: the inverse with respect to `tensordot` over the
@@ -1270,7 +1422,10 @@ pub fn linalg_matrix_rank(
 pub fn linalg_tensorinv(a: &Tensor, ind: usize) -> Result<Tensor> {
     let [a] = enter(&LINALG_TENSORINV, [a])?;
     if ind == 0 || ind > a.rank() {
-        return Err(Error::invalid("linalg.tensorinv", "Expected a strictly positive integer for 'ind'"));
+        return Err(Error::invalid(
+            "linalg.tensorinv",
+            "Expected a strictly positive integer for 'ind'",
+        ));
     }
     bypass(|| {
         let (lead, rest) = a.dims().split_at(ind);
@@ -1315,7 +1470,11 @@ pub fn linalg_tensorsolve(a: &Tensor, b: &Tensor, dims: Option<&[i64]>) -> Resul
                 "Expected self to satisfy the requirement prod(self.shape[other.ndim:]) == prod(self.shape[:other.ndim])",
             ));
         }
-        let x = solve_impl(&reshape(&a, [p, q].as_slice())?, &reshape(&b, [p].as_slice())?, true)?;
+        let x = solve_impl(
+            &reshape(&a, [p, q].as_slice())?,
+            &reshape(&b, [p].as_slice())?,
+            true,
+        )?;
         reshape(&x, out_shape.as_slice())
     })
 }
@@ -1359,39 +1518,66 @@ fn quantile_impl(
     ignore_nan: bool,
 ) -> Result<Tensor> {
     let interp: QuantileInterpolation = interpolation.parse()?;
-    let op = if ignore_nan { "nanquantile" } else { "quantile" };
+    let op = if ignore_nan {
+        "nanquantile"
+    } else {
+        "quantile"
+    };
     if !matches!(x.dtype(), DType::F32 | DType::F64) {
         return Err(Error::invalid(
             op,
-            format!("quantile() input tensor must be either float or double dtype, but got {}", x.dtype()),
+            format!(
+                "quantile() input tensor must be either float or double dtype, but got {}",
+                x.dtype()
+            ),
         ));
     }
     let (qs, q_dim) = match q {
         QuantileQ::Scalar(v) => (vec![v], None),
         QuantileQ::Tensor(t) => {
             if t.rank() > 1 {
-                return Err(Error::invalid(op, "quantile() q must be a scalar or 1D tensor"));
+                return Err(Error::invalid(
+                    op,
+                    "quantile() q must be a scalar or 1D tensor",
+                ));
             }
             if t.dtype() != x.dtype() {
-                return Err(Error::invalid(op, "quantile() q tensor must be same dtype as the input tensor"));
+                return Err(Error::invalid(
+                    op,
+                    "quantile() q tensor must be same dtype as the input tensor",
+                ));
             }
-            (t.data().to_vec_f64(), (t.rank() == 1).then(|| t.elem_count()))
+            (
+                t.data().to_vec_f64(),
+                (t.rank() == 1).then(|| t.elem_count()),
+            )
         }
     };
     let r = x.rank() as i64;
     let (rows_t, out_dims) = match dim {
         None => {
             let n = x.elem_count();
-            let out_dims = if keepdim { vec![1; x.rank()] } else { Vec::new() };
+            let out_dims = if keepdim {
+                vec![1; x.rank()]
+            } else {
+                Vec::new()
+            };
             (reshape(x, [1, n].as_slice())?, out_dims)
         }
         Some(d) => {
             let rr = r.max(1);
             let w = if d < 0 { d + rr } else { d };
             if !(0..rr).contains(&w) {
-                return Err(Error::Tensor(amp_tensor::Error::DimOutOfRange { dim: d, ndim: x.rank() }));
+                return Err(Error::Tensor(amp_tensor::Error::DimOutOfRange {
+                    dim: d,
+                    ndim: x.rank(),
+                }));
             }
-            let xx = if x.rank() == 0 { reshape(x, [1].as_slice())? } else { x.clone() };
+            let xx = if x.rank() == 0 {
+                reshape(x, [1].as_slice())?
+            } else {
+                x.clone()
+            };
             let mut perm: Vec<i64> = (0..rr).filter(|&k| k != w).collect();
             perm.push(w);
             let moved = permute(&xx, &perm)?;
@@ -1422,12 +1608,24 @@ fn quantile_impl(
 }
 
 /// `torch.quantile(input, q, dim=None, keepdim=False, *, interpolation='linear')`.
-pub fn quantile(x: &Tensor, q: QuantileQ<'_>, dim: Option<i64>, keepdim: bool, interpolation: &str) -> Result<Tensor> {
+pub fn quantile(
+    x: &Tensor,
+    q: QuantileQ<'_>,
+    dim: Option<i64>,
+    keepdim: bool,
+    interpolation: &str,
+) -> Result<Tensor> {
     quantile_entry(&QUANTILE, x, q, dim, keepdim, interpolation, false)
 }
 
 /// `torch.nanquantile(...)`: [`quantile`] ignoring NaNs.
-pub fn nanquantile(x: &Tensor, q: QuantileQ<'_>, dim: Option<i64>, keepdim: bool, interpolation: &str) -> Result<Tensor> {
+pub fn nanquantile(
+    x: &Tensor,
+    q: QuantileQ<'_>,
+    dim: Option<i64>,
+    keepdim: bool,
+    interpolation: &str,
+) -> Result<Tensor> {
     quantile_entry(&NANQUANTILE, x, q, dim, keepdim, interpolation, true)
 }
 
@@ -1447,7 +1645,14 @@ fn quantile_entry(
         }
         QuantileQ::Tensor(t) => {
             let a = enter_vec(op, &[x, t])?;
-            quantile_impl(&a[0], QuantileQ::Tensor(&a[1]), dim, keepdim, interpolation, ignore_nan)
+            quantile_impl(
+                &a[0],
+                QuantileQ::Tensor(&a[1]),
+                dim,
+                keepdim,
+                interpolation,
+                ignore_nan,
+            )
         }
     }
 }
@@ -1472,7 +1677,15 @@ pub fn fake_quantize_per_tensor_affine(
         quant_min,
         quant_max,
     )?;
-    Ok(record(out, "FakeQuantizePerTensorAffineCachemaskBackward0", &[&x], move |g| {
-        Ok(vec![Some(mul(g, &Tensor::from_raw(m.to_dtype(g.dtype())?))?)])
-    }))
+    Ok(record(
+        out,
+        "FakeQuantizePerTensorAffineCachemaskBackward0",
+        &[&x],
+        move |g| {
+            Ok(vec![Some(mul(
+                g,
+                &Tensor::from_raw(m.to_dtype(g.dtype())?),
+            )?)])
+        },
+    ))
 }

@@ -16,7 +16,8 @@ fn pair(r: amp::autograd::Result<(Tensor, Tensor)>) -> R {
 }
 
 fn triple(r: amp::autograd::Result<(Tensor, Tensor, Tensor)>) -> R {
-    r.map(|(a, b, c)| Output::Tensors(vec![a, b, c])).map_err(err)
+    r.map(|(a, b, c)| Output::Tensors(vec![a, b, c]))
+        .map_err(err)
 }
 
 fn many(r: amp::autograd::Result<Vec<Tensor>>) -> R {
@@ -30,7 +31,9 @@ fn norm_ord(a: &Arg<Tensor>) -> Result<MatrixNormOrd, String> {
         Arg::Str(s) if s == "nuc" => Ok(MatrixNormOrd::Nuc),
         Arg::Str(s) if s == "inf" => Ok(MatrixNormOrd::P(f64::INFINITY)),
         Arg::Str(s) if s == "-inf" => Ok(MatrixNormOrd::P(f64::NEG_INFINITY)),
-        other => Ok(MatrixNormOrd::P(other.float().map_err(|e| format!("`ord`: {e}"))?)),
+        other => Ok(MatrixNormOrd::P(
+            other.float().map_err(|e| format!("`ord`: {e}"))?,
+        )),
     }
 }
 
@@ -40,7 +43,9 @@ fn opt_f64(b: &Bound<'_>, name: &str) -> Result<Option<f64>, String> {
         .transpose()
 }
 
-fn quantile_entry(nan: bool) -> impl Fn(&[Arg<Tensor>], &crate::args::Kwargs<Tensor>) -> R + Send + Sync {
+fn quantile_entry(
+    nan: bool,
+) -> impl Fn(&[Arg<Tensor>], &crate::args::Kwargs<Tensor>) -> R + Send + Sync {
     move |args, kwargs| {
         let b = bind(
             args,
