@@ -734,6 +734,17 @@ fn norms_condition_rank_and_tensor_ops() {
             .to_vec_as::<i64>(),
         vec![0]
     );
+    // A zero atol keeps the default rtol; rtol = 0 counts every nonzero singular value.
+    let tiny = Tensor::from_vec(vec![1.0, 0.0, 0.0, 1e-20], [2, 2]).unwrap();
+    let rank = |atol, rtol| {
+        ops::linalg_matrix_rank(&tiny, atol, rtol, false)
+            .unwrap()
+            .data()
+            .to_vec_as::<i64>()
+    };
+    assert_eq!(rank(Some(0.0), None), vec![1]);
+    assert_eq!(rank(None, Some(0.0)), vec![2]);
+    assert_eq!(rank(Some(0.5), None), vec![1]);
     // tensorinv / tensorsolve
     let a4 = Tensor::from_vec(well_conditioned(6, 1, 93), [6, 6])
         .unwrap()

@@ -1401,7 +1401,8 @@ pub fn linalg_cond(a: &Tensor, p: Option<MatrixNormOrd>) -> Result<Tensor> {
     })
 }
 
-/// `torch.linalg.matrix_rank(A, *, atol=None, rtol=None, hermitian=False)`: `int64`.
+/// `torch.linalg.matrix_rank(A, *, atol=None, rtol=None, hermitian=False)`: `int64`;
+/// `rtol = None` is `eps * max(m, n)` unless `atol > 0` is given (then 0).
 pub fn linalg_matrix_rank(
     a: &Tensor,
     atol: Option<f64>,
@@ -1409,6 +1410,8 @@ pub fn linalg_matrix_rank(
     hermitian: bool,
 ) -> Result<Tensor> {
     let [a] = enter(&LINALG_MATRIX_RANK, [a])?;
+    // An `atol` of zero does not turn the default `rtol` off (only one above zero does).
+    let atol = atol.filter(|v| *v > 0.0 || rtol.is_some());
     Ok(Tensor::from_raw(amp_kernels::linalg_matrix_rank(
         a.data(),
         atol,
