@@ -4,6 +4,7 @@
 
 mod cast;
 mod distance;
+mod linalg;
 mod loss;
 mod loss_extra;
 mod matmul;
@@ -17,6 +18,7 @@ mod shape;
 
 pub use cast::*;
 pub use distance::*;
+pub use linalg::*;
 pub use loss::*;
 pub use loss_extra::*;
 pub use matmul::*;
