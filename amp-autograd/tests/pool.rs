@@ -140,7 +140,7 @@ fn check_second_order(inputs: &[Tensor], f: &dyn Fn(&[Tensor]) -> Result<Tensor>
 fn max_pool_gradients() {
     let x = leaf(&[2, 2, 5, 6], 1, -1.0, 1.0);
     check_grad(
-        &[x.clone()],
+        std::slice::from_ref(&x),
         &|v| ops::max_pool2d(&v[0], &[3, 2], &[2, 1], &[1, 1], &[1, 2], true),
         1e-6,
     );
@@ -168,23 +168,23 @@ fn max_pool_gradients() {
 fn avg_and_adaptive_pool_gradients() {
     let x = leaf(&[1, 2, 5, 4], 4, -1.0, 1.0);
     check_grad(
-        &[x.clone()],
+        std::slice::from_ref(&x),
         &|v| ops::avg_pool2d(&v[0], &[3, 2], &[2, 2], &[1, 1], true, false, None),
         1e-6,
     );
     check_grad(
-        &[x.clone()],
+        std::slice::from_ref(&x),
         &|v| ops::avg_pool2d(&v[0], &[2], &[1], &[1], false, true, Some(3)),
         1e-6,
     );
     let x3 = leaf(&[2, 3, 4, 5], 5, -1.0, 1.0);
     check_grad(
-        &[x3.clone()],
+        std::slice::from_ref(&x3),
         &|v| ops::avg_pool3d(&v[0], &[2, 3, 2], &[1, 2, 2], &[1, 1, 0], true, true, None),
         1e-6,
     );
     check_grad(
-        &[x3.clone()],
+        std::slice::from_ref(&x3),
         &|v| ops::adaptive_avg_pool_nd(&v[0], 3, &[Some(2), None, Some(3)]),
         1e-6,
     );
@@ -205,14 +205,14 @@ fn pad_gradients_every_mode() {
     let x = leaf(&[2, 4, 5], 6, -1.0, 1.0);
     for mode in ["constant", "reflect", "replicate", "circular"] {
         check_grad(
-            &[x.clone()],
+            std::slice::from_ref(&x),
             &|v| ops::pad(&v[0], &[2, -1, 3, 1], mode, None),
             1e-6,
         );
     }
     let x3 = leaf(&[1, 2, 3, 3, 3], 7, -1.0, 1.0);
     check_grad(
-        &[x3.clone()],
+        std::slice::from_ref(&x3),
         &|v| ops::pad(&v[0], &[1, 1, 0, 2, 1, 0], "replicate", None),
         1e-6,
     );
@@ -247,7 +247,7 @@ fn unpool_and_fractional_gradients() {
     }
     let vleaf = leaf(v.dims(), 9, -1.0, 1.0);
     check_grad(
-        &[vleaf.clone()],
+        std::slice::from_ref(&vleaf),
         &|t| ops::max_unpool_nd(&t[0], &idx, 2, &[2], &[], &[0], Some(&[6, 5])),
         1e-6,
     );
@@ -273,7 +273,7 @@ fn unpool_and_fractional_gradients() {
     let samples = Tensor::from_vec(vec![0.3f64, 0.7, 0.1, 0.9], [1, 2, 2]).unwrap();
     let mut gen = Generator::new(0);
     check_grad(
-        &[x.clone()],
+        std::slice::from_ref(&x),
         &|t| {
             Ok(ops::fractional_max_pool_nd(
                 &t[0],
@@ -348,7 +348,7 @@ fn grid_sample_gradients_input_and_grid_first_and_second_order() {
         1e-4,
     );
     check_grad(
-        &[x.clone()],
+        std::slice::from_ref(&x),
         &|v| ops::grid_sample(&v[0], &g, GridMode::Nearest, GridPadding::Border, false),
         1e-6,
     );

@@ -454,7 +454,7 @@ pub fn avg_pool_windows(
                         cast_into(&xs[p * in_len..][..in_len], &mut buf);
                         for_each_window(&g, |o, w, div| {
                             let mut acc = C::zero();
-                            window_positions(w, s, |q| acc = acc + buf[q]);
+                            window_positions(w, s, |q| acc += buf[q]);
                             let div = divisor_override.unwrap_or(div);
                             ov[o] = acc / C::from_f64c(div);
                         });
@@ -498,7 +498,7 @@ pub fn avg_pool_windows_backward(
                     for_each_window(&g3, |o, w, div| {
                         let div = divisor_override.unwrap_or(div);
                         let v = buf[o] / C::from_f64c(div);
-                        window_positions(w, s, |q| gp[q] = gp[q] + v);
+                        window_positions(w, s, |q| gp[q] += v);
                     });
                 });
             }
@@ -618,7 +618,7 @@ pub fn plane_scatter(
                     for (&v, &i) in buf.iter().zip(row) {
                         if i >= 0 {
                             if accumulate {
-                                a[i as usize] = a[i as usize] + v;
+                                a[i as usize] += v;
                             } else {
                                 a[i as usize] = v;
                             }

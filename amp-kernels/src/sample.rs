@@ -244,7 +244,7 @@ pub fn grid_sample_plan(
                         inside &= pos >= 0 && pos < sizes[d] as i64;
                         flat = flat * sizes[d] as i64 + pos;
                         if mode == GridMode::Bilinear {
-                            w = w * if bit == 1 { t[d] } else { C::one() - t[d] };
+                            w *= if bit == 1 { t[d] } else { C::one() - t[d] };
                         }
                     }
                     let at = (b * k + c) * pts + p;
@@ -306,7 +306,7 @@ pub fn grid_sample(
                         let rw = &w[(b * k + c) * pts..][..pts];
                         for ((ov, &i), &wv) in o.iter_mut().zip(ri).zip(rw) {
                             if i >= 0 {
-                                *ov = *ov + wv * buf[i as usize];
+                                *ov += wv * buf[i as usize];
                             }
                         }
                     }

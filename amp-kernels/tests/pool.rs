@@ -325,6 +325,7 @@ fn pad2d_matches_reference_for_every_mode() {
 }
 
 /// PyTorch's grid_sampler_2d for one point, written out.
+#[allow(clippy::too_many_arguments)]
 fn ref_grid_point(
     plane: &[f64],
     h: usize,
