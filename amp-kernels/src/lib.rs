@@ -14,6 +14,7 @@ pub mod compute;
 pub use compute::{ensure_float, ensure_same_device, with_slice, Real};
 
 mod amp;
+pub mod cuda;
 mod binary;
 mod index;
 mod matmul;

@@ -73,6 +73,8 @@ mod imp {
                 if lib == Library::Driver {
                     names.extend(cudarc::get_lib_name_candidates("nvcuda"));
                 }
+                let mut seen = std::collections::HashSet::new();
+                names.retain(|n| seen.insert(n.clone()));
                 for name in &names {
                     // SAFETY: opening a CUDA library runs its initialisers, which is
                     // exactly what `cudarc` would do with the same name.
