@@ -14,8 +14,8 @@ pub mod compute;
 pub use compute::{ensure_float, ensure_same_device, with_slice, Real};
 
 mod amp;
-pub mod cuda;
 mod binary;
+pub mod cuda;
 mod index;
 mod matmul;
 mod norm;

@@ -25,7 +25,7 @@ fn every_module_compiles_with_nvrtc() {
         return;
     }
     let mut kernels = 0;
-    for arch in ["compute_70", "compute_80", "compute_90"] {
+    for arch in ["compute_70", "compute_90"] {
         for m in MODULES {
             let ptx = compile_module(&m, arch)
                 .unwrap_or_else(|e| panic!("module {} for {arch}: {e}", m.name));
@@ -39,8 +39,8 @@ fn every_module_compiles_with_nvrtc() {
             }
         }
     }
-    eprintln!("nvrtc_compile: {kernels} kernel entries checked over 3 architectures");
-    assert_eq!(kernels, 3 * (15 * 4 + 7 * 4 + 49 + 4 * 4 + 8 + 4 + 2));
+    eprintln!("nvrtc_compile: {kernels} kernel entries checked over 2 architectures");
+    assert_eq!(kernels, 2 * (15 * 4 + 7 * 4 + 49 + 4 * 4 + 8 + 4 + 2));
 }
 
 #[cfg(not(feature = "cuda"))]

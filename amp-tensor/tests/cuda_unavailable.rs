@@ -18,29 +18,54 @@ fn unavailable<T: std::fmt::Debug>(r: amp_tensor::Result<T>, what: &str) {
 #[test]
 fn every_entry_point_reports_unavailable_without_a_driver() {
     if Library::Driver.is_present() {
-        eprintln!("SKIPPED: libcuda is present on this machine; this test is for machines without one");
+        eprintln!(
+            "SKIPPED: libcuda is present on this machine; this test is for machines without one"
+        );
         return;
     }
     assert!(!cuda::is_available());
     unavailable(cuda::device_count(), "device_count");
     unavailable(cuda::ensure_device(Device::Cuda(0), &[]), "ensure_device");
-    unavailable(cuda::ensure_device(Device::Cuda(3), &[Library::Driver]), "ensure_device(3)");
+    unavailable(
+        cuda::ensure_device(Device::Cuda(3), &[Library::Driver]),
+        "ensure_device(3)",
+    );
     unavailable(Library::Driver.ensure(Device::Cuda(1)), "Library::Driver");
     let t = Tensor::from_vec(vec![1.0f32, 2.0], [2]).unwrap();
     unavailable(t.to_device(Device::Cuda(0)), "to_device");
-    unavailable(t.to_dtype(DType::F16).unwrap().to_device("cuda:1".parse().unwrap()), "to_device(cuda:1)");
+    unavailable(
+        t.to_dtype(DType::F16)
+            .unwrap()
+            .to_device("cuda:1".parse().unwrap()),
+        "to_device(cuda:1)",
+    );
     // The host path is untouched.
-    assert_eq!(t.to_device(Device::Cpu).unwrap().to_vec::<f32>().unwrap(), vec![1.0, 2.0]);
+    assert_eq!(
+        t.to_device(Device::Cpu).unwrap().to_vec::<f32>().unwrap(),
+        vec![1.0, 2.0]
+    );
     // A CUDA entry point asked for the host is an argument error, not a panic.
-    assert!(matches!(cuda::ensure_device(Device::Cpu, &[]), Err(Error::InvalidArgument { .. })));
+    assert!(matches!(
+        cuda::ensure_device(Device::Cpu, &[]),
+        Err(Error::InvalidArgument { .. })
+    ));
     #[cfg(feature = "cuda")]
     {
         unavailable(cuda::device_context(Device::Cuda(0)), "device_context");
         unavailable(cuda::Block::alloc(Device::Cuda(0), 1024), "Block::alloc");
-        unavailable(cuda::CudaStorage::zeros(Device::Cuda(0), DType::BF16, 8), "CudaStorage::zeros");
+        unavailable(
+            cuda::CudaStorage::zeros(Device::Cuda(0), DType::BF16, 8),
+            "CudaStorage::zeros",
+        );
         let host = amp_tensor::CpuStorage::F32(vec![1.0, 2.0]);
-        unavailable(cuda::CudaStorage::from_cpu(&host, Device::Cuda(0)), "CudaStorage::from_cpu");
-        assert_eq!(cuda::memory_stats(Device::Cuda(0)), cuda::MemoryStats::default());
+        unavailable(
+            cuda::CudaStorage::from_cpu(&host, Device::Cuda(0)),
+            "CudaStorage::from_cpu",
+        );
+        assert_eq!(
+            cuda::memory_stats(Device::Cuda(0)),
+            cuda::MemoryStats::default()
+        );
         cuda::empty_cache(Device::Cuda(0));
     }
 }

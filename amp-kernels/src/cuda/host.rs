@@ -10,9 +10,7 @@ use amp_tensor::cuda::cudarc::driver::{
     CudaFunction, CudaModule, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 use amp_tensor::cuda::cudarc::nvrtc::{self, CompileOptions, Ptx};
-use amp_tensor::cuda::{
-    device_context, driver_error, CudaStorage, DeviceContext, Library,
-};
+use amp_tensor::cuda::{device_context, driver_error, CudaStorage, DeviceContext, Library};
 use amp_tensor::{CpuStorage, DType, Device, Error, Layout, Result};
 
 use super::sources::{Module, BINARY_OPS, MODULES, REDUCE_OPS, UNARY_OPS};
@@ -171,7 +169,10 @@ impl StridedArg {
         if kept.len() > 8 {
             return Err(Error::invalid(
                 op,
-                format!("CUDA kernels take at most 8 non-trivial dims, got {}", kept.len()),
+                format!(
+                    "CUDA kernels take at most 8 non-trivial dims, got {}",
+                    kept.len()
+                ),
             ));
         }
         let mut a = StridedArg {
@@ -253,8 +254,17 @@ pub fn unary(op: &str, x: &CudaStorage, layout: &Layout) -> Result<CudaStorage> 
     let n = layout.elem_count();
     let out = CudaStorage::uninit(dc.device, x.dtype(), n)?;
     if n > 0 {
-        let f = function(&dc, "unary", &format!("unary_{op}_{}", float_suffix(OP, x.dtype())?))?;
-        let (xp, xs, op_, n64) = (x.device_ptr(), StridedArg::of(OP, layout)?, out.device_ptr(), n as i64);
+        let f = function(
+            &dc,
+            "unary",
+            &format!("unary_{op}_{}", float_suffix(OP, x.dtype())?),
+        )?;
+        let (xp, xs, op_, n64) = (
+            x.device_ptr(),
+            StridedArg::of(OP, layout)?,
+            out.device_ptr(),
+            n as i64,
+        );
         launch!(dc, f, grid_for(n), &xp, &xs, &op_, &n64);
     }
     Ok(out)
@@ -294,8 +304,17 @@ pub fn binary(
     let n = la.elem_count();
     let out = CudaStorage::uninit(dc.device, a.dtype(), n)?;
     if n > 0 {
-        let f = function(&dc, "binary", &format!("binary_{op}_{}", float_suffix(OP, a.dtype())?))?;
-        let (ap, as_, bp, bs) = (a.device_ptr(), StridedArg::of(OP, la)?, b.device_ptr(), StridedArg::of(OP, lb)?);
+        let f = function(
+            &dc,
+            "binary",
+            &format!("binary_{op}_{}", float_suffix(OP, a.dtype())?),
+        )?;
+        let (ap, as_, bp, bs) = (
+            a.device_ptr(),
+            StridedArg::of(OP, la)?,
+            b.device_ptr(),
+            StridedArg::of(OP, lb)?,
+        );
         let (op_, n64) = (out.device_ptr(), n as i64);
         launch!(dc, f, grid_for(n), &ap, &as_, &bp, &bs, &op_, &n64);
     }
@@ -314,8 +333,17 @@ pub fn cast(x: &CudaStorage, layout: &Layout, dtype: DType) -> Result<CudaStorag
     let n = layout.elem_count();
     let out = CudaStorage::uninit(dc.device, dtype, n)?;
     if n > 0 {
-        let f = function(&dc, "cast", &format!("cast_{}_{}", suffix(x.dtype()), suffix(dtype)))?;
-        let (xp, xs, op_, n64) = (x.device_ptr(), StridedArg::of(OP, layout)?, out.device_ptr(), n as i64);
+        let f = function(
+            &dc,
+            "cast",
+            &format!("cast_{}_{}", suffix(x.dtype()), suffix(dtype)),
+        )?;
+        let (xp, xs, op_, n64) = (
+            x.device_ptr(),
+            StridedArg::of(OP, layout)?,
+            out.device_ptr(),
+            n as i64,
+        );
         launch!(dc, f, grid_for(n), &xp, &xs, &op_, &n64);
     }
     Ok(out)
@@ -353,7 +381,11 @@ pub fn reduce_rows(op: &str, x: &CudaStorage, rows: usize, n: usize) -> Result<C
     let dc = x.context().clone();
     let out = CudaStorage::uninit(dc.device, x.dtype(), rows)?;
     if rows > 0 {
-        let f = function(&dc, "reduce", &format!("reduce_{op}_{}", float_suffix(OP, x.dtype())?))?;
+        let f = function(
+            &dc,
+            "reduce",
+            &format!("reduce_{op}_{}", float_suffix(OP, x.dtype())?),
+        )?;
         let (xp, op_, r64, n64) = (x.device_ptr(), out.device_ptr(), rows as i64, n as i64);
         launch!(dc, f, rows_grid(rows), &xp, &op_, &r64, &n64);
     }
@@ -371,8 +403,16 @@ pub fn softmax_rows(x: &CudaStorage, rows: usize, n: usize, log: bool) -> Result
     let dc = x.context().clone();
     let out = CudaStorage::uninit(dc.device, x.dtype(), rows * n)?;
     if rows > 0 && n > 0 {
-        let name = if log { "log_softmax_fwd" } else { "softmax_fwd" };
-        let f = function(&dc, "softmax", &format!("{name}_{}", float_suffix(OP, x.dtype())?))?;
+        let name = if log {
+            "log_softmax_fwd"
+        } else {
+            "softmax_fwd"
+        };
+        let f = function(
+            &dc,
+            "softmax",
+            &format!("{name}_{}", float_suffix(OP, x.dtype())?),
+        )?;
         let (xp, op_, r64, n64) = (x.device_ptr(), out.device_ptr(), rows as i64, n as i64);
         launch!(dc, f, rows_grid(rows), &xp, &op_, &r64, &n64);
     }
@@ -402,7 +442,11 @@ pub fn layer_norm_rows(
         }
     }
     let sfx = float_suffix(OP, x.dtype())?;
-    let stat = if x.dtype() == DType::F64 { DType::F64 } else { DType::F32 };
+    let stat = if x.dtype() == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    };
     let dc = x.context().clone();
     let out = CudaStorage::uninit(dc.device, x.dtype(), rows * n)?;
     let mean = CudaStorage::uninit(dc.device, stat, rows)?;
@@ -411,9 +455,27 @@ pub fn layer_norm_rows(
         let f = function(&dc, "layer_norm", &format!("layer_norm_fwd_{sfx}"))?;
         let wp = weight.map_or(0u64, |w| w.device_ptr());
         let bp = bias.map_or(0u64, |b| b.device_ptr());
-        let (xp, op_, mp, rp) = (x.device_ptr(), out.device_ptr(), mean.device_ptr(), rstd.device_ptr());
+        let (xp, op_, mp, rp) = (
+            x.device_ptr(),
+            out.device_ptr(),
+            mean.device_ptr(),
+            rstd.device_ptr(),
+        );
         let (r64, n64) = (rows as i64, n as i64);
-        launch!(dc, f, rows_grid(rows), &xp, &wp, &bp, &eps, &op_, &mp, &rp, &r64, &n64);
+        launch!(
+            dc,
+            f,
+            rows_grid(rows),
+            &xp,
+            &wp,
+            &bp,
+            &eps,
+            &op_,
+            &mp,
+            &rp,
+            &r64,
+            &n64
+        );
     }
     Ok((out, mean, rstd))
 }
@@ -432,7 +494,11 @@ pub struct GradRange<'a> {
 
 fn check_scalar(op: &'static str, s: &CudaStorage, name: &str, dtype: DType) -> Result<()> {
     if s.len() != 1 || s.dtype() != dtype {
-        let kind = if dtype == DType::I32 { "an int" } else { "a float" };
+        let kind = if dtype == DType::I32 {
+            "an int"
+        } else {
+            "a float"
+        };
         return Err(Error::invalid(
             op,
             format!("{name} must be a 1-element {kind} tensor."),
@@ -478,7 +544,12 @@ pub fn non_finite_check_and_unscale_(
         if g.offset.checked_add(g.len).is_none_or(|end| end > s.len()) {
             return Err(Error::invalid(
                 OP,
-                format!("range {}..+{} outside a buffer of {}", g.offset, g.len, s.len()),
+                format!(
+                    "range {}..+{} outside a buffer of {}",
+                    g.offset,
+                    g.len,
+                    s.len()
+                ),
             ));
         }
         let size = s.dtype().size_in_bytes() as u64;
@@ -557,8 +628,22 @@ pub fn update_scale_(
         block_dim: (1, 1, 1),
         shared_mem_bytes: 0,
     };
-    let (sp, tp, fp) = (scale.device_ptr(), growth_tracker.device_ptr(), found_inf.device_ptr());
-    launch!(dc, f, cfg, &sp, &tp, &fp, &growth_factor, &backoff_factor, &growth_interval);
+    let (sp, tp, fp) = (
+        scale.device_ptr(),
+        growth_tracker.device_ptr(),
+        found_inf.device_ptr(),
+    );
+    launch!(
+        dc,
+        f,
+        cfg,
+        &sp,
+        &tp,
+        &fp,
+        &growth_factor,
+        &backoff_factor,
+        &growth_interval
+    );
     Ok(())
 }
 
@@ -567,7 +652,10 @@ struct BlasHandle(blas_sys::cublasHandle_t);
 // the mutex it is kept in.
 unsafe impl Send for BlasHandle {}
 
-fn with_blas<R>(dc: &DeviceContext, f: impl FnOnce(blas_sys::cublasHandle_t) -> Result<R>) -> Result<R> {
+fn with_blas<R>(
+    dc: &DeviceContext,
+    f: impl FnOnce(blas_sys::cublasHandle_t) -> Result<R>,
+) -> Result<R> {
     static HANDLES: OnceLock<Mutex<HashMap<Device, BlasHandle>>> = OnceLock::new();
     Library::Cublas.ensure(dc.device)?;
     Library::CublasLt.ensure(dc.device)?;
@@ -637,10 +725,22 @@ pub fn matmul(
     let (mi, ki, ni, bi) = (int(m)?, int(k)?, int(n)?, int(batch)?);
     use blas_sys::cudaDataType_t as Dt;
     let (dt, compute) = match dtype {
-        DType::F16 => (Dt::CUDA_R_16F, blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F),
-        DType::BF16 => (Dt::CUDA_R_16BF, blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F),
-        DType::F32 => (Dt::CUDA_R_32F, blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F),
-        DType::F64 => (Dt::CUDA_R_64F, blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_64F),
+        DType::F16 => (
+            Dt::CUDA_R_16F,
+            blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        ),
+        DType::BF16 => (
+            Dt::CUDA_R_16BF,
+            blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        ),
+        DType::F32 => (
+            Dt::CUDA_R_32F,
+            blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        ),
+        DType::F64 => (
+            Dt::CUDA_R_64F,
+            blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_64F,
+        ),
         dtype => return Err(Error::UnsupportedDType { op: OP, dtype }),
     };
     let (one32, zero32, one64, zero64) = (1.0f32, 0.0f32, 1.0f64, 0.0f64);

@@ -27,8 +27,21 @@ pub const ALL_TYPES: [(&str, &str); 7] = [
 
 /// Unary elementwise ops of [`UNARY`].
 pub const UNARY_OPS: [&str; 15] = [
-    "neg", "abs", "exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "relu",
-    "gelu", "silu", "reciprocal", "square",
+    "neg",
+    "abs",
+    "exp",
+    "log",
+    "sqrt",
+    "rsqrt",
+    "sin",
+    "cos",
+    "tanh",
+    "sigmoid",
+    "relu",
+    "gelu",
+    "silu",
+    "reciprocal",
+    "square",
 ];
 
 /// Binary elementwise ops of [`BINARY`].
@@ -464,13 +477,34 @@ pub struct Module {
 
 /// Every module, in a fixed order.
 pub const MODULES: [Module; 7] = [
-    Module { name: "unary", body: UNARY },
-    Module { name: "binary", body: BINARY },
-    Module { name: "cast", body: CAST },
-    Module { name: "reduce", body: REDUCE },
-    Module { name: "softmax", body: SOFTMAX },
-    Module { name: "layer_norm", body: LAYER_NORM },
-    Module { name: "amp", body: AMP },
+    Module {
+        name: "unary",
+        body: UNARY,
+    },
+    Module {
+        name: "binary",
+        body: BINARY,
+    },
+    Module {
+        name: "cast",
+        body: CAST,
+    },
+    Module {
+        name: "reduce",
+        body: REDUCE,
+    },
+    Module {
+        name: "softmax",
+        body: SOFTMAX,
+    },
+    Module {
+        name: "layer_norm",
+        body: LAYER_NORM,
+    },
+    Module {
+        name: "amp",
+        body: AMP,
+    },
 ];
 
 impl Module {

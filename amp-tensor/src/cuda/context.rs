@@ -49,7 +49,9 @@ pub fn device_context(device: Device) -> Result<Arc<DeviceContext>> {
     // SAFETY: every buffer of this device is used on its one stream only, so the
     // per-buffer events cudarc records for cross-stream ordering are never needed.
     unsafe { ctx.disable_event_tracking() };
-    let stream = ctx.new_stream().map_err(driver_error("cuStreamCreate", device))?;
+    let stream = ctx
+        .new_stream()
+        .map_err(driver_error("cuStreamCreate", device))?;
     let c = Arc::new(DeviceContext {
         device,
         ctx,

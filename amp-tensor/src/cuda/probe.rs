@@ -61,8 +61,12 @@ mod imp {
     use std::sync::OnceLock;
 
     fn slot(lib: Library) -> &'static OnceLock<std::result::Result<(), String>> {
-        static SLOTS: [OnceLock<std::result::Result<(), String>>; 4] =
-            [OnceLock::new(), OnceLock::new(), OnceLock::new(), OnceLock::new()];
+        static SLOTS: [OnceLock<std::result::Result<(), String>>; 4] = [
+            OnceLock::new(),
+            OnceLock::new(),
+            OnceLock::new(),
+            OnceLock::new(),
+        ];
         &SLOTS[lib as usize]
     }
 
