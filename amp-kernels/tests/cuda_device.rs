@@ -6,7 +6,7 @@
 use amp_kernels::cuda as k;
 use amp_kernels::{BinaryOp, UnaryOp};
 use amp_tensor::cuda::{self, CudaStorage};
-use amp_tensor::{CpuStorage, DType, Device, Layout, Tensor};
+use amp_tensor::{DType, Device, Layout, Tensor};
 
 const DEV: Device = Device::Cuda(0);
 const FLOATS: [DType; 4] = [DType::F16, DType::BF16, DType::F32, DType::F64];

@@ -670,20 +670,20 @@ fn with_blas<R>(
             msg: format!("{e:?}"),
         }
     };
-    if !all.contains_key(&dc.device) {
-        dc.ctx
-            .bind_to_thread()
-            .map_err(driver_error("cuCtxSetCurrent", dc.device))?;
-        let h = blas::create_handle().map_err(blas_err("cublasCreate"))?;
-        // SAFETY: `h` is a fresh handle and the stream lives as long as the context.
-        unsafe { blas::set_stream(h, dc.stream.cu_stream() as blas_sys::cudaStream_t) }
-            .map_err(blas_err("cublasSetStream"))?;
-        all.insert(dc.device, BlasHandle(h));
-    }
     dc.ctx
         .bind_to_thread()
         .map_err(driver_error("cuCtxSetCurrent", dc.device))?;
-    f(all[&dc.device].0)
+    let handle = match all.entry(dc.device) {
+        std::collections::hash_map::Entry::Occupied(e) => e.get().0,
+        std::collections::hash_map::Entry::Vacant(v) => {
+            let h = blas::create_handle().map_err(blas_err("cublasCreate"))?;
+            // SAFETY: `h` is a fresh handle and the stream lives as long as the context.
+            unsafe { blas::set_stream(h, dc.stream.cu_stream() as blas_sys::cudaStream_t) }
+                .map_err(blas_err("cublasSetStream"))?;
+            v.insert(BlasHandle(h)).0
+        }
+    };
+    f(handle)
 }
 
 /// Batched row-major matmul on cuBLAS: `c[i] = a[i] @ b[i]` for `batch` contiguous
