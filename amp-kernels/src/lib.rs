@@ -15,6 +15,7 @@ pub use compute::{ensure_float, ensure_same_device, with_slice, Real};
 
 mod amp;
 mod binary;
+pub mod cuda;
 mod index;
 mod linalg;
 mod matmul;

@@ -57,6 +57,13 @@ pub enum Error {
     /// The device cannot be used (no driver, no library, feature not compiled in).
     #[error("device {device} is unavailable: {reason}")]
     DeviceUnavailable { device: Device, reason: String },
+    /// A device call failed (a CUDA driver, NVRTC or cuBLAS error, out of memory, ...).
+    #[error("{op} on {device} failed: {msg}")]
+    DeviceFailure {
+        op: &'static str,
+        device: Device,
+        msg: String,
+    },
     /// Any other invalid argument, with the op and a sentence saying what is wrong.
     #[error("{op}: {msg}")]
     InvalidArgument { op: &'static str, msg: String },

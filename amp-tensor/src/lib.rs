@@ -25,6 +25,7 @@
 //! `amp-autograd`. This crate owns the value type and host-side conversion.
 
 mod convert;
+pub mod cuda;
 mod device;
 mod dtype;
 mod element;

@@ -334,11 +334,12 @@ impl Tensor {
         if device == self.device() {
             return Ok(self.clone());
         }
+        // Checks the build, the driver library and the ordinal: without them this is
+        // the typed "device unavailable" error naming what is missing.
+        crate::cuda::ensure_device(device, &[crate::cuda::Library::Driver])?;
         Err(Error::DeviceUnavailable {
             device,
-            reason:
-                "device tensors need the CUDA backend (the `cuda` feature with a driver present)"
-                    .into(),
+            reason: "tensor storage on CUDA devices is not wired into Tensor yet; device buffers are amp_tensor::cuda::CudaStorage".into(),
         })
     }
 

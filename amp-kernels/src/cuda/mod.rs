@@ -1,0 +1,14 @@
+//! CUDA kernels (behind the `cuda` feature): the device sources ([`sources`]), their
+//! NVRTC compilation (once per process and module, cached), and the host-side
+//! launchers on [`CudaStorage`] buffers, plus matmul on cuBLAS.
+//!
+//! Every entry point checks the libraries it needs first (see `amp_tensor::cuda`) and
+//! returns [`Error::DeviceUnavailable`] when one is missing, so nothing panics on a
+//! machine without a driver.
+
+pub mod sources;
+
+#[cfg(feature = "cuda")]
+mod host;
+#[cfg(feature = "cuda")]
+pub use host::*;

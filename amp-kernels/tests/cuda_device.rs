@@ -1,0 +1,366 @@
+//! CUDA kernels against the CPU kernels, on a real device. Skips (printing why) where
+//! no CUDA device is available, so it runs only on a GPU machine:
+//! `cargo test --release -p amp-kernels --features cuda --test cuda_device`.
+#![cfg(feature = "cuda")]
+
+use amp_kernels::cuda as k;
+use amp_kernels::{BinaryOp, UnaryOp};
+use amp_tensor::cuda::{self, CudaStorage};
+use amp_tensor::{DType, Device, Layout, Tensor};
+
+const DEV: Device = Device::Cuda(0);
+const FLOATS: [DType; 4] = [DType::F16, DType::BF16, DType::F32, DType::F64];
+
+fn device_or_skip() -> bool {
+    if let Err(e) = cuda::ensure_device(DEV, &[cuda::Library::Driver, cuda::Library::Nvrtc]) {
+        eprintln!("SKIPPED cuda_device: {e}");
+        return false;
+    }
+    true
+}
+
+/// A host tensor (contiguous) on the device.
+fn up(t: &Tensor) -> CudaStorage {
+    let st = t.contiguous();
+    let s = st.storage();
+    CudaStorage::from_cpu(s.cpu(), DEV).unwrap()
+}
+
+fn down(s: &CudaStorage, dims: &[usize]) -> Tensor {
+    Tensor::from_storage(s.to_cpu().unwrap(), Layout::contiguous(dims.to_vec())).unwrap()
+}
+
+fn values(n: usize, seed: u64) -> Vec<f64> {
+    let mut g = amp_tensor::Generator::new(seed);
+    Tensor::randn([n], DType::F64, &mut g).unwrap().to_vec_f64()
+}
+
+fn specials() -> Vec<f64> {
+    vec![
+        0.0,
+        -0.0,
+        1.0,
+        -1.5,
+        65504.0,
+        65520.0,
+        1e-8,
+        6e-8,
+        3.0e38,
+        1e39,
+        -1e300,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+        0.1,
+        2.5,
+        3.5,
+        -7.25,
+        1e10,
+        -3e9,
+    ]
+}
+
+fn close(a: &[f64], b: &[f64], tol: f64, what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}");
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        let ok = (x.is_nan() && y.is_nan()) || x == y || (x - y).abs() <= tol * (1.0 + y.abs());
+        assert!(ok, "{what}[{i}]: device {x} vs cpu {y}");
+    }
+}
+
+fn tol(d: DType) -> f64 {
+    match d {
+        DType::F16 => 2e-3,
+        DType::BF16 => 1.6e-2,
+        DType::F32 => 2e-6,
+        _ => 1e-13,
+    }
+}
+
+#[test]
+fn host_device_round_trip_and_allocator_reuse() {
+    if !device_or_skip() {
+        return;
+    }
+    for d in [
+        DType::F16,
+        DType::BF16,
+        DType::F32,
+        DType::F64,
+        DType::I32,
+        DType::I64,
+        DType::Bool,
+    ] {
+        let t = Tensor::from_vec(specials(), [20])
+            .unwrap()
+            .to_dtype(d)
+            .unwrap();
+        let back = down(&up(&t), &[20]);
+        let (a, b) = (back.to_vec_f64(), t.to_vec_f64());
+        assert!(
+            a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{d}"
+        );
+    }
+    let before = cuda::memory_stats(DEV);
+    drop(CudaStorage::zeros(DEV, DType::F32, 1000).unwrap());
+    drop(CudaStorage::zeros(DEV, DType::F32, 1000).unwrap());
+    let after = cuda::memory_stats(DEV);
+    assert!(
+        after.cache_hits > before.cache_hits,
+        "{before:?} -> {after:?}"
+    );
+}
+
+#[test]
+fn casts_match_the_host_bitwise() {
+    if !device_or_skip() {
+        return;
+    }
+    let all = [
+        DType::F16,
+        DType::BF16,
+        DType::F32,
+        DType::F64,
+        DType::I32,
+        DType::I64,
+        DType::Bool,
+    ];
+    for s in all {
+        let src = Tensor::from_vec(specials(), [4, 5])
+            .unwrap()
+            .to_dtype(s)
+            .unwrap();
+        let view = src.transpose(0, 1).unwrap();
+        let dev = up(&src);
+        for d in all {
+            let got = down(&k::cast(&dev, view.layout(), d).unwrap(), &[5, 4]);
+            let want = view.to_dtype(d).unwrap();
+            let (a, b) = (got.to_vec_f64(), want.to_vec_f64());
+            assert!(
+                a.iter()
+                    .zip(&b)
+                    .all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())),
+                "cast {s} -> {d}: {a:?} vs {b:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn unary_and_binary_match_the_host() {
+    if !device_or_skip() {
+        return;
+    }
+    let unary = [
+        ("neg", UnaryOp::Neg),
+        ("abs", UnaryOp::Abs),
+        ("exp", UnaryOp::Exp),
+        ("log", UnaryOp::Log),
+        ("sqrt", UnaryOp::Sqrt),
+        ("rsqrt", UnaryOp::Rsqrt),
+        ("reciprocal", UnaryOp::Reciprocal),
+        ("sin", UnaryOp::Sin),
+        ("cos", UnaryOp::Cos),
+        ("tanh", UnaryOp::Tanh),
+    ];
+    let binary = [
+        ("add", BinaryOp::Add),
+        ("sub", BinaryOp::Sub),
+        ("mul", BinaryOp::Mul),
+        ("div", BinaryOp::Div),
+        ("maximum", BinaryOp::Maximum),
+        ("minimum", BinaryOp::Minimum),
+        ("pow", BinaryOp::Pow),
+    ];
+    for d in FLOATS {
+        let x = Tensor::from_vec(values(96, 1), [8, 12])
+            .unwrap()
+            .to_dtype(d)
+            .unwrap();
+        let xt = x.transpose(0, 1).unwrap();
+        let dx = up(&x);
+        for (name, op) in unary {
+            let got = down(&k::unary(name, &dx, xt.layout()).unwrap(), &[12, 8]);
+            let want = amp_kernels::unary(op, &xt).unwrap();
+            close(
+                &got.to_vec_f64(),
+                &want.to_vec_f64(),
+                4.0 * tol(d),
+                &format!("{name} {d}"),
+            );
+        }
+        let y = Tensor::from_vec(values(12, 2), [12])
+            .unwrap()
+            .to_dtype(d)
+            .unwrap();
+        let yb = y.broadcast_to([8, 12]).unwrap();
+        let dy = up(&y);
+        let yl = Layout::new(vec![8, 12], vec![0, 1], 0);
+        for (name, op) in binary {
+            let got = down(
+                &k::binary(name, &dx, x.layout(), &dy, &yl).unwrap(),
+                &[8, 12],
+            );
+            let want = amp_kernels::binary(op, &x, &yb).unwrap();
+            close(
+                &got.to_vec_f64(),
+                &want.to_vec_f64(),
+                4.0 * tol(d),
+                &format!("{name} {d}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn reductions_softmax_layer_norm_matmul_match_the_host() {
+    if !device_or_skip() {
+        return;
+    }
+    for d in FLOATS {
+        let (rows, n) = (7, 1000);
+        let x = Tensor::from_vec(values(rows * n, 3), [rows, n])
+            .unwrap()
+            .to_dtype(d)
+            .unwrap();
+        let dx = up(&x);
+        let red = [
+            ("sum", amp_kernels::sum(&x, &[1], false, None).unwrap()),
+            ("mean", amp_kernels::mean(&x, &[1], false, None).unwrap()),
+            ("max", amp_kernels::amax(&x, &[1], false).unwrap()),
+            ("min", amp_kernels::amin(&x, &[1], false).unwrap()),
+        ];
+        for (name, want) in red {
+            let got = down(&k::reduce_rows(name, &dx, rows, n).unwrap(), &[rows]);
+            close(
+                &got.to_vec_f64(),
+                &want.to_vec_f64(),
+                4.0 * tol(d),
+                &format!("{name} {d}"),
+            );
+        }
+        for log in [false, true] {
+            let got = down(&k::softmax_rows(&dx, rows, n, log).unwrap(), &[rows, n]);
+            let want = if log {
+                amp_kernels::log_softmax(&x, 1, None).unwrap()
+            } else {
+                amp_kernels::softmax(&x, 1, None).unwrap()
+            };
+            close(
+                &got.to_vec_f64(),
+                &want.to_vec_f64(),
+                4.0 * tol(d),
+                &format!("softmax log={log} {d}"),
+            );
+        }
+        let w = Tensor::from_vec(values(n, 4), [n])
+            .unwrap()
+            .to_dtype(d)
+            .unwrap();
+        let b = Tensor::from_vec(values(n, 5), [n])
+            .unwrap()
+            .to_dtype(d)
+            .unwrap();
+        let (dw, db) = (up(&w), up(&b));
+        let (o, _, _) = k::layer_norm_rows(&dx, Some(&dw), Some(&db), rows, n, 1e-5).unwrap();
+        let (want, _, _) = amp_kernels::layer_norm(&x, &[n], Some(&w), Some(&b), 1e-5).unwrap();
+        close(
+            &down(&o, &[rows, n]).to_vec_f64(),
+            &want.to_vec_f64(),
+            4.0 * tol(d),
+            &format!("layer_norm {d}"),
+        );
+
+        let (bt, m, kk, nn) = (3, 33, 70, 17);
+        let a = Tensor::from_vec(values(bt * m * kk, 6), [bt, m, kk])
+            .unwrap()
+            .to_dtype(d)
+            .unwrap();
+        let bm = Tensor::from_vec(values(bt * kk * nn, 7), [bt, kk, nn])
+            .unwrap()
+            .to_dtype(d)
+            .unwrap();
+        let got = down(
+            &k::matmul(&up(&a), &up(&bm), bt, m, kk, nn).unwrap(),
+            &[bt, m, nn],
+        );
+        let want = amp_kernels::bmm(&a, &bm).unwrap();
+        close(
+            &got.to_vec_f64(),
+            &want.to_vec_f64(),
+            8.0 * tol(d),
+            &format!("matmul {d}"),
+        );
+    }
+}
+
+#[test]
+fn amp_kernels_match_the_host_bitwise() {
+    if !device_or_skip() {
+        return;
+    }
+    for inv in [1.0f32, 0.5, 1.0 / 65536.0, 3.0e-5] {
+        for with_inf in [false, true] {
+            let mut vals = values(70_000, 8);
+            if with_inf {
+                vals[69_999] = f64::INFINITY;
+            }
+            let hosts: Vec<Tensor> = FLOATS
+                .iter()
+                .map(|&d| {
+                    Tensor::from_vec(vals.clone(), [70_000])
+                        .unwrap()
+                        .to_dtype(d)
+                        .unwrap()
+                })
+                .collect();
+            let devs: Vec<CudaStorage> = hosts.iter().map(up).collect();
+            let ranges: Vec<k::GradRange<'_>> = devs
+                .iter()
+                .map(|s| k::GradRange {
+                    storage: s,
+                    offset: 0,
+                    len: s.len(),
+                })
+                .collect();
+            let found = up(&Tensor::from_vec(vec![0.0f32], [1]).unwrap());
+            let invt = up(&Tensor::from_vec(vec![inv], [1]).unwrap());
+            k::non_finite_check_and_unscale_(&ranges, &found, &invt).unwrap();
+            let hfound = Tensor::from_vec(vec![0.0f32], [1]).unwrap();
+            let hinv = Tensor::from_vec(vec![inv], [1]).unwrap();
+            amp_kernels::non_finite_check_and_unscale_(&hosts, &hfound, &hinv).unwrap();
+            assert_eq!(down(&found, &[1]).to_vec_f64(), hfound.to_vec_f64());
+            for (dv, h) in devs.iter().zip(&hosts) {
+                let (a, b) = (down(dv, &[70_000]).to_vec_f64(), h.to_vec_f64());
+                assert!(
+                    a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{} inv {inv}",
+                    h.dtype()
+                );
+            }
+        }
+    }
+    for (scale, tracker, found, interval) in [
+        (3.0f32, 1999i32, 0.0f32, 2000i64),
+        (3.0, 0, 0.0, 1),
+        (65536.0, 5, 1.0, 2000),
+        (3.0e38, 0, 0.0, 1),
+        (1e-45, 3, 1.0, 10),
+        (2.0, i32::MAX, 0.0, 2000),
+    ] {
+        let (hs, ht, hf) = (
+            Tensor::from_vec(vec![scale], [1]).unwrap(),
+            Tensor::from_vec(vec![tracker], [1]).unwrap(),
+            Tensor::from_vec(vec![found], [1]).unwrap(),
+        );
+        let (ds, dt, df) = (up(&hs), up(&ht), up(&hf));
+        k::update_scale_(&ds, &dt, &df, 1.1, 0.5, interval).unwrap();
+        amp_kernels::update_scale_(&hs, &ht, &hf, 1.1, 0.5, interval).unwrap();
+        assert_eq!(
+            down(&ds, &[1]).to_vec_f64()[0].to_bits(),
+            hs.to_vec_f64()[0].to_bits()
+        );
+        assert_eq!(down(&dt, &[1]).to_vec_f64(), ht.to_vec_f64());
+    }
+}

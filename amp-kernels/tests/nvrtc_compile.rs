@@ -1,0 +1,50 @@
+//! Every CUDA kernel source compiles with NVRTC and defines every kernel the launchers
+//! name. Runs where libnvrtc can be opened: from the system search path, or from the
+//! file named by `AMP_NVRTC_LIB` (e.g. the `nvidia-cuda-nvrtc-cu12` wheel's
+//! `nvidia/cuda_nvrtc/lib/libnvrtc.so.12`); elsewhere it prints why it skips.
+
+#[cfg(feature = "cuda")]
+#[test]
+fn every_module_compiles_with_nvrtc() {
+    use amp_kernels::cuda::{compile_module, sources::MODULES};
+    use amp_tensor::cuda::Library;
+
+    if let Ok(path) = std::env::var("AMP_NVRTC_LIB") {
+        // SAFETY: loading libnvrtc runs only its own initialisers. Kept loaded so the
+        // probe and cudarc, which open it by its soname, find this copy.
+        match unsafe { libloading::Library::new(&path) } {
+            Ok(lib) => std::mem::forget(lib),
+            Err(e) => {
+                eprintln!("SKIPPED nvrtc_compile: AMP_NVRTC_LIB={path} could not be opened: {e}");
+                return;
+            }
+        }
+    }
+    if let Err(e) = Library::Nvrtc.ensure(amp_tensor::Device::Cuda(0)) {
+        eprintln!("SKIPPED nvrtc_compile: {e}");
+        return;
+    }
+    let mut kernels = 0;
+    for arch in ["compute_70", "compute_90"] {
+        for m in MODULES {
+            let ptx = compile_module(&m, arch)
+                .unwrap_or_else(|e| panic!("module {} for {arch}: {e}", m.name));
+            for name in m.kernel_names() {
+                assert!(
+                    ptx.contains(&format!(".entry {name}(")),
+                    "module {} ({arch}) lacks kernel {name}",
+                    m.name
+                );
+                kernels += 1;
+            }
+        }
+    }
+    eprintln!("nvrtc_compile: {kernels} kernel entries checked over 2 architectures");
+    assert_eq!(kernels, 2 * (15 * 4 + 7 * 4 + 49 + 4 * 4 + 8 + 4 + 2));
+}
+
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn every_module_compiles_with_nvrtc() {
+    eprintln!("SKIPPED nvrtc_compile: built without the `cuda` feature");
+}
