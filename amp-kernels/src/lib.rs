@@ -15,6 +15,7 @@ pub use compute::{ensure_float, ensure_same_device, with_slice, Real};
 
 mod amp;
 mod binary;
+mod conv;
 mod index;
 mod matmul;
 mod norm;
@@ -25,6 +26,7 @@ mod unary;
 
 pub use amp::*;
 pub use binary::*;
+pub use conv::*;
 pub use index::*;
 pub use matmul::*;
 pub use norm::*;

@@ -3,6 +3,7 @@
 //! `create_graph` gives higher-order gradients).
 
 mod cast;
+mod conv;
 mod loss;
 mod matmul;
 mod nn;
@@ -11,6 +12,7 @@ mod reduce;
 mod shape;
 
 pub use cast::*;
+pub use conv::*;
 pub use loss::*;
 pub use matmul::*;
 pub use nn::*;
