@@ -131,7 +131,7 @@ impl Geo {
     /// Output positions per tile: the column buffer (`kk × tile`) stays near 768 KB.
     fn tile<C>(&self) -> usize {
         let per = (768 * 1024 / std::mem::size_of::<C>()) / self.kk().max(1);
-        per.clamp(16, self.ol().max(1))
+        per.max(16).min(self.ol().max(1))
     }
 }
 

@@ -200,7 +200,7 @@ proptest! {
                 }
             }
             let out = conv(&x, &w, bias.then_some(&b), &p).unwrap();
-            prop_assert_eq!(out.dims(), c.y_dims().as_slice());
+            prop_assert_eq!(out.dims().to_vec(), c.y_dims());
             assert_close(&out, &y, dtype, "conv");
             let gi = conv_input_grad(&g, &w, &c.x_dims(), &p).unwrap();
             assert_close(&gi, &gx, dtype, "input grad");
@@ -233,7 +233,7 @@ proptest! {
         let w = randn(&c.w_dims(), &mut gen);
         let b = randn(&[c.groups * c.cg], &mut gen);
         let got = conv_transpose(&y, &w, Some(&b), &p).unwrap();
-        prop_assert_eq!(got.dims(), c.x_dims().as_slice());
+        prop_assert_eq!(got.dims().to_vec(), c.x_dims());
         let (yv, wv, bv) = (y.to_vec_f64(), w.to_vec_f64(), b.to_vec_f64());
         let mut want = vec![0.0; got.elem_count()];
         each_tap(&c, |xi, wi, yi| want[xi] += yv[yi] * wv[wi]);
