@@ -19,11 +19,15 @@
 //! # }
 //! ```
 
+mod conv;
 mod init;
 mod layers;
 mod loss;
 mod module;
 
+pub use conv::{
+    Conv1d, Conv2d, Conv3d, ConvOptions, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d,
+};
 pub use init::{kaiming_normal, kaiming_uniform_default, uniform, xavier_uniform};
 pub use layers::{Dropout, LayerNorm, Linear, ReLU, Sequential, Sigmoid, Tanh, GELU};
 pub use loss::{BCEWithLogitsLoss, CrossEntropyLoss, MSELoss};
