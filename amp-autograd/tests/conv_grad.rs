@@ -30,7 +30,10 @@ fn case() -> impl Strategy<Value = Case> {
             1usize..=2,
             1usize..=2,
             1usize..=2,
-            proptest::collection::vec((2usize..=5, 1usize..=3, 1usize..=2, 0usize..=1, 1usize..=2), rank),
+            proptest::collection::vec(
+                (2usize..=5, 1usize..=3, 1usize..=2, 0usize..=1, 1usize..=2),
+                rank,
+            ),
             any::<bool>(),
         )
             .prop_filter_map("empty", |(rank, transposed, n, groups, cg, og, d, bias)| {
@@ -117,7 +120,13 @@ fn first_order(c: &Case, params: &[Tensor], r: &Tensor, create: bool) -> (Tensor
 }
 
 /// `Σ_k sum(g_k * v_k)` over the first-order gradients.
-fn second_loss(c: &Case, params: &[Tensor], r: &Tensor, v: &[Tensor], create: bool) -> (Tensor, Vec<Tensor>) {
+fn second_loss(
+    c: &Case,
+    params: &[Tensor],
+    r: &Tensor,
+    v: &[Tensor],
+    create: bool,
+) -> (Tensor, Vec<Tensor>) {
     let (_, g) = first_order(c, params, r, true);
     let mut total: Option<Tensor> = None;
     for (gk, vk) in g.iter().zip(v) {
@@ -144,7 +153,10 @@ fn second_loss(c: &Case, params: &[Tensor], r: &Tensor, v: &[Tensor], create: bo
 
 fn check(got: &[f64], num: &[f64], what: &str) {
     for (i, (a, b)) in got.iter().zip(num).enumerate() {
-        assert!((a - b).abs() <= 1e-6 * (1.0 + b.abs()), "{what}[{i}]: analytic {a}, numeric {b}");
+        assert!(
+            (a - b).abs() <= 1e-6 * (1.0 + b.abs()),
+            "{what}[{i}]: analytic {a}, numeric {b}"
+        );
     }
 }
 
@@ -213,7 +225,10 @@ proptest! {
 fn timing_conv2d_forward_backward() {
     let mut gen = Generator::new(0);
     let x = Tensor::from_raw(Raw::randn([32, 64, 32, 32], DType::F32, &mut gen).unwrap());
-    let w = leaf(&[64, 64, 3, 3], &mut gen).to_dtype(DType::F32).unwrap().detach();
+    let w = leaf(&[64, 64, 3, 3], &mut gen)
+        .to_dtype(DType::F32)
+        .unwrap()
+        .detach();
     w.requires_grad_(true).unwrap();
     let b = Tensor::from_raw(Raw::randn([64], DType::F32, &mut gen).unwrap());
     b.requires_grad_(true).unwrap();

@@ -266,17 +266,29 @@ mod tests {
     #[test]
     fn shapes_names_and_init_bounds() -> Result<()> {
         let mut gen = Generator::new(0);
-        let c = Conv2d::with_options(ConvOptions::new(4, 6, &[3]).padding(&[1]).groups(2), &mut gen)?;
+        let c = Conv2d::with_options(
+            ConvOptions::new(4, 6, &[3]).padding(&[1]).groups(2),
+            &mut gen,
+        )?;
         assert_eq!(c.weight.dims(), &[6, 2, 3, 3]);
         let names: Vec<String> = c.named_parameters().into_iter().map(|(n, _)| n).collect();
         assert_eq!(names, ["weight", "bias"]);
         let bound = 1.0 / 18f64.sqrt();
         assert!(c.weight.to_vec_f64().iter().all(|v| v.abs() <= bound));
-        assert!(c.bias.as_ref().unwrap().to_vec_f64().iter().all(|v| v.abs() <= bound));
+        assert!(c
+            .bias
+            .as_ref()
+            .unwrap()
+            .to_vec_f64()
+            .iter()
+            .all(|v| v.abs() <= bound));
         let x = Tensor::randn([2, 4, 5, 5], DType::F32, &mut gen)?;
         assert_eq!(c.forward(&x)?.dims(), &[2, 6, 5, 5]);
         let t = ConvTranspose2d::with_options(
-            ConvOptions::new(4, 6, &[3]).stride(&[2]).output_padding(&[1]).bias(false),
+            ConvOptions::new(4, 6, &[3])
+                .stride(&[2])
+                .output_padding(&[1])
+                .bias(false),
             &mut gen,
         )?;
         assert_eq!(t.weight.dims(), &[4, 6, 3, 3]);

@@ -27,7 +27,12 @@ mod convolutions {
     /// `padding` of a forward convolution: ints, `'valid'`, or `'same'` (symmetric
     /// padding; PyTorch pads one extra element on the right when the total is odd,
     /// which is not supported here).
-    fn conv_padding(b: &Bound<'_>, weight_dims: &[usize], stride: &[usize], dilation: &[usize]) -> Result<Vec<usize>, String> {
+    fn conv_padding(
+        b: &Bound<'_>,
+        weight_dims: &[usize],
+        stride: &[usize],
+        dilation: &[usize],
+    ) -> Result<Vec<usize>, String> {
         match b.get("padding") {
             Some(Arg::Str(s)) if s == "valid" => Ok(vec![0]),
             Some(Arg::Str(s)) if s == "same" => {
@@ -35,7 +40,13 @@ mod convolutions {
                     return Err("padding='same' is not supported for strided convolutions".into());
                 }
                 let k = &weight_dims[2..];
-                let d = |i: usize| if dilation.len() == 1 { dilation[0] } else { dilation[i] };
+                let d = |i: usize| {
+                    if dilation.len() == 1 {
+                        dilation[0]
+                    } else {
+                        dilation[i]
+                    }
+                };
                 k.iter()
                     .enumerate()
                     .map(|(i, &k)| {
@@ -80,7 +91,9 @@ mod convolutions {
             let b = bind(
                 args,
                 kwargs,
-                &["input", "weight", "bias", "stride", "padding", "dilation", "groups"],
+                &[
+                    "input", "weight", "bias", "stride", "padding", "dilation", "groups",
+                ],
                 &[],
             )?;
             let w = b.tensor("weight")?;
