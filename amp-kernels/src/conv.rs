@@ -191,8 +191,8 @@ fn geometry(x: &[usize], w: &[usize], p: &ConvParams) -> Result<Geo> {
         )));
     }
     let mut os = [1; 3];
-    for i in 0..3 {
-        os[i] = out_size(is[i], k[i], s[i], pad[i], d[i])
+    for (i, o) in os.iter_mut().enumerate() {
+        *o = out_size(is[i], k[i], s[i], pad[i], d[i])
             .filter(|&o| o > 0)
             .ok_or_else(|| {
                 err(format!(
@@ -291,14 +291,17 @@ pub fn conv_output_dims(
             ));
         }
         let full = (input[2 + j].max(1) - 1) * s[i] + d[i] * (weight[2 + j].max(1) - 1) + op[i] + 1;
-        let size = full.checked_sub(2 * pad[i]).filter(|&v| v > 0).ok_or_else(|| {
-            err(format!(
+        let size = full
+            .checked_sub(2 * pad[i])
+            .filter(|&v| v > 0)
+            .ok_or_else(|| {
+                err(format!(
                 "Given input size per channel {:?} and padding {:?}, the calculated output size \
                  is not positive",
                 &input[2..],
                 &p.padding
             ))
-        })?;
+            })?;
         dims.push(size);
     }
     Ok(dims)
@@ -308,7 +311,12 @@ pub fn conv_output_dims(
 
 /// Convolution of `input` `[N, C_in, spatial...]` with `weight`
 /// `[C_out, C_in / groups, kernel...]` (1, 2 or 3 spatial dims), plus `bias` `[C_out]`.
-pub fn conv(input: &Tensor, weight: &Tensor, bias: Option<&Tensor>, p: &ConvParams) -> Result<Tensor> {
+pub fn conv(
+    input: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    p: &ConvParams,
+) -> Result<Tensor> {
     let mut ts = vec![("Input", input), ("weight", weight)];
     ts.extend(bias.map(|b| ("bias", b)));
     let dtype = check_dtypes(&ts)?;
@@ -544,8 +552,19 @@ fn gemm_into<C: Real>(
 /// `x0 .. x0 + len`: `q` in `lo..hi` reads `row[(x0 + q)·s + k_off − p]`, the others read
 /// padding.
 #[inline]
-fn valid_range(x0: usize, len: usize, s: usize, k_off: usize, p: usize, width: usize) -> (usize, usize) {
-    let lo_abs = if k_off >= p { 0 } else { (p - k_off).div_ceil(s) };
+fn valid_range(
+    x0: usize,
+    len: usize,
+    s: usize,
+    k_off: usize,
+    p: usize,
+    width: usize,
+) -> (usize, usize) {
+    let lo_abs = if k_off >= p {
+        0
+    } else {
+        (p - k_off).div_ceil(s)
+    };
     let hi_abs = if width + p > k_off {
         (width + p - k_off).div_ceil(s)
     } else {
@@ -704,36 +723,44 @@ fn forward<C: Real>(
     let (il, ol, kk) = (g.il(), g.ol(), g.kk());
     let per = g.groups * g.o * ol;
     let mut out = amp_tensor::pool::recycled_vec::<C>(g.n * per);
-    let bias: Option<Vec<C>> = bias.map(|b| with_compute::<C, _>(b, |s| s.to_vec())).transpose()?;
+    let bias: Option<Vec<C>> = bias
+        .map(|b| with_compute::<C, _>(b, |s| s.to_vec()))
+        .transpose()?;
     let t = g.tile::<C>();
     let pointwise = g.pointwise();
     with_compute::<C, _>(input, |x| {
         with_compute::<C, _>(weight, |w| {
-            for_samples(&mut out, per, g.n, if pointwise { 0 } else { kk * t }, |i, y, cols, par| {
-                let par = gemm_par(g.o * kk * ol, matches!(par, Parallelism::None));
-                if let Some(b) = &bias {
-                    for (row, &bv) in y.chunks_mut(ol).zip(b) {
-                        row.fill(bv);
+            for_samples(
+                &mut out,
+                per,
+                g.n,
+                if pointwise { 0 } else { kk * t },
+                |i, y, cols, par| {
+                    let par = gemm_par(g.o * kk * ol, matches!(par, Parallelism::None));
+                    if let Some(b) = &bias {
+                        for (row, &bv) in y.chunks_mut(ol).zip(b) {
+                            row.fill(bv);
+                        }
                     }
-                }
-                for gi in 0..g.groups {
-                    let xg = &x[(i * g.groups + gi) * g.c * il..][..g.c * il];
-                    let wg: Mat<'_, C> = (&w[gi * g.o * kk..][..g.o * kk], kk, 1);
-                    let yg = &mut y[gi * g.o * ol..][..g.o * ol];
-                    let mut l0 = 0;
-                    while l0 < ol {
-                        let tt = t.min(ol - l0);
-                        let b: Mat<'_, C> = if pointwise {
-                            (&xg[l0..], il, 1)
-                        } else {
-                            im2col(xg, g, l0, tt, cols);
-                            (&cols[..kk * tt], tt, 1)
-                        };
-                        gemm_into(g.o, tt, kk, &mut yg[l0..], ol, bias.is_some(), wg, b, par);
-                        l0 += tt;
+                    for gi in 0..g.groups {
+                        let xg = &x[(i * g.groups + gi) * g.c * il..][..g.c * il];
+                        let wg: Mat<'_, C> = (&w[gi * g.o * kk..][..g.o * kk], kk, 1);
+                        let yg = &mut y[gi * g.o * ol..][..g.o * ol];
+                        let mut l0 = 0;
+                        while l0 < ol {
+                            let tt = t.min(ol - l0);
+                            let b: Mat<'_, C> = if pointwise {
+                                (&xg[l0..], il, 1)
+                            } else {
+                                im2col(xg, g, l0, tt, cols);
+                                (&cols[..kk * tt], tt, 1)
+                            };
+                            gemm_into(g.o, tt, kk, &mut yg[l0..], ol, bias.is_some(), wg, b, par);
+                            l0 += tt;
+                        }
                     }
-                }
-            });
+                },
+            );
         })
     })??;
     finish(out, dims, dtype)
@@ -750,37 +777,45 @@ fn backward_data<C: Real>(
     let (il, ol, kk) = (g.il(), g.ol(), g.kk());
     let per = g.groups * g.c * il;
     let mut out = vec![C::zero(); g.n * per];
-    let bias: Option<Vec<C>> = bias.map(|b| with_compute::<C, _>(b, |s| s.to_vec())).transpose()?;
+    let bias: Option<Vec<C>> = bias
+        .map(|b| with_compute::<C, _>(b, |s| s.to_vec()))
+        .transpose()?;
     let t = g.tile::<C>();
     let pointwise = g.pointwise();
     with_compute::<C, _>(grad, |gy| {
         with_compute::<C, _>(weight, |w| {
-            for_samples(&mut out, per, g.n, if pointwise { 0 } else { kk * t }, |i, x, cols, par| {
-                let par = gemm_par(g.o * kk * ol, matches!(par, Parallelism::None));
-                for gi in 0..g.groups {
-                    let gyg = &gy[(i * g.groups + gi) * g.o * ol..][..g.o * ol];
-                    // Wᵀ: kk × o, element (r, o) at o*kk + r.
-                    let wt: Mat<'_, C> = (&w[gi * g.o * kk..][..g.o * kk], 1, kk);
-                    let xg = &mut x[gi * g.c * il..][..g.c * il];
-                    let mut l0 = 0;
-                    while l0 < ol {
-                        let tt = t.min(ol - l0);
-                        let b: Mat<'_, C> = (&gyg[l0..], ol, 1);
-                        if pointwise {
-                            gemm_into(kk, tt, g.o, &mut xg[l0..], il, false, wt, b, par);
-                        } else {
-                            gemm_into(kk, tt, g.o, cols, tt, false, wt, b, par);
-                            col2im(&cols[..kk * tt], g, l0, tt, xg);
+            for_samples(
+                &mut out,
+                per,
+                g.n,
+                if pointwise { 0 } else { kk * t },
+                |i, x, cols, par| {
+                    let par = gemm_par(g.o * kk * ol, matches!(par, Parallelism::None));
+                    for gi in 0..g.groups {
+                        let gyg = &gy[(i * g.groups + gi) * g.o * ol..][..g.o * ol];
+                        // Wᵀ: kk × o, element (r, o) at o*kk + r.
+                        let wt: Mat<'_, C> = (&w[gi * g.o * kk..][..g.o * kk], 1, kk);
+                        let xg = &mut x[gi * g.c * il..][..g.c * il];
+                        let mut l0 = 0;
+                        while l0 < ol {
+                            let tt = t.min(ol - l0);
+                            let b: Mat<'_, C> = (&gyg[l0..], ol, 1);
+                            if pointwise {
+                                gemm_into(kk, tt, g.o, &mut xg[l0..], il, false, wt, b, par);
+                            } else {
+                                gemm_into(kk, tt, g.o, cols, tt, false, wt, b, par);
+                                col2im(&cols[..kk * tt], g, l0, tt, xg);
+                            }
+                            l0 += tt;
                         }
-                        l0 += tt;
                     }
-                }
-                if let Some(b) = &bias {
-                    for (row, &bv) in x.chunks_mut(il).zip(b) {
-                        row.iter_mut().for_each(|v| *v = *v + bv);
+                    if let Some(b) = &bias {
+                        for (row, &bv) in x.chunks_mut(il).zip(b) {
+                            row.iter_mut().for_each(|v| *v = *v + bv);
+                        }
                     }
-                }
-            });
+                },
+            );
         })
     })??;
     finish(out, dims, dtype)

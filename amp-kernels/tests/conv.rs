@@ -115,7 +115,10 @@ fn case_strategy() -> impl Strategy<Value = Case> {
             1usize..=3,
             1usize..=3,
             1usize..=3,
-            proptest::collection::vec((1usize..=7, 1usize..=3, 1usize..=3, 0usize..=2, 1usize..=2), rank),
+            proptest::collection::vec(
+                (1usize..=7, 1usize..=3, 1usize..=3, 0usize..=2, 1usize..=2),
+                rank,
+            ),
         )
             .prop_filter_map("empty output", |(rank, n, groups, cg, og, dims)| {
                 let c = Case {
@@ -274,7 +277,10 @@ fn bad_shapes_and_dtypes_are_errors() {
     let p = ConvParams::new(&[1], &[0], &[1], 1).with_output_padding(&[1]);
     assert!(conv_transpose(&x, &wt, None, &p).is_err());
     let p = ConvParams::new(&[2], &[0], &[1], 1).with_output_padding(&[1]);
-    assert_eq!(conv_transpose(&x, &wt, None, &p).unwrap().dims(), &[1, 3, 12, 12]);
+    assert_eq!(
+        conv_transpose(&x, &wt, None, &p).unwrap().dims(),
+        &[1, 3, 12, 12]
+    );
 }
 
 /// The benchmark workload's kernels (forward, input grad, weight grad), timed.
