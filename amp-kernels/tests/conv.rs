@@ -133,9 +133,8 @@ fn case_strategy() -> impl Strategy<Value = Case> {
                     padding: dims.iter().map(|d| d.3).collect(),
                     dilation: dims.iter().map(|d| d.4).collect(),
                 };
-                let ok = (0..rank).all(|i| {
-                    c.input[i] + 2 * c.padding[i] >= c.dilation[i] * (c.kernel[i] - 1) + 1
-                });
+                let ok = (0..rank)
+                    .all(|i| c.input[i] + 2 * c.padding[i] > c.dilation[i] * (c.kernel[i] - 1));
                 ok.then_some(c)
             })
     })
@@ -223,11 +222,15 @@ proptest! {
         // where in' is the smallest input the convolution maps to `out`, plus
         // output_padding; choose output_padding so in' equals the case's input.
         let out = c.out();
-        let mut op = Vec::new();
-        for i in 0..c.rank {
-            let base = (out[i] - 1) * c.stride[i] + c.dilation[i] * (c.kernel[i] - 1) + 1 - 2 * c.padding[i];
-            op.push(c.input[i] - base);
-        }
+        let op: Vec<usize> = out
+            .iter()
+            .enumerate()
+            .map(|(i, &o)| {
+                let base = (o - 1) * c.stride[i] + c.dilation[i] * (c.kernel[i] - 1) + 1
+                    - 2 * c.padding[i];
+                c.input[i] - base
+            })
+            .collect();
         prop_assume!(op.iter().zip(&c.stride).zip(&c.dilation).all(|((&o, &s), &d)| o < s || o < d));
         prop_assume!(op.iter().zip(&c.stride).all(|(&o, &s)| o < s));
         let p = c.params().with_output_padding(&op);
