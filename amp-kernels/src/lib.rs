@@ -15,6 +15,7 @@ pub use compute::{ensure_float, ensure_same_device, with_slice, Real};
 
 mod amp;
 mod binary;
+mod conv;
 pub mod cuda;
 mod index;
 mod linalg;
@@ -31,6 +32,7 @@ mod unary;
 
 pub use amp::*;
 pub use binary::*;
+pub use conv::*;
 pub use index::*;
 pub use linalg::*;
 pub use matmul::*;

@@ -3,6 +3,7 @@
 //! `create_graph` gives higher-order gradients).
 
 mod cast;
+mod conv;
 mod distance;
 mod linalg;
 mod loss;
@@ -17,6 +18,7 @@ mod rnn;
 mod shape;
 
 pub use cast::*;
+pub use conv::*;
 pub use distance::*;
 pub use linalg::*;
 pub use loss::*;

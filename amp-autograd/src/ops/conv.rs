@@ -1,0 +1,417 @@
+//! Convolutions: `conv1d`, `conv2d`, `conv3d`, `conv_transpose1d/2d/3d` and the
+//! common `_convolution` entry ([`convolution`]).
+//!
+//! Each public function enters the dispatch point once, under its documented name, and
+//! then runs one of three differentiable primitives (never re-entering dispatch, so a
+//! `conv_transpose2d` that autocast keeps in float32 is not cast again by the
+//! lower-precision `_convolution` policy):
+//!
+//! - `conv_prim(x, w, b)`: the convolution;
+//! - `input_grad_prim(g, w, b)`: its adjoint in the input (the transposed convolution);
+//! - `weight_grad_prim(x, g)`: its adjoint in the weight.
+//!
+//! The backward of each is written in the three primitives (and `sum` for the bias), so
+//! `create_graph` gives gradients of any order: for `y = conv(x, w) + b`,
+//! `dx = input_grad(g, w)`, `dw = weight_grad(x, g)`, `db = Σ g`; `input_grad(g, w)` is
+//! linear in `g` and `w` with `d/dg = conv(G, w)` and `d/dw = weight_grad(G, g)`;
+//! `weight_grad(x, g)` has `d/dx = input_grad(g, G)` and `d/dg = conv(x, G)`. When no
+//! graph is being built the backward calls the kernels directly.
+
+use amp_kernels::ConvParams;
+
+use super::enter_vec;
+use super::reduce::sum;
+use crate::dispatch::OpName;
+use crate::grad_mode::is_grad_enabled;
+use crate::graph::{record_multi, BackwardFn};
+use crate::{Error, Result, Tensor};
+
+static CONV1D: OpName = OpName::new("conv1d");
+static CONV2D: OpName = OpName::new("conv2d");
+static CONV3D: OpName = OpName::new("conv3d");
+static CONV_TRANSPOSE1D: OpName = OpName::new("conv_transpose1d");
+static CONV_TRANSPOSE2D: OpName = OpName::new("conv_transpose2d");
+static CONV_TRANSPOSE3D: OpName = OpName::new("conv_transpose3d");
+static CONVOLUTION: OpName = OpName::new("_convolution");
+
+fn check_rank(op: &'static str, x: &Tensor, w: &Tensor, spatial: usize) -> Result<()> {
+    if w.rank() != spatial + 2 {
+        return Err(Error::invalid(
+            op,
+            format!(
+                "expected a {}-D weight, but got weight of size {:?}",
+                spatial + 2,
+                w.dims()
+            ),
+        ));
+    }
+    if x.rank() != spatial + 2 {
+        return Err(Error::invalid(
+            op,
+            format!(
+                "Expected {}D (batched) input to {op}, but got input of size: {:?}",
+                spatial + 2,
+                x.dims()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Dispatches `[input, weight, bias?]` under `op`; returns the (possibly cast) tensors.
+fn enter_conv(
+    op: &'static OpName,
+    input: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+    let mut args = vec![input, weight];
+    args.extend(bias);
+    let mut a = enter_vec(op, &args)?.into_iter();
+    let x = a.next().expect("input");
+    let w = a.next().expect("weight");
+    Ok((x, w, a.next()))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn conv_nd(
+    op: &'static OpName,
+    spatial: usize,
+    input: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    stride: &[usize],
+    padding: &[usize],
+    dilation: &[usize],
+    groups: usize,
+) -> Result<Tensor> {
+    let (x, w, b) = enter_conv(op, input, weight, bias)?;
+    check_rank(op.name(), &x, &w, spatial)?;
+    let p = ConvParams::new(stride, padding, dilation, groups);
+    conv_prim(&x, &w, b.as_ref(), &p)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn conv_transpose_nd(
+    op: &'static OpName,
+    spatial: usize,
+    input: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    stride: &[usize],
+    padding: &[usize],
+    output_padding: &[usize],
+    groups: usize,
+    dilation: &[usize],
+) -> Result<Tensor> {
+    let (x, w, b) = enter_conv(op, input, weight, bias)?;
+    check_rank(op.name(), &x, &w, spatial)?;
+    let p = ConvParams::new(stride, padding, dilation, groups).with_output_padding(output_padding);
+    conv_transpose_prim(&x, &w, b.as_ref(), &p)
+}
+
+/// 1-D convolution (`torch.nn.functional.conv1d`): `input` `[N, C_in, L]`, `weight`
+/// `[C_out, C_in / groups, k]`, optional `bias` `[C_out]`; `stride`, `padding` and
+/// `dilation` take one value per spatial dim or a single value for all.
+#[allow(clippy::too_many_arguments)]
+pub fn conv1d(
+    input: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    stride: &[usize],
+    padding: &[usize],
+    dilation: &[usize],
+    groups: usize,
+) -> Result<Tensor> {
+    conv_nd(
+        &CONV1D, 1, input, weight, bias, stride, padding, dilation, groups,
+    )
+}
+
+/// 2-D convolution (`torch.nn.functional.conv2d`): `input` `[N, C_in, H, W]`, `weight`
+/// `[C_out, C_in / groups, kH, kW]`, optional `bias` `[C_out]`.
+#[allow(clippy::too_many_arguments)]
+pub fn conv2d(
+    input: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    stride: &[usize],
+    padding: &[usize],
+    dilation: &[usize],
+    groups: usize,
+) -> Result<Tensor> {
+    conv_nd(
+        &CONV2D, 2, input, weight, bias, stride, padding, dilation, groups,
+    )
+}
+
+/// 3-D convolution (`torch.nn.functional.conv3d`): `input` `[N, C_in, D, H, W]`,
+/// `weight` `[C_out, C_in / groups, kD, kH, kW]`, optional `bias` `[C_out]`.
+#[allow(clippy::too_many_arguments)]
+pub fn conv3d(
+    input: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    stride: &[usize],
+    padding: &[usize],
+    dilation: &[usize],
+    groups: usize,
+) -> Result<Tensor> {
+    conv_nd(
+        &CONV3D, 3, input, weight, bias, stride, padding, dilation, groups,
+    )
+}
+
+/// 1-D transposed convolution (`torch.nn.functional.conv_transpose1d`, same argument
+/// order): `input` `[N, C_in, L]`, `weight` `[C_in, C_out / groups, k]`.
+#[allow(clippy::too_many_arguments)]
+pub fn conv_transpose1d(
+    input: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    stride: &[usize],
+    padding: &[usize],
+    output_padding: &[usize],
+    groups: usize,
+    dilation: &[usize],
+) -> Result<Tensor> {
+    conv_transpose_nd(
+        &CONV_TRANSPOSE1D,
+        1,
+        input,
+        weight,
+        bias,
+        stride,
+        padding,
+        output_padding,
+        groups,
+        dilation,
+    )
+}
+
+/// 2-D transposed convolution (`torch.nn.functional.conv_transpose2d`): `input`
+/// `[N, C_in, H, W]`, `weight` `[C_in, C_out / groups, kH, kW]`.
+#[allow(clippy::too_many_arguments)]
+pub fn conv_transpose2d(
+    input: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    stride: &[usize],
+    padding: &[usize],
+    output_padding: &[usize],
+    groups: usize,
+    dilation: &[usize],
+) -> Result<Tensor> {
+    conv_transpose_nd(
+        &CONV_TRANSPOSE2D,
+        2,
+        input,
+        weight,
+        bias,
+        stride,
+        padding,
+        output_padding,
+        groups,
+        dilation,
+    )
+}
+
+/// 3-D transposed convolution (`torch.nn.functional.conv_transpose3d`): `input`
+/// `[N, C_in, D, H, W]`, `weight` `[C_in, C_out / groups, kD, kH, kW]`.
+#[allow(clippy::too_many_arguments)]
+pub fn conv_transpose3d(
+    input: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    stride: &[usize],
+    padding: &[usize],
+    output_padding: &[usize],
+    groups: usize,
+    dilation: &[usize],
+) -> Result<Tensor> {
+    conv_transpose_nd(
+        &CONV_TRANSPOSE3D,
+        3,
+        input,
+        weight,
+        bias,
+        stride,
+        padding,
+        output_padding,
+        groups,
+        dilation,
+    )
+}
+
+/// ATen's `_convolution` (under that name at the dispatch point): a convolution of any
+/// spatial rank (1 to 3, from the weight), transposed or not.
+#[allow(clippy::too_many_arguments)]
+pub fn convolution(
+    input: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    stride: &[usize],
+    padding: &[usize],
+    dilation: &[usize],
+    transposed: bool,
+    output_padding: &[usize],
+    groups: usize,
+) -> Result<Tensor> {
+    let (x, w, b) = enter_conv(&CONVOLUTION, input, weight, bias)?;
+    let p = ConvParams::new(stride, padding, dilation, groups).with_output_padding(output_padding);
+    if transposed {
+        conv_transpose_prim(&x, &w, b.as_ref(), &p)
+    } else {
+        conv_prim(&x, &w, b.as_ref(), &p)
+    }
+}
+
+// ----- the differentiable primitives ----------------------------------------------------
+
+/// The dims a convolution's bias gradient sums over (all but the channel dim).
+fn bias_dims(rank: usize) -> Vec<i64> {
+    (0..rank as i64).filter(|&d| d != 1).collect()
+}
+
+fn bias_grad(g: &Tensor) -> Result<Tensor> {
+    if is_grad_enabled() {
+        sum(g, &bias_dims(g.rank()), false, None)
+    } else {
+        Ok(Tensor::from_raw(amp_kernels::conv_bias_grad(g.data())?))
+    }
+}
+
+fn inputs_of<'a>(a: &'a Tensor, b: &'a Tensor, c: Option<&'a Tensor>) -> Vec<&'a Tensor> {
+    let mut v = vec![a, b];
+    v.extend(c);
+    v
+}
+
+fn record_one(
+    out: amp_tensor::Tensor,
+    name: &'static str,
+    inputs: &[&Tensor],
+    f: impl Fn(&Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync + 'static,
+) -> Tensor {
+    let n = inputs.len();
+    let bw: BackwardFn = Box::new(move |grads: &[Option<Tensor>]| match &grads[0] {
+        Some(g) => f(g),
+        None => Ok(vec![None; n]),
+    });
+    record_multi(vec![out], &[true], name, inputs, bw)
+        .pop()
+        .expect("one output")
+}
+
+/// `conv(x, w) + b`.
+fn conv_prim(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: &ConvParams) -> Result<Tensor> {
+    let out = amp_kernels::conv(x.data(), w.data(), b.map(|t| t.data()), p)?;
+    let (xs, ws, has_b, p) = (x.clone(), w.clone(), b.is_some(), p.clone());
+    Ok(record_one(
+        out,
+        "ConvolutionBackward0",
+        &inputs_of(x, w, b),
+        move |g| {
+            let gx = if xs.requires_grad() {
+                Some(input_grad_prim(g, &ws, None, xs.dims(), &p)?)
+            } else {
+                None
+            };
+            let gw = if ws.requires_grad() {
+                Some(weight_grad_prim(&xs, g, ws.dims(), &p)?)
+            } else {
+                None
+            };
+            let mut v = vec![gx, gw];
+            if has_b {
+                v.push(Some(bias_grad(g)?));
+            }
+            Ok(v)
+        },
+    ))
+}
+
+/// The transposed convolution `conv_transpose(x, w) + b` (output size from `p`).
+fn conv_transpose_prim(
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+    p: &ConvParams,
+) -> Result<Tensor> {
+    let dims = amp_kernels::conv_output_dims(x.dims(), w.dims(), p, true)?;
+    input_grad_prim(x, w, b, &dims, p)
+}
+
+/// The adjoint of `conv(·, w)` applied to `g`, to an input of dims `x_dims`, plus `b`.
+fn input_grad_prim(
+    g: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+    x_dims: &[usize],
+    p: &ConvParams,
+) -> Result<Tensor> {
+    let out = match b {
+        Some(b) => amp_kernels::conv_transpose(g.data(), w.data(), Some(b.data()), p)
+            .and_then(|t| check_dims(t, x_dims))?,
+        None => amp_kernels::conv_input_grad(g.data(), w.data(), x_dims, p)?,
+    };
+    let (gs, ws, has_b, p) = (g.clone(), w.clone(), b.is_some(), p.clone());
+    Ok(record_one(
+        out,
+        "ConvolutionBackward0",
+        &inputs_of(g, w, b),
+        move |up| {
+            let dg = if gs.requires_grad() {
+                Some(conv_prim(up, &ws, None, &p)?)
+            } else {
+                None
+            };
+            let dw = if ws.requires_grad() {
+                Some(weight_grad_prim(up, &gs, ws.dims(), &p)?)
+            } else {
+                None
+            };
+            let mut v = vec![dg, dw];
+            if has_b {
+                v.push(Some(bias_grad(up)?));
+            }
+            Ok(v)
+        },
+    ))
+}
+
+fn check_dims(t: amp_tensor::Tensor, dims: &[usize]) -> amp_tensor::Result<amp_tensor::Tensor> {
+    if t.dims() == dims {
+        Ok(t)
+    } else {
+        Err(amp_tensor::Error::shape_mismatch(
+            "convolution",
+            t.dims(),
+            dims,
+        ))
+    }
+}
+
+/// The adjoint of `conv(x, ·)` applied to `g`: a weight gradient of dims `w_dims`.
+fn weight_grad_prim(x: &Tensor, g: &Tensor, w_dims: &[usize], p: &ConvParams) -> Result<Tensor> {
+    let out = amp_kernels::conv_weight_grad(x.data(), g.data(), w_dims, p)?;
+    let (xs, gs, p) = (x.clone(), g.clone(), p.clone());
+    Ok(record_one(
+        out,
+        "ConvolutionBackwardBackward0",
+        &[x, g],
+        move |up| {
+            let dx = if xs.requires_grad() {
+                Some(input_grad_prim(&gs, up, None, xs.dims(), &p)?)
+            } else {
+                None
+            };
+            let dg = if gs.requires_grad() {
+                Some(conv_prim(&xs, up, None, &p)?)
+            } else {
+                None
+            };
+            Ok(vec![dx, dg])
+        },
+    ))
+}

@@ -1,0 +1,889 @@
+//! N-d convolution (1d/2d/3d) and transposed convolution, with stride, padding,
+//! dilation, groups and an optional bias, and the three backward pieces (input,
+//! weight and bias gradients).
+//!
+//! Every operation is one of three primitives over a common geometry ("input side"
+//! `[N, G·C, in...]`, weight `[G·O, C, k...]`, "output side" `[N, G·O, out...]`):
+//!
+//! - [`conv`]: `out = W ⋆ x` — im2col of a tile of output positions (`K = C·k...` rows,
+//!   at most a few hundred columns, so the column buffer stays in cache) multiplied by
+//!   the group's weight with `gemm`;
+//! - [`conv_input_grad`] (the adjoint in the input, which is also [`conv_transpose`]):
+//!   `cols = Wᵀ @ g` per tile, then col2im accumulates the columns into the input side;
+//! - [`conv_weight_grad`] (the adjoint in the weight): `dW += g @ colsᵀ` per tile,
+//!   accumulated per worker over its part of the batch and summed at the end.
+//!
+//! Samples are spread over rayon workers (each `gemm` then runs single-threaded); a
+//! batch smaller than the worker count lets `gemm` use the threads instead. A 1×1
+//! convolution with stride 1 and no padding multiplies the input in place (no im2col).
+//! float16 and bfloat16 are widened to float32, computed with float32 accumulation
+//! and rounded once; float64 computes in float64.
+
+use amp_tensor::{DType, Error, Result, Tensor};
+use gemm::Parallelism;
+use rayon::prelude::*;
+
+use crate::compute::{ensure_same_device, Real};
+
+/// Stride, padding, dilation, output padding (transposed convolutions only) and groups
+/// of a convolution. A list of one value applies to every spatial dim, as PyTorch's
+/// `int` form does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConvParams {
+    /// Step between output positions, per spatial dim.
+    pub stride: Vec<usize>,
+    /// Implicit zero padding on both sides, per spatial dim.
+    pub padding: Vec<usize>,
+    /// Spacing between kernel taps, per spatial dim.
+    pub dilation: Vec<usize>,
+    /// Extra size added to one side of a transposed convolution's output.
+    pub output_padding: Vec<usize>,
+    /// Number of channel groups.
+    pub groups: usize,
+}
+
+impl Default for ConvParams {
+    fn default() -> Self {
+        ConvParams {
+            stride: vec![1],
+            padding: vec![0],
+            dilation: vec![1],
+            output_padding: vec![0],
+            groups: 1,
+        }
+    }
+}
+
+impl ConvParams {
+    /// Stride, padding and dilation (one value or one per spatial dim) and groups;
+    /// no output padding.
+    pub fn new(stride: &[usize], padding: &[usize], dilation: &[usize], groups: usize) -> Self {
+        ConvParams {
+            stride: stride.to_vec(),
+            padding: padding.to_vec(),
+            dilation: dilation.to_vec(),
+            output_padding: vec![0],
+            groups,
+        }
+    }
+
+    /// The same with an output padding (for transposed convolutions).
+    pub fn with_output_padding(mut self, output_padding: &[usize]) -> Self {
+        self.output_padding = output_padding.to_vec();
+        self
+    }
+}
+
+const OP: &str = "convolution";
+
+fn err(msg: impl Into<String>) -> Error {
+    Error::invalid(OP, msg)
+}
+
+/// A per-dim parameter expanded to `[d, h, w]` (leading dims of lower-rank convs get
+/// `fill`).
+fn expand3(name: &str, v: &[usize], rank: usize, fill: usize) -> Result<[usize; 3]> {
+    let mut out = [fill; 3];
+    match v.len() {
+        1 => out[3 - rank..].fill(v[0]),
+        n if n == rank => out[3 - rank..].copy_from_slice(v),
+        n => {
+            return Err(err(format!(
+                "expected {name} to be a single integer value or a list of {rank} values to \
+                 match the convolution dimensions, but got {name}={v:?} ({n} values)"
+            )))
+        }
+    }
+    Ok(out)
+}
+
+/// The shape of one convolution: the input side, the weight and the output side.
+#[derive(Debug, Clone)]
+struct Geo {
+    n: usize,
+    groups: usize,
+    /// Input-side channels per group.
+    c: usize,
+    /// Output-side channels per group.
+    o: usize,
+    is: [usize; 3],
+    os: [usize; 3],
+    k: [usize; 3],
+    s: [usize; 3],
+    p: [usize; 3],
+    d: [usize; 3],
+}
+
+impl Geo {
+    fn il(&self) -> usize {
+        self.is.iter().product()
+    }
+    fn ol(&self) -> usize {
+        self.os.iter().product()
+    }
+    fn kk(&self) -> usize {
+        self.c * self.k.iter().product::<usize>()
+    }
+    /// A 1×1 convolution with stride 1 and no padding: the input is its own im2col.
+    fn pointwise(&self) -> bool {
+        self.k == [1; 3] && self.s == [1; 3] && self.p == [0; 3]
+    }
+    /// Output positions per tile: the column buffer (`kk × tile`) stays near 768 KB.
+    fn tile<C>(&self) -> usize {
+        let per = (768 * 1024 / std::mem::size_of::<C>()) / self.kk().max(1);
+        per.max(16).min(self.ol().max(1))
+    }
+}
+
+/// Output size of a convolution along one dim, or `None` when it would be empty.
+fn out_size(i: usize, k: usize, s: usize, p: usize, d: usize) -> Option<usize> {
+    let span = d * (k - 1) + 1;
+    (i + 2 * p).checked_sub(span).map(|r| r / s + 1)
+}
+
+/// Checks the parameters of a convolution whose input side has dims `x` and weight
+/// `w` (`[G·O, C, k...]`), returning the geometry with the output side computed.
+fn geometry(x: &[usize], w: &[usize], p: &ConvParams) -> Result<Geo> {
+    let rank = w.len().checked_sub(2).filter(|r| (1..=3).contains(r));
+    let Some(r) = rank else {
+        return Err(err(format!(
+            "expected a 3-D, 4-D or 5-D weight, but got weight of size {w:?}"
+        )));
+    };
+    if x.len() != r + 2 {
+        return Err(err(format!(
+            "Expected {}D (batched) input to conv{r}d, but got input of size: {x:?}",
+            r + 2
+        )));
+    }
+    let s = expand3("stride", &p.stride, r, 1)?;
+    let pad = expand3("padding", &p.padding, r, 0)?;
+    let d = expand3("dilation", &p.dilation, r, 1)?;
+    if s.contains(&0) {
+        return Err(err("non-positive stride is not supported"));
+    }
+    if d.contains(&0) {
+        return Err(err("dilation should be greater than zero"));
+    }
+    if p.groups == 0 {
+        return Err(err("non-positive groups is not supported"));
+    }
+    let mut is = [1; 3];
+    is[3 - r..].copy_from_slice(&x[2..]);
+    let mut k = [1; 3];
+    k[3 - r..].copy_from_slice(&w[2..]);
+    if k.contains(&0) {
+        return Err(err(format!("weight of size {w:?} has an empty kernel")));
+    }
+    let g = p.groups;
+    if w[0] % g != 0 {
+        return Err(err(format!(
+            "Given groups={g}, expected weight to be divisible by {g} at dimension 0, but got \
+             weight of size {w:?} instead"
+        )));
+    }
+    if x[1] != w[1] * g {
+        return Err(err(format!(
+            "Given groups={g}, weight of size {w:?}, expected input{x:?} to have {} channels, \
+             but got {} channels instead",
+            w[1] * g,
+            x[1]
+        )));
+    }
+    let mut os = [1; 3];
+    for (i, o) in os.iter_mut().enumerate() {
+        *o = out_size(is[i], k[i], s[i], pad[i], d[i])
+            .filter(|&o| o > 0)
+            .ok_or_else(|| {
+                err(format!(
+                    "Calculated padded input size per channel: ({}). Kernel size: ({}). Kernel \
+                     size can't be greater than actual input size",
+                    (0..r)
+                        .map(|j| (x[2 + j] + 2 * pad[3 - r + j]).to_string())
+                        .collect::<Vec<_>>()
+                        .join(" x "),
+                    (0..r)
+                        .map(|j| (d[3 - r + j] * (w[2 + j] - 1) + 1).to_string())
+                        .collect::<Vec<_>>()
+                        .join(" x ")
+                ))
+            })?;
+    }
+    Ok(Geo {
+        n: x[0],
+        groups: g,
+        c: w[1],
+        o: w[0] / g,
+        is,
+        os,
+        k,
+        s,
+        p: pad,
+        d,
+    })
+}
+
+fn out_dims(g: &Geo, channels: usize, sizes: &[usize; 3], rank: usize) -> Vec<usize> {
+    let mut v = vec![g.n, channels];
+    v.extend_from_slice(&sizes[3 - rank..]);
+    v
+}
+
+fn check_dtypes(ts: &[(&str, &Tensor)]) -> Result<DType> {
+    let dev: Vec<&Tensor> = ts.iter().map(|(_, t)| *t).collect();
+    ensure_same_device(OP, &dev)?;
+    let (n0, t0) = ts[0];
+    let dtype = t0.dtype();
+    if !dtype.is_floating_point() {
+        return Err(Error::UnsupportedDType { op: OP, dtype });
+    }
+    for (n, t) in &ts[1..] {
+        if t.dtype() != dtype {
+            return Err(err(format!(
+                "{n0} type ({dtype}) and {n} type ({}) should be the same",
+                t.dtype()
+            )));
+        }
+    }
+    Ok(dtype)
+}
+
+/// The output dims of a convolution (`transposed = false`) or a transposed convolution
+/// of an input of dims `input` with a weight of dims `weight`.
+pub fn conv_output_dims(
+    input: &[usize],
+    weight: &[usize],
+    p: &ConvParams,
+    transposed: bool,
+) -> Result<Vec<usize>> {
+    let r = weight.len().saturating_sub(2);
+    if !transposed {
+        let g = geometry(input, weight, p)?;
+        return Ok(out_dims(&g, g.groups * g.o, &g.os, r));
+    }
+    if !(1..=3).contains(&r) || input.len() != r + 2 {
+        return Err(err(format!(
+            "Expected {}D (batched) input to conv_transpose{r}d with weight of size {weight:?}, \
+             but got input of size: {input:?}",
+            r + 2
+        )));
+    }
+    let s = expand3("stride", &p.stride, r, 1)?;
+    let pad = expand3("padding", &p.padding, r, 0)?;
+    let d = expand3("dilation", &p.dilation, r, 1)?;
+    let op = expand3("output_padding", &p.output_padding, r, 0)?;
+    if p.groups == 0 {
+        return Err(err("non-positive groups is not supported"));
+    }
+    if input[1] != weight[0] {
+        return Err(err(format!(
+            "Given transposed=1, weight of size {weight:?}, expected input{input:?} to have {} \
+             channels, but got {} channels instead",
+            weight[0], input[1]
+        )));
+    }
+    let mut dims = vec![input[0], weight[1] * p.groups];
+    for j in 0..r {
+        let i = 3 - r + j;
+        if op[i] >= s[i] && op[i] >= d[i] {
+            return Err(err(
+                "output padding must be smaller than either stride or dilation",
+            ));
+        }
+        let full = (input[2 + j].max(1) - 1) * s[i] + d[i] * (weight[2 + j].max(1) - 1) + op[i] + 1;
+        let size = full
+            .checked_sub(2 * pad[i])
+            .filter(|&v| v > 0)
+            .ok_or_else(|| {
+                err(format!(
+                "Given input size per channel {:?} and padding {:?}, the calculated output size \
+                 is not positive",
+                &input[2..],
+                &p.padding
+            ))
+            })?;
+        dims.push(size);
+    }
+    Ok(dims)
+}
+
+// ----- public API -----------------------------------------------------------------------
+
+/// Convolution of `input` `[N, C_in, spatial...]` with `weight`
+/// `[C_out, C_in / groups, kernel...]` (1, 2 or 3 spatial dims), plus `bias` `[C_out]`.
+pub fn conv(
+    input: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    p: &ConvParams,
+) -> Result<Tensor> {
+    let mut ts = vec![("Input", input), ("weight", weight)];
+    ts.extend(bias.map(|b| ("bias", b)));
+    let dtype = check_dtypes(&ts)?;
+    let g = geometry(input.dims(), weight.dims(), p)?;
+    check_bias(bias, g.groups * g.o)?;
+    let r = weight.rank() - 2;
+    let dims = out_dims(&g, g.groups * g.o, &g.os, r);
+    dispatch(dtype, |c| match c {
+        Compute::F32 => forward::<f32>(&g, input, weight, bias, dims.clone(), dtype),
+        Compute::F64 => forward::<f64>(&g, input, weight, bias, dims.clone(), dtype),
+    })
+}
+
+/// Transposed convolution of `input` `[N, C_in, spatial...]` with `weight`
+/// `[C_in, C_out / groups, kernel...]`, plus `bias` `[C_out]`: the adjoint of [`conv`]
+/// in its input, with the output size made exact by `output_padding`.
+pub fn conv_transpose(
+    input: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    p: &ConvParams,
+) -> Result<Tensor> {
+    let mut ts = vec![("Input", input), ("weight", weight)];
+    ts.extend(bias.map(|b| ("bias", b)));
+    check_dtypes(&ts)?;
+    let dims = conv_output_dims(input.dims(), weight.dims(), p, true)?;
+    check_bias(bias, dims[1])?;
+    input_grad_impl(input, weight, bias, &dims, p)
+}
+
+/// The gradient of [`conv`] in its input: `grad_output` `[N, C_out, out...]` taken back
+/// through `weight` to an input of dims `input_dims` (a transposed convolution).
+pub fn conv_input_grad(
+    grad_output: &Tensor,
+    weight: &Tensor,
+    input_dims: &[usize],
+    p: &ConvParams,
+) -> Result<Tensor> {
+    check_dtypes(&[("grad_output", grad_output), ("weight", weight)])?;
+    input_grad_impl(grad_output, weight, None, input_dims, p)
+}
+
+/// The gradient of [`conv`] in its weight: `input` `[N, C_in, in...]` correlated with
+/// `grad_output` `[N, C_out, out...]`, giving a weight gradient of dims `weight_dims`.
+pub fn conv_weight_grad(
+    input: &Tensor,
+    grad_output: &Tensor,
+    weight_dims: &[usize],
+    p: &ConvParams,
+) -> Result<Tensor> {
+    let dtype = check_dtypes(&[("Input", input), ("grad_output", grad_output)])?;
+    let g = geometry(input.dims(), weight_dims, p)?;
+    let r = weight_dims.len() - 2;
+    let expect = out_dims(&g, g.groups * g.o, &g.os, r);
+    if grad_output.dims() != expect.as_slice() {
+        return Err(Error::shape_mismatch(OP, grad_output.dims(), &expect));
+    }
+    let dims = weight_dims.to_vec();
+    dispatch(dtype, |c| match c {
+        Compute::F32 => weight_grad::<f32>(&g, input, grad_output, dims.clone(), dtype),
+        Compute::F64 => weight_grad::<f64>(&g, input, grad_output, dims.clone(), dtype),
+    })
+}
+
+/// The gradient of a convolution's bias: `grad_output` summed over every dim but the
+/// channel dim (float32 accumulation for 16-bit types).
+pub fn conv_bias_grad(grad_output: &Tensor) -> Result<Tensor> {
+    if grad_output.rank() < 2 {
+        return Err(err(format!(
+            "expected a batched output gradient, got size {:?}",
+            grad_output.dims()
+        )));
+    }
+    let dims: Vec<i64> = (0..grad_output.rank() as i64).filter(|&d| d != 1).collect();
+    crate::sum(grad_output, &dims, false, None)
+}
+
+fn check_bias(bias: Option<&Tensor>, channels: usize) -> Result<()> {
+    match bias {
+        Some(b) if b.dims() != [channels] => Err(err(format!(
+            "Given weight with {channels} output channels, expected bias to be 1-D with \
+             {channels} elements, but got bias of size {:?} instead",
+            b.dims()
+        ))),
+        _ => Ok(()),
+    }
+}
+
+fn input_grad_impl(
+    grad: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    input_dims: &[usize],
+    p: &ConvParams,
+) -> Result<Tensor> {
+    let dtype = grad.dtype();
+    let g = geometry(input_dims, weight.dims(), p)?;
+    let r = weight.rank() - 2;
+    let expect = out_dims(&g, g.groups * g.o, &g.os, r);
+    if grad.dims() != expect.as_slice() {
+        return Err(Error::shape_mismatch(OP, grad.dims(), &expect));
+    }
+    let dims = input_dims.to_vec();
+    dispatch(dtype, |c| match c {
+        Compute::F32 => backward_data::<f32>(&g, grad, weight, bias, dims.clone(), dtype),
+        Compute::F64 => backward_data::<f64>(&g, grad, weight, bias, dims.clone(), dtype),
+    })
+}
+
+// ----- execution ------------------------------------------------------------------------
+
+enum Compute {
+    F32,
+    F64,
+}
+
+fn dispatch(dtype: DType, f: impl FnOnce(Compute) -> Result<Tensor>) -> Result<Tensor> {
+    match dtype {
+        DType::F16 | DType::BF16 | DType::F32 => f(Compute::F32),
+        DType::F64 => f(Compute::F64),
+        dtype => Err(Error::UnsupportedDType { op: OP, dtype }),
+    }
+}
+
+/// Calls `f` with `t`'s elements in compute type `C`, contiguous (borrowed when `t`
+/// already is a contiguous `C` tensor, widened otherwise).
+fn with_compute<C: Real, R>(t: &Tensor, f: impl FnOnce(&[C]) -> R) -> Result<R> {
+    let t = if t.dtype() == C::DTYPE {
+        t.contiguous()
+    } else {
+        t.to_dtype(C::DTYPE)?.contiguous()
+    };
+    let st = t.storage();
+    let all = C::slice(st.cpu()).ok_or(Error::UnsupportedDType {
+        op: OP,
+        dtype: t.dtype(),
+    })?;
+    let r = t.layout().contiguous_range().expect("contiguous");
+    Ok(f(&all[r]))
+}
+
+/// A result computed in `C`, rounded once to `dtype`.
+fn finish<C: Real>(buf: Vec<C>, dims: Vec<usize>, dtype: DType) -> Result<Tensor> {
+    let t = Tensor::from_vec(buf, dims)?;
+    if dtype == C::DTYPE {
+        Ok(t)
+    } else {
+        t.to_dtype(dtype)
+    }
+}
+
+/// Whether samples go to separate workers (else each `gemm` uses the threads).
+fn per_sample(n: usize) -> bool {
+    let threads = rayon::current_num_threads();
+    threads > 1 && n >= threads
+}
+
+fn gemm_par(work: usize, batch_parallel: bool) -> Parallelism {
+    if batch_parallel || work < 32 * 32 * 32 || rayon::current_num_threads() <= 1 {
+        Parallelism::None
+    } else {
+        Parallelism::Rayon(0)
+    }
+}
+
+/// A strided matrix operand: `(slice, row stride, column stride)`.
+type Mat<'a, C> = (&'a [C], usize, usize);
+
+/// `dst = (accumulate ? dst : 0) + a @ b` for an `m×k` `a` and a `k×n` `b`, `dst` being
+/// `m×n` with row stride `dst_rs` (column stride 1).
+#[allow(clippy::too_many_arguments)]
+fn gemm_into<C: Real>(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [C],
+    dst_rs: usize,
+    accumulate: bool,
+    a: Mat<'_, C>,
+    b: Mat<'_, C>,
+    par: Parallelism,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    let need = |rs: usize, cs: usize, rows: usize, cols: usize| {
+        if rows == 0 || cols == 0 {
+            0
+        } else {
+            (rows - 1) * rs + (cols - 1) * cs + 1
+        }
+    };
+    assert!(dst.len() >= need(dst_rs, 1, m, n), "conv gemm: dst");
+    if k == 0 {
+        if !accumulate {
+            for i in 0..m {
+                dst[i * dst_rs..i * dst_rs + n].fill(C::zero());
+            }
+        }
+        return;
+    }
+    assert!(a.0.len() >= need(a.1, a.2, m, k), "conv gemm: lhs");
+    assert!(b.0.len() >= need(b.1, b.2, k, n), "conv gemm: rhs");
+    // SAFETY: the asserts above keep every access of the three strided matrices inside
+    // their slices; `dst` is exclusively borrowed and `gemm` writes each of its m×n
+    // elements once (reading them only when `accumulate`).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            dst_rs as isize,
+            accumulate,
+            a.0.as_ptr(),
+            a.2 as isize,
+            a.1 as isize,
+            b.0.as_ptr(),
+            b.2 as isize,
+            b.1 as isize,
+            C::one(),
+            C::one(),
+            false,
+            false,
+            false,
+            par,
+        )
+    }
+}
+
+/// The rows of one input-side row that tap `(k_off)` reads for output columns
+/// `x0 .. x0 + len`: `q` in `lo..hi` reads `row[(x0 + q)·s + k_off − p]`, the others read
+/// padding.
+#[inline]
+fn valid_range(
+    x0: usize,
+    len: usize,
+    s: usize,
+    k_off: usize,
+    p: usize,
+    width: usize,
+) -> (usize, usize) {
+    let lo_abs = if k_off >= p {
+        0
+    } else {
+        (p - k_off).div_ceil(s)
+    };
+    let hi_abs = if width + p > k_off {
+        (width + p - k_off).div_ceil(s)
+    } else {
+        0
+    };
+    let lo = lo_abs.saturating_sub(x0).min(len);
+    let hi = hi_abs.saturating_sub(x0).clamp(lo, len);
+    (lo, hi)
+}
+
+/// A run of output columns whose input row exists: column `q` in `lo..hi` reads input
+/// element `start + q·s − p`; the others read padding.
+#[derive(Clone, Copy)]
+struct Segment {
+    start: usize,
+    lo: usize,
+    hi: usize,
+    s: usize,
+}
+
+/// Walks the rows of a `kk × t` column tile for output positions `l0 .. l0 + t`,
+/// calling `f(tile_row, col_start, len, segment)` for every run of columns in one
+/// output row (`segment` is `None` when the input row is padding).
+#[inline]
+fn for_each_segment(
+    g: &Geo,
+    l0: usize,
+    t: usize,
+    mut f: impl FnMut(usize, usize, usize, Option<Segment>),
+) {
+    let [_, oh, ow] = g.os;
+    let [id, ih, iw] = g.is;
+    let [kd, kh, kw] = g.k;
+    let il = g.il();
+    let mut r = 0;
+    for ci in 0..g.c {
+        for a in 0..kd {
+            for b in 0..kh {
+                for e in 0..kw {
+                    let mut l = l0;
+                    let end = l0 + t;
+                    let mut j = 0;
+                    while l < end {
+                        let xw = l % ow;
+                        let rest = l / ow;
+                        let yh = rest % oh;
+                        let zd = rest / oh;
+                        let len = (ow - xw).min(end - l);
+                        let zi = (zd * g.s[0] + a * g.d[0]) as isize - g.p[0] as isize;
+                        let yi = (yh * g.s[1] + b * g.d[1]) as isize - g.p[1] as isize;
+                        if zi < 0 || zi >= id as isize || yi < 0 || yi >= ih as isize {
+                            f(r, j, len, None);
+                        } else {
+                            let base = ci * il + (zi as usize * ih + yi as usize) * iw;
+                            let koff = e * g.d[2];
+                            let range = valid_range(xw, len, g.s[2], koff, g.p[2], iw);
+                            let seg = Segment {
+                                start: base + xw * g.s[2] + koff,
+                                lo: range.0,
+                                hi: range.1,
+                                s: g.s[2],
+                            };
+                            f(r, j, len, Some(seg));
+                        }
+                        l += len;
+                        j += len;
+                    }
+                    r += 1;
+                }
+            }
+        }
+    }
+}
+
+/// im2col of output positions `l0 .. l0 + t` of one (sample, group) input plane set
+/// `x` (`c × il`) into `cols` (`kk × t`).
+fn im2col<C: Real>(x: &[C], g: &Geo, l0: usize, t: usize, cols: &mut [C]) {
+    let p = g.p[2];
+    for_each_segment(g, l0, t, |r, j, len, seg| {
+        let dst = &mut cols[r * t + j..r * t + j + len];
+        let Some(Segment { start, lo, hi, s }) = seg else {
+            dst.fill(C::zero());
+            return;
+        };
+        dst[..lo].fill(C::zero());
+        dst[hi..].fill(C::zero());
+        if hi > lo {
+            let first = start + lo * s - p;
+            if s == 1 {
+                dst[lo..hi].copy_from_slice(&x[first..first + hi - lo]);
+            } else {
+                for (q, v) in dst[lo..hi].iter_mut().enumerate() {
+                    *v = x[first + q * s];
+                }
+            }
+        }
+    });
+}
+
+/// col2im: add a `kk × t` column tile back into the input planes `x` (`c × il`).
+fn col2im<C: Real>(cols: &[C], g: &Geo, l0: usize, t: usize, x: &mut [C]) {
+    let p = g.p[2];
+    for_each_segment(g, l0, t, |r, j, _len, seg| {
+        let Some(Segment { start, lo, hi, s }) = seg else {
+            return;
+        };
+        if hi > lo {
+            let src = &cols[r * t + j + lo..r * t + j + hi];
+            let first = start + lo * s - p;
+            if s == 1 {
+                for (d, &v) in x[first..first + hi - lo].iter_mut().zip(src) {
+                    *d = *d + v;
+                }
+            } else {
+                for (q, &v) in src.iter().enumerate() {
+                    x[first + q * s] = x[first + q * s] + v;
+                }
+            }
+        }
+    });
+}
+
+/// Runs `f(sample, out_chunk, scratch)` for every sample, in parallel over samples
+/// when [`per_sample`] says so.
+fn for_samples<C: Real>(
+    out: &mut [C],
+    per: usize,
+    n: usize,
+    scratch_len: usize,
+    f: impl Fn(usize, &mut [C], &mut Vec<C>, Parallelism) + Send + Sync,
+) {
+    if per == 0 {
+        return;
+    }
+    if per_sample(n) {
+        out.par_chunks_mut(per).enumerate().for_each_init(
+            || vec![C::zero(); scratch_len],
+            |scratch, (i, o)| f(i, o, scratch, Parallelism::None),
+        );
+    } else {
+        let mut scratch = vec![C::zero(); scratch_len];
+        for (i, o) in out.chunks_mut(per).enumerate() {
+            f(i, o, &mut scratch, Parallelism::Rayon(0));
+        }
+    }
+}
+
+fn forward<C: Real>(
+    g: &Geo,
+    input: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    dims: Vec<usize>,
+    dtype: DType,
+) -> Result<Tensor> {
+    let (il, ol, kk) = (g.il(), g.ol(), g.kk());
+    let per = g.groups * g.o * ol;
+    let mut out = amp_tensor::pool::recycled_vec::<C>(g.n * per);
+    let bias: Option<Vec<C>> = bias
+        .map(|b| with_compute::<C, _>(b, |s| s.to_vec()))
+        .transpose()?;
+    let t = g.tile::<C>();
+    let pointwise = g.pointwise();
+    with_compute::<C, _>(input, |x| {
+        with_compute::<C, _>(weight, |w| {
+            for_samples(
+                &mut out,
+                per,
+                g.n,
+                if pointwise { 0 } else { kk * t },
+                |i, y, cols, par| {
+                    let par = gemm_par(g.o * kk * ol, matches!(par, Parallelism::None));
+                    if let Some(b) = &bias {
+                        for (row, &bv) in y.chunks_mut(ol).zip(b) {
+                            row.fill(bv);
+                        }
+                    }
+                    for gi in 0..g.groups {
+                        let xg = &x[(i * g.groups + gi) * g.c * il..][..g.c * il];
+                        let wg: Mat<'_, C> = (&w[gi * g.o * kk..][..g.o * kk], kk, 1);
+                        let yg = &mut y[gi * g.o * ol..][..g.o * ol];
+                        let mut l0 = 0;
+                        while l0 < ol {
+                            let tt = t.min(ol - l0);
+                            let b: Mat<'_, C> = if pointwise {
+                                (&xg[l0..], il, 1)
+                            } else {
+                                im2col(xg, g, l0, tt, cols);
+                                (&cols[..kk * tt], tt, 1)
+                            };
+                            gemm_into(g.o, tt, kk, &mut yg[l0..], ol, bias.is_some(), wg, b, par);
+                            l0 += tt;
+                        }
+                    }
+                },
+            );
+        })
+    })??;
+    finish(out, dims, dtype)
+}
+
+fn backward_data<C: Real>(
+    g: &Geo,
+    grad: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    dims: Vec<usize>,
+    dtype: DType,
+) -> Result<Tensor> {
+    let (il, ol, kk) = (g.il(), g.ol(), g.kk());
+    let per = g.groups * g.c * il;
+    let mut out = vec![C::zero(); g.n * per];
+    let bias: Option<Vec<C>> = bias
+        .map(|b| with_compute::<C, _>(b, |s| s.to_vec()))
+        .transpose()?;
+    let t = g.tile::<C>();
+    let pointwise = g.pointwise();
+    with_compute::<C, _>(grad, |gy| {
+        with_compute::<C, _>(weight, |w| {
+            for_samples(
+                &mut out,
+                per,
+                g.n,
+                if pointwise { 0 } else { kk * t },
+                |i, x, cols, par| {
+                    let par = gemm_par(g.o * kk * ol, matches!(par, Parallelism::None));
+                    for gi in 0..g.groups {
+                        let gyg = &gy[(i * g.groups + gi) * g.o * ol..][..g.o * ol];
+                        // Wᵀ: kk × o, element (r, o) at o*kk + r.
+                        let wt: Mat<'_, C> = (&w[gi * g.o * kk..][..g.o * kk], 1, kk);
+                        let xg = &mut x[gi * g.c * il..][..g.c * il];
+                        let mut l0 = 0;
+                        while l0 < ol {
+                            let tt = t.min(ol - l0);
+                            let b: Mat<'_, C> = (&gyg[l0..], ol, 1);
+                            if pointwise {
+                                gemm_into(kk, tt, g.o, &mut xg[l0..], il, false, wt, b, par);
+                            } else {
+                                gemm_into(kk, tt, g.o, cols, tt, false, wt, b, par);
+                                col2im(&cols[..kk * tt], g, l0, tt, xg);
+                            }
+                            l0 += tt;
+                        }
+                    }
+                    if let Some(b) = &bias {
+                        for (row, &bv) in x.chunks_mut(il).zip(b) {
+                            row.iter_mut().for_each(|v| *v = *v + bv);
+                        }
+                    }
+                },
+            );
+        })
+    })??;
+    finish(out, dims, dtype)
+}
+
+fn weight_grad<C: Real>(
+    g: &Geo,
+    input: &Tensor,
+    grad: &Tensor,
+    dims: Vec<usize>,
+    dtype: DType,
+) -> Result<Tensor> {
+    let (il, ol, kk) = (g.il(), g.ol(), g.kk());
+    let wlen = g.groups * g.o * kk;
+    let t = g.tile::<C>();
+    let pointwise = g.pointwise();
+    let scratch_len = if pointwise { 0 } else { kk * t };
+    let acc = with_compute::<C, _>(input, |x| {
+        with_compute::<C, _>(grad, |gy| {
+            let one = |i: usize, acc: &mut [C], cols: &mut [C], par: Parallelism| {
+                for gi in 0..g.groups {
+                    let xg = &x[(i * g.groups + gi) * g.c * il..][..g.c * il];
+                    let gyg = &gy[(i * g.groups + gi) * g.o * ol..][..g.o * ol];
+                    let ag = &mut acc[gi * g.o * kk..][..g.o * kk];
+                    let mut l0 = 0;
+                    while l0 < ol {
+                        let tt = t.min(ol - l0);
+                        let a: Mat<'_, C> = (&gyg[l0..], ol, 1);
+                        // colsᵀ: tt × kk, element (l, r) at r*rs + l.
+                        let b: Mat<'_, C> = if pointwise {
+                            (&xg[l0..], 1, il)
+                        } else {
+                            im2col(xg, g, l0, tt, cols);
+                            (&cols[..kk * tt], 1, tt)
+                        };
+                        gemm_into(g.o, kk, tt, ag, kk, true, a, b, par);
+                        l0 += tt;
+                    }
+                }
+            };
+            if per_sample(g.n) {
+                (0..g.n)
+                    .into_par_iter()
+                    .fold(
+                        || (vec![C::zero(); wlen], vec![C::zero(); scratch_len]),
+                        |(mut acc, mut cols), i| {
+                            one(i, &mut acc, &mut cols, Parallelism::None);
+                            (acc, cols)
+                        },
+                    )
+                    .map(|(acc, _)| acc)
+                    .reduce(
+                        || vec![C::zero(); wlen],
+                        |mut a, b| {
+                            a.iter_mut().zip(&b).for_each(|(x, y)| *x = *x + *y);
+                            a
+                        },
+                    )
+            } else {
+                let mut acc = vec![C::zero(); wlen];
+                let mut cols = vec![C::zero(); scratch_len];
+                let par = gemm_par(g.o * kk * ol, false);
+                for i in 0..g.n {
+                    one(i, &mut acc, &mut cols, par);
+                }
+                acc
+            }
+        })
+    })??;
+    finish(acc, dims, dtype)
+}
