@@ -19,8 +19,8 @@
 //! # }
 //! ```
 
-mod extra;
 mod conv;
+mod extra;
 mod init;
 mod layers;
 mod loss;
@@ -28,12 +28,13 @@ mod module;
 mod pool;
 mod rnn;
 
+pub use conv::{
+    Conv1d, Conv2d, Conv3d, ConvOptions, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d,
+};
 pub use extra::{
     Bilinear, CTCLoss, CosineEmbeddingLoss, GroupNorm, HingeEmbeddingLoss, KLDivLoss,
     MarginRankingLoss, MultiLabelMarginLoss, MultiMarginLoss, PReLU, PoissonNLLLoss,
     SoftMarginLoss, TripletMarginLoss,
-pub use conv::{
-    Conv1d, Conv2d, Conv3d, ConvOptions, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d,
 };
 pub use init::{kaiming_normal, kaiming_uniform_default, uniform, xavier_uniform};
 pub use layers::{Dropout, LayerNorm, Linear, ReLU, Sequential, Sigmoid, Tanh, GELU};
