@@ -94,6 +94,16 @@ pub const METRICS: &[Metric] = &[
         run: || cast_gbps(DType::F16),
     },
     Metric {
+        name: "conv2d_f32_fwd_bwd_ms",
+        unit: "ms",
+        run: || conv2d_fwd_bwd_ms(false),
+    },
+    Metric {
+        name: "conv2d_autocast_bf16_fwd_bwd_ms",
+        unit: "ms",
+        run: || conv2d_fwd_bwd_ms(true),
+    },
+    Metric {
         name: "mlp_step_f32_ms",
         unit: "ms",
         run: || mlp_step_ms(false),
@@ -135,6 +145,12 @@ const TARGETS: &[Target] = &[
     // written by hand), and about nothing to an unlisted one
     Target::OverheadBelow("mm_8x8_autocast_us", "mm_8x8_manual_bf16_us", 0.5),
     Target::OverheadBelow("add_8x8_autocast_us", "add_8x8_us", 0.1),
+    Target::TimeVsTorch("conv2d_f32_fwd_bwd_ms", 1.5),
+    Target::TimeVsOurs(
+        "conv2d_autocast_bf16_fwd_bwd_ms",
+        "conv2d_f32_fwd_bwd_ms",
+        1.0,
+    ),
     Target::TimeVsTorch("mlp_step_f32_ms", 1.2),
     Target::TimeVsOurs("mlp_step_autocast_bf16_scaler_ms", "mlp_step_f32_ms", 1.3),
 ];
@@ -442,6 +458,41 @@ fn small_op_us(op: SmallOp, mode: Mode) -> f64 {
         Mode::Plain | Mode::ManualCasts => median_time(run, 7, 2),
     };
     t / k as f64 * 1e6
+}
+
+/// Milliseconds per forward + backward of `torch_baseline.py`'s convolution (Conv2d
+/// 64→64, 3×3, padding 1, input 32×64×32×32, backward of the sum): float32, or with the
+/// forward under cpu bfloat16 autocast and the sum of its float32 cast outside.
+fn conv2d_fwd_bwd_ms(amp_on: bool) -> f64 {
+    use amp::prelude::*;
+    let mut gen = Generator::new(0);
+    let conv = amp::nn::Conv2d::with_options(
+        amp::nn::ConvOptions::new(64, 64, &[3, 3]).padding(&[1, 1]),
+        &mut gen,
+    )
+    .expect("conv");
+    let x = Tensor::randn([32, 64, 32, 32], DType::F32, &mut gen).expect("randn");
+    let (n, warm) = if amp_on { (3, 1) } else { (5, 2) };
+    let t = median_time(
+        || {
+            conv.weight.set_grad(None).expect("zero_grad");
+            if let Some(b) = &conv.bias {
+                b.set_grad(None).expect("zero_grad");
+            }
+            let loss = if amp_on {
+                let y = autocast(DeviceType::Cpu, DType::BF16, || conv.forward(&x))
+                    .expect("autocast region")
+                    .expect("forward");
+                ops::sum_all(&y.to_dtype(DType::F32).expect("cast"))
+            } else {
+                ops::sum_all(&conv.forward(&x).expect("forward"))
+            };
+            loss.expect("sum").backward().expect("backward");
+        },
+        n,
+        warm,
+    );
+    t * 1e3
 }
 
 /// Milliseconds per training step of `torch_baseline.py`'s MLP (784-1024-1024-10, batch
