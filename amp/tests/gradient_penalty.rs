@@ -24,7 +24,7 @@ fn gradient_penalty_loop_matches_the_hand_derived_gradient() {
         let y = ops::add(&ops::mul(&w, &xs).unwrap(), &b).unwrap();
         let loss = ops::mse_loss(&y, &ts, Reduction::Mean).unwrap();
         let gp = grad(
-            &[loss.clone()],
+            std::slice::from_ref(&loss),
             &[w.clone(), b.clone()],
             &[None],
             GradOptions {
