@@ -1,9 +1,9 @@
 //! CUDA kernels (behind the `cuda` feature): the device sources ([`sources`]), their
 //! NVRTC compilation (once per process and module, cached), and the host-side
-//! launchers on [`CudaStorage`] buffers, plus matmul on cuBLAS.
+//! launchers on `amp_tensor::cuda::CudaStorage` buffers, plus matmul on cuBLAS.
 //!
 //! Every entry point checks the libraries it needs first (see `amp_tensor::cuda`) and
-//! returns [`Error::DeviceUnavailable`] when one is missing, so nothing panics on a
+//! returns [`amp_tensor::Error::DeviceUnavailable`] when one is missing, so nothing panics on a
 //! machine without a driver.
 
 pub mod sources;
