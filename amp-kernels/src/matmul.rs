@@ -2,8 +2,10 @@
 //! `addmm`, `addbmm`, `baddbmm`, `addmv`, `addr`, with PyTorch's shape rules and
 //! messages.
 //!
-//! float32 and float64 go straight to `gemm` with the operands' strides (a transposed
-//! or sliced operand is never copied). float16 and bfloat16 are widened to float32
+//! float32 and float64 go straight to a matrix-multiply kernel with the operands'
+//! strides (a transposed or sliced operand is never copied): `faer`'s for products of
+//! at least [`FAER_WORK`] multiply-adds (its x86 kernels use AVX-512 where the CPU has it,
+//! chosen at run time), the `gemm` crate's below (less set-up cost on tiny products). float16 and bfloat16 are widened to float32
 //! (vectorised, parallel), multiplied by the float32 kernel, which accumulates in
 //! float32, and rounded once at the end; so is the `beta * input` term of the fused
 //! ops. Integer tensors use a simple wrapping kernel (not a hot path).
@@ -29,6 +31,10 @@ use crate::compute::ensure_same_device;
 /// Products with fewer multiply-adds than this run on the calling thread: spawning
 /// rayon work costs more than a small product (an 8×8 `mm` stays well under 1 µs).
 const PARALLEL_WORK: usize = 32 * 32 * 32;
+
+/// Products with at least this many multiply-adds use `faer`'s kernel, smaller ones
+/// `gemm`'s.
+pub const FAER_WORK: usize = 64 * 64 * 64;
 
 /// In a batched product, matrices with at least this many multiply-adds are each
 /// multiplied by all threads; smaller ones are spread over the threads by batch.
@@ -908,7 +914,7 @@ fn widen<T: Element>(t: &Tensor, side: &Side, rows: usize, cols: usize) -> (Vec<
 }
 
 /// The float types `gemm` multiplies natively.
-trait GemmFloat: Element + num_traits::Float + Send + Sync {
+trait GemmFloat: Element + num_traits::Float + Send + Sync + faer::traits::RealField {
     fn from_f64c(v: f64) -> Self;
 }
 
@@ -996,6 +1002,25 @@ fn gemm_into<C: GemmFloat>(
     let dst = SendPtr(out.as_mut_ptr() as *mut C);
     let work = m * n * k;
     let one = |i: usize, d: *mut C, dst_factor: C, read_dst: bool, par: Parallelism| {
+        if work >= FAER_WORK {
+            // SAFETY: as below; faer reads the block only with `Accum::Add`, after it
+            // holds initialised values.
+            unsafe {
+                faer_product(
+                    m,
+                    n,
+                    k,
+                    (a, sa, i),
+                    (b, sb, i),
+                    d,
+                    dst_factor,
+                    read_dst,
+                    alpha,
+                    par,
+                )
+            };
+            return;
+        }
         // SAFETY: `d` points at an `m×n` row-major block of `out` (length checked
         // above); the operands' matrices lie inside `a` and `b` (checked above); gemm
         // writes every element of the block, and reads it only when `read_dst`.
@@ -1040,6 +1065,63 @@ fn gemm_into<C: GemmFloat>(
         (0..batch)
             .into_par_iter()
             .for_each(|i| one(i, dst.at(i * m * n), beta, read, Parallelism::None));
+    }
+}
+
+/// `d = dst_factor * d + alpha * A_i @ B_i` on faer's kernel (`d` only written when
+/// `read_dst` is false or `dst_factor` is 0, as PyTorch ignores the input when `beta`
+/// is 0).
+///
+/// # Safety
+/// `d` points at a writable row-major `m×n` block, initialised when `read_dst`; matrix
+/// `i` of each operand lies inside its buffer.
+#[allow(clippy::too_many_arguments)]
+unsafe fn faer_product<C: GemmFloat>(
+    m: usize,
+    n: usize,
+    k: usize,
+    (a, sa, ia): (&[C], &Side, usize),
+    (b, sb, ib): (&[C], &Side, usize),
+    d: *mut C,
+    dst_factor: C,
+    read_dst: bool,
+    alpha: C,
+    par: Parallelism,
+) {
+    use faer::{Accum, MatMut, MatRef, Par};
+    let accum = if read_dst && dst_factor != C::zero() {
+        if dst_factor != C::one() {
+            // SAFETY: the caller guarantees `m*n` initialised elements at `d`.
+            let block = unsafe { std::slice::from_raw_parts_mut(d, m * n) };
+            block.iter_mut().for_each(|v| *v = *v * dst_factor);
+        }
+        Accum::Add
+    } else {
+        Accum::Replace
+    };
+    let par = match par {
+        Parallelism::None => Par::Seq,
+        _ => Par::rayon(0),
+    };
+    // SAFETY: the caller guarantees the operands' matrices lie in `a` and `b` and that
+    // `d` is an `m×n` row-major block.
+    unsafe {
+        let lhs = MatRef::from_raw_parts(
+            a.as_ptr().add(sa.offsets[ia]),
+            m,
+            k,
+            sa.rs as isize,
+            sa.cs as isize,
+        );
+        let rhs = MatRef::from_raw_parts(
+            b.as_ptr().add(sb.offsets[ib]),
+            k,
+            n,
+            sb.rs as isize,
+            sb.cs as isize,
+        );
+        let dst = MatMut::from_raw_parts_mut(d, m, n, n as isize, 1);
+        faer::linalg::matmul::matmul(dst, accum, lhs, rhs, alpha, par);
     }
 }
 

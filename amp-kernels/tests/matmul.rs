@@ -637,3 +637,65 @@ fn concurrent_half_products_share_nothing() {
         }
     });
 }
+
+/// Products of at least `FAER_WORK` multiply-adds take the other kernel: the same
+/// contract there (transposed and sliced operands, `beta`/`alpha`, `beta == 0` ignoring
+/// a NaN input, batched and batch-summed products).
+#[test]
+fn large_products_on_the_faer_path() {
+    assert!(70 * 80 * 90 >= amp_kernels::FAER_WORK && 64 * 70 * 60 >= amp_kernels::FAER_WORK);
+    for dtype in [DType::F32, DType::F64, DType::BF16] {
+        let m1 = randn(&[70, 90], dtype, 50);
+        let m2 = randn(&[80, 90], dtype, 51).t().unwrap();
+        let prod = ref_matmul(&m1, &m2);
+        assert_close(&mm(&m1, &m2).unwrap(), &prod, dtype, "mm transposed");
+        let sliced = randn(&[90, 160], dtype, 52)
+            .slice(1usize, 0, 160, 2)
+            .unwrap();
+        let r = ref_matmul(&m1, &sliced);
+        assert_close(&mm(&m1, &sliced).unwrap(), &r, dtype, "mm sliced");
+        let input = randn(&[80], dtype, 53);
+        let got = addmm(&input, &m1, &m2, 0.5, -1.5).unwrap();
+        assert_close(&got, &with_input(&prod, &input, 0.5, -1.5), dtype, "addmm");
+        let nan = Tensor::full([70, 80], f64::NAN, dtype);
+        let got = addmm(&nan, &m1, &m2, 0.0, 2.0).unwrap();
+        assert_close(
+            &got,
+            &with_input(&prod, &nan, 0.0, 2.0),
+            dtype,
+            "addmm beta=0",
+        );
+
+        let b1 = randn(&[2, 64, 60], dtype, 54);
+        let b2 = randn(&[2, 70, 60], dtype, 55)
+            .transpose(1usize, 2usize)
+            .unwrap();
+        let bprod = ref_matmul(&b1, &b2);
+        assert_close(&bmm(&b1, &b2).unwrap(), &bprod, dtype, "bmm");
+        let binput = randn(&[64, 70], dtype, 56);
+        let got = baddbmm(&binput, &b1, &b2, 0.25, 2.0).unwrap();
+        assert_close(
+            &got,
+            &with_input(&bprod, &binput, 0.25, 2.0),
+            dtype,
+            "baddbmm",
+        );
+        let (mn, half) = (64 * 70, bprod.val.len() / 2);
+        let summed = Ref {
+            dims: vec![64, 70],
+            val: (0..mn)
+                .map(|i| bprod.val[i] + bprod.val[half + i])
+                .collect(),
+            mag: (0..mn)
+                .map(|i| bprod.mag[i] + bprod.mag[half + i])
+                .collect(),
+        };
+        let got = addbmm(&binput, &b1, &b2, 0.25, 2.0).unwrap();
+        assert_close(
+            &got,
+            &with_input(&summed, &binput, 0.25, 2.0),
+            dtype,
+            "addbmm",
+        );
+    }
+}
