@@ -914,7 +914,9 @@ fn widen<T: Element>(t: &Tensor, side: &Side, rows: usize, cols: usize) -> (Vec<
 }
 
 /// The float types `gemm` multiplies natively.
-trait GemmFloat: Element + num_traits::Float + Send + Sync + faer::traits::RealField {
+trait GemmFloat:
+    Element + num_traits::Float + std::ops::MulAssign + Send + Sync + faer::traits::RealField
+{
     fn from_f64c(v: f64) -> Self;
 }
 
@@ -1093,7 +1095,7 @@ unsafe fn faer_product<C: GemmFloat>(
         if dst_factor != C::one() {
             // SAFETY: the caller guarantees `m*n` initialised elements at `d`.
             let block = unsafe { std::slice::from_raw_parts_mut(d, m * n) };
-            block.iter_mut().for_each(|v| *v = *v * dst_factor);
+            block.iter_mut().for_each(|v| *v *= dst_factor);
         }
         Accum::Add
     } else {

@@ -643,7 +643,7 @@ fn concurrent_half_products_share_nothing() {
 /// a NaN input, batched and batch-summed products).
 #[test]
 fn large_products_on_the_faer_path() {
-    assert!(70 * 80 * 90 >= amp_kernels::FAER_WORK && 64 * 70 * 60 >= amp_kernels::FAER_WORK);
+    const { assert!(70 * 80 * 90 >= amp_kernels::FAER_WORK && 64 * 70 * 60 >= amp_kernels::FAER_WORK) };
     for dtype in [DType::F32, DType::F64, DType::BF16] {
         let m1 = randn(&[70, 90], dtype, 50);
         let m2 = randn(&[80, 90], dtype, 51).t().unwrap();
