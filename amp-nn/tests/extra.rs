@@ -170,18 +170,26 @@ fn loss_modules_call_their_ops_with_pytorch_defaults() {
         ops::multilabel_margin_loss(&x, &ml, Reduction::Mean).unwrap(),
     );
     same(
-        CosineEmbeddingLoss::default().forward(&x, &y, &sign).unwrap(),
+        CosineEmbeddingLoss::default()
+            .forward(&x, &y, &sign)
+            .unwrap(),
         ops::cosine_embedding_loss(&x, &y, &sign, 0.0, Reduction::Mean).unwrap(),
     );
     same(
         TripletMarginLoss::default().forward(&x, &y, &lp).unwrap(),
         ops::triplet_margin_loss(&x, &y, &lp, 1.0, 2.0, 1e-6, false, Reduction::Mean).unwrap(),
     );
-    let logp = ops::log_softmax(&Tensor::randn([5, 2, 3], DType::F64, &mut g).unwrap(), 2, None)
-        .unwrap();
+    let logp = ops::log_softmax(
+        &Tensor::randn([5, 2, 3], DType::F64, &mut g).unwrap(),
+        2,
+        None,
+    )
+    .unwrap();
     let tg = Tensor::from_vec(vec![1i64, 2, 2, 1], [2, 2]).unwrap();
     same(
-        CTCLoss::default().forward(&logp, &tg, &[5, 4], &[2, 2]).unwrap(),
+        CTCLoss::default()
+            .forward(&logp, &tg, &[5, 4], &[2, 2])
+            .unwrap(),
         ops::ctc_loss(&logp, &tg, &[5, 4], &[2, 2], 0, Reduction::Mean, false).unwrap(),
     );
 }

@@ -475,7 +475,10 @@ mod tests {
             ("RNNCell", "torch.rnn_relu_cell"),
             ("GRUCell", "torch.gru_cell"),
             ("LSTMCell", "torch.lstm_cell"),
-            ("multilabel_margin_loss", "torch.nn.functional.multilabel_margin_loss"),
+            (
+                "multilabel_margin_loss",
+                "torch.nn.functional.multilabel_margin_loss",
+            ),
             (
                 "multilabel_margin_loss_forward",
                 "torch.nn.functional.multilabel_margin_loss",
@@ -561,7 +564,10 @@ mod tests {
 
         let a = t(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
         let b = t(&[1.0, 0.0, 0.0, 1.0, 1.0, 1.0], &[3, 2]);
-        let pairs = Arg::List(vec![Arg::List(vec![Arg::Int(1)]), Arg::List(vec![Arg::Int(0)])]);
+        let pairs = Arg::List(vec![
+            Arg::List(vec![Arg::Int(1)]),
+            Arg::List(vec![Arg::Int(0)]),
+        ]);
         let y1 = values(run(
             "torch.tensordot",
             "tensordot",
