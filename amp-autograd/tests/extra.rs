@@ -1029,3 +1029,113 @@ fn cross_index_put_tensordot_match_references() {
     );
     check_grads(&|v| ops::tensordot(&v[0], &v[1], &pairs), &[a, b], true, 94);
 }
+
+/// Every op in every float dtype: the output keeps the input dtype (the losses and
+/// distances computed in float32 for 16-bit inputs, rounded once) and agrees with the
+/// float64 result to the dtype's precision; gradients come back in the input dtype.
+#[test]
+fn every_float_dtype() {
+    type Op = Box<dyn Fn(&[Tensor]) -> Result<Tensor>>;
+    let mut g = Generator::new(100);
+    let a = randn(&[3, 4], &mut g);
+    let b = randn(&[3, 4], &mut g);
+    let p = probs(3, 4, 101);
+    let sign = Tensor::from_vec(vec![1.0f64, -1.0, 1.0], [3]).unwrap();
+    let cls = Tensor::from_vec(vec![1i64, 0, 3], [3]).unwrap();
+    let cases: Vec<(&str, Vec<Tensor>, Op)> = vec![
+        (
+            "kl_div",
+            vec![a.clone(), p.clone()],
+            Box::new(|v| ops::kl_div(&v[0], &v[1], KlDivReduction::BatchMean, false)),
+        ),
+        (
+            "soft_margin",
+            vec![a.clone(), ops::sign(&b).unwrap()],
+            Box::new(|v| ops::soft_margin_loss(&v[0], &v[1], Reduction::Mean)),
+        ),
+        (
+            "multi_margin",
+            vec![a.clone()],
+            Box::new(move |v| ops::multi_margin_loss(&v[0], &cls, 2, 1.0, None, Reduction::Mean)),
+        ),
+        (
+            "cosine_embedding",
+            vec![a.clone(), b.clone()],
+            Box::new(move |v| {
+                ops::cosine_embedding_loss(
+                    &v[0],
+                    &v[1],
+                    &sign.to_dtype(v[0].dtype())?,
+                    0.0,
+                    Reduction::Mean,
+                )
+            }),
+        ),
+        (
+            "cdist",
+            vec![a.clone(), b.clone()],
+            Box::new(|v| ops::cdist(&v[0], &v[1], 2.0, CdistMode::Direct)),
+        ),
+        (
+            "pdist",
+            vec![a.clone()],
+            Box::new(|v| ops::pdist(&v[0], 2.0)),
+        ),
+        (
+            "cosine_similarity",
+            vec![a.clone(), b.clone()],
+            Box::new(|v| ops::cosine_similarity(&v[0], &v[1], 1, 1e-8)),
+        ),
+        (
+            "renorm",
+            vec![a.clone()],
+            Box::new(|v| ops::renorm(&v[0], 2.0, 0, 1.0)),
+        ),
+        (
+            "group_norm",
+            vec![ops::reshape(&a, [1, 4, 3]).unwrap()],
+            Box::new(|v| ops::group_norm(&v[0], 2, None, None, 1e-5)),
+        ),
+        (
+            "prelu",
+            vec![a.clone(), Tensor::from_vec(vec![0.25f64], [1]).unwrap()],
+            Box::new(|v| ops::prelu(&v[0], &v[1])),
+        ),
+        (
+            "cross",
+            vec![
+                ops::narrow(&a, 1, 0, 3).unwrap(),
+                ops::narrow(&b, 1, 0, 3).unwrap(),
+            ],
+            Box::new(|v| ops::cross(&v[0], &v[1], 1)),
+        ),
+        (
+            "rnn_cell",
+            vec![
+                a.clone(),
+                ops::narrow(&b, 1, 0, 3).unwrap(),
+                randn(&[3, 4], &mut g),
+                randn(&[3, 3], &mut g),
+            ],
+            Box::new(|v| ops::rnn_tanh_cell(&v[0], &v[1], &v[2], &v[3], None, None)),
+        ),
+    ];
+    for (name, inputs, f) in &cases {
+        let want = vals(&f(inputs).unwrap());
+        for (dt, tol) in [(DType::F32, 1e-5), (DType::BF16, 4e-2), (DType::F16, 5e-3)] {
+            let xs: Vec<Tensor> = inputs
+                .iter()
+                .map(|t| {
+                    let c = t.detach().to_dtype(dt).unwrap();
+                    c.requires_grad_(true).unwrap();
+                    c
+                })
+                .collect();
+            let y = f(&xs).unwrap();
+            assert_eq!(y.dtype(), dt, "{name} {dt}");
+            close(&vals(&y), &want, tol, &format!("{name} {dt}"));
+            ops::sum_all(&y).unwrap().backward().unwrap();
+            assert_eq!(xs[0].grad().unwrap().dtype(), dt, "{name} {dt} grad");
+        }
+    }
+}

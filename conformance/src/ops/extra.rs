@@ -434,3 +434,162 @@ pub(super) fn register(t: &mut OpTable<BuiltinTensor>) {
         one(ops::tensordot(b.tensor("a")?, b.tensor("b")?, &dims))
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::table;
+    use super::*;
+    use crate::args::Kwargs;
+
+    fn t(v: &[f64], shape: &[usize]) -> A {
+        Arg::Tensor(Tensor::from_vec(v.to_vec(), shape.to_vec()).unwrap())
+    }
+
+    fn kw(entries: Vec<(&str, A)>) -> K {
+        Kwargs::new(
+            entries
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v))
+                .collect(),
+        )
+    }
+
+    fn run(call: &str, op: &str, args: &[A], kwargs: &K) -> R {
+        table()
+            .call(op, call, args, kwargs)
+            .expect("the call has an entry")
+    }
+
+    fn values(r: R) -> Vec<f64> {
+        match r.unwrap() {
+            Output::Tensor(t) => t.to_vec_f64(),
+            Output::Tensors(ts) => ts.iter().flat_map(|t| t.to_vec_f64()).collect(),
+        }
+    }
+
+    #[test]
+    fn every_area_op_and_aten_name_is_served() {
+        let table = table();
+        for (op, call) in [
+            ("RNNCell", "torch.rnn_tanh_cell"),
+            ("RNNCell", "torch.rnn_relu_cell"),
+            ("GRUCell", "torch.gru_cell"),
+            ("LSTMCell", "torch.lstm_cell"),
+            (
+                "multilabel_margin_loss",
+                "torch.nn.functional.multilabel_margin_loss",
+            ),
+            (
+                "multilabel_margin_loss_forward",
+                "torch.nn.functional.multilabel_margin_loss",
+            ),
+            ("ctc_loss", "torch.nn.functional.ctc_loss"),
+            ("cross", "torch.linalg.cross"),
+            ("tensordot", "torch.tensordot"),
+        ] {
+            assert!(table.supports(op, call), "{op} via {call}");
+        }
+    }
+
+    #[test]
+    fn loss_signatures_follow_python() {
+        let x = t(&[-1.0, -2.0], &[2]);
+        let p = t(&[0.5, 0.5], &[2]);
+        let e = run(
+            "torch.nn.functional.kl_div",
+            "kl_div",
+            &[x.clone(), p.clone()],
+            &kw(vec![("reduce", Arg::Bool(false))]),
+        )
+        .unwrap_err();
+        assert_eq!(e, "`reduce=false` is not supported");
+        // batchmean of a 1-D input divides by its first size.
+        let y = values(run(
+            "torch.nn.functional.kl_div",
+            "kl_div",
+            &[x.clone(), p.clone()],
+            &kw(vec![("reduction", Arg::Str("batchmean".into()))]),
+        ));
+        let want = (0.5 * (0.5f64.ln() + 1.0) + 0.5 * (0.5f64.ln() + 2.0)) / 2.0;
+        assert!((y[0] - want).abs() < 1e-12);
+        let e = run(
+            "torch.nn.functional.kl_div",
+            "kl_div",
+            &[x.clone(), p.clone()],
+            &kw(vec![("reduction", Arg::Str("avg".into()))]),
+        )
+        .unwrap_err();
+        assert!(e.contains("avg is not a valid value for reduction"), "{e}");
+        // margin is the third positional parameter of hinge_embedding_loss.
+        let s = t(&[1.0, -1.0], &[2]);
+        let y = values(run(
+            "torch.nn.functional.hinge_embedding_loss",
+            "hinge_embedding_loss",
+            &[x.clone(), s, Arg::Float(0.5)],
+            &kw(vec![("reduction", Arg::Str("none".into()))]),
+        ));
+        assert_eq!(y, [-1.0, 2.5]);
+    }
+
+    #[test]
+    fn cells_tensordot_and_cdist_arguments() {
+        let x = t(&[1.0, 2.0], &[1, 2]);
+        let h = t(&[0.5], &[1, 1]);
+        let e = run(
+            "torch.lstm_cell",
+            "LSTMCell",
+            &[
+                x.clone(),
+                Arg::List(vec![h.clone()]),
+                t(&[0.0; 8], &[4, 2]),
+                t(&[0.0; 4], &[4, 1]),
+            ],
+            &K::default(),
+        )
+        .unwrap_err();
+        assert!(e.contains("two hidden states"), "{e}");
+        let out = run(
+            "torch.lstm_cell",
+            "LSTMCell",
+            &[
+                x,
+                Arg::List(vec![h.clone(), h]),
+                t(&[0.0; 8], &[4, 2]),
+                t(&[0.0; 4], &[4, 1]),
+            ],
+            &K::default(),
+        )
+        .unwrap();
+        assert!(out.is_list());
+
+        let a = t(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
+        let b = t(&[1.0, 0.0, 0.0, 1.0, 1.0, 1.0], &[3, 2]);
+        let pairs = Arg::List(vec![
+            Arg::List(vec![Arg::Int(1)]),
+            Arg::List(vec![Arg::Int(0)]),
+        ]);
+        let y1 = values(run(
+            "torch.tensordot",
+            "tensordot",
+            &[a.clone(), b.clone()],
+            &kw(vec![("dims", Arg::Int(1))]),
+        ));
+        let y2 = values(run(
+            "torch.tensordot",
+            "tensordot",
+            &[a.clone(), b.clone()],
+            &kw(vec![("dims", pairs)]),
+        ));
+        assert_eq!(y1, [4.0, 5.0, 10.0, 11.0]);
+        assert_eq!(y1, y2);
+
+        let e = run(
+            "torch.cdist",
+            "cdist",
+            &[a.clone(), a],
+            &kw(vec![("compute_mode", Arg::Str("fast".into()))]),
+        )
+        .unwrap_err();
+        assert!(e.contains("not a valid value for compute_mode"), "{e}");
+    }
+}

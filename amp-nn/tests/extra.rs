@@ -1,0 +1,195 @@
+//! The recurrent cells, PReLU, Bilinear, GroupNorm and the new loss modules: parameter
+//! names and shapes as PyTorch's, default initialisation, and forward passes that agree
+//! with the functional ops.
+
+use amp_autograd::ops::{self, KlDivReduction};
+use amp_autograd::{Reduction, Tensor};
+use amp_nn::*;
+use amp_tensor::{DType, Generator};
+
+fn names(m: &dyn Module) -> Vec<String> {
+    m.named_parameters().into_iter().map(|(n, _)| n).collect()
+}
+
+fn within(t: &Tensor, bound: f64) -> bool {
+    t.to_vec_f64().iter().all(|v| v.abs() <= bound)
+}
+
+#[test]
+fn cells_have_pytorch_parameters_and_init() {
+    let mut g = Generator::new(0);
+    let rnn = RNNCell::new(4, 3, &mut g).unwrap();
+    let gru = GRUCell::new(4, 3, &mut g).unwrap();
+    let lstm = LSTMCell::new(4, 3, &mut g).unwrap();
+    let want = ["weight_ih", "weight_hh", "bias_ih", "bias_hh"];
+    for (m, gates) in [
+        (&rnn as &dyn Module, 1usize),
+        (&gru as &dyn Module, 3),
+        (&lstm as &dyn Module, 4),
+    ] {
+        assert_eq!(names(m), want);
+        let p = m.named_parameters();
+        assert_eq!(p[0].1.dims(), &[gates * 3, 4]);
+        assert_eq!(p[1].1.dims(), &[gates * 3, 3]);
+        assert_eq!(p[2].1.dims(), &[gates * 3]);
+        let k = 1.0 / 3f64.sqrt();
+        assert!(p.iter().all(|(_, t)| within(t, k) && t.requires_grad()));
+        assert!(p.iter().all(|(_, t)| t.dtype() == DType::F32));
+    }
+    let nb = GRUCell::with_bias(4, 3, false, &mut g).unwrap();
+    assert_eq!(names(&nb), ["weight_ih", "weight_hh"]);
+}
+
+#[test]
+fn cells_step_like_the_functional_ops() {
+    let mut g = Generator::new(1);
+    let x = Tensor::randn([2, 4], DType::F32, &mut g).unwrap();
+    let h = Tensor::randn([2, 3], DType::F32, &mut g).unwrap();
+    let lstm = LSTMCell::new(4, 3, &mut g).unwrap();
+    let p = &lstm.params;
+    let z = Tensor::zeros([2, 3], DType::F32);
+    let (h1, c1) = lstm.step(&x, None).unwrap();
+    let (h2, c2) = ops::lstm_cell(
+        &x,
+        (&z, &z),
+        &p.weight_ih,
+        &p.weight_hh,
+        p.bias_ih.as_ref(),
+        p.bias_hh.as_ref(),
+    )
+    .unwrap();
+    assert_eq!(h1.to_vec_f64(), h2.to_vec_f64());
+    assert_eq!(c1.to_vec_f64(), c2.to_vec_f64());
+    assert_eq!(lstm.forward(&x).unwrap().to_vec_f64(), h1.to_vec_f64());
+
+    let gru = GRUCell::new(4, 3, &mut g).unwrap();
+    let p = &gru.params;
+    let y = gru.step(&x, Some(&h)).unwrap();
+    let want = ops::gru_cell(
+        &x,
+        &h,
+        &p.weight_ih,
+        &p.weight_hh,
+        p.bias_ih.as_ref(),
+        p.bias_hh.as_ref(),
+    )
+    .unwrap();
+    assert_eq!(y.to_vec_f64(), want.to_vec_f64());
+
+    // Unbatched input gets an unbatched zero state; gradients reach the parameters.
+    let rnn = RNNCell::new(4, 3, &mut g).unwrap();
+    let y = rnn.forward(&x.select(0, 0).unwrap()).unwrap();
+    assert_eq!(y.dims(), &[3]);
+    ops::sum_all(&y).unwrap().backward().unwrap();
+    assert!(rnn.parameters().iter().all(|p| p.grad().is_some()));
+}
+
+#[test]
+fn prelu_bilinear_group_norm_modules() {
+    let mut g = Generator::new(2);
+    let pr = PReLU::default();
+    assert_eq!(names(&pr), ["weight"]);
+    assert_eq!(pr.weight.to_vec_f64(), [0.25]);
+    let x = Tensor::from_vec(vec![-2.0f32, 3.0], [2]).unwrap();
+    assert_eq!(pr.forward(&x).unwrap().to_vec_f64(), [-0.5, 3.0]);
+    let per_channel = PReLU::new(3, 0.25).unwrap();
+    assert_eq!(per_channel.weight.dims(), &[3]);
+
+    let bl = Bilinear::new(3, 4, 5, &mut g).unwrap();
+    assert_eq!(names(&bl), ["weight", "bias"]);
+    assert_eq!(bl.weight.dims(), &[5, 3, 4]);
+    assert!(within(&bl.weight, 1.0 / 3f64.sqrt()));
+    let (x1, x2) = (
+        Tensor::randn([2, 3], DType::F32, &mut g).unwrap(),
+        Tensor::randn([2, 4], DType::F32, &mut g).unwrap(),
+    );
+    assert_eq!(bl.forward2(&x1, &x2).unwrap().dims(), &[2, 5]);
+    assert!(bl.forward(&x1).is_err());
+
+    let gn = GroupNorm::new(2, 4).unwrap();
+    assert_eq!(names(&gn), ["weight", "bias"]);
+    assert_eq!(gn.weight.as_ref().unwrap().to_vec_f64(), [1.0; 4]);
+    assert_eq!(gn.bias.as_ref().unwrap().to_vec_f64(), [0.0; 4]);
+    let x = Tensor::randn([2, 4, 3], DType::F32, &mut g).unwrap();
+    let y = gn.forward(&x).unwrap();
+    // Each group of 2 channels x 3 positions has mean 0 and variance ~1.
+    let v = y.to_vec_f64();
+    for grp in v.chunks(6) {
+        let m: f64 = grp.iter().sum::<f64>() / 6.0;
+        let var: f64 = grp.iter().map(|a| (a - m).powi(2)).sum::<f64>() / 6.0;
+        assert!(m.abs() < 1e-5 && (var - 1.0).abs() < 1e-3, "{m} {var}");
+    }
+    assert!(GroupNorm::new(3, 4).is_err());
+}
+
+#[test]
+fn loss_modules_call_their_ops_with_pytorch_defaults() {
+    let mut g = Generator::new(3);
+    let x = Tensor::randn([3, 4], DType::F64, &mut g).unwrap();
+    let y = Tensor::randn([3, 4], DType::F64, &mut g).unwrap();
+    let sign = Tensor::from_vec(vec![1.0f64, -1.0, 1.0], [3]).unwrap();
+    let pm = ops::sign(&y).unwrap();
+    let same = |a: Tensor, b: Tensor| assert_eq!(a.to_vec_f64(), b.to_vec_f64());
+
+    let lp = ops::log_softmax(&x, 1, None).unwrap();
+    let p = ops::softmax(&y, 1, None).unwrap();
+    let kl = KLDivLoss {
+        reduction: KlDivReduction::BatchMean,
+        ..Default::default()
+    };
+    same(
+        kl.forward(&lp, &p).unwrap(),
+        ops::kl_div(&lp, &p, KlDivReduction::BatchMean, false).unwrap(),
+    );
+    let counts = ops::abs(&y).unwrap();
+    same(
+        PoissonNLLLoss::default().forward(&x, &counts).unwrap(),
+        ops::poisson_nll_loss(&x, &counts, true, false, 1e-8, Reduction::Mean).unwrap(),
+    );
+    same(
+        HingeEmbeddingLoss::default().forward(&x, &pm).unwrap(),
+        ops::hinge_embedding_loss(&x, &pm, 1.0, Reduction::Mean).unwrap(),
+    );
+    same(
+        SoftMarginLoss::default().forward(&x, &pm).unwrap(),
+        ops::soft_margin_loss(&x, &pm, Reduction::Mean).unwrap(),
+    );
+    let (a, b) = (x.select(1, 0).unwrap(), y.select(1, 0).unwrap());
+    same(
+        MarginRankingLoss::default().forward(&a, &b, &sign).unwrap(),
+        ops::margin_ranking_loss(&a, &b, &sign, 0.0, Reduction::Mean).unwrap(),
+    );
+    let cls = Tensor::from_vec(vec![0i64, 3, 2], [3]).unwrap();
+    same(
+        MultiMarginLoss::default().forward(&x, &cls).unwrap(),
+        ops::multi_margin_loss(&x, &cls, 1, 1.0, None, Reduction::Mean).unwrap(),
+    );
+    let ml = Tensor::from_vec(vec![0i64, -1, 0, 0, 1, 2, -1, 0, 3, 2, 1, 0], [3, 4]).unwrap();
+    same(
+        MultiLabelMarginLoss::default().forward(&x, &ml).unwrap(),
+        ops::multilabel_margin_loss(&x, &ml, Reduction::Mean).unwrap(),
+    );
+    same(
+        CosineEmbeddingLoss::default()
+            .forward(&x, &y, &sign)
+            .unwrap(),
+        ops::cosine_embedding_loss(&x, &y, &sign, 0.0, Reduction::Mean).unwrap(),
+    );
+    same(
+        TripletMarginLoss::default().forward(&x, &y, &lp).unwrap(),
+        ops::triplet_margin_loss(&x, &y, &lp, 1.0, 2.0, 1e-6, false, Reduction::Mean).unwrap(),
+    );
+    let logp = ops::log_softmax(
+        &Tensor::randn([5, 2, 3], DType::F64, &mut g).unwrap(),
+        2,
+        None,
+    )
+    .unwrap();
+    let tg = Tensor::from_vec(vec![1i64, 2, 2, 1], [2, 2]).unwrap();
+    same(
+        CTCLoss::default()
+            .forward(&logp, &tg, &[5, 4], &[2, 2])
+            .unwrap(),
+        ops::ctc_loss(&logp, &tg, &[5, 4], &[2, 2], 0, Reduction::Mean, false).unwrap(),
+    );
+}
