@@ -186,6 +186,9 @@ fn deliver_leaf(sink: &mut Sink<'_>, leaf: &Tensor, g: Tensor, create_graph: boo
             // same tensor for both), and `.grad` is modified in place (unscale_, step).
             let g = if create_graph {
                 g
+            } else if Arc::strong_count(&g.0) == 1 && g.data().is_exclusive() {
+                // Nothing else holds this gradient or its buffer: take it over.
+                Tensor::from_raw(g.data().clone())
             } else {
                 Tensor::from_raw(g.data().copy())
             };

@@ -715,7 +715,7 @@ fn native<C: GemmFloat>(p: &Plan<'_>) -> Result<Tensor> {
     let len = out_len(p);
     let init = gathered_input::<C, C>(p);
     let read = init.is_some();
-    let mut out = init.unwrap_or_else(|| Vec::with_capacity(len));
+    let mut out = init.unwrap_or_else(|| amp_tensor::pool::vec_with_capacity(len));
     {
         let ga = p.a.storage();
         let gb = (!p.a.same_storage(p.b)).then(|| p.b.storage());

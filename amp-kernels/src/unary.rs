@@ -687,7 +687,7 @@ pub(crate) mod ewise {
     /// A vector of `n` outputs written by `task(chunk, first_index)`, over rayon in
     /// large chunks when `n` is large, else on the calling thread.
     fn run_tasks<O: Element>(n: usize, task: impl Fn(&mut [O], usize) + Sync) -> Vec<O> {
-        let mut out = vec![O::default(); n];
+        let mut out = amp_tensor::pool::recycled_vec::<O>(n);
         if n >= PARALLEL_MIN {
             let threads = rayon::current_num_threads().max(1);
             let per = n

@@ -155,6 +155,9 @@ pub fn gather_cast<T: Element, U: Element>(src: &[T], layout: &Layout) -> Vec<U>
     if let Some(r) = layout.contiguous_range() {
         return cast_slice(&src[r]);
     }
+    if let Some(out) = gather_transposed(src, layout) {
+        return out;
+    }
     let mut out = crate::pool::take::<U>(layout.elem_count()).unwrap_or_default();
     out.clear();
     out.reserve_exact(layout.elem_count());
@@ -166,6 +169,60 @@ pub fn gather_cast<T: Element, U: Element>(src: &[T], layout: &Layout) -> Vec<U>
         }
     });
     out
+}
+
+/// Side of the square tiles [`gather_transposed`] copies through.
+const TILE: usize = 32;
+
+/// Gather of a layout whose last two dimensions read as a transposed matrix (stride 1
+/// on the second-to-last, a long stride on the last, as `w.t()` or a gradient computed
+/// as `(gᵀ @ x)ᵀ`): copied tile by tile so both sides stay in cache, over rayon when
+/// large. `None` for other layouts (the run-by-run gather handles them).
+fn gather_transposed<T: Element, U: Element>(src: &[T], layout: &Layout) -> Option<Vec<U>> {
+    let rank = layout.rank();
+    if rank < 2 {
+        return None;
+    }
+    let (dims, strides) = (layout.dims(), layout.strides());
+    let (r, c, sc) = (dims[rank - 2], dims[rank - 1], strides[rank - 1]);
+    if strides[rank - 2] != 1 || sc < TILE || r < TILE || c < TILE {
+        return None;
+    }
+    let outer = Layout::new(
+        dims[..rank - 2].to_vec(),
+        strides[..rank - 2].to_vec(),
+        layout.offset(),
+    );
+    let bases: Vec<usize> = outer.offsets().collect();
+    let mut out = crate::pool::recycled_vec::<U>(layout.elem_count());
+    // Rows `i0..i0 + TILE` of one matrix (out[i][j] = src[base + i + j * sc]): each
+    // column reads a short contiguous stretch; the rows written stay in cache.
+    let block = |rows: &mut [U], base: usize, i0: usize| {
+        let nr = rows.len() / c;
+        for j in 0..c {
+            let col = &src[base + i0 + j * sc..][..nr];
+            for (i, v) in col.iter().enumerate() {
+                rows[i * c + j] = v.cast::<U>();
+            }
+        }
+    };
+    let per_block = TILE * c;
+    if out.len() >= PARALLEL_THRESHOLD {
+        out.par_chunks_mut(r * c)
+            .zip(bases.par_iter())
+            .for_each(|(mat, &base)| {
+                mat.par_chunks_mut(per_block)
+                    .enumerate()
+                    .for_each(|(b, rows)| block(rows, base, b * TILE));
+            });
+    } else {
+        for (mat, &base) in out.chunks_mut(r * c).zip(&bases) {
+            for (b, rows) in mat.chunks_mut(per_block).enumerate() {
+                block(rows, base, b * TILE);
+            }
+        }
+    }
+    Some(out)
 }
 
 /// Copy (with a cast) from a gathered source into the places `dst_layout` selects.
@@ -265,5 +322,33 @@ mod tests {
         }
         let back: Vec<f32> = cast_slice(&a);
         assert_eq!(back[77], a[77].to_f32());
+    }
+
+    /// The tiled gather of transposed matrices equals the element-by-element one, for
+    /// batched, odd-sized, offset, small (sequential) and large (parallel) layouts.
+    #[test]
+    fn transposed_gather_equals_offsets_walk() {
+        let check = |dims: &[usize], strides: &[usize], offset: usize| {
+            let layout = Layout::new(dims.to_vec(), strides.to_vec(), offset);
+            let end = offset
+                + dims
+                    .iter()
+                    .zip(strides)
+                    .map(|(d, s)| (d - 1) * s)
+                    .sum::<usize>();
+            let src: Vec<f32> = (0..=end).map(|i| i as f32 * 0.5 - 7.0).collect();
+            let want: Vec<bf16> = layout.offsets().map(|o| bf16::from_f32(src[o])).collect();
+            assert!(
+                gather_transposed::<f32, bf16>(&src, &layout).is_some(),
+                "{dims:?}"
+            );
+            assert_eq!(gather_cast::<f32, bf16>(&src, &layout), want, "{dims:?}");
+        };
+        check(&[33, 70], &[1, 33], 0);
+        check(&[40, 45], &[1, 50], 3);
+        check(&[3, 37, 41], &[37 * 41, 1, 37], 0);
+        check(&[2, 3, 33, 35], &[3 * 33 * 35, 33 * 35, 1, 33], 1);
+        check(&[700, 800], &[1, 700], 0);
+        check(&[2, 520, 530], &[520 * 530, 1, 520], 0);
     }
 }

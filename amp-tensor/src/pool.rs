@@ -94,6 +94,19 @@ fn bytes_of(buf: &CpuStorage) -> usize {
     cap * buf.dtype().size_in_bytes()
 }
 
+/// An empty vector with room for at least `n` elements: a cached buffer when one fits,
+/// else a fresh allocation. For kernels that write their output through the spare
+/// capacity (`Vec::spare_capacity_mut`) and then `set_len`.
+pub fn vec_with_capacity<T: Element>(n: usize) -> Vec<T> {
+    match take::<T>(n) {
+        Some(mut v) => {
+            v.clear();
+            v
+        }
+        None => Vec::with_capacity(n),
+    }
+}
+
 /// A vector of `n` elements for an output its caller writes in full: a cached buffer when
 /// one fits (its elements then hold old, valid values), else a fresh one (zeros).
 ///

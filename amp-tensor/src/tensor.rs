@@ -243,6 +243,17 @@ impl Tensor {
     pub fn same_storage(&self, other: &Tensor) -> bool {
         Arc::ptr_eq(&self.0.storage, &other.0.storage)
     }
+    /// `true` when nothing else refers to this tensor or its storage and it covers the
+    /// whole storage contiguously: taking it over is then as good as a fresh copy.
+    pub fn is_exclusive(&self) -> bool {
+        Arc::strong_count(&self.0) == 1
+            && Arc::weak_count(&self.0) == 0
+            && Arc::strong_count(&self.0.storage) == 1
+            && Arc::weak_count(&self.0.storage) == 0
+            && self.0.layout.offset() == 0
+            && self.0.layout.is_contiguous()
+            && self.storage().len() == self.0.layout.elem_count()
+    }
     /// An address identifying the storage buffer (for caches keyed by storage).
     pub fn storage_id(&self) -> usize {
         Arc::as_ptr(&self.0.storage) as *const () as usize

@@ -29,6 +29,44 @@ fn tr(x: &Tensor) -> Result<Tensor> {
     transpose(x, -2, -1)
 }
 
+/// `true` for a column-major matrix (strides `[1, rows]`, as `w.t()` of a contiguous
+/// `w`): PyTorch's test in `mm_mat1_backward` / `mm_mat2_backward`.
+fn column_major(t: &Tensor) -> bool {
+    let l = t.data().layout();
+    l.rank() == 2 && l.strides()[0] == 1 && l.strides()[1] == l.dims()[0]
+}
+
+/// `t * s`, or `t` itself when `s == 1` (PyTorch's `maybe_multiply`).
+fn maybe_mul(t: Tensor, s: f64) -> Result<Tensor> {
+    if s == 1.0 {
+        Ok(t)
+    } else {
+        mul_scalar(&t, s)
+    }
+}
+
+/// Gradient of `mat1 @ mat2` for `mat1`: `g @ mat2ᵀ`, computed as `(mat2 @ gᵀ)ᵀ` when
+/// mat1 is column-major so that the gradient has mat1's strides (PyTorch's
+/// `mm_mat1_backward`).
+fn mm_mat1_grad(g: &Tensor, mat1: &Tensor, mat2: &Tensor) -> Result<Tensor> {
+    if column_major(mat1) {
+        tr(&mm(mat2, &tr(g)?)?)
+    } else {
+        mm(g, &tr(mat2)?)
+    }
+}
+
+/// Gradient of `mat1 @ mat2` for `mat2`: `mat1ᵀ @ g`, computed as `(gᵀ @ mat1)ᵀ` when
+/// mat2 is column-major (`linear`'s `weight.t()`): the weight's gradient then comes out
+/// contiguous, with no transposing copy (PyTorch's `mm_mat2_backward`).
+fn mm_mat2_grad(g: &Tensor, mat1: &Tensor, mat2: &Tensor) -> Result<Tensor> {
+    if column_major(mat2) {
+        tr(&mm(&tr(g)?, mat1)?)
+    } else {
+        mm(&tr(mat1)?, g)
+    }
+}
+
 /// Matrix product of two 2-D tensors.
 pub fn mm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let [a, b] = enter(&MM, [a, b])?;
@@ -37,12 +75,12 @@ pub fn mm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     Ok(record(out, "MmBackward0", &[&a, &b], move |g| {
         Ok(vec![
             if sa.requires_grad() {
-                Some(mm(g, &tr(&sb)?)?)
+                Some(mm_mat1_grad(g, &sa, &sb)?)
             } else {
                 None
             },
             if sb.requires_grad() {
-                Some(mm(&tr(&sa)?, g)?)
+                Some(mm_mat2_grad(g, &sa, &sb)?)
             } else {
                 None
             },
@@ -146,17 +184,17 @@ pub fn addmm(input: &Tensor, m1: &Tensor, m2: &Tensor, beta: f64, alpha: f64) ->
         move |g| {
             Ok(vec![
                 if si.requires_grad() && beta != 0.0 {
-                    Some(sum_to(&mul_scalar(g, beta)?, si.dims())?)
+                    Some(sum_to(&maybe_mul(g.clone(), beta)?, si.dims())?)
                 } else {
                     None
                 },
                 if s1.requires_grad() {
-                    Some(mul_scalar(&mm(g, &tr(&s2)?)?, alpha)?)
+                    Some(maybe_mul(mm_mat1_grad(g, &s1, &s2)?, alpha)?)
                 } else {
                     None
                 },
                 if s2.requires_grad() {
-                    Some(mul_scalar(&mm(&tr(&s1)?, g)?, alpha)?)
+                    Some(maybe_mul(mm_mat2_grad(g, &s1, &s2)?, alpha)?)
                 } else {
                     None
                 },
