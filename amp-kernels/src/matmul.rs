@@ -809,7 +809,12 @@ fn scratch(len: usize) -> Vec<f32> {
     let mut v = SCRATCH
         .with(|s| {
             let mut s = s.borrow_mut();
-            let best = (0..s.len()).max_by_key(|&i| s[i].capacity())?;
+            // The smallest buffer that holds `len` (so the large ones stay for large
+            // requests and nothing regrows), else the largest (grown below).
+            let best = (0..s.len())
+                .filter(|&i| s[i].capacity() >= len)
+                .min_by_key(|&i| s[i].capacity())
+                .or_else(|| (0..s.len()).max_by_key(|&i| s[i].capacity()))?;
             Some(s.swap_remove(best))
         })
         .unwrap_or_default();

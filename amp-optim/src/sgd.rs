@@ -9,7 +9,7 @@ use serde_json::json;
 use crate::optimizer::{
     check_groups, group_indices, OptimizerStateDict, ParamGroup, StateValue, TensorData,
 };
-use crate::update::{computes_in_f64, read, update, Real};
+use crate::update::{axpy, computes_in_f64, read, update, Real};
 use crate::{Error, Optimizer, Result};
 
 /// SGD options (PyTorch's defaults: all zero / false).
@@ -93,6 +93,14 @@ fn sgd_update<F: Real>(
     lr: f64,
 ) -> Result<()> {
     let lr = F::of(lr);
+    let plain = !o.maximize && o.weight_decay == 0.0 && o.momentum == 0.0;
+    if plain && g.dtype() == F::DTYPE && g.is_contiguous() && !p.data().same_storage(g) {
+        // Plain SGD reads the gradient where it lies: no copy of it.
+        let st = g.storage();
+        let r = g.layout().contiguous_range().expect("contiguous");
+        let gv = &F::slice(st.cpu()).expect("dtype matches storage")[r];
+        return update::<F>(p.data(), |pv| axpy(pv, gv, -lr));
+    }
     let mut d = read::<F>(g);
     if o.maximize {
         d.iter_mut().for_each(|v| *v = -*v);
@@ -119,9 +127,7 @@ fn sgd_update<F: Real>(
             d = bv;
         }
     }
-    update::<F>(p.data(), |pv| {
-        pv.iter_mut().zip(&d).for_each(|(p, d)| *p += -lr * *d)
-    })
+    update::<F>(p.data(), |pv| axpy(pv, &d, -lr))
 }
 
 impl Optimizer for Sgd {

@@ -34,6 +34,21 @@ impl Real for f64 {
     }
 }
 
+/// `p += a * d` elementwise, over rayon in large chunks for large tensors (each element
+/// is computed the same way whatever the split).
+pub(crate) fn axpy<F: Real>(p: &mut [F], d: &[F], a: F) {
+    use rayon::prelude::*;
+    const CHUNK: usize = 1 << 16;
+    let body = |p: &mut [F], d: &[F]| p.iter_mut().zip(d).for_each(|(p, d)| *p += a * *d);
+    if p.len() >= 4 * CHUNK {
+        p.par_chunks_mut(CHUNK)
+            .zip(d.par_chunks(CHUNK))
+            .for_each(|(p, d)| body(p, d));
+    } else {
+        body(p, d);
+    }
+}
+
 /// Whether a parameter of `dtype` is updated in float64 (else float32).
 pub(crate) fn computes_in_f64(dtype: DType) -> bool {
     dtype == DType::F64

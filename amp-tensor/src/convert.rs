@@ -46,19 +46,33 @@ fn f32_to_bf16_loop(src: &[f32], dst: &mut [MaybeUninit<bf16>]) {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn f32_to_bf16_avx2(src: &[f32], dst: &mut [MaybeUninit<bf16>]) {
-    f32_to_bf16_loop(src, dst)
-}
-
-fn f32_to_bf16_chunk(src: &[f32], dst: &mut [MaybeUninit<bf16>]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2 (checked just above).
-        return unsafe { f32_to_bf16_avx2(src, dst) };
-    }
-    f32_to_bf16_loop(src, dst)
+/// `fn $name(src, dst)`: `$lp` compiled for AVX-512 (16 lanes) or AVX2 (8 lanes),
+/// whichever the CPU has (checked at run time), else as plain code.
+macro_rules! vectorised {
+    ($name:ident, $lp:ident, $S:ty, $D:ty) => {
+        fn $name(src: &[$S], dst: &mut [MaybeUninit<$D>]) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx512bw")]
+                unsafe fn avx512(src: &[$S], dst: &mut [MaybeUninit<$D>]) {
+                    $lp(src, dst)
+                }
+                #[target_feature(enable = "avx2")]
+                unsafe fn avx2(src: &[$S], dst: &mut [MaybeUninit<$D>]) {
+                    $lp(src, dst)
+                }
+                if std::arch::is_x86_feature_detected!("avx512bw") {
+                    // SAFETY: the CPU supports AVX-512 F and BW (checked just above).
+                    return unsafe { avx512(src, dst) };
+                }
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    // SAFETY: the CPU supports AVX2 (checked just above).
+                    return unsafe { avx2(src, dst) };
+                }
+            }
+            $lp(src, dst)
+        }
+    };
 }
 
 #[inline(always)]
@@ -68,20 +82,8 @@ fn bf16_to_f32_loop(src: &[bf16], dst: &mut [MaybeUninit<f32>]) {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn bf16_to_f32_avx2(src: &[bf16], dst: &mut [MaybeUninit<f32>]) {
-    bf16_to_f32_loop(src, dst)
-}
-
-fn bf16_to_f32_chunk(src: &[bf16], dst: &mut [MaybeUninit<f32>]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2 (checked just above).
-        return unsafe { bf16_to_f32_avx2(src, dst) };
-    }
-    bf16_to_f32_loop(src, dst)
-}
+vectorised!(f32_to_bf16_chunk, f32_to_bf16_loop, f32, bf16);
+vectorised!(bf16_to_f32_chunk, bf16_to_f32_loop, bf16, f32);
 
 fn uninit_as_init<U>(dst: &mut [MaybeUninit<U>]) -> &mut [U] {
     // The half conversion routines take `&mut [U]`; they only write. Zero-initialise
