@@ -19,7 +19,8 @@
 //! float16 and bfloat16 are widened to float32, computed with float32 accumulation
 //! and rounded once; float64 computes in float64.
 
-use amp_tensor::{DType, Error, Result, Tensor};
+use amp_tensor::half::{bf16, f16};
+use amp_tensor::{cast_into, DType, Element, Error, Result, Tensor};
 use gemm::Parallelism;
 use rayon::prelude::*;
 
@@ -75,6 +76,36 @@ impl ConvParams {
 }
 
 const OP: &str = "convolution";
+
+/// `$body` with `$T` the storage type of `dtype` and `$C` its compute type (float32 for
+/// the 16-bit types and float32, float64 for float64).
+macro_rules! by_dtype {
+    ($dtype:expr, $T:ident, $C:ident => $body:expr) => {
+        match $dtype {
+            DType::F16 => {
+                type $T = f16;
+                type $C = f32;
+                $body
+            }
+            DType::BF16 => {
+                type $T = bf16;
+                type $C = f32;
+                $body
+            }
+            DType::F32 => {
+                type $T = f32;
+                type $C = f32;
+                $body
+            }
+            DType::F64 => {
+                type $T = f64;
+                type $C = f64;
+                $body
+            }
+            dtype => Err(Error::UnsupportedDType { op: OP, dtype }),
+        }
+    };
+}
 
 fn err(msg: impl Into<String>) -> Error {
     Error::invalid(OP, msg)
@@ -324,10 +355,7 @@ pub fn conv(
     check_bias(bias, g.groups * g.o)?;
     let r = weight.rank() - 2;
     let dims = out_dims(&g, g.groups * g.o, &g.os, r);
-    dispatch(dtype, |c| match c {
-        Compute::F32 => forward::<f32>(&g, input, weight, bias, dims.clone(), dtype),
-        Compute::F64 => forward::<f64>(&g, input, weight, bias, dims.clone(), dtype),
-    })
+    by_dtype!(dtype, T, C => forward::<T, C>(&g, input, weight, bias, dims))
 }
 
 /// Transposed convolution of `input` `[N, C_in, spatial...]` with `weight`
@@ -375,10 +403,7 @@ pub fn conv_weight_grad(
         return Err(Error::shape_mismatch(OP, grad_output.dims(), &expect));
     }
     let dims = weight_dims.to_vec();
-    dispatch(dtype, |c| match c {
-        Compute::F32 => weight_grad::<f32>(&g, input, grad_output, dims.clone(), dtype),
-        Compute::F64 => weight_grad::<f64>(&g, input, grad_output, dims.clone(), dtype),
-    })
+    by_dtype!(dtype, T, C => weight_grad::<T, C>(&g, input, grad_output, dims, dtype))
 }
 
 /// The gradient of a convolution's bias: `grad_output` summed over every dim but the
@@ -420,24 +445,45 @@ fn input_grad_impl(
         return Err(Error::shape_mismatch(OP, grad.dims(), &expect));
     }
     let dims = input_dims.to_vec();
-    dispatch(dtype, |c| match c {
-        Compute::F32 => backward_data::<f32>(&g, grad, weight, bias, dims.clone(), dtype),
-        Compute::F64 => backward_data::<f64>(&g, grad, weight, bias, dims.clone(), dtype),
-    })
+    by_dtype!(dtype, T, C => backward_data::<T, C>(&g, grad, weight, bias, dims))
 }
 
 // ----- execution ------------------------------------------------------------------------
 
-enum Compute {
-    F32,
-    F64,
+/// Calls `f` with `t`'s elements as a contiguous slice of its own type `T`.
+fn with_storage<T: Element, R>(t: &Tensor, f: impl FnOnce(&[T]) -> R) -> Result<R> {
+    let t = t.contiguous();
+    let st = t.storage();
+    let all = T::slice(st.cpu()).ok_or(Error::UnsupportedDType {
+        op: OP,
+        dtype: t.dtype(),
+    })?;
+    let r = t.layout().contiguous_range().expect("contiguous");
+    Ok(f(&all[r]))
 }
 
-fn dispatch(dtype: DType, f: impl FnOnce(Compute) -> Result<Tensor>) -> Result<Tensor> {
-    match dtype {
-        DType::F16 | DType::BF16 | DType::F32 => f(Compute::F32),
-        DType::F64 => f(Compute::F64),
-        dtype => Err(Error::UnsupportedDType { op: OP, dtype }),
+/// `s` as a slice of `C` when `T` is `C` (the float32/float64 case: no conversion).
+fn same<T: Element, C: Element>(s: &[T]) -> Option<&[C]> {
+    // SAFETY: `DTYPE` is unique per element type, so equal dtypes mean T == C.
+    (T::DTYPE == C::DTYPE).then(|| unsafe { &*(s as *const [T] as *const [C]) })
+}
+
+/// As [`same`], mutably.
+fn same_mut<T: Element, C: Element>(s: &mut [T]) -> Option<&mut [C]> {
+    // SAFETY: as in `same`.
+    (T::DTYPE == C::DTYPE).then(|| unsafe { &mut *(s as *mut [T] as *mut [C]) })
+}
+
+/// `src` in compute type `C`: itself when `T` is `C`, else widened into `buf`
+/// (one sample's plane set at a time, so the copy stays in cache).
+fn widened<'a, T: Element, C: Element>(src: &'a [T], buf: &'a mut [C]) -> &'a [C] {
+    match same::<T, C>(src) {
+        Some(s) => s,
+        None => {
+            let buf = &mut buf[..src.len()];
+            cast_into(src, buf);
+            buf
+        }
     }
 }
 
@@ -521,30 +567,59 @@ fn gemm_into<C: Real>(
     assert!(a.0.len() >= need(a.1, a.2, m, k), "conv gemm: lhs");
     assert!(b.0.len() >= need(b.1, b.2, k, n), "conv gemm: rhs");
     // SAFETY: the asserts above keep every access of the three strided matrices inside
-    // their slices; `dst` is exclusively borrowed and `gemm` writes each of its m×n
-    // elements once (reading them only when `accumulate`).
+    // their slices; `dst` is exclusively borrowed and the product writes each of its m×n
+    // elements once (reading them only when `accumulate`). `C` is f32 or f64 (the only
+    // compute types), so the pointer casts below reinterpret a type as itself.
     unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            dst_rs as isize,
-            accumulate,
-            a.0.as_ptr(),
-            a.2 as isize,
-            a.1 as isize,
-            b.0.as_ptr(),
-            b.2 as isize,
-            b.1 as isize,
-            C::one(),
-            C::one(),
-            false,
-            false,
-            false,
-            par,
-        )
+        let d = dst.as_mut_ptr();
+        let (pa, pb) = (a.0.as_ptr(), b.0.as_ptr());
+        let shape = (m, n, k, dst_rs, accumulate, (a.1, a.2), (b.1, b.2), par);
+        if C::DTYPE == DType::F32 {
+            faer_gemm::<f32>(d.cast(), pa.cast(), pb.cast(), shape);
+        } else {
+            faer_gemm::<f64>(d.cast(), pa.cast(), pb.cast(), shape);
+        }
+    }
+}
+
+/// `(m, n, k, dst row stride, accumulate, lhs strides, rhs strides, parallelism)`.
+type GemmShape = (
+    usize,
+    usize,
+    usize,
+    usize,
+    bool,
+    (usize, usize),
+    (usize, usize),
+    Parallelism,
+);
+
+/// `faer`'s product (AVX-512 kernels where the CPU has them) on raw strided matrices.
+///
+/// # Safety
+/// The three matrices must lie in valid allocations; `d` exclusively borrowed.
+unsafe fn faer_gemm<F: faer::traits::RealField + Copy>(
+    d: *mut F,
+    a: *const F,
+    b: *const F,
+    (m, n, k, dst_rs, accumulate, (ars, acs), (brs, bcs), par): GemmShape,
+) {
+    use faer::{Accum, MatMut, MatRef, Par};
+    let par = match par {
+        Parallelism::None => Par::Seq,
+        _ => Par::rayon(0),
+    };
+    let accum = if accumulate {
+        Accum::Add
+    } else {
+        Accum::Replace
+    };
+    // SAFETY: as the caller guarantees.
+    unsafe {
+        let lhs = MatRef::from_raw_parts(a, m, k, ars as isize, acs as isize);
+        let rhs = MatRef::from_raw_parts(b, k, n, brs as isize, bcs as isize);
+        let dst = MatMut::from_raw_parts_mut(d, m, n, dst_rs as isize, 1);
+        faer::linalg::matmul::matmul(dst, accum, lhs, rhs, F::one_impl(), par);
     }
 }
 
@@ -689,12 +764,12 @@ fn col2im<C: Real>(cols: &[C], g: &Geo, l0: usize, t: usize, x: &mut [C]) {
 
 /// Runs `f(sample, out_chunk, scratch)` for every sample, in parallel over samples
 /// when [`per_sample`] says so.
-fn for_samples<C: Real>(
-    out: &mut [C],
+fn for_samples<T: Element, C: Real>(
+    out: &mut [T],
     per: usize,
     n: usize,
     scratch_len: usize,
-    f: impl Fn(usize, &mut [C], &mut Vec<C>, Parallelism) + Send + Sync,
+    f: impl Fn(usize, &mut [T], &mut Vec<C>, Parallelism) + Send + Sync,
 ) {
     if per == 0 {
         return;
@@ -712,31 +787,45 @@ fn for_samples<C: Real>(
     }
 }
 
-fn forward<C: Real>(
+/// Forward: per sample, im2col straight from the input's own dtype into `C` columns,
+/// `gemm` into a `C` output tile, rounded once into the `T` output (for float32 and
+/// float64 the output is written in place).
+fn forward<T: Element, C: Real>(
     g: &Geo,
     input: &Tensor,
     weight: &Tensor,
     bias: Option<&Tensor>,
     dims: Vec<usize>,
-    dtype: DType,
 ) -> Result<Tensor> {
     let (il, ol, kk) = (g.il(), g.ol(), g.kk());
     let per = g.groups * g.o * ol;
-    let mut out = amp_tensor::pool::recycled_vec::<C>(g.n * per);
+    let mut out = amp_tensor::pool::recycled_vec::<T>(g.n * per);
     let bias: Option<Vec<C>> = bias
         .map(|b| with_compute::<C, _>(b, |s| s.to_vec()))
         .transpose()?;
     let t = g.tile::<C>();
     let pointwise = g.pointwise();
-    with_compute::<C, _>(input, |x| {
+    let convert = T::DTYPE != C::DTYPE;
+    let cols_len = if pointwise { 0 } else { kk * t };
+    // Scratch per worker: the column tile, then (16-bit types) the C output of one
+    // sample and one group's input planes in C (widened once, in cache, then im2col
+    // copies as for float32).
+    let extra = if convert { per + g.c * il } else { 0 };
+    with_storage::<T, _>(input, |x| {
         with_compute::<C, _>(weight, |w| {
             for_samples(
                 &mut out,
                 per,
                 g.n,
-                if pointwise { 0 } else { kk * t },
-                |i, y, cols, par| {
+                cols_len + extra,
+                |i, y_t, scratch, par| {
                     let par = gemm_par(g.o * kk * ol, matches!(par, Parallelism::None));
+                    let (cols, rest) = scratch.split_at_mut(cols_len);
+                    let (ybuf, xbuf) = rest.split_at_mut(if convert { per } else { 0 });
+                    let y: &mut [C] = match same_mut::<T, C>(y_t) {
+                        Some(y) => y,
+                        None => ybuf,
+                    };
                     if let Some(b) = &bias {
                         for (row, &bv) in y.chunks_mut(ol).zip(b) {
                             row.fill(bv);
@@ -746,53 +835,71 @@ fn forward<C: Real>(
                         let xg = &x[(i * g.groups + gi) * g.c * il..][..g.c * il];
                         let wg: Mat<'_, C> = (&w[gi * g.o * kk..][..g.o * kk], kk, 1);
                         let yg = &mut y[gi * g.o * ol..][..g.o * ol];
+                        let xc: &[C] = widened(xg, &mut *xbuf);
                         let mut l0 = 0;
                         while l0 < ol {
                             let tt = t.min(ol - l0);
                             let b: Mat<'_, C> = if pointwise {
-                                (&xg[l0..], il, 1)
+                                (&xc[l0..], il, 1)
                             } else {
-                                im2col(xg, g, l0, tt, cols);
+                                im2col(xc, g, l0, tt, cols);
                                 (&cols[..kk * tt], tt, 1)
                             };
                             gemm_into(g.o, tt, kk, &mut yg[l0..], ol, bias.is_some(), wg, b, par);
                             l0 += tt;
                         }
                     }
+                    if convert {
+                        cast_into(&ybuf[..per], y_t);
+                    }
                 },
             );
         })
     })??;
-    finish(out, dims, dtype)
+    Tensor::from_vec(out, dims)
 }
 
-fn backward_data<C: Real>(
+/// Input gradient (transposed convolution): per sample, the output gradient widened
+/// to `C` in cache, `gemm` + col2im into a `C` tile, rounded once into the `T` result.
+fn backward_data<T: Element, C: Real>(
     g: &Geo,
     grad: &Tensor,
     weight: &Tensor,
     bias: Option<&Tensor>,
     dims: Vec<usize>,
-    dtype: DType,
 ) -> Result<Tensor> {
     let (il, ol, kk) = (g.il(), g.ol(), g.kk());
     let per = g.groups * g.c * il;
-    let mut out = vec![C::zero(); g.n * per];
+    let mut out = amp_tensor::pool::recycled_vec::<T>(g.n * per);
     let bias: Option<Vec<C>> = bias
         .map(|b| with_compute::<C, _>(b, |s| s.to_vec()))
         .transpose()?;
     let t = g.tile::<C>();
     let pointwise = g.pointwise();
-    with_compute::<C, _>(grad, |gy| {
+    let convert = T::DTYPE != C::DTYPE;
+    let cols_len = if pointwise { 0 } else { kk * t };
+    // Scratch per worker: the column tile, then (16-bit types) the C result of one
+    // sample and one group's output gradient in C.
+    let extra = if convert { per + g.o * ol } else { 0 };
+    with_storage::<T, _>(grad, |gy| {
         with_compute::<C, _>(weight, |w| {
             for_samples(
                 &mut out,
                 per,
                 g.n,
-                if pointwise { 0 } else { kk * t },
-                |i, x, cols, par| {
+                cols_len + extra,
+                |i, x_t, scratch, par| {
                     let par = gemm_par(g.o * kk * ol, matches!(par, Parallelism::None));
+                    let (cols, rest) = scratch.split_at_mut(cols_len);
+                    let (xbuf, gbuf) = rest.split_at_mut(if convert { per } else { 0 });
+                    let x: &mut [C] = match same_mut::<T, C>(x_t) {
+                        Some(x) => x,
+                        None => xbuf,
+                    };
+                    x.fill(C::zero());
                     for gi in 0..g.groups {
-                        let gyg = &gy[(i * g.groups + gi) * g.o * ol..][..g.o * ol];
+                        let gyt = &gy[(i * g.groups + gi) * g.o * ol..][..g.o * ol];
+                        let gyg = widened(gyt, &mut *gbuf);
                         // Wᵀ: kk × o, element (r, o) at o*kk + r.
                         let wt: Mat<'_, C> = (&w[gi * g.o * kk..][..g.o * kk], 1, kk);
                         let xg = &mut x[gi * g.c * il..][..g.c * il];
@@ -814,14 +921,19 @@ fn backward_data<C: Real>(
                             row.iter_mut().for_each(|v| *v = *v + bv);
                         }
                     }
+                    if convert {
+                        cast_into(&xbuf[..per], x_t);
+                    }
                 },
             );
         })
     })??;
-    finish(out, dims, dtype)
+    Tensor::from_vec(out, dims)
 }
 
-fn weight_grad<C: Real>(
+/// Weight gradient: per sample, im2col straight from the input's dtype and the output
+/// gradient widened in cache, accumulated in `C` and rounded once.
+fn weight_grad<T: Element, C: Real>(
     g: &Geo,
     input: &Tensor,
     grad: &Tensor,
@@ -832,13 +944,22 @@ fn weight_grad<C: Real>(
     let wlen = g.groups * g.o * kk;
     let t = g.tile::<C>();
     let pointwise = g.pointwise();
-    let scratch_len = if pointwise { 0 } else { kk * t };
-    let acc = with_compute::<C, _>(input, |x| {
-        with_compute::<C, _>(grad, |gy| {
-            let one = |i: usize, acc: &mut [C], cols: &mut [C], par: Parallelism| {
+    let convert = T::DTYPE != C::DTYPE;
+    let cols_len = if pointwise { 0 } else { kk * t };
+    // Scratch: the column tile, then (16-bit types) one group's output gradient and its
+    // input planes in C.
+    let extra = if convert { g.o * ol + g.c * il } else { 0 };
+    let scratch_len = cols_len + extra;
+    let acc = with_storage::<T, _>(input, |x| {
+        with_storage::<T, _>(grad, |gy| {
+            let one = |i: usize, acc: &mut [C], scratch: &mut [C], par: Parallelism| {
+                let (cols, rest) = scratch.split_at_mut(cols_len);
+                let (gbuf, xbuf) = rest.split_at_mut(if convert { g.o * ol } else { 0 });
                 for gi in 0..g.groups {
                     let xg = &x[(i * g.groups + gi) * g.c * il..][..g.c * il];
-                    let gyg = &gy[(i * g.groups + gi) * g.o * ol..][..g.o * ol];
+                    let gyt = &gy[(i * g.groups + gi) * g.o * ol..][..g.o * ol];
+                    let gyg = widened(gyt, &mut *gbuf);
+                    let xc: &[C] = widened(xg, &mut *xbuf);
                     let ag = &mut acc[gi * g.o * kk..][..g.o * kk];
                     let mut l0 = 0;
                     while l0 < ol {
@@ -846,9 +967,9 @@ fn weight_grad<C: Real>(
                         let a: Mat<'_, C> = (&gyg[l0..], ol, 1);
                         // colsᵀ: tt × kk, element (l, r) at r*rs + l.
                         let b: Mat<'_, C> = if pointwise {
-                            (&xg[l0..], 1, il)
+                            (&xc[l0..], 1, il)
                         } else {
-                            im2col(xg, g, l0, tt, cols);
+                            im2col(xc, g, l0, tt, cols);
                             (&cols[..kk * tt], 1, tt)
                         };
                         gemm_into(g.o, kk, tt, ag, kk, true, a, b, par);
