@@ -43,7 +43,11 @@ fn main() {
     };
     let mut gen = Generator::new(0);
     let n = 4096;
-    for (dtype, name) in [(DType::F16, "f16"), (DType::BF16, "bf16"), (DType::F32, "f32")] {
+    for (dtype, name) in [
+        (DType::F16, "f16"),
+        (DType::BF16, "bf16"),
+        (DType::F32, "f32"),
+    ] {
         let a = up(&Tensor::randn([n, n], DType::F32, &mut gen)
             .expect("randn")
             .to_dtype(dtype)
