@@ -19,7 +19,6 @@
 //! float16 and bfloat16 are widened to float32, computed with float32 accumulation
 //! and rounded once; float64 computes in float64.
 
-use amp_tensor::half::{bf16, f16};
 use amp_tensor::{cast_into, DType, Element, Error, Result, Tensor};
 use gemm::Parallelism;
 use rayon::prelude::*;
@@ -76,36 +75,6 @@ impl ConvParams {
 }
 
 const OP: &str = "convolution";
-
-/// `$body` with `$T` the storage type of `dtype` and `$C` its compute type (float32 for
-/// the 16-bit types and float32, float64 for float64).
-macro_rules! by_dtype {
-    ($dtype:expr, $T:ident, $C:ident => $body:expr) => {
-        match $dtype {
-            DType::F16 => {
-                type $T = f16;
-                type $C = f32;
-                $body
-            }
-            DType::BF16 => {
-                type $T = bf16;
-                type $C = f32;
-                $body
-            }
-            DType::F32 => {
-                type $T = f32;
-                type $C = f32;
-                $body
-            }
-            DType::F64 => {
-                type $T = f64;
-                type $C = f64;
-                $body
-            }
-            dtype => Err(Error::UnsupportedDType { op: OP, dtype }),
-        }
-    };
-}
 
 fn err(msg: impl Into<String>) -> Error {
     Error::invalid(OP, msg)
@@ -355,7 +324,9 @@ pub fn conv(
     check_bias(bias, g.groups * g.o)?;
     let r = weight.rank() - 2;
     let dims = out_dims(&g, g.groups * g.o, &g.os, r);
-    by_dtype!(dtype, T, C => forward::<T, C>(&g, input, weight, bias, dims))
+    crate::float_kernel!(dtype, OP, |T, C| forward::<T, C>(
+        &g, input, weight, bias, dims
+    ))
 }
 
 /// Transposed convolution of `input` `[N, C_in, spatial...]` with `weight`
@@ -403,7 +374,13 @@ pub fn conv_weight_grad(
         return Err(Error::shape_mismatch(OP, grad_output.dims(), &expect));
     }
     let dims = weight_dims.to_vec();
-    by_dtype!(dtype, T, C => weight_grad::<T, C>(&g, input, grad_output, dims, dtype))
+    crate::float_kernel!(dtype, OP, |T, C| weight_grad::<T, C>(
+        &g,
+        input,
+        grad_output,
+        dims,
+        dtype
+    ))
 }
 
 /// The gradient of a convolution's bias: `grad_output` summed over every dim but the
@@ -445,7 +422,9 @@ fn input_grad_impl(
         return Err(Error::shape_mismatch(OP, grad.dims(), &expect));
     }
     let dims = input_dims.to_vec();
-    by_dtype!(dtype, T, C => backward_data::<T, C>(&g, grad, weight, bias, dims))
+    crate::float_kernel!(dtype, OP, |T, C| backward_data::<T, C>(
+        &g, grad, weight, bias, dims
+    ))
 }
 
 // ----- execution ------------------------------------------------------------------------
