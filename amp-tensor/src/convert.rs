@@ -166,6 +166,9 @@ pub fn gather_cast<T: Element, U: Element>(src: &[T], layout: &Layout) -> Vec<U>
     layout.for_each_run(|start, len, stride| {
         if stride == 1 {
             out.extend(src[start..start + len].iter().map(|v| v.cast::<U>()));
+        } else if stride == 0 {
+            // A broadcast (expanded) dimension: one value repeated.
+            out.extend(std::iter::repeat_n(src[start].cast::<U>(), len));
         } else {
             out.extend((0..len).map(|i| src[start + i * stride].cast::<U>()));
         }

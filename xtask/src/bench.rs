@@ -472,7 +472,8 @@ fn conv2d_fwd_bwd_ms(amp_on: bool) -> f64 {
     )
     .expect("conv");
     let x = Tensor::randn([32, 64, 32, 32], DType::F32, &mut gen).expect("randn");
-    let (n, warm) = if amp_on { (3, 1) } else { (5, 2) };
+    // The same number of runs for both, enough for a stable median on a noisy machine.
+    let (n, warm) = (11, 2);
     let t = median_time(
         || {
             conv.weight.set_grad(None).expect("zero_grad");
@@ -516,7 +517,8 @@ fn mlp_step_ms(amp_on: bool) -> f64 {
         ops::cross_entropy(&model.forward(&x)?, &y, None, -100, Reduction::Mean, 0.0)
     };
     let mut scaler = GradScaler::new();
-    let (n, warm) = if amp_on { (5, 1) } else { (10, 2) };
+    // The same number of runs for both, enough for a stable median on a noisy machine.
+    let (n, warm) = (21, 3);
     let t = median_time(
         || {
             opt.zero_grad();
