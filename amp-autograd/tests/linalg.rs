@@ -1007,3 +1007,42 @@ fn householder_representation_round_trips() {
         true,
     );
 }
+
+/// `torch.lstsq` (LAPACK `gels`): for a tall `A`, the first `n` rows solve the
+/// least-squares problem (as `linalg_lstsq`), the rest carry the residual (their squared
+/// norm is `|A x - b|²`) and `QR` is `geqrf`'s; for a wide `A`, the minimum-norm solution
+/// (as `pinverse(A) b`) and `QR` is the transposed `geqrf(Aᵀ)`.
+#[test]
+fn lstsq_is_lapack_gels() {
+    let t = |v: Vec<f64>, s: &[usize]| Tensor::from_vec(v, s.to_vec()).unwrap();
+    for (m, n, k) in [(6usize, 3usize, 2usize), (5, 5, 1), (3, 6, 2)] {
+        let a = t(randn(&[m, n], 40 + m as u64), &[m, n]);
+        let b = t(randn(&[m, k], 50 + n as u64), &[m, k]);
+        let (sol, qr) = ops::lstsq(&b, &a).unwrap();
+        let want = ops::linalg_lstsq(&a, &b, None, Some("gelsd")).unwrap();
+        let x = ops::narrow(&sol, 0, 0, n).unwrap();
+        assert_close(&vals(&x), &vals(&want[0]), 1e-10, "solution");
+        if m >= n {
+            assert_eq!(sol.dims(), [m, k]);
+            assert_eq!(vals(&qr), vals(&ops::geqrf(&a).unwrap().0), "QR is geqrf's");
+            let r = ops::sub(&ops::matmul(&a, &x).unwrap(), &b).unwrap();
+            for c in 0..k {
+                let col = |t: &Tensor| vals(&ops::narrow(t, 1, c, 1).unwrap());
+                let want: f64 = col(&r).iter().map(|v| v * v).sum();
+                let tail = ops::narrow(&sol, 0, n, m - n).unwrap();
+                let got: f64 = col(&tail).iter().map(|v| v * v).sum();
+                assert!((got - want).abs() <= 1e-10 * (1.0 + want), "residual {got} {want}");
+            }
+        } else {
+            assert_eq!(sol.dims(), [n, k]);
+            let at = ops::transpose(&a, 0, 1).unwrap();
+            let packed = ops::transpose(&ops::geqrf(&at).unwrap().0, 0, 1).unwrap();
+            assert_eq!(vals(&qr), vals(&packed), "QR is the packed LQ");
+        }
+    }
+    let v = t(vec![1.0, 2.0, 3.0], &[3]);
+    let a = t(randn(&[3, 2], 7), &[3, 2]);
+    assert_eq!(ops::lstsq(&v, &a).unwrap().0.dims(), [3, 1]);
+    assert!(ops::lstsq(&v, &t(vec![1.0; 3], &[3])).is_err());
+    assert!(ops::lstsq(&t(vec![1.0; 2], &[2]), &a).is_err());
+}

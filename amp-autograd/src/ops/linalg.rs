@@ -48,6 +48,7 @@ static QR: OpName = OpName::new("qr");
 static LU_WITH_INFO: OpName = OpName::new("_lu_with_info");
 static LU_SOLVE: OpName = OpName::new("lu_solve");
 static LINALG_LSTSQ: OpName = OpName::new("linalg_lstsq");
+static LSTSQ: OpName = OpName::new("lstsq");
 static LINALG_MATRIX_NORM: OpName = OpName::new("linalg_matrix_norm");
 static LINALG_COND: OpName = OpName::new("linalg_cond");
 static LINALG_MATRIX_RANK: OpName = OpName::new("linalg_matrix_rank");
@@ -1183,6 +1184,64 @@ pub fn lu_solve(b: &Tensor, lu_data: &Tensor, lu_pivots: &Tensor) -> Result<Tens
 }
 
 // ----- least squares -------------------------------------------------------------------------
+
+/// `torch.lstsq(input, A)` (PyTorch ≤ 1.12; removed since, in favour of
+/// [`linalg_lstsq`]): LAPACK `gels` on a 2-D `A` `[m, n]` and `input` `[m, k]` (or
+/// `[m]`). Returns `(solution, QR)` as `gels` leaves its arrays:
+/// - `m >= n`: `QR` is the packed Householder QR of `A` ([`geqrf`]'s first output);
+///   `solution` is `[m, k]`: the least-squares solution in its first `n` rows and the
+///   rest of `Qᵀ input` below (their squared column norms are the residuals);
+/// - `m < n`: `QR` is the packed LQ of `A` (the transpose of `geqrf(Aᵀ)`); `solution` is
+///   the minimum-norm solution `[n, k]`.
+///
+/// Full rank is assumed, as `gels` does. Not differentiable (as in PyTorch).
+pub fn lstsq(input: &Tensor, a: &Tensor) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "lstsq";
+    let [b, a] = enter(&LSTSQ, [input, a])?;
+    if a.rank() != 2 {
+        return Err(Error::invalid(OP, "A should have 2 dimensions"));
+    }
+    if b.rank() == 0 || b.rank() > 2 {
+        return Err(Error::invalid(OP, "input should have 1 or 2 dimensions"));
+    }
+    if needs_grad(&[&a, &b]) {
+        return Err(Error::invalid(
+            OP,
+            "the derivative for 'lstsq' is not implemented.",
+        ));
+    }
+    let (m, n) = (a.dims()[0], a.dims()[1]);
+    if b.dims()[0] != m {
+        return Err(Error::invalid(
+            OP,
+            format!(
+                "Expected input and A to have the same number of rows, got {} and {m}",
+                b.dims()[0]
+            ),
+        ));
+    }
+    bypass(|| {
+        let b2 = if b.rank() == 1 { unsqueeze(&b, 1)? } else { b.clone() };
+        let k = b2.dims()[1];
+        if m >= n {
+            let (qr, tau) = geqrf(&a)?;
+            let qtb = ormqr(&qr, &tau, &b2, true, true)?;
+            let r = triu(&narrow(&qr, 0, 0, n)?, 0)?;
+            let (x, _) = triangular_solve(&narrow(&qtb, 0, 0, n)?, &r, true, false, false)?;
+            let sol = cat(&[x, narrow(&qtb, 0, n, m - n)?], 0)?;
+            Ok((sol, qr))
+        } else {
+            let (qrt, tau) = geqrf(&transpose(&a, 0, 1)?)?;
+            let lq = Tensor::from_raw(transpose(&qrt, 0, 1)?.data().contiguous());
+            let l = tril(&narrow(&lq, 1, 0, m)?, 0)?;
+            let (y, _) = triangular_solve(&b2, &l, false, false, false)?;
+            let pad = Tensor::zeros([n - m, k], a.dtype());
+            let x = ormqr(&qrt, &tau, &cat(&[y, pad], 0)?, true, false)?;
+            Ok((x, lq))
+        }
+    })
+}
+
 
 /// `torch.linalg.lstsq(A, B, rcond=None, *, driver=None)`: `(solution, residuals, rank,
 /// singular_values)`. The solution is `pinv(A) B` (PyTorch's gradient of the solution

@@ -1,8 +1,7 @@
 //! Op-table entries: Linear algebra (the cpu fp32 list) and quantiles.
 //!
 //! Not here (no entry, so listed as not executable): the complex-valued ops
-//! (`linalg_eig`, `linalg_eigvals`, `eig`) and the removed `torch.lstsq` (its second
-//! output is LAPACK's `gels` workspace).
+//! (`linalg_eig`, `linalg_eigvals`, `eig`).
 
 use amp::autograd::ops::{self, MatrixNormOrd, QrMode, QuantileQ};
 use amp::autograd::Tensor;
@@ -340,6 +339,11 @@ pub(super) fn register(t: &mut OpTable<BuiltinTensor>) {
             b.tensor("B")?,
             dims.as_deref(),
         ))
+    });
+    t.insert("torch.lstsq", |args, kwargs| {
+        let b = bind(args, kwargs, &["input", "A"], &["out"])?;
+        b.unsupported_unless_none("out")?;
+        pair(ops::lstsq(b.tensor("input")?, b.tensor("A")?))
     });
     t.insert("torch.geqrf", |args, kwargs| {
         let b = bind(args, kwargs, &["input"], &["out"])?;

@@ -21,7 +21,7 @@
 //! ```
 //!
 //! Calls the workspace does not implement (the complex-dtype ops: `fft_*`, `stft`, `polar`,
-//! `view_as_complex`, `linalg_eig`/`eigvals`; the removed `torch.lstsq`) have no entry: their
+//! `view_as_complex`, `linalg_eig`/`eigvals`) have no entry: their
 //! cases are skipped, counted and listed as "op `NAME` not implemented yet".
 
 mod conv;
