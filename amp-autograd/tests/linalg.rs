@@ -1031,7 +1031,10 @@ fn lstsq_is_lapack_gels() {
                 let want: f64 = col(&r).iter().map(|v| v * v).sum();
                 let tail = ops::narrow(&sol, 0, n, m - n).unwrap();
                 let got: f64 = col(&tail).iter().map(|v| v * v).sum();
-                assert!((got - want).abs() <= 1e-10 * (1.0 + want), "residual {got} {want}");
+                assert!(
+                    (got - want).abs() <= 1e-10 * (1.0 + want),
+                    "residual {got} {want}"
+                );
             }
         } else {
             assert_eq!(sol.dims(), [n, k]);

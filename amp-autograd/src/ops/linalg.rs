@@ -1221,7 +1221,11 @@ pub fn lstsq(input: &Tensor, a: &Tensor) -> Result<(Tensor, Tensor)> {
         ));
     }
     bypass(|| {
-        let b2 = if b.rank() == 1 { unsqueeze(&b, 1)? } else { b.clone() };
+        let b2 = if b.rank() == 1 {
+            unsqueeze(&b, 1)?
+        } else {
+            b.clone()
+        };
         let k = b2.dims()[1];
         if m >= n {
             let (qr, tau) = geqrf(&a)?;
@@ -1241,7 +1245,6 @@ pub fn lstsq(input: &Tensor, a: &Tensor) -> Result<(Tensor, Tensor)> {
         }
     })
 }
-
 
 /// `torch.linalg.lstsq(A, B, rcond=None, *, driver=None)`: `(solution, residuals, rank,
 /// singular_values)`. The solution is `pinv(A) B` (PyTorch's gradient of the solution
