@@ -741,29 +741,51 @@ fn col2im<C: Real>(cols: &[C], g: &Geo, l0: usize, t: usize, x: &mut [C]) {
     });
 }
 
-/// Runs `f(sample, out_chunk, scratch)` for every sample, in parallel over samples
-/// when [`per_sample`] says so.
+/// Runs `f(sample, out, cols, extra, par)` for every sample, in parallel over samples
+/// when [`per_sample`] says so. `out` is the sample's `per` outputs in `C`: the output
+/// chunk itself when `T` is `C`, else a scratch tile rounded once into the chunk after
+/// `f`. `cols` is a `cols_len` column tile; `extra` is `extra_len` more `C` scratch for
+/// widening 16-bit operands (empty when `T` is `C`, where [`widened`] needs none).
 fn for_samples<T: Element, C: Real>(
     out: &mut [T],
     per: usize,
     n: usize,
-    scratch_len: usize,
-    f: impl Fn(usize, &mut [T], &mut Vec<C>, Parallelism) + Send + Sync,
+    (cols_len, extra_len): (usize, usize),
+    f: impl Fn(usize, &mut [C], &mut [C], &mut [C], Parallelism) + Send + Sync,
 ) {
     if per == 0 {
         return;
     }
+    let convert = T::DTYPE != C::DTYPE;
+    let scratch_len = cols_len + if convert { per + extra_len } else { 0 };
+    let run = |i: usize, o: &mut [T], scratch: &mut Vec<C>, par: Parallelism| {
+        let (cols, rest) = scratch.split_at_mut(cols_len);
+        match same_mut::<T, C>(o) {
+            Some(y) => f(i, y, cols, rest, par),
+            None => {
+                let (y, extra) = rest.split_at_mut(per);
+                f(i, y, cols, extra, par);
+                cast_into(y, o);
+            }
+        }
+    };
     if per_sample(n) {
         out.par_chunks_mut(per).enumerate().for_each_init(
             || vec![C::zero(); scratch_len],
-            |scratch, (i, o)| f(i, o, scratch, Parallelism::None),
+            |scratch, (i, o)| run(i, o, scratch, Parallelism::None),
         );
     } else {
         let mut scratch = vec![C::zero(); scratch_len];
         for (i, o) in out.chunks_mut(per).enumerate() {
-            f(i, o, &mut scratch, Parallelism::Rayon(0));
+            run(i, o, &mut scratch, Parallelism::Rayon(0));
         }
     }
+}
+
+/// A bias in compute type `C`.
+fn bias_in<C: Real>(bias: Option<&Tensor>) -> Result<Option<Vec<C>>> {
+    bias.map(|b| with_compute::<C, _>(b, |s| s.to_vec()))
+        .transpose()
 }
 
 /// Forward: per sample, im2col straight from the input's own dtype into `C` columns,
@@ -779,60 +801,41 @@ fn forward<T: Element, C: Real>(
     let (il, ol, kk) = (g.il(), g.ol(), g.kk());
     let per = g.groups * g.o * ol;
     let mut out = amp_tensor::pool::recycled_vec::<T>(g.n * per);
-    let bias: Option<Vec<C>> = bias
-        .map(|b| with_compute::<C, _>(b, |s| s.to_vec()))
-        .transpose()?;
+    let bias = bias_in::<C>(bias)?;
     let t = g.tile::<C>();
     let pointwise = g.pointwise();
-    let convert = T::DTYPE != C::DTYPE;
     let cols_len = if pointwise { 0 } else { kk * t };
-    // Scratch per worker: the column tile, then (16-bit types) the C output of one
-    // sample and one group's input planes in C (widened once, in cache, then im2col
-    // copies as for float32).
-    let extra = if convert { per + g.c * il } else { 0 };
+    // 16-bit inputs: one group's input planes widened once, in cache; im2col then
+    // copies as for float32.
+    let scratch = (cols_len, g.c * il);
     with_storage::<T, _>(input, |x| {
         with_compute::<C, _>(weight, |w| {
-            for_samples(
-                &mut out,
-                per,
-                g.n,
-                cols_len + extra,
-                |i, y_t, scratch, par| {
-                    let par = gemm_par(g.o * kk * ol, matches!(par, Parallelism::None));
-                    let (cols, rest) = scratch.split_at_mut(cols_len);
-                    let (ybuf, xbuf) = rest.split_at_mut(if convert { per } else { 0 });
-                    let y: &mut [C] = match same_mut::<T, C>(y_t) {
-                        Some(y) => y,
-                        None => ybuf,
-                    };
-                    if let Some(b) = &bias {
-                        for (row, &bv) in y.chunks_mut(ol).zip(b) {
-                            row.fill(bv);
-                        }
+            for_samples(&mut out, per, g.n, scratch, |i, y, cols, xbuf, par| {
+                let par = gemm_par(g.o * kk * ol, matches!(par, Parallelism::None));
+                if let Some(b) = &bias {
+                    for (row, &bv) in y.chunks_mut(ol).zip(b) {
+                        row.fill(bv);
                     }
-                    for gi in 0..g.groups {
-                        let xg = &x[(i * g.groups + gi) * g.c * il..][..g.c * il];
-                        let wg: Mat<'_, C> = (&w[gi * g.o * kk..][..g.o * kk], kk, 1);
-                        let yg = &mut y[gi * g.o * ol..][..g.o * ol];
-                        let xc: &[C] = widened(xg, &mut *xbuf);
-                        let mut l0 = 0;
-                        while l0 < ol {
-                            let tt = t.min(ol - l0);
-                            let b: Mat<'_, C> = if pointwise {
-                                (&xc[l0..], il, 1)
-                            } else {
-                                im2col(xc, g, l0, tt, cols);
-                                (&cols[..kk * tt], tt, 1)
-                            };
-                            gemm_into(g.o, tt, kk, &mut yg[l0..], ol, bias.is_some(), wg, b, par);
-                            l0 += tt;
-                        }
+                }
+                for gi in 0..g.groups {
+                    let xg = &x[(i * g.groups + gi) * g.c * il..][..g.c * il];
+                    let wg: Mat<'_, C> = (&w[gi * g.o * kk..][..g.o * kk], kk, 1);
+                    let yg = &mut y[gi * g.o * ol..][..g.o * ol];
+                    let xc: &[C] = widened(xg, &mut *xbuf);
+                    let mut l0 = 0;
+                    while l0 < ol {
+                        let tt = t.min(ol - l0);
+                        let b: Mat<'_, C> = if pointwise {
+                            (&xc[l0..], il, 1)
+                        } else {
+                            im2col(xc, g, l0, tt, cols);
+                            (&cols[..kk * tt], tt, 1)
+                        };
+                        gemm_into(g.o, tt, kk, &mut yg[l0..], ol, bias.is_some(), wg, b, par);
+                        l0 += tt;
                     }
-                    if convert {
-                        cast_into(&ybuf[..per], y_t);
-                    }
-                },
-            );
+                }
+            });
         })
     })??;
     Tensor::from_vec(out, dims)
@@ -850,61 +853,42 @@ fn backward_data<T: Element, C: Real>(
     let (il, ol, kk) = (g.il(), g.ol(), g.kk());
     let per = g.groups * g.c * il;
     let mut out = amp_tensor::pool::recycled_vec::<T>(g.n * per);
-    let bias: Option<Vec<C>> = bias
-        .map(|b| with_compute::<C, _>(b, |s| s.to_vec()))
-        .transpose()?;
+    let bias = bias_in::<C>(bias)?;
     let t = g.tile::<C>();
     let pointwise = g.pointwise();
-    let convert = T::DTYPE != C::DTYPE;
     let cols_len = if pointwise { 0 } else { kk * t };
-    // Scratch per worker: the column tile, then (16-bit types) the C result of one
-    // sample and one group's output gradient in C.
-    let extra = if convert { per + g.o * ol } else { 0 };
+    // 16-bit gradients: one group's output gradient widened in cache.
+    let scratch = (cols_len, g.o * ol);
     with_storage::<T, _>(grad, |gy| {
         with_compute::<C, _>(weight, |w| {
-            for_samples(
-                &mut out,
-                per,
-                g.n,
-                cols_len + extra,
-                |i, x_t, scratch, par| {
-                    let par = gemm_par(g.o * kk * ol, matches!(par, Parallelism::None));
-                    let (cols, rest) = scratch.split_at_mut(cols_len);
-                    let (xbuf, gbuf) = rest.split_at_mut(if convert { per } else { 0 });
-                    let x: &mut [C] = match same_mut::<T, C>(x_t) {
-                        Some(x) => x,
-                        None => xbuf,
-                    };
-                    x.fill(C::zero());
-                    for gi in 0..g.groups {
-                        let gyt = &gy[(i * g.groups + gi) * g.o * ol..][..g.o * ol];
-                        let gyg = widened(gyt, &mut *gbuf);
-                        // Wᵀ: kk × o, element (r, o) at o*kk + r.
-                        let wt: Mat<'_, C> = (&w[gi * g.o * kk..][..g.o * kk], 1, kk);
-                        let xg = &mut x[gi * g.c * il..][..g.c * il];
-                        let mut l0 = 0;
-                        while l0 < ol {
-                            let tt = t.min(ol - l0);
-                            let b: Mat<'_, C> = (&gyg[l0..], ol, 1);
-                            if pointwise {
-                                gemm_into(kk, tt, g.o, &mut xg[l0..], il, false, wt, b, par);
-                            } else {
-                                gemm_into(kk, tt, g.o, cols, tt, false, wt, b, par);
-                                col2im(&cols[..kk * tt], g, l0, tt, xg);
-                            }
-                            l0 += tt;
+            for_samples(&mut out, per, g.n, scratch, |i, x, cols, gbuf, par| {
+                let par = gemm_par(g.o * kk * ol, matches!(par, Parallelism::None));
+                x.fill(C::zero());
+                for gi in 0..g.groups {
+                    let gyt = &gy[(i * g.groups + gi) * g.o * ol..][..g.o * ol];
+                    let gyg = widened(gyt, &mut *gbuf);
+                    // Wᵀ: kk × o, element (r, o) at o*kk + r.
+                    let wt: Mat<'_, C> = (&w[gi * g.o * kk..][..g.o * kk], 1, kk);
+                    let xg = &mut x[gi * g.c * il..][..g.c * il];
+                    let mut l0 = 0;
+                    while l0 < ol {
+                        let tt = t.min(ol - l0);
+                        let b: Mat<'_, C> = (&gyg[l0..], ol, 1);
+                        if pointwise {
+                            gemm_into(kk, tt, g.o, &mut xg[l0..], il, false, wt, b, par);
+                        } else {
+                            gemm_into(kk, tt, g.o, cols, tt, false, wt, b, par);
+                            col2im(&cols[..kk * tt], g, l0, tt, xg);
                         }
+                        l0 += tt;
                     }
-                    if let Some(b) = &bias {
-                        for (row, &bv) in x.chunks_mut(il).zip(b) {
-                            row.iter_mut().for_each(|v| *v = *v + bv);
-                        }
+                }
+                if let Some(b) = &bias {
+                    for (row, &bv) in x.chunks_mut(il).zip(b) {
+                        row.iter_mut().for_each(|v| *v = *v + bv);
                     }
-                    if convert {
-                        cast_into(&xbuf[..per], x_t);
-                    }
-                },
-            );
+                }
+            });
         })
     })??;
     Tensor::from_vec(out, dims)
