@@ -24,6 +24,7 @@ use gemm::Parallelism;
 use rayon::prelude::*;
 
 use crate::compute::{ensure_same_device, Real};
+use crate::reduce::{as_same, as_same_mut};
 
 /// Stride, padding, dilation, output padding (transposed convolutions only) and groups
 /// of a convolution. A list of one value applies to every spatial dim, as PyTorch's
@@ -441,22 +442,10 @@ fn with_storage<T: Element, R>(t: &Tensor, f: impl FnOnce(&[T]) -> R) -> Result<
     Ok(f(&all[r]))
 }
 
-/// `s` as a slice of `C` when `T` is `C` (the float32/float64 case: no conversion).
-fn same<T: Element, C: Element>(s: &[T]) -> Option<&[C]> {
-    // SAFETY: `DTYPE` is unique per element type, so equal dtypes mean T == C.
-    (T::DTYPE == C::DTYPE).then(|| unsafe { &*(s as *const [T] as *const [C]) })
-}
-
-/// As [`same`], mutably.
-fn same_mut<T: Element, C: Element>(s: &mut [T]) -> Option<&mut [C]> {
-    // SAFETY: as in `same`.
-    (T::DTYPE == C::DTYPE).then(|| unsafe { &mut *(s as *mut [T] as *mut [C]) })
-}
-
 /// `src` in compute type `C`: itself when `T` is `C`, else widened into `buf`
 /// (one sample's plane set at a time, so the copy stays in cache).
 fn widened<'a, T: Element, C: Element>(src: &'a [T], buf: &'a mut [C]) -> &'a [C] {
-    match same::<T, C>(src) {
+    match as_same::<T, C>(src) {
         Some(s) => s,
         None => {
             let buf = &mut buf[..src.len()];
@@ -760,7 +749,7 @@ fn for_samples<T: Element, C: Real>(
     let scratch_len = cols_len + if convert { per + extra_len } else { 0 };
     let run = |i: usize, o: &mut [T], scratch: &mut Vec<C>, par: Parallelism| {
         let (cols, rest) = scratch.split_at_mut(cols_len);
-        match same_mut::<T, C>(o) {
+        match as_same_mut::<T, C>(o) {
             Some(y) => f(i, y, cols, rest, par),
             None => {
                 let (y, extra) = rest.split_at_mut(per);
