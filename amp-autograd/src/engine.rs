@@ -147,6 +147,9 @@ fn run(
             }
             r
         };
+        // Let go of the incoming gradients first: an input gradient that is a view of one
+        // (`t()`'s backward) then owns its buffer, and a leaf can take it over.
+        drop(grads);
         for (i, ((edge, meta), g)) in node.edges.iter().zip(input_grads).enumerate() {
             let g = match g {
                 Some(g) => Some(validate(node.name, i, g, &meta.dims, meta.dtype)?),

@@ -1,5 +1,5 @@
 //! Three-operand elementwise ops: `where`, `clamp` (scalar and tensor bounds),
-//! `addcmul`, `addcdiv` and `lerp`, with PyTorch's broadcasting, promotion and NaN
+//! `addcmul`, `addcdiv`, `lerp` and `threshold_backward`, with PyTorch's broadcasting, promotion and NaN
 //! rules. 16-bit floats compute in float32 and round once.
 
 use amp_tensor::{
@@ -337,6 +337,40 @@ pub fn lerp(a: &Tensor, b: &Tensor, weight: f64) -> Result<Tensor> {
             let omw = C::from_f64c(1.0) - w;
             zip2(&dims, x, y, move |s: C, e: C| e - (e - s) * omw)
         };
+        Tensor::from_vec(out, dims)
+    })
+}
+
+/// `x <= threshold ? 0 : grad` (`aten::threshold_backward`, the gradient of `relu`
+/// and `threshold`): one pass, and a masked element is exactly 0 even where `grad`
+/// is inf or NaN (a multiply by a 0/1 mask would give NaN there, which would turn a
+/// GradScaler's overflow into a NaN and change what it sees). A NaN `x` passes
+/// `grad` through, as in PyTorch. `grad` and `x` share a floating dtype and broadcast.
+pub fn threshold_backward(grad: &Tensor, x: &Tensor, threshold: f64) -> Result<Tensor> {
+    const OP: &str = "threshold_backward";
+    ensure_cpu(OP, &[grad, x])?;
+    if grad.dtype() != x.dtype() {
+        return Err(Error::invalid(
+            OP,
+            format!(
+                "expected grad_output and self to have the same dtype, but got {} and {}",
+                grad.dtype(),
+                x.dtype()
+            ),
+        ));
+    }
+    let dt = x.dtype();
+    let dims = broadcast_shapes(OP, grad.dims(), x.dims())?;
+    let (gs, xs) = (Src::of(grad, dt, OP)?, Src::of(x, dt, OP)?);
+    let guards = Guards::new([gs.tensor(), xs.tensor()]);
+    crate::float_kernel!(dt, OP, |T, C| {
+        let (th, zero) = (C::from_f64c(threshold), C::from_f64c(0.0));
+        let out: Vec<T> = zip2(
+            &dims,
+            gs.arg::<T, C>(guards.get(0), false, OP)?,
+            xs.arg::<T, C>(guards.get(1), false, OP)?,
+            move |g: C, x: C| if x <= th { zero } else { g },
+        );
         Tensor::from_vec(out, dims)
     })
 }

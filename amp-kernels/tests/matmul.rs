@@ -699,3 +699,86 @@ fn large_products_on_the_faer_path() {
         );
     }
 }
+
+/// Large single products are cut into blocks of output columns (or rows, when the
+/// output is taller than wide), one per rayon task; 16-bit operands are widened block
+/// by block. Every layout a block meets: transposed and sliced operands, a
+/// column-major left operand cut by rows, the input term broadcast from a row, a
+/// column or a transposed matrix, `beta == 0` with a NaN input, and `mv`.
+#[test]
+fn large_products_in_blocks() {
+    for dtype in FLOATS {
+        // Wider than tall: column blocks. B is a transposed weight, as in `linear`.
+        let x = randn(&[96, 200], dtype, 70);
+        let w = randn(&[300, 200], dtype, 71);
+        let wt = w.t().unwrap();
+        let prod = ref_matmul(&x, &wt);
+        assert_close(&mm(&x, &wt).unwrap(), &prod, dtype, "blocks: x @ w.T");
+        let bias = randn(&[300], dtype, 72);
+        let got = addmm(&bias, &x, &wt, 1.0, 1.0).unwrap();
+        assert_close(
+            &got,
+            &with_input(&prod, &bias, 1.0, 1.0),
+            dtype,
+            "blocks: addmm row bias",
+        );
+        let col = randn(&[96, 1], dtype, 73);
+        let got = addmm(&col, &x, &wt, -0.5, 2.0).unwrap();
+        assert_close(
+            &got,
+            &with_input(&prod, &col, -0.5, 2.0),
+            dtype,
+            "blocks: column input",
+        );
+        let full_t = randn(&[300, 96], dtype, 74).t().unwrap();
+        let got = addmm(&full_t, &x, &wt, 0.25, 1.0).unwrap();
+        assert_close(
+            &got,
+            &with_input(&prod, &full_t, 0.25, 1.0),
+            dtype,
+            "blocks: transposed input",
+        );
+        let nan = Tensor::full([96, 300], f64::NAN, dtype);
+        let got = addmm(&nan, &x, &wt, 0.0, 1.0).unwrap();
+        assert_close(
+            &got,
+            &with_input(&prod, &nan, 0.0, 1.0),
+            dtype,
+            "blocks: beta=0",
+        );
+        // A row-major, sliced right operand (its column blocks are strided).
+        let b = randn(&[200, 620], dtype, 75)
+            .slice(1usize, 0, 620, 2)
+            .unwrap();
+        assert_close(
+            &mm(&x, &b).unwrap(),
+            &ref_matmul(&x, &b),
+            dtype,
+            "blocks: sliced rhs",
+        );
+        // Taller than wide: row blocks of a column-major left operand (a weight
+        // gradient's `g.T @ x`).
+        let g = randn(&[80, 330], dtype, 76);
+        let h = randn(&[80, 150], dtype, 77);
+        let gt = g.t().unwrap();
+        assert_close(
+            &mm(&gt, &h).unwrap(),
+            &ref_matmul(&gt, &h),
+            dtype,
+            "blocks: g.T @ h",
+        );
+        // A tall matrix-vector product: row blocks, one column.
+        let a = randn(&[700, 400], dtype, 78);
+        let v = randn(&[400], dtype, 79);
+        let r = ref_matmul(&a, &v);
+        assert_close(&mv(&a, &v).unwrap(), &r, dtype, "blocks: mv");
+        let inp = randn(&[1], dtype, 80);
+        let got = addmv(&inp, &a, &v, 0.5, 1.0).unwrap();
+        assert_close(
+            &got,
+            &with_input(&r, &inp, 0.5, 1.0),
+            dtype,
+            "blocks: addmv",
+        );
+    }
+}

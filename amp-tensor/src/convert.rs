@@ -138,6 +138,13 @@ pub fn cast_into<T: Element, U: Element>(src: &[T], dst: &mut [U]) {
     cast_chunk(src, d)
 }
 
+/// Convert `src` into possibly uninitialised `dst` (same length) on the calling
+/// thread, with the vectorised fast paths; every element of `dst` is written.
+pub fn cast_into_uninit<T: Element, U: Element>(src: &[T], dst: &mut [MaybeUninit<U>]) {
+    assert_eq!(src.len(), dst.len(), "cast_into_uninit: length mismatch");
+    cast_chunk(src, dst)
+}
+
 /// Convert a contiguous slice, in parallel when it is large.
 pub fn cast_slice<T: Element, U: Element>(src: &[T]) -> Vec<U> {
     fill_vec(src.len(), |dst| {

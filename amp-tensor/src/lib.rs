@@ -38,7 +38,8 @@ mod storage;
 mod tensor;
 
 pub use convert::{
-    cast_into, cast_slice, copy_cast, gather_cast, scatter_cast, PARALLEL_THRESHOLD,
+    cast_into, cast_into_uninit, cast_slice, copy_cast, gather_cast, scatter_cast,
+    PARALLEL_THRESHOLD,
 };
 pub use device::{Device, DeviceType};
 pub use dtype::{promote_types, result_type, Category, DType, Operand, Scalar};

@@ -85,7 +85,7 @@ unary_ops! {
     /// Logistic sigmoid.
     sigmoid = "sigmoid", Sigmoid, "SigmoidBackward0", |g, x, out| { let y = out()?; mul(g, &mul(&y, &rsub_scalar(&y, 1.0)?)?)? };
     /// `max(x, 0)`.
-    relu = "relu", Relu, "ReluBackward0", |g, x, out| link_zero(mul(g, &gt_scalar(x, 0.0)?.to_dtype(g.dtype())?)?, x);
+    relu = "relu", Relu, "ReluBackward0", |g, x, out| threshold_backward(g, x, 0.0)?;
     /// Exact GELU, `x * Φ(x)`.
     gelu = "gelu", Gelu, "GeluBackward0", |g, x, out| {
         let cdf = mul_scalar(&add_scalar(&erf(&mul_scalar(x, std::f64::consts::FRAC_1_SQRT_2)?)?, 1.0)?, 0.5)?;
@@ -124,6 +124,24 @@ pub(crate) fn link_zero(t: Tensor, x: &Tensor) -> Tensor {
         &[&t, x],
         move |gg| Ok(vec![Some(gg.clone()), Some(Tensor::zeros(xd.clone(), xt))]),
     )
+}
+
+/// `x <= threshold ? 0 : g` (`threshold_backward`), differentiable in `g` (its own
+/// derivative) with a zero derivative in `x`, as PyTorch's `ThresholdBackwardBackward0`.
+pub(crate) fn threshold_backward(g: &Tensor, x: &Tensor, threshold: f64) -> Result<Tensor> {
+    let out = amp_kernels::threshold_backward(g.data(), x.data(), threshold)?;
+    let (xs, xd, xt) = (x.clone(), x.dims().to_vec(), x.dtype());
+    Ok(record(
+        out,
+        "ThresholdBackwardBackward0",
+        &[g, x],
+        move |gg| {
+            Ok(vec![
+                Some(threshold_backward(gg, &xs, threshold)?),
+                Some(Tensor::zeros(xd.clone(), xt)),
+            ])
+        },
+    ))
 }
 
 /// Zeros shaped like `t` (no graph).
