@@ -177,7 +177,7 @@ fn geometry(x: &[usize], w: &[usize], p: &ConvParams) -> Result<Geo> {
         return Err(err(format!("weight of size {w:?} has an empty kernel")));
     }
     let g = p.groups;
-    if w[0] % g != 0 {
+    if !w[0].is_multiple_of(g) {
         return Err(err(format!(
             "Given groups={g}, expected weight to be divisible by {g} at dimension 0, but got \
              weight of size {w:?} instead"

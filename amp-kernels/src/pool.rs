@@ -509,7 +509,7 @@ pub fn avg_pool_windows_backward(
 
 /// The row of the index tensor plane `p` of `planes` uses, given `rows` index rows.
 fn check_rows(op: &'static str, planes: usize, rows: usize) -> Result<usize> {
-    if rows == 0 || planes % rows != 0 {
+    if rows == 0 || !planes.is_multiple_of(rows) {
         return Err(Error::invalid(
             op,
             format!("{op}: {rows} index planes do not divide {planes} planes"),

@@ -736,7 +736,7 @@ fn scans_all_layouts() {
                     .unwrap();
                 want_p = xp.to_vec_f64();
                 for base in 0..xv.len() {
-                    if (base / stride) % n != 0 {
+                    if !(base / stride).is_multiple_of(n) {
                         continue;
                     }
                     for k in 1..n {

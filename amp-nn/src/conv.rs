@@ -101,7 +101,7 @@ impl ConvOptions {
         gen: &mut Generator,
     ) -> Result<(Tensor, Option<Tensor>)> {
         let g = self.groups;
-        if g == 0 || self.in_channels % g != 0 || self.out_channels % g != 0 {
+        if g == 0 || !self.in_channels.is_multiple_of(g) || !self.out_channels.is_multiple_of(g) {
             return Err(Error::invalid(
                 "conv",
                 format!(

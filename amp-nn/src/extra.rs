@@ -110,7 +110,7 @@ pub struct GroupNorm {
 impl GroupNorm {
     /// PyTorch's defaults: eps 1e-5, affine.
     pub fn new(num_groups: usize, num_channels: usize) -> Result<Self> {
-        if num_groups == 0 || num_channels % num_groups != 0 {
+        if num_groups == 0 || !num_channels.is_multiple_of(num_groups) {
             return Err(Error::invalid(
                 "GroupNorm",
                 "num_channels must be divisible by num_groups",

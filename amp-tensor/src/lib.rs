@@ -39,7 +39,7 @@ mod tensor;
 
 pub use convert::{
     cast_into, cast_into_uninit, cast_slice, copy_cast, gather_cast, scatter_cast,
-    PARALLEL_THRESHOLD,
+    PARALLEL_THRESHOLD, STREAM_BYTES,
 };
 pub use device::{Device, DeviceType};
 pub use dtype::{promote_types, result_type, Category, DType, Operand, Scalar};

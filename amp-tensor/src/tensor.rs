@@ -576,7 +576,7 @@ pub trait IntoDims {
         };
         match infer {
             Some(i) => {
-                if known == 0 || numel % known != 0 {
+                if known == 0 || !numel.is_multiple_of(known) {
                     return Err(bad());
                 }
                 dims[i] = numel / known;

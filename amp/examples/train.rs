@@ -294,7 +294,7 @@ fn plot(
     Ok(())
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() {
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {
@@ -302,6 +302,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             std::process::exit(2);
         }
     };
+    // Errors are reported with their message (not `Debug`), as a command-line tool should.
+    if let Err(e) = train_both(args) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn train_both(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if args.device != Device::Cpu {
         // Tensors on a GPU need the CUDA backend; say so instead of failing mid-run.
         Tensor::zeros([1], DType::F32)

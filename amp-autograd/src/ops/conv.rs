@@ -21,6 +21,7 @@ use amp_kernels::ConvParams;
 
 use super::enter_vec;
 use super::reduce::sum;
+use super::shape::contiguous;
 use crate::dispatch::OpName;
 use crate::grad_mode::is_grad_enabled;
 use crate::graph::{record_multi, BackwardFn};
@@ -312,6 +313,9 @@ fn conv_prim(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: &ConvParams) -> Resu
         "ConvolutionBackward0",
         &inputs_of(x, w, b),
         move |g| {
+            // One contiguous copy shared by the three gradients (as PyTorch's
+            // `convolution_backward` does), not one per kernel.
+            let g = &contiguous(g)?;
             let gx = if xs.requires_grad() {
                 Some(input_grad_prim(g, &ws, None, xs.dims(), &p)?)
             } else {
@@ -361,6 +365,7 @@ fn input_grad_prim(
         "ConvolutionBackward0",
         &inputs_of(g, w, b),
         move |up| {
+            let up = &contiguous(up)?;
             let dg = if gs.requires_grad() {
                 Some(conv_prim(up, &ws, None, &p)?)
             } else {

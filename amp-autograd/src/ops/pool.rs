@@ -600,7 +600,7 @@ pub fn max_unpool_nd(
 /// dims (`constant_pad_nd`) with `value`.
 pub fn pad(x: &Tensor, pad: &[i64], mode: &str, value: Option<f64>) -> Result<Tensor> {
     let mode: PadMode = mode.parse()?;
-    if pad.len() % 2 != 0 {
+    if !pad.len().is_multiple_of(2) {
         return Err(Error::invalid(
             "pad",
             "Padding length must be divisible by 2",
