@@ -5,10 +5,13 @@
 //! float32 and float64 go straight to a matrix-multiply kernel with the operands'
 //! strides (a transposed or sliced operand is never copied): `faer`'s for products of
 //! at least [`FAER_WORK`] multiply-adds (its x86 kernels use AVX-512 where the CPU has it,
-//! chosen at run time), the `gemm` crate's below (less set-up cost on tiny products). float16 and bfloat16 are widened to float32
-//! (vectorised, parallel), multiplied by the float32 kernel, which accumulates in
-//! float32, and rounded once at the end; so is the `beta * input` term of the fused
-//! ops. Integer tensors use a simple wrapping kernel (not a hot path).
+//! chosen at run time), the `gemm` crate's below (less set-up cost on tiny products).
+//! A large single product is cut into blocks of output columns (or rows), each
+//! multiplied sequentially on one rayon thread (`Blocks`). float16 and bfloat16 are
+//! widened to float32 (vectorised; for a cut product block by block, on the block's
+//! thread), multiplied by the float32 kernel, which accumulates in float32, and rounded
+//! once at the end; so is the `beta * input` term of the fused ops. Integer tensors use
+//! a simple wrapping kernel (not a hot path).
 //!
 //! Every operation reduces to one plan: `batch` products of an `m×k` by a `k×n`
 //! strided matrix, each matrix found at a per-batch storage offset (so broadcast batch
