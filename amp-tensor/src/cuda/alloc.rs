@@ -194,7 +194,7 @@ mod tests {
         assert_eq!(size_class(SMALL_LIMIT + 1), LARGE_ROUND);
         assert_eq!(size_class(5 << 20), 6 << 20);
         for b in [1usize, 700, 4097, 3 << 20] {
-            assert!(size_class(b) >= b && size_class(b) % MIN_BLOCK == 0);
+            assert!(size_class(b) >= b && size_class(b).is_multiple_of(MIN_BLOCK));
         }
     }
 }
