@@ -101,6 +101,9 @@ fn sgd_update<F: Real>(
         let gv = &F::slice(st.cpu()).expect("dtype matches storage")[r];
         return update::<F>(p.data(), |pv| axpy(pv, gv, -lr));
     }
+    if let Some(done) = fused::<F>(p, g, buf, o, lr) {
+        return done;
+    }
     let mut d = read::<F>(g);
     if o.maximize {
         d.iter_mut().for_each(|v| *v = -*v);
@@ -128,6 +131,91 @@ fn sgd_update<F: Real>(
         }
     }
     update::<F>(p.data(), |pv| axpy(pv, &d, -lr))
+}
+
+/// The whole update in one pass over parameter, gradient and momentum buffer, in place
+/// (no copies), when all three are contiguous tensors of the compute type `F` with
+/// separate storage; `None` otherwise (the general path above then runs). Each element
+/// goes through exactly the operations of the general path, in the same order, so the
+/// results are the same bits.
+fn fused<F: Real>(
+    p: &Tensor,
+    g: &Raw,
+    buf: &mut Option<Raw>,
+    o: SgdOptions,
+    lr: F,
+) -> Option<Result<()>> {
+    let fits = |t: &Raw| t.dtype() == F::DTYPE && t.is_contiguous();
+    let separate = |t: &Raw| !t.same_storage(g) && !t.same_storage(p.data());
+    if o.momentum == 0.0 || !fits(g) || !fits(p.data()) || p.data().same_storage(g) {
+        return None;
+    }
+    if buf.as_ref().is_some_and(|b| !fits(b) || !separate(b)) {
+        return None;
+    }
+    let (m, damp, wd) = (
+        F::of(o.momentum),
+        F::of(1.0 - o.dampening),
+        F::of(o.weight_decay),
+    );
+    let first = buf.is_none();
+    let elem = move |p: &mut F, g: F, b: &mut F| {
+        let mut d = if o.maximize { -g } else { g };
+        if o.weight_decay != 0.0 {
+            d += wd * *p;
+        }
+        *b = if first { d } else { *b * m + damp * d };
+        if o.nesterov {
+            d += m * *b;
+        } else {
+            d = *b;
+        }
+        *p += -lr * d;
+    };
+    let mut run = || -> Result<()> {
+        let fresh;
+        let b = match buf.as_ref() {
+            Some(b) => b,
+            None => {
+                fresh = Raw::zeros(p.dims().to_vec(), F::DTYPE);
+                &fresh
+            }
+        };
+        {
+            let st = g.storage();
+            let gv = &F::slice(st.cpu()).expect("dtype matches storage")
+                [g.layout().contiguous_range().expect("contiguous")];
+            let mut bst = b.storage_mut();
+            let bv = &mut F::slice_mut(bst.cpu_mut()).expect("dtype matches storage")
+                [b.layout().contiguous_range().expect("contiguous")];
+            update::<F>(p.data(), |pv| zip3(pv, gv, bv, elem))?;
+        }
+        if first {
+            *buf = Some(b.clone());
+        }
+        Ok(())
+    };
+    Some(run())
+}
+
+/// `f(p[i], g[i], b[i])` for every element, over rayon in large chunks for large tensors.
+fn zip3<F: Real>(p: &mut [F], g: &[F], b: &mut [F], f: impl Fn(&mut F, F, &mut F) + Sync) {
+    use rayon::prelude::*;
+    const CHUNK: usize = 1 << 16;
+    let body = |p: &mut [F], g: &[F], b: &mut [F]| {
+        p.iter_mut()
+            .zip(g)
+            .zip(b.iter_mut())
+            .for_each(|((p, &g), b)| f(p, g, b))
+    };
+    if p.len() >= 4 * CHUNK {
+        p.par_chunks_mut(CHUNK)
+            .zip(g.par_chunks(CHUNK))
+            .zip(b.par_chunks_mut(CHUNK))
+            .for_each(|((p, g), b)| body(p, g, b));
+    } else {
+        body(p, g, b);
+    }
 }
 
 impl Optimizer for Sgd {

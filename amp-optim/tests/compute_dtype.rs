@@ -99,3 +99,61 @@ fn adam_in_float64_and_float32() {
         .collect();
     assert_eq!(dtypes, ["float64", "float32"]);
 }
+
+/// SGD with momentum takes a fused in-place pass when parameter, gradient and buffer are
+/// contiguous; it must give the bits of the general path (taken here by a transposed
+/// gradient) for every option, over several steps, on a tensor large enough to be
+/// split over threads.
+#[test]
+fn fused_sgd_matches_the_general_path() {
+    let (rows, cols) = (300, 1100);
+    let n = rows * cols;
+    let val = |i: usize, s: u64| {
+        let x = (i as u64)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .wrapping_add(s)
+            >> 40;
+        (x as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    };
+    let options = [
+        (0.9, 0.0, 0.0, false, false),
+        (0.9, 0.1, 0.01, false, false),
+        (0.8, 0.0, 0.001, true, false),
+        (0.5, 0.3, 0.0, false, true),
+    ];
+    for (momentum, dampening, weight_decay, nesterov, maximize) in options {
+        let o = SgdOptions {
+            momentum,
+            dampening,
+            weight_decay,
+            nesterov,
+            maximize,
+        };
+        let p0: Vec<f32> = (0..n).map(|i| val(i, 1)).collect();
+        let mk = || Tensor::parameter(Raw::from_vec(p0.clone(), [rows, cols]).unwrap()).unwrap();
+        let (fused, general) = (mk(), mk());
+        let mut opt_f = Sgd::new(vec![fused.clone()], 0.05, o).unwrap();
+        let mut opt_g = Sgd::new(vec![general.clone()], 0.05, o).unwrap();
+        for step in 0..3u64 {
+            let g: Vec<f32> = (0..n).map(|i| val(i, 7 + step)).collect();
+            fused
+                .set_grad(Some(Tensor::from_vec(g.clone(), [rows, cols]).unwrap()))
+                .unwrap();
+            // the same values, stored transposed: a non-contiguous gradient
+            let gt: Vec<f32> = (0..n).map(|j| g[(j % rows) * cols + j / rows]).collect();
+            let gt = Tensor::from_vec(gt, [cols, rows]).unwrap().t().unwrap();
+            general.set_grad(Some(gt)).unwrap();
+            assert!(!general.grad().unwrap().is_contiguous());
+            opt_f.step().unwrap();
+            opt_g.step().unwrap();
+            let bits = |t: &Tensor| -> Vec<u32> {
+                t.to_vec::<f32>()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect()
+            };
+            assert!(bits(&fused) == bits(&general), "{o:?} step {step}");
+        }
+    }
+}
