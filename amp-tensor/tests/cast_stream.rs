@@ -19,7 +19,10 @@ fn source(n: usize) -> Vec<f32> {
         1e-8,    // f16 subnormal / underflow
         f32::MAX,
         f32::MIN_POSITIVE,
-        f32::from_bits(1), // f32 subnormal
+        f32::from_bits(1),           // f32 subnormal, rounds to 0 in bf16
+        f32::from_bits(0x007F_0000), // f32 subnormal kept as a bf16 subnormal
+        f32::from_bits(0x8001_8000), // negative subnormal on a bf16 tie
+        f32::from_bits(0x007F_FFFF), // largest subnormal: rounds up to MIN_POSITIVE
         f32::INFINITY,
         f32::NEG_INFINITY,
         f32::NAN,
