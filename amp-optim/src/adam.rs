@@ -163,6 +163,9 @@ fn adam_update<F: Real>(
     lr: f64,
     grad_scale: Option<f64>,
 ) -> Result<()> {
+    if let Some(done) = fused::<F>(p, g, s, o, lr, grad_scale) {
+        return done;
+    }
     let mut g = read::<F>(g);
     if let Some(scale) = grad_scale {
         let scale = F::of(scale);
@@ -212,6 +215,103 @@ fn adam_update<F: Real>(
             *p -= step_size * *m / (v.sqrt() / bc2_sqrt + eps);
         }
     })
+}
+
+/// The whole update in one pass over parameter, gradient and the two moment buffers, in
+/// place (no copies), when all are contiguous tensors of the compute type `F` with
+/// separate storage and `amsgrad` is off; `None` otherwise (the general path above then
+/// runs). Each element goes through exactly the operations of the general path, in the
+/// same order, so the results are the same bits.
+fn fused<F: Real>(
+    p: &Tensor,
+    g: &Raw,
+    s: &ParamState,
+    o: AdamOptions,
+    lr: f64,
+    grad_scale: Option<f64>,
+) -> Option<Result<()>> {
+    let fits = |t: &Raw| t.dtype() == F::DTYPE && t.is_contiguous();
+    let separate = |t: &Raw| !t.same_storage(g) && !t.same_storage(p.data());
+    let (m, v) = (&s.exp_avg, &s.exp_avg_sq);
+    if s.max_exp_avg_sq.is_some()
+        || !fits(g)
+        || !fits(p.data())
+        || p.data().same_storage(g)
+        || !fits(m)
+        || !fits(v)
+        || !separate(m)
+        || !separate(v)
+        || m.same_storage(v)
+    {
+        return None;
+    }
+    let wd = o.weight_decay;
+    let (decay, coupled) = (F::of(1.0 - lr * wd), F::of(wd));
+    let scale = grad_scale.map(F::of);
+    let (b1, b2, one) = (F::of(o.betas.0), F::of(o.betas.1), F::one());
+    let bc1 = 1.0 - o.betas.0.powf(s.step);
+    let bc2 = 1.0 - o.betas.1.powf(s.step);
+    let (step_size, bc2_sqrt, eps) = (F::of(lr / bc1), F::of(bc2.sqrt()), F::of(o.eps));
+    let elem = move |p: &mut F, g: F, m: &mut F, v: &mut F| {
+        let mut g = g;
+        if let Some(scale) = scale {
+            g /= scale;
+        }
+        if o.maximize {
+            g = -g;
+        }
+        if wd != 0.0 {
+            if o.decoupled {
+                *p *= decay;
+            } else {
+                g += coupled * *p;
+            }
+        }
+        *m += (g - *m) * (one - b1);
+        *v = *v * b2 + (one - b2) * g * g;
+        *p -= step_size * *m / (v.sqrt() / bc2_sqrt + eps);
+    };
+    let run = || -> Result<()> {
+        let st = g.storage();
+        let gv = &F::slice(st.cpu()).expect("dtype matches storage")
+            [g.layout().contiguous_range().expect("contiguous")];
+        let (mut mst, mut vst) = (m.storage_mut(), v.storage_mut());
+        let mv = &mut F::slice_mut(mst.cpu_mut()).expect("dtype matches storage")
+            [m.layout().contiguous_range().expect("contiguous")];
+        let vv = &mut F::slice_mut(vst.cpu_mut()).expect("dtype matches storage")
+            [v.layout().contiguous_range().expect("contiguous")];
+        update::<F>(p.data(), |pv| zip4(pv, gv, mv, vv, elem))
+    };
+    Some(run())
+}
+
+/// `f(p[i], g[i], m[i], v[i])` for every element, over rayon in large chunks for large
+/// tensors.
+fn zip4<F: Real>(
+    p: &mut [F],
+    g: &[F],
+    m: &mut [F],
+    v: &mut [F],
+    f: impl Fn(&mut F, F, &mut F, &mut F) + Sync,
+) {
+    use rayon::prelude::*;
+    const CHUNK: usize = 1 << 16;
+    let body = |p: &mut [F], g: &[F], m: &mut [F], v: &mut [F]| {
+        p.iter_mut()
+            .zip(g)
+            .zip(m.iter_mut())
+            .zip(v.iter_mut())
+            .for_each(|(((p, &g), m), v)| f(p, g, m, v))
+    };
+    if p.len() >= 4 * CHUNK {
+        p.par_chunks_mut(CHUNK)
+            .zip(g.par_chunks(CHUNK))
+            .zip(m.par_chunks_mut(CHUNK))
+            .zip(v.par_chunks_mut(CHUNK))
+            .for_each(|(((p, g), m), v)| body(p, g, m, v));
+    } else {
+        body(p, g, m, v);
+    }
 }
 
 impl Optimizer for Adam {
