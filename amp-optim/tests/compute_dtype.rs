@@ -100,6 +100,44 @@ fn adam_in_float64_and_float32() {
     assert_eq!(dtypes, ["float64", "float32"]);
 }
 
+/// `n` pseudo-random values in [-1, 1).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            let x = (i as u64)
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                .wrapping_add(seed)
+                >> 40;
+            (x as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// The row-major `rows x cols` values `g`, stored transposed: a non-contiguous tensor
+/// (its optimizer update takes the general path).
+fn transposed(g: &[f32], rows: usize, cols: usize) -> Tensor {
+    let gt: Vec<f32> = (0..g.len())
+        .map(|j| g[(j % rows) * cols + j / rows])
+        .collect();
+    Tensor::from_vec(gt, [cols, rows]).unwrap().t().unwrap()
+}
+
+/// The same gradient values for both: contiguous for `fused`, transposed for `general`.
+fn set_grads(fused: &Tensor, general: &Tensor, g: &[f32], rows: usize, cols: usize) {
+    let contiguous = Tensor::from_vec(g.to_vec(), [rows, cols]).unwrap();
+    fused.set_grad(Some(contiguous)).unwrap();
+    general.set_grad(Some(transposed(g, rows, cols))).unwrap();
+    assert!(!general.grad().unwrap().is_contiguous());
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.to_vec::<f32>()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_bits())
+        .collect()
+}
+
 /// SGD with momentum takes a fused in-place pass when parameter, gradient and buffer are
 /// contiguous; it must give the bits of the general path (taken here by a transposed
 /// gradient) for every option, over several steps, on a tensor large enough to be
@@ -108,13 +146,6 @@ fn adam_in_float64_and_float32() {
 fn fused_sgd_matches_the_general_path() {
     let (rows, cols) = (300, 1100);
     let n = rows * cols;
-    let val = |i: usize, s: u64| {
-        let x = (i as u64)
-            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-            .wrapping_add(s)
-            >> 40;
-        (x as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    };
     let options = [
         (0.9, 0.0, 0.0, false, false),
         (0.9, 0.1, 0.01, false, false),
@@ -129,30 +160,15 @@ fn fused_sgd_matches_the_general_path() {
             nesterov,
             maximize,
         };
-        let p0: Vec<f32> = (0..n).map(|i| val(i, 1)).collect();
+        let p0 = values(n, 1);
         let mk = || Tensor::parameter(Raw::from_vec(p0.clone(), [rows, cols]).unwrap()).unwrap();
         let (fused, general) = (mk(), mk());
         let mut opt_f = Sgd::new(vec![fused.clone()], 0.05, o).unwrap();
         let mut opt_g = Sgd::new(vec![general.clone()], 0.05, o).unwrap();
         for step in 0..3u64 {
-            let g: Vec<f32> = (0..n).map(|i| val(i, 7 + step)).collect();
-            fused
-                .set_grad(Some(Tensor::from_vec(g.clone(), [rows, cols]).unwrap()))
-                .unwrap();
-            // the same values, stored transposed: a non-contiguous gradient
-            let gt: Vec<f32> = (0..n).map(|j| g[(j % rows) * cols + j / rows]).collect();
-            let gt = Tensor::from_vec(gt, [cols, rows]).unwrap().t().unwrap();
-            general.set_grad(Some(gt)).unwrap();
-            assert!(!general.grad().unwrap().is_contiguous());
+            set_grads(&fused, &general, &values(n, 7 + step), rows, cols);
             opt_f.step().unwrap();
             opt_g.step().unwrap();
-            let bits = |t: &Tensor| -> Vec<u32> {
-                t.to_vec::<f32>()
-                    .unwrap()
-                    .iter()
-                    .map(|v| v.to_bits())
-                    .collect()
-            };
             assert!(bits(&fused) == bits(&general), "{o:?} step {step}");
         }
     }
@@ -166,13 +182,6 @@ fn fused_sgd_matches_the_general_path() {
 fn fused_adam_matches_the_general_path() {
     let (rows, cols) = (300, 1100);
     let n = rows * cols;
-    let val = |i: usize, s: u64| {
-        let x = (i as u64)
-            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-            .wrapping_add(s)
-            >> 40;
-        (x as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    };
     let adamw = AdamOptions::adamw();
     let cases = [
         (AdamOptions::default(), None),
@@ -194,20 +203,13 @@ fn fused_adam_matches_the_general_path() {
         ),
     ];
     for (o, scale) in cases {
-        let p0: Vec<f32> = (0..n).map(|i| val(i, 1)).collect();
+        let p0 = values(n, 1);
         let mk = || Tensor::parameter(Raw::from_vec(p0.clone(), [rows, cols]).unwrap()).unwrap();
         let (fused, general) = (mk(), mk());
         let mut opt_f = Adam::new(vec![fused.clone()], 1e-3, o).unwrap();
         let mut opt_g = Adam::new(vec![general.clone()], 1e-3, o).unwrap();
         for step in 0..3u64 {
-            let g: Vec<f32> = (0..n).map(|i| val(i, 7 + step)).collect();
-            fused
-                .set_grad(Some(Tensor::from_vec(g.clone(), [rows, cols]).unwrap()))
-                .unwrap();
-            let gt: Vec<f32> = (0..n).map(|j| g[(j % rows) * cols + j / rows]).collect();
-            let gt = Tensor::from_vec(gt, [cols, rows]).unwrap().t().unwrap();
-            general.set_grad(Some(gt)).unwrap();
-            assert!(!general.grad().unwrap().is_contiguous());
+            set_grads(&fused, &general, &values(n, 7 + step), rows, cols);
             match scale {
                 Some(s) => {
                     let (s, inf) = (Raw::full([1], s, DType::F32), Raw::zeros([1], DType::F32));
@@ -219,13 +221,6 @@ fn fused_adam_matches_the_general_path() {
                     opt_g.step().unwrap();
                 }
             }
-            let bits = |t: &Tensor| -> Vec<u32> {
-                t.to_vec::<f32>()
-                    .unwrap()
-                    .iter()
-                    .map(|v| v.to_bits())
-                    .collect()
-            };
             assert!(bits(&fused) == bits(&general), "{o:?} step {step}");
         }
     }
