@@ -11,7 +11,9 @@ use serde_json::json;
 use crate::optimizer::{
     check_groups, group_indices, OptimizerStateDict, ParamGroup, StateValue, TensorData,
 };
-use crate::update::{computes_in_f64, read, update, zeros_state, Real};
+use crate::update::{
+    computes_in_f64, in_place, read, update, with_slice, with_slice_mut, zeros_state, zip4, Real,
+};
 use crate::{Error, Optimizer, Result};
 
 /// Adam options (PyTorch's defaults via `Default`).
@@ -230,7 +232,7 @@ fn fused<F: Real>(
     lr: f64,
     grad_scale: Option<f64>,
 ) -> Option<Result<()>> {
-    let fits = |t: &Raw| t.dtype() == F::DTYPE && t.is_contiguous();
+    let fits = in_place::<F>;
     let separate = |t: &Raw| !t.same_storage(g) && !t.same_storage(p.data());
     let (m, v) = (&s.exp_avg, &s.exp_avg_sq);
     if s.max_exp_avg_sq.is_some()
@@ -271,47 +273,13 @@ fn fused<F: Real>(
         *v = *v * b2 + (one - b2) * g * g;
         *p -= step_size * *m / (v.sqrt() / bc2_sqrt + eps);
     };
-    let run = || -> Result<()> {
-        let st = g.storage();
-        let gv = &F::slice(st.cpu()).expect("dtype matches storage")
-            [g.layout().contiguous_range().expect("contiguous")];
-        let (mut mst, mut vst) = (m.storage_mut(), v.storage_mut());
-        let mv = &mut F::slice_mut(mst.cpu_mut()).expect("dtype matches storage")
-            [m.layout().contiguous_range().expect("contiguous")];
-        let vv = &mut F::slice_mut(vst.cpu_mut()).expect("dtype matches storage")
-            [v.layout().contiguous_range().expect("contiguous")];
-        update::<F>(p.data(), |pv| zip4(pv, gv, mv, vv, elem))
-    };
-    Some(run())
-}
-
-/// `f(p[i], g[i], m[i], v[i])` for every element, over rayon in large chunks for large
-/// tensors.
-fn zip4<F: Real>(
-    p: &mut [F],
-    g: &[F],
-    m: &mut [F],
-    v: &mut [F],
-    f: impl Fn(&mut F, F, &mut F, &mut F) + Sync,
-) {
-    use rayon::prelude::*;
-    const CHUNK: usize = 1 << 16;
-    let body = |p: &mut [F], g: &[F], m: &mut [F], v: &mut [F]| {
-        p.iter_mut()
-            .zip(g)
-            .zip(m.iter_mut())
-            .zip(v.iter_mut())
-            .for_each(|(((p, &g), m), v)| f(p, g, m, v))
-    };
-    if p.len() >= 4 * CHUNK {
-        p.par_chunks_mut(CHUNK)
-            .zip(g.par_chunks(CHUNK))
-            .zip(m.par_chunks_mut(CHUNK))
-            .zip(v.par_chunks_mut(CHUNK))
-            .for_each(|(((p, g), m), v)| body(p, g, m, v));
-    } else {
-        body(p, g, m, v);
-    }
+    Some(with_slice(g, |gv| {
+        with_slice_mut(m, |mv| {
+            with_slice_mut(v, |vv| {
+                update::<F>(p.data(), |pv| zip4(pv, gv, mv, vv, elem))
+            })
+        })
+    }))
 }
 
 impl Optimizer for Adam {

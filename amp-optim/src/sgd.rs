@@ -9,7 +9,9 @@ use serde_json::json;
 use crate::optimizer::{
     check_groups, group_indices, OptimizerStateDict, ParamGroup, StateValue, TensorData,
 };
-use crate::update::{axpy, computes_in_f64, read, update, Real};
+use crate::update::{
+    axpy, computes_in_f64, in_place, read, update, with_slice, with_slice_mut, zip3, Real,
+};
 use crate::{Error, Optimizer, Result};
 
 /// SGD options (PyTorch's defaults: all zero / false).
@@ -94,12 +96,9 @@ fn sgd_update<F: Real>(
 ) -> Result<()> {
     let lr = F::of(lr);
     let plain = !o.maximize && o.weight_decay == 0.0 && o.momentum == 0.0;
-    if plain && g.dtype() == F::DTYPE && g.is_contiguous() && !p.data().same_storage(g) {
+    if plain && in_place::<F>(g) && !p.data().same_storage(g) {
         // Plain SGD reads the gradient where it lies: no copy of it.
-        let st = g.storage();
-        let r = g.layout().contiguous_range().expect("contiguous");
-        let gv = &F::slice(st.cpu()).expect("dtype matches storage")[r];
-        return update::<F>(p.data(), |pv| axpy(pv, gv, -lr));
+        return with_slice(g, |gv| update::<F>(p.data(), |pv| axpy(pv, gv, -lr)));
     }
     if let Some(done) = fused::<F>(p, g, buf, o, lr) {
         return done;
@@ -145,7 +144,7 @@ fn fused<F: Real>(
     o: SgdOptions,
     lr: F,
 ) -> Option<Result<()>> {
-    let fits = |t: &Raw| t.dtype() == F::DTYPE && t.is_contiguous();
+    let fits = in_place::<F>;
     let separate = |t: &Raw| !t.same_storage(g) && !t.same_storage(p.data());
     if o.momentum == 0.0 || !fits(g) || !fits(p.data()) || p.data().same_storage(g) {
         return None;
@@ -181,41 +180,15 @@ fn fused<F: Real>(
                 &fresh
             }
         };
-        {
-            let st = g.storage();
-            let gv = &F::slice(st.cpu()).expect("dtype matches storage")
-                [g.layout().contiguous_range().expect("contiguous")];
-            let mut bst = b.storage_mut();
-            let bv = &mut F::slice_mut(bst.cpu_mut()).expect("dtype matches storage")
-                [b.layout().contiguous_range().expect("contiguous")];
-            update::<F>(p.data(), |pv| zip3(pv, gv, bv, elem))?;
-        }
+        with_slice(g, |gv| {
+            with_slice_mut(b, |bv| update::<F>(p.data(), |pv| zip3(pv, gv, bv, elem)))
+        })?;
         if first {
             *buf = Some(b.clone());
         }
         Ok(())
     };
     Some(run())
-}
-
-/// `f(p[i], g[i], b[i])` for every element, over rayon in large chunks for large tensors.
-fn zip3<F: Real>(p: &mut [F], g: &[F], b: &mut [F], f: impl Fn(&mut F, F, &mut F) + Sync) {
-    use rayon::prelude::*;
-    const CHUNK: usize = 1 << 16;
-    let body = |p: &mut [F], g: &[F], b: &mut [F]| {
-        p.iter_mut()
-            .zip(g)
-            .zip(b.iter_mut())
-            .for_each(|((p, &g), b)| f(p, g, b))
-    };
-    if p.len() >= 4 * CHUNK {
-        p.par_chunks_mut(CHUNK)
-            .zip(g.par_chunks(CHUNK))
-            .zip(b.par_chunks_mut(CHUNK))
-            .for_each(|((p, g), b)| body(p, g, b));
-    } else {
-        body(p, g, b);
-    }
 }
 
 impl Optimizer for Sgd {

@@ -34,19 +34,96 @@ impl Real for f64 {
     }
 }
 
-/// `p += a * d` elementwise, over rayon in large chunks for large tensors (each element
-/// is computed the same way whatever the split).
+/// Tensors at least `4 * CHUNK` long are updated over rayon, `CHUNK` elements a task
+/// (each element is computed the same way whatever the split).
+const CHUNK: usize = 1 << 16;
+
+fn parallel(len: usize) -> bool {
+    len >= 4 * CHUNK
+}
+
+/// `p += a * d` elementwise.
 pub(crate) fn axpy<F: Real>(p: &mut [F], d: &[F], a: F) {
     use rayon::prelude::*;
-    const CHUNK: usize = 1 << 16;
     let body = |p: &mut [F], d: &[F]| p.iter_mut().zip(d).for_each(|(p, d)| *p += a * *d);
-    if p.len() >= 4 * CHUNK {
+    if parallel(p.len()) {
         p.par_chunks_mut(CHUNK)
             .zip(d.par_chunks(CHUNK))
             .for_each(|(p, d)| body(p, d));
     } else {
         body(p, d);
     }
+}
+
+/// `f(p[i], g[i], b[i])` for every element (a fused optimizer step with one state buffer).
+pub(crate) fn zip3<F: Real>(
+    p: &mut [F],
+    g: &[F],
+    b: &mut [F],
+    f: impl Fn(&mut F, F, &mut F) + Sync,
+) {
+    use rayon::prelude::*;
+    let body = |p: &mut [F], g: &[F], b: &mut [F]| {
+        p.iter_mut()
+            .zip(g)
+            .zip(b.iter_mut())
+            .for_each(|((p, &g), b)| f(p, g, b))
+    };
+    if parallel(p.len()) {
+        p.par_chunks_mut(CHUNK)
+            .zip(g.par_chunks(CHUNK))
+            .zip(b.par_chunks_mut(CHUNK))
+            .for_each(|((p, g), b)| body(p, g, b));
+    } else {
+        body(p, g, b);
+    }
+}
+
+/// `f(p[i], g[i], m[i], v[i])` for every element (a fused step with two state buffers).
+pub(crate) fn zip4<F: Real>(
+    p: &mut [F],
+    g: &[F],
+    m: &mut [F],
+    v: &mut [F],
+    f: impl Fn(&mut F, F, &mut F, &mut F) + Sync,
+) {
+    use rayon::prelude::*;
+    let body = |p: &mut [F], g: &[F], m: &mut [F], v: &mut [F]| {
+        p.iter_mut()
+            .zip(g)
+            .zip(m.iter_mut())
+            .zip(v.iter_mut())
+            .for_each(|(((p, &g), m), v)| f(p, g, m, v))
+    };
+    if parallel(p.len()) {
+        p.par_chunks_mut(CHUNK)
+            .zip(g.par_chunks(CHUNK))
+            .zip(m.par_chunks_mut(CHUNK))
+            .zip(v.par_chunks_mut(CHUNK))
+            .for_each(|(((p, g), m), v)| body(p, g, m, v));
+    } else {
+        body(p, g, m, v);
+    }
+}
+
+/// Whether `t` can be read and updated where it lies as an `F` slice (dtype `F`,
+/// contiguous): the fused paths' condition.
+pub(crate) fn in_place<F: Real>(t: &Raw) -> bool {
+    t.dtype() == F::DTYPE && t.is_contiguous()
+}
+
+/// `f` over the values of an [`in_place`] tensor, where they lie.
+pub(crate) fn with_slice<F: Real, R>(t: &Raw, f: impl FnOnce(&[F]) -> R) -> R {
+    let st = t.storage();
+    let r = t.layout().contiguous_range().expect("contiguous");
+    f(&F::slice(st.cpu()).expect("dtype matches storage")[r])
+}
+
+/// `f` over the values of an [`in_place`] tensor, mutably, where they lie.
+pub(crate) fn with_slice_mut<F: Real, R>(t: &Raw, f: impl FnOnce(&mut [F]) -> R) -> R {
+    let mut st = t.storage_mut();
+    let r = t.layout().contiguous_range().expect("contiguous");
+    f(&mut F::slice_mut(st.cpu_mut()).expect("dtype matches storage")[r])
 }
 
 /// Whether a parameter of `dtype` is updated in float64 (else float32).
@@ -56,10 +133,8 @@ pub(crate) fn computes_in_f64(dtype: DType) -> bool {
 
 /// The elements of `t` as `F`, in row-major order.
 pub(crate) fn read<F: Real>(t: &Raw) -> Vec<F> {
-    if t.dtype() == F::DTYPE && t.is_contiguous() {
-        let st = t.storage();
-        let r = t.layout().contiguous_range().expect("contiguous");
-        return F::slice(st.cpu()).expect("dtype matches storage")[r].to_vec();
+    if in_place::<F>(t) {
+        return with_slice(t, <[F]>::to_vec);
     }
     t.to_vec_as::<F>()
 }
@@ -67,10 +142,8 @@ pub(crate) fn read<F: Real>(t: &Raw) -> Vec<F> {
 /// Run `f` over the tensor's values as a mutable `F` slice and write them back (in place
 /// when the tensor is contiguous and of dtype `F`).
 pub(crate) fn update<F: Real>(p: &Raw, f: impl FnOnce(&mut [F])) -> Result<()> {
-    if p.dtype() == F::DTYPE && p.is_contiguous() {
-        let mut st = p.storage_mut();
-        let r = p.layout().contiguous_range().expect("contiguous");
-        f(&mut F::slice_mut(st.cpu_mut()).expect("dtype matches storage")[r]);
+    if in_place::<F>(p) {
+        with_slice_mut(p, f);
         return Ok(());
     }
     let mut v = p.to_vec_as::<F>();
