@@ -129,6 +129,13 @@ impl Geo {
     fn pointwise(&self) -> bool {
         self.k == [1; 3] && self.s == [1; 3] && self.p == [0; 3]
     }
+    /// Stride 1 in height and width and an output as wide as the input ("same"
+    /// padding, the common case): output rows are input rows shifted by a constant, so
+    /// every row of an im2col tile is, within one depth plane, a single contiguous run
+    /// of the input plus padding (see [`for_each_run`]).
+    fn rows_contiguous(&self) -> bool {
+        self.s[1] == 1 && self.s[2] == 1 && self.os[2] == self.is[2] && !self.pointwise()
+    }
     /// Output positions per tile: the column buffer (`kk × tile`) stays near 768 KB.
     fn tile<C>(&self) -> usize {
         let per = (768 * 1024 / std::mem::size_of::<C>()) / self.kk().max(1);
@@ -707,6 +714,153 @@ fn im2col<C: Real>(x: &[C], g: &Geo, l0: usize, t: usize, cols: &mut [C]) {
     });
 }
 
+/// One piece of a tile row in the [`Geo::rows_contiguous`] walk.
+#[derive(Clone, Copy)]
+enum Piece {
+    /// Tile columns `j .. j + len` read padding rows (or planes).
+    Zero { j: usize, len: usize },
+    /// Tile columns `j .. j + len` read input elements `src ..` one for one, except
+    /// the padding columns at the ends of each output row ([`Run::pads`]).
+    Run(Run),
+}
+
+#[derive(Clone, Copy)]
+struct Run {
+    j: usize,
+    len: usize,
+    src: usize,
+    /// Position in the output plane of the run's first column.
+    q: usize,
+    /// Output (= input) width.
+    ow: usize,
+    /// Horizontal shift of the tap: output column `xw` reads input column `xw + dx`.
+    dx: isize,
+}
+
+impl Run {
+    /// Calls `f(j, len)` for the run's tile columns that read padding: the first `-dx`
+    /// (or last `dx`) columns of each output row it covers.
+    fn pads(&self, mut f: impl FnMut(usize, usize)) {
+        let ow = self.ow;
+        let w = self.dx.unsigned_abs().min(ow);
+        let (c0, c1) = if self.dx < 0 { (0, w) } else { (ow - w, ow) };
+        if c0 == c1 {
+            return;
+        }
+        let (qa, qb) = (self.q, self.q + self.len);
+        let mut row = qa / ow * ow;
+        while row < qb {
+            let (a, b) = ((row + c0).max(qa), (row + c1).min(qb));
+            if a < b {
+                f(self.j + a - qa, b - a);
+            }
+            row += ow;
+        }
+    }
+}
+
+/// The [`Geo::rows_contiguous`] walk of a `kk × t` tile for output positions
+/// `l0 .. l0 + t`: `f(tile_row, piece)` for every piece of every row, at most one
+/// [`Piece::Run`] per row and depth plane, so the copies are long (whole rows of
+/// output rows) instead of one per output row.
+fn for_each_run(g: &Geo, l0: usize, t: usize, mut f: impl FnMut(usize, Piece)) {
+    let [_, oh, ow] = g.os;
+    let [id, ih, iw] = g.is;
+    let [kd, kh, kw] = g.k;
+    let (il, plane_in, plane) = (g.il(), ih * iw, oh * ow);
+    let end = l0 + t;
+    let mut r = 0;
+    for ci in 0..g.c {
+        for a in 0..kd {
+            for b in 0..kh {
+                let dy = (b * g.d[1]) as isize - g.p[1] as isize;
+                for e in 0..kw {
+                    let dx = (e * g.d[2]) as isize - g.p[2] as isize;
+                    let shift = dy * iw as isize + dx;
+                    // Plane positions whose input row exists and whose input element
+                    // lies inside the plane (the others are padding).
+                    let lo = ((-dy).clamp(0, oh as isize) as usize * ow)
+                        .max((-shift).max(0) as usize);
+                    let hi = ((ih as isize - dy).clamp(0, oh as isize) as usize * ow)
+                        .min((plane_in as isize - shift).max(0) as usize);
+                    let mut l = l0;
+                    while l < end {
+                        let zd = l / plane;
+                        let q0 = l - zd * plane;
+                        let len = (plane - q0).min(end - l);
+                        let j = l - l0;
+                        let zi = (zd * g.s[0] + a * g.d[0]) as isize - g.p[0] as isize;
+                        if zi < 0 || zi >= id as isize {
+                            f(r, Piece::Zero { j, len });
+                        } else {
+                            let qa = lo.clamp(q0, q0 + len);
+                            let qb = hi.clamp(qa, q0 + len);
+                            if qa > q0 {
+                                f(r, Piece::Zero { j, len: qa - q0 });
+                            }
+                            if qb > qa {
+                                let src = ci * il + zi as usize * plane_in;
+                                let run = Run {
+                                    j: j + qa - q0,
+                                    len: qb - qa,
+                                    src: (src as isize + qa as isize + shift) as usize,
+                                    q: qa,
+                                    ow,
+                                    dx,
+                                };
+                                f(r, Piece::Run(run));
+                            }
+                            if q0 + len > qb {
+                                f(r, Piece::Zero { j: j + qb - q0, len: q0 + len - qb });
+                            }
+                        }
+                        l += len;
+                    }
+                    r += 1;
+                }
+            }
+        }
+    }
+}
+
+/// `dst = src` in `dst`'s type (a copy, or a vectorised widening cast).
+fn copy_into<T: Element, C: Real>(src: &[T], dst: &mut [C]) {
+    match as_same::<T, C>(src) {
+        Some(s) => dst.copy_from_slice(s),
+        None => cast_into(src, dst),
+    }
+}
+
+/// im2col for [`Geo::rows_contiguous`] convolutions, straight from the input's own
+/// dtype `T` (16-bit inputs are widened run by run, with no plane copy).
+fn im2col_rows<T: Element, C: Real>(x: &[T], g: &Geo, l0: usize, t: usize, cols: &mut [C]) {
+    for_each_run(g, l0, t, |r, piece| {
+        let row = &mut cols[r * t..(r + 1) * t];
+        match piece {
+            Piece::Zero { j, len } => row[j..j + len].fill(C::zero()),
+            Piece::Run(run) => {
+                copy_into(&x[run.src..run.src + run.len], &mut row[run.j..run.j + run.len]);
+                run.pads(|j, len| row[j..j + len].fill(C::zero()));
+            }
+        }
+    });
+}
+
+/// col2im for [`Geo::rows_contiguous`] convolutions: each run's padding columns are
+/// cleared in the (scratch) tile, then the run is added to the input planes at once.
+fn col2im_rows<C: Real>(cols: &mut [C], g: &Geo, l0: usize, t: usize, x: &mut [C]) {
+    for_each_run(g, l0, t, |r, piece| {
+        if let Piece::Run(run) = piece {
+            let row = &mut cols[r * t..(r + 1) * t];
+            run.pads(|j, len| row[j..j + len].fill(C::zero()));
+            let src = &row[run.j..run.j + run.len];
+            for (d, &v) in x[run.src..run.src + run.len].iter_mut().zip(src) {
+                *d = *d + v;
+            }
+        }
+    });
+}
+
 /// col2im: add a `kk × t` column tile back into the input planes `x` (`c × il`).
 fn col2im<C: Real>(cols: &[C], g: &Geo, l0: usize, t: usize, x: &mut [C]) {
     let p = g.p[2];
@@ -793,10 +947,11 @@ fn forward<T: Element, C: Real>(
     let bias = bias_in::<C>(bias)?;
     let t = g.tile::<C>();
     let pointwise = g.pointwise();
+    let rows = g.rows_contiguous();
     let cols_len = if pointwise { 0 } else { kk * t };
-    // 16-bit inputs: one group's input planes widened once, in cache; im2col then
-    // copies as for float32.
-    let scratch = (cols_len, g.c * il);
+    // 16-bit inputs: the contiguous-rows im2col widens as it copies; otherwise one
+    // group's input planes are widened once, in cache, and im2col copies as for float32.
+    let scratch = (cols_len, if rows { 0 } else { g.c * il });
     with_storage::<T, _>(input, |x| {
         with_compute::<C, _>(weight, |w| {
             for_samples(&mut out, per, g.n, scratch, |i, y, cols, xbuf, par| {
@@ -810,14 +965,18 @@ fn forward<T: Element, C: Real>(
                     let xg = &x[(i * g.groups + gi) * g.c * il..][..g.c * il];
                     let wg: Mat<'_, C> = (&w[gi * g.o * kk..][..g.o * kk], kk, 1);
                     let yg = &mut y[gi * g.o * ol..][..g.o * ol];
-                    let xc: &[C] = widened(xg, &mut *xbuf);
+                    let xc: &[C] = if rows { &[] } else { widened(xg, &mut *xbuf) };
                     let mut l0 = 0;
                     while l0 < ol {
                         let tt = t.min(ol - l0);
                         let b: Mat<'_, C> = if pointwise {
                             (&xc[l0..], il, 1)
                         } else {
-                            im2col(xc, g, l0, tt, cols);
+                            if rows {
+                                im2col_rows(xg, g, l0, tt, cols);
+                            } else {
+                                im2col(xc, g, l0, tt, cols);
+                            }
                             (&cols[..kk * tt], tt, 1)
                         };
                         gemm_into(g.o, tt, kk, &mut yg[l0..], ol, bias.is_some(), wg, b, par);
@@ -845,6 +1004,7 @@ fn backward_data<T: Element, C: Real>(
     let bias = bias_in::<C>(bias)?;
     let t = g.tile::<C>();
     let pointwise = g.pointwise();
+    let rows = g.rows_contiguous();
     let cols_len = if pointwise { 0 } else { kk * t };
     // 16-bit gradients: one group's output gradient widened in cache.
     let scratch = (cols_len, g.o * ol);
@@ -867,7 +1027,11 @@ fn backward_data<T: Element, C: Real>(
                             gemm_into(kk, tt, g.o, &mut xg[l0..], il, false, wt, b, par);
                         } else {
                             gemm_into(kk, tt, g.o, cols, tt, false, wt, b, par);
-                            col2im(&cols[..kk * tt], g, l0, tt, xg);
+                            if rows {
+                                col2im_rows(&mut cols[..kk * tt], g, l0, tt, xg);
+                            } else {
+                                col2im(&cols[..kk * tt], g, l0, tt, xg);
+                            }
                         }
                         l0 += tt;
                     }
@@ -896,11 +1060,16 @@ fn weight_grad<T: Element, C: Real>(
     let wlen = g.groups * g.o * kk;
     let t = g.tile::<C>();
     let pointwise = g.pointwise();
+    let rows = g.rows_contiguous();
     let convert = T::DTYPE != C::DTYPE;
     let cols_len = if pointwise { 0 } else { kk * t };
-    // Scratch: the column tile, then (16-bit types) one group's output gradient and its
-    // input planes in C.
-    let extra = if convert { g.o * ol + g.c * il } else { 0 };
+    // Scratch: the column tile, then (16-bit types) one group's output gradient and
+    // (unless the contiguous-rows im2col widens as it copies) its input planes in C.
+    let extra = match (convert, rows) {
+        (false, _) => 0,
+        (true, true) => g.o * ol,
+        (true, false) => g.o * ol + g.c * il,
+    };
     let scratch_len = cols_len + extra;
     let acc = with_storage::<T, _>(input, |x| {
         with_storage::<T, _>(grad, |gy| {
@@ -911,7 +1080,7 @@ fn weight_grad<T: Element, C: Real>(
                     let xg = &x[(i * g.groups + gi) * g.c * il..][..g.c * il];
                     let gyt = &gy[(i * g.groups + gi) * g.o * ol..][..g.o * ol];
                     let gyg = widened(gyt, &mut *gbuf);
-                    let xc: &[C] = widened(xg, &mut *xbuf);
+                    let xc: &[C] = if rows { &[] } else { widened(xg, &mut *xbuf) };
                     let ag = &mut acc[gi * g.o * kk..][..g.o * kk];
                     let mut l0 = 0;
                     while l0 < ol {
@@ -921,7 +1090,11 @@ fn weight_grad<T: Element, C: Real>(
                         let b: Mat<'_, C> = if pointwise {
                             (&xc[l0..], 1, il)
                         } else {
-                            im2col(xc, g, l0, tt, cols);
+                            if rows {
+                                im2col_rows(xg, g, l0, tt, cols);
+                            } else {
+                                im2col(xc, g, l0, tt, cols);
+                            }
                             (&cols[..kk * tt], 1, tt)
                         };
                         gemm_into(g.o, kk, tt, ag, kk, true, a, b, par);

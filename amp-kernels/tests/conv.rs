@@ -169,51 +169,58 @@ fn rounded(t: &Tensor, dtype: DType) -> (Tensor, Vec<f64>) {
 
 const DTYPES: [DType; 4] = [DType::F64, DType::F32, DType::BF16, DType::F16];
 
+/// The forward, input, weight and bias gradients of case `c` (inputs drawn from
+/// `seed`) in every float dtype against the direct loops.
+fn check(c: &Case, seed: u64, bias: bool) {
+    let mut gen = Generator::new(seed);
+    let x64 = randn(&c.x_dims(), &mut gen);
+    let w64 = randn(&c.w_dims(), &mut gen);
+    let b64 = randn(&[c.groups * c.og], &mut gen);
+    let g64 = randn(&c.y_dims(), &mut gen);
+    let p = c.params();
+    assert_eq!(conv_output_dims(&c.x_dims(), &c.w_dims(), &p, false).unwrap(), c.y_dims());
+    for dtype in DTYPES {
+        let (x, xv) = rounded(&x64, dtype);
+        let (w, wv) = rounded(&w64, dtype);
+        let (b, bv) = rounded(&b64, dtype);
+        let (g, gv) = rounded(&g64, dtype);
+        let ylen = gv.len();
+        let mut y = vec![0.0; ylen];
+        let mut gx = vec![0.0; xv.len()];
+        let mut gw = vec![0.0; wv.len()];
+        each_tap(&c, |xi, wi, yi| {
+            y[yi] += xv[xi] * wv[wi];
+            gx[xi] += gv[yi] * wv[wi];
+            gw[wi] += gv[yi] * xv[xi];
+        });
+        let per = ylen / (c.n * c.groups * c.og);
+        if bias {
+            for (i, v) in y.iter_mut().enumerate() {
+                *v += bv[(i / per) % (c.groups * c.og)];
+            }
+        }
+        let out = conv(&x, &w, bias.then_some(&b), &p).unwrap();
+        assert_eq!(out.dims().to_vec(), c.y_dims());
+        assert_close(&out, &y, dtype, "conv");
+        let gi = conv_input_grad(&g, &w, &c.x_dims(), &p).unwrap();
+        assert_close(&gi, &gx, dtype, "input grad");
+        let gwk = conv_weight_grad(&x, &g, &c.w_dims(), &p).unwrap();
+        assert_close(&gwk, &gw, dtype, "weight grad");
+        let mut gb = vec![0.0; c.groups * c.og];
+        for (i, v) in gv.iter().enumerate() {
+            gb[(i / per) % (c.groups * c.og)] += v;
+        }
+        assert_close(&conv_bias_grad(&g).unwrap(), &gb, dtype, "bias grad");
+    }
+}
+
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
 
     #[test]
     fn forward_and_grads_match_direct_loops(c in case_strategy(), seed in 0u64..1000, bias in any::<bool>()) {
-        let mut gen = Generator::new(seed);
-        let x64 = randn(&c.x_dims(), &mut gen);
-        let w64 = randn(&c.w_dims(), &mut gen);
-        let b64 = randn(&[c.groups * c.og], &mut gen);
-        let g64 = randn(&c.y_dims(), &mut gen);
-        let p = c.params();
-        prop_assert_eq!(conv_output_dims(&c.x_dims(), &c.w_dims(), &p, false).unwrap(), c.y_dims());
-        for dtype in DTYPES {
-            let (x, xv) = rounded(&x64, dtype);
-            let (w, wv) = rounded(&w64, dtype);
-            let (b, bv) = rounded(&b64, dtype);
-            let (g, gv) = rounded(&g64, dtype);
-            let ylen = gv.len();
-            let mut y = vec![0.0; ylen];
-            let mut gx = vec![0.0; xv.len()];
-            let mut gw = vec![0.0; wv.len()];
-            each_tap(&c, |xi, wi, yi| {
-                y[yi] += xv[xi] * wv[wi];
-                gx[xi] += gv[yi] * wv[wi];
-                gw[wi] += gv[yi] * xv[xi];
-            });
-            let per = ylen / (c.n * c.groups * c.og);
-            if bias {
-                for (i, v) in y.iter_mut().enumerate() {
-                    *v += bv[(i / per) % (c.groups * c.og)];
-                }
-            }
-            let out = conv(&x, &w, bias.then_some(&b), &p).unwrap();
-            prop_assert_eq!(out.dims().to_vec(), c.y_dims());
-            assert_close(&out, &y, dtype, "conv");
-            let gi = conv_input_grad(&g, &w, &c.x_dims(), &p).unwrap();
-            assert_close(&gi, &gx, dtype, "input grad");
-            let gwk = conv_weight_grad(&x, &g, &c.w_dims(), &p).unwrap();
-            assert_close(&gwk, &gw, dtype, "weight grad");
-            let mut gb = vec![0.0; c.groups * c.og];
-            for (i, v) in gv.iter().enumerate() {
-                gb[(i / per) % (c.groups * c.og)] += v;
-            }
-            assert_close(&conv_bias_grad(&g).unwrap(), &gb, dtype, "bias grad");
-        }
+        check(&c, seed, bias);
     }
 
     #[test]
@@ -248,6 +255,45 @@ proptest! {
             *v += bv[(i / per) % (c.groups * c.cg)];
         }
         assert_close(&got, &want, DType::F64, "conv_transpose");
+    }
+}
+
+/// Convolutions with stride 1 across rows and "same" width, whose im2col copies whole
+/// runs of rows: tiles that end mid-row and span depth planes, dilation, unpadded
+/// height, padding wider than the input, 1d, strided depth, groups.
+#[test]
+fn same_width_tiles_match_direct_loops() {
+    #[rustfmt::skip]
+    let cases: [(usize, usize, usize, usize, &[usize], &[usize], &[usize], &[usize], &[usize]); 8] = [
+        // n, groups, cg, og, input, kernel, stride, padding, dilation
+        (2, 1, 64, 8, &[20, 20], &[3, 3], &[1], &[1], &[1]),
+        (1, 1, 48, 4, &[18, 19], &[3, 3], &[1], &[2], &[2]),
+        (1, 2, 16, 4, &[8, 8, 8], &[3, 3, 3], &[1], &[1], &[1]),
+        (2, 1, 40, 3, &[9, 12], &[3, 5], &[1], &[0, 2], &[1]),
+        (1, 1, 8, 2, &[9, 7], &[2, 3], &[1], &[2, 1], &[1]),
+        (3, 1, 5, 2, &[3, 1], &[3, 3], &[1], &[1, 1], &[1]),
+        (2, 3, 4, 2, &[11], &[5], &[1], &[2], &[1]),
+        (1, 1, 6, 3, &[5, 4, 4], &[3, 3, 3], &[2, 1, 1], &[1], &[1]),
+    ];
+    for (i, (n, groups, cg, og, input, kernel, stride, padding, dilation)) in
+        cases.into_iter().enumerate()
+    {
+        let rank = input.len();
+        let full = |v: &[usize]| if v.len() == 1 { vec![v[0]; rank] } else { v.to_vec() };
+        let c = Case {
+            rank,
+            n,
+            groups,
+            cg,
+            og,
+            input: input.to_vec(),
+            kernel: kernel.to_vec(),
+            stride: full(stride),
+            padding: full(padding),
+            dilation: full(dilation),
+        };
+        assert_eq!(c.out()[rank - 1], input[rank - 1], "case {i} is not same-width");
+        check(&c, i as u64, i % 2 == 0);
     }
 }
 
