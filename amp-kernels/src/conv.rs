@@ -779,8 +779,8 @@ fn for_each_run(g: &Geo, l0: usize, t: usize, mut f: impl FnMut(usize, Piece)) {
                     let shift = dy * iw as isize + dx;
                     // Plane positions whose input row exists and whose input element
                     // lies inside the plane (the others are padding).
-                    let lo = ((-dy).clamp(0, oh as isize) as usize * ow)
-                        .max((-shift).max(0) as usize);
+                    let lo =
+                        ((-dy).clamp(0, oh as isize) as usize * ow).max((-shift).max(0) as usize);
                     let hi = ((ih as isize - dy).clamp(0, oh as isize) as usize * ow)
                         .min((plane_in as isize - shift).max(0) as usize);
                     let mut l = l0;
@@ -811,7 +811,13 @@ fn for_each_run(g: &Geo, l0: usize, t: usize, mut f: impl FnMut(usize, Piece)) {
                                 f(r, Piece::Run(run));
                             }
                             if q0 + len > qb {
-                                f(r, Piece::Zero { j: j + qb - q0, len: q0 + len - qb });
+                                f(
+                                    r,
+                                    Piece::Zero {
+                                        j: j + qb - q0,
+                                        len: q0 + len - qb,
+                                    },
+                                );
                             }
                         }
                         l += len;
@@ -839,7 +845,10 @@ fn im2col_rows<T: Element, C: Real>(x: &[T], g: &Geo, l0: usize, t: usize, cols:
         match piece {
             Piece::Zero { j, len } => row[j..j + len].fill(C::zero()),
             Piece::Run(run) => {
-                copy_into(&x[run.src..run.src + run.len], &mut row[run.j..run.j + run.len]);
+                copy_into(
+                    &x[run.src..run.src + run.len],
+                    &mut row[run.j..run.j + run.len],
+                );
                 run.pads(|j, len| row[j..j + len].fill(C::zero()));
             }
         }

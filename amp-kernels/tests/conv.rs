@@ -178,7 +178,10 @@ fn check(c: &Case, seed: u64, bias: bool) {
     let b64 = randn(&[c.groups * c.og], &mut gen);
     let g64 = randn(&c.y_dims(), &mut gen);
     let p = c.params();
-    assert_eq!(conv_output_dims(&c.x_dims(), &c.w_dims(), &p, false).unwrap(), c.y_dims());
+    assert_eq!(
+        conv_output_dims(&c.x_dims(), &c.w_dims(), &p, false).unwrap(),
+        c.y_dims()
+    );
     for dtype in DTYPES {
         let (x, xv) = rounded(&x64, dtype);
         let (w, wv) = rounded(&w64, dtype);
@@ -213,7 +216,6 @@ fn check(c: &Case, seed: u64, bias: bool) {
         assert_close(&conv_bias_grad(&g).unwrap(), &gb, dtype, "bias grad");
     }
 }
-
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
@@ -279,7 +281,13 @@ fn same_width_tiles_match_direct_loops() {
         cases.into_iter().enumerate()
     {
         let rank = input.len();
-        let full = |v: &[usize]| if v.len() == 1 { vec![v[0]; rank] } else { v.to_vec() };
+        let full = |v: &[usize]| {
+            if v.len() == 1 {
+                vec![v[0]; rank]
+            } else {
+                v.to_vec()
+            }
+        };
         let c = Case {
             rank,
             n,
@@ -292,7 +300,11 @@ fn same_width_tiles_match_direct_loops() {
             padding: full(padding),
             dilation: full(dilation),
         };
-        assert_eq!(c.out()[rank - 1], input[rank - 1], "case {i} is not same-width");
+        assert_eq!(
+            c.out()[rank - 1],
+            input[rank - 1],
+            "case {i} is not same-width"
+        );
         check(&c, i as u64, i % 2 == 0);
     }
 }

@@ -266,20 +266,26 @@ pub fn gather_cast<T: Element, U: Element>(src: &[T], layout: &Layout) -> Vec<U>
     if let Some(out) = gather_transposed(src, layout) {
         return out;
     }
-    let mut out = crate::pool::take::<U>(layout.elem_count()).unwrap_or_default();
-    out.clear();
-    out.reserve_exact(layout.elem_count());
-    layout.for_each_run(|start, len, stride| {
-        if stride == 1 {
-            out.extend(src[start..start + len].iter().map(|v| v.cast::<U>()));
-        } else if stride == 0 {
-            // A broadcast (expanded) dimension: one value repeated.
-            out.extend(std::iter::repeat_n(src[start].cast::<U>(), len));
-        } else {
-            out.extend((0..len).map(|i| src[start + i * stride].cast::<U>()));
-        }
-    });
-    out
+    fill_vec(layout.elem_count(), |out| {
+        let mut i = 0;
+        layout.for_each_run(|start, len, stride| {
+            let dst = &mut out[i..i + len];
+            if stride == 1 {
+                cast_chunk(&src[start..start + len], dst);
+            } else if stride == 0 {
+                // Broadcast (expanded) dimensions: one value repeated.
+                let v = src[start].cast::<U>();
+                dst.iter_mut().for_each(|d| {
+                    d.write(v);
+                });
+            } else {
+                for (k, d) in dst.iter_mut().enumerate() {
+                    d.write(src[start + k * stride].cast::<U>());
+                }
+            }
+            i += len;
+        });
+    })
 }
 
 /// Side of the square tiles [`gather_transposed`] copies through.

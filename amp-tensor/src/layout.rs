@@ -321,8 +321,11 @@ impl Layout {
         StridedOffsets::new(self)
     }
 
-    /// Visit the elements as runs along the last dimension: `f(start, len, stride)` is
-    /// called once per run, in row-major order. Kernels use it to keep inner loops tight.
+    /// Visit the elements as runs along the innermost dimension, after merging the
+    /// dimensions that walk memory as one (size-1 dims dropped; a dim folded into the next
+    /// when its stride is the next one's stride times size, as in a contiguous block or a
+    /// run of broadcast dims): `f(start, len, stride)` is called once per run, in
+    /// row-major order. Kernels use it to keep inner loops tight.
     pub fn for_each_run(&self, mut f: impl FnMut(usize, usize, usize)) {
         let n = self.elem_count();
         if n == 0 {
@@ -331,10 +334,11 @@ impl Layout {
         if let Some(r) = self.contiguous_range() {
             return f(r.start, n, 1);
         }
-        let rank = self.rank();
-        let (inner, inner_stride) = (self.dims()[rank - 1], self.strides[rank - 1]);
-        let outer = &self.dims()[..rank - 1];
-        let outer_strides = &self.strides[..rank - 1];
+        let (dims, strides) = self.coalesced();
+        let rank = dims.len();
+        let (inner, inner_stride) = (dims[rank - 1], strides[rank - 1]);
+        let outer = &dims[..rank - 1];
+        let outer_strides = &strides[..rank - 1];
         let mut idx = vec![0usize; outer.len()];
         let mut off = self.offset;
         for _ in 0..n / inner {
@@ -348,6 +352,36 @@ impl Layout {
                 off -= outer_strides[d] * outer[d];
                 idx[d] = 0;
             }
+        }
+    }
+}
+
+impl Layout {
+    /// Dims and strides with size-1 dims dropped and each dim merged into the next one
+    /// when `stride[d] == stride[d + 1] * dim[d + 1]` (they then address memory as one
+    /// dim); at least one dim. The same elements in the same order.
+    fn coalesced(&self) -> (Vec<usize>, Vec<usize>) {
+        let mut dims: Vec<usize> = Vec::with_capacity(self.rank());
+        let mut strides: Vec<usize> = Vec::with_capacity(self.rank());
+        for (&d, &s) in self.dims().iter().zip(&self.strides) {
+            if d == 1 {
+                continue;
+            }
+            match (dims.last_mut(), strides.last_mut()) {
+                (Some(pd), Some(ps)) if *ps == s * d => {
+                    *pd *= d;
+                    *ps = s;
+                }
+                _ => {
+                    dims.push(d);
+                    strides.push(s);
+                }
+            }
+        }
+        if dims.is_empty() {
+            (vec![1], vec![1])
+        } else {
+            (dims, strides)
         }
     }
 }
@@ -417,6 +451,52 @@ mod tests {
         let mut v = Vec::new();
         l.for_each_run(|s, n, st| v.extend((0..n).map(|i| s + i * st)));
         assert_eq!(v, l.offsets().collect::<Vec<_>>());
+    }
+
+    /// `(start, len, stride)` of every run of `l`, checked against its offsets.
+    fn runs(l: &Layout) -> Vec<(usize, usize, usize)> {
+        let (mut runs, mut offsets) = (Vec::new(), Vec::new());
+        l.for_each_run(|s, n, st| {
+            runs.push((s, n, st));
+            offsets.extend((0..n).map(|i| s + i * st));
+        });
+        assert_eq!(offsets, l.offsets().collect::<Vec<_>>(), "{l:?}");
+        runs
+    }
+
+    #[test]
+    fn runs_merge_dims_that_walk_memory_as_one() {
+        // Broadcast dims: one run over the whole tensor.
+        let e = Layout::contiguous([1]).broadcast_as(&[4, 3, 5]).unwrap();
+        assert_eq!(runs(&e), vec![(0, 60, 0)]);
+        // Rows of a column slice: the dims before it merge, the row stays a run.
+        let s = Layout::contiguous([2, 3, 8]).slice(2, 1, 5, 1).unwrap();
+        assert_eq!(
+            runs(&s),
+            vec![
+                (1, 4, 1),
+                (9, 4, 1),
+                (17, 4, 1),
+                (25, 4, 1),
+                (33, 4, 1),
+                (41, 4, 1)
+            ]
+        );
+        // A bias broadcast over rows: runs of the row; a size-1 dim in between is dropped.
+        let b = Layout::contiguous([1, 1, 3])
+            .broadcast_as(&[2, 1, 3])
+            .unwrap();
+        assert_eq!(runs(&b), vec![(0, 3, 1), (0, 3, 1)]);
+        // A transpose keeps its element-wise runs.
+        let t = Layout::contiguous([2, 3]).transpose(0, 1).unwrap();
+        assert_eq!(runs(&t), vec![(0, 2, 3), (1, 2, 3), (2, 2, 3)]);
+        // Every dim of size 1 (a non-contiguous offset view of one element).
+        let one = Layout::contiguous([4, 4])
+            .slice(0, 2, 3, 1)
+            .unwrap()
+            .slice(1, 1, 2, 1)
+            .unwrap();
+        assert_eq!(runs(&one), vec![(9, 1, 1)]);
     }
 
     #[test]
