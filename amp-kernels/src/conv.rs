@@ -400,8 +400,23 @@ pub fn conv_bias_grad(grad_output: &Tensor) -> Result<Tensor> {
             grad_output.dims()
         )));
     }
-    let dims: Vec<i64> = (0..grad_output.rank() as i64).filter(|&d| d != 1).collect();
-    crate::sum(grad_output, &dims, false, None)
+    // Two passes, each over contiguous rows: the spatial dims per (sample, channel),
+    // then the batch. The partial sums stay in the compute type (float32 for 16-bit
+    // types) and are rounded once. One pass over dims (0, 2, ...) would permute the
+    // whole gradient into a copy first.
+    let dtype = grad_output.dtype();
+    let compute = if dtype == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    };
+    let spatial: Vec<i64> = (2..grad_output.rank() as i64).collect();
+    let partial = if spatial.is_empty() {
+        grad_output.to_dtype(compute)?
+    } else {
+        crate::sum(grad_output, &spatial, false, Some(compute))?
+    };
+    crate::sum(&partial, &[0], false, None)?.to_dtype(dtype)
 }
 
 fn check_bias(bias: Option<&Tensor>, channels: usize) -> Result<()> {

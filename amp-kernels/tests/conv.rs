@@ -191,7 +191,7 @@ fn check(c: &Case, seed: u64, bias: bool) {
         let mut y = vec![0.0; ylen];
         let mut gx = vec![0.0; xv.len()];
         let mut gw = vec![0.0; wv.len()];
-        each_tap(&c, |xi, wi, yi| {
+        each_tap(c, |xi, wi, yi| {
             y[yi] += xv[xi] * wv[wi];
             gx[xi] += gv[yi] * wv[wi];
             gw[wi] += gv[yi] * xv[xi];
@@ -265,21 +265,19 @@ proptest! {
 /// height, padding wider than the input, 1d, strided depth, groups.
 #[test]
 fn same_width_tiles_match_direct_loops() {
-    #[rustfmt::skip]
-    let cases: [(usize, usize, usize, usize, &[usize], &[usize], &[usize], &[usize], &[usize]); 8] = [
-        // n, groups, cg, og, input, kernel, stride, padding, dilation
-        (2, 1, 64, 8, &[20, 20], &[3, 3], &[1], &[1], &[1]),
-        (1, 1, 48, 4, &[18, 19], &[3, 3], &[1], &[2], &[2]),
-        (1, 2, 16, 4, &[8, 8, 8], &[3, 3, 3], &[1], &[1], &[1]),
-        (2, 1, 40, 3, &[9, 12], &[3, 5], &[1], &[0, 2], &[1]),
-        (1, 1, 8, 2, &[9, 7], &[2, 3], &[1], &[2, 1], &[1]),
-        (3, 1, 5, 2, &[3, 1], &[3, 3], &[1], &[1, 1], &[1]),
-        (2, 3, 4, 2, &[11], &[5], &[1], &[2], &[1]),
-        (1, 1, 6, 3, &[5, 4, 4], &[3, 3, 3], &[2, 1, 1], &[1], &[1]),
-    ];
-    for (i, (n, groups, cg, og, input, kernel, stride, padding, dilation)) in
-        cases.into_iter().enumerate()
-    {
+    /// A case from per-dim lists (one value applies to every spatial dim).
+    #[allow(clippy::too_many_arguments)]
+    fn case(
+        n: usize,
+        groups: usize,
+        cg: usize,
+        og: usize,
+        input: &[usize],
+        kernel: &[usize],
+        stride: &[usize],
+        padding: &[usize],
+        dilation: &[usize],
+    ) -> Case {
         let rank = input.len();
         let full = |v: &[usize]| {
             if v.len() == 1 {
@@ -288,7 +286,7 @@ fn same_width_tiles_match_direct_loops() {
                 v.to_vec()
             }
         };
-        let c = Case {
+        Case {
             rank,
             n,
             groups,
@@ -299,13 +297,24 @@ fn same_width_tiles_match_direct_loops() {
             stride: full(stride),
             padding: full(padding),
             dilation: full(dilation),
-        };
-        assert_eq!(
-            c.out()[rank - 1],
-            input[rank - 1],
-            "case {i} is not same-width"
-        );
-        check(&c, i as u64, i % 2 == 0);
+        }
+    }
+    #[rustfmt::skip]
+    let cases = [
+        // n, groups, cg, og, input, kernel, stride, padding, dilation
+        case(2, 1, 64, 8, &[20, 20], &[3, 3], &[1], &[1], &[1]),
+        case(1, 1, 48, 4, &[18, 19], &[3, 3], &[1], &[2], &[2]),
+        case(1, 2, 16, 4, &[8, 8, 8], &[3, 3, 3], &[1], &[1], &[1]),
+        case(2, 1, 40, 3, &[9, 12], &[3, 5], &[1], &[0, 2], &[1]),
+        case(1, 1, 8, 2, &[9, 7], &[2, 3], &[1], &[2, 1], &[1]),
+        case(3, 1, 5, 2, &[3, 1], &[3, 3], &[1], &[1, 1], &[1]),
+        case(2, 3, 4, 2, &[11], &[5], &[1], &[2], &[1]),
+        case(1, 1, 6, 3, &[5, 4, 4], &[3, 3, 3], &[2, 1, 1], &[1], &[1]),
+    ];
+    for (i, c) in cases.iter().enumerate() {
+        let last = c.rank - 1;
+        assert_eq!(c.out()[last], c.input[last], "case {i} is not same-width");
+        check(c, i as u64, i % 2 == 0);
     }
 }
 
