@@ -140,11 +140,17 @@ fn named(weight: &Tensor, bias: &Option<Tensor>) -> Vec<(String, Tensor)> {
     v
 }
 
+/// A convolution layer `$name` of spatial rank `$rank`: weight and bias created by
+/// `ConvOptions::parameters` (transposed or not), `forward` calling `$call` with the
+/// input, the parameters and the options bound to the four names given.
 macro_rules! conv_layer {
-    ($(#[$doc:meta])* $name:ident, $rank:expr, $f:path) => {
+    (
+        $(#[$doc:meta])* $name:ident, $rank:expr, transposed: $t:expr, weight: $wdoc:literal,
+        |$x:ident, $w:ident, $b:ident, $o:ident| $call:expr
+    ) => {
         $(#[$doc])*
         pub struct $name {
-            /// `[out, in / groups, k...]`.
+            #[doc = $wdoc]
             pub weight: Tensor,
             /// `[out]`, when the layer has a bias.
             pub bias: Option<Tensor>,
@@ -165,15 +171,15 @@ macro_rules! conv_layer {
             }
             /// With all hyper-parameters.
             pub fn with_options(options: ConvOptions, gen: &mut Generator) -> Result<Self> {
-                let (weight, bias) = options.parameters($rank, false, gen)?;
+                let (weight, bias) = options.parameters($rank, $t, gen)?;
                 Ok($name { weight, bias, options })
             }
         }
 
         impl Module for $name {
-            fn forward(&self, x: &Tensor) -> Result<Tensor> {
-                let o = &self.options;
-                $f(x, &self.weight, self.bias.as_ref(), &o.stride, &o.padding, &o.dilation, o.groups)
+            fn forward(&self, $x: &Tensor) -> Result<Tensor> {
+                let ($w, $b, $o) = (&self.weight, self.bias.as_ref(), &self.options);
+                $call
             }
             fn named_parameters(&self) -> Vec<(String, Tensor)> {
                 named(&self.weight, &self.bias)
@@ -182,78 +188,49 @@ macro_rules! conv_layer {
     };
 }
 
-macro_rules! conv_transpose_layer {
+/// A convolution layer (`conv_layer!` with PyTorch's `conv{rank}d` call).
+macro_rules! conv {
     ($(#[$doc:meta])* $name:ident, $rank:expr, $f:path) => {
-        $(#[$doc])*
-        pub struct $name {
-            /// `[in, out / groups, k...]`.
-            pub weight: Tensor,
-            /// `[out]`, when the layer has a bias.
-            pub bias: Option<Tensor>,
-            /// The layer's hyper-parameters.
-            pub options: ConvOptions,
-        }
-
-        impl $name {
-            /// `in_channels → out_channels` with `kernel_size` and PyTorch's defaults
-            /// otherwise, initialised from `gen`.
-            pub fn new(
-                in_channels: usize,
-                out_channels: usize,
-                kernel_size: &[usize],
-                gen: &mut Generator,
-            ) -> Result<Self> {
-                Self::with_options(ConvOptions::new(in_channels, out_channels, kernel_size), gen)
-            }
-            /// With all hyper-parameters.
-            pub fn with_options(options: ConvOptions, gen: &mut Generator) -> Result<Self> {
-                let (weight, bias) = options.parameters($rank, true, gen)?;
-                Ok($name { weight, bias, options })
-            }
-        }
-
-        impl Module for $name {
-            fn forward(&self, x: &Tensor) -> Result<Tensor> {
-                let o = &self.options;
-                $f(
-                    x,
-                    &self.weight,
-                    self.bias.as_ref(),
-                    &o.stride,
-                    &o.padding,
-                    &o.output_padding,
-                    o.groups,
-                    &o.dilation,
-                )
-            }
-            fn named_parameters(&self) -> Vec<(String, Tensor)> {
-                named(&self.weight, &self.bias)
-            }
-        }
+        conv_layer!(
+            $(#[$doc])* $name, $rank, transposed: false, weight: "`[out, in / groups, k...]`.",
+            |x, w, b, o| $f(x, w, b, &o.stride, &o.padding, &o.dilation, o.groups)
+        );
     };
 }
 
-conv_layer!(
+/// A transposed convolution layer (`conv_layer!` with `conv_transpose{rank}d`).
+macro_rules! conv_transpose {
+    ($(#[$doc:meta])* $name:ident, $rank:expr, $f:path) => {
+        conv_layer!(
+            $(#[$doc])* $name, $rank, transposed: true, weight: "`[in, out / groups, k...]`.",
+            |x, w, b, o| $f(
+                x, w, b, &o.stride, &o.padding, &o.output_padding, o.groups, &o.dilation
+            )
+        );
+    };
+}
+
+conv!(
     /// 1-D convolution layer (`nn.Conv1d`): input `[N, C_in, L]`.
     Conv1d, 1, ops::conv1d
 );
-conv_layer!(
+conv!(
     /// 2-D convolution layer (`nn.Conv2d`): input `[N, C_in, H, W]`.
     Conv2d, 2, ops::conv2d
 );
-conv_layer!(
+conv!(
     /// 3-D convolution layer (`nn.Conv3d`): input `[N, C_in, D, H, W]`.
     Conv3d, 3, ops::conv3d
 );
-conv_transpose_layer!(
+conv_transpose!(
     /// 1-D transposed convolution layer (`nn.ConvTranspose1d`).
     ConvTranspose1d, 1, ops::conv_transpose1d
 );
-conv_transpose_layer!(
+conv_transpose!(
     /// 2-D transposed convolution layer (`nn.ConvTranspose2d`).
     ConvTranspose2d, 2, ops::conv_transpose2d
 );
-conv_transpose_layer!(
+conv_transpose!(
     /// 3-D transposed convolution layer (`nn.ConvTranspose3d`).
     ConvTranspose3d, 3, ops::conv_transpose3d
 );

@@ -92,157 +92,94 @@ fn conv_nd(
     conv_prim(&x, &w, b.as_ref(), &p)
 }
 
-#[allow(clippy::too_many_arguments)]
 fn conv_transpose_nd(
     op: &'static OpName,
     spatial: usize,
     input: &Tensor,
     weight: &Tensor,
     bias: Option<&Tensor>,
-    stride: &[usize],
-    padding: &[usize],
-    output_padding: &[usize],
-    groups: usize,
-    dilation: &[usize],
+    p: &ConvParams,
 ) -> Result<Tensor> {
     let (x, w, b) = enter_conv(op, input, weight, bias)?;
     check_rank(op.name(), &x, &w, spatial)?;
-    let p = ConvParams::new(stride, padding, dilation, groups).with_output_padding(output_padding);
-    conv_transpose_prim(&x, &w, b.as_ref(), &p)
+    conv_transpose_prim(&x, &w, b.as_ref(), p)
 }
 
-/// 1-D convolution (`torch.nn.functional.conv1d`): `input` `[N, C_in, L]`, `weight`
-/// `[C_out, C_in / groups, k]`, optional `bias` `[C_out]`; `stride`, `padding` and
-/// `dilation` take one value per spatial dim or a single value for all.
-#[allow(clippy::too_many_arguments)]
-pub fn conv1d(
-    input: &Tensor,
-    weight: &Tensor,
-    bias: Option<&Tensor>,
-    stride: &[usize],
-    padding: &[usize],
-    dilation: &[usize],
-    groups: usize,
-) -> Result<Tensor> {
-    conv_nd(
-        &CONV1D, 1, input, weight, bias, stride, padding, dilation, groups,
-    )
+/// `pub fn $name(input, weight, bias, stride, padding, dilation, groups)`: a
+/// convolution entering dispatch as `$op`.
+macro_rules! conv_fn {
+    ($(#[$doc:meta])* $name:ident, $op:ident, $rank:literal) => {
+        $(#[$doc])*
+        #[allow(clippy::too_many_arguments)]
+        pub fn $name(
+            input: &Tensor,
+            weight: &Tensor,
+            bias: Option<&Tensor>,
+            stride: &[usize],
+            padding: &[usize],
+            dilation: &[usize],
+            groups: usize,
+        ) -> Result<Tensor> {
+            conv_nd(&$op, $rank, input, weight, bias, stride, padding, dilation, groups)
+        }
+    };
 }
 
-/// 2-D convolution (`torch.nn.functional.conv2d`): `input` `[N, C_in, H, W]`, `weight`
-/// `[C_out, C_in / groups, kH, kW]`, optional `bias` `[C_out]`.
-#[allow(clippy::too_many_arguments)]
-pub fn conv2d(
-    input: &Tensor,
-    weight: &Tensor,
-    bias: Option<&Tensor>,
-    stride: &[usize],
-    padding: &[usize],
-    dilation: &[usize],
-    groups: usize,
-) -> Result<Tensor> {
-    conv_nd(
-        &CONV2D, 2, input, weight, bias, stride, padding, dilation, groups,
-    )
+/// `pub fn $name(input, weight, bias, stride, padding, output_padding, groups,
+/// dilation)` (PyTorch's argument order): a transposed convolution entering dispatch as
+/// `$op`.
+macro_rules! conv_transpose_fn {
+    ($(#[$doc:meta])* $name:ident, $op:ident, $rank:literal) => {
+        $(#[$doc])*
+        #[allow(clippy::too_many_arguments)]
+        pub fn $name(
+            input: &Tensor,
+            weight: &Tensor,
+            bias: Option<&Tensor>,
+            stride: &[usize],
+            padding: &[usize],
+            output_padding: &[usize],
+            groups: usize,
+            dilation: &[usize],
+        ) -> Result<Tensor> {
+            let p = ConvParams::new(stride, padding, dilation, groups)
+                .with_output_padding(output_padding);
+            conv_transpose_nd(&$op, $rank, input, weight, bias, &p)
+        }
+    };
 }
 
-/// 3-D convolution (`torch.nn.functional.conv3d`): `input` `[N, C_in, D, H, W]`,
-/// `weight` `[C_out, C_in / groups, kD, kH, kW]`, optional `bias` `[C_out]`.
-#[allow(clippy::too_many_arguments)]
-pub fn conv3d(
-    input: &Tensor,
-    weight: &Tensor,
-    bias: Option<&Tensor>,
-    stride: &[usize],
-    padding: &[usize],
-    dilation: &[usize],
-    groups: usize,
-) -> Result<Tensor> {
-    conv_nd(
-        &CONV3D, 3, input, weight, bias, stride, padding, dilation, groups,
-    )
-}
-
-/// 1-D transposed convolution (`torch.nn.functional.conv_transpose1d`, same argument
-/// order): `input` `[N, C_in, L]`, `weight` `[C_in, C_out / groups, k]`.
-#[allow(clippy::too_many_arguments)]
-pub fn conv_transpose1d(
-    input: &Tensor,
-    weight: &Tensor,
-    bias: Option<&Tensor>,
-    stride: &[usize],
-    padding: &[usize],
-    output_padding: &[usize],
-    groups: usize,
-    dilation: &[usize],
-) -> Result<Tensor> {
-    conv_transpose_nd(
-        &CONV_TRANSPOSE1D,
-        1,
-        input,
-        weight,
-        bias,
-        stride,
-        padding,
-        output_padding,
-        groups,
-        dilation,
-    )
-}
-
-/// 2-D transposed convolution (`torch.nn.functional.conv_transpose2d`): `input`
-/// `[N, C_in, H, W]`, `weight` `[C_in, C_out / groups, kH, kW]`.
-#[allow(clippy::too_many_arguments)]
-pub fn conv_transpose2d(
-    input: &Tensor,
-    weight: &Tensor,
-    bias: Option<&Tensor>,
-    stride: &[usize],
-    padding: &[usize],
-    output_padding: &[usize],
-    groups: usize,
-    dilation: &[usize],
-) -> Result<Tensor> {
-    conv_transpose_nd(
-        &CONV_TRANSPOSE2D,
-        2,
-        input,
-        weight,
-        bias,
-        stride,
-        padding,
-        output_padding,
-        groups,
-        dilation,
-    )
-}
-
-/// 3-D transposed convolution (`torch.nn.functional.conv_transpose3d`): `input`
-/// `[N, C_in, D, H, W]`, `weight` `[C_in, C_out / groups, kD, kH, kW]`.
-#[allow(clippy::too_many_arguments)]
-pub fn conv_transpose3d(
-    input: &Tensor,
-    weight: &Tensor,
-    bias: Option<&Tensor>,
-    stride: &[usize],
-    padding: &[usize],
-    output_padding: &[usize],
-    groups: usize,
-    dilation: &[usize],
-) -> Result<Tensor> {
-    conv_transpose_nd(
-        &CONV_TRANSPOSE3D,
-        3,
-        input,
-        weight,
-        bias,
-        stride,
-        padding,
-        output_padding,
-        groups,
-        dilation,
-    )
-}
+conv_fn!(
+    /// 1-D convolution (`torch.nn.functional.conv1d`): `input` `[N, C_in, L]`, `weight`
+    /// `[C_out, C_in / groups, k]`, optional `bias` `[C_out]`; `stride`, `padding` and
+    /// `dilation` take one value per spatial dim or a single value for all.
+    conv1d, CONV1D, 1
+);
+conv_fn!(
+    /// 2-D convolution (`torch.nn.functional.conv2d`): `input` `[N, C_in, H, W]`,
+    /// `weight` `[C_out, C_in / groups, kH, kW]`, optional `bias` `[C_out]`.
+    conv2d, CONV2D, 2
+);
+conv_fn!(
+    /// 3-D convolution (`torch.nn.functional.conv3d`): `input` `[N, C_in, D, H, W]`,
+    /// `weight` `[C_out, C_in / groups, kD, kH, kW]`, optional `bias` `[C_out]`.
+    conv3d, CONV3D, 3
+);
+conv_transpose_fn!(
+    /// 1-D transposed convolution (`torch.nn.functional.conv_transpose1d`, same argument
+    /// order): `input` `[N, C_in, L]`, `weight` `[C_in, C_out / groups, k]`.
+    conv_transpose1d, CONV_TRANSPOSE1D, 1
+);
+conv_transpose_fn!(
+    /// 2-D transposed convolution (`torch.nn.functional.conv_transpose2d`): `input`
+    /// `[N, C_in, H, W]`, `weight` `[C_in, C_out / groups, kH, kW]`.
+    conv_transpose2d, CONV_TRANSPOSE2D, 2
+);
+conv_transpose_fn!(
+    /// 3-D transposed convolution (`torch.nn.functional.conv_transpose3d`): `input`
+    /// `[N, C_in, D, H, W]`, `weight` `[C_in, C_out / groups, kD, kH, kW]`.
+    conv_transpose3d, CONV_TRANSPOSE3D, 3
+);
 
 /// ATen's `_convolution` (under that name at the dispatch point): a convolution of any
 /// spatial rank (1 to 3, from the weight), transposed or not.
