@@ -405,16 +405,11 @@ pub fn conv_bias_grad(grad_output: &Tensor) -> Result<Tensor> {
     // types) and are rounded once. One pass over dims (0, 2, ...) would permute the
     // whole gradient into a copy first.
     let dtype = grad_output.dtype();
-    let compute = if dtype == DType::F64 {
-        DType::F64
-    } else {
-        DType::F32
-    };
     let spatial: Vec<i64> = (2..grad_output.rank() as i64).collect();
     let partial = if spatial.is_empty() {
-        grad_output.to_dtype(compute)?
+        grad_output.clone()
     } else {
-        crate::sum(grad_output, &spatial, false, Some(compute))?
+        crate::reduce::sum_accumulated(grad_output, &spatial)?
     };
     crate::sum(&partial, &[0], false, None)?.to_dtype(dtype)
 }

@@ -1128,6 +1128,13 @@ pub fn sum(x: &Tensor, dims: &[i64], keepdim: bool, dtype: Option<DType>) -> Res
     out.to_dtype(out_dtype)
 }
 
+/// Sum over `dims` left in the accumulation type (float32 for f16/bf16, int64 for
+/// integers), not rounded: partial sums that are summed again before one rounding.
+pub(crate) fn sum_accumulated(x: &Tensor, dims: &[i64]) -> Result<Tensor> {
+    let plan = Plan::new("sum", x, dims, false)?;
+    num_kernel!(x.dtype(), |T, N| plan.output(plan.run::<T, N, _>(&sum_fold::<N>())))
+}
+
 /// Mean over `dims` (empty = all). Integer inputs need a floating `dtype` (the input is
 /// cast to it first), as in PyTorch.
 pub fn mean(x: &Tensor, dims: &[i64], keepdim: bool, dtype: Option<DType>) -> Result<Tensor> {
