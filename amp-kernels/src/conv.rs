@@ -17,7 +17,9 @@
 //! batch smaller than the worker count lets `gemm` use the threads instead. A 1×1
 //! convolution with stride 1 and no padding multiplies the input in place (no im2col).
 //! float16 and bfloat16 are widened to float32, computed with float32 accumulation
-//! and rounded once; float64 computes in float64.
+//! and rounded once; float64 computes in float64. The forward of a 16-bit 2-d 3×3
+//! stride-1 convolution with enough channels goes through Winograd F(2×2, 3×3) in
+//! float32 instead ([`winograd`]).
 
 use amp_tensor::{cast_into, DType, Element, Error, Result, Tensor};
 use gemm::Parallelism;
@@ -25,6 +27,8 @@ use rayon::prelude::*;
 
 use crate::compute::{ensure_same_device, Real};
 use crate::reduce::{as_same, as_same_mut};
+
+mod winograd;
 
 /// Stride, padding, dilation, output padding (transposed convolutions only) and groups
 /// of a convolution. A list of one value applies to every spatial dim, as PyTorch's
@@ -967,18 +971,36 @@ fn forward<T: Element, C: Real>(
     let t = g.tile::<C>();
     let pointwise = g.pointwise();
     let rows = g.rows_contiguous();
-    let cols_len = if pointwise { 0 } else { kk * t };
+    // 16-bit 3×3 convolutions: Winograd in float32 (see `winograd`).
+    let wino = (T::DTYPE != C::DTYPE && winograd::applies(g)).then(|| winograd::Plan::new(g));
+    let cols_len = match &wino {
+        Some(plan) => plan.scratch_len(g),
+        None if pointwise => 0,
+        None => kk * t,
+    };
     // 16-bit inputs: the contiguous-rows im2col widens as it copies; otherwise one
     // group's input planes are widened once, in cache, and im2col copies as for float32.
-    let scratch = (cols_len, if rows { 0 } else { g.c * il });
+    let scratch = (cols_len, if rows || wino.is_some() { 0 } else { g.c * il });
     with_storage::<T, _>(input, |x| {
         with_compute::<C, _>(weight, |w| {
+            let u = wino
+                .as_ref()
+                .and_then(|_| as_same::<C, f32>(w).map(|w| winograd::weights(w, g)));
             for_samples(&mut out, per, g.n, scratch, |i, y, cols, xbuf, par| {
                 let par = gemm_par(g.o * kk * ol, matches!(par, Parallelism::None));
                 if let Some(b) = &bias {
                     for (row, &bv) in y.chunks_mut(ol).zip(b) {
                         row.fill(bv);
                     }
+                }
+                if let (Some(plan), Some(u), Some(y), Some(s)) = (
+                    &wino,
+                    &u,
+                    as_same_mut::<C, f32>(&mut *y),
+                    as_same_mut::<C, f32>(&mut *cols),
+                ) {
+                    let xs = &x[i * g.groups * g.c * il..][..g.groups * g.c * il];
+                    return winograd::sample(g, plan, xs, u, y, bias.is_some(), s, par);
                 }
                 for gi in 0..g.groups {
                     let xg = &x[(i * g.groups + gi) * g.c * il..][..g.c * il];

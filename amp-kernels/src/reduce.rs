@@ -1132,7 +1132,8 @@ pub fn sum(x: &Tensor, dims: &[i64], keepdim: bool, dtype: Option<DType>) -> Res
 /// integers), not rounded: partial sums that are summed again before one rounding.
 pub(crate) fn sum_accumulated(x: &Tensor, dims: &[i64]) -> Result<Tensor> {
     let plan = Plan::new("sum", x, dims, false)?;
-    num_kernel!(x.dtype(), |T, N| plan.output(plan.run::<T, N, _>(&sum_fold::<N>())))
+    num_kernel!(x.dtype(), |T, N| plan
+        .output(plan.run::<T, N, _>(&sum_fold::<N>())))
 }
 
 /// Mean over `dims` (empty = all). Integer inputs need a floating `dtype` (the input is

@@ -260,45 +260,46 @@ proptest! {
     }
 }
 
+/// A case from per-dim lists (one value applies to every spatial dim).
+#[allow(clippy::too_many_arguments)]
+fn case(
+    n: usize,
+    groups: usize,
+    cg: usize,
+    og: usize,
+    input: &[usize],
+    kernel: &[usize],
+    stride: &[usize],
+    padding: &[usize],
+    dilation: &[usize],
+) -> Case {
+    let rank = input.len();
+    let full = |v: &[usize]| {
+        if v.len() == 1 {
+            vec![v[0]; rank]
+        } else {
+            v.to_vec()
+        }
+    };
+    Case {
+        rank,
+        n,
+        groups,
+        cg,
+        og,
+        input: input.to_vec(),
+        kernel: kernel.to_vec(),
+        stride: full(stride),
+        padding: full(padding),
+        dilation: full(dilation),
+    }
+}
+
 /// Convolutions with stride 1 across rows and "same" width, whose im2col copies whole
 /// runs of rows: tiles that end mid-row and span depth planes, dilation, unpadded
 /// height, padding wider than the input, 1d, strided depth, groups.
 #[test]
 fn same_width_tiles_match_direct_loops() {
-    /// A case from per-dim lists (one value applies to every spatial dim).
-    #[allow(clippy::too_many_arguments)]
-    fn case(
-        n: usize,
-        groups: usize,
-        cg: usize,
-        og: usize,
-        input: &[usize],
-        kernel: &[usize],
-        stride: &[usize],
-        padding: &[usize],
-        dilation: &[usize],
-    ) -> Case {
-        let rank = input.len();
-        let full = |v: &[usize]| {
-            if v.len() == 1 {
-                vec![v[0]; rank]
-            } else {
-                v.to_vec()
-            }
-        };
-        Case {
-            rank,
-            n,
-            groups,
-            cg,
-            og,
-            input: input.to_vec(),
-            kernel: kernel.to_vec(),
-            stride: full(stride),
-            padding: full(padding),
-            dilation: full(dilation),
-        }
-    }
     #[rustfmt::skip]
     let cases = [
         // n, groups, cg, og, input, kernel, stride, padding, dilation
@@ -315,6 +316,26 @@ fn same_width_tiles_match_direct_loops() {
         let last = c.rank - 1;
         assert_eq!(c.out()[last], c.input[last], "case {i} is not same-width");
         check(c, i as u64, i % 2 == 0);
+    }
+}
+
+/// 2-d 3×3 convolutions with stride 1 and enough channels that float16 and bfloat16
+/// run through Winograd F(2×2, 3×3): odd output sizes (clipped tiles), several tile
+/// chunks, padding wider than a tile, groups, no padding, a 3-d kernel of depth 1.
+#[test]
+fn winograd_matches_direct_loops() {
+    #[rustfmt::skip]
+    let cases = [
+        // n, groups, cg, og, input, kernel, stride, padding, dilation
+        case(2, 1, 16, 16, &[10, 10], &[3, 3], &[1], &[1], &[1]),
+        case(1, 2, 16, 17, &[9, 13], &[3, 3], &[1], &[0, 2], &[1]),
+        case(1, 1, 20, 16, &[21, 30], &[3, 3], &[1], &[1], &[1]),
+        case(1, 1, 16, 16, &[6, 6], &[3, 3], &[1], &[3], &[1]),
+        case(2, 1, 16, 18, &[11, 9], &[3, 3], &[1], &[0], &[1]),
+        case(1, 1, 16, 16, &[1, 8, 8], &[1, 3, 3], &[1], &[0, 1, 1], &[1]),
+    ];
+    for (i, c) in cases.iter().enumerate() {
+        check(c, 100 + i as u64, i % 2 == 1);
     }
 }
 
