@@ -1000,7 +1000,15 @@ fn forward<T: Element, C: Real>(
                     as_same_mut::<C, f32>(&mut *cols),
                 ) {
                     let xs = &x[i * g.groups * g.c * il..][..g.groups * g.c * il];
-                    return winograd::sample(g, plan, xs, u, y, bias.is_some(), s, par);
+                    let job = winograd::Sample {
+                        x: xs,
+                        u,
+                        y,
+                        bias: bias.is_some(),
+                        scratch: s,
+                        par,
+                    };
+                    return winograd::sample(g, plan, job);
                 }
                 for gi in 0..g.groups {
                     let xg = &x[(i * g.groups + gi) * g.c * il..][..g.c * il];

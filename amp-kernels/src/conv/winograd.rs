@@ -117,74 +117,53 @@ pub(super) fn weights(w: &[f32], g: &Geo) -> Vec<f32> {
     u
 }
 
-/// One sample's output `y` (`G·O × ol`, float32; the bias already in it when `bias`)
-/// from its input planes `x` (`G·C × il`, in `T`), with the transformed weights `u`.
-/// The transforms are compiled for AVX-512 or AVX2 as well, picked at run time.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn sample<T: Element>(
-    g: &Geo,
-    plan: &Plan,
-    x: &[T],
-    u: &[f32],
-    y: &mut [f32],
-    bias: bool,
-    scratch: &mut [f32],
-    par: Parallelism,
-) {
+/// One sample's work: its output `y` (`G·O × ol`, float32; the bias already in it
+/// when `bias`) from its input planes `x` (`G·C × il`, in `T`), with the transformed
+/// weights `u`, in `scratch` ([`Plan::scratch_len`] elements).
+pub(super) struct Sample<'a, T> {
+    pub(super) x: &'a [T],
+    pub(super) u: &'a [f32],
+    pub(super) y: &'a mut [f32],
+    pub(super) bias: bool,
+    pub(super) scratch: &'a mut [f32],
+    pub(super) par: Parallelism,
+}
+
+/// Runs one [`Sample`]; the transforms are compiled for AVX-512 or AVX2 as well,
+/// picked at run time.
+pub(super) fn sample<T: Element>(g: &Geo, plan: &Plan, s: Sample<'_, T>) {
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "avx512f")]
-        #[allow(clippy::too_many_arguments)]
-        unsafe fn avx512<T: Element>(
-            g: &Geo,
-            plan: &Plan,
-            x: &[T],
-            u: &[f32],
-            y: &mut [f32],
-            bias: bool,
-            scratch: &mut [f32],
-            par: Parallelism,
-        ) {
-            sample_body(g, plan, x, u, y, bias, scratch, par)
+        unsafe fn avx512<T: Element>(g: &Geo, plan: &Plan, s: Sample<'_, T>) {
+            sample_body(g, plan, s)
         }
         #[target_feature(enable = "avx2")]
-        #[allow(clippy::too_many_arguments)]
-        unsafe fn avx2<T: Element>(
-            g: &Geo,
-            plan: &Plan,
-            x: &[T],
-            u: &[f32],
-            y: &mut [f32],
-            bias: bool,
-            scratch: &mut [f32],
-            par: Parallelism,
-        ) {
-            sample_body(g, plan, x, u, y, bias, scratch, par)
+        unsafe fn avx2<T: Element>(g: &Geo, plan: &Plan, s: Sample<'_, T>) {
+            sample_body(g, plan, s)
         }
         if std::arch::is_x86_feature_detected!("avx512f") {
             // SAFETY: the CPU supports AVX-512 F (checked just above).
-            return unsafe { avx512(g, plan, x, u, y, bias, scratch, par) };
+            return unsafe { avx512(g, plan, s) };
         }
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU supports AVX2 (checked just above).
-            return unsafe { avx2(g, plan, x, u, y, bias, scratch, par) };
+            return unsafe { avx2(g, plan, s) };
         }
     }
-    sample_body(g, plan, x, u, y, bias, scratch, par)
+    sample_body(g, plan, s)
 }
 
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn sample_body<T: Element>(
-    g: &Geo,
-    plan: &Plan,
-    x: &[T],
-    u: &[f32],
-    y: &mut [f32],
-    bias: bool,
-    scratch: &mut [f32],
-    par: Parallelism,
-) {
+fn sample_body<T: Element>(g: &Geo, plan: &Plan, s: Sample<'_, T>) {
+    let Sample {
+        x,
+        u,
+        y,
+        bias,
+        scratch,
+        par,
+    } = s;
     let (il, ol) = (g.il(), g.ol());
     let (o, c, tp) = (g.o, g.c, plan.tp);
     let (wp, half, need_max) = (plan.wp(), plan.half(), plan.need());
