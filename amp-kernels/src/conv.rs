@@ -413,7 +413,7 @@ pub fn conv_bias_grad(grad_output: &Tensor) -> Result<Tensor> {
     let partial = if spatial.is_empty() {
         grad_output.clone()
     } else {
-        crate::reduce::sum_accumulated(grad_output, &spatial)?
+        crate::reduce::sum_accumulated(grad_output, &spatial, false)?
     };
     crate::sum(&partial, &[0], false, None)?.to_dtype(dtype)
 }

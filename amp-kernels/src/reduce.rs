@@ -1122,16 +1122,13 @@ fn check_nonempty(op: &'static str, name: &str, x: &Tensor, dims: &[i64]) -> Res
 pub fn sum(x: &Tensor, dims: &[i64], keepdim: bool, dtype: Option<DType>) -> Result<Tensor> {
     let x = cast_opt(x, dtype)?;
     let out_dtype = dtype.unwrap_or_else(|| long_if_int(x.dtype()));
-    let plan = Plan::new("sum", &x, dims, keepdim)?;
-    let out = num_kernel!(x.dtype(), |T, N| plan
-        .output(plan.run::<T, N, _>(&sum_fold::<N>()))?);
-    out.to_dtype(out_dtype)
+    sum_accumulated(&x, dims, keepdim)?.to_dtype(out_dtype)
 }
 
 /// Sum over `dims` left in the accumulation type (float32 for f16/bf16, int64 for
 /// integers), not rounded: partial sums that are summed again before one rounding.
-pub(crate) fn sum_accumulated(x: &Tensor, dims: &[i64]) -> Result<Tensor> {
-    let plan = Plan::new("sum", x, dims, false)?;
+pub(crate) fn sum_accumulated(x: &Tensor, dims: &[i64], keepdim: bool) -> Result<Tensor> {
+    let plan = Plan::new("sum", x, dims, keepdim)?;
     num_kernel!(x.dtype(), |T, N| plan
         .output(plan.run::<T, N, _>(&sum_fold::<N>())))
 }

@@ -82,7 +82,6 @@ impl Plan {
         16 * (g.c + g.o) * tc
             + self.need() * self.wp()
             + g.c * self.need() * 2 * self.half()
-            + 16 * self.tp
             + 4 * self.tp
     }
 }
@@ -172,7 +171,7 @@ fn sample_body<T: Element>(g: &Geo, plan: &Plan, s: Sample<'_, T>) {
     let (m, rest) = rest.split_at_mut(16 * o * tc_max);
     let (rows, rest) = rest.split_at_mut(need_max * wp);
     let (eo, rest) = rest.split_at_mut(c * need_max * 2 * half);
-    let (us, line) = rest.split_at_mut(16 * tp);
+    let line = rest;
     for gi in 0..g.groups {
         let xg = &x[gi * c * il..][..c * il];
         let ug = &u[gi * 16 * o * c..][..16 * o * c];
@@ -195,10 +194,7 @@ fn sample_body<T: Element>(g: &Geo, plan: &Plan, s: Sample<'_, T>) {
                 let ec = &eo[ci * need_max * 2 * half..][..need * 2 * half];
                 for ty in ty0..ty1 {
                     let at = ci * tc + (ty - ty0) * tp;
-                    input_tiles(plan, &ec[2 * (ty - ty0) * 2 * half..], us);
-                    for (xi, ux) in us.chunks_exact(tp).enumerate() {
-                        v[xi * c * tc + at..][..tp].copy_from_slice(ux);
-                    }
+                    input_tiles(plan, &ec[2 * (ty - ty0) * 2 * half..], v, c * tc, at);
                 }
             }
             for xi in 0..16 {
@@ -272,13 +268,13 @@ fn split_rows<T: Element>(
 }
 
 /// `Bᵀ d B` for one tile row from its four split input rows `eo` (as [`split_rows`]
-/// lays them out): `us[ξ·tp + tx]`.
+/// lays them out), written straight into `V`: `v[ξ·stride + at + tx]`.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // (i, j) index the 4×4 transform
-fn input_tiles(plan: &Plan, eo: &[f32], us: &mut [f32]) {
+fn input_tiles(plan: &Plan, eo: &[f32], v: &mut [f32], stride: usize, at: usize) {
     let (tp, half) = (plan.tp, plan.half());
-    // d B along each row i into rows of `us` (4 per i), then Bᵀ (d B) down the rows
-    // (in place, per column j): d[i][0..4] = (e[tx], o[tx], e[tx+1], o[tx+1]).
+    // d B along each row i, then Bᵀ (d B) down the rows
+    // (per column j): d[i][0..4] = (e[tx], o[tx], e[tx+1], o[tx+1]).
     let mut t = [[[0.0f32; L]; 4]; 4];
     for b0 in (0..tp).step_by(L) {
         for (i, ti) in t.iter_mut().enumerate() {
@@ -306,7 +302,7 @@ fn input_tiles(plan: &Plan, eo: &[f32], us: &mut [f32]) {
                 out[3][k] = c1[k] - c3[k];
             }
             for (i, oi) in out.iter().enumerate() {
-                lanes_mut(us, (i * 4 + j) * tp + b0).copy_from_slice(oi);
+                lanes_mut(v, (i * 4 + j) * stride + at + b0).copy_from_slice(oi);
             }
         }
     }
