@@ -1008,7 +1008,7 @@ fn forward<T: Element, C: Real>(
                         scratch: s,
                         par,
                     };
-                    return winograd::sample(g, plan, job);
+                    return winograd::run(g, plan, job);
                 }
                 for gi in 0..g.groups {
                     let xg = &x[(i * g.groups + gi) * g.c * il..][..g.c * il];
@@ -1054,13 +1054,47 @@ fn backward_data<T: Element, C: Real>(
     let t = g.tile::<C>();
     let pointwise = g.pointwise();
     let rows = g.rows_contiguous();
-    let cols_len = if pointwise { 0 } else { kk * t };
-    // 16-bit gradients: one group's output gradient widened in cache.
-    let scratch = (cols_len, g.o * ol);
+    // 16-bit 3×3 convolutions: Winograd in float32, as for the forward.
+    let wino = if T::DTYPE != C::DTYPE {
+        winograd::data_grad(g).map(|t| (winograd::Plan::new(&t), t))
+    } else {
+        None
+    };
+    // 16-bit gradients otherwise: one group's output gradient widened in cache.
+    let scratch = match &wino {
+        Some((plan, tg)) => (plan.scratch_len(tg), 0),
+        None if pointwise => (0, g.o * ol),
+        None => (kk * t, g.o * ol),
+    };
     with_storage::<T, _>(grad, |gy| {
         with_compute::<C, _>(weight, |w| {
+            let u = wino.as_ref().and_then(|(_, tg)| {
+                as_same::<C, f32>(w).map(|w| winograd::weights(&winograd::flipped(w, g), tg))
+            });
             for_samples(&mut out, per, g.n, scratch, |i, x, cols, gbuf, par| {
                 let par = gemm_par(g.o * kk * ol, matches!(par, Parallelism::None));
+                if let (Some((plan, tg)), Some(u), Some(y), Some(s)) = (
+                    &wino,
+                    &u,
+                    as_same_mut::<C, f32>(&mut *x),
+                    as_same_mut::<C, f32>(&mut *cols),
+                ) {
+                    let bf = bias.as_ref().and_then(|b| as_same::<C, f32>(b));
+                    if let Some(b) = bf {
+                        for (row, &bv) in y.chunks_mut(il).zip(b) {
+                            row.fill(bv);
+                        }
+                    }
+                    let job = winograd::Sample {
+                        x: &gy[i * g.groups * g.o * ol..][..g.groups * g.o * ol],
+                        u,
+                        y,
+                        bias: bf.is_some(),
+                        scratch: s,
+                        par,
+                    };
+                    return winograd::run(tg, plan, job);
+                }
                 x.fill(C::zero());
                 for gi in 0..g.groups {
                     let gyt = &gy[(i * g.groups + gi) * g.o * ol..][..g.o * ol];
@@ -1119,10 +1153,30 @@ fn weight_grad<T: Element, C: Real>(
         (true, true) => g.o * ol,
         (true, false) => g.o * ol + g.c * il,
     };
-    let scratch_len = cols_len + extra;
+    // 16-bit 3×3 convolutions: Winograd in float32, summed in the transformed domain.
+    let wino = (convert && winograd::applies(g)).then(|| winograd::Plan::new(g));
+    let (wlen, scratch_len) = match &wino {
+        Some(plan) => (g.groups * 16 * g.o * g.c, plan.scratch_len(g)),
+        None => (wlen, cols_len + extra),
+    };
     let acc = with_storage::<T, _>(input, |x| {
         with_storage::<T, _>(grad, |gy| {
             let one = |i: usize, acc: &mut [C], scratch: &mut [C], par: Parallelism| {
+                if let (Some(plan), Some(acc), Some(scratch)) = (
+                    &wino,
+                    as_same_mut::<C, f32>(&mut *acc),
+                    as_same_mut::<C, f32>(&mut *scratch),
+                ) {
+                    let (xl, yl) = (g.groups * g.c * il, g.groups * g.o * ol);
+                    let job = winograd::Grad {
+                        x: &x[i * xl..][..xl],
+                        gy: &gy[i * yl..][..yl],
+                        acc,
+                        scratch,
+                        par,
+                    };
+                    return winograd::run(g, plan, job);
+                }
                 let (cols, rest) = scratch.split_at_mut(cols_len);
                 let (gbuf, xbuf) = rest.split_at_mut(if convert { g.o * ol } else { 0 });
                 for gi in 0..g.groups {
@@ -1180,5 +1234,12 @@ fn weight_grad<T: Element, C: Real>(
             }
         })
     })??;
+    let mut acc = acc;
+    if let (Some(_), Some(sums)) = (&wino, as_same_mut::<C, f32>(&mut acc)) {
+        // Turned into the gradient, which takes the front of the (larger) buffer.
+        let w = winograd::weight_grad(sums, g);
+        sums[..w.len()].copy_from_slice(&w);
+        acc.truncate(w.len());
+    }
     finish(acc, dims, dtype)
 }

@@ -47,6 +47,17 @@ impl Case {
             })
             .collect()
     }
+    /// The output padding that makes the transposed convolution of an output of this
+    /// case give back the case's input size (always below the stride).
+    fn output_padding(&self) -> Vec<usize> {
+        (self.out().iter().enumerate())
+            .map(|(i, &o)| {
+                let base = (o - 1) * self.stride[i] + self.dilation[i] * (self.kernel[i] - 1) + 1
+                    - 2 * self.padding[i];
+                self.input[i] - base
+            })
+            .collect()
+    }
     fn y_dims(&self) -> Vec<usize> {
         let mut v = vec![self.n, self.groups * self.og];
         v.extend(self.out());
@@ -177,6 +188,7 @@ fn check(c: &Case, seed: u64, bias: bool) {
     let w64 = randn(&c.w_dims(), &mut gen);
     let b64 = randn(&[c.groups * c.og], &mut gen);
     let g64 = randn(&c.y_dims(), &mut gen);
+    let bt64 = randn(&[c.groups * c.cg], &mut gen);
     let p = c.params();
     assert_eq!(
         conv_output_dims(&c.x_dims(), &c.w_dims(), &p, false).unwrap(),
@@ -207,6 +219,17 @@ fn check(c: &Case, seed: u64, bias: bool) {
         assert_close(&out, &y, dtype, "conv");
         let gi = conv_input_grad(&g, &w, &c.x_dims(), &p).unwrap();
         assert_close(&gi, &gx, dtype, "input grad");
+        if bias {
+            // The same product as a transposed convolution, with a bias of its own.
+            let (bt, btv) = rounded(&bt64, dtype);
+            let pt = p.clone().with_output_padding(&c.output_padding());
+            let got = conv_transpose(&g, &w, Some(&bt), &pt).unwrap();
+            let per_in = xv.len() / (c.n * c.groups * c.cg);
+            let want: Vec<f64> = (gx.iter().enumerate())
+                .map(|(i, v)| v + btv[(i / per_in) % (c.groups * c.cg)])
+                .collect();
+            assert_close(&got, &want, dtype, "conv_transpose");
+        }
         let gwk = conv_weight_grad(&x, &g, &c.w_dims(), &p).unwrap();
         assert_close(&gwk, &gw, dtype, "weight grad");
         let mut gb = vec![0.0; c.groups * c.og];
@@ -230,16 +253,7 @@ proptest! {
         // conv_transpose(y, w) with weight [G·O, C, k] maps [N, G·O, out] to [N, G·C, in']
         // where in' is the smallest input the convolution maps to `out`, plus
         // output_padding; choose output_padding so in' equals the case's input.
-        let out = c.out();
-        let op: Vec<usize> = out
-            .iter()
-            .enumerate()
-            .map(|(i, &o)| {
-                let base = (o - 1) * c.stride[i] + c.dilation[i] * (c.kernel[i] - 1) + 1
-                    - 2 * c.padding[i];
-                c.input[i] - base
-            })
-            .collect();
+        let op = c.output_padding();
         prop_assume!(op.iter().zip(&c.stride).zip(&c.dilation).all(|((&o, &s), &d)| o < s || o < d));
         prop_assume!(op.iter().zip(&c.stride).all(|(&o, &s)| o < s));
         let p = c.params().with_output_padding(&op);

@@ -1,5 +1,6 @@
-//! Winograd F(2×2, 3×3) for the forward of 16-bit (float16 / bfloat16) 2-d 3×3
-//! convolutions with stride 1 and dilation 1, computed in float32.
+//! Winograd F(2×2, 3×3) for the forward and the input gradient of 16-bit (float16 /
+//! bfloat16) 2-d 3×3 convolutions with stride 1 and dilation 1, computed in float32.
+//! The input gradient is itself such a convolution (see [`data_grad`]).
 //!
 //! Each 2×2 output tile is `Aᵀ [(G g Gᵀ) ⊙ (Bᵀ d Bᵀᵀ)] A` for its 4×4 input tile `d`
 //! and the 3×3 kernel `g`: summed over input channels, the element-wise products
@@ -37,6 +38,45 @@ pub(super) fn applies(g: &Geo) -> bool {
         && g.c >= 16
         && g.o >= 16
         && g.ol() >= 64
+}
+
+/// The input gradient of `g` as a forward convolution that Winograd runs: the output
+/// gradient correlated with the kernel turned by 180° (see [`flipped`]), the channel
+/// roles swapped and the padding `2 - p`, which gives back the input size exactly (stride
+/// 1). `None` when that is no Winograd case (padding above 2 included).
+pub(super) fn data_grad(g: &Geo) -> Option<Geo> {
+    let t = Geo {
+        c: g.o,
+        o: g.c,
+        is: g.os,
+        os: g.is,
+        p: [
+            g.p[0],
+            2usize.checked_sub(g.p[1])?,
+            2usize.checked_sub(g.p[2])?,
+        ],
+        ..g.clone()
+    };
+    applies(&t).then_some(t)
+}
+
+/// The kernel of [`data_grad`]'s convolution from the float32 weight `w`
+/// `[G·O, C, 1, 3, 3]` of `g`: `[G·C, O, 1, 3, 3]`, each 3×3 kernel turned by 180°.
+pub(super) fn flipped(w: &[f32], g: &Geo) -> Vec<f32> {
+    let (o, c) = (g.o, g.c);
+    let mut f = vec![0.0f32; w.len()];
+    for gi in 0..g.groups {
+        for oi in 0..o {
+            for ci in 0..c {
+                let src = &w[((gi * o + oi) * c + ci) * 9..][..9];
+                let dst = &mut f[((gi * c + ci) * o + oi) * 9..][..9];
+                for (d, &v) in dst.iter_mut().zip(src.iter().rev()) {
+                    *d = v;
+                }
+            }
+        }
+    }
+    f
 }
 
 /// The tile grid of `g`'s output and its chunking.
@@ -79,10 +119,10 @@ impl Plan {
     /// Scratch (in f32 elements) one worker needs.
     pub(super) fn scratch_len(&self, g: &Geo) -> usize {
         let tc = self.rows * self.tp;
-        16 * (g.c + g.o) * tc
+        16 * ((g.c + g.o) * tc + 2 * SKEW)
             + self.need() * self.wp()
             + g.c * self.need() * 2 * self.half()
-            + 4 * self.tp
+            + 8 * self.tp
     }
 }
 
@@ -128,29 +168,43 @@ pub(super) struct Sample<'a, T> {
     pub(super) par: Parallelism,
 }
 
-/// Runs one [`Sample`]; the transforms are compiled for AVX-512 or AVX2 as well,
-/// picked at run time.
-pub(super) fn sample<T: Element>(g: &Geo, plan: &Plan, s: Sample<'_, T>) {
+/// Work that runs with the transforms compiled for AVX-512 or AVX2 as well, picked at
+/// run time: [`Sample`] (a forward) and [`Grad`] (a weight gradient).
+pub(super) trait Job {
+    /// The work itself; implementations are `#[inline(always)]` so that it is compiled
+    /// into each of [`run`]'s target-feature wrappers.
+    fn run(self, g: &Geo, plan: &Plan);
+}
+
+/// Runs `job` for the geometry `g` (its Winograd case) chunked as `plan` says.
+pub(super) fn run<J: Job>(g: &Geo, plan: &Plan, job: J) {
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "avx512f")]
-        unsafe fn avx512<T: Element>(g: &Geo, plan: &Plan, s: Sample<'_, T>) {
-            sample_body(g, plan, s)
+        unsafe fn avx512<J: Job>(g: &Geo, plan: &Plan, job: J) {
+            job.run(g, plan)
         }
         #[target_feature(enable = "avx2")]
-        unsafe fn avx2<T: Element>(g: &Geo, plan: &Plan, s: Sample<'_, T>) {
-            sample_body(g, plan, s)
+        unsafe fn avx2<J: Job>(g: &Geo, plan: &Plan, job: J) {
+            job.run(g, plan)
         }
         if std::arch::is_x86_feature_detected!("avx512f") {
             // SAFETY: the CPU supports AVX-512 F (checked just above).
-            return unsafe { avx512(g, plan, s) };
+            return unsafe { avx512(g, plan, job) };
         }
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU supports AVX2 (checked just above).
-            return unsafe { avx2(g, plan, s) };
+            return unsafe { avx2(g, plan, job) };
         }
     }
-    sample_body(g, plan, s)
+    job.run(g, plan)
+}
+
+impl<T: Element> Job for Sample<'_, T> {
+    #[inline(always)]
+    fn run(self, g: &Geo, plan: &Plan) {
+        sample_body(g, plan, self)
+    }
 }
 
 #[inline(always)]
@@ -165,13 +219,11 @@ fn sample_body<T: Element>(g: &Geo, plan: &Plan, s: Sample<'_, T>) {
     } = s;
     let (il, ol) = (g.il(), g.ol());
     let (o, c, tp) = (g.o, g.c, plan.tp);
-    let (wp, half, need_max) = (plan.wp(), plan.half(), plan.need());
     let tc_max = plan.rows * tp;
-    let (v, rest) = scratch.split_at_mut(16 * c * tc_max);
-    let (m, rest) = rest.split_at_mut(16 * o * tc_max);
-    let (rows, rest) = rest.split_at_mut(need_max * wp);
-    let (eo, rest) = rest.split_at_mut(c * need_max * 2 * half);
-    let line = rest;
+    let (v, rest) = scratch.split_at_mut(16 * (c * tc_max + SKEW));
+    let (m, rest) = rest.split_at_mut(16 * (o * tc_max + SKEW));
+    let (rows, rest) = rest.split_at_mut(plan.need() * plan.wp());
+    let (eo, line) = rest.split_at_mut(c * plan.need() * 2 * plan.half());
     for gi in 0..g.groups {
         let xg = &x[gi * c * il..][..c * il];
         let ug = &u[gi * 16 * o * c..][..16 * o * c];
@@ -181,32 +233,18 @@ fn sample_body<T: Element>(g: &Geo, plan: &Plan, s: Sample<'_, T>) {
             let ty1 = (ty0 + plan.rows).min(plan.th);
             // Tiles of this chunk, each tile row padded to `tp` columns of V and M.
             let tc = (ty1 - ty0) * tp;
-            // The input rows the chunk reads, split into even and odd columns, for every
-            // channel first: the split reads rows written long before (no stalled
-            // store-to-load forwarding), and each row is split once, not per tile row.
-            let need = 2 * (ty1 - ty0) + 2;
-            for ci in 0..c {
-                let xc = &xg[ci * il..][..il];
-                let ec = &mut eo[ci * need_max * 2 * half..][..need * 2 * half];
-                split_rows(g, plan, xc, 2 * ty0, need, rows, ec);
-            }
-            for ci in 0..c {
-                let ec = &eo[ci * need_max * 2 * half..][..need * 2 * half];
-                for ty in ty0..ty1 {
-                    let at = ci * tc + (ty - ty0) * tp;
-                    input_tiles(plan, &ec[2 * (ty - ty0) * 2 * half..], v, c * tc, at);
-                }
-            }
+            transform_inputs(g, plan, xg, (ty0, ty1), v, rows, eo);
             for xi in 0..16 {
                 let a: Mat<'_, f32> = (&ug[xi * o * c..][..o * c], c, 1);
-                let b: Mat<'_, f32> = (&v[xi * c * tc..][..c * tc], tc, 1);
-                gemm_into(o, tc, c, &mut m[xi * o * tc..], tc, false, a, b, par);
+                let b: Mat<'_, f32> = (&v[xi * (c * tc + SKEW)..][..c * tc], tc, 1);
+                let mx = &mut m[xi * (o * tc + SKEW)..];
+                gemm_into(o, tc, c, mx, tc, false, a, b, par);
             }
             for oi in 0..o {
                 let yo = &mut yg[oi * ol..][..ol];
                 for ty in ty0..ty1 {
                     let at = oi * tc + (ty - ty0) * tp;
-                    output_row(g, plan, &m[..16 * o * tc], o * tc, at, ty, yo, bias, line);
+                    output_row(g, plan, m, o * tc + SKEW, at, ty, yo, bias, line);
                 }
             }
             ty0 = ty1;
@@ -214,18 +252,257 @@ fn sample_body<T: Element>(g: &Geo, plan: &Plan, s: Sample<'_, T>) {
     }
 }
 
+/// `V` for the tile rows `ty0..ty1` of one group's input planes `xg`: `v[ξ·c·tc + ci·tc +
+/// (ty - ty0)·tp + tx]`, `tc` being the chunk's tiles. `rows` and `eo` are scratch
+/// ([`Plan::scratch_len`]'s shares).
+#[inline(always)]
+fn transform_inputs<T: Element>(
+    g: &Geo,
+    plan: &Plan,
+    xg: &[T],
+    (ty0, ty1): (usize, usize),
+    v: &mut [f32],
+    rows: &mut [f32],
+    eo: &mut [f32],
+) {
+    let (il, c, tp) = (g.il(), g.c, plan.tp);
+    let (half, need_max) = (plan.half(), plan.need());
+    let tc = (ty1 - ty0) * tp;
+    // The input rows the chunk reads, split into even and odd columns, for every
+    // channel first: the split reads rows written long before (no stalled
+    // store-to-load forwarding), and each row is split once, not per tile row.
+    let need = 2 * (ty1 - ty0) + 2;
+    for ci in 0..c {
+        let xc = &xg[ci * il..][..il];
+        let ec = &mut eo[ci * need_max * 2 * half..][..need * 2 * half];
+        split_rows(g, plan, xc, 2 * ty0, need, rows, ec);
+    }
+    for ci in 0..c {
+        let ec = &eo[ci * need_max * 2 * half..][..need * 2 * half];
+        for ty in ty0..ty1 {
+            let at = ci * tc + (ty - ty0) * tp;
+            input_tiles(plan, &ec[2 * (ty - ty0) * 2 * half..], v, c * tc + SKEW, at);
+        }
+    }
+}
+
+/// One sample's share of a weight gradient: its input planes `x` (`G·C × il`) and
+/// output gradient `gy` (`G·O × ol`), both in `T`, added into `acc` in the transformed
+/// domain (`[G][ξ][O][C]`, float32; [`weight_grad`] turns the sum into the gradient),
+/// using `scratch` ([`Plan::scratch_len`] elements).
+///
+/// The forward is `y = Aᵀ [(G k Gᵀ) ⊙ (Bᵀ d B)] A` per tile, so the gradient of the
+/// kernel is `Gᵀ [Σ (A dy Aᵀ) ⊙ (Bᵀ d B)] G`, the sum running over tiles, samples and
+/// (per output and input channel) nothing else: per ξ, one product of the transformed
+/// gradient (`O × tiles`) with the transformed input (`tiles × C`).
+pub(super) struct Grad<'a, T> {
+    pub(super) x: &'a [T],
+    pub(super) gy: &'a [T],
+    pub(super) acc: &'a mut [f32],
+    pub(super) scratch: &'a mut [f32],
+    pub(super) par: Parallelism,
+}
+
+impl<T: Element> Job for Grad<'_, T> {
+    #[inline(always)]
+    fn run(self, g: &Geo, plan: &Plan) {
+        grad_body(g, plan, self)
+    }
+}
+
+#[inline(always)]
+fn grad_body<T: Element>(g: &Geo, plan: &Plan, s: Grad<'_, T>) {
+    let Grad {
+        x,
+        gy,
+        acc,
+        scratch,
+        par,
+    } = s;
+    let (il, ol) = (g.il(), g.ol());
+    let (o, c, tp) = (g.o, g.c, plan.tp);
+    let tc_max = plan.rows * tp;
+    let (v, rest) = scratch.split_at_mut(16 * (c * tc_max + SKEW));
+    let (dt, rest) = rest.split_at_mut(16 * (o * tc_max + SKEW));
+    let (rows, rest) = rest.split_at_mut(plan.need() * plan.wp());
+    let (eo, line) = rest.split_at_mut(c * plan.need() * 2 * plan.half());
+    for gi in 0..g.groups {
+        let xg = &x[gi * c * il..][..c * il];
+        let gyg = &gy[gi * o * ol..][..o * ol];
+        let ag = &mut acc[gi * 16 * o * c..][..16 * o * c];
+        let mut ty0 = 0;
+        while ty0 < plan.th {
+            let ty1 = (ty0 + plan.rows).min(plan.th);
+            let tc = (ty1 - ty0) * tp;
+            transform_inputs(g, plan, xg, (ty0, ty1), v, rows, eo);
+            for oi in 0..o {
+                let go = &gyg[oi * ol..][..ol];
+                for ty in ty0..ty1 {
+                    let at = oi * tc + (ty - ty0) * tp;
+                    grad_tiles(g, plan, go, ty, dt, o * tc + SKEW, at, line);
+                }
+            }
+            for xi in 0..16 {
+                // acc_ξ (O × C) += D_ξ (O × tc) @ V_ξᵀ (tc × C).
+                let a: Mat<'_, f32> = (&dt[xi * (o * tc + SKEW)..][..o * tc], tc, 1);
+                let b: Mat<'_, f32> = (&v[xi * (c * tc + SKEW)..][..c * tc], 1, tc);
+                gemm_into(o, c, tc, &mut ag[xi * o * c..], c, true, a, b, par);
+            }
+            ty0 = ty1;
+        }
+    }
+}
+
+/// `A dy Aᵀ` for the tiles of tile row `ty` of one output channel's gradient plane
+/// `go`, written into `dt[ξ·stride + at + tx]`; the parts of a tile outside the output
+/// count as zeros. `line` is scratch (`8 · tp`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn grad_tiles<T: Element>(
+    g: &Geo,
+    plan: &Plan,
+    go: &[T],
+    ty: usize,
+    dt: &mut [f32],
+    stride: usize,
+    at: usize,
+    line: &mut [f32],
+) {
+    let (oh, ow, tp) = (g.os[1], g.os[2], plan.tp);
+    // Rows 2·ty and 2·ty + 1, widened and zero-padded to 2·tp columns, then split
+    // into even and odd columns: line = [r0 | r1 | e0 | o0 | e1 | o1].
+    let (r, split) = line.split_at_mut(4 * tp);
+    for a in 0..2 {
+        let ra = &mut r[a * 2 * tp..][..2 * tp];
+        let yy = 2 * ty + a;
+        if yy < oh {
+            copy_into(&go[yy * ow..][..ow], &mut ra[..ow]);
+            ra[ow..].fill(0.0);
+        } else {
+            ra.fill(0.0);
+        }
+        let (e, od) = split[a * 2 * tp..][..2 * tp].split_at_mut(tp);
+        deinterleave(ra, e, od);
+    }
+    let (e0, rest) = split.split_at(tp);
+    let (o0, rest) = rest.split_at(tp);
+    let (e1, o1) = rest.split_at(tp);
+    // A dy: rows (a, b), (a + c, b + d), (a - c, b - d), (-c, -d); then each row
+    // (p, q) times Aᵀ: (p, p + q, p - q, -q).
+    for b0 in (0..tp).step_by(L) {
+        let (a, b, c, d) = (ld(e0, b0), ld(o0, b0), ld(e1, b0), ld(o1, b0));
+        let rows = [
+            (a, b),
+            (add(a, c), add(b, d)),
+            (sub(a, c), sub(b, d)),
+            (neg(c), neg(d)),
+        ];
+        for (i, (p, q)) in rows.into_iter().enumerate() {
+            for (j, x) in a4t(p, q).into_iter().enumerate() {
+                st(dt, (i * 4 + j) * stride + at + b0, x);
+            }
+        }
+    }
+}
+
+/// The weight gradient `[G·O, C, 1, 3, 3]` from the transformed-domain sums `acc`
+/// (`[G][ξ][O][C]`, see [`Grad`]): `Gᵀ X G` per output and input channel.
+#[allow(clippy::needless_range_loop)] // j indexes the 4×4 transform
+pub(super) fn weight_grad(acc: &[f32], g: &Geo) -> Vec<f32> {
+    let (o, c) = (g.o, g.c);
+    let mut w = vec![0.0f32; g.groups * o * c * 9];
+    for (gi, ag) in acc.chunks(16 * o * c).enumerate() {
+        for oi in 0..o {
+            for ci in 0..c {
+                let x = |i: usize, j: usize| ag[(i * 4 + j) * o * c + oi * c + ci];
+                // Gᵀ X: 3×4, rows (X0 + (X1 + X2)/2, (X1 - X2)/2, (X1 + X2)/2 + X3).
+                let mut t = [[0.0f32; 4]; 3];
+                for j in 0..4 {
+                    let (x0, x1, x2, x3) = (x(0, j), x(1, j), x(2, j), x(3, j));
+                    t[0][j] = x0 + 0.5 * (x1 + x2);
+                    t[1][j] = 0.5 * (x1 - x2);
+                    t[2][j] = 0.5 * (x1 + x2) + x3;
+                }
+                let k = &mut w[((gi * o + oi) * c + ci) * 9..][..9];
+                for (i, [p0, p1, p2, p3]) in t.iter().enumerate() {
+                    k[i * 3] = p0 + 0.5 * (p1 + p2);
+                    k[i * 3 + 1] = 0.5 * (p1 - p2);
+                    k[i * 3 + 2] = 0.5 * (p1 + p2) + p3;
+                }
+            }
+        }
+    }
+    w
+}
+
+/// Padding (in f32 elements, one cache line) between the 16 matrices `ξ` of `V` and `M`:
+/// the transforms touch all 16 at once, and without it their rows would be a multiple
+/// of 4 KiB apart and contend for the same L1 cache sets.
+const SKEW: usize = 16;
+
 /// Lanes per block: every transform loop runs over whole blocks of 16 tiles (one
 /// AVX-512 vector), the tile rows being padded to a multiple of it.
 const L: usize = 16;
 
+/// One block of [`L`] lanes, passed by value: the transforms are written as whole-block
+/// adds and subtracts (each one vector instruction), which compilers keep in registers
+/// where per-lane loops over nested arrays were left scalar.
+type Lanes = [f32; L];
+
 #[inline(always)]
-fn lanes(s: &[f32], at: usize) -> &[f32; L] {
+fn ld(s: &[f32], at: usize) -> Lanes {
     s[at..at + L].try_into().expect("L lanes")
 }
 
 #[inline(always)]
-fn lanes_mut(s: &mut [f32], at: usize) -> &mut [f32; L] {
-    (&mut s[at..at + L]).try_into().expect("L lanes")
+fn st(s: &mut [f32], at: usize, v: Lanes) {
+    s[at..at + L].copy_from_slice(&v);
+}
+
+#[inline(always)]
+fn add(a: Lanes, b: Lanes) -> Lanes {
+    let mut r = a;
+    for k in 0..L {
+        r[k] += b[k];
+    }
+    r
+}
+
+#[inline(always)]
+fn sub(a: Lanes, b: Lanes) -> Lanes {
+    let mut r = a;
+    for k in 0..L {
+        r[k] -= b[k];
+    }
+    r
+}
+
+#[inline(always)]
+fn neg(a: Lanes) -> Lanes {
+    let mut r = a;
+    for v in &mut r {
+        *v = -*v;
+    }
+    r
+}
+
+/// `Bᵀ` times four rows (or columns) of a tile: Bᵀ has the rows (1, 0, -1, 0),
+/// (0, 1, 1, 0), (0, -1, 1, 0), (0, 1, 0, -1).
+#[inline(always)]
+fn bt(d0: Lanes, d1: Lanes, d2: Lanes, d3: Lanes) -> [Lanes; 4] {
+    [sub(d0, d2), add(d1, d2), sub(d2, d1), sub(d1, d3)]
+}
+
+/// `Aᵀ` times four rows (or columns): Aᵀ has the rows (1, 1, 1, 0) and (0, 1, -1, -1).
+#[inline(always)]
+fn at2(m0: Lanes, m1: Lanes, m2: Lanes, m3: Lanes) -> [Lanes; 2] {
+    [add(add(m0, m1), m2), sub(sub(m1, m2), m3)]
+}
+
+/// A row `(p, q)` times `Aᵀ`: `(p, p + q, p - q, -q)`.
+#[inline(always)]
+fn a4t(p: Lanes, q: Lanes) -> [Lanes; 4] {
+    [p, add(p, q), sub(p, q), neg(q)]
 }
 
 /// Padded input rows `y0 - ph .. + need` of plane `xc` (zero rows outside it), each
@@ -270,39 +547,21 @@ fn split_rows<T: Element>(
 /// `Bᵀ d B` for one tile row from its four split input rows `eo` (as [`split_rows`]
 /// lays them out), written straight into `V`: `v[ξ·stride + at + tx]`.
 #[inline(always)]
-#[allow(clippy::needless_range_loop)] // (i, j) index the 4×4 transform
 fn input_tiles(plan: &Plan, eo: &[f32], v: &mut [f32], stride: usize, at: usize) {
     let (tp, half) = (plan.tp, plan.half());
-    // d B along each row i, then Bᵀ (d B) down the rows
-    // (per column j): d[i][0..4] = (e[tx], o[tx], e[tx+1], o[tx+1]).
-    let mut t = [[[0.0f32; L]; 4]; 4];
+    // `bt` along each row, then down the columns. Row i of tile tx is
+    // d[i] = (e[tx], o[tx], e[tx+1], o[tx+1]).
     for b0 in (0..tp).step_by(L) {
+        let mut t = [[[0.0; L]; 4]; 4];
         for (i, ti) in t.iter_mut().enumerate() {
             let (e, od) = eo[i * 2 * half..(i + 1) * 2 * half].split_at(half);
-            let (d0, d1, d2, d3) = (
-                lanes(e, b0),
-                lanes(od, b0),
-                lanes(e, b0 + 1),
-                lanes(od, b0 + 1),
-            );
-            for k in 0..L {
-                ti[0][k] = d0[k] - d2[k];
-                ti[1][k] = d1[k] + d2[k];
-                ti[2][k] = d2[k] - d1[k];
-                ti[3][k] = d1[k] - d3[k];
-            }
+            *ti = bt(ld(e, b0), ld(od, b0), ld(e, b0 + 1), ld(od, b0 + 1));
         }
+        #[allow(clippy::needless_range_loop)] // j picks a column of every row
         for j in 0..4 {
-            let (c0, c1, c2, c3) = (&t[0][j], &t[1][j], &t[2][j], &t[3][j]);
-            let mut out = [[0.0f32; L]; 4];
-            for k in 0..L {
-                out[0][k] = c0[k] - c2[k];
-                out[1][k] = c1[k] + c2[k];
-                out[2][k] = c2[k] - c1[k];
-                out[3][k] = c1[k] - c3[k];
-            }
-            for (i, oi) in out.iter().enumerate() {
-                lanes_mut(v, (i * 4 + j) * stride + at + b0).copy_from_slice(oi);
+            let out = bt(t[0][j], t[1][j], t[2][j], t[3][j]);
+            for (i, oi) in out.into_iter().enumerate() {
+                st(v, (i * 4 + j) * stride + at + b0, oi);
             }
         }
     }
@@ -346,9 +605,47 @@ unsafe fn deinterleave_avx512(r: &[f32], e: &mut [f32], od: &mut [f32]) {
     }
 }
 
+/// `r[2q] = e[q]`, `r[2q + 1] = od[q]`: the inverse of [`deinterleave`], with the same
+/// lengths.
+fn interleave(e: &[f32], od: &[f32], r: &mut [f32]) {
+    let n = e.len();
+    assert!(
+        n.is_multiple_of(L) && od.len() == n && r.len() >= 2 * n,
+        "interleave"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU supports AVX-512 F (checked just above); lengths checked above.
+        return unsafe { interleave_avx512(e, od, r) };
+    }
+    for (q, (&a, &b)) in e.iter().zip(od).enumerate() {
+        r[2 * q] = a;
+        r[2 * q + 1] = b;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn interleave_avx512(e: &[f32], od: &[f32], r: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    let hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    for q in (0..e.len()).step_by(L) {
+        // SAFETY: q + 16 <= e.len() == od.len() and 2q + 32 <= r.len() (the caller's
+        // lengths); unaligned loads and stores.
+        unsafe {
+            let a = _mm512_loadu_ps(e.as_ptr().add(q));
+            let b = _mm512_loadu_ps(od.as_ptr().add(q));
+            _mm512_storeu_ps(r.as_mut_ptr().add(2 * q), _mm512_permutex2var_ps(a, lo, b));
+            let h = _mm512_permutex2var_ps(a, hi, b);
+            _mm512_storeu_ps(r.as_mut_ptr().add(2 * q + L), h);
+        }
+    }
+}
+
 /// `Aᵀ m A` for the tiles of tile row `ty` of one output channel (`m[ξ·stride + at +
 /// tx]`), written (clipped to the output) into the channel's plane `yo`, added to the
-/// bias already there when `bias`. `line` is scratch (two output rows).
+/// bias already there when `bias`. `line` is scratch (`8 · tp`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn output_row(
@@ -364,39 +661,39 @@ fn output_row(
 ) {
     let (oh, ow, tp) = (g.os[1], g.os[2], plan.tp);
     for b0 in (0..tp).step_by(L) {
-        // m A along each row i: s[i][0] = m0 + m1 + m2, s[i][1] = m1 - m2 - m3.
-        let mut s = [[[0.0f32; L]; 2]; 4];
+        // m A along each row i, then Aᵀ (m A) down the rows.
+        let mut s = [[[0.0; L]; 2]; 4];
         for (i, si) in s.iter_mut().enumerate() {
-            let mi = |j: usize| lanes(m, (i * 4 + j) * stride + at + b0);
-            let (m0, m1, m2, m3) = (mi(0), mi(1), mi(2), mi(3));
-            for k in 0..L {
-                si[0][k] = m0[k] + m1[k] + m2[k];
-                si[1][k] = m1[k] - m2[k] - m3[k];
-            }
+            let at = (i * 4) * stride + at + b0;
+            *si = at2(
+                ld(m, at),
+                ld(m, at + stride),
+                ld(m, at + 2 * stride),
+                ld(m, at + 3 * stride),
+            );
         }
-        // Aᵀ (m A) down the rows: output row a, columns 2·tx + b, interleaved.
-        for a in 0..2 {
-            let mut out = [0.0f32; 2 * L];
-            for b in 0..2 {
-                let (s0, s1, s2, s3) = (&s[0][b], &s[1][b], &s[2][b], &s[3][b]);
-                for k in 0..L {
-                    out[2 * k + b] = if a == 0 {
-                        s0[k] + s1[k] + s2[k]
-                    } else {
-                        s1[k] - s2[k] - s3[k]
-                    };
-                }
+        // cols[b][a]: output row a, columns 2·tx + b.
+        let cols = [
+            at2(s[0][0], s[1][0], s[2][0], s[3][0]),
+            at2(s[0][1], s[1][1], s[2][1], s[3][1]),
+        ];
+        for (b, col) in cols.into_iter().enumerate() {
+            for (a, v) in col.into_iter().enumerate() {
+                st(line, (2 * a + b) * tp + b0, v);
             }
-            line[a * 2 * tp + 2 * b0..][..2 * L].copy_from_slice(&out);
         }
     }
+    // line = [row 0 even | row 0 odd | row 1 even | row 1 odd | one interleaved row].
+    let (halves, row) = line.split_at_mut(4 * tp);
     for a in 0..2 {
         let yy = 2 * ty + a;
         if yy >= oh {
             break;
         }
+        let (e, od) = halves[2 * a * tp..][..2 * tp].split_at(tp);
+        interleave(e, od, &mut row[..2 * tp]);
         let dst = &mut yo[yy * ow..(yy + 1) * ow];
-        let src = &line[a * 2 * tp..][..ow];
+        let src = &row[..ow];
         if bias {
             dst.iter_mut().zip(src).for_each(|(d, &v)| *d += v);
         } else {
