@@ -509,6 +509,13 @@ fn per_sample(n: usize) -> bool {
     threads > 1 && n >= threads
 }
 
+/// The fewest samples a worker takes when samples go to separate workers: about two
+/// pieces per thread, so each worker's scratch (up to a few MiB, zeroed when made) is
+/// made a few times per call, not once per sample, with pieces left to balance the load.
+fn samples_per_piece(n: usize) -> usize {
+    (n / (2 * rayon::current_num_threads())).max(1)
+}
+
 fn gemm_par(work: usize, batch_parallel: bool) -> Parallelism {
     if batch_parallel || work < 32 * 32 * 32 || rayon::current_num_threads() <= 1 {
         Parallelism::None
@@ -936,10 +943,14 @@ fn for_samples<T: Element, C: Real>(
         }
     };
     if per_sample(n) {
-        out.par_chunks_mut(per).enumerate().for_each_init(
-            || vec![C::zero(); scratch_len],
-            |scratch, (i, o)| run(i, o, scratch, Parallelism::None),
-        );
+        let min = samples_per_piece(n);
+        out.par_chunks_mut(per)
+            .enumerate()
+            .with_min_len(min)
+            .for_each_init(
+                || vec![C::zero(); scratch_len],
+                |scratch, (i, o)| run(i, o, scratch, Parallelism::None),
+            );
     } else {
         let mut scratch = vec![C::zero(); scratch_len];
         for (i, o) in out.chunks_mut(per).enumerate() {
@@ -1208,6 +1219,7 @@ fn weight_grad<T: Element, C: Real>(
             if per_sample(g.n) {
                 (0..g.n)
                     .into_par_iter()
+                    .with_min_len(samples_per_piece(g.n))
                     .fold(
                         || (vec![C::zero(); wlen], vec![C::zero(); scratch_len]),
                         |(mut acc, mut cols), i| {
