@@ -241,6 +241,31 @@ fn check(c: &Case, seed: u64, bias: bool) {
 }
 
 proptest! {
+    #![proptest_config(ProptestConfig::with_cases(12))]
+
+    /// Random Winograd cases (16-bit 3×3 stride-1 convolutions with 16+ channels; the
+    /// input gradient too where the padding is at most 2): every clipped-tile, padding
+    /// and group combination against the direct loops, forward and gradients.
+    #[test]
+    fn winograd_shapes_match_direct_loops(
+        n in 1usize..=2,
+        groups in 1usize..=2,
+        cg in 16usize..=18,
+        og in 16usize..=18,
+        h in 6usize..=14,
+        w in 6usize..=40,
+        ph in 0usize..=3,
+        pw in 0usize..=3,
+        seed in 0u64..1000,
+        bias in any::<bool>(),
+    ) {
+        prop_assume!((h + 2 * ph - 2) * (w + 2 * pw - 2) >= 64);
+        let c = case(n, groups, cg, og, &[h, w], &[3, 3], &[1], &[ph, pw], &[1]);
+        check(&c, seed, bias);
+    }
+}
+
+proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
 
     #[test]
