@@ -17,9 +17,9 @@
 //! batch smaller than the worker count lets `gemm` use the threads instead. A 1×1
 //! convolution with stride 1 and no padding multiplies the input in place (no im2col).
 //! float16 and bfloat16 are widened to float32, computed with float32 accumulation
-//! and rounded once; float64 computes in float64. The forward of a 16-bit 2-d 3×3
-//! stride-1 convolution with enough channels goes through Winograd F(2×2, 3×3) in
-//! float32 instead ([`winograd`]).
+//! and rounded once; float64 computes in float64. A 16-bit 2-d 3×3 stride-1
+//! convolution with enough channels goes through Winograd F(2×2, 3×3) in float32
+//! instead, forward and both gradients ([`winograd`]).
 
 use amp_tensor::{cast_into, DType, Element, Error, Result, Tensor};
 use gemm::Parallelism;

@@ -1,6 +1,7 @@
-//! Winograd F(2×2, 3×3) for the forward and the input gradient of 16-bit (float16 /
+//! Winograd F(2×2, 3×3) for the forward and both gradients of 16-bit (float16 /
 //! bfloat16) 2-d 3×3 convolutions with stride 1 and dilation 1, computed in float32.
-//! The input gradient is itself such a convolution (see [`data_grad`]).
+//! The input gradient is itself such a convolution (see [`data_grad`]); the weight
+//! gradient is summed in the transformed domain (see [`Grad`]).
 //!
 //! Each 2×2 output tile is `Aᵀ [(G g Gᵀ) ⊙ (Bᵀ d Bᵀᵀ)] A` for its 4×4 input tile `d`
 //! and the 3×3 kernel `g`: summed over input channels, the element-wise products
@@ -14,8 +15,8 @@
 //!
 //! Work per sample and group: tiles are taken a few tile rows at a time so that the
 //! transformed inputs `V` and the products `M` (16 × channels × tiles each) stay in
-//! cache; every transform runs along contiguous rows of tiles (vectorised), input rows
-//! are widened as they are read.
+//! cache; every transform runs along contiguous rows of tiles, as whole blocks of 16
+//! lanes (one vector instruction each), and input rows are widened as they are read.
 
 use amp_tensor::Element;
 use gemm::Parallelism;
