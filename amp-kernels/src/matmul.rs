@@ -36,8 +36,13 @@ use crate::compute::ensure_same_device;
 const PARALLEL_WORK: usize = 32 * 32 * 32;
 
 /// Products with at least this many multiply-adds use `faer`'s kernel, smaller ones
-/// `gemm`'s.
+/// `gemm`'s (down to [`SMALL_WORK`]).
 pub const FAER_WORK: usize = 64 * 64 * 64;
+
+/// Products with at most this many multiply-adds use a direct loop ([`small_product`]):
+/// `gemm` allocates and zeroes a 4 KiB buffer per call, which costs more than the whole
+/// product at these sizes.
+const SMALL_WORK: usize = 16 * 16 * 16;
 
 /// In a batched product, matrices with at least this many multiply-adds are each
 /// multiplied by all threads; smaller ones are spread over the threads by batch.
@@ -1157,6 +1162,23 @@ fn gemm_into<C: GemmFloat>(
     let dst = SendPtr(out.as_mut_ptr() as *mut C);
     let work = m * n * k;
     let one = |i: usize, d: *mut C, dst_factor: C, read_dst: bool, par: Parallelism| {
+        if work <= SMALL_WORK {
+            // SAFETY: as for `faer_product` below.
+            unsafe {
+                small_product(
+                    m,
+                    n,
+                    k,
+                    (a, sa, i),
+                    (b, sb, i),
+                    d,
+                    dst_factor,
+                    read_dst,
+                    alpha,
+                )
+            };
+            return;
+        }
         if work >= FAER_WORK {
             // SAFETY: as below; faer reads the block only with `Accum::Add`, after it
             // holds initialised values.
@@ -1220,6 +1242,127 @@ fn gemm_into<C: GemmFloat>(
         (0..batch)
             .into_par_iter()
             .for_each(|i| one(i, dst.at(i * m * n), beta, read, Parallelism::None));
+    }
+}
+
+/// `d = dst_factor * d + alpha * A_i @ B_i` for a product of at most [`SMALL_WORK`]
+/// multiply-adds: per output row, blocks of eight columns summed in registers over the
+/// inner dim, with fused multiply-adds (one rounding each, as the large kernels do)
+/// where the CPU has them. The input term is read only when `read_dst` and `dst_factor` is not 0, as in
+/// [`faer_product`].
+///
+/// # Safety
+/// As for [`faer_product`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn small_product<C: GemmFloat>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: (&[C], &Side, usize),
+    b: (&[C], &Side, usize),
+    d: *mut C,
+    dst_factor: C,
+    read_dst: bool,
+    alpha: C,
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2,fma")]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn fma<C: GemmFloat>(
+            m: usize,
+            n: usize,
+            k: usize,
+            a: (&[C], &Side, usize),
+            b: (&[C], &Side, usize),
+            d: *mut C,
+            dst_factor: C,
+            read_dst: bool,
+            alpha: C,
+        ) {
+            // SAFETY: the caller's contract.
+            unsafe { small_body(m, n, k, a, b, d, dst_factor, read_dst, alpha, true) }
+        }
+        if std::arch::is_x86_feature_detected!("fma") && std::arch::is_x86_feature_detected!("avx2")
+        {
+            // SAFETY: the CPU has FMA and AVX2 (checked just above); the caller's contract.
+            return unsafe { fma(m, n, k, a, b, d, dst_factor, read_dst, alpha) };
+        }
+    }
+    // SAFETY: the caller's contract.
+    unsafe { small_body(m, n, k, a, b, d, dst_factor, read_dst, alpha, false) }
+}
+
+/// [`small_product`]'s loops; `fused` picks `mul_add` (only where the CPU has FMA: it
+/// is a library call otherwise).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn small_body<C: GemmFloat>(
+    m: usize,
+    n: usize,
+    k: usize,
+    (a, sa, ia): (&[C], &Side, usize),
+    (b, sb, ib): (&[C], &Side, usize),
+    d: *mut C,
+    dst_factor: C,
+    read_dst: bool,
+    alpha: C,
+    fused: bool,
+) {
+    // Eight output columns at a time, their sums in registers (a fixed-size block);
+    // the remaining columns (and every column of a B with strided rows) one by one.
+    const V: usize = 8;
+    let (a0, b0) = (sa.offsets[ia], sb.offsets[ib]);
+    let add_input = read_dst && dst_factor != C::zero();
+    let store = |i: usize, j: usize, s: C| {
+        // SAFETY: element (i, j) of the caller's `m×n` block, read only when the
+        // caller initialised it (`read_dst`).
+        unsafe {
+            let o = d.add(i * n + j);
+            let v = alpha * s;
+            o.write(if add_input {
+                dst_factor * o.read() + v
+            } else {
+                v
+            });
+        }
+    };
+    for i in 0..m {
+        let arow = a0 + i * sa.rs;
+        let mut j = 0;
+        if sb.cs == 1 {
+            while j + V <= n {
+                let mut acc = [C::zero(); V];
+                for p in 0..k {
+                    let av = a[arow + p * sa.cs];
+                    let bs: &[C; V] = b[b0 + p * sb.rs + j..][..V].try_into().expect("V");
+                    for (s, &bv) in acc.iter_mut().zip(bs) {
+                        *s = madd(av, bv, *s, fused);
+                    }
+                }
+                for (l, &s) in acc.iter().enumerate() {
+                    store(i, j + l, s);
+                }
+                j += V;
+            }
+        }
+        for j in j..n {
+            let mut s = C::zero();
+            for p in 0..k {
+                s = madd(a[arow + p * sa.cs], b[b0 + p * sb.rs + j * sb.cs], s, fused);
+            }
+            store(i, j, s);
+        }
+    }
+}
+
+/// `a * b + c`, with one rounding when `fused`.
+#[inline(always)]
+fn madd<C: GemmFloat>(a: C, b: C, c: C, fused: bool) -> C {
+    if fused {
+        a.mul_add(b, c)
+    } else {
+        c + a * b
     }
 }
 

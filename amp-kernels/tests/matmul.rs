@@ -123,6 +123,9 @@ fn mm_every_dtype_and_size() {
             (1, 1, 1),
             (5, 7, 3),
             (8, 8, 8),
+            // small products wider than one 64-column block of the direct loop
+            (2, 3, 150),
+            (1, 2, 1000),
             (64, 65, 33),
             (130, 257, 70),
         ]
