@@ -36,7 +36,7 @@ use crate::compute::ensure_same_device;
 const PARALLEL_WORK: usize = 32 * 32 * 32;
 
 /// Products with at least this many multiply-adds use `faer`'s kernel, smaller ones
-/// `gemm`'s (down to [`SMALL_WORK`]).
+/// `gemm`'s (down to 16³; smaller ones a direct loop).
 pub const FAER_WORK: usize = 64 * 64 * 64;
 
 /// Products with at most this many multiply-adds use a direct loop ([`small_product`]):
