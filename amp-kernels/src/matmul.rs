@@ -892,15 +892,17 @@ fn widened_blocks<T: Element>(p: &Plan<'_>, split: Blocks) -> Result<Tensor> {
         // holds `rows*cols` initialised elements.
         unsafe {
             faer_product(
-                rows,
-                cols,
-                k,
-                (a, sa, 0),
-                (b, sb, 0),
-                acc.as_mut_ptr(),
-                p.beta as f32,
-                read,
-                p.alpha as f32,
+                Product {
+                    m: rows,
+                    n: cols,
+                    k,
+                    a: (a, sa, 0),
+                    b: (b, sb, 0),
+                    d: acc.as_mut_ptr(),
+                    dst_factor: p.beta as f32,
+                    read_dst: read,
+                    alpha: p.alpha as f32,
+                },
                 Parallelism::None,
             )
         };
@@ -1162,40 +1164,26 @@ fn gemm_into<C: GemmFloat>(
     let dst = SendPtr(out.as_mut_ptr() as *mut C);
     let work = m * n * k;
     let one = |i: usize, d: *mut C, dst_factor: C, read_dst: bool, par: Parallelism| {
+        let product = Product {
+            m,
+            n,
+            k,
+            a: (a, sa, i),
+            b: (b, sb, i),
+            d,
+            dst_factor,
+            read_dst,
+            alpha,
+        };
         if work <= SMALL_WORK {
             // SAFETY: as for `faer_product` below.
-            unsafe {
-                small_product(
-                    m,
-                    n,
-                    k,
-                    (a, sa, i),
-                    (b, sb, i),
-                    d,
-                    dst_factor,
-                    read_dst,
-                    alpha,
-                )
-            };
+            unsafe { small_product(product) };
             return;
         }
         if work >= FAER_WORK {
             // SAFETY: as below; faer reads the block only with `Accum::Add`, after it
             // holds initialised values.
-            unsafe {
-                faer_product(
-                    m,
-                    n,
-                    k,
-                    (a, sa, i),
-                    (b, sb, i),
-                    d,
-                    dst_factor,
-                    read_dst,
-                    alpha,
-                    par,
-                )
-            };
+            unsafe { faer_product(product, par) };
             return;
         }
         // SAFETY: `d` points at an `m×n` row-major block of `out` (length checked
@@ -1245,70 +1233,62 @@ fn gemm_into<C: GemmFloat>(
     }
 }
 
-/// `d = dst_factor * d + alpha * A_i @ B_i` for a product of at most [`SMALL_WORK`]
-/// multiply-adds: per output row, blocks of eight columns summed in registers over the
-/// inner dim, with fused multiply-adds (one rounding each, as the large kernels do)
-/// where the CPU has them. The input term is read only when `read_dst` and `dst_factor` is not 0, as in
-/// [`faer_product`].
-///
-/// # Safety
-/// As for [`faer_product`].
-#[allow(clippy::too_many_arguments)]
-unsafe fn small_product<C: GemmFloat>(
+/// One product of a plan: `d = dst_factor * d + alpha * A_i @ B_i` for the `m×k`
+/// matrix `i` of `a` and the `k×n` matrix `i` of `b` (each with its [`Side`]), into the
+/// row-major `m×n` block at `d`.
+#[derive(Clone, Copy)]
+struct Product<'a, C> {
     m: usize,
     n: usize,
     k: usize,
-    a: (&[C], &Side, usize),
-    b: (&[C], &Side, usize),
+    a: (&'a [C], &'a Side, usize),
+    b: (&'a [C], &'a Side, usize),
     d: *mut C,
     dst_factor: C,
     read_dst: bool,
     alpha: C,
-) {
+}
+
+/// A [`Product`] of at most [`SMALL_WORK`] multiply-adds: per output row, blocks of
+/// eight columns summed in registers over the inner dim, with fused multiply-adds (one
+/// rounding each, as the large kernels do) where the CPU has them. The input term is
+/// read only when `read_dst` and `dst_factor` is not 0, as in [`faer_product`].
+///
+/// # Safety
+/// As for [`faer_product`].
+unsafe fn small_product<C: GemmFloat>(pr: Product<'_, C>) {
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "avx2,fma")]
-        #[allow(clippy::too_many_arguments)]
-        unsafe fn fma<C: GemmFloat>(
-            m: usize,
-            n: usize,
-            k: usize,
-            a: (&[C], &Side, usize),
-            b: (&[C], &Side, usize),
-            d: *mut C,
-            dst_factor: C,
-            read_dst: bool,
-            alpha: C,
-        ) {
+        unsafe fn fma<C: GemmFloat>(pr: Product<'_, C>) {
             // SAFETY: the caller's contract.
-            unsafe { small_body(m, n, k, a, b, d, dst_factor, read_dst, alpha, true) }
+            unsafe { small_body(pr, true) }
         }
         if std::arch::is_x86_feature_detected!("fma") && std::arch::is_x86_feature_detected!("avx2")
         {
             // SAFETY: the CPU has FMA and AVX2 (checked just above); the caller's contract.
-            return unsafe { fma(m, n, k, a, b, d, dst_factor, read_dst, alpha) };
+            return unsafe { fma(pr) };
         }
     }
     // SAFETY: the caller's contract.
-    unsafe { small_body(m, n, k, a, b, d, dst_factor, read_dst, alpha, false) }
+    unsafe { small_body(pr, false) }
 }
 
 /// [`small_product`]'s loops; `fused` picks `mul_add` (only where the CPU has FMA: it
 /// is a library call otherwise).
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn small_body<C: GemmFloat>(
-    m: usize,
-    n: usize,
-    k: usize,
-    (a, sa, ia): (&[C], &Side, usize),
-    (b, sb, ib): (&[C], &Side, usize),
-    d: *mut C,
-    dst_factor: C,
-    read_dst: bool,
-    alpha: C,
-    fused: bool,
-) {
+unsafe fn small_body<C: GemmFloat>(pr: Product<'_, C>, fused: bool) {
+    let Product {
+        m,
+        n,
+        k,
+        a: (a, sa, ia),
+        b: (b, sb, ib),
+        d,
+        dst_factor,
+        read_dst,
+        alpha,
+    } = pr;
     // Eight output columns at a time, their sums in registers (a fixed-size block);
     // the remaining columns (and every column of a B with strided rows) one by one.
     const V: usize = 8;
@@ -1366,26 +1346,16 @@ fn madd<C: GemmFloat>(a: C, b: C, c: C, fused: bool) -> C {
     }
 }
 
-/// `d = dst_factor * d + alpha * A_i @ B_i` on faer's kernel (`d` only written when
-/// `read_dst` is false or `dst_factor` is 0, as PyTorch ignores the input when `beta`
-/// is 0).
+/// A [`Product`] on faer's kernel (`d` only written, not read, when `read_dst` is
+/// false or `dst_factor` is 0, as PyTorch ignores the input when `beta` is 0).
 ///
 /// # Safety
 /// `d` points at a writable row-major `m×n` block, initialised when `read_dst`; matrix
 /// `i` of each operand lies inside its buffer.
-#[allow(clippy::too_many_arguments)]
-unsafe fn faer_product<C: GemmFloat>(
-    m: usize,
-    n: usize,
-    k: usize,
-    (a, sa, ia): (&[C], &Side, usize),
-    (b, sb, ib): (&[C], &Side, usize),
-    d: *mut C,
-    dst_factor: C,
-    read_dst: bool,
-    alpha: C,
-    par: Parallelism,
-) {
+unsafe fn faer_product<C: GemmFloat>(pr: Product<'_, C>, par: Parallelism) {
+    let (m, n, k, d, dst_factor, alpha) = (pr.m, pr.n, pr.k, pr.d, pr.dst_factor, pr.alpha);
+    let ((a, sa, ia), (b, sb, ib)) = (pr.a, pr.b);
+    let read_dst = pr.read_dst;
     use faer::{Accum, MatMut, MatRef, Par};
     let accum = if read_dst && dst_factor != C::zero() {
         if dst_factor != C::one() {

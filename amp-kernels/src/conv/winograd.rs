@@ -201,6 +201,28 @@ pub(super) fn run<J: Job>(g: &Geo, plan: &Plan, job: J) {
     job.run(g, plan)
 }
 
+/// One worker's scratch ([`Plan::scratch_len`] elements), split: `V`, then `M` (the
+/// products of a forward, or the transformed gradient of a weight gradient), 16
+/// matrices each a [`SKEW`] apart; the widened input rows and their even/odd split;
+/// and a line buffer of `8 · tp`.
+type Parts<'s> = (
+    &'s mut [f32],
+    &'s mut [f32],
+    &'s mut [f32],
+    &'s mut [f32],
+    &'s mut [f32],
+);
+
+#[inline(always)]
+fn split_scratch<'s>(g: &Geo, plan: &Plan, scratch: &'s mut [f32]) -> Parts<'s> {
+    let tc_max = plan.rows * plan.tp;
+    let (v, rest) = scratch.split_at_mut(16 * (g.c * tc_max + SKEW));
+    let (m, rest) = rest.split_at_mut(16 * (g.o * tc_max + SKEW));
+    let (rows, rest) = rest.split_at_mut(plan.need() * plan.wp());
+    let (eo, line) = rest.split_at_mut(g.c * plan.need() * 2 * plan.half());
+    (v, m, rows, eo, line)
+}
+
 impl<T: Element> Job for Sample<'_, T> {
     #[inline(always)]
     fn run(self, g: &Geo, plan: &Plan) {
@@ -210,21 +232,10 @@ impl<T: Element> Job for Sample<'_, T> {
 
 #[inline(always)]
 fn sample_body<T: Element>(g: &Geo, plan: &Plan, s: Sample<'_, T>) {
-    let Sample {
-        x,
-        u,
-        y,
-        bias,
-        scratch,
-        par,
-    } = s;
+    let (x, u, y, bias, par) = (s.x, s.u, s.y, s.bias, s.par);
+    let (v, m, rows, eo, line) = split_scratch(g, plan, s.scratch);
     let (il, ol) = (g.il(), g.ol());
     let (o, c, tp) = (g.o, g.c, plan.tp);
-    let tc_max = plan.rows * tp;
-    let (v, rest) = scratch.split_at_mut(16 * (c * tc_max + SKEW));
-    let (m, rest) = rest.split_at_mut(16 * (o * tc_max + SKEW));
-    let (rows, rest) = rest.split_at_mut(plan.need() * plan.wp());
-    let (eo, line) = rest.split_at_mut(c * plan.need() * 2 * plan.half());
     for gi in 0..g.groups {
         let xg = &x[gi * c * il..][..c * il];
         let ug = &u[gi * 16 * o * c..][..16 * o * c];
@@ -313,20 +324,11 @@ impl<T: Element> Job for Grad<'_, T> {
 
 #[inline(always)]
 fn grad_body<T: Element>(g: &Geo, plan: &Plan, s: Grad<'_, T>) {
-    let Grad {
-        x,
-        gy,
-        acc,
-        scratch,
-        par,
-    } = s;
+    let (x, gy, acc, par) = (s.x, s.gy, s.acc, s.par);
+    // The transformed gradient takes the place of the forward's products.
+    let (v, dt, rows, eo, line) = split_scratch(g, plan, s.scratch);
     let (il, ol) = (g.il(), g.ol());
     let (o, c, tp) = (g.o, g.c, plan.tp);
-    let tc_max = plan.rows * tp;
-    let (v, rest) = scratch.split_at_mut(16 * (c * tc_max + SKEW));
-    let (dt, rest) = rest.split_at_mut(16 * (o * tc_max + SKEW));
-    let (rows, rest) = rest.split_at_mut(plan.need() * plan.wp());
-    let (eo, line) = rest.split_at_mut(c * plan.need() * 2 * plan.half());
     for gi in 0..g.groups {
         let xg = &x[gi * c * il..][..c * il];
         let gyg = &gy[gi * o * ol..][..o * ol];
