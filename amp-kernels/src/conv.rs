@@ -1058,6 +1058,18 @@ fn backward_data<T: Element, C: Real>(
     bias: Option<&Tensor>,
     dims: Vec<usize>,
 ) -> Result<Tensor> {
+    // 16-bit 3×3 convolutions: the input gradient is the forward convolution of
+    // `data_grad`'s geometry with the kernel turned by 180°, which goes through
+    // Winograd in float32 like any forward.
+    if T::DTYPE != C::DTYPE {
+        if let Some(tg) = winograd::data_grad(g) {
+            let flipped = with_storage::<T, _>(weight, |w| winograd::flipped(w, g))?;
+            let mut wdims = weight.dims().to_vec();
+            (wdims[0], wdims[1]) = (g.groups * g.c, g.o);
+            let flipped = Tensor::from_vec(flipped, wdims)?;
+            return forward::<T, C>(&tg, grad, &flipped, bias, dims);
+        }
+    }
     let (il, ol, kk) = (g.il(), g.ol(), g.kk());
     let per = g.groups * g.c * il;
     let mut out = amp_tensor::pool::recycled_vec::<T>(g.n * per);
@@ -1065,47 +1077,13 @@ fn backward_data<T: Element, C: Real>(
     let t = g.tile::<C>();
     let pointwise = g.pointwise();
     let rows = g.rows_contiguous();
-    // 16-bit 3×3 convolutions: Winograd in float32, as for the forward.
-    let wino = if T::DTYPE != C::DTYPE {
-        winograd::data_grad(g).map(|t| (winograd::Plan::new(&t), t))
-    } else {
-        None
-    };
-    // 16-bit gradients otherwise: one group's output gradient widened in cache.
-    let scratch = match &wino {
-        Some((plan, tg)) => (plan.scratch_len(tg), 0),
-        None if pointwise => (0, g.o * ol),
-        None => (kk * t, g.o * ol),
-    };
+    let cols_len = if pointwise { 0 } else { kk * t };
+    // 16-bit gradients: one group's output gradient widened in cache.
+    let scratch = (cols_len, g.o * ol);
     with_storage::<T, _>(grad, |gy| {
         with_compute::<C, _>(weight, |w| {
-            let u = wino.as_ref().and_then(|(_, tg)| {
-                as_same::<C, f32>(w).map(|w| winograd::weights(&winograd::flipped(w, g), tg))
-            });
             for_samples(&mut out, per, g.n, scratch, |i, x, cols, gbuf, par| {
                 let par = gemm_par(g.o * kk * ol, matches!(par, Parallelism::None));
-                if let (Some((plan, tg)), Some(u), Some(y), Some(s)) = (
-                    &wino,
-                    &u,
-                    as_same_mut::<C, f32>(&mut *x),
-                    as_same_mut::<C, f32>(&mut *cols),
-                ) {
-                    let bf = bias.as_ref().and_then(|b| as_same::<C, f32>(b));
-                    if let Some(b) = bf {
-                        for (row, &bv) in y.chunks_mut(il).zip(b) {
-                            row.fill(bv);
-                        }
-                    }
-                    let job = winograd::Sample {
-                        x: &gy[i * g.groups * g.o * ol..][..g.groups * g.o * ol],
-                        u,
-                        y,
-                        bias: bf.is_some(),
-                        scratch: s,
-                        par,
-                    };
-                    return winograd::run(tg, plan, job);
-                }
                 x.fill(C::zero());
                 for gi in 0..g.groups {
                     let gyt = &gy[(i * g.groups + gi) * g.o * ol..][..g.o * ol];

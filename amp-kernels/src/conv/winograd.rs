@@ -61,11 +61,12 @@ pub(super) fn data_grad(g: &Geo) -> Option<Geo> {
     applies(&t).then_some(t)
 }
 
-/// The kernel of [`data_grad`]'s convolution from the float32 weight `w`
-/// `[G·O, C, 1, 3, 3]` of `g`: `[G·C, O, 1, 3, 3]`, each 3×3 kernel turned by 180°.
-pub(super) fn flipped(w: &[f32], g: &Geo) -> Vec<f32> {
+/// The kernel of [`data_grad`]'s convolution from the weight `w` `[G·O, C, 1, 3, 3]` of
+/// `g`: `[G·C, O, 1, 3, 3]`, each 3×3 kernel turned by 180° (a permutation: exact in
+/// any dtype).
+pub(super) fn flipped<T: Element>(w: &[T], g: &Geo) -> Vec<T> {
     let (o, c) = (g.o, g.c);
-    let mut f = vec![0.0f32; w.len()];
+    let mut f = w.to_vec();
     for gi in 0..g.groups {
         for oi in 0..o {
             for ci in 0..c {
@@ -226,40 +227,35 @@ fn split_scratch<'s>(g: &Geo, plan: &Plan, scratch: &'s mut [f32]) -> Parts<'s> 
 impl<T: Element> Job for Sample<'_, T> {
     #[inline(always)]
     fn run(self, g: &Geo, plan: &Plan) {
-        sample_body(g, plan, self)
-    }
-}
-
-#[inline(always)]
-fn sample_body<T: Element>(g: &Geo, plan: &Plan, s: Sample<'_, T>) {
-    let (x, u, y, bias, par) = (s.x, s.u, s.y, s.bias, s.par);
-    let (v, m, rows, eo, line) = split_scratch(g, plan, s.scratch);
-    let (il, ol) = (g.il(), g.ol());
-    let (o, c, tp) = (g.o, g.c, plan.tp);
-    for gi in 0..g.groups {
-        let xg = &x[gi * c * il..][..c * il];
-        let ug = &u[gi * 16 * o * c..][..16 * o * c];
-        let yg = &mut y[gi * o * ol..][..o * ol];
-        let mut ty0 = 0;
-        while ty0 < plan.th {
-            let ty1 = (ty0 + plan.rows).min(plan.th);
-            // Tiles of this chunk, each tile row padded to `tp` columns of V and M.
-            let tc = (ty1 - ty0) * tp;
-            transform_inputs(g, plan, xg, (ty0, ty1), v, rows, eo);
-            for xi in 0..16 {
-                let a: Mat<'_, f32> = (&ug[xi * o * c..][..o * c], c, 1);
-                let b: Mat<'_, f32> = (&v[xi * (c * tc + SKEW)..][..c * tc], tc, 1);
-                let mx = &mut m[xi * (o * tc + SKEW)..];
-                gemm_into(o, tc, c, mx, tc, false, a, b, par);
-            }
-            for oi in 0..o {
-                let yo = &mut yg[oi * ol..][..ol];
-                for ty in ty0..ty1 {
-                    let at = oi * tc + (ty - ty0) * tp;
-                    output_row(g, plan, m, o * tc + SKEW, at, ty, yo, bias, line);
+        let (x, u, y, bias, par) = (self.x, self.u, self.y, self.bias, self.par);
+        let (v, m, rows, eo, line) = split_scratch(g, plan, self.scratch);
+        let (il, ol) = (g.il(), g.ol());
+        let (o, c, tp) = (g.o, g.c, plan.tp);
+        for gi in 0..g.groups {
+            let xg = &x[gi * c * il..][..c * il];
+            let ug = &u[gi * 16 * o * c..][..16 * o * c];
+            let yg = &mut y[gi * o * ol..][..o * ol];
+            let mut ty0 = 0;
+            while ty0 < plan.th {
+                let ty1 = (ty0 + plan.rows).min(plan.th);
+                // Tiles of this chunk, each tile row padded to `tp` columns of V and M.
+                let tc = (ty1 - ty0) * tp;
+                transform_inputs(g, plan, xg, (ty0, ty1), v, rows, eo);
+                for xi in 0..16 {
+                    let a: Mat<'_, f32> = (&ug[xi * o * c..][..o * c], c, 1);
+                    let b: Mat<'_, f32> = (&v[xi * (c * tc + SKEW)..][..c * tc], tc, 1);
+                    let mx = &mut m[xi * (o * tc + SKEW)..];
+                    gemm_into(o, tc, c, mx, tc, false, a, b, par);
                 }
+                for oi in 0..o {
+                    let yo = &mut yg[oi * ol..][..ol];
+                    for ty in ty0..ty1 {
+                        let at = oi * tc + (ty - ty0) * tp;
+                        output_row(g, plan, m, o * tc + SKEW, at, ty, yo, bias, line);
+                    }
+                }
+                ty0 = ty1;
             }
-            ty0 = ty1;
         }
     }
 }
@@ -318,40 +314,35 @@ pub(super) struct Grad<'a, T> {
 impl<T: Element> Job for Grad<'_, T> {
     #[inline(always)]
     fn run(self, g: &Geo, plan: &Plan) {
-        grad_body(g, plan, self)
-    }
-}
-
-#[inline(always)]
-fn grad_body<T: Element>(g: &Geo, plan: &Plan, s: Grad<'_, T>) {
-    let (x, gy, acc, par) = (s.x, s.gy, s.acc, s.par);
-    // The transformed gradient takes the place of the forward's products.
-    let (v, dt, rows, eo, line) = split_scratch(g, plan, s.scratch);
-    let (il, ol) = (g.il(), g.ol());
-    let (o, c, tp) = (g.o, g.c, plan.tp);
-    for gi in 0..g.groups {
-        let xg = &x[gi * c * il..][..c * il];
-        let gyg = &gy[gi * o * ol..][..o * ol];
-        let ag = &mut acc[gi * 16 * o * c..][..16 * o * c];
-        let mut ty0 = 0;
-        while ty0 < plan.th {
-            let ty1 = (ty0 + plan.rows).min(plan.th);
-            let tc = (ty1 - ty0) * tp;
-            transform_inputs(g, plan, xg, (ty0, ty1), v, rows, eo);
-            for oi in 0..o {
-                let go = &gyg[oi * ol..][..ol];
-                for ty in ty0..ty1 {
-                    let at = oi * tc + (ty - ty0) * tp;
-                    grad_tiles(g, plan, go, ty, dt, o * tc + SKEW, at, line);
+        let (x, gy, acc, par) = (self.x, self.gy, self.acc, self.par);
+        // The transformed gradient takes the place of the forward's products.
+        let (v, dt, rows, eo, line) = split_scratch(g, plan, self.scratch);
+        let (il, ol) = (g.il(), g.ol());
+        let (o, c, tp) = (g.o, g.c, plan.tp);
+        for gi in 0..g.groups {
+            let xg = &x[gi * c * il..][..c * il];
+            let gyg = &gy[gi * o * ol..][..o * ol];
+            let ag = &mut acc[gi * 16 * o * c..][..16 * o * c];
+            let mut ty0 = 0;
+            while ty0 < plan.th {
+                let ty1 = (ty0 + plan.rows).min(plan.th);
+                let tc = (ty1 - ty0) * tp;
+                transform_inputs(g, plan, xg, (ty0, ty1), v, rows, eo);
+                for oi in 0..o {
+                    let go = &gyg[oi * ol..][..ol];
+                    for ty in ty0..ty1 {
+                        let at = oi * tc + (ty - ty0) * tp;
+                        grad_tiles(g, plan, go, ty, dt, o * tc + SKEW, at, line);
+                    }
                 }
+                for xi in 0..16 {
+                    // acc_ξ (O × C) += D_ξ (O × tc) @ V_ξᵀ (tc × C).
+                    let a: Mat<'_, f32> = (&dt[xi * (o * tc + SKEW)..][..o * tc], tc, 1);
+                    let b: Mat<'_, f32> = (&v[xi * (c * tc + SKEW)..][..c * tc], 1, tc);
+                    gemm_into(o, c, tc, &mut ag[xi * o * c..], c, true, a, b, par);
+                }
+                ty0 = ty1;
             }
-            for xi in 0..16 {
-                // acc_ξ (O × C) += D_ξ (O × tc) @ V_ξᵀ (tc × C).
-                let a: Mat<'_, f32> = (&dt[xi * (o * tc + SKEW)..][..o * tc], tc, 1);
-                let b: Mat<'_, f32> = (&v[xi * (c * tc + SKEW)..][..c * tc], 1, tc);
-                gemm_into(o, c, tc, &mut ag[xi * o * c..], c, true, a, b, par);
-            }
-            ty0 = ty1;
         }
     }
 }
@@ -378,12 +369,7 @@ fn grad_tiles<T: Element>(
     for a in 0..2 {
         let ra = &mut r[a * 2 * tp..][..2 * tp];
         let yy = 2 * ty + a;
-        if yy < oh {
-            copy_into(&go[yy * ow..][..ow], &mut ra[..ow]);
-            ra[ow..].fill(0.0);
-        } else {
-            ra.fill(0.0);
-        }
+        padded_row((yy < oh).then(|| &go[yy * ow..][..ow]), 0, ra);
         let (e, od) = split[a * 2 * tp..][..2 * tp].split_at_mut(tp);
         deinterleave(ra, e, od);
     }
@@ -525,26 +511,34 @@ fn split_rows<T: Element>(
     let (ph, pw) = (g.p[1] as isize, g.p[2] as isize);
     let (wp, half) = (plan.wp(), plan.half());
     for k in 0..need {
-        let r = &mut rows[k * wp..(k + 1) * wp];
         let yi = y0 as isize - ph + k as isize;
-        if yi < 0 || yi >= h as isize {
-            r.fill(0.0);
-        } else {
-            let src = &xc[yi as usize * w..][..w];
-            let lo = pw.clamp(0, wp as isize) as usize;
-            let hi = (w as isize + pw).clamp(lo as isize, wp as isize) as usize;
-            r[..lo].fill(0.0);
-            if hi > lo {
-                let (a, b) = ((lo as isize - pw) as usize, (hi as isize - pw) as usize);
-                copy_into(&src[a..b], &mut r[lo..hi]);
-            }
-            r[hi..].fill(0.0);
-        }
+        let src = (0..h as isize)
+            .contains(&yi)
+            .then(|| &xc[yi as usize * w..][..w]);
+        padded_row(src, pw, &mut rows[k * wp..(k + 1) * wp]);
     }
     for k in 0..need {
         let (e, od) = eo[k * 2 * half..(k + 1) * 2 * half].split_at_mut(half);
         deinterleave(&rows[k * wp..(k + 1) * wp], e, od);
     }
+}
+
+/// `r` = the row `src` widened to float32 and starting at column `-pw` (zeros left of
+/// it, right of it, and all through `r` when there is no row).
+#[inline(always)]
+fn padded_row<T: Element>(src: Option<&[T]>, pw: isize, r: &mut [f32]) {
+    let Some(src) = src else {
+        return r.fill(0.0);
+    };
+    let wp = r.len() as isize;
+    let lo = pw.clamp(0, wp) as usize;
+    let hi = (src.len() as isize + pw).clamp(lo as isize, wp) as usize;
+    r[..lo].fill(0.0);
+    if hi > lo {
+        let (a, b) = ((lo as isize - pw) as usize, (hi as isize - pw) as usize);
+        copy_into(&src[a..b], &mut r[lo..hi]);
+    }
+    r[hi..].fill(0.0);
 }
 
 /// `Bᵀ d B` for one tile row from its four split input rows `eo` (as [`split_rows`]
