@@ -161,7 +161,7 @@ fn check(got: &[f64], num: &[f64], what: &str) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(16))]
+    #![proptest_config(amp_testing::proptest_config(16))]
 
     #[test]
     fn conv_gradients_match_finite_differences(c in case(), seed in 0u64..1000) {

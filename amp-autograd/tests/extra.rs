@@ -357,7 +357,7 @@ fn cell_gradients_and_double_gradients() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(16))]
+    #![proptest_config(amp_testing::proptest_config(16))]
     #[test]
     fn gru_and_lstm_gradients_on_random_shapes(
         n in 1usize..3, input in 1usize..4, hidden in 1usize..3, seed in 0u64..1000

@@ -207,7 +207,7 @@ fn eye_vals(n: usize) -> Vec<f64> {
 // ----- inverse / solve -------------------------------------------------------------------
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(16))]
+    #![proptest_config(amp_testing::proptest_config(16))]
 
     #[test]
     fn inverse_times_matrix_is_identity(n in 1usize..7, batch in 1usize..4, seed in 0u64..1000) {
@@ -836,7 +836,7 @@ fn reference_quantile(row: &[f64], q: f64, interp: &str, ignore_nan: bool) -> f6
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(24))]
+    #![proptest_config(amp_testing::proptest_config(24))]
 
     #[test]
     fn quantile_matches_sorting(rows in 1usize..4, n in 1usize..9, q in 0.0f64..=1.0, seed in 0u64..1000, nan_at in proptest::option::of(0usize..8)) {

@@ -428,7 +428,7 @@ fn sixteen_bit_pooling_keeps_dtype_and_grads() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(16))]
+    #![proptest_config(amp_testing::proptest_config(16))]
 
     #[test]
     fn avg_pool1d_gradient_random_geometry(

@@ -31,6 +31,9 @@ use rayon::prelude::*;
 
 use crate::compute::ensure_same_device;
 
+mod native16;
+pub use native16::{kernel16, with_kernel16, Kernel16};
+
 /// Products with fewer multiply-adds than this run on the calling thread: spawning
 /// rayon work costs more than a small product (an 8×8 `mm` stays well under 1 µs).
 const PARALLEL_WORK: usize = 32 * 32 * 32;
@@ -713,6 +716,7 @@ fn run(p: Plan<'_>) -> Result<Tensor> {
         DType::F32 => native::<f32>(&p),
         DType::F64 => native::<f64>(&p),
         DType::F16 => widened::<f16>(&p),
+        DType::BF16 if native16::chosen(p.m, p.n, p.k) => native_bf16(&p),
         DType::BF16 => widened::<bf16>(&p),
         DType::I32 => integer::<i32>(&p),
         DType::I64 => integer::<i64>(&p),
@@ -770,6 +774,42 @@ fn native<C: GemmFloat>(p: &Plan<'_>) -> Result<Tensor> {
         );
     }
     // SAFETY: `gemm_into` initialised all `len` elements.
+    unsafe { out.set_len(len) };
+    Tensor::from_vec(out, p.out_dims.clone())
+}
+
+/// bf16 on the CPU's bfloat16 dot-product instruction: operands packed straight from
+/// their storage, float32 sums, one rounding (see [`Kernel16`]).
+fn native_bf16(p: &Plan<'_>) -> Result<Tensor> {
+    let len = out_len(p);
+    let input = gathered_input::<bf16, f32>(p).map(|mut v| {
+        let beta = p.beta as f32;
+        if beta != 1.0 {
+            v.iter_mut().for_each(|x| *x *= beta);
+        }
+        v
+    });
+    let mut out: Vec<bf16> = amp_tensor::pool::vec_with_capacity(len);
+    {
+        let ga = p.a.storage();
+        let gb = (!p.a.same_storage(p.b)).then(|| p.b.storage());
+        let a = native16::slice(ga.cpu());
+        let b = gb.as_ref().map_or(a, |g| native16::slice(g.cpu()));
+        let job = native16::Job {
+            m: p.m,
+            n: p.n,
+            k: p.k,
+            a,
+            sa: &p.sa,
+            b,
+            sb: &p.sb,
+            reduce: p.reduce,
+            input: input.as_deref(),
+            alpha: p.alpha as f32,
+        };
+        native16::product(&job, &mut out.spare_capacity_mut()[..len]);
+    }
+    // SAFETY: `product` wrote all `len` elements.
     unsafe { out.set_len(len) };
     Tensor::from_vec(out, p.out_dims.clone())
 }

@@ -497,7 +497,7 @@ fn found_value() -> impl Strategy<Value = f32> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(amp_testing::proptest_config(64))]
 
     #[test]
     fn update_rule_matches_the_model(

@@ -241,7 +241,7 @@ fn check(c: &Case, seed: u64, bias: bool) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(12))]
+    #![proptest_config(amp_testing::proptest_config(12))]
 
     /// Random Winograd cases (16-bit 3×3 stride-1 convolutions with 16+ channels; the
     /// input gradient too where the padding is at most 2): every clipped-tile, padding
@@ -266,7 +266,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(24))]
+    #![proptest_config(amp_testing::proptest_config(24))]
 
     #[test]
     fn forward_and_grads_match_direct_loops(c in case_strategy(), seed in 0u64..1000, bias in any::<bool>()) {

@@ -1653,7 +1653,7 @@ fn model_op(op: BinaryOp, dtype: DType, x: f64, y: f64) -> f64 {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(amp_testing::proptest_config(64))]
 
     #[test]
     fn binary_matches_broadcasting_promotion_model((a, b, k) in case()) {

@@ -1,7 +1,10 @@
 //! The matmul family against an f64 reference computed here with naive loops, for
 //! every floating dtype, strided operands, PyTorch's broadcasting cases and messages.
 
-use amp_kernels::{addbmm, addmm, addmv, addr, baddbmm, bmm, dot, matmul, mm, mv, outer};
+use amp_kernels::{
+    addbmm, addmm, addmv, addr, baddbmm, bmm, dot, kernel16, matmul, mm, mv, outer, with_kernel16,
+    Kernel16,
+};
 use amp_tensor::{DType, Generator, Tensor};
 
 const FLOATS: [DType; 4] = [DType::F16, DType::BF16, DType::F32, DType::F64];
@@ -164,8 +167,26 @@ fn half_types_round_once_from_f32_accumulation() {
         .unwrap()
         .to_dtype(dtype)
         .unwrap();
-        let got = mm(&a, &b).unwrap();
+        // On the widened kernel, bit for bit (the same float32 kernel, the same sums).
+        let got = with_kernel16(Kernel16::Widened, || mm(&a, &b).unwrap()).unwrap();
         assert_eq!(got.to_vec_f64(), wide.to_vec_f64(), "{dtype}");
+        // On every kernel, each element is within one 16-bit step of the exact value,
+        // give or take the float32 sums' own error (sums rounded once; a 16-bit
+        // accumulator or a second rounding would be off by more).
+        let exact = ref_matmul(&a, &b);
+        let mantissa = if dtype == DType::BF16 { 7 } else { 10 };
+        for kernel in Kernel16::ALL.into_iter().filter(|k| k.supports(dtype)) {
+            let got = with_kernel16(kernel, || mm(&a, &b).unwrap()).unwrap();
+            let want = exact.val.iter().zip(&exact.mag);
+            for (i, (&g, (&x, &mag))) in got.to_vec_f64().iter().zip(want).enumerate() {
+                let ulp = 2f64.powi(x.abs().log2().floor() as i32 - mantissa);
+                assert!(
+                    (g - x).abs() < ulp + 1e-6 * mag,
+                    "{dtype} on {}: element {i} is {g}, exact {x}",
+                    kernel.name()
+                );
+            }
+        }
     }
 }
 
@@ -783,5 +804,210 @@ fn large_products_in_blocks() {
             dtype,
             "blocks: addmv",
         );
+    }
+}
+
+// ----- every 16-bit kernel ---------------------------------------------------------------
+
+/// The form of a random product case.
+#[derive(Debug, Clone, Copy)]
+enum Form {
+    Mm,
+    Addmm,
+    Bmm,
+    Baddbmm,
+    Addbmm,
+    /// `matmul` of a batch with a single (broadcast) right operand.
+    MatmulBroadcast,
+}
+
+/// One random product: sizes, operand orientations, batch, form and fused factors.
+#[derive(Debug, Clone)]
+struct Case {
+    form: Form,
+    m: usize,
+    n: usize,
+    k: usize,
+    batch: usize,
+    ta: bool,
+    tb: bool,
+    /// `b` read with a column step of 2 (a non-unit stride on both sides of a pair).
+    step_b: bool,
+    beta: f64,
+    alpha: f64,
+    seed: u64,
+}
+
+fn case() -> impl proptest::strategy::Strategy<Value = Case> {
+    use proptest::prelude::*;
+    let size = prop_oneof![1usize..20, 20usize..80, Just(12), Just(32), Just(33)];
+    let forms = prop::sample::select(vec![
+        Form::Mm,
+        Form::Addmm,
+        Form::Bmm,
+        Form::Baddbmm,
+        Form::Addbmm,
+        Form::MatmulBroadcast,
+    ]);
+    (
+        forms,
+        (size.clone(), size.clone(), prop_oneof![1usize..8, 8usize..140]),
+        1usize..4,
+        (any::<bool>(), any::<bool>(), any::<bool>()),
+        prop::sample::select(vec![(1.0, 1.0), (0.5, -1.5), (0.0, 2.0)]),
+        any::<u64>(),
+    )
+        .prop_map(
+            |(form, (m, n, k), batch, (ta, tb, step_b), (beta, alpha), seed)| Case {
+                form,
+                m,
+                n,
+                k,
+                batch,
+                ta,
+                tb,
+                step_b,
+                beta,
+                alpha,
+                seed,
+            },
+        )
+}
+
+/// A `[batch.., rows, cols]` operand, stored transposed when `t`.
+fn operand(batch: &[usize], rows: usize, cols: usize, t: bool, seed: u64) -> Tensor {
+    let r = batch.len();
+    let mut dims = batch.to_vec();
+    if t {
+        dims.extend([cols, rows]);
+        randn(&dims, DType::BF16, seed).transpose(r, r + 1).unwrap()
+    } else {
+        dims.extend([rows, cols]);
+        randn(&dims, DType::BF16, seed)
+    }
+}
+
+/// Run `c` with the current kernel and compare with the f64 reference.
+fn check_case(c: &Case, kernel: Kernel16) {
+    let dt = DType::BF16;
+    let what = format!("{c:?} on {}", kernel.name());
+    let batched = !matches!(c.form, Form::Mm | Form::Addmm);
+    let bdims: &[usize] = if batched { &[c.batch] } else { &[] };
+    let a = operand(bdims, c.m, c.k, c.ta, c.seed);
+    let b = if c.step_b {
+        let wide = operand(bdims, c.k, 2 * c.n, c.tb, c.seed ^ 1);
+        wide.slice(bdims.len() + 1, 0, 2 * c.n, 2).unwrap()
+    } else {
+        operand(bdims, c.k, c.n, c.tb, c.seed ^ 1)
+    };
+    let run = |f: &dyn Fn() -> Tensor| with_kernel16(kernel, f).unwrap();
+    match c.form {
+        Form::Mm => assert_close(&run(&|| mm(&a, &b).unwrap()), &ref_matmul(&a, &b), dt, &what),
+        Form::Addmm => {
+            let input = randn(&[c.n], dt, c.seed ^ 2);
+            let got = run(&|| addmm(&input, &a, &b, c.beta, c.alpha).unwrap());
+            let want = with_input(&ref_matmul(&a, &b), &input, c.beta, c.alpha);
+            assert_close(&got, &want, dt, &what);
+        }
+        Form::Bmm => assert_close(&run(&|| bmm(&a, &b).unwrap()), &ref_matmul(&a, &b), dt, &what),
+        Form::Baddbmm => {
+            let input = randn(&[c.batch, 1, c.n], dt, c.seed ^ 2);
+            let got = run(&|| baddbmm(&input, &a, &b, c.beta, c.alpha).unwrap());
+            let want = with_input(&ref_matmul(&a, &b), &input, c.beta, c.alpha);
+            assert_close(&got, &want, dt, &what);
+        }
+        Form::Addbmm => {
+            let input = randn(&[c.m, c.n], dt, c.seed ^ 2);
+            let got = run(&|| addbmm(&input, &a, &b, c.beta, c.alpha).unwrap());
+            // The batch's products summed, as one reference of `m×n` sums.
+            let per = ref_matmul(&a, &b);
+            let mn = c.m * c.n;
+            let sum = |v: &[f64]| -> Vec<f64> {
+                (0..mn)
+                    .map(|i| (0..c.batch).map(|bi| v[bi * mn + i]).sum())
+                    .collect()
+            };
+            let summed = Ref {
+                dims: vec![c.m, c.n],
+                val: sum(&per.val),
+                mag: sum(&per.mag),
+            };
+            assert_close(&got, &with_input(&summed, &input, c.beta, c.alpha), dt, &what);
+        }
+        Form::MatmulBroadcast => {
+            let b1 = operand(&[], c.k, c.n, c.tb, c.seed ^ 3);
+            let got = run(&|| matmul(&a, &b1).unwrap());
+            assert_close(&got, &ref_matmul(&a, &b1), dt, &what);
+        }
+    }
+}
+
+/// Every bfloat16 kernel this CPU has, forced in turn, against the f64 reference on
+/// random shapes: odd sizes, `m` or `n` below a tile, `k` odd and not a multiple of 32,
+/// transposed and strided operands, batches, a broadcast operand, the fused forms. A
+/// kernel the CPU lacks is reported as skipped in the test output.
+#[test]
+fn every_16bit_kernel_on_random_shapes() {
+    use proptest::test_runner::TestRunner;
+    let kernels: Vec<Kernel16> = Kernel16::ALL
+        .into_iter()
+        .filter(|k| {
+            let ok = k.supports(DType::BF16);
+            if !ok {
+                amp_testing::report_skip(
+                    "every_16bit_kernel_on_random_shapes",
+                    k.name(),
+                    "this CPU lacks it",
+                );
+            }
+            ok
+        })
+        .collect();
+    assert!(kernels.contains(&Kernel16::Widened), "the widened path runs everywhere");
+    let mut runner = TestRunner::new(amp_testing::proptest_config(64));
+    runner
+        .run(&case(), |c| {
+            for &kernel in &kernels {
+                check_case(&c, kernel);
+            }
+            Ok(())
+        })
+        .unwrap();
+}
+
+/// A large product on every kernel (the parallel split, many strips and panels), and
+/// the kernels agree with each other to float32 summation order.
+#[test]
+fn every_16bit_kernel_on_a_large_product() {
+    let dt = DType::BF16;
+    let a = randn(&[300, 257], dt, 90);
+    let b = randn(&[190, 257], dt, 91).t().unwrap();
+    let want = ref_matmul(&a, &b);
+    for kernel in Kernel16::ALL {
+        match with_kernel16(kernel, || mm(&a, &b).unwrap()) {
+            Ok(got) => assert_close(&got, &want, dt, kernel.name()),
+            Err(_) => amp_testing::report_skip(
+                "every_16bit_kernel_on_a_large_product",
+                kernel.name(),
+                "this CPU lacks it",
+            ),
+        }
+    }
+}
+
+#[test]
+fn forcing_a_kernel_is_scoped_and_checked() {
+    let before = kernel16(DType::BF16);
+    with_kernel16(Kernel16::Widened, || {
+        assert_eq!(kernel16(DType::BF16), Some(Kernel16::Widened));
+        // float16 has one kernel; forcing a bfloat16-only one leaves it alone.
+        assert_eq!(kernel16(DType::F16), Some(Kernel16::Widened));
+    })
+    .unwrap();
+    assert_eq!(kernel16(DType::BF16), before);
+    assert_eq!(kernel16(DType::F32), None);
+    if !Kernel16::Avx512Bf16.supports(DType::BF16) {
+        let e = with_kernel16(Kernel16::Avx512Bf16, || ()).unwrap_err();
+        assert!(e.to_string().contains("avx512_bf16"), "{e}");
     }
 }

@@ -522,7 +522,7 @@ fn plane_gather_and_scatter_are_adjoint_and_unpool_writes() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(24))]
+    #![proptest_config(amp_testing::proptest_config(24))]
 
     #[test]
     fn max_pool2d_random_geometry(

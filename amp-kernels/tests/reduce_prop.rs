@@ -110,7 +110,7 @@ fn case() -> impl Strategy<Value = Case> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(amp_testing::proptest_config(64))]
 
     #[test]
     fn sum_and_mean_match_reference(c in case()) {

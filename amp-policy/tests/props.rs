@@ -24,7 +24,7 @@ fn op() -> impl Strategy<Value = String> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(amp_testing::proptest_config(64))]
 
     #[test]
     fn an_override_changes_exactly_one_decision(d in device(), op in op(), p in policy()) {

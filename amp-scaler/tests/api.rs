@@ -233,7 +233,7 @@ fn reference(scale: f32, tracker: i32, found: bool, gf: f64, bf: f64, interval: 
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
+    #![proptest_config(amp_testing::proptest_config(48))]
     #[test]
     fn update_rule_matches_reference(
         init in prop_oneof![Just(65536.0f64), Just(3.0), Just(1e38), Just(1e-40)],

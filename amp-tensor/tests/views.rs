@@ -146,7 +146,7 @@ fn bad_input_is_an_error_not_a_panic() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(amp_testing::proptest_config(64))]
 
     /// reshape/permute/narrow compositions agree with a reference model on flat indices.
     #[test]

@@ -1,0 +1,574 @@
+//! bfloat16 products on the CPU's own bfloat16 dot-product instruction.
+//!
+//! # The kernel ladder
+//!
+//! A 16-bit product runs on the fastest [`Kernel16`] the CPU has, chosen once per
+//! process from CPUID:
+//!
+//! 1. **AVX-512 BF16** ([`Kernel16::Avx512Bf16`], bfloat16 only): `vdpbf16ps` multiplies
+//!    pairs of bfloat16 values exactly and adds them into float32 lanes, 32
+//!    multiply-adds per instruction, twice the float32 FMA's count. Both operands are
+//!    packed straight from their bfloat16 storage (any strides: a transposed operand is
+//!    read in place, never widened to a float32 copy); the float32 sums of a whole
+//!    output tile stay in registers for the full inner dimension and are rounded once,
+//!    with `alpha`, `beta · input` applied on the way out.
+//! 2. **Widened** ([`Kernel16::Widened`], every CPU, float16 and bfloat16): the operands
+//!    are widened to float32 block by block and multiplied by the float32 kernel.
+//!
+//! An AMX kernel (`tdpbf16ps`) belongs above the first rung; it is not built yet (it
+//! needs a machine with AMX to be verified on).
+//!
+//! # Exactness
+//!
+//! A bfloat16 × bfloat16 product is exact in float32 and every sum is rounded to
+//! float32, so a result differs from the widened path (and from PyTorch's) only by the
+//! order of the sums, except that `vdpbf16ps` treats subnormal inputs as zero and
+//! flushes subnormal sums to zero, as PyTorch's oneDNN kernels on the same instructions
+//! do.
+//!
+//! # Layout
+//!
+//! The output is cut into tiles of [`MR`] rows by [`NR`] columns. `A` is packed in
+//! panels of `MR` rows: for each pair of inner indices `(2p, 2p+1)` the `MR` rows' two
+//! values side by side in one 32-bit word. `B` is packed in strips of `NR` columns in
+//! the same pair layout ("VNNI pairs"). An odd inner size is padded with a zero pair
+//! half, short panels and strips with zero rows and columns; padded lanes of a tile are
+//! never stored. Summed products (`addbmm`) are packed as one long inner dimension,
+//! each batch entry padded to an even length on its own.
+
+use std::cell::{Cell, RefCell};
+use std::mem::MaybeUninit;
+
+use amp_tensor::half::bf16;
+use amp_tensor::{cast_into_uninit, DType, Error, Result};
+use rayon::prelude::*;
+
+use super::{Side, SendPtr};
+
+/// Rows of an output tile (one `A` panel).
+pub const MR: usize = 12;
+/// Columns of an output tile (one `B` strip): two 16-lane registers.
+pub const NR: usize = 32;
+/// `A` panels a worker packs and keeps in its cache at a time.
+const PANELS: usize = 4;
+
+/// A kernel a 16-bit matrix product can run on (see the module docs for the ladder).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kernel16 {
+    /// `vdpbf16ps` on packed bfloat16 pairs (bfloat16 products; CPUs with AVX-512 BF16).
+    Avx512Bf16,
+    /// Operands widened to float32 for the float32 kernel (every CPU, both dtypes).
+    Widened,
+}
+
+impl Kernel16 {
+    /// Every kernel, fastest first.
+    pub const ALL: [Kernel16; 2] = [Kernel16::Avx512Bf16, Kernel16::Widened];
+
+    /// A short name (`avx512_bf16`, `widened`), as the benchmark reports it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel16::Avx512Bf16 => "avx512_bf16",
+            Kernel16::Widened => "widened",
+        }
+    }
+
+    /// Whether this kernel can run products of `dtype` on this CPU.
+    pub fn supports(self, dtype: DType) -> bool {
+        match self {
+            Kernel16::Avx512Bf16 => dtype == DType::BF16 && has_avx512_bf16(),
+            Kernel16::Widened => matches!(dtype, DType::BF16 | DType::F16),
+        }
+    }
+
+    /// The fastest kernel this CPU has for `dtype` products (`None` for dtypes that are
+    /// not 16-bit floats).
+    pub fn best(dtype: DType) -> Option<Kernel16> {
+        Kernel16::ALL.into_iter().find(|k| k.supports(dtype))
+    }
+}
+
+fn has_avx512_bf16() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+thread_local! {
+    /// The kernel [`with_kernel16`] forces on this thread, if any.
+    static FORCED: Cell<Option<Kernel16>> = const { Cell::new(None) };
+}
+
+/// The kernel a product of `dtype` started on this thread runs on: the forced one
+/// (see [`with_kernel16`]) when it supports `dtype`, else the fastest available.
+pub fn kernel16(dtype: DType) -> Option<Kernel16> {
+    FORCED
+        .get()
+        .filter(|k| k.supports(dtype))
+        .or_else(|| Kernel16::best(dtype))
+}
+
+/// Run `f` with the 16-bit products it starts on this thread forced onto `kernel` (a
+/// test and benchmark API: every kernel gives the same result up to the order of
+/// float32 sums). Products of a dtype `kernel` does not handle keep their own choice.
+///
+/// # Errors
+/// When this CPU cannot run `kernel` at all (the test then counts it as skipped).
+pub fn with_kernel16<R>(kernel: Kernel16, f: impl FnOnce() -> R) -> Result<R> {
+    if !(kernel.supports(DType::BF16) || kernel.supports(DType::F16)) {
+        return Err(Error::invalid(
+            "with_kernel16",
+            format!("this CPU cannot run the {} kernel", kernel.name()),
+        ));
+    }
+    struct Restore(Option<Kernel16>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            FORCED.set(self.0);
+        }
+    }
+    let _restore = Restore(FORCED.replace(Some(kernel)));
+    Ok(f())
+}
+
+/// Whether a bfloat16 `m×k @ k×n` product runs on [`Kernel16::Avx512Bf16`]: always when a
+/// test forces it, else when the CPU has it and the product is large and wide enough
+/// that a tile's padding does not dominate (thinner products are memory-bound either
+/// way; the widened path handles them).
+pub(super) fn chosen(m: usize, n: usize, k: usize) -> bool {
+    match FORCED.get() {
+        Some(k16) if k16.supports(DType::BF16) => k16 == Kernel16::Avx512Bf16,
+        _ => {
+            Kernel16::best(DType::BF16) == Some(Kernel16::Avx512Bf16)
+                && m * n * k > super::SMALL_WORK
+                && n >= NR / 2
+                && m >= MR / 2
+        }
+    }
+}
+
+/// A bfloat16 storage slice.
+pub(super) fn slice(st: &amp_tensor::CpuStorage) -> &[bf16] {
+    <bf16 as amp_tensor::Element>::slice(st).expect("dtype matches storage")
+}
+
+// ----- the product ----------------------------------------------------------------------
+
+/// One bfloat16 product job: `out[i] = beta · input[i] + alpha · A_i @ B_i` for each
+/// batch entry (or one output summed over the batch when `reduce`).
+pub(super) struct Job<'a> {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a: &'a [bf16],
+    pub sa: &'a Side,
+    pub b: &'a [bf16],
+    pub sb: &'a Side,
+    pub reduce: bool,
+    /// `beta · input`, row-major like the output, when `beta != 0`.
+    pub input: Option<&'a [f32]>,
+    pub alpha: f32,
+}
+
+/// Multiply into `out` (row-major, `batch·m·n` or `m·n` elements, all written).
+///
+/// # Panics
+/// If an operand's matrices do not lie inside its buffer, or the CPU lacks AVX-512 BF16.
+pub(super) fn product(job: &Job<'_>, out: &mut [MaybeUninit<bf16>]) {
+    assert!(has_avx512_bf16(), "the AVX-512 BF16 kernel needs avx512_bf16");
+    let (m, n, k) = (job.m, job.n, job.k);
+    super::check_bounds(job.a, job.sa, m, k);
+    super::check_bounds(job.b, job.sb, k, n);
+    let batch = job.sa.offsets.len();
+    let mn = m * n;
+    let segments = |i: usize| (job.sa.offsets[i], job.sb.offsets[i]);
+    if job.reduce {
+        let segs: Vec<_> = (0..batch).map(segments).collect();
+        return single(job, &segs, out, job.input, true);
+    }
+    let threads = rayon::current_num_threads();
+    if batch == 1 || m * n * k >= super::BIG_WORK || threads == 1 {
+        for (i, o) in out.chunks_mut(mn).enumerate().take(batch) {
+            let input = job.input.map(|v| &v[i * mn..(i + 1) * mn]);
+            single(job, &[segments(i)], o, input, true);
+        }
+    } else {
+        out.par_chunks_mut(mn)
+            .take(batch)
+            .enumerate()
+            .for_each(|(i, o)| {
+                let input = job.input.map(|v| &v[i * mn..(i + 1) * mn]);
+                single(job, &[segments(i)], o, input, false);
+            });
+    }
+}
+
+/// One output matrix: `out = input + alpha · Σ_s A_s @ B_s` over the segments `s`
+/// (storage offsets of `A` and `B`), all sums in registers, rounded once.
+fn single(
+    job: &Job<'_>,
+    segs: &[(usize, usize)],
+    out: &mut [MaybeUninit<bf16>],
+    input: Option<&[f32]>,
+    parallel: bool,
+) {
+    let (m, n, k) = (job.m, job.n, job.k);
+    if m == 0 || n == 0 {
+        return;
+    }
+    let kp_seg = k.div_ceil(2);
+    let kp = kp_seg * segs.len();
+    let strips = n.div_ceil(NR);
+    let strip_len = kp * NR;
+    let work = m * n * k * segs.len();
+    let parallel = parallel && work >= super::PARALLEL_WORK && rayon::current_num_threads() > 1;
+    let mut bpack = take_pack(strips * strip_len);
+    let pack_strip = |s: usize, dst: &mut [u32]| {
+        let j0 = s * NR;
+        let w = NR.min(n - j0);
+        for (seg, d) in segs.iter().zip(dst.chunks_mut(kp_seg * NR)) {
+            // SAFETY: the operands lie in their buffers (checked by `product`); the
+            // strip reads columns `j0..j0+w` and inner rows `0..k` of matrix `seg`.
+            unsafe { pack_b(job.b, seg.1 + j0 * job.sb.cs, job.sb.rs, job.sb.cs, k, w, d) };
+        }
+    };
+    if parallel {
+        bpack[..strips * strip_len]
+            .par_chunks_mut(strip_len)
+            .enumerate()
+            .for_each(|(s, d)| pack_strip(s, d));
+    } else {
+        for (s, d) in bpack[..strips * strip_len].chunks_mut(strip_len).enumerate() {
+            pack_strip(s, d);
+        }
+    }
+    let bpack_ref = &bpack[..strips * strip_len];
+    let rows_per_block = MR * PANELS;
+    let row_blocks = m.div_ceil(rows_per_block);
+    let threads = rayon::current_num_threads();
+    let groups = if parallel {
+        (2 * threads).div_ceil(row_blocks).clamp(1, strips)
+    } else {
+        1
+    };
+    let per_group = strips.div_ceil(groups);
+    let dst = SendPtr(out.as_mut_ptr());
+    let task = |t: usize| {
+        let (rb, g) = (t / groups, t % groups);
+        let i0 = rb * rows_per_block;
+        let rows = rows_per_block.min(m - i0);
+        let panels = rows.div_ceil(MR);
+        let panel_len = kp * MR;
+        let mut apack = take_pack(panels * panel_len);
+        for (pi, d) in apack[..panels * panel_len].chunks_mut(panel_len).enumerate() {
+            let r0 = i0 + pi * MR;
+            let h = MR.min(m - r0);
+            for (seg, d) in segs.iter().zip(d.chunks_mut(kp_seg * MR)) {
+                // SAFETY: as for `pack_b`: rows `r0..r0+h`, inner columns `0..k`.
+                unsafe { pack_a(job.a, seg.0 + r0 * job.sa.rs, job.sa.rs, job.sa.cs, k, h, d) };
+            }
+        }
+        let s_end = ((g + 1) * per_group).min(strips);
+        for s in g * per_group..s_end {
+            let j0 = s * NR;
+            let w = NR.min(n - j0);
+            let bs = &bpack_ref[s * strip_len..(s + 1) * strip_len];
+            for pi in 0..panels {
+                let r0 = i0 + pi * MR;
+                let h = MR.min(m - r0);
+                let ap = &apack[pi * panel_len..(pi + 1) * panel_len];
+                let mut tile = [[0f32; NR]; MR];
+                // SAFETY: the CPU has AVX-512 BF16 (asserted by `product`); both packs
+                // hold `kp` pairs of the tile's rows and columns.
+                unsafe { x86::micro(kp, ap, bs, &mut tile) };
+                for (r, row) in tile.iter().enumerate().take(h) {
+                    let at = (r0 + r) * n + j0;
+                    // SAFETY: tasks write disjoint tiles of the `m×n` output; this is
+                    // row `r0 + r`, columns `j0..j0+w`, inside it.
+                    let d = unsafe { std::slice::from_raw_parts_mut(dst.at(at), w) };
+                    store_row(&row[..w], input.map(|v| &v[at..at + w]), job.alpha, d);
+                }
+            }
+        }
+        give_pack(apack);
+    };
+    if parallel {
+        (0..row_blocks * groups).into_par_iter().for_each(task);
+    } else {
+        (0..row_blocks * groups).for_each(task);
+    }
+    give_pack(bpack);
+}
+
+/// Round `alpha · sums (+ input)` into one output row.
+#[inline]
+fn store_row(sums: &[f32], input: Option<&[f32]>, alpha: f32, dst: &mut [MaybeUninit<bf16>]) {
+    if alpha == 1.0 && input.is_none() {
+        return cast_into_uninit(sums, dst);
+    }
+    let mut v = [0f32; NR];
+    let v = &mut v[..sums.len()];
+    match input {
+        Some(inp) => {
+            for ((v, &s), &i) in v.iter_mut().zip(sums).zip(inp) {
+                *v = i + alpha * s;
+            }
+        }
+        None => {
+            for (v, &s) in v.iter_mut().zip(sums) {
+                *v = alpha * s;
+            }
+        }
+    }
+    cast_into_uninit(v, dst)
+}
+
+// ----- packing --------------------------------------------------------------------------
+
+/// One pair of bfloat16 bits in a 32-bit word: `lo` in the low half (the even inner
+/// index), as `vdpbf16ps` reads it.
+#[inline(always)]
+fn pair(lo: u16, hi: u16) -> u32 {
+    lo as u32 | (hi as u32) << 16
+}
+
+/// Pack `h ≤ MR` rows of `A` (row `r`, inner index `q` at `a[o + r·rs + q·cs]`) into
+/// `dst` (`k.div_ceil(2)·MR` words): pair `p` of row `r` at `dst[p·MR + r]`; rows
+/// `h..MR` and the odd half of a last pair are zero.
+///
+/// # Safety
+/// Every index `o + r·rs + q·cs` (`r < h`, `q < k`) lies inside `a`.
+unsafe fn pack_a(a: &[bf16], o: usize, rs: usize, cs: usize, k: usize, h: usize, dst: &mut [u32]) {
+    let kp = k.div_ceil(2);
+    let dst = &mut dst[..kp * MR];
+    let src = a.as_ptr().cast::<u16>();
+    // SAFETY (all reads below): the caller's contract.
+    let at = |r: usize, q: usize| unsafe { *src.add(o + r * rs + q * cs) };
+    if h < MR {
+        dst.fill(0);
+    }
+    let full = k / 2;
+    if cs == 1 {
+        // Rows contiguous: each pair is two neighbours of one row.
+        for r in 0..h {
+            let row = o + r * rs;
+            for p in 0..full {
+                // SAFETY: the caller's contract (elements `2p`, `2p+1` of row `r`).
+                let w = unsafe { src.add(row + 2 * p).cast::<u32>().read_unaligned() };
+                dst[p * MR + r] = u32::from_le(w);
+            }
+        }
+    } else {
+        // Columns contiguous (or any strides): the two halves come from two columns.
+        for p in 0..full {
+            let d = &mut dst[p * MR..p * MR + h];
+            for (r, d) in d.iter_mut().enumerate() {
+                *d = pair(at(r, 2 * p), at(r, 2 * p + 1));
+            }
+        }
+    }
+    if k % 2 == 1 {
+        let p = full;
+        for r in 0..h {
+            dst[p * MR + r] = pair(at(r, k - 1), 0);
+        }
+    }
+}
+
+/// Pack `w ≤ NR` columns of `B` (inner index `q`, column `j` at `b[o + q·rs + j·cs]`)
+/// into `dst` (`k.div_ceil(2)·NR` words): pair `p` of column `j` at `dst[p·NR + j]`;
+/// columns `w..NR` and the odd half of a last pair are zero.
+///
+/// # Safety
+/// Every index `o + q·rs + j·cs` (`q < k`, `j < w`) lies inside `b`.
+unsafe fn pack_b(b: &[bf16], o: usize, rs: usize, cs: usize, k: usize, w: usize, dst: &mut [u32]) {
+    let kp = k.div_ceil(2);
+    let dst = &mut dst[..kp * NR];
+    let src = b.as_ptr().cast::<u16>();
+    // SAFETY (all reads below): the caller's contract.
+    let at = |q: usize, j: usize| unsafe { *src.add(o + q * rs + j * cs) };
+    if w < NR {
+        dst.fill(0);
+    }
+    let full = k / 2;
+    if rs == 1 {
+        // Columns contiguous (a transposed matrix, e.g. `linear`'s weight): each pair
+        // is two neighbours of one column.
+        for j in 0..w {
+            let col = o + j * cs;
+            for p in 0..full {
+                // SAFETY: the caller's contract (elements `2p`, `2p+1` of column `j`).
+                let v = unsafe { src.add(col + 2 * p).cast::<u32>().read_unaligned() };
+                dst[p * NR + j] = u32::from_le(v);
+            }
+        }
+    } else if cs == 1 && w == NR {
+        // Rows contiguous: interleave two rows, 32 columns at a time.
+        for p in 0..full {
+            let r0 = o + 2 * p * rs;
+            // SAFETY: rows `2p` and `2p+1`, columns `0..NR`, lie inside `b`.
+            unsafe { x86::interleave_rows(src.add(r0), src.add(r0 + rs), &mut dst[p * NR..]) };
+        }
+    } else {
+        for p in 0..full {
+            let d = &mut dst[p * NR..p * NR + w];
+            for (j, d) in d.iter_mut().enumerate() {
+                *d = pair(at(2 * p, j), at(2 * p + 1, j));
+            }
+        }
+    }
+    if k % 2 == 1 {
+        let p = full;
+        for j in 0..w {
+            dst[p * NR + j] = pair(at(k - 1, j), 0);
+        }
+    }
+}
+
+// ----- pack buffers ---------------------------------------------------------------------
+
+thread_local! {
+    /// Reusable pack buffers of this thread (at most four).
+    static PACKS: RefCell<Vec<Vec<u32>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A pack buffer of at least `len` words (contents stale; packers write what they use).
+/// The buffer is taken out of the pool, so a re-entrant call (rayon work run while this
+/// thread waits) gets its own.
+fn take_pack(len: usize) -> Vec<u32> {
+    let mut v = PACKS
+        .with(|p| {
+            let mut p = p.borrow_mut();
+            let best = (0..p.len())
+                .filter(|&i| p[i].len() >= len)
+                .min_by_key(|&i| p[i].len())
+                .or_else(|| (0..p.len()).max_by_key(|&i| p[i].len()))?;
+            Some(p.swap_remove(best))
+        })
+        .unwrap_or_default();
+    if v.len() < len {
+        v.resize(len, 0);
+    }
+    v
+}
+
+/// Give a pack buffer back to this thread's pool (buffers above 64 MiB are freed).
+fn give_pack(v: Vec<u32>) {
+    if v.is_empty() || v.len() > 16 << 20 {
+        return;
+    }
+    PACKS.with(|p| {
+        let mut p = p.borrow_mut();
+        if p.len() < 4 {
+            p.push(v);
+        }
+    });
+}
+
+// ----- x86 kernels ----------------------------------------------------------------------
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{MR, NR};
+    use std::arch::x86_64::*;
+
+    /// `tile = A_panel @ B_strip` over `kp` pairs: `MR × NR` float32 sums, 24
+    /// accumulator registers, one broadcast pair of `A` against two registers of `B`
+    /// per row and pair.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/BF16; `a` holds `kp·MR` words, `b` `kp·NR`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub(super) unsafe fn micro(kp: usize, a: &[u32], b: &[u32], tile: &mut [[f32; NR]; MR]) {
+        assert!(a.len() >= kp * MR && b.len() >= kp * NR);
+        let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        for p in 0..kp {
+            // SAFETY: `p·NR + 32 ≤ kp·NR` and `p·MR + MR ≤ kp·MR` words (asserted).
+            unsafe {
+                let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(pb.add(p * NR).cast()));
+                let b1: __m512bh =
+                    std::mem::transmute(_mm512_loadu_si512(pb.add(p * NR + 16).cast()));
+                let ar = pa.add(p * MR);
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let av: __m512bh = std::mem::transmute(_mm512_set1_epi32(*ar.add(r) as i32));
+                    acc[0] = _mm512_dpbf16_ps(acc[0], av, b0);
+                    acc[1] = _mm512_dpbf16_ps(acc[1], av, b1);
+                }
+            }
+        }
+        for (t, acc) in tile.iter_mut().zip(&acc) {
+            // SAFETY: each tile row holds 32 floats.
+            unsafe {
+                _mm512_storeu_ps(t.as_mut_ptr(), acc[0]);
+                _mm512_storeu_ps(t.as_mut_ptr().add(16), acc[1]);
+            }
+        }
+    }
+
+    /// Interleave 32 values of two rows into 32 pair words (`dst[j] = (r0[j], r1[j])`).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW; `r0` and `r1` are readable for 32 values; `dst` holds
+    /// at least 32 words.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn interleave_rows(r0: *const u16, r1: *const u16, dst: &mut [u32]) {
+        assert!(dst.len() >= 32);
+        // Word j of the low result takes element j of each row (indices 0..16 pick from
+        // the first operand, 32.. from the second).
+        const LO: [u16; 32] = {
+            let mut t = [0u16; 32];
+            let mut j = 0;
+            while j < 16 {
+                t[2 * j] = j as u16;
+                t[2 * j + 1] = 32 + j as u16;
+                j += 1;
+            }
+            t
+        };
+        const HI: [u16; 32] = {
+            let mut t = [0u16; 32];
+            let mut j = 0;
+            while j < 16 {
+                t[2 * j] = 16 + j as u16;
+                t[2 * j + 1] = 48 + j as u16;
+                j += 1;
+            }
+            t
+        };
+        // SAFETY: the caller's contract; the index tables are 64 bytes each.
+        unsafe {
+            let x = _mm512_loadu_si512(r0.cast());
+            let y = _mm512_loadu_si512(r1.cast());
+            let lo = _mm512_loadu_si512(LO.as_ptr().cast());
+            let hi = _mm512_loadu_si512(HI.as_ptr().cast());
+            _mm512_storeu_si512(dst.as_mut_ptr().cast(), _mm512_permutex2var_epi16(x, lo, y));
+            _mm512_storeu_si512(
+                dst.as_mut_ptr().add(16).cast(),
+                _mm512_permutex2var_epi16(x, hi, y),
+            );
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+mod x86 {
+    use super::{MR, NR};
+
+    /// Never called: [`super::product`] asserts AVX-512 BF16 first.
+    pub(super) unsafe fn micro(_: usize, _: &[u32], _: &[u32], _: &mut [[f32; NR]; MR]) {
+        unreachable!("AVX-512 BF16 kernel on a non-x86 CPU")
+    }
+
+    /// Never called, as above.
+    pub(super) unsafe fn interleave_rows(_: *const u16, _: *const u16, _: &mut [u32]) {
+        unreachable!("AVX-512 BF16 kernel on a non-x86 CPU")
+    }
+}
