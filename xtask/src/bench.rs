@@ -1,5 +1,5 @@
-//! `cargo xtask bench`: the performance figures of DESIGN.md, timed like
-//! `shared/tools/torch_baseline.py` (warm-up runs, then the median of several), with
+//! `cargo xtask bench`: the performance figures of DESIGN.md and the issues, timed like
+//! `xtask/torch/torch_baseline.py` (warm-up runs, then the median of several), with
 //! the same metric names so the two JSON objects compare key by key.
 //!
 //! Adding a metric is one entry in [`METRICS`]: a name, a unit and a function that
@@ -36,17 +36,27 @@ pub const METRICS: &[Metric] = &[
     Metric {
         name: "mm_f32_1024_gflops",
         unit: "GFLOP/s",
-        run: || mm_gflops(DType::F32, 7, 2),
+        run: || mm_gflops(DType::F32, 1024, 7, 2),
     },
     Metric {
         name: "mm_bf16_1024_gflops",
         unit: "GFLOP/s",
-        run: || mm_gflops(DType::BF16, 7, 2),
+        run: || mm_gflops(DType::BF16, 1024, 7, 2),
+    },
+    Metric {
+        name: "mm_bf16_256_gflops",
+        unit: "GFLOP/s",
+        run: || mm_gflops(DType::BF16, 256, 41, 5),
+    },
+    Metric {
+        name: "mm_bf16_2048_gflops",
+        unit: "GFLOP/s",
+        run: || mm_gflops(DType::BF16, 2048, 5, 1),
     },
     Metric {
         name: "mm_f16_1024_gflops",
         unit: "GFLOP/s",
-        run: || mm_gflops(DType::F16, 7, 2),
+        run: || mm_gflops(DType::F16, 1024, 7, 2),
     },
     Metric {
         name: "mm_8x8_us",
@@ -102,6 +112,11 @@ pub const METRICS: &[Metric] = &[
         name: "conv2d_autocast_bf16_fwd_bwd_ms",
         unit: "ms",
         run: || conv2d_fwd_bwd_ms(true),
+    },
+    Metric {
+        name: "linear_bf16_fwd_bwd_ms",
+        unit: "ms",
+        run: linear_bf16_fwd_bwd_ms,
     },
     Metric {
         name: "mlp_step_f32_ms",
@@ -204,8 +219,9 @@ pub fn main(opts: &Options) -> ExitCode {
         eprintln!("xtask bench: no metric matches the filter");
         return ExitCode::FAILURE;
     }
+    let isa = isa();
     eprintln!(
-        "xtask bench: {} metric(s), {} hardware thread(s)",
+        "xtask bench: {} metric(s), {} hardware thread(s), isa {isa}",
         selected.len(),
         hardware_threads()
     );
@@ -217,13 +233,14 @@ pub fn main(opts: &Options) -> ExitCode {
         ours.push((m, v));
     }
     if opts.json {
-        let obj: Map<String, Value> = ours
+        let mut obj: Map<String, Value> = ours
             .iter()
             .map(|(m, v)| {
                 let n = Number::from_f64(*v).map_or(Value::Null, Value::Number);
                 (m.name.to_string(), n)
             })
             .collect();
+        obj.insert("isa".into(), isa);
         println!(
             "{}",
             serde_json::to_string_pretty(&Value::Object(obj)).expect("serialisable")
@@ -241,6 +258,42 @@ pub fn main(opts: &Options) -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+/// The CPU features the kernels choose by (as `/proc/cpuinfo` spells them) and the
+/// kernel each dtype's products take: `{"cpu": [...], "f32": .., "bf16": .., "f16": ..}`.
+/// `torch_baseline.py` writes the same key with PyTorch's own capability.
+fn isa() -> Value {
+    const FLAGS: [&str; 10] = [
+        "avx2",
+        "fma",
+        "f16c",
+        "avx512f",
+        "avx512bw",
+        "avx512_bf16",
+        "avx512_fp16",
+        "amx_tile",
+        "amx_bf16",
+        "amx_fp16",
+    ];
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let flags: Vec<&str> = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("flags"))
+        .map(|l| l.split_whitespace().collect())
+        .unwrap_or_default();
+    let cpu: Vec<Value> = FLAGS
+        .iter()
+        .filter(|f| flags.contains(f))
+        .map(|f| Value::from(*f))
+        .collect();
+    let path = |dt: DType| amp_kernels::kernel16(dt).map_or("none", |k| k.name());
+    serde_json::json!({
+        "cpu": cpu,
+        "f32": "faer",
+        "bf16": path(DType::BF16),
+        "f16": path(DType::F16),
+    })
 }
 
 fn hardware_threads() -> usize {
@@ -393,8 +446,7 @@ fn tensor_f32(dims: &[usize], seed: u64) -> Tensor {
 
 // ----- workloads ------------------------------------------------------------------------
 
-fn mm_gflops(dtype: DType, n_runs: usize, warm: usize) -> f64 {
-    let n = 1024;
+fn mm_gflops(dtype: DType, n: usize, n_runs: usize, warm: usize) -> f64 {
     let a = tensor_f32(&[n, n], 1).to_dtype(dtype).expect("cast");
     let b = tensor_f32(&[n, n], 2).to_dtype(dtype).expect("cast");
     let t = median_time(
@@ -492,6 +544,41 @@ fn conv2d_fwd_bwd_ms(amp_on: bool) -> f64 {
         },
         n,
         warm,
+    );
+    t * 1e3
+}
+
+/// Milliseconds per forward + backward of a bfloat16 `Linear(1024, 1024)` on a batch of
+/// 256 bfloat16 inputs that require grad (the forward product and both gradient
+/// products), as `torch_baseline.py` times it.
+fn linear_bf16_fwd_bwd_ms() -> f64 {
+    use amp::prelude::*;
+    let mut gen = Generator::new(0);
+    let leaf = |dims: &[usize], scale: f64, gen: &mut Generator| {
+        let t = ops::mul_scalar(
+            &Tensor::randn(dims.to_vec(), DType::F32, gen).expect("randn"),
+            scale,
+        )
+        .expect("scale")
+        .to_dtype(DType::BF16)
+        .expect("cast")
+        .detach();
+        t.requires_grad_(true).expect("leaf");
+        t
+    };
+    let w = leaf(&[1024, 1024], 1.0 / 32.0, &mut gen);
+    let b = leaf(&[1024], 1.0 / 32.0, &mut gen);
+    let x = leaf(&[256, 1024], 1.0, &mut gen);
+    let t = median_time(
+        || {
+            for p in [&x, &w, &b] {
+                p.set_grad(None).expect("zero_grad");
+            }
+            let y = ops::linear(&x, &w, Some(&b)).expect("forward");
+            ops::sum_all(&y).expect("sum").backward().expect("backward");
+        },
+        21,
+        3,
     );
     t * 1e3
 }

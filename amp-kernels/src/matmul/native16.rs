@@ -37,10 +37,11 @@
 //! each batch entry padded to an even length on its own.
 
 use std::cell::{Cell, RefCell};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::mem::MaybeUninit;
 
 use amp_tensor::half::bf16;
-use amp_tensor::{cast_into_uninit, DType, Error, Result};
+use amp_tensor::{DType, Error, Result};
 use rayon::prelude::*;
 
 use super::{Side, SendPtr};
@@ -228,9 +229,24 @@ fn single(
     let strips = n.div_ceil(NR);
     let strip_len = kp * NR;
     let work = m * n * k * segs.len();
-    let parallel = parallel && work >= super::PARALLEL_WORK && rayon::current_num_threads() > 1;
+    let threads = rayon::current_num_threads();
+    let parallel = parallel && work >= super::PARALLEL_WORK && threads > 1;
+    // Row blocks of whole panels, at most `PANELS` each, and (in parallel) at least two
+    // per thread, the panels spread evenly; a thin output is cut by strips as well.
+    let panels = m.div_ceil(MR);
+    let mut row_blocks = panels.div_ceil(PANELS);
+    if parallel {
+        row_blocks = row_blocks.max((2 * threads).min(panels));
+        row_blocks = row_blocks.next_multiple_of(threads).min(panels);
+    }
+    let groups = if parallel {
+        (2 * threads).div_ceil(row_blocks).clamp(1, strips)
+    } else {
+        1
+    };
+    let per_group = strips.div_ceil(groups);
     let mut bpack = take_pack(strips * strip_len);
-    let pack_strip = |s: usize, dst: &mut [u32]| {
+    let strips_of = Strips::new(&mut bpack[..strips * strip_len], strip_len, |s, dst| {
         let j0 = s * NR;
         let w = NR.min(n - j0);
         for (seg, d) in segs.iter().zip(dst.chunks_mut(kp_seg * NR)) {
@@ -238,96 +254,131 @@ fn single(
             // strip reads columns `j0..j0+w` and inner rows `0..k` of matrix `seg`.
             unsafe { pack_b(job.b, seg.1 + j0 * job.sb.cs, job.sb.rs, job.sb.cs, k, w, d) };
         }
-    };
-    if parallel {
-        bpack[..strips * strip_len]
-            .par_chunks_mut(strip_len)
-            .enumerate()
-            .for_each(|(s, d)| pack_strip(s, d));
-    } else {
-        for (s, d) in bpack[..strips * strip_len].chunks_mut(strip_len).enumerate() {
-            pack_strip(s, d);
-        }
-    }
-    let bpack_ref = &bpack[..strips * strip_len];
-    let rows_per_block = MR * PANELS;
-    let row_blocks = m.div_ceil(rows_per_block);
-    let threads = rayon::current_num_threads();
-    let groups = if parallel {
-        (2 * threads).div_ceil(row_blocks).clamp(1, strips)
-    } else {
-        1
-    };
-    let per_group = strips.div_ceil(groups);
-    let dst = SendPtr(out.as_mut_ptr());
+    });
+    let dst = SendPtr(out.as_mut_ptr().cast::<u16>());
+    let panel_len = kp * MR;
     let task = |t: usize| {
         let (rb, g) = (t / groups, t % groups);
-        let i0 = rb * rows_per_block;
-        let rows = rows_per_block.min(m - i0);
-        let panels = rows.div_ceil(MR);
-        let panel_len = kp * MR;
-        let mut apack = take_pack(panels * panel_len);
-        for (pi, d) in apack[..panels * panel_len].chunks_mut(panel_len).enumerate() {
-            let r0 = i0 + pi * MR;
+        let (p0, p1) = (rb * panels / row_blocks, (rb + 1) * panels / row_blocks);
+        let mut apack = take_pack((p1 - p0) * panel_len);
+        for (pi, d) in apack[..(p1 - p0) * panel_len].chunks_mut(panel_len).enumerate() {
+            let r0 = (p0 + pi) * MR;
             let h = MR.min(m - r0);
             for (seg, d) in segs.iter().zip(d.chunks_mut(kp_seg * MR)) {
                 // SAFETY: as for `pack_b`: rows `r0..r0+h`, inner columns `0..k`.
                 unsafe { pack_a(job.a, seg.0 + r0 * job.sa.rs, job.sa.rs, job.sa.cs, k, h, d) };
             }
         }
-        let s_end = ((g + 1) * per_group).min(strips);
-        for s in g * per_group..s_end {
+        // The group's strips, each row block starting at its own one, so that workers
+        // pack different strips at the same time instead of waiting for each other.
+        let (s0, s1) = (g * per_group, ((g + 1) * per_group).min(strips));
+        let len = s1 - s0;
+        let first = rb * len / row_blocks;
+        for s in (0..len).map(|i| s0 + (first + i) % len) {
             let j0 = s * NR;
-            let w = NR.min(n - j0);
-            let bs = &bpack_ref[s * strip_len..(s + 1) * strip_len];
-            for pi in 0..panels {
-                let r0 = i0 + pi * MR;
-                let h = MR.min(m - r0);
+            let bs = strips_of.get(s);
+            for pi in 0..p1 - p0 {
+                let r0 = (p0 + pi) * MR;
+                let tile = x86::Tile {
+                    rows: MR.min(m - r0),
+                    cols: NR.min(n - j0),
+                    // Tasks write disjoint tiles of the `m×n` output; this one is rows
+                    // `r0..`, columns `j0..`, inside it.
+                    out: dst.at(r0 * n + j0),
+                    ld: n,
+                    input: input.map(|v| v[r0 * n + j0..].as_ptr()),
+                    alpha: job.alpha,
+                };
                 let ap = &apack[pi * panel_len..(pi + 1) * panel_len];
-                let mut tile = [[0f32; NR]; MR];
                 // SAFETY: the CPU has AVX-512 BF16 (asserted by `product`); both packs
-                // hold `kp` pairs of the tile's rows and columns.
-                unsafe { x86::micro(kp, ap, bs, &mut tile) };
-                for (r, row) in tile.iter().enumerate().take(h) {
-                    let at = (r0 + r) * n + j0;
-                    // SAFETY: tasks write disjoint tiles of the `m×n` output; this is
-                    // row `r0 + r`, columns `j0..j0+w`, inside it.
-                    let d = unsafe { std::slice::from_raw_parts_mut(dst.at(at), w) };
-                    store_row(&row[..w], input.map(|v| &v[at..at + w]), job.alpha, d);
-                }
+                // hold `kp` pairs of the tile's rows and columns; the tile lies in
+                // `out` (and `input`, same layout).
+                unsafe { x86::micro(kp, ap, bs, tile) };
             }
         }
         give_pack(apack);
     };
     if parallel {
-        (0..row_blocks * groups).into_par_iter().for_each(task);
+        shared_tasks(row_blocks * groups, &task);
     } else {
         (0..row_blocks * groups).for_each(task);
     }
     give_pack(bpack);
 }
 
-/// Round `alpha · sums (+ input)` into one output row.
-#[inline]
-fn store_row(sums: &[f32], input: Option<&[f32]>, alpha: f32, dst: &mut [MaybeUninit<bf16>]) {
-    if alpha == 1.0 && input.is_none() {
-        return cast_into_uninit(sums, dst);
+/// Run tasks `0..count` on the calling thread and up to `threads - 1` rayon workers,
+/// each taking the next task from a shared counter: the caller starts at once instead
+/// of waiting for sleeping workers to wake (a worker that arrives late takes what is
+/// left), and there is one hand-off per product instead of one per phase.
+fn shared_tasks(count: usize, task: &(dyn Fn(usize) + Sync)) {
+    let next = AtomicUsize::new(0);
+    let work = || loop {
+        let t = next.fetch_add(1, Ordering::Relaxed);
+        if t >= count {
+            break;
+        }
+        task(t);
+    };
+    let helpers = rayon::current_num_threads().min(count).saturating_sub(1);
+    rayon::in_place_scope(|scope| {
+        for _ in 0..helpers {
+            scope.spawn(|_| work());
+        }
+        work();
+    });
+}
+
+/// The packed strips of `B`, each packed by the first task that needs it (the others
+/// wait for it), so that packing is spread over the workers with no phase of its own.
+struct Strips<'a, F> {
+    buf: SendPtr<u32>,
+    strip_len: usize,
+    /// Per strip: 0 not packed, 1 being packed, 2 ready.
+    state: Vec<AtomicU8>,
+    pack: F,
+    _buf: std::marker::PhantomData<&'a mut [u32]>,
+}
+
+impl<'a, F: Fn(usize, &mut [u32]) + Sync> Strips<'a, F> {
+    fn new(buf: &'a mut [u32], strip_len: usize, pack: F) -> Self {
+        let count = buf.len() / strip_len.max(1);
+        Strips {
+            buf: SendPtr(buf.as_mut_ptr()),
+            strip_len,
+            state: (0..count).map(|_| AtomicU8::new(0)).collect(),
+            pack,
+            _buf: std::marker::PhantomData,
+        }
     }
-    let mut v = [0f32; NR];
-    let v = &mut v[..sums.len()];
-    match input {
-        Some(inp) => {
-            for ((v, &s), &i) in v.iter_mut().zip(sums).zip(inp) {
-                *v = i + alpha * s;
+
+    /// Strip `s`, packed.
+    fn get(&self, s: usize) -> &[u32] {
+        let at = self.buf.at(s * self.strip_len);
+        let state = &self.state[s];
+        match state.compare_exchange(0, 1, Ordering::Acquire, Ordering::Acquire) {
+            Ok(_) => {
+                // SAFETY: this thread won the strip (state 0 → 1): no one else writes
+                // or reads it until it is marked ready; it lies inside the buffer.
+                let d = unsafe { std::slice::from_raw_parts_mut(at, self.strip_len) };
+                (self.pack)(s, d);
+                state.store(2, Ordering::Release);
+            }
+            Err(_) => {
+                let mut spins = 0u32;
+                while state.load(Ordering::Acquire) != 2 {
+                    spins += 1;
+                    if spins < 1 << 10 {
+                        std::hint::spin_loop();
+                    } else {
+                        std::thread::yield_now();
+                    }
+                }
             }
         }
-        None => {
-            for (v, &s) in v.iter_mut().zip(sums) {
-                *v = alpha * s;
-            }
-        }
+        // SAFETY: the strip is ready (state 2, published with Release and seen with
+        // Acquire) and is never written again while `self` lives.
+        unsafe { std::slice::from_raw_parts(at, self.strip_len) }
     }
-    cast_into_uninit(v, dst)
 }
 
 // ----- packing --------------------------------------------------------------------------
@@ -356,10 +407,17 @@ unsafe fn pack_a(a: &[bf16], o: usize, rs: usize, cs: usize, k: usize, h: usize,
     }
     let full = k / 2;
     if cs == 1 {
-        // Rows contiguous: each pair is two neighbours of one row.
+        // Rows contiguous: each pair is two neighbours of one row; blocks of 16 pairs
+        // of every row are transposed in registers, the rest one by one.
+        let blocks = full / 16;
+        for pb in 0..blocks {
+            // SAFETY: rows `0..h`, pairs `16pb..16pb+16` lie inside `a` (the caller's
+            // contract, `16pb + 16 ≤ k / 2`); `dst` holds pairs up to `kp`.
+            unsafe { x86::pack_a_block(src.add(o + 32 * pb), rs, h, &mut dst[16 * pb * MR..]) };
+        }
         for r in 0..h {
             let row = o + r * rs;
-            for p in 0..full {
+            for p in 16 * blocks..full {
                 // SAFETY: the caller's contract (elements `2p`, `2p+1` of row `r`).
                 let w = unsafe { src.add(row + 2 * p).cast::<u32>().read_unaligned() };
                 dst[p * MR + r] = u32::from_le(w);
@@ -400,10 +458,25 @@ unsafe fn pack_b(b: &[bf16], o: usize, rs: usize, cs: usize, k: usize, w: usize,
     let full = k / 2;
     if rs == 1 {
         // Columns contiguous (a transposed matrix, e.g. `linear`'s weight): each pair
-        // is two neighbours of one column.
+        // is two neighbours of one column; blocks of 16 pairs of 16 columns are
+        // transposed in registers, the rest one by one.
+        let blocks = if w == NR { full / 16 } else { 0 };
+        for pb in 0..blocks {
+            for half in 0..2 {
+                // SAFETY: columns `16half..16half+16` (all `< w = NR`), pairs
+                // `16pb..16pb+16` lie inside `b`; `dst` holds pairs up to `kp`.
+                unsafe {
+                    x86::pack_b_block(
+                        src.add(o + 16 * half * cs + 32 * pb),
+                        cs,
+                        &mut dst[16 * pb * NR + 16 * half..],
+                    )
+                };
+            }
+        }
         for j in 0..w {
             let col = o + j * cs;
-            for p in 0..full {
+            for p in 16 * blocks..full {
                 // SAFETY: the caller's contract (elements `2p`, `2p+1` of column `j`).
                 let v = unsafe { src.add(col + 2 * p).cast::<u32>().read_unaligned() };
                 dst[p * NR + j] = u32::from_le(v);
@@ -479,15 +552,30 @@ mod x86 {
     use super::{MR, NR};
     use std::arch::x86_64::*;
 
-    /// `tile = A_panel @ B_strip` over `kp` pairs: `MR × NR` float32 sums, 24
-    /// accumulator registers, one broadcast pair of `A` against two registers of `B`
-    /// per row and pair.
+    /// Where a micro-kernel writes its `rows × cols` tile (`rows ≤ MR`, `cols ≤ NR`):
+    /// `out[r·ld + c] = round(input[r·ld + c] + alpha · sum)` (no input term when
+    /// `input` is `None`).
+    pub(super) struct Tile {
+        pub rows: usize,
+        pub cols: usize,
+        pub out: *mut u16,
+        pub ld: usize,
+        pub input: Option<*const f32>,
+        pub alpha: f32,
+    }
+
+    /// One output tile: the `MR × NR` float32 sums of `A_panel @ B_strip` over `kp`
+    /// pairs in 24 registers (one broadcast pair of `A` against two registers of `B`
+    /// per row and pair), then `alpha`, the input term and the rounding to bfloat16
+    /// (PyTorch's: nearest even, NaN as `0x7FC0`), stored with masks at the edges.
     ///
     /// # Safety
-    /// The CPU has AVX-512 F/BW/BF16; `a` holds `kp·MR` words, `b` `kp·NR`.
+    /// The CPU has AVX-512 F/BW/BF16; `a` holds `kp·MR` words, `b` `kp·NR`; the tile's
+    /// rows and columns lie in the output (and the input) buffer.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    pub(super) unsafe fn micro(kp: usize, a: &[u32], b: &[u32], tile: &mut [[f32; NR]; MR]) {
+    pub(super) unsafe fn micro(kp: usize, a: &[u32], b: &[u32], tile: Tile) {
         assert!(a.len() >= kp * MR && b.len() >= kp * NR);
+        assert!(tile.rows <= MR && tile.cols <= NR);
         let mut acc = [[_mm512_setzero_ps(); 2]; MR];
         let (pa, pb) = (a.as_ptr(), b.as_ptr());
         for p in 0..kp {
@@ -504,12 +592,122 @@ mod x86 {
                 }
             }
         }
-        for (t, acc) in tile.iter_mut().zip(&acc) {
-            // SAFETY: each tile row holds 32 floats.
-            unsafe {
-                _mm512_storeu_ps(t.as_mut_ptr(), acc[0]);
-                _mm512_storeu_ps(t.as_mut_ptr().add(16), acc[1]);
+        let alpha = _mm512_set1_ps(tile.alpha);
+        let masks = [lanes(tile.cols), lanes(tile.cols.saturating_sub(16))];
+        for (r, acc) in acc.iter().enumerate() {
+            if r >= tile.rows {
+                break;
             }
+            for (half, (&sum, &mask)) in acc.iter().zip(&masks).enumerate() {
+                let at = r * tile.ld + 16 * half;
+                let mut v = sum;
+                if tile.alpha != 1.0 {
+                    v = _mm512_mul_ps(v, alpha);
+                }
+                // SAFETY: the masked lanes are columns `< cols` of row `r < rows`.
+                unsafe {
+                    if let Some(input) = tile.input {
+                        v = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, input.add(at)), v);
+                    }
+                    _mm512_mask_cvtepi32_storeu_epi16(tile.out.add(at).cast(), mask, round(v));
+                }
+            }
+        }
+    }
+
+    /// The mask of the first `n` (at most 16) lanes.
+    #[inline(always)]
+    fn lanes(n: usize) -> __mmask16 {
+        if n >= 16 {
+            0xFFFF
+        } else {
+            ((1u32 << n) - 1) as __mmask16
+        }
+    }
+
+    /// float32 → bfloat16 bits in the low half of each lane: round to nearest even,
+    /// NaN as PyTorch's canonical `0x7FC0` (as `amp_tensor`'s casts).
+    #[inline(always)]
+    unsafe fn round(v: __m512) -> __m512i {
+        let b = _mm512_castps_si512(v);
+        let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
+        let r = _mm512_srli_epi32::<16>(_mm512_add_epi32(
+            b,
+            _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)),
+        ));
+        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+        _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0))
+    }
+
+    /// Transpose 16 rows of 16 words: `out[c]` holds word `c` of every row.
+    #[inline(always)]
+    unsafe fn transpose16(r: [__m512i; 16]) -> [__m512i; 16] {
+        let mut t = [_mm512_setzero_si512(); 16];
+        for i in 0..8 {
+            t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+            t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+        }
+        // u[4i + j], 128-bit lane l: word 4l + j of rows 4i..4i+4.
+        let mut u = [_mm512_setzero_si512(); 16];
+        for i in 0..4 {
+            u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+            u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+            u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+            u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+        }
+        let mut out = [_mm512_setzero_si512(); 16];
+        for j in 0..4 {
+            let v0 = _mm512_shuffle_i32x4::<0x44>(u[j], u[4 + j]);
+            let v1 = _mm512_shuffle_i32x4::<0xEE>(u[j], u[4 + j]);
+            let w0 = _mm512_shuffle_i32x4::<0x44>(u[8 + j], u[12 + j]);
+            let w1 = _mm512_shuffle_i32x4::<0xEE>(u[8 + j], u[12 + j]);
+            out[j] = _mm512_shuffle_i32x4::<0x88>(v0, w0);
+            out[4 + j] = _mm512_shuffle_i32x4::<0xDD>(v0, w0);
+            out[8 + j] = _mm512_shuffle_i32x4::<0x88>(v1, w1);
+            out[12 + j] = _mm512_shuffle_i32x4::<0xDD>(v1, w1);
+        }
+        out
+    }
+
+    /// 16 pairs of `h ≤ MR` contiguous rows (row `r` at `src + r·rs`, 32 values) into
+    /// `dst[p·MR + r]`, `p < 16`; rows `h..MR` are written as zero.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F; the rows are readable; `dst` holds `16·MR` words.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn pack_a_block(src: *const u16, rs: usize, h: usize, dst: &mut [u32]) {
+        assert!(dst.len() >= 16 * MR && h <= MR);
+        let mut r = [_mm512_setzero_si512(); 16];
+        for (i, r) in r.iter_mut().enumerate().take(h) {
+            // SAFETY: row `i < h`, 32 values (the caller's contract).
+            *r = unsafe { _mm512_loadu_si512(src.add(i * rs).cast()) };
+        }
+        // SAFETY: registers only.
+        let t = unsafe { transpose16(r) };
+        for (p, t) in t.iter().enumerate() {
+            // SAFETY: words `p·MR..p·MR + MR` of `dst` (asserted above).
+            unsafe { _mm512_mask_storeu_epi32(dst.as_mut_ptr().add(p * MR).cast(), 0x0FFF, *t) };
+        }
+    }
+
+    /// 16 pairs of 16 contiguous columns (column `j` at `src + j·cs`, 32 values) into
+    /// `dst[p·NR + j]`, `p, j < 16`.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F; the columns are readable; `dst` holds `15·NR + 16` words.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn pack_b_block(src: *const u16, cs: usize, dst: &mut [u32]) {
+        assert!(dst.len() >= 15 * NR + 16);
+        let mut c = [_mm512_setzero_si512(); 16];
+        for (j, c) in c.iter_mut().enumerate() {
+            // SAFETY: column `j`, 32 values (the caller's contract).
+            *c = unsafe { _mm512_loadu_si512(src.add(j * cs).cast()) };
+        }
+        // SAFETY: registers only.
+        let t = unsafe { transpose16(c) };
+        for (p, t) in t.iter().enumerate() {
+            // SAFETY: words `p·NR..p·NR + 16` of `dst` (asserted above).
+            unsafe { _mm512_storeu_si512(dst.as_mut_ptr().add(p * NR).cast(), *t) };
         }
     }
 
@@ -560,10 +758,29 @@ mod x86 {
 
 #[cfg(not(target_arch = "x86_64"))]
 mod x86 {
-    use super::{MR, NR};
+
+    /// Where a micro-kernel writes its tile (as on x86).
+    pub(super) struct Tile {
+        pub rows: usize,
+        pub cols: usize,
+        pub out: *mut u16,
+        pub ld: usize,
+        pub input: Option<*const f32>,
+        pub alpha: f32,
+    }
 
     /// Never called: [`super::product`] asserts AVX-512 BF16 first.
-    pub(super) unsafe fn micro(_: usize, _: &[u32], _: &[u32], _: &mut [[f32; NR]; MR]) {
+    pub(super) unsafe fn micro(_: usize, _: &[u32], _: &[u32], _: Tile) {
+        unreachable!("AVX-512 BF16 kernel on a non-x86 CPU")
+    }
+
+    /// Never called, as above.
+    pub(super) unsafe fn pack_a_block(_: *const u16, _: usize, _: usize, _: &mut [u32]) {
+        unreachable!("AVX-512 BF16 kernel on a non-x86 CPU")
+    }
+
+    /// Never called, as above.
+    pub(super) unsafe fn pack_b_block(_: *const u16, _: usize, _: &mut [u32]) {
         unreachable!("AVX-512 BF16 kernel on a non-x86 CPU")
     }
 
