@@ -204,7 +204,12 @@ fn first_order(
 /// it leaves the domain where finite differences can check it.
 #[test]
 fn runaway_compositions_are_outside_the_checked_domain() {
-    let steps = [Step::LogSoftmax, Step::SubYSquare, Step::SubYSquare, Step::Exp];
+    let steps = [
+        Step::LogSoftmax,
+        Step::SubYSquare,
+        Step::SubYSquare,
+        Step::Exp,
+    ];
     // Rows 1 and 2 of x lose to row 0 in log_softmax over dim 0: (-3.05 - 1.5)² = 20.7,
     // (20.7 - 1.5)² = 369, exp(369 / 2) ≈ 1e80.
     let x = [vec![1.5; 4], vec![-1.5; 8]].concat();

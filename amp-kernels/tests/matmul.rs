@@ -851,7 +851,11 @@ fn case() -> impl proptest::strategy::Strategy<Value = Case> {
     ]);
     (
         forms,
-        (size.clone(), size.clone(), prop_oneof![1usize..8, 8usize..140]),
+        (
+            size.clone(),
+            size.clone(),
+            prop_oneof![1usize..8, 8usize..140],
+        ),
         1usize..4,
         (any::<bool>(), any::<bool>(), any::<bool>()),
         prop::sample::select(vec![(1.0, 1.0), (0.5, -1.5), (0.0, 2.0)]),
@@ -902,14 +906,24 @@ fn check_case(c: &Case, kernel: Kernel16) {
     };
     let run = |f: &dyn Fn() -> Tensor| with_kernel16(kernel, f).unwrap();
     match c.form {
-        Form::Mm => assert_close(&run(&|| mm(&a, &b).unwrap()), &ref_matmul(&a, &b), dt, &what),
+        Form::Mm => assert_close(
+            &run(&|| mm(&a, &b).unwrap()),
+            &ref_matmul(&a, &b),
+            dt,
+            &what,
+        ),
         Form::Addmm => {
             let input = randn(&[c.n], dt, c.seed ^ 2);
             let got = run(&|| addmm(&input, &a, &b, c.beta, c.alpha).unwrap());
             let want = with_input(&ref_matmul(&a, &b), &input, c.beta, c.alpha);
             assert_close(&got, &want, dt, &what);
         }
-        Form::Bmm => assert_close(&run(&|| bmm(&a, &b).unwrap()), &ref_matmul(&a, &b), dt, &what),
+        Form::Bmm => assert_close(
+            &run(&|| bmm(&a, &b).unwrap()),
+            &ref_matmul(&a, &b),
+            dt,
+            &what,
+        ),
         Form::Baddbmm => {
             let input = randn(&[c.batch, 1, c.n], dt, c.seed ^ 2);
             let got = run(&|| baddbmm(&input, &a, &b, c.beta, c.alpha).unwrap());
@@ -932,7 +946,12 @@ fn check_case(c: &Case, kernel: Kernel16) {
                 val: sum(&per.val),
                 mag: sum(&per.mag),
             };
-            assert_close(&got, &with_input(&summed, &input, c.beta, c.alpha), dt, &what);
+            assert_close(
+                &got,
+                &with_input(&summed, &input, c.beta, c.alpha),
+                dt,
+                &what,
+            );
         }
         Form::MatmulBroadcast => {
             let b1 = operand(&[], c.k, c.n, c.tb, c.seed ^ 3);
@@ -963,7 +982,10 @@ fn every_16bit_kernel_on_random_shapes() {
             ok
         })
         .collect();
-    assert!(kernels.contains(&Kernel16::Widened), "the widened path runs everywhere");
+    assert!(
+        kernels.contains(&Kernel16::Widened),
+        "the widened path runs everywhere"
+    );
     let mut runner = TestRunner::new(amp_testing::proptest_config(64));
     runner
         .run(&case(), |c| {

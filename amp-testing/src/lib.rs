@@ -42,9 +42,11 @@ pub fn rng_seed() -> RngSeed {
     match std::env::var(SEED_VAR) {
         Err(_) => RngSeed::Fixed(SEED),
         Ok(v) if v.trim() == "random" => RngSeed::Random,
-        Ok(v) => RngSeed::Fixed(v.trim().parse().unwrap_or_else(|_| {
-            panic!("{SEED_VAR} must be a u64 or `random`, got {v:?}")
-        })),
+        Ok(v) => RngSeed::Fixed(
+            v.trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("{SEED_VAR} must be a u64 or `random`, got {v:?}")),
+        ),
     }
 }
 

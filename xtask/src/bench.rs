@@ -168,6 +168,15 @@ const TARGETS: &[Target] = &[
     ),
     Target::TimeVsTorch("mlp_step_f32_ms", 1.2),
     Target::TimeVsOurs("mlp_step_autocast_bf16_scaler_ms", "mlp_step_f32_ms", 1.3),
+    // The native 16-bit issue's figures (set for CPUs with AMX; reported on every CPU).
+    Target::VsTorch("mm_bf16_1024_gflops", 1.5),
+    Target::VsTorch("mm_bf16_2048_gflops", 1.5),
+    Target::VsTorch("mm_bf16_256_gflops", 1.0),
+    Target::VsTorch("mm_f16_1024_gflops", 1.0),
+    Target::TimeVsTorch("mlp_step_autocast_bf16_scaler_ms", 0.8),
+    Target::TimeVsOurs("mlp_step_autocast_bf16_scaler_ms", "mlp_step_f32_ms", 0.5),
+    Target::TimeVsTorch("conv2d_autocast_bf16_fwd_bwd_ms", 0.8),
+    Target::VsTorch("unscale_64x1M_f32_gbps", 1.0),
 ];
 
 /// Parsed command-line options of `bench`.

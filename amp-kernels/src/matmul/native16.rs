@@ -37,14 +37,14 @@
 //! each batch entry padded to an even length on its own.
 
 use std::cell::{Cell, RefCell};
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
 use amp_tensor::half::bf16;
 use amp_tensor::{DType, Error, Result};
 use rayon::prelude::*;
 
-use super::{Side, SendPtr};
+use super::{SendPtr, Side};
 
 /// Rows of an output tile (one `A` panel).
 pub const MR: usize = 12;
@@ -94,6 +94,7 @@ fn has_avx512_bf16() -> bool {
     {
         std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
             && std::arch::is_x86_feature_detected!("avx512bf16")
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -183,7 +184,10 @@ pub(super) struct Job<'a> {
 /// # Panics
 /// If an operand's matrices do not lie inside its buffer, or the CPU lacks AVX-512 BF16.
 pub(super) fn product(job: &Job<'_>, out: &mut [MaybeUninit<bf16>]) {
-    assert!(has_avx512_bf16(), "the AVX-512 BF16 kernel needs avx512_bf16");
+    assert!(
+        has_avx512_bf16(),
+        "the AVX-512 BF16 kernel needs avx512_bf16"
+    );
     let (m, n, k) = (job.m, job.n, job.k);
     super::check_bounds(job.a, job.sa, m, k);
     super::check_bounds(job.b, job.sb, k, n);
@@ -261,7 +265,10 @@ fn single(
         let (rb, g) = (t / groups, t % groups);
         let (p0, p1) = (rb * panels / row_blocks, (rb + 1) * panels / row_blocks);
         let mut apack = take_pack((p1 - p0) * panel_len);
-        for (pi, d) in apack[..(p1 - p0) * panel_len].chunks_mut(panel_len).enumerate() {
+        for (pi, d) in apack[..(p1 - p0) * panel_len]
+            .chunks_mut(panel_len)
+            .enumerate()
+        {
             let r0 = (p0 + pi) * MR;
             let h = MR.min(m - r0);
             for (seg, d) in segs.iter().zip(d.chunks_mut(kp_seg * MR)) {
@@ -402,8 +409,8 @@ unsafe fn pack_a(a: &[bf16], o: usize, rs: usize, cs: usize, k: usize, h: usize,
     let src = a.as_ptr().cast::<u16>();
     // SAFETY (all reads below): the caller's contract.
     let at = |r: usize, q: usize| unsafe { *src.add(o + r * rs + q * cs) };
-    if h < MR {
-        dst.fill(0);
+    if h < MR && cs != 1 && rs != 1 {
+        dst.fill(0); // the other paths write the padded rows as zero themselves
     }
     let full = k / 2;
     if cs == 1 {
@@ -423,8 +430,17 @@ unsafe fn pack_a(a: &[bf16], o: usize, rs: usize, cs: usize, k: usize, h: usize,
                 dst[p * MR + r] = u32::from_le(w);
             }
         }
+        for p in 16 * blocks..full {
+            dst[p * MR + h..(p + 1) * MR].fill(0);
+        }
+    } else if rs == 1 {
+        // Columns contiguous: the two halves of a pair are the same row of two
+        // neighbouring columns; each column's `h` rows are one (masked) load.
+        // SAFETY: rows `0..h` of columns `0..2·full` lie inside `a`; `dst` holds `full`
+        // pairs.
+        unsafe { x86::pack_a_columns(src.add(o), cs, h, full, dst) };
     } else {
-        // Columns contiguous (or any strides): the two halves come from two columns.
+        // Any strides: one value at a time.
         for p in 0..full {
             let d = &mut dst[p * MR..p * MR + h];
             for (r, d) in d.iter_mut().enumerate() {
@@ -434,8 +450,8 @@ unsafe fn pack_a(a: &[bf16], o: usize, rs: usize, cs: usize, k: usize, h: usize,
     }
     if k % 2 == 1 {
         let p = full;
-        for r in 0..h {
-            dst[p * MR + r] = pair(at(r, k - 1), 0);
+        for r in 0..MR {
+            dst[p * MR + r] = if r < h { pair(at(r, k - 1), 0) } else { 0 };
         }
     }
 }
@@ -452,8 +468,8 @@ unsafe fn pack_b(b: &[bf16], o: usize, rs: usize, cs: usize, k: usize, w: usize,
     let src = b.as_ptr().cast::<u16>();
     // SAFETY (all reads below): the caller's contract.
     let at = |q: usize, j: usize| unsafe { *src.add(o + q * rs + j * cs) };
-    if w < NR {
-        dst.fill(0);
+    if w < NR && cs != 1 {
+        dst.fill(0); // the row-interleaving path writes the padded columns as zero itself
     }
     let full = k / 2;
     if rs == 1 {
@@ -482,13 +498,11 @@ unsafe fn pack_b(b: &[bf16], o: usize, rs: usize, cs: usize, k: usize, w: usize,
                 dst[p * NR + j] = u32::from_le(v);
             }
         }
-    } else if cs == 1 && w == NR {
-        // Rows contiguous: interleave two rows, 32 columns at a time.
-        for p in 0..full {
-            let r0 = o + 2 * p * rs;
-            // SAFETY: rows `2p` and `2p+1`, columns `0..NR`, lie inside `b`.
-            unsafe { x86::interleave_rows(src.add(r0), src.add(r0 + rs), &mut dst[p * NR..]) };
-        }
+    } else if cs == 1 {
+        // Rows contiguous: interleave two rows (their first `w` columns, masked).
+        // SAFETY: rows `0..2·full`, columns `0..w` lie inside `b`; `dst` holds `full`
+        // pairs.
+        unsafe { x86::interleave_rows(src.add(o), rs, w, full, dst) };
     } else {
         for p in 0..full {
             let d = &mut dst[p * NR..p * NR + w];
@@ -499,8 +513,8 @@ unsafe fn pack_b(b: &[bf16], o: usize, rs: usize, cs: usize, k: usize, w: usize,
     }
     if k % 2 == 1 {
         let p = full;
-        for j in 0..w {
-            dst[p * NR + j] = pair(at(k - 1, j), 0);
+        for j in 0..NR {
+            dst[p * NR + j] = if j < w { pair(at(k - 1, j), 0) } else { 0 };
         }
     }
 }
@@ -711,47 +725,79 @@ mod x86 {
         }
     }
 
-    /// Interleave 32 values of two rows into 32 pair words (`dst[j] = (r0[j], r1[j])`).
+    /// `pairs` pairs of rows (row `q` at `src + q·rs`, its first `w ≤ NR` values) as
+    /// pair words: `dst[p·NR + j] = (row 2p [j], row 2p+1 [j])`, columns `w..NR` zero.
     ///
     /// # Safety
-    /// The CPU has AVX-512 F/BW; `r0` and `r1` are readable for 32 values; `dst` holds
-    /// at least 32 words.
+    /// The CPU has AVX-512 F/BW; the rows' first `w` values are readable; `dst` holds
+    /// `pairs·NR` words.
     #[target_feature(enable = "avx512f,avx512bw")]
-    pub(super) unsafe fn interleave_rows(r0: *const u16, r1: *const u16, dst: &mut [u32]) {
-        assert!(dst.len() >= 32);
+    pub(super) unsafe fn interleave_rows(
+        src: *const u16,
+        rs: usize,
+        w: usize,
+        pairs: usize,
+        dst: &mut [u32],
+    ) {
+        assert!(dst.len() >= pairs * NR && w <= NR);
         // Word j of the low result takes element j of each row (indices 0..16 pick from
-        // the first operand, 32.. from the second).
-        const LO: [u16; 32] = {
+        // the first operand, 32.. from the second); the high result words 16..32.
+        const fn table(from: u16) -> [u16; 32] {
             let mut t = [0u16; 32];
             let mut j = 0;
             while j < 16 {
-                t[2 * j] = j as u16;
-                t[2 * j + 1] = 32 + j as u16;
+                t[2 * j] = from + j as u16;
+                t[2 * j + 1] = 32 + from + j as u16;
                 j += 1;
             }
             t
-        };
-        const HI: [u16; 32] = {
-            let mut t = [0u16; 32];
-            let mut j = 0;
-            while j < 16 {
-                t[2 * j] = 16 + j as u16;
-                t[2 * j + 1] = 48 + j as u16;
-                j += 1;
-            }
-            t
-        };
-        // SAFETY: the caller's contract; the index tables are 64 bytes each.
+        }
+        const LO: [u16; 32] = table(0);
+        const HI: [u16; 32] = table(16);
+        let mask: __mmask32 = if w >= 32 { !0 } else { (1u32 << w) - 1 };
+        // SAFETY: the caller's contract; the index tables are 64 bytes each; the masked
+        // loads read only the first `w` values of each row.
         unsafe {
-            let x = _mm512_loadu_si512(r0.cast());
-            let y = _mm512_loadu_si512(r1.cast());
             let lo = _mm512_loadu_si512(LO.as_ptr().cast());
             let hi = _mm512_loadu_si512(HI.as_ptr().cast());
-            _mm512_storeu_si512(dst.as_mut_ptr().cast(), _mm512_permutex2var_epi16(x, lo, y));
-            _mm512_storeu_si512(
-                dst.as_mut_ptr().add(16).cast(),
-                _mm512_permutex2var_epi16(x, hi, y),
-            );
+            for p in 0..pairs {
+                let r0 = src.add(2 * p * rs);
+                let x = _mm512_maskz_loadu_epi16(mask, r0.cast());
+                let y = _mm512_maskz_loadu_epi16(mask, r0.add(rs).cast());
+                let d = dst.as_mut_ptr().add(p * NR);
+                _mm512_storeu_si512(d.cast(), _mm512_permutex2var_epi16(x, lo, y));
+                _mm512_storeu_si512(d.add(16).cast(), _mm512_permutex2var_epi16(x, hi, y));
+            }
+        }
+    }
+
+    /// `pairs` pairs of columns (column `q` at `src + q·cs`, its first `h ≤ MR` rows)
+    /// as pair words: `dst[p·MR + r] = (column 2p [r], column 2p+1 [r])`, rows `h..MR`
+    /// zero.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/VL; the columns' first `h` values are readable; `dst`
+    /// holds `pairs·MR` words.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) unsafe fn pack_a_columns(
+        src: *const u16,
+        cs: usize,
+        h: usize,
+        pairs: usize,
+        dst: &mut [u32],
+    ) {
+        assert!(dst.len() >= pairs * MR && h <= MR);
+        let mask = ((1u32 << h) - 1) as __mmask16;
+        // SAFETY: the caller's contract; the masked loads read the first `h` values of
+        // each column, the masked stores write `MR` words of pair `p`.
+        unsafe {
+            for p in 0..pairs {
+                let c0 = src.add(2 * p * cs);
+                let x = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, c0.cast()));
+                let y = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, c0.add(cs).cast()));
+                let v = _mm512_or_si512(x, _mm512_slli_epi32::<16>(y));
+                _mm512_mask_storeu_epi32(dst.as_mut_ptr().add(p * MR).cast(), 0x0FFF, v);
+            }
         }
     }
 }
@@ -785,7 +831,24 @@ mod x86 {
     }
 
     /// Never called, as above.
-    pub(super) unsafe fn interleave_rows(_: *const u16, _: *const u16, _: &mut [u32]) {
+    pub(super) unsafe fn pack_a_columns(
+        _: *const u16,
+        _: usize,
+        _: usize,
+        _: usize,
+        _: &mut [u32],
+    ) {
+        unreachable!("AVX-512 BF16 kernel on a non-x86 CPU")
+    }
+
+    /// Never called, as above.
+    pub(super) unsafe fn interleave_rows(
+        _: *const u16,
+        _: usize,
+        _: usize,
+        _: usize,
+        _: &mut [u32],
+    ) {
         unreachable!("AVX-512 BF16 kernel on a non-x86 CPU")
     }
 }
