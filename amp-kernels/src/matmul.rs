@@ -7,11 +7,18 @@
 //! at least [`FAER_WORK`] multiply-adds (its x86 kernels use AVX-512 where the CPU has it,
 //! chosen at run time), the `gemm` crate's below (less set-up cost on tiny products).
 //! A large single product is cut into blocks of output columns (or rows), each
-//! multiplied sequentially on one rayon thread (`Blocks`). float16 and bfloat16 are
-//! widened to float32 (vectorised; for a cut product block by block, on the block's
-//! thread), multiplied by the float32 kernel, which accumulates in float32, and rounded
-//! once at the end; so is the `beta * input` term of the fused ops. Integer tensors use
-//! a simple wrapping kernel (not a hot path).
+//! multiplied sequentially on one rayon thread (`Blocks`).
+//!
+//! 16-bit products run on the fastest [`Kernel16`] of the CPU (the kernel ladder):
+//! bfloat16 on `vdpbf16ps` where the CPU has AVX-512 BF16 (operands packed straight
+//! from their 16-bit storage and strides, float32 sums in registers, one rounding with
+//! `alpha` and `beta * input` applied on the way out; see `native16.rs`), else — and
+//! float16 always, until a CPU with AVX-512 FP16 or AMX-FP16 is here to verify a kernel
+//! on — widened to float32 (vectorised; for a cut product block by block, on the
+//! block's thread), multiplied by the float32 kernel, which accumulates in float32, and
+//! rounded once at the end; so is the `beta * input` term of the fused ops.
+//! [`with_kernel16`] forces a kernel for tests and benchmarks. Integer tensors use a
+//! simple wrapping kernel (not a hot path).
 //!
 //! Every operation reduces to one plan: `batch` products of an `m×k` by a `k×n`
 //! strided matrix, each matrix found at a per-batch storage offset (so broadcast batch
