@@ -256,7 +256,7 @@ fn single(
         for (seg, d) in segs.iter().zip(dst.chunks_mut(kp_seg * NR)) {
             // SAFETY: the operands lie in their buffers (checked by `product`); the
             // strip reads columns `j0..j0+w` and inner rows `0..k` of matrix `seg`.
-            unsafe { pack_b(job.b, seg.1 + j0 * job.sb.cs, job.sb.rs, job.sb.cs, k, w, d) };
+            unsafe { pack::<NR>(job.b, seg.1 + j0 * job.sb.cs, job.sb.cs, job.sb.rs, k, w, d) };
         }
     });
     let dst = SendPtr(out.as_mut_ptr().cast::<u16>());
@@ -272,8 +272,8 @@ fn single(
             let r0 = (p0 + pi) * MR;
             let h = MR.min(m - r0);
             for (seg, d) in segs.iter().zip(d.chunks_mut(kp_seg * MR)) {
-                // SAFETY: as for `pack_b`: rows `r0..r0+h`, inner columns `0..k`.
-                unsafe { pack_a(job.a, seg.0 + r0 * job.sa.rs, job.sa.rs, job.sa.cs, k, h, d) };
+                // SAFETY: as for the strips: rows `r0..r0+h`, inner columns `0..k`.
+                unsafe { pack::<MR>(job.a, seg.0 + r0 * job.sa.rs, job.sa.rs, job.sa.cs, k, h, d) };
             }
         }
         // The group's strips, each row block starting at its own one, so that workers
@@ -397,124 +397,76 @@ fn pair(lo: u16, hi: u16) -> u32 {
     lo as u32 | (hi as u32) << 16
 }
 
-/// Pack `h ≤ MR` rows of `A` (row `r`, inner index `q` at `a[o + r·rs + q·cs]`) into
-/// `dst` (`k.div_ceil(2)·MR` words): pair `p` of row `r` at `dst[p·MR + r]`; rows
-/// `h..MR` and the odd half of a last pair are zero.
+/// Pack `h ≤ W` lines of an operand panel (line `r`, inner index `q` at
+/// `x[o + r·ls + q·qs]`) into `dst` (`k.div_ceil(2)·W` words): pair `p` of line `r` at
+/// `dst[p·W + r]`; lines `h..W` and the odd half of a last pair are zero. An `A` panel's
+/// lines are its `MR` rows (`ls, qs = rs, cs`), a `B` strip's its `NR` columns
+/// (`ls, qs = cs, rs`).
 ///
 /// # Safety
-/// Every index `o + r·rs + q·cs` (`r < h`, `q < k`) lies inside `a`.
-unsafe fn pack_a(a: &[bf16], o: usize, rs: usize, cs: usize, k: usize, h: usize, dst: &mut [u32]) {
+/// Every index `o + r·ls + q·qs` (`r < h`, `q < k`) lies inside `x`.
+unsafe fn pack<const W: usize>(
+    x: &[bf16],
+    o: usize,
+    ls: usize,
+    qs: usize,
+    k: usize,
+    h: usize,
+    dst: &mut [u32],
+) {
+    debug_assert!(h <= W);
     let kp = k.div_ceil(2);
-    let dst = &mut dst[..kp * MR];
-    let src = a.as_ptr().cast::<u16>();
+    let dst = &mut dst[..kp * W];
+    let src = x.as_ptr().cast::<u16>();
     // SAFETY (all reads below): the caller's contract.
-    let at = |r: usize, q: usize| unsafe { *src.add(o + r * rs + q * cs) };
-    if h < MR && cs != 1 && rs != 1 {
-        dst.fill(0); // the other paths write the padded rows as zero themselves
-    }
+    let at = |r: usize, q: usize| unsafe { *src.add(o + r * ls + q * qs) };
     let full = k / 2;
-    if cs == 1 {
-        // Rows contiguous: each pair is two neighbours of one row; blocks of 16 pairs
-        // of every row are transposed in registers, the rest one by one.
+    if qs == 1 {
+        // Lines contiguous (a row-major `A`, a column-major `B` such as `linear`'s
+        // weight): a pair is two neighbours of one line; blocks of 16 pairs of every
+        // line are transposed in registers, the rest one by one.
         let blocks = full / 16;
         for pb in 0..blocks {
-            // SAFETY: rows `0..h`, pairs `16pb..16pb+16` lie inside `a` (the caller's
-            // contract, `16pb + 16 ≤ k / 2`); `dst` holds pairs up to `kp`.
-            unsafe { x86::pack_a_block(src.add(o + 32 * pb), rs, h, &mut dst[16 * pb * MR..]) };
-        }
-        for r in 0..h {
-            let row = o + r * rs;
-            for p in 16 * blocks..full {
-                // SAFETY: the caller's contract (elements `2p`, `2p+1` of row `r`).
-                let w = unsafe { src.add(row + 2 * p).cast::<u32>().read_unaligned() };
-                dst[p * MR + r] = u32::from_le(w);
-            }
+            // SAFETY: lines `0..h`, pairs `16pb..16pb+16 ≤ k / 2` lie inside `x`;
+            // `dst` holds pairs up to `kp`.
+            unsafe {
+                x86::transpose_pairs::<W>(src.add(o + 32 * pb), ls, h, &mut dst[16 * pb * W..])
+            };
         }
         for p in 16 * blocks..full {
-            dst[p * MR + h..(p + 1) * MR].fill(0);
-        }
-    } else if rs == 1 {
-        // Columns contiguous: the two halves of a pair are the same row of two
-        // neighbouring columns; each column's `h` rows are one (masked) load.
-        // SAFETY: rows `0..h` of columns `0..2·full` lie inside `a`; `dst` holds `full`
-        // pairs.
-        unsafe { x86::pack_a_columns(src.add(o), cs, h, full, dst) };
-    } else {
-        // Any strides: one value at a time.
-        for p in 0..full {
-            let d = &mut dst[p * MR..p * MR + h];
-            for (r, d) in d.iter_mut().enumerate() {
-                *d = pair(at(r, 2 * p), at(r, 2 * p + 1));
-            }
-        }
-    }
-    if k % 2 == 1 {
-        let p = full;
-        for r in 0..MR {
-            dst[p * MR + r] = if r < h { pair(at(r, k - 1), 0) } else { 0 };
-        }
-    }
-}
-
-/// Pack `w ≤ NR` columns of `B` (inner index `q`, column `j` at `b[o + q·rs + j·cs]`)
-/// into `dst` (`k.div_ceil(2)·NR` words): pair `p` of column `j` at `dst[p·NR + j]`;
-/// columns `w..NR` and the odd half of a last pair are zero.
-///
-/// # Safety
-/// Every index `o + q·rs + j·cs` (`q < k`, `j < w`) lies inside `b`.
-unsafe fn pack_b(b: &[bf16], o: usize, rs: usize, cs: usize, k: usize, w: usize, dst: &mut [u32]) {
-    let kp = k.div_ceil(2);
-    let dst = &mut dst[..kp * NR];
-    let src = b.as_ptr().cast::<u16>();
-    // SAFETY (all reads below): the caller's contract.
-    let at = |q: usize, j: usize| unsafe { *src.add(o + q * rs + j * cs) };
-    if w < NR && cs != 1 {
-        dst.fill(0); // the row-interleaving path writes the padded columns as zero itself
-    }
-    let full = k / 2;
-    if rs == 1 {
-        // Columns contiguous (a transposed matrix, e.g. `linear`'s weight): each pair
-        // is two neighbours of one column; blocks of 16 pairs of 16 columns are
-        // transposed in registers, the rest one by one.
-        let blocks = if w == NR { full / 16 } else { 0 };
-        for pb in 0..blocks {
-            for half in 0..2 {
-                // SAFETY: columns `16half..16half+16` (all `< w = NR`), pairs
-                // `16pb..16pb+16` lie inside `b`; `dst` holds pairs up to `kp`.
-                unsafe {
-                    x86::pack_b_block(
-                        src.add(o + 16 * half * cs + 32 * pb),
-                        cs,
-                        &mut dst[16 * pb * NR + 16 * half..],
-                    )
+            for r in 0..W {
+                dst[p * W + r] = if r < h {
+                    // SAFETY: the caller's contract (elements `2p`, `2p+1` of line `r`).
+                    u32::from_le(unsafe {
+                        src.add(o + r * ls + 2 * p).cast::<u32>().read_unaligned()
+                    })
+                } else {
+                    0
                 };
             }
         }
-        for j in 0..w {
-            let col = o + j * cs;
-            for p in 16 * blocks..full {
-                // SAFETY: the caller's contract (elements `2p`, `2p+1` of column `j`).
-                let v = unsafe { src.add(col + 2 * p).cast::<u32>().read_unaligned() };
-                dst[p * NR + j] = u32::from_le(v);
-            }
-        }
-    } else if cs == 1 {
-        // Rows contiguous: interleave two rows (their first `w` columns, masked).
-        // SAFETY: rows `0..2·full`, columns `0..w` lie inside `b`; `dst` holds `full`
-        // pairs.
-        unsafe { x86::interleave_rows(src.add(o), rs, w, full, dst) };
+    } else if ls == 1 {
+        // Neighbouring lines contiguous (a column-major `A`, a row-major `B`): the two
+        // halves of a pair are the same `h` lines at two inner indices, each one
+        // (masked) load.
+        // SAFETY: lines `0..h` at inner indices `0..2·full` lie inside `x`; `dst` holds
+        // `full` pairs.
+        unsafe { x86::interleave_pairs::<W>(src.add(o), qs, h, full, dst) };
     } else {
+        // Any strides: one value at a time.
         for p in 0..full {
-            let d = &mut dst[p * NR..p * NR + w];
-            for (j, d) in d.iter_mut().enumerate() {
-                *d = pair(at(2 * p, j), at(2 * p + 1, j));
+            for r in 0..W {
+                dst[p * W + r] = if r < h {
+                    pair(at(r, 2 * p), at(r, 2 * p + 1))
+                } else {
+                    0
+                };
             }
         }
     }
     if k % 2 == 1 {
-        let p = full;
-        for j in 0..NR {
-            dst[p * NR + j] = if j < w { pair(at(k - 1, j), 0) } else { 0 };
+        for r in 0..W {
+            dst[full * W + r] = if r < h { pair(at(r, k - 1), 0) } else { 0 };
         }
     }
 }
@@ -683,120 +635,75 @@ mod x86 {
         out
     }
 
-    /// 16 pairs of `h ≤ MR` contiguous rows (row `r` at `src + r·rs`, 32 values) into
-    /// `dst[p·MR + r]`, `p < 16`; rows `h..MR` are written as zero.
-    ///
-    /// # Safety
-    /// The CPU has AVX-512 F; the rows are readable; `dst` holds `16·MR` words.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn pack_a_block(src: *const u16, rs: usize, h: usize, dst: &mut [u32]) {
-        assert!(dst.len() >= 16 * MR && h <= MR);
-        let mut r = [_mm512_setzero_si512(); 16];
-        for (i, r) in r.iter_mut().enumerate().take(h) {
-            // SAFETY: row `i < h`, 32 values (the caller's contract).
-            *r = unsafe { _mm512_loadu_si512(src.add(i * rs).cast()) };
-        }
-        // SAFETY: registers only.
-        let t = unsafe { transpose16(r) };
-        for (p, t) in t.iter().enumerate() {
-            // SAFETY: words `p·MR..p·MR + MR` of `dst` (asserted above).
-            unsafe { _mm512_mask_storeu_epi32(dst.as_mut_ptr().add(p * MR).cast(), 0x0FFF, *t) };
-        }
+    /// The mask of lines `16c..16c + 16` that are below `h`.
+    #[inline(always)]
+    fn chunk_lanes(h: usize, c: usize) -> __mmask16 {
+        lanes(h.saturating_sub(16 * c))
     }
 
-    /// 16 pairs of 16 contiguous columns (column `j` at `src + j·cs`, 32 values) into
-    /// `dst[p·NR + j]`, `p, j < 16`.
+    /// 16 pairs of `h ≤ W` contiguous lines (line `r` at `src + r·ls`, 32 values) into
+    /// `dst[p·W + r]`, `p < 16`, lines `h..W` zero: per 16 lines, one register transpose.
     ///
     /// # Safety
-    /// The CPU has AVX-512 F; the columns are readable; `dst` holds `15·NR + 16` words.
+    /// The CPU has AVX-512 F; the lines are readable; `dst` holds `16·W` words.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn pack_b_block(src: *const u16, cs: usize, dst: &mut [u32]) {
-        assert!(dst.len() >= 15 * NR + 16);
-        let mut c = [_mm512_setzero_si512(); 16];
-        for (j, c) in c.iter_mut().enumerate() {
-            // SAFETY: column `j`, 32 values (the caller's contract).
-            *c = unsafe { _mm512_loadu_si512(src.add(j * cs).cast()) };
-        }
-        // SAFETY: registers only.
-        let t = unsafe { transpose16(c) };
-        for (p, t) in t.iter().enumerate() {
-            // SAFETY: words `p·NR..p·NR + 16` of `dst` (asserted above).
-            unsafe { _mm512_storeu_si512(dst.as_mut_ptr().add(p * NR).cast(), *t) };
-        }
-    }
-
-    /// `pairs` pairs of rows (row `q` at `src + q·rs`, its first `w ≤ NR` values) as
-    /// pair words: `dst[p·NR + j] = (row 2p [j], row 2p+1 [j])`, columns `w..NR` zero.
-    ///
-    /// # Safety
-    /// The CPU has AVX-512 F/BW; the rows' first `w` values are readable; `dst` holds
-    /// `pairs·NR` words.
-    #[target_feature(enable = "avx512f,avx512bw")]
-    pub(super) unsafe fn interleave_rows(
+    pub(super) unsafe fn transpose_pairs<const W: usize>(
         src: *const u16,
-        rs: usize,
-        w: usize,
-        pairs: usize,
+        ls: usize,
+        h: usize,
         dst: &mut [u32],
     ) {
-        assert!(dst.len() >= pairs * NR && w <= NR);
-        // Word j of the low result takes element j of each row (indices 0..16 pick from
-        // the first operand, 32.. from the second); the high result words 16..32.
-        const fn table(from: u16) -> [u16; 32] {
-            let mut t = [0u16; 32];
-            let mut j = 0;
-            while j < 16 {
-                t[2 * j] = from + j as u16;
-                t[2 * j + 1] = 32 + from + j as u16;
-                j += 1;
+        assert!(dst.len() >= 16 * W && h <= W);
+        for c in 0..W.div_ceil(16) {
+            let mut l = [_mm512_setzero_si512(); 16];
+            for (i, l) in l.iter_mut().enumerate().take(h.saturating_sub(16 * c)) {
+                // SAFETY: line `16c + i < h`, 32 values (the caller's contract).
+                *l = unsafe { _mm512_loadu_si512(src.add((16 * c + i) * ls).cast()) };
             }
-            t
-        }
-        const LO: [u16; 32] = table(0);
-        const HI: [u16; 32] = table(16);
-        let mask: __mmask32 = if w >= 32 { !0 } else { (1u32 << w) - 1 };
-        // SAFETY: the caller's contract; the index tables are 64 bytes each; the masked
-        // loads read only the first `w` values of each row.
-        unsafe {
-            let lo = _mm512_loadu_si512(LO.as_ptr().cast());
-            let hi = _mm512_loadu_si512(HI.as_ptr().cast());
-            for p in 0..pairs {
-                let r0 = src.add(2 * p * rs);
-                let x = _mm512_maskz_loadu_epi16(mask, r0.cast());
-                let y = _mm512_maskz_loadu_epi16(mask, r0.add(rs).cast());
-                let d = dst.as_mut_ptr().add(p * NR);
-                _mm512_storeu_si512(d.cast(), _mm512_permutex2var_epi16(x, lo, y));
-                _mm512_storeu_si512(d.add(16).cast(), _mm512_permutex2var_epi16(x, hi, y));
+            // SAFETY: registers only.
+            let t = unsafe { transpose16(l) };
+            let store = lanes(W - 16 * c);
+            for (p, t) in t.iter().enumerate() {
+                // SAFETY: words `p·W + 16c ..` up to `p·W + W` of `dst` (asserted).
+                unsafe {
+                    _mm512_mask_storeu_epi32(dst.as_mut_ptr().add(p * W + 16 * c).cast(), store, *t)
+                };
             }
         }
     }
 
-    /// `pairs` pairs of columns (column `q` at `src + q·cs`, its first `h ≤ MR` rows)
-    /// as pair words: `dst[p·MR + r] = (column 2p [r], column 2p+1 [r])`, rows `h..MR`
-    /// zero.
+    /// `pairs` pairs of inner indices of `h ≤ W` neighbouring lines (inner index `q` of
+    /// line `r` at `src + q·qs + r`) as `dst[p·W + r] = (q = 2p, q = 2p+1)`, lines `h..W`
+    /// zero: per 16 lines, two masked loads widened into the two halves of the words.
     ///
     /// # Safety
-    /// The CPU has AVX-512 F/BW/VL; the columns' first `h` values are readable; `dst`
-    /// holds `pairs·MR` words.
+    /// The CPU has AVX-512 F/BW/VL; the first `h` lines at each inner index are
+    /// readable; `dst` holds `pairs·W` words.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    pub(super) unsafe fn pack_a_columns(
+    pub(super) unsafe fn interleave_pairs<const W: usize>(
         src: *const u16,
-        cs: usize,
+        qs: usize,
         h: usize,
         pairs: usize,
         dst: &mut [u32],
     ) {
-        assert!(dst.len() >= pairs * MR && h <= MR);
-        let mask = ((1u32 << h) - 1) as __mmask16;
-        // SAFETY: the caller's contract; the masked loads read the first `h` values of
-        // each column, the masked stores write `MR` words of pair `p`.
+        assert!(dst.len() >= pairs * W && h <= W);
+        // SAFETY: the caller's contract; the masked loads read lines `< h`, the masked
+        // stores write words `< W` of pair `p`.
         unsafe {
             for p in 0..pairs {
-                let c0 = src.add(2 * p * cs);
-                let x = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, c0.cast()));
-                let y = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, c0.add(cs).cast()));
-                let v = _mm512_or_si512(x, _mm512_slli_epi32::<16>(y));
-                _mm512_mask_storeu_epi32(dst.as_mut_ptr().add(p * MR).cast(), 0x0FFF, v);
+                let q0 = src.add(2 * p * qs);
+                for c in 0..W.div_ceil(16) {
+                    let load = chunk_lanes(h, c);
+                    let x = _mm256_maskz_loadu_epi16(load, q0.add(16 * c).cast());
+                    let y = _mm256_maskz_loadu_epi16(load, q0.add(qs + 16 * c).cast());
+                    let v = _mm512_or_si512(
+                        _mm512_cvtepu16_epi32(x),
+                        _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(y)),
+                    );
+                    let d = dst.as_mut_ptr().add(p * W + 16 * c);
+                    _mm512_mask_storeu_epi32(d.cast(), lanes(W - 16 * c), v);
+                }
             }
         }
     }
@@ -821,19 +728,8 @@ mod x86 {
     }
 
     /// Never called, as above.
-    pub(super) unsafe fn pack_a_block(_: *const u16, _: usize, _: usize, _: &mut [u32]) {
-        unreachable!("AVX-512 BF16 kernel on a non-x86 CPU")
-    }
-
-    /// Never called, as above.
-    pub(super) unsafe fn pack_b_block(_: *const u16, _: usize, _: &mut [u32]) {
-        unreachable!("AVX-512 BF16 kernel on a non-x86 CPU")
-    }
-
-    /// Never called, as above.
-    pub(super) unsafe fn pack_a_columns(
+    pub(super) unsafe fn transpose_pairs<const W: usize>(
         _: *const u16,
-        _: usize,
         _: usize,
         _: usize,
         _: &mut [u32],
@@ -842,7 +738,7 @@ mod x86 {
     }
 
     /// Never called, as above.
-    pub(super) unsafe fn interleave_rows(
+    pub(super) unsafe fn interleave_pairs<const W: usize>(
         _: *const u16,
         _: usize,
         _: usize,
