@@ -286,7 +286,7 @@ fn single(
             let bs = strips_of.get(s);
             for pi in 0..p1 - p0 {
                 let r0 = (p0 + pi) * MR;
-                let tile = x86::Tile {
+                let tile = Tile {
                     rows: MR.min(m - r0),
                     cols: NR.min(n - j0),
                     // Tasks write disjoint tiles of the `m×n` output; this one is rows
@@ -513,22 +513,22 @@ fn give_pack(v: Vec<u32>) {
 
 // ----- x86 kernels ----------------------------------------------------------------------
 
+/// Where a micro-kernel writes its `rows × cols` tile (`rows ≤ MR`, `cols ≤ NR`):
+/// `out[r·ld + c] = round(input[r·ld + c] + alpha · sum)` (no input term when `input` is
+/// `None`).
+struct Tile {
+    rows: usize,
+    cols: usize,
+    out: *mut u16,
+    ld: usize,
+    input: Option<*const f32>,
+    alpha: f32,
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{MR, NR};
+    use super::{Tile, MR, NR};
     use std::arch::x86_64::*;
-
-    /// Where a micro-kernel writes its `rows × cols` tile (`rows ≤ MR`, `cols ≤ NR`):
-    /// `out[r·ld + c] = round(input[r·ld + c] + alpha · sum)` (no input term when
-    /// `input` is `None`).
-    pub(super) struct Tile {
-        pub rows: usize,
-        pub cols: usize,
-        pub out: *mut u16,
-        pub ld: usize,
-        pub input: Option<*const f32>,
-        pub alpha: f32,
-    }
 
     /// One output tile: the `MR × NR` float32 sums of `A_panel @ B_strip` over `kp`
     /// pairs in 24 registers (one broadcast pair of `A` against two registers of `B`
@@ -711,16 +711,7 @@ mod x86 {
 
 #[cfg(not(target_arch = "x86_64"))]
 mod x86 {
-
-    /// Where a micro-kernel writes its tile (as on x86).
-    pub(super) struct Tile {
-        pub rows: usize,
-        pub cols: usize,
-        pub out: *mut u16,
-        pub ld: usize,
-        pub input: Option<*const f32>,
-        pub alpha: f32,
-    }
+    use super::Tile;
 
     /// Never called: [`super::product`] asserts AVX-512 BF16 first.
     pub(super) unsafe fn micro(_: usize, _: &[u32], _: &[u32], _: Tile) {
