@@ -758,14 +758,7 @@ fn native<C: GemmFloat>(p: &Plan<'_>) -> Result<Tensor> {
     let init = gathered_input::<C, C>(p);
     let read = init.is_some();
     let mut out = init.unwrap_or_else(|| amp_tensor::pool::vec_with_capacity(len));
-    {
-        let ga = p.a.storage();
-        let gb = (!p.a.same_storage(p.b)).then(|| p.b.storage());
-        let a = C::slice(ga.cpu()).expect("dtype matches storage");
-        let b = match &gb {
-            Some(g) => C::slice(g.cpu()).expect("dtype matches storage"),
-            None => a,
-        };
+    with_operands::<C, _>(p, |a, b| {
         let beta = C::from_f64c(p.beta);
         let alpha = C::from_f64c(p.alpha);
         gemm_into(
@@ -779,7 +772,7 @@ fn native<C: GemmFloat>(p: &Plan<'_>) -> Result<Tensor> {
             beta,
             alpha,
         );
-    }
+    });
     // SAFETY: `gemm_into` initialised all `len` elements.
     unsafe { out.set_len(len) };
     Tensor::from_vec(out, p.out_dims.clone())
@@ -789,19 +782,9 @@ fn native<C: GemmFloat>(p: &Plan<'_>) -> Result<Tensor> {
 /// their storage, float32 sums, one rounding (see [`Kernel16`]).
 fn native_bf16(p: &Plan<'_>) -> Result<Tensor> {
     let len = out_len(p);
-    let input = gathered_input::<bf16, f32>(p).map(|mut v| {
-        let beta = p.beta as f32;
-        if beta != 1.0 {
-            v.iter_mut().for_each(|x| *x *= beta);
-        }
-        v
-    });
+    let input = gathered_input::<bf16, f32>(p);
     let mut out: Vec<bf16> = amp_tensor::pool::vec_with_capacity(len);
-    {
-        let ga = p.a.storage();
-        let gb = (!p.a.same_storage(p.b)).then(|| p.b.storage());
-        let a = native16::slice(ga.cpu());
-        let b = gb.as_ref().map_or(a, |g| native16::slice(g.cpu()));
+    with_operands::<bf16, _>(p, |a, b| {
         let job = native16::Job {
             m: p.m,
             n: p.n,
@@ -812,13 +795,27 @@ fn native_bf16(p: &Plan<'_>) -> Result<Tensor> {
             sb: &p.sb,
             reduce: p.reduce,
             input: input.as_deref(),
+            beta: p.beta as f32,
             alpha: p.alpha as f32,
         };
         native16::product(&job, &mut out.spare_capacity_mut()[..len]);
-    }
+    });
     // SAFETY: `product` wrote all `len` elements.
     unsafe { out.set_len(len) };
     Tensor::from_vec(out, p.out_dims.clone())
+}
+
+/// `f` on the storage slices of a plan's two operands (borrowed once when they share
+/// their storage).
+fn with_operands<T: Element, R>(p: &Plan<'_>, f: impl FnOnce(&[T], &[T]) -> R) -> R {
+    let ga = p.a.storage();
+    let gb = (!p.a.same_storage(p.b)).then(|| p.b.storage());
+    let a = T::slice(ga.cpu()).expect("dtype matches storage");
+    let b = match &gb {
+        Some(g) => T::slice(g.cpu()).expect("dtype matches storage"),
+        None => a,
+    };
+    f(a, b)
 }
 
 /// The first `capacity` slots of a vector as possibly uninitialised memory (the
@@ -1002,6 +999,46 @@ fn gather_matrix<T: Element>(src: &[T], side: &Side, rows: usize, cols: usize, d
     }
 }
 
+/// A per-thread pool of reusable buffers (`take_buffer` / `give_buffer`).
+type BufferPool<T> = std::thread::LocalKey<RefCell<Vec<Vec<T>>>>;
+
+/// A buffer of at least `len` (stale but initialised) elements from `pool` when one is
+/// there; callers use its first `len`. The smallest buffer that holds `len` is taken (so
+/// the large ones stay for large requests and nothing regrows), else the largest, grown
+/// here; a pooled buffer keeps its full length, so reuse never re-fills it. Buffers are
+/// taken out of the pool, not borrowed, so a re-entrant call (rayon tasks run while this
+/// thread waits) gets its own.
+fn take_buffer<T: Copy + Default>(pool: &'static BufferPool<T>, len: usize) -> Vec<T> {
+    let mut v = pool
+        .with(|s| {
+            let mut s = s.borrow_mut();
+            let best = (0..s.len())
+                .filter(|&i| s[i].len() >= len)
+                .min_by_key(|&i| s[i].len())
+                .or_else(|| (0..s.len()).max_by_key(|&i| s[i].len()))?;
+            Some(s.swap_remove(best))
+        })
+        .unwrap_or_default();
+    if v.len() < len {
+        v.resize(len, T::default());
+    }
+    v
+}
+
+/// Give a buffer back to `pool`, which keeps at most `count` buffers of at most `max`
+/// elements each.
+fn give_buffer<T>(pool: &'static BufferPool<T>, v: Vec<T>, count: usize, max: usize) {
+    if v.is_empty() || v.len() > max {
+        return;
+    }
+    pool.with(|s| {
+        let mut s = s.borrow_mut();
+        if s.len() < count {
+            s.push(v);
+        }
+    });
+}
+
 /// Buffers larger than this (in f32 elements) are not kept in the per-thread pool.
 const SCRATCH_MAX: usize = 8 << 20;
 
@@ -1011,41 +1048,15 @@ thread_local! {
     static SCRATCH: RefCell<Vec<Vec<f32>>> = const { RefCell::new(Vec::new()) };
 }
 
-/// An f32 buffer of at least `len` (stale but initialised) elements, from the pool
-/// when one is there; callers use its first `len`. A pooled buffer keeps its full
-/// length, so reusing it never re-fills it (only growth writes fresh zeros). Borrows
-/// of the pool are momentary, so re-entrant calls (rayon tasks run while this thread
-/// waits) just allocate.
+/// An f32 buffer of at least `len` elements from this thread's pool (see
+/// [`take_buffer`]).
 fn scratch(len: usize) -> Vec<f32> {
-    let mut v = SCRATCH
-        .with(|s| {
-            let mut s = s.borrow_mut();
-            // The smallest buffer that holds `len` (so the large ones stay for large
-            // requests and nothing regrows), else the largest (grown below).
-            let best = (0..s.len())
-                .filter(|&i| s[i].capacity() >= len)
-                .min_by_key(|&i| s[i].capacity())
-                .or_else(|| (0..s.len()).max_by_key(|&i| s[i].capacity()))?;
-            Some(s.swap_remove(best))
-        })
-        .unwrap_or_default();
-    if v.len() < len {
-        v.resize(len, 0.0);
-    }
-    v
+    take_buffer(&SCRATCH, len)
 }
 
 /// Give a buffer back to this thread's pool.
 fn recycle(v: Vec<f32>) {
-    if v.capacity() == 0 || v.capacity() > SCRATCH_MAX {
-        return;
-    }
-    SCRATCH.with(|s| {
-        let mut s = s.borrow_mut();
-        if s.len() < 3 {
-            s.push(v);
-        }
-    });
+    give_buffer(&SCRATCH, v, 3, SCRATCH_MAX)
 }
 
 /// Widen `src` into `dst` (same length), in parallel for large buffers.

@@ -156,11 +156,6 @@ pub(super) fn chosen(m: usize, n: usize, k: usize) -> bool {
     }
 }
 
-/// A bfloat16 storage slice.
-pub(super) fn slice(st: &amp_tensor::CpuStorage) -> &[bf16] {
-    <bf16 as amp_tensor::Element>::slice(st).expect("dtype matches storage")
-}
-
 // ----- the product ----------------------------------------------------------------------
 
 /// One bfloat16 product job: `out[i] = beta · input[i] + alpha · A_i @ B_i` for each
@@ -174,8 +169,9 @@ pub(super) struct Job<'a> {
     pub b: &'a [bf16],
     pub sb: &'a Side,
     pub reduce: bool,
-    /// `beta · input`, row-major like the output, when `beta != 0`.
+    /// The input term, row-major like the output, when `beta != 0`.
     pub input: Option<&'a [f32]>,
+    pub beta: f32,
     pub alpha: f32,
 }
 
@@ -294,6 +290,7 @@ fn single(
                     out: dst.at(r0 * n + j0),
                     ld: n,
                     input: input.map(|v| v[r0 * n + j0..].as_ptr()),
+                    beta: job.beta,
                     alpha: job.alpha,
                 };
                 let ap = &apack[pi * panel_len..(pi + 1) * panel_len];
@@ -474,54 +471,32 @@ unsafe fn pack<const W: usize>(
 // ----- pack buffers ---------------------------------------------------------------------
 
 thread_local! {
-    /// Reusable pack buffers of this thread (at most four).
+    /// Reusable pack buffers of this thread (at most four, each at most 64 MiB).
     static PACKS: RefCell<Vec<Vec<u32>>> = const { RefCell::new(Vec::new()) };
 }
 
 /// A pack buffer of at least `len` words (contents stale; packers write what they use).
-/// The buffer is taken out of the pool, so a re-entrant call (rayon work run while this
-/// thread waits) gets its own.
 fn take_pack(len: usize) -> Vec<u32> {
-    let mut v = PACKS
-        .with(|p| {
-            let mut p = p.borrow_mut();
-            let best = (0..p.len())
-                .filter(|&i| p[i].len() >= len)
-                .min_by_key(|&i| p[i].len())
-                .or_else(|| (0..p.len()).max_by_key(|&i| p[i].len()))?;
-            Some(p.swap_remove(best))
-        })
-        .unwrap_or_default();
-    if v.len() < len {
-        v.resize(len, 0);
-    }
-    v
+    super::take_buffer(&PACKS, len)
 }
 
-/// Give a pack buffer back to this thread's pool (buffers above 64 MiB are freed).
+/// Give a pack buffer back to this thread's pool.
 fn give_pack(v: Vec<u32>) {
-    if v.is_empty() || v.len() > 16 << 20 {
-        return;
-    }
-    PACKS.with(|p| {
-        let mut p = p.borrow_mut();
-        if p.len() < 4 {
-            p.push(v);
-        }
-    });
+    super::give_buffer(&PACKS, v, 4, 16 << 20)
 }
 
 // ----- x86 kernels ----------------------------------------------------------------------
 
 /// Where a micro-kernel writes its `rows × cols` tile (`rows ≤ MR`, `cols ≤ NR`):
-/// `out[r·ld + c] = round(input[r·ld + c] + alpha · sum)` (no input term when `input` is
-/// `None`).
+/// `out[r·ld + c] = round(beta · input[r·ld + c] + alpha · sum)` (no input term when
+/// `input` is `None`).
 struct Tile {
     rows: usize,
     cols: usize,
     out: *mut u16,
     ld: usize,
     input: Option<*const f32>,
+    beta: f32,
     alpha: f32,
 }
 
@@ -558,7 +533,7 @@ mod x86 {
                 }
             }
         }
-        let alpha = _mm512_set1_ps(tile.alpha);
+        let (alpha, beta) = (_mm512_set1_ps(tile.alpha), _mm512_set1_ps(tile.beta));
         let masks = [lanes(tile.cols), lanes(tile.cols.saturating_sub(16))];
         for (r, acc) in acc.iter().enumerate() {
             if r >= tile.rows {
@@ -573,7 +548,11 @@ mod x86 {
                 // SAFETY: the masked lanes are columns `< cols` of row `r < rows`.
                 unsafe {
                     if let Some(input) = tile.input {
-                        v = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, input.add(at)), v);
+                        let mut i = _mm512_maskz_loadu_ps(mask, input.add(at));
+                        if tile.beta != 1.0 {
+                            i = _mm512_mul_ps(i, beta);
+                        }
+                        v = _mm512_add_ps(i, v);
                     }
                     _mm512_mask_cvtepi32_storeu_epi16(tile.out.add(at).cast(), mask, round(v));
                 }
