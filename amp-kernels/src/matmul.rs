@@ -1550,14 +1550,7 @@ fn integer<T: Element>(p: &Plan<'_>) -> Result<Tensor> {
         Some(v) => v.into_iter().map(|x| x.wrapping_mul(beta)).collect(),
         None => vec![0; len],
     };
-    {
-        let ga = p.a.storage();
-        let gb = (!p.a.same_storage(p.b)).then(|| p.b.storage());
-        let a = T::slice(ga.cpu()).expect("dtype matches storage");
-        let b = match &gb {
-            Some(g) => T::slice(g.cpu()).expect("dtype matches storage"),
-            None => a,
-        };
+    with_operands::<T, _>(p, |a, b| {
         let mut acc = vec![0i64; n];
         for bi in 0..batch {
             let (oa, ob) = (p.sa.offsets[bi], p.sb.offsets[bi]);
@@ -1576,7 +1569,7 @@ fn integer<T: Element>(p: &Plan<'_>) -> Result<Tensor> {
                 }
             }
         }
-    }
+    });
     let out: Vec<T> = out.into_iter().map(T::from_i64).collect();
     Tensor::from_vec(out, p.out_dims.clone())
 }
