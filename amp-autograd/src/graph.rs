@@ -38,6 +38,41 @@ pub(crate) struct Node {
     pub backward: Mutex<Option<BackwardFn>>,
 }
 
+/// Takes `node`'s edges and backward closure out of it, pushing the nodes it held onto
+/// `stack` (the closure is dropped after the edges are taken, so the tensors it saved
+/// never release the last handle to an input's node).
+fn unlink(node: &mut Node, stack: &mut Vec<Arc<Node>>) {
+    for (edge, _) in std::mem::take(&mut node.edges) {
+        if let Edge::Node(n, _) = edge {
+            stack.push(n);
+        }
+    }
+    let backward = node
+        .backward
+        .get_mut()
+        .unwrap_or_else(|e| e.into_inner())
+        .take();
+    drop(backward);
+}
+
+impl Drop for Node {
+    /// Frees the graph behind this node without recursion (PyTorch frees graphs
+    /// iteratively too): the children of a node nothing else holds are moved onto an
+    /// explicit stack before it is freed, so a chain of a million ops is a loop, not a
+    /// million nested drops. Nodes still held elsewhere (another output, another graph,
+    /// a running backward on another thread) just lose one reference.
+    fn drop(&mut self) {
+        let mut stack = Vec::new();
+        unlink(self, &mut stack);
+        while let Some(n) = stack.pop() {
+            if let Ok(mut node) = Arc::try_unwrap(n) {
+                unlink(&mut node, &mut stack);
+                // `node` is dropped here with nothing left to free recursively.
+            }
+        }
+    }
+}
+
 fn edge_of(t: &Tensor) -> Edge {
     if !t.requires_grad() {
         Edge::None
