@@ -9,7 +9,8 @@ use amp_tensor::Tensor as Raw;
 use serde_json::json;
 
 use crate::optimizer::{
-    check_groups, group_indices, OptimizerStateDict, ParamGroup, StateValue, TensorData,
+    check_groups, group_indices, IdSlot, OptimizerId, OptimizerStateDict, ParamGroup, StateValue,
+    TensorData,
 };
 use crate::update::{
     computes_in_f64, in_place, read, update, with_slice, with_slice_mut, zeros_state, zip4, Real,
@@ -63,6 +64,7 @@ struct ParamState {
 pub struct Adam {
     groups: Vec<ParamGroup<AdamOptions>>,
     state: Vec<Vec<Option<ParamState>>>,
+    id: IdSlot,
 }
 
 /// `torch.optim.AdamW`: [`Adam`] with decoupled weight decay.
@@ -119,7 +121,11 @@ impl Adam {
             .iter()
             .map(|g| g.params.iter().map(|_| None).collect())
             .collect();
-        Ok(Adam { groups, state })
+        Ok(Adam {
+            groups,
+            state,
+            id: IdSlot::new(),
+        })
     }
 
     /// The parameter groups.
@@ -283,6 +289,10 @@ fn fused<F: Real>(
 }
 
 impl Optimizer for Adam {
+    fn id(&self) -> OptimizerId {
+        self.id.get()
+    }
+
     fn step(&mut self) -> Result<()> {
         self.update(None)
     }

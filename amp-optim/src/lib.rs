@@ -30,5 +30,7 @@ mod update;
 pub use adam::{adamw, Adam, AdamOptions};
 pub use clip::{clip_grad_norm_, clip_grad_value_};
 pub use error::{Error, Result};
-pub use optimizer::{Optimizer, OptimizerStateDict, ParamGroup, StateValue, TensorData};
+pub use optimizer::{
+    IdSlot, Optimizer, OptimizerId, OptimizerStateDict, ParamGroup, StateValue, TensorData,
+};
 pub use sgd::{Sgd, SgdOptions};

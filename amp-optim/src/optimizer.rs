@@ -1,12 +1,65 @@
 //! The optimizer trait, parameter groups and the serialisable state dict.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use amp_autograd::Tensor;
 use amp_tensor::{DType, Tensor as Raw};
 use serde::{Deserialize, Serialize};
 
 use crate::{Error, Result};
+
+/// The identity of an optimizer: unique in the process, given at construction, kept
+/// when the optimizer value moves (out of a `Vec`, into a `Box`, through a `Vec` that
+/// reallocates). A `GradScaler` keys its per-optimizer state by it, never by address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OptimizerId(u64);
+
+impl OptimizerId {
+    /// A new identity, different from every other one this process has handed out.
+    pub fn fresh() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        // Relaxed is enough: only uniqueness matters, and fetch_add is atomic. 2^64
+        // optimizers cannot be built in a process's lifetime, so it never wraps.
+        OptimizerId(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// The number behind the identity (for logs).
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+/// Where an optimizer keeps its [`OptimizerId`]: a fresh identity at construction and
+/// a fresh one for every clone (a clone is another optimizer, with stages of its own),
+/// the same identity through any move.
+#[derive(Debug, PartialEq, Eq)]
+pub struct IdSlot(OptimizerId);
+
+impl IdSlot {
+    /// A slot holding a fresh identity.
+    pub fn new() -> Self {
+        IdSlot(OptimizerId::fresh())
+    }
+
+    /// The identity held.
+    pub fn get(&self) -> OptimizerId {
+        self.0
+    }
+}
+
+impl Default for IdSlot {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clone for IdSlot {
+    /// A clone is a new object: it gets a new identity.
+    fn clone(&self) -> Self {
+        Self::new()
+    }
+}
 
 /// Parameters sharing a learning rate and options.
 #[derive(Clone)]
@@ -61,6 +114,10 @@ pub struct OptimizerStateDict {
 
 /// An optimizer: updates its parameters from their `.grad` in place.
 pub trait Optimizer {
+    /// This optimizer's identity (see [`OptimizerId`]): the same for the optimizer's
+    /// whole life wherever the value moves, never shared with another optimizer. Keep
+    /// it in an [`IdSlot`] field.
+    fn id(&self) -> OptimizerId;
     /// One update of every parameter that has a gradient.
     fn step(&mut self) -> Result<()>;
     /// Every parameter, in group order.
@@ -124,4 +181,23 @@ pub(crate) fn group_indices(sizes: &[usize]) -> Vec<Vec<usize>> {
             v
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_unique_and_a_clone_gets_a_new_one() {
+        let a = IdSlot::new();
+        let b = IdSlot::default();
+        assert_ne!(a.get(), b.get());
+        let c = a.clone();
+        assert_ne!(c.get(), a.get());
+        assert_ne!(c.get(), b.get());
+        let moved = a;
+        let id = moved.get();
+        let boxed = Box::new(moved);
+        assert_eq!(boxed.get(), id);
+    }
 }

@@ -7,7 +7,8 @@ use amp_tensor::Tensor as Raw;
 use serde_json::json;
 
 use crate::optimizer::{
-    check_groups, group_indices, OptimizerStateDict, ParamGroup, StateValue, TensorData,
+    check_groups, group_indices, IdSlot, OptimizerId, OptimizerStateDict, ParamGroup, StateValue,
+    TensorData,
 };
 use crate::update::{
     axpy, computes_in_f64, in_place, read, update, with_slice, with_slice_mut, zip3, Real,
@@ -28,6 +29,7 @@ pub struct SgdOptions {
 pub struct Sgd {
     groups: Vec<ParamGroup<SgdOptions>>,
     momentum_buffers: Vec<Vec<Option<Raw>>>,
+    id: IdSlot,
 }
 
 impl Sgd {
@@ -72,6 +74,7 @@ impl Sgd {
         Ok(Sgd {
             groups,
             momentum_buffers,
+            id: IdSlot::new(),
         })
     }
 
@@ -192,6 +195,10 @@ fn fused<F: Real>(
 }
 
 impl Optimizer for Sgd {
+    fn id(&self) -> OptimizerId {
+        self.id.get()
+    }
+
     fn step(&mut self) -> Result<()> {
         for (group, bufs) in self.groups.iter().zip(self.momentum_buffers.iter_mut()) {
             for (p, buf) in group.params.iter().zip(bufs.iter_mut()) {

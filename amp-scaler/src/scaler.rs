@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use amp_autograd::{ops, Tensor};
-use amp_optim::Optimizer;
+use amp_optim::{Optimizer, OptimizerId};
 use amp_tensor::{DType, Device, Tensor as Raw};
 
 use crate::options::GradScalerOptions;
@@ -76,10 +76,6 @@ pub enum NewScale {
     Tensor(Tensor),
 }
 
-fn key(opt: &dyn Optimizer) -> usize {
-    opt as *const dyn Optimizer as *const () as usize
-}
-
 /// Dynamic loss scaling for mixed-precision training (`torch.amp.GradScaler`).
 ///
 /// The scale (a 0-dim float32 tensor) and the growth tracker (a 0-dim int32 tensor)
@@ -91,7 +87,8 @@ pub struct GradScaler {
     init_growth_tracker: i64,
     scale: Option<Raw>,
     growth_tracker: Option<Raw>,
-    per_optimizer: HashMap<usize, OptState>,
+    /// Keyed by [`Optimizer::id`], which survives moves (an address would not).
+    per_optimizer: HashMap<OptimizerId, OptState>,
     consecutive_overflows: u32,
     stats: ScalerStats,
 }
@@ -171,7 +168,7 @@ impl GradScaler {
     }
 
     fn opt_state(&mut self, opt: &dyn Optimizer) -> &mut OptState {
-        self.per_optimizer.entry(key(opt)).or_default()
+        self.per_optimizer.entry(opt.id()).or_default()
     }
 
     /// Divide the optimizer's gradients by the scale in place and record whether any is
@@ -411,7 +408,7 @@ impl GradScaler {
     /// The stage of `opt` in the current iteration.
     pub fn stage(&self, opt: &dyn Optimizer) -> Stage {
         self.per_optimizer
-            .get(&key(opt))
+            .get(&opt.id())
             .map_or(Stage::Ready, |s| s.stage)
     }
 
