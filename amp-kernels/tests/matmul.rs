@@ -637,7 +637,7 @@ fn error_messages() {
         "{e}"
     );
     let b = Tensor::zeros([2, 2], DType::Bool);
-    assert!(err_text(mm(&b, &b)).contains("not implemented for 'bool'"));
+    assert!(err_text(mm(&b, &b)).contains("not implemented for 'Bool'"));
 }
 
 #[test]

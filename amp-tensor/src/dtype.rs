@@ -52,6 +52,47 @@ impl DType {
         }
     }
 
+    /// PyTorch's `ScalarType` name, as its error messages print a dtype (`Float`, `Half`,
+    /// `BFloat16`, `Double`, `Long`, `Int`, `Bool`).
+    pub const fn scalar_type_name(self) -> &'static str {
+        match self {
+            DType::Bool => "Bool",
+            DType::I32 => "Int",
+            DType::I64 => "Long",
+            DType::F16 => "Half",
+            DType::BF16 => "BFloat16",
+            DType::F32 => "Float",
+            DType::F64 => "Double",
+        }
+    }
+
+    /// The C++ element type PyTorch's messages print for a `caffe2::TypeMeta` (`float`,
+    /// `double`, `c10::Half`, `c10::BFloat16`, `long int`, `int`, `bool`).
+    pub const fn cpp_type_name(self) -> &'static str {
+        match self {
+            DType::Bool => "bool",
+            DType::I32 => "int",
+            DType::I64 => "long int",
+            DType::F16 => "c10::Half",
+            DType::BF16 => "c10::BFloat16",
+            DType::F32 => "float",
+            DType::F64 => "double",
+        }
+    }
+
+    /// The legacy tensor type name PyTorch's `expand` message prints (`torch.FloatTensor`).
+    pub const fn tensor_type_name(self) -> &'static str {
+        match self {
+            DType::Bool => "torch.BoolTensor",
+            DType::I32 => "torch.IntTensor",
+            DType::I64 => "torch.LongTensor",
+            DType::F16 => "torch.HalfTensor",
+            DType::BF16 => "torch.BFloat16Tensor",
+            DType::F32 => "torch.FloatTensor",
+            DType::F64 => "torch.DoubleTensor",
+        }
+    }
+
     /// Bytes per element.
     pub const fn size_in_bytes(self) -> usize {
         match self {

@@ -51,8 +51,8 @@ pub enum Error {
         dim: usize,
         size: usize,
     },
-    /// The op has no kernel for this dtype.
-    #[error("\"{op}\" not implemented for '{dtype}'")]
+    /// The op has no kernel for this dtype (PyTorch's text, with its `ScalarType` name).
+    #[error("\"{op}\" not implemented for '{}'", .dtype.scalar_type_name())]
     UnsupportedDType { op: &'static str, dtype: DType },
     /// The device cannot be used (no driver, no library, feature not compiled in).
     #[error("device {device} is unavailable: {reason}")]
@@ -67,6 +67,10 @@ pub enum Error {
     /// Any other invalid argument, with the op and a sentence saying what is wrong.
     #[error("{op}: {msg}")]
     InvalidArgument { op: &'static str, msg: String },
+    /// An argument PyTorch refuses, with PyTorch's message word for word (the op is kept
+    /// for callers that match on it; the text already names it where PyTorch's does).
+    #[error("{msg}")]
+    Refused { op: &'static str, msg: String },
 }
 
 fn hint_suffix(hint: &Option<String>) -> String {
@@ -80,6 +84,14 @@ impl Error {
     /// Shorthand for [`Error::InvalidArgument`].
     pub fn invalid(op: &'static str, msg: impl Into<String>) -> Self {
         Error::InvalidArgument {
+            op,
+            msg: msg.into(),
+        }
+    }
+
+    /// Shorthand for [`Error::Refused`].
+    pub fn refused(op: &'static str, msg: impl Into<String>) -> Self {
+        Error::Refused {
             op,
             msg: msg.into(),
         }

@@ -43,6 +43,17 @@ pub struct SuiteReport {
     pub failures: Vec<Failure>,
     /// Cases that were skipped, in run order.
     pub skipped: Vec<Skip>,
+    /// The errors suite: how many error texts equal PyTorch's (zero elsewhere).
+    pub texts: TextMatches,
+}
+
+/// How many of the errors a suite compared have PyTorch's text (the first line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TextMatches {
+    /// Errors whose first line equals PyTorch's message.
+    pub matched: usize,
+    /// Errors compared.
+    pub compared: usize,
 }
 
 impl SuiteReport {
@@ -54,6 +65,7 @@ impl SuiteReport {
             passed: 0,
             failures: Vec::new(),
             skipped: Vec::new(),
+            texts: TextMatches::default(),
         }
     }
 
@@ -193,6 +205,14 @@ impl fmt::Display for Report {
             sk,
             p + fl + sk
         )?;
+
+        for s in self.suites.iter().filter(|s| s.texts.compared > 0) {
+            writeln!(
+                f,
+                "{}: {} of {} error texts are PyTorch's",
+                s.suite, s.texts.matched, s.texts.compared
+            )?;
+        }
 
         writeln!(f)?;
         if fl == 0 {

@@ -15,10 +15,15 @@ use crate::ConformanceError;
 
 /// The built-in copy of the vectors (`conformance/data/`), embedded at build time:
 /// `(file name, text)`, sorted by name as [`load_dir`] sorts a directory's files.
-pub const BUILTIN: [(&str, &str); 6] = [
+pub const BUILTIN: [(&str, &str); 8] = [
     (
         "autocast_cpu.json",
         include_str!("../data/autocast_cpu.json"),
+    ),
+    ("errors.json", include_str!("../data/errors.json")),
+    (
+        "errors_variants.json",
+        include_str!("../data/errors_variants.json"),
     ),
     ("grad_f32.json", include_str!("../data/grad_f32.json")),
     ("grad_f64.json", include_str!("../data/grad_f64.json")),
@@ -133,6 +138,21 @@ pub fn run_files<B: GradBackend + AutocastBackend>(backend: &B, files: &[VectorF
             Cases::Train(cases) => cases
                 .iter()
                 .for_each(|c| record(&c.id, guarded(|| suite::train::run(c)))),
+            Cases::Errors(cases) => {
+                for c in cases {
+                    let mut matched = None;
+                    let outcome = guarded(|| {
+                        let r = suite::errors::run(backend, c);
+                        matched = r.text_matches;
+                        r.outcome
+                    });
+                    record(&c.id, outcome);
+                    if let Some(m) = matched {
+                        report.texts.compared += 1;
+                        report.texts.matched += usize::from(m);
+                    }
+                }
+            }
         }
     }
     Report {

@@ -26,7 +26,7 @@ use crate::ConformanceError;
 /// The format name every file must declare.
 pub const FORMAT: &str = "amp-vectors/1";
 
-/// The five suites of the format.
+/// The six suites of the format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Suite {
     /// The documented cast policy of one op on one device.
@@ -39,19 +39,23 @@ pub enum Suite {
     Scaler,
     /// A small MLP trained with autocast + GradScaler.
     Train,
+    /// A call PyTorch refuses: the implementation must return an error.
+    Errors,
 }
 
 impl Suite {
     /// Every suite, in report order.
-    pub const ALL: [Suite; 5] = [
+    pub const ALL: [Suite; 6] = [
         Suite::Policy,
         Suite::Autocast,
         Suite::Grad,
         Suite::Scaler,
         Suite::Train,
+        Suite::Errors,
     ];
 
-    /// The suite's name in the files: `policy`, `autocast`, `grad`, `scaler`, `train`.
+    /// The suite's name in the files: `policy`, `autocast`, `grad`, `scaler`, `train`,
+    /// `errors`.
     pub const fn as_str(self) -> &'static str {
         match self {
             Suite::Policy => "policy",
@@ -59,6 +63,7 @@ impl Suite {
             Suite::Grad => "grad",
             Suite::Scaler => "scaler",
             Suite::Train => "train",
+            Suite::Errors => "errors",
         }
     }
 }
@@ -105,6 +110,8 @@ pub enum Cases {
     Scaler(Vec<ScalerCase>),
     /// `suite: train`.
     Train(Vec<TrainCase>),
+    /// `suite: errors`.
+    Errors(Vec<ErrorCase>),
 }
 
 impl Cases {
@@ -116,6 +123,7 @@ impl Cases {
             Cases::Grad(_) => Suite::Grad,
             Cases::Scaler(_) => Suite::Scaler,
             Cases::Train(_) => Suite::Train,
+            Cases::Errors(_) => Suite::Errors,
         }
     }
 
@@ -140,10 +148,12 @@ impl Cases {
             Cases::Grad(c) => ids(c, |c| &c.id),
             Cases::Scaler(c) => ids(c, |c| &c.id),
             Cases::Train(c) => ids(c, |c| &c.id),
+            Cases::Errors(c) => ids(c, |c| &c.id),
         }
     }
 
-    /// `(op, call)` of every op-running case (autocast and grad), for the coverage report.
+    /// `(op, call)` of every case that runs an op with values to check (autocast and grad),
+    /// for the coverage report.
     pub fn op_calls(&self) -> Vec<(&str, &str)> {
         match self {
             Cases::Autocast(c) => c.iter().map(|c| (c.op.as_str(), c.call.as_str())).collect(),
@@ -213,6 +223,7 @@ impl VectorFile {
             Suite::Grad => Cases::Grad(typed(name, raw.cases)?),
             Suite::Scaler => Cases::Scaler(typed(name, raw.cases)?),
             Suite::Train => Cases::Train(typed(name, raw.cases)?),
+            Suite::Errors => Cases::Errors(typed(name, raw.cases)?),
         };
         let mut seen = HashMap::new();
         for (index, id) in cases.ids().into_iter().enumerate() {
@@ -339,6 +350,36 @@ pub struct AutocastCase {
     pub kwargs: Kwargs<TensorLit>,
     /// What the op must return.
     pub expect: AutocastExpect,
+}
+
+/// The refusal PyTorch gave for an errors case.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ExpectError {
+    /// PyTorch's exception class (`RuntimeError`, `ValueError`, `IndexError`).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The first line of PyTorch's message.
+    pub message: String,
+}
+
+/// `{"id", "op", "call", "args", "kwargs", "expect_error": {"type", "message"}}`: a call
+/// PyTorch refuses. It passes when the implementation returns an error (not a value, not a
+/// panic); the message is compared for the report's count of matching texts only.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ErrorCase {
+    /// Unique case id.
+    pub id: String,
+    /// The documented op name.
+    pub op: String,
+    /// The PyTorch function whose signature `args`/`kwargs` follow.
+    pub call: String,
+    /// Positional arguments.
+    pub args: Vec<Arg<TensorLit>>,
+    /// Keyword arguments.
+    #[serde(default)]
+    pub kwargs: Kwargs<TensorLit>,
+    /// What PyTorch raised.
+    pub expect_error: ExpectError,
 }
 
 /// Expectations of a grad case.

@@ -30,6 +30,7 @@ fn every_builtin_case_is_counted() {
         (Suite::Grad, 246),
         (Suite::Scaler, 28),
         (Suite::Train, 6),
+        (Suite::Errors, 722),
     ];
     for (suite, n) in expected {
         assert_eq!(report.suite(suite).total(), n, "{suite}");
@@ -39,6 +40,10 @@ fn every_builtin_case_is_counted() {
     // The scaler and train suites run on the workspace's crates: nothing is skipped.
     assert!(report.suite(Suite::Scaler).skipped.is_empty());
     assert!(report.suite(Suite::Train).skipped.is_empty());
+    // Every errors case runs, and every error it returns is compared with PyTorch's text.
+    let errors = report.suite(Suite::Errors);
+    assert!(errors.skipped.is_empty());
+    assert_eq!(errors.texts.compared, errors.passed);
     // Every skip says why.
     for (suite, s) in report.skipped() {
         assert!(

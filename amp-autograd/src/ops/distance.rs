@@ -153,6 +153,7 @@ impl FromStr for CdistMode {
 pub fn cdist(x1: &Tensor, x2: &Tensor, p: f64, mode: CdistMode) -> Result<Tensor> {
     const OP: &str = "cdist";
     let [x1, x2] = enter(&CDIST, [x1, x2])?;
+    super::check::cdist(&x1, &x2)?;
     if x1.rank() < 2 || x2.rank() < 2 {
         return Err(Error::invalid(
             OP,
@@ -253,6 +254,7 @@ fn euclidean_dist(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 pub fn pdist(x: &Tensor, p: f64) -> Result<Tensor> {
     const OP: &str = "pdist";
     let [x] = enter(&PDIST, [x])?;
+    super::check::float32_or_64("pdist", &x)?;
     if x.rank() != 2 {
         return Err(Error::invalid(
             OP,

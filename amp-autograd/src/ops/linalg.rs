@@ -176,6 +176,13 @@ fn raw(t: &Raw) -> Tensor {
 /// Sum of the main diagonal of a 2-D tensor.
 pub fn trace(x: &Tensor) -> Result<Tensor> {
     let [x] = enter(&TRACE, [x])?;
+    if x.dtype() == amp_tensor::DType::Bool {
+        return Err(amp_tensor::Error::UnsupportedDType {
+            op: "trace",
+            dtype: x.dtype(),
+        }
+        .into());
+    }
     if x.rank() != 2 {
         return Err(Error::invalid(
             "trace",

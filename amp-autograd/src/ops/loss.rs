@@ -123,6 +123,8 @@ pub fn nll_loss(
     let mut args = vec![input, target];
     args.extend(weight);
     let a = enter_vec(&NLL, &args)?;
+    super::check::nll_batch(&a[0], &a[1])?;
+    super::check::floating(nll_kernel(&a[0]), &a[0])?;
     nll_impl(&a[0], &a[1], weight.map(|_| &a[2]), ignore_index, reduction)
 }
 
@@ -192,6 +194,9 @@ pub fn cross_entropy(
     args.extend(weight);
     let a = enter_vec(&CROSS_ENTROPY, &args)?;
     let (input, target, weight) = (&a[0], &a[1], weight.map(|_| &a[2]));
+    if input.rank() == 0 {
+        return Err(amp_tensor::Error::DimOutOfRange { dim: 1, ndim: 0 }.into());
+    }
     let cd = class_dim(input) as i64;
     let c = input.dims()[cd as usize] as f64;
     let lp = log_softmax(input, cd, None)?;
@@ -254,6 +259,7 @@ pub fn binary_cross_entropy(
     args.extend(weight);
     let a = enter_vec(&BCE, &args)?;
     let (x, y) = (&a[0], &a[1]);
+    super::check::binary_cross_entropy(x, y)?;
     let lx = clamp(&log(x)?, Some(-100.0), None)?;
     let l1x = clamp(&log(&rsub_scalar(x, 1.0)?)?, Some(-100.0), None)?;
     let mut l = neg(&add(&mul(y, &lx)?, &mul(&rsub_scalar(y, 1.0)?, &l1x)?)?)?;
@@ -276,6 +282,7 @@ pub fn binary_cross_entropy_with_logits(
     args.extend(pos_weight);
     let a = enter_vec(&BCE_LOGITS, &args)?;
     let (x, y) = (&a[0], &a[1]);
+    super::check::bce_with_logits(x, y)?;
     let w = weight.map(|_| &a[2]);
     let pw = pos_weight.map(|_| &a[2 + weight.is_some() as usize]);
     // log(1 + exp(-|x|)) + max(-x, 0)
@@ -295,4 +302,14 @@ pub fn binary_cross_entropy_with_logits(
         l = mul(&l, w)?;
     }
     reduce(l, reduction)
+}
+
+/// The name of the CPU kernel PyTorch's `nll_loss` runs for an input of this rank (its
+/// dtype message names it).
+fn nll_kernel(input: &Tensor) -> &'static str {
+    if input.rank() == 4 {
+        "nll_loss2d_forward_out_frame"
+    } else {
+        "nll_loss_out_frame"
+    }
 }

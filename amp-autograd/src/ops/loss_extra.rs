@@ -18,7 +18,7 @@ use super::loss::Reduction;
 use super::pointwise::*;
 use super::reduce::{logsumexp, mean_all, sum, sum_all};
 use super::shape::{cat, gather, index_select, reshape, select, squeeze, stack, unsqueeze};
-use super::{enter, enter_vec};
+use super::{check, enter, enter_vec};
 use crate::dispatch::{bypass, OpName};
 use crate::{Error, Result, Tensor};
 
@@ -120,6 +120,7 @@ pub fn kl_div(
     log_target: bool,
 ) -> Result<Tensor> {
     let [input, target] = enter(&KL_DIV, [input, target])?;
+    check::kl_div(&input, &target)?;
     bypass(|| {
         let dt = result_dtype(&input, &target);
         let (x, t) = (acc(&input)?, acc(&target)?);
@@ -181,6 +182,9 @@ pub fn hinge_embedding_loss(
     reduction: Reduction,
 ) -> Result<Tensor> {
     let [input, target] = enter(&HINGE_EMBEDDING, [input, target])?;
+    if reduction == Reduction::Mean {
+        check::mean_dtype(&input)?;
+    }
     bypass(|| {
         let dt = result_dtype(&input, &target);
         let (x, t) = (acc(&input)?, acc(&target)?);
@@ -201,6 +205,7 @@ pub fn margin_ranking_loss(
     reduction: Reduction,
 ) -> Result<Tensor> {
     let [input1, input2, target] = enter(&MARGIN_RANKING, [input1, input2, target])?;
+    check::margin_ranking_loss(&input1, &input2, &target)?;
     bypass(|| {
         let dt = promote_types(result_dtype(&input1, &input2), target.dtype());
         let (a, b, t) = (acc(&input1)?, acc(&input2)?, acc(&target)?);
@@ -216,6 +221,7 @@ pub fn margin_ranking_loss(
 /// Two-class logistic loss `log(1 + exp(-target * input))`.
 pub fn soft_margin_loss(input: &Tensor, target: &Tensor, reduction: Reduction) -> Result<Tensor> {
     let [input, target] = enter(&SOFT_MARGIN, [input, target])?;
+    check::soft_margin_loss(&input, &target)?;
     bypass(|| {
         let dt = result_dtype(&input, &target);
         let (x, t) = (acc(&input)?, acc(&target)?);
@@ -260,6 +266,7 @@ pub fn multilabel_margin_loss(
     reduction: Reduction,
 ) -> Result<Tensor> {
     let [input, target] = enter(&MULTILABEL_MARGIN, [input, target])?;
+    check::float32_or_64("multilabel_margin_loss_forward_out_frame", &input)?;
     Ok(multilabel_margin_loss_forward(&input, &target, reduction)?.0)
 }
 
@@ -351,6 +358,7 @@ pub fn multi_margin_loss(
     args.extend(weight);
     let a = enter_vec(&MULTI_MARGIN, &args)?;
     let (input, target, weight) = (&a[0], &a[1], weight.map(|_| &a[2]));
+    check::float32_or_64("multi_margin_loss_cpu_kernel", input)?;
     if p != 1 && p != 2 {
         return Err(Error::invalid(OP, "only p == 1 and p == 2 supported"));
     }

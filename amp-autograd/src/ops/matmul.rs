@@ -4,7 +4,7 @@
 use super::pointwise::{add, mul, mul_scalar};
 use super::reduce::sum;
 use super::shape::{expand, reshape, squeeze, transpose, unsqueeze};
-use super::{enter, enter_vec, sum_to};
+use super::{check, enter, enter_vec, sum_to};
 use crate::dispatch::OpName;
 use crate::graph::record;
 use crate::{Error, Result, Tensor};
@@ -224,6 +224,7 @@ fn scaled_sum(input: &Tensor, beta: f64, prod: Tensor, alpha: f64) -> Result<Ten
 /// `beta * input + alpha * sum_b(b1[b] @ b2[b])`.
 pub fn addbmm(input: &Tensor, b1: &Tensor, b2: &Tensor, beta: f64, alpha: f64) -> Result<Tensor> {
     let [input, b1, b2] = enter(&ADDBMM, [input, b1, b2])?;
+    check::addbmm(&input, &b1, &b2)?;
     scaled_sum(
         &input,
         beta,
@@ -235,18 +236,21 @@ pub fn addbmm(input: &Tensor, b1: &Tensor, b2: &Tensor, beta: f64, alpha: f64) -
 /// `beta * input + alpha * (b1 @ b2)` batched.
 pub fn baddbmm(input: &Tensor, b1: &Tensor, b2: &Tensor, beta: f64, alpha: f64) -> Result<Tensor> {
     let [input, b1, b2] = enter(&BADDBMM, [input, b1, b2])?;
+    check::baddbmm(&input, &b1, &b2)?;
     scaled_sum(&input, beta, bmm(&b1, &b2)?, alpha)
 }
 
 /// `beta * input + alpha * (m @ v)`.
 pub fn addmv(input: &Tensor, m: &Tensor, v: &Tensor, beta: f64, alpha: f64) -> Result<Tensor> {
     let [input, m, v] = enter(&ADDMV, [input, m, v])?;
+    check::addmv(&input, &m, &v)?;
     scaled_sum(&input, beta, mv(&m, &v)?, alpha)
 }
 
 /// `beta * input + alpha * outer(v1, v2)`.
 pub fn addr(input: &Tensor, v1: &Tensor, v2: &Tensor, beta: f64, alpha: f64) -> Result<Tensor> {
     let [input, v1, v2] = enter(&ADDR, [input, v1, v2])?;
+    check::addr(&input, &v1, &v2)?;
     scaled_sum(&input, beta, outer(&v1, &v2)?, alpha)
 }
 

@@ -3,6 +3,7 @@
 //! `create_graph` gives higher-order gradients).
 
 mod cast;
+mod check;
 mod conv;
 mod distance;
 mod linalg;

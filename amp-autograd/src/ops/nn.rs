@@ -93,6 +93,7 @@ pub fn layer_norm(
     let x = a[0].clone();
     let w = weight.map(|_| a[1].clone());
     let b = bias.map(|_| a[if weight.is_some() { 2 } else { 1 }].clone());
+    super::check::norm_parameters("layer_norm", &x, w.as_ref(), b.as_ref())?;
     let (out, mean_, rstd) = amp_kernels::layer_norm(
         x.data(),
         normalized_shape,

@@ -13,7 +13,7 @@ use super::matmul::{bmm, mm};
 use super::pointwise::*;
 use super::reduce::{mean, sum};
 use super::shape::{expand, index_add, index_copy, index_select, permute, reshape};
-use super::{enter, enter_vec};
+use super::{check, enter, enter_vec};
 use crate::dispatch::{bypass, OpName};
 use crate::grad_mode::{is_grad_enabled, no_grad};
 use crate::graph::record_multi;
@@ -31,6 +31,7 @@ static TENSORDOT: OpName = OpName::new("tensordot");
 pub fn prelu(x: &Tensor, weight: &Tensor) -> Result<Tensor> {
     const OP: &str = "prelu";
     let [x, weight] = enter(&PRELU, [x, weight])?;
+    check::prelu(&x, &weight)?;
     let wn = weight.elem_count();
     if weight.rank() > 1 {
         return Err(Error::invalid(
@@ -73,6 +74,7 @@ pub fn bilinear(
     args.extend(bias);
     let a = enter_vec(&BILINEAR, &args)?;
     let (x1, x2, w, b) = (&a[0], &a[1], &a[2], bias.map(|_| &a[3]));
+    check::bilinear(x1, x2, w, b)?;
     if w.rank() != 3 {
         return Err(Error::invalid(
             OP,
@@ -151,6 +153,7 @@ pub fn group_norm(
     let x = &a[0];
     let w = weight.map(|_| &a[1]);
     let b = bias.map(|_| &a[1 + weight.is_some() as usize]);
+    check::norm_parameters(OP, x, w, b)?;
     if x.rank() < 2 {
         return Err(Error::invalid(
             OP,
@@ -307,6 +310,7 @@ fn group_norm_node(
 pub fn cross(input: &Tensor, other: &Tensor, dim: i64) -> Result<Tensor> {
     const OP: &str = "linalg.cross";
     let [a, b] = enter(&CROSS, [input, other])?;
+    check::cross(&a, &b)?;
     if a.rank() != b.rank() {
         return Err(Error::invalid(
             OP,

@@ -281,6 +281,10 @@ pub fn avg_pool_nd(
         return Err(Error::invalid(op, "divisor must be not zero"));
     }
     let [x] = enter(&AVG_POOL[n - 1], [x])?;
+    if n == 3 {
+        // PyTorch's CPU kernel has no 16-bit instantiation in three dimensions.
+        super::check::float32_or_64("avg_pool3d_out_frame", &x)?;
+    }
     let sp = spatial(op, &x, n)?;
     let p = params(op, n, kernel_size, stride, padding, &[1], ceil_mode)?;
     let geo = p.windows(op, &sp, Some(count_include_pad))?;

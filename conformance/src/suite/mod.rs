@@ -5,8 +5,10 @@
 //! - [`grad`]: forward, backward, and (f64) second-order gradients.
 //! - [`scaler`]: GradScaler programs on `amp::scaler::GradScaler` with SGD optimizers.
 //! - [`train`]: a small MLP trained with autocast + GradScaler.
+//! - [`errors`]: calls PyTorch refuses must return an error.
 
 pub mod autocast;
+pub mod errors;
 pub mod grad;
 pub mod policy;
 pub mod scaler;

@@ -1,0 +1,77 @@
+//! The errors suite: a call PyTorch refuses (one argument of a valid call given a wrong
+//! shape, rank or dtype, or made 0-dim) must return an error — not a value, not a panic.
+//!
+//! The error's text is compared with PyTorch's first line for the report's count of
+//! matching texts; a different text is not a failure.
+
+use super::Outcome;
+use crate::args::{Arg, Kwargs};
+use crate::backend::Backend;
+use crate::value::TensorLit;
+use crate::vectors::ErrorCase;
+
+/// What running one errors case gave: its outcome, and for a case that returned an error,
+/// whether the text is PyTorch's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ErrorOutcome {
+    /// Passed (an error), failed (a value), or skipped (no op-table entry).
+    pub outcome: Outcome,
+    /// `Some(true)` when the error's first line equals PyTorch's message; `None` when no
+    /// error was returned.
+    pub text_matches: Option<bool>,
+}
+
+/// Runs `case` on `backend`; skipped when the op table has no entry for its op.
+pub fn run<B: Backend>(backend: &B, case: &ErrorCase) -> ErrorOutcome {
+    if !backend.ops().supports(&case.op, &case.call) {
+        return ErrorOutcome {
+            outcome: Outcome::op_not_implemented(&case.op),
+            text_matches: None,
+        };
+    }
+    let args = match arguments(backend, case) {
+        Ok(args) => args,
+        Err(e) => {
+            return ErrorOutcome {
+                outcome: Outcome::Failed(format!("the arguments could not be built: {e}")),
+                text_matches: None,
+            }
+        }
+    };
+    let result = backend
+        .ops()
+        .call(&case.op, &case.call, &args.0, &args.1)
+        .unwrap_or_else(|| Err(format!("no entry for `{}`", case.call)));
+    match result {
+        Ok(_) => ErrorOutcome {
+            outcome: Outcome::Failed(format!(
+                "returned a value; PyTorch raises {}: {}",
+                case.expect_error.kind, case.expect_error.message
+            )),
+            text_matches: None,
+        },
+        Err(message) => ErrorOutcome {
+            outcome: Outcome::Passed,
+            text_matches: Some(first_line(&message) == first_line(&case.expect_error.message)),
+        },
+    }
+}
+
+fn first_line(s: &str) -> &str {
+    s.lines().next().unwrap_or("").trim_end()
+}
+
+/// Positional and keyword arguments.
+type Arguments<T> = (Vec<Arg<T>>, Kwargs<T>);
+
+/// The case's positional and keyword arguments as backend tensors.
+fn arguments<B: Backend>(b: &B, case: &ErrorCase) -> Result<Arguments<B::Tensor>, String> {
+    let mut leaf = |lit: &TensorLit| b.tensor(&lit.to_tensor(), lit.requires_grad());
+    let args = case
+        .args
+        .iter()
+        .map(|a| a.try_map(&mut leaf))
+        .collect::<Result<Vec<_>, String>>()?;
+    let kwargs = case.kwargs.try_map(&mut leaf)?;
+    Ok((args, kwargs))
+}
