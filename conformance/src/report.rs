@@ -48,12 +48,26 @@ pub struct SuiteReport {
 }
 
 /// How many of the errors a suite compared have PyTorch's text (the first line).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct TextMatches {
     /// Errors whose first line equals PyTorch's message.
     pub matched: usize,
     /// Errors compared.
     pub compared: usize,
+    /// The errors whose text differs, in run order (`cargo xtask conformance --texts`
+    /// prints them).
+    pub differing: Vec<TextDiff>,
+}
+
+/// An error whose text is not PyTorch's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TextDiff {
+    /// The case id.
+    pub id: String,
+    /// Our error's first line.
+    pub got: String,
+    /// PyTorch's.
+    pub expected: String,
 }
 
 impl SuiteReport {

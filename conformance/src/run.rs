@@ -8,7 +8,7 @@ use amp::policy::Profile;
 
 use crate::backend::{AutocastBackend, GradBackend};
 use crate::coverage::{Coverage, OpCalls};
-use crate::report::{Failure, Report, Skip, SuiteReport};
+use crate::report::{Failure, Report, Skip, SuiteReport, TextDiff};
 use crate::suite::{self, guarded, Outcome};
 use crate::vectors::{Cases, Suite, VectorFile};
 use crate::ConformanceError;
@@ -140,16 +140,24 @@ pub fn run_files<B: GradBackend + AutocastBackend>(backend: &B, files: &[VectorF
                 .for_each(|c| record(&c.id, guarded(|| suite::train::run(c)))),
             Cases::Errors(cases) => {
                 for c in cases {
-                    let mut matched = None;
+                    let mut text = None;
                     let outcome = guarded(|| {
                         let r = suite::errors::run(backend, c);
-                        matched = r.text_matches;
+                        text = r.text;
                         r.outcome
                     });
                     record(&c.id, outcome);
-                    if let Some(m) = matched {
+                    if let Some((got, same)) = text {
                         report.texts.compared += 1;
-                        report.texts.matched += usize::from(m);
+                        if same {
+                            report.texts.matched += 1;
+                        } else {
+                            report.texts.differing.push(TextDiff {
+                                id: c.id.clone(),
+                                got,
+                                expected: c.expect_error.message.clone(),
+                            });
+                        }
                     }
                 }
             }

@@ -30,7 +30,7 @@ fn every_builtin_case_is_counted() {
         (Suite::Grad, 246),
         (Suite::Scaler, 28),
         (Suite::Train, 6),
-        (Suite::Errors, 722),
+        (Suite::Errors, 722 + 1755),
     ];
     for (suite, n) in expected {
         assert_eq!(report.suite(suite).total(), n, "{suite}");

@@ -59,10 +59,13 @@ fn main() -> ExitCode {
     }
 }
 
-/// `cargo xtask conformance [--vectors DIR]`: run the built-in vectors (or those in
-/// DIR), print the report, exit 1 on any failure.
+/// `cargo xtask conformance [--vectors DIR] [--texts]`: run the built-in vectors (or those
+/// in DIR), print the report (with `--texts`, every error text that is not PyTorch's), exit
+/// 1 on any failure.
 fn conformance_cmd(args: &[String]) -> ExitCode {
-    let report = match args {
+    let texts = args.iter().any(|a| a == "--texts");
+    let args: Vec<String> = args.iter().filter(|a| *a != "--texts").cloned().collect();
+    let report = match args.as_slice() {
         [] => conformance::run_builtin(),
         [flag, dir] if flag == "--vectors" => match conformance::run_dir(std::path::Path::new(dir))
         {
@@ -73,11 +76,18 @@ fn conformance_cmd(args: &[String]) -> ExitCode {
             }
         },
         _ => {
-            eprintln!("usage: cargo xtask conformance [--vectors DIR]");
+            eprintln!("usage: cargo xtask conformance [--vectors DIR] [--texts]");
             return ExitCode::from(2);
         }
     };
     print!("{report}");
+    if texts {
+        for s in &report.suites {
+            for d in &s.texts.differing {
+                println!("text {} {}\n  ours:    {}\n  PyTorch: {}", s.suite, d.id, d.got, d.expected);
+            }
+        }
+    }
     if report.passed() {
         ExitCode::SUCCESS
     } else {

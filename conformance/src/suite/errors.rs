@@ -16,9 +16,8 @@ use crate::vectors::ErrorCase;
 pub struct ErrorOutcome {
     /// Passed (an error), failed (a value), or skipped (no op-table entry).
     pub outcome: Outcome,
-    /// `Some(true)` when the error's first line equals PyTorch's message; `None` when no
-    /// error was returned.
-    pub text_matches: Option<bool>,
+    /// For a returned error: its first line, and whether that is PyTorch's message.
+    pub text: Option<(String, bool)>,
 }
 
 /// Runs `case` on `backend`; skipped when the op table has no entry for its op.
@@ -26,7 +25,7 @@ pub fn run<B: Backend>(backend: &B, case: &ErrorCase) -> ErrorOutcome {
     if !backend.ops().supports(&case.op, &case.call) {
         return ErrorOutcome {
             outcome: Outcome::op_not_implemented(&case.op),
-            text_matches: None,
+            text: None,
         };
     }
     let args = match arguments(backend, case) {
@@ -34,7 +33,7 @@ pub fn run<B: Backend>(backend: &B, case: &ErrorCase) -> ErrorOutcome {
         Err(e) => {
             return ErrorOutcome {
                 outcome: Outcome::Failed(format!("the arguments could not be built: {e}")),
-                text_matches: None,
+                text: None,
             }
         }
     };
@@ -48,12 +47,16 @@ pub fn run<B: Backend>(backend: &B, case: &ErrorCase) -> ErrorOutcome {
                 "returned a value; PyTorch raises {}: {}",
                 case.expect_error.kind, case.expect_error.message
             )),
-            text_matches: None,
+            text: None,
         },
-        Err(message) => ErrorOutcome {
-            outcome: Outcome::Passed,
-            text_matches: Some(first_line(&message) == first_line(&case.expect_error.message)),
-        },
+        Err(message) => {
+            let got = first_line(&message).to_owned();
+            let same = got == first_line(&case.expect_error.message);
+            ErrorOutcome {
+                outcome: Outcome::Passed,
+                text: Some((got, same)),
+            }
+        }
     }
 }
 
