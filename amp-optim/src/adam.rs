@@ -9,8 +9,8 @@ use amp_tensor::Tensor as Raw;
 use serde_json::json;
 
 use crate::optimizer::{
-    check_groups, group_indices, IdSlot, OptimizerId, OptimizerStateDict, ParamGroup, StateValue,
-    TensorData,
+    check_groups, check_lr, check_param_groups, group_indices, IdSlot, OptimizerId,
+    OptimizerStateDict, ParamGroup, StateValue, TensorData,
 };
 use crate::update::{
     computes_in_f64, in_place, read, update, with_slice, with_slice_mut, zeros_state, zip4, Real,
@@ -53,6 +53,26 @@ impl AdamOptions {
     }
 }
 
+impl AdamOptions {
+    /// PyTorch's checks of `Adam(lr, betas, eps, weight_decay)` (and AdamW's), in its
+    /// order; each is `not 0.0 <= x`, so NaN is refused too.
+    pub fn validate(&self, lr: f64) -> Result<()> {
+        check_lr(lr)?;
+        if self.eps.is_nan() || self.eps < 0.0 {
+            return Err(Error::InvalidEpsilon(self.eps));
+        }
+        for (index, value) in [self.betas.0, self.betas.1].into_iter().enumerate() {
+            if !(0.0..1.0).contains(&value) {
+                return Err(Error::InvalidBeta { index, value });
+            }
+        }
+        if self.weight_decay.is_nan() || self.weight_decay < 0.0 {
+            return Err(Error::InvalidWeightDecay(self.weight_decay));
+        }
+        Ok(())
+    }
+}
+
 struct ParamState {
     step: f64,
     exp_avg: Raw,
@@ -73,8 +93,13 @@ pub fn adamw(params: Vec<Tensor>, lr: f64) -> Result<Adam> {
 }
 
 impl Adam {
-    /// One group.
+    /// One group. The options are checked first ([`AdamOptions::validate`]), then the
+    /// parameters: not empty, leaves only.
     pub fn new(params: Vec<Tensor>, lr: f64, options: AdamOptions) -> Result<Self> {
+        options.validate(lr)?;
+        if params.is_empty() {
+            return Err(Error::EmptyParameterList);
+        }
         Self::with_groups(vec![ParamGroup {
             params,
             lr,
@@ -82,41 +107,13 @@ impl Adam {
         }])
     }
 
-    /// Several groups.
+    /// Several groups (each checked as in [`Adam::new`]); at least one group, no
+    /// parameter in two groups.
     pub fn with_groups(groups: Vec<ParamGroup<AdamOptions>>) -> Result<Self> {
         for g in &groups {
-            let o = g.options;
-            if g.lr < 0.0 {
-                return Err(Error::InvalidHyperParameter(format!(
-                    "Invalid learning rate: {}",
-                    g.lr
-                )));
-            }
-            if o.eps < 0.0 {
-                return Err(Error::InvalidHyperParameter(format!(
-                    "Invalid epsilon value: {}",
-                    o.eps
-                )));
-            }
-            if !(0.0..1.0).contains(&o.betas.0) {
-                return Err(Error::InvalidHyperParameter(format!(
-                    "Invalid beta parameter at index 0: {}",
-                    o.betas.0
-                )));
-            }
-            if !(0.0..1.0).contains(&o.betas.1) {
-                return Err(Error::InvalidHyperParameter(format!(
-                    "Invalid beta parameter at index 1: {}",
-                    o.betas.1
-                )));
-            }
-            if o.weight_decay < 0.0 {
-                return Err(Error::InvalidHyperParameter(format!(
-                    "Invalid weight_decay value: {}",
-                    o.weight_decay
-                )));
-            }
+            g.options.validate(g.lr)?;
         }
+        check_param_groups(&groups)?;
         let state = groups
             .iter()
             .map(|g| g.params.iter().map(|_| None).collect())

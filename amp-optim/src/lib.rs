@@ -24,6 +24,7 @@ mod adam;
 mod clip;
 mod error;
 mod optimizer;
+mod pyfloat;
 mod sgd;
 mod update;
 
@@ -33,4 +34,5 @@ pub use error::{Error, Result};
 pub use optimizer::{
     IdSlot, Optimizer, OptimizerId, OptimizerStateDict, ParamGroup, StateValue, TensorData,
 };
+pub use pyfloat::PyFloat;
 pub use sgd::{Sgd, SgdOptions};

@@ -149,6 +149,35 @@ pub trait Optimizer {
     }
 }
 
+/// PyTorch's checks of the parameter groups (`Optimizer.__init__` and
+/// `add_param_group`): at least one group, leaves only, no parameter in two groups.
+pub(crate) fn check_param_groups<O>(groups: &[ParamGroup<O>]) -> Result<()> {
+    if groups.is_empty() {
+        return Err(Error::EmptyParameterList);
+    }
+    let mut seen = std::collections::HashSet::new();
+    for g in groups {
+        if g.params.iter().any(|p| !p.is_leaf()) {
+            return Err(Error::NonLeafParameter);
+        }
+        // Within a group a repeat is only a warning in PyTorch; across groups an error.
+        let ids: std::collections::HashSet<u64> = g.params.iter().map(Tensor::id).collect();
+        if ids.iter().any(|id| seen.contains(id)) {
+            return Err(Error::DuplicateParameter);
+        }
+        seen.extend(ids);
+    }
+    Ok(())
+}
+
+/// PyTorch's learning-rate check (Adam's `not 0.0 <= lr`: NaN is refused too).
+pub(crate) fn check_lr(lr: f64) -> Result<()> {
+    if lr.is_nan() || lr < 0.0 {
+        return Err(Error::InvalidLearningRate(lr));
+    }
+    Ok(())
+}
+
 /// Check a group index list against the state dict's shape.
 pub(crate) fn check_groups(sd: &OptimizerStateDict, sizes: &[usize]) -> Result<()> {
     if sd.param_groups.len() != sizes.len() {

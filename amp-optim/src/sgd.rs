@@ -7,8 +7,8 @@ use amp_tensor::Tensor as Raw;
 use serde_json::json;
 
 use crate::optimizer::{
-    check_groups, group_indices, IdSlot, OptimizerId, OptimizerStateDict, ParamGroup, StateValue,
-    TensorData,
+    check_groups, check_lr, check_param_groups, group_indices, IdSlot, OptimizerId,
+    OptimizerStateDict, ParamGroup, StateValue, TensorData,
 };
 use crate::update::{
     axpy, computes_in_f64, in_place, read, update, with_slice, with_slice_mut, zip3, Real,
@@ -32,9 +32,36 @@ pub struct Sgd {
     id: IdSlot,
 }
 
+impl SgdOptions {
+    /// PyTorch's checks of `SGD(lr, momentum, dampening, weight_decay, nesterov)`, in
+    /// its order. NaN is refused wherever a range is checked (PyTorch's `lr < 0.0`
+    /// lets a NaN through and it turns every parameter into NaN; a NaN dampening too).
+    pub fn validate(&self, lr: f64) -> Result<()> {
+        check_lr(lr)?;
+        if self.momentum.is_nan() || self.momentum < 0.0 {
+            return Err(Error::InvalidMomentum(self.momentum));
+        }
+        if self.dampening.is_nan() {
+            return Err(Error::InvalidDampening(self.dampening));
+        }
+        if self.weight_decay.is_nan() || self.weight_decay < 0.0 {
+            return Err(Error::InvalidWeightDecay(self.weight_decay));
+        }
+        if self.nesterov && (self.momentum <= 0.0 || self.dampening != 0.0) {
+            return Err(Error::NesterovRequiresMomentum);
+        }
+        Ok(())
+    }
+}
+
 impl Sgd {
-    /// One group of `params` with learning rate `lr`.
+    /// One group of `params` with learning rate `lr`. The options are checked first
+    /// ([`SgdOptions::validate`]), then the parameters: not empty, leaves only.
     pub fn new(params: Vec<Tensor>, lr: f64, options: SgdOptions) -> Result<Self> {
+        options.validate(lr)?;
+        if params.is_empty() {
+            return Err(Error::EmptyParameterList);
+        }
         Self::with_groups(vec![ParamGroup {
             params,
             lr,
@@ -42,34 +69,13 @@ impl Sgd {
         }])
     }
 
-    /// Several groups, each with its own learning rate and options.
+    /// Several groups, each with its own learning rate and options (each checked as
+    /// in [`Sgd::new`]); at least one group, no parameter in two groups.
     pub fn with_groups(groups: Vec<ParamGroup<SgdOptions>>) -> Result<Self> {
         for g in &groups {
-            let o = g.options;
-            if g.lr < 0.0 {
-                return Err(Error::InvalidHyperParameter(format!(
-                    "Invalid learning rate: {}",
-                    g.lr
-                )));
-            }
-            if o.momentum < 0.0 {
-                return Err(Error::InvalidHyperParameter(format!(
-                    "Invalid momentum value: {}",
-                    o.momentum
-                )));
-            }
-            if o.weight_decay < 0.0 {
-                return Err(Error::InvalidHyperParameter(format!(
-                    "Invalid weight_decay value: {}",
-                    o.weight_decay
-                )));
-            }
-            if o.nesterov && (o.momentum <= 0.0 || o.dampening != 0.0) {
-                return Err(Error::InvalidHyperParameter(
-                    "Nesterov momentum requires a momentum and zero dampening".into(),
-                ));
-            }
+            g.options.validate(g.lr)?;
         }
+        check_param_groups(&groups)?;
         let momentum_buffers = groups.iter().map(|g| vec![None; g.params.len()]).collect();
         Ok(Sgd {
             groups,
