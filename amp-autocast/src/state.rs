@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::RwLock;
 
-use amp_autograd::Tensor;
+use amp_autograd::{is_layer_excluded, Tensor};
 use amp_policy::{DeviceType, Profile};
 use amp_tensor::DType;
 
@@ -69,9 +69,13 @@ thread_local! {
     pub(crate) static STATE: RefCell<State> = RefCell::new(State::new());
 }
 
-/// Whether autocast is enabled for `device` on this thread.
+/// Whether autocast is enabled for `device` on this thread: exactly when ops on `device`
+/// get autocast's policies.
+///
+/// As in PyTorch, this is `false` inside the body of an op autocast applied a policy to
+/// (its body runs with autocast excluded); [`device_state`] gives the region's settings.
 pub fn is_autocast_enabled(device: DeviceType) -> bool {
-    STATE.with(|s| s.borrow().devices[device.index()].enabled)
+    STATE.with(|s| s.borrow().devices[device.index()].enabled) && !is_layer_excluded()
 }
 
 /// The lower-precision dtype autocast uses for `device` on this thread.
@@ -84,7 +88,8 @@ pub fn is_autocast_cache_enabled(device: DeviceType) -> bool {
     STATE.with(|s| s.borrow().devices[device.index()].cache_enabled)
 }
 
-/// The settings of `device` on this thread.
+/// The settings of `device` on this thread (as the innermost region set them, also inside
+/// an op's body, where [`is_autocast_enabled`] reports autocast excluded).
 pub fn device_state(device: DeviceType) -> DeviceState {
     STATE.with(|s| s.borrow().devices[device.index()])
 }
