@@ -1,22 +1,32 @@
 //! The thread-local autocast state: per device type (enabled, dtype, cache_enabled),
 //! the nesting depth, the weight-cast cache, the active policy profile and the trace.
+//!
+//! The state is the one source of truth: the autocast layer is installed at the dispatch
+//! point exactly while some device type has autocast enabled (`State::sync_layer`, run
+//! after every change), and the layer reads the same state for each op, so what
+//! [`is_autocast_enabled`] reports is what ops do, whatever order guards are dropped in.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::rc::Rc;
 use std::sync::RwLock;
 
-use amp_autograd::{is_layer_excluded, Tensor};
+use amp_autograd::{install_layer, is_layer_excluded, LayerGuard, Tensor};
 use amp_policy::{DeviceType, Profile};
 use amp_tensor::DType;
 
 use crate::decision::default_dtype;
+use crate::layer::AutocastLayer;
 use crate::trace::TraceEvent;
 
 /// One device type's autocast settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeviceState {
+    /// Whether autocast is on for the device type.
     pub enabled: bool,
+    /// The lower-precision dtype.
     pub dtype: DType,
+    /// Whether the weight-cast cache is on.
     pub cache_enabled: bool,
 }
 
@@ -26,7 +36,9 @@ pub(crate) struct State {
     pub cache: HashMap<(u64, DType), Tensor>,
     pub profile: Profile,
     pub trace: Option<Vec<TraceEvent>>,
-    pub layer_installed: bool,
+    /// The autocast layer at the dispatch point: present exactly while some device type
+    /// has autocast enabled.
+    layer: Option<LayerGuard>,
 }
 
 static GLOBAL_PROFILE: RwLock<Option<Profile>> = RwLock::new(None);
@@ -60,7 +72,18 @@ impl State {
             cache: HashMap::new(),
             profile: global_profile(),
             trace: None,
-            layer_installed: false,
+            layer: None,
+        }
+    }
+
+    /// Installs or removes the autocast layer so that it is present exactly while some
+    /// device type has autocast enabled. Run after every change of `devices`.
+    pub(crate) fn sync_layer(&mut self) {
+        let wanted = self.devices.iter().any(|d| d.enabled);
+        if wanted && self.layer.is_none() {
+            self.layer = Some(install_layer(Some(Rc::new(AutocastLayer))));
+        } else if !wanted {
+            self.layer = None;
         }
     }
 }
