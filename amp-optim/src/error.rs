@@ -1,6 +1,7 @@
 //! Errors of the optimizers, with PyTorch's message texts where PyTorch has one.
 
 use crate::pyfloat::PyFloat;
+use crate::state_dict::StateProblem;
 
 /// Result alias of this crate.
 pub type Result<T> = std::result::Result<T, Error>;
@@ -51,9 +52,36 @@ pub enum Error {
     /// Nesterov momentum with no momentum or with dampening (SGD).
     #[error("Nesterov momentum requires a momentum and zero dampening")]
     NesterovRequiresMomentum,
-    /// A state dict that does not fit this optimizer.
-    #[error("{0}")]
-    BadStateDict(String),
+    /// A state dict with another number of groups (PyTorch's `load_state_dict` text).
+    #[error("loaded state dict has a different number of parameter groups")]
+    GroupCountMismatch,
+    /// A state dict whose groups hold other numbers of parameters (PyTorch's text).
+    #[error("loaded state dict contains a parameter group that doesn't match the size of optimizer's group")]
+    GroupSizeMismatch,
+    /// A saved group's entry missing or of the wrong type.
+    #[error("loaded state dict: param_groups[{group}][\"{key}\"] must be {expected}")]
+    GroupEntry {
+        /// The group's position.
+        group: usize,
+        /// The entry's key.
+        key: &'static str,
+        /// What it must be.
+        expected: &'static str,
+    },
+    /// State saved for a parameter index that no saved group lists.
+    #[error("loaded state dict: state for parameter {0}, which no parameter group lists")]
+    UnknownStateIndex(usize),
+    /// A parameter's saved state entry that cannot be used.
+    #[error("loaded state dict: state[{index}][\"{key}\"] {problem}")]
+    StateEntry {
+        /// The parameter's index in the state dict.
+        index: usize,
+        /// The entry's key.
+        key: String,
+        /// What is wrong with it.
+        #[source]
+        problem: StateProblem,
+    },
     /// The total gradient norm was not finite and the caller asked for an error.
     #[error("The total norm of order {} for gradients from `parameters` is non-finite, so it cannot be clipped. To disable this error and scale the gradients by the non-finite norm anyway, set `error_if_nonfinite=False`", PyFloat(*.norm_type))]
     NonFiniteNorm {

@@ -6,14 +6,13 @@ use amp_autograd::Tensor;
 use amp_tensor::Tensor as Raw;
 use serde_json::json;
 
-use crate::optimizer::{
-    check_groups, check_lr, check_param_groups, group_indices, IdSlot, OptimizerId,
-    OptimizerStateDict, ParamGroup, StateValue, TensorData,
-};
+use crate::json_float::to_json;
+use crate::optimizer::{check_lr, check_param_groups, IdSlot, OptimizerId, ParamGroup};
+use crate::state_dict::{group_indices, place_state, GroupReader};
 use crate::update::{
     axpy, computes_in_f64, in_place, read, update, with_slice, with_slice_mut, zip3, Real,
 };
-use crate::{Error, Optimizer, Result};
+use crate::{Error, Optimizer, OptimizerStateDict, Result, StateValue, TensorData};
 
 /// SGD options (PyTorch's defaults: all zero / false).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -256,7 +255,8 @@ impl Optimizer for Sgd {
             .zip(idx)
             .map(|(g, ids)| {
                 let o = g.options;
-                let v = json!({"lr": g.lr, "momentum": o.momentum, "dampening": o.dampening, "weight_decay": o.weight_decay,
+                let v = json!({"lr": to_json(g.lr), "momentum": to_json(o.momentum),
+                    "dampening": to_json(o.dampening), "weight_decay": to_json(o.weight_decay),
                     "nesterov": o.nesterov, "maximize": o.maximize, "params": ids});
                 v.as_object().cloned().expect("object")
             })
@@ -268,31 +268,58 @@ impl Optimizer for Sgd {
     }
 
     fn load_state_dict(&mut self, sd: &OptimizerStateDict) -> Result<()> {
-        let sizes: Vec<usize> = self.groups.iter().map(|g| g.params.len()).collect();
-        check_groups(sd, &sizes)?;
-        let idx = group_indices(&sizes);
-        for (gi, (g, pg)) in self.groups.iter_mut().zip(&sd.param_groups).enumerate() {
-            let num = |k: &str, d: f64| pg.get(k).and_then(|v| v.as_f64()).unwrap_or(d);
-            let flag = |k: &str| pg.get(k).and_then(|v| v.as_bool()).unwrap_or(false);
-            g.lr = num("lr", g.lr);
-            g.options = SgdOptions {
-                momentum: num("momentum", 0.0),
-                dampening: num("dampening", 0.0),
-                weight_decay: num("weight_decay", 0.0),
-                nesterov: flag("nesterov"),
-                maximize: flag("maximize"),
-            };
-            for (pi, slot) in self.momentum_buffers[gi].iter_mut().enumerate() {
-                *slot = match sd
-                    .state
-                    .get(&idx[gi][pi])
-                    .and_then(|m| m.get("momentum_buffer"))
-                {
-                    Some(StateValue::Tensor(t)) => Some(t.to_raw()?),
-                    _ => None,
-                };
-            }
+        let loaded = self.read_state_dict(sd)?;
+        for (g, (lr, options)) in self.groups.iter_mut().zip(loaded.hyper) {
+            g.lr = lr;
+            g.options = options;
         }
+        self.momentum_buffers = loaded.buffers;
         Ok(())
+    }
+
+    fn validate_state_dict(&self, sd: &OptimizerStateDict) -> Result<()> {
+        self.read_state_dict(sd).map(|_| ())
+    }
+}
+
+/// A state dict read and checked against an [`Sgd`], ready to be put in place.
+struct Loaded {
+    hyper: Vec<(f64, SgdOptions)>,
+    buffers: Vec<Vec<Option<Raw>>>,
+}
+
+impl Sgd {
+    /// Everything [`Optimizer::load_state_dict`] needs, read from `sd` and checked,
+    /// without changing `self`: the groups' hyper-parameters (the constructor's checks)
+    /// and each momentum buffer (its parameter's shape).
+    fn read_state_dict(&self, sd: &OptimizerStateDict) -> Result<Loaded> {
+        let sizes: Vec<usize> = self.groups.iter().map(|g| g.params.len()).collect();
+        let placed = place_state(sd, &sizes)?;
+        let mut hyper = Vec::with_capacity(self.groups.len());
+        let mut buffers = Vec::with_capacity(self.groups.len());
+        for (gi, (g, pg)) in self.groups.iter().zip(&sd.param_groups).enumerate() {
+            let r = GroupReader::new(gi, pg);
+            let lr = r.number("lr")?;
+            let o = SgdOptions {
+                momentum: r.number("momentum")?,
+                dampening: r.number("dampening")?,
+                weight_decay: r.number("weight_decay")?,
+                nesterov: r.flag("nesterov", false)?,
+                maximize: r.flag("maximize", false)?,
+            };
+            o.validate(lr)?;
+            hyper.push((lr, o));
+            let bufs = g
+                .params
+                .iter()
+                .zip(&placed[gi])
+                .map(|(p, entry)| match entry {
+                    None => Ok(None),
+                    Some(e) => e.tensor("momentum_buffer", p),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            buffers.push(bufs);
+        }
+        Ok(Loaded { hyper, buffers })
     }
 }
