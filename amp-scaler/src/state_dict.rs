@@ -54,8 +54,9 @@ impl ScalerStateDict {
     /// Read a state dict from JSON (PyTorch's dict as `json.dumps` writes it, or
     /// [`ScalerStateDict::to_json`]'s): `{}` is [`ScalerError::EmptyStateDict`] as in
     /// PyTorch; a missing key or a value of the wrong type is
-    /// [`ScalerError::BadStateDict`]; other keys are ignored, as PyTorch ignores them.
-    /// The values themselves are not checked, as in PyTorch (a NaN scale loads).
+    /// [`ScalerError::BadStateDict`], and so is a growth tracker outside int32's range
+    /// (the dtype it is kept in); other keys are ignored, as PyTorch ignores them. The
+    /// values are not otherwise checked, as in PyTorch (a NaN scale loads).
     pub fn from_json(v: &Value) -> Result<Self, ScalerError> {
         let m = v
             .as_object()
@@ -75,12 +76,18 @@ impl ScalerStateDict {
                 .and_then(Value::as_i64)
                 .ok_or_else(|| bad(key, "an integer"))
         };
+        // The tracker lives in an int32 tensor: PyTorch's `torch.full(..., dtype=int32)`
+        // refuses a value that overflows it, so it is refused here, at the load.
+        let tracker = int("_growth_tracker")?;
+        if i32::try_from(tracker).is_err() {
+            return Err(bad("_growth_tracker", "an integer within int32's range"));
+        }
         Ok(ScalerStateDict {
             scale: float("scale")?,
             growth_factor: float("growth_factor")?,
             backoff_factor: float("backoff_factor")?,
             growth_interval: int("growth_interval")?,
-            growth_tracker: int("_growth_tracker")?,
+            growth_tracker: tracker,
         })
     }
 }

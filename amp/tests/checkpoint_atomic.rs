@@ -476,3 +476,151 @@ fn a_disabled_scaler_ignores_the_saved_scaler_state() {
     assert_eq!(target.scaler.state_dict_json().to_string(), "{}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+// ----- fuzzing: checkpoint files are outside data ----------------------------------
+
+mod fuzz {
+    use super::*;
+    use amp_testing::json::{damaged_bytes, mutated_json};
+    use amp_testing::proptest_config;
+    use proptest::prelude::*;
+    use std::sync::OnceLock;
+
+    const KEYS: &[&str] = &[
+        "format",
+        "files",
+        "model",
+        "optimizer",
+        "scaler",
+        "file",
+        "bytes",
+        "sha256",
+        "state",
+        "param_groups",
+        "params",
+        "lr",
+        "betas",
+        "eps",
+        "weight_decay",
+        "step",
+        "exp_avg",
+        "exp_avg_sq",
+        "dtype",
+        "shape",
+        "data",
+        "scale",
+        "_growth_tracker",
+        "0",
+    ];
+
+    /// The files of a good checkpoint: (name, bytes) of model, optimizer, scaler, and
+    /// the manifest.
+    struct Pristine {
+        parts: Vec<(String, String, Vec<u8>)>,
+        manifest: serde_json::Value,
+    }
+
+    fn pristine() -> &'static Pristine {
+        static P: OnceLock<Pristine> = OnceLock::new();
+        P.get_or_init(|| {
+            let dir = scratch("fuzz-pristine");
+            let run = trained(1, 8, 2);
+            checkpoint::save(&dir, &run.model, &run.opt, &run.scaler).unwrap();
+            let manifest: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(dir.join(MANIFEST)).unwrap()).unwrap();
+            let parts = ["model", "optimizer", "scaler"]
+                .into_iter()
+                .map(|part| {
+                    let name = manifest["files"][part]["file"].as_str().unwrap().to_owned();
+                    let bytes = std::fs::read(dir.join(&name)).unwrap();
+                    (part.to_owned(), name, bytes)
+                })
+                .collect();
+            std::fs::remove_dir_all(&dir).ok();
+            Pristine { parts, manifest }
+        })
+    }
+
+    fn part_bytes(part: &str) -> Vec<u8> {
+        let p = pristine();
+        p.parts
+            .iter()
+            .find(|(n, _, _)| n == part)
+            .unwrap()
+            .2
+            .clone()
+    }
+
+    fn part_json(part: &str) -> serde_json::Value {
+        serde_json::from_slice(&part_bytes(part)).unwrap()
+    }
+
+    /// Lay out the pristine checkpoint in `dir` with `part` replaced by `bytes` (its
+    /// manifest entry updated to match, so the loader's checks beyond the digest are
+    /// reached), or the manifest replaced when `part` is `MANIFEST`; load it into a
+    /// trained run: no panic; a failure changes nothing; a success leaves a run that
+    /// trains.
+    fn check(dir: &Path, part: &str, bytes: &[u8]) -> Result<(), TestCaseError> {
+        let p = pristine();
+        for (_, name, b) in &p.parts {
+            std::fs::write(dir.join(name), b).unwrap();
+        }
+        let manifest = if part == MANIFEST {
+            bytes.to_vec()
+        } else {
+            let name = &p.parts.iter().find(|(n, _, _)| n == part).unwrap().1;
+            std::fs::write(dir.join(name), bytes).unwrap();
+            let mut m = p.manifest.clone();
+            let hex: String = Sha256::digest(bytes)
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            m["files"][part]["bytes"] = bytes.len().into();
+            m["files"][part]["sha256"] = hex.into();
+            serde_json::to_vec(&m).unwrap()
+        };
+        std::fs::write(dir.join(MANIFEST), manifest).unwrap();
+        let mut target = trained(2, 8, 1);
+        let before = snapshot(&target);
+        match load(dir, &mut target) {
+            Err(_) => prop_assert_eq!(snapshot(&target), before),
+            Ok(()) => step(&mut target, 9),
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(proptest_config(128))]
+
+        #[test]
+        fn damaged_model_files_never_panic(bytes in damaged_bytes(part_bytes("model"))) {
+            check(&scratch("fuzz-model"), "model", &bytes)?;
+        }
+
+        #[test]
+        fn damaged_optimizer_files_never_panic(bytes in damaged_bytes(part_bytes("optimizer"))) {
+            check(&scratch("fuzz-optimizer-bytes"), "optimizer", &bytes)?;
+        }
+
+        #[test]
+        fn mutated_optimizer_files_never_panic(v in mutated_json(part_json("optimizer"), KEYS)) {
+            check(&scratch("fuzz-optimizer-json"), "optimizer", &serde_json::to_vec(&v).unwrap())?;
+        }
+
+        #[test]
+        fn mutated_scaler_files_never_panic(v in mutated_json(part_json("scaler"), KEYS)) {
+            check(&scratch("fuzz-scaler"), "scaler", &serde_json::to_vec(&v).unwrap())?;
+        }
+
+        #[test]
+        fn damaged_manifests_never_panic(
+            bytes in prop_oneof![
+                damaged_bytes(serde_json::to_vec(&pristine().manifest).unwrap()),
+                mutated_json(pristine().manifest.clone(), KEYS)
+                    .prop_map(|v| serde_json::to_vec(&v).unwrap()),
+            ]
+        ) {
+            check(&scratch("fuzz-manifest"), MANIFEST, &bytes)?;
+        }
+    }
+}
