@@ -1,8 +1,14 @@
 //! The autocast layer at the autograd dispatch point: looks up the op's policy in the
 //! active profile, decides with [`crate::decide`], casts the arguments (differentiably,
 //! so the casts are on the tape before the op), and keeps the weight-cast cache.
+//!
+//! The nesting rule: when a policy other than `none` applies to a functional call, the
+//! layer answers [`BodyMode::Excluded`] and the op's body runs with autocast excluded
+//! (PyTorch's autocast wrappers run their body under an `ExcludeDispatchKeyGuard`), so a
+//! composite such as `addbmm` = `bmm` + `sum` is decided once, by its own policy. In-place
+//! and `out=` calls are not wrapped in PyTorch and keep their bodies dispatched.
 
-use amp_autograd::{CallKind, DispatchLayer, OpCall, Tensor};
+use amp_autograd::{BodyMode, CallKind, DispatchLayer, OpCall, Tensor};
 use amp_policy::{CastPolicy, OpId};
 use amp_tensor::DType;
 
@@ -23,16 +29,16 @@ fn cacheable(t: &Tensor, to: DType) -> bool {
 }
 
 impl DispatchLayer for AutocastLayer {
-    fn on_call(&self, call: &mut OpCall<'_>) -> amp_autograd::Result<()> {
+    fn on_call(&self, call: &mut OpCall<'_>) -> amp_autograd::Result<BodyMode> {
         let Some(first) = call.args.first() else {
-            return Ok(());
+            return Ok(BodyMode::Layered);
         };
         let device = first.device().device_type();
         STATE.with(|s| {
             let mut st = s.borrow_mut();
             let ds = st.devices[device.index()];
             if !ds.enabled {
-                return Ok(());
+                return Ok(BodyMode::Layered);
             }
             let id = OpId::from_u32(call.op.cached_id(|n| OpId::intern(n).as_u32()));
             let policy = st.profile.policy(device, id);
@@ -44,7 +50,7 @@ impl DispatchLayer for AutocastLayer {
             };
             let tracing = st.trace.is_some();
             if policy == CastPolicy::None && !tracing {
-                return Ok(());
+                return Ok(BodyMode::Layered);
             }
             let args: Vec<ArgInfo> = call
                 .args
@@ -103,7 +109,13 @@ impl DispatchLayer for AutocastLayer {
                     skipped,
                 });
             }
-            Ok(())
+            Ok(
+                if policy != CastPolicy::None && call.kind == CallKind::Functional {
+                    BodyMode::Excluded
+                } else {
+                    BodyMode::Layered
+                },
+            )
         })
     }
 }

@@ -1,14 +1,12 @@
 //! Autocast regions: an RAII guard, a closure form, and a wrapper for a model's
 //! forward (the decorator form).
 
-use std::rc::Rc;
+use std::marker::PhantomData;
 
-use amp_autograd::{install_layer, LayerGuard};
 use amp_policy::{DeviceType, Profile};
 use amp_tensor::DType;
 
 use crate::decision::check_dtype;
-use crate::layer::AutocastLayer;
 use crate::state::{DeviceState, STATE};
 use crate::trace::{Trace, TraceEvent};
 use crate::AutocastError;
@@ -89,18 +87,13 @@ impl Autocast {
             } else {
                 None
             };
-            let layer = if st.layer_installed {
-                None
-            } else {
-                st.layer_installed = true;
-                Some(install_layer(Some(Rc::new(AutocastLayer))))
-            };
+            st.sync_layer();
             Ok(AutocastGuard {
                 device: self.device,
                 prev,
                 prev_profile,
                 prev_trace,
-                layer,
+                _not_send: PhantomData,
             })
         })
     }
@@ -120,13 +113,35 @@ impl Autocast {
 
 /// An open autocast region; leaving it (drop, also while unwinding) restores the
 /// previous state. Leaving the outermost region clears the weight-cast cache.
+///
+/// # Dropping guards out of order
+///
+/// As PyTorch's `autocast.__exit__`, dropping a guard restores exactly the state saved
+/// when *it* was entered (the device type's settings, and the profile and trace if the
+/// region set them): the saved states form a stack of values, not a counter. Guards
+/// dropped in the reverse order of entry (the scoped, usual case) give back the state
+/// before the outermost region. Dropped out of order, each drop still restores its own
+/// saved state: after `a = enter(bf16)`, `b = enter(disabled)`, dropping `a` turns
+/// autocast off (the state before `a`), and dropping `b` afterwards turns it back on in
+/// bfloat16 (the state before `b`), where it stays until changed, as it does in PyTorch.
+/// At every point [`is_autocast_enabled`](crate::is_autocast_enabled) and what ops do
+/// agree: both read the one thread-local state. The nesting depth counts open guards
+/// whatever their order, and the weight-cast cache is cleared when it drops to zero.
+///
+/// A guard belongs to the thread that entered it (the state is thread-local):
+///
+/// ```compile_fail
+/// fn send<T: Send>(_: T) {}
+/// let g = amp_autocast::Autocast::new(amp_policy::DeviceType::Cpu).enter().unwrap();
+/// send(g);
+/// ```
 #[must_use = "the region ends when the guard drops"]
 pub struct AutocastGuard {
     device: DeviceType,
     prev: DeviceState,
     prev_profile: Option<Profile>,
     prev_trace: Option<Option<Vec<TraceEvent>>>,
-    layer: Option<LayerGuard>,
+    _not_send: PhantomData<*const ()>,
 }
 
 impl AutocastGuard {
@@ -156,11 +171,8 @@ impl Drop for AutocastGuard {
             if st.depth == 0 {
                 st.cache.clear();
             }
-            if self.layer.is_some() {
-                st.layer_installed = false;
-            }
+            st.sync_layer();
         });
-        self.layer.take();
     }
 }
 

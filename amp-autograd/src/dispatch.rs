@@ -4,8 +4,17 @@
 //! (functional, in place, into an `out=` tensor, with an explicit `dtype=`). When a
 //! [`DispatchLayer`] is installed on the thread (autocast is one), it may rewrite the
 //! arguments (cast them) or the dtype, or refuse the op, before the op runs. While the
-//! layer runs it is bypassed, so the ops it calls (casts) are not dispatched to it
+//! layer runs it is excluded, so the ops it calls (casts) are not dispatched to it
 //! again. With no layer installed the cost is one thread-local flag read.
+//!
+//! **The nesting rule.** [`dispatch`] returns a [`BodyGuard`] that the op keeps alive
+//! while its body runs. When the layer applied something to the call
+//! ([`BodyMode::Excluded`]), or the op is [opaque](OpName::opaque), the guard excludes
+//! the layer until it drops (restored on error and on panic too), so the ops a composite
+//! is built from (`addbmm` = `bmm` + `sum`) are not dispatched to the layer again: PyTorch's
+//! autocast wrappers run their body under an `ExcludeDispatchKeyGuard` in the same way.
+//! Otherwise (an op the layer left alone, such as one on no autocast list) the body's ops
+//! are dispatched as usual and get their own policies.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -17,17 +26,36 @@ use crate::{Result, Tensor};
 
 /// An op's name as the documented op lists spell it, with a slot a layer may use to
 /// cache its own numeric id for the name (so lookups need no string hashing).
+///
+/// An op is *transparent* ([`OpName::new`]) or *opaque* ([`OpName::opaque`]). The ops a
+/// transparent op's body calls are dispatched to the layer again whenever the layer left
+/// the op itself alone, as PyTorch re-dispatches the ops of a composite that has no
+/// autocast policy (`tensordot` on CPU inherits the casts of its products). An opaque op
+/// stands for one PyTorch kernel that happens to be written here from other ops
+/// (`cosine_similarity`, the recurrent cells, `lu_solve`, ...): autocast never sees its
+/// body, whatever the layer did with the op itself.
 #[derive(Debug)]
 pub struct OpName {
     name: &'static str,
+    opaque: bool,
     slot: AtomicU32,
 }
 
 impl OpName {
-    /// A name for a `static`.
+    /// A transparent op's name, for a `static`.
     pub const fn new(name: &'static str) -> Self {
         OpName {
             name,
+            opaque: false,
+            slot: AtomicU32::new(u32::MAX),
+        }
+    }
+    /// An opaque op's name, for a `static`: the op's body always runs with the layer
+    /// excluded (see the type's documentation).
+    pub const fn opaque(name: &'static str) -> Self {
+        OpName {
+            name,
+            opaque: true,
             slot: AtomicU32::new(u32::MAX),
         }
     }
@@ -35,6 +63,12 @@ impl OpName {
     #[inline]
     pub fn name(&self) -> &'static str {
         self.name
+    }
+    /// Whether the op's body is hidden from the layer even when the layer left the op
+    /// alone.
+    #[inline]
+    pub fn is_opaque(&self) -> bool {
+        self.opaque
     }
     /// The id a layer associated with this name, computing it once with `init`.
     /// (Only one layer kind uses the slot in a process; autocast does.)
@@ -79,15 +113,38 @@ pub struct OpCall<'a> {
     pub kind: CallKind,
 }
 
+/// What a layer did with a call, which decides how the op's body runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyMode {
+    /// The layer left the op alone: the ops its body calls are dispatched to the layer
+    /// as usual (unless the op is [opaque](OpName::opaque)).
+    Layered,
+    /// The layer applied something to the op (autocast: a policy other than `none`): its
+    /// body runs with the layer excluded.
+    Excluded,
+}
+
 /// A hook at the dispatch point.
 pub trait DispatchLayer {
-    /// Inspect and possibly rewrite a call before the op runs; an error refuses it.
-    fn on_call(&self, call: &mut OpCall<'_>) -> Result<()>;
+    /// Inspect and possibly rewrite a call before the op runs; an error refuses it. The
+    /// answer says whether the op's body may see the layer.
+    fn on_call(&self, call: &mut OpCall<'_>) -> Result<BodyMode>;
 }
 
 thread_local! {
     static LAYER: RefCell<Option<Rc<dyn DispatchLayer>>> = const { RefCell::new(None) };
+    /// A layer is installed.
+    static INSTALLED: Cell<bool> = const { Cell::new(false) };
+    /// The layer is excluded (inside the layer itself, or inside an op's body).
+    static EXCLUDED: Cell<bool> = const { Cell::new(false) };
+    /// `INSTALLED && !EXCLUDED`: the one flag the fast path reads.
     static ACTIVE: Cell<bool> = const { Cell::new(false) };
+}
+
+fn set_state(installed: bool, excluded: bool) {
+    INSTALLED.set(installed);
+    EXCLUDED.set(excluded);
+    ACTIVE.set(installed && !excluded);
 }
 
 /// Restores the previously installed layer when dropped.
@@ -100,14 +157,16 @@ pub struct LayerGuard {
 impl Drop for LayerGuard {
     fn drop(&mut self) {
         let prev = self.prev.take();
-        ACTIVE.with(|a| a.set(prev.is_some()));
-        LAYER.with(|l| *l.borrow_mut() = prev);
+        set_state(prev.is_some(), EXCLUDED.get());
+        // `try_with`: a guard kept in another thread-local may drop while this thread's
+        // locals are being destroyed.
+        let _ = LAYER.try_with(|l| *l.borrow_mut() = prev);
     }
 }
 
 /// Install `layer` on this thread (replacing any other) until the guard drops.
 pub fn install_layer(layer: Option<Rc<dyn DispatchLayer>>) -> LayerGuard {
-    ACTIVE.with(|a| a.set(layer.is_some()));
+    set_state(layer.is_some(), EXCLUDED.get());
     let prev = LAYER.with(|l| std::mem::replace(&mut *l.borrow_mut(), layer));
     LayerGuard {
         prev,
@@ -120,21 +179,61 @@ pub fn current_layer() -> Option<Rc<dyn DispatchLayer>> {
     LAYER.with(|l| l.borrow().clone())
 }
 
-/// Runs `f` with the layer bypassed (the layer's own ops, or code that must see the
-/// raw op, such as a custom function body with autocast off).
-pub fn bypass<R>(f: impl FnOnce() -> R) -> R {
-    struct Restore(bool);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            ACTIVE.with(|a| a.set(self.0));
-        }
-    }
-    let _r = Restore(ACTIVE.with(|a| a.replace(false)));
-    f()
+/// `true` while the layer is excluded on this thread: inside the layer itself, or inside
+/// the body of an op the layer applied something to (or an opaque op).
+pub fn is_layer_excluded() -> bool {
+    EXCLUDED.get()
 }
 
-/// The dispatch point. Lets the installed layer see (and rewrite) the call; returns
-/// the dtype the op should use for its `dtype=` argument.
+/// Keeps the layer excluded while an op's body runs (the nesting rule, see the module
+/// documentation); does nothing when the op's body may see the layer. Dropping it
+/// restores the previous exclusion, also on an early error return and while unwinding.
+#[must_use = "the op's body is excluded from the layer only while the guard lives"]
+pub struct BodyGuard {
+    /// The exclusion to restore, when this guard set one.
+    restore: Option<bool>,
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl BodyGuard {
+    /// A guard that changes nothing.
+    const fn none() -> Self {
+        BodyGuard {
+            restore: None,
+            _not_send: std::marker::PhantomData,
+        }
+    }
+    /// Exclude the layer until the guard drops.
+    fn exclude() -> Self {
+        let prev = EXCLUDED.get();
+        set_state(INSTALLED.get(), true);
+        BodyGuard {
+            restore: Some(prev),
+            _not_send: std::marker::PhantomData,
+        }
+    }
+    /// Whether this guard excludes the layer.
+    pub fn excludes(&self) -> bool {
+        self.restore.is_some()
+    }
+}
+
+impl Drop for BodyGuard {
+    fn drop(&mut self) {
+        if let Some(prev) = self.restore {
+            set_state(INSTALLED.get(), prev);
+        }
+    }
+}
+
+/// The dispatch point. Lets the installed layer see (and rewrite) the call; returns the
+/// dtype the op should use for its `dtype=` argument and the guard the op keeps alive
+/// while its body runs (see the nesting rule in the module documentation):
+///
+/// ```text
+/// let (dtype, _body) = dispatch(&SUM, &mut args, dtype, true, CallKind::Functional)?;
+/// // ... the op's body, excluded from the layer when the layer applied a policy ...
+/// ```
 #[inline]
 pub fn dispatch(
     op: &'static OpName,
@@ -142,9 +241,9 @@ pub fn dispatch(
     dtype: Option<DType>,
     accepts_dtype: bool,
     kind: CallKind,
-) -> Result<Option<DType>> {
-    if !ACTIVE.with(|a| a.get()) {
-        return Ok(dtype);
+) -> Result<(Option<DType>, BodyGuard)> {
+    if !ACTIVE.get() {
+        return Ok((dtype, BodyGuard::none()));
     }
     dispatch_slow(op, args, dtype, accepts_dtype, kind)
 }
@@ -156,9 +255,9 @@ fn dispatch_slow(
     dtype: Option<DType>,
     accepts_dtype: bool,
     kind: CallKind,
-) -> Result<Option<DType>> {
+) -> Result<(Option<DType>, BodyGuard)> {
     let Some(layer) = current_layer() else {
-        return Ok(dtype);
+        return Ok((dtype, BodyGuard::none()));
     };
     let mut call = OpCall {
         op,
@@ -168,8 +267,17 @@ fn dispatch_slow(
         accepts_dtype,
         kind,
     };
-    bypass(|| layer.on_call(&mut call))?;
-    Ok(call.dtype)
+    let mode = {
+        // The layer's own ops (casts) are not dispatched to it again.
+        let _layer = BodyGuard::exclude();
+        layer.on_call(&mut call)?
+    };
+    let body = if mode == BodyMode::Excluded || op.is_opaque() {
+        BodyGuard::exclude()
+    } else {
+        BodyGuard::none()
+    };
+    Ok((call.dtype, body))
 }
 
 /// Declare a `static` [`OpName`] and dispatch a functional call through it.

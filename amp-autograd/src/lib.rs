@@ -40,8 +40,8 @@ pub mod ops;
 mod tensor;
 
 pub use dispatch::{
-    bypass, current_layer, dispatch, install_layer, CallKind, DispatchLayer, LayerGuard, OpCall,
-    OpName,
+    current_layer, dispatch, install_layer, is_layer_excluded, BodyGuard, BodyMode, CallKind,
+    DispatchLayer, LayerGuard, OpCall, OpName,
 };
 pub use engine::{backward, grad, GradOptions};
 pub use error::{Error, Result};

@@ -8,14 +8,13 @@ use amp_autograd::Tensor;
 use amp_tensor::Tensor as Raw;
 use serde_json::json;
 
-use crate::optimizer::{
-    check_groups, group_indices, IdSlot, OptimizerId, OptimizerStateDict, ParamGroup, StateValue,
-    TensorData,
-};
+use crate::json_float::to_json;
+use crate::optimizer::{check_lr, check_param_groups, IdSlot, OptimizerId, ParamGroup};
+use crate::state_dict::{group_indices, place_state, GroupReader};
 use crate::update::{
     computes_in_f64, in_place, read, update, with_slice, with_slice_mut, zeros_state, zip4, Real,
 };
-use crate::{Error, Optimizer, Result};
+use crate::{Error, Optimizer, OptimizerStateDict, Result, StateValue, TensorData};
 
 /// Adam options (PyTorch's defaults via `Default`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -53,6 +52,26 @@ impl AdamOptions {
     }
 }
 
+impl AdamOptions {
+    /// PyTorch's checks of `Adam(lr, betas, eps, weight_decay)` (and AdamW's), in its
+    /// order; each is `not 0.0 <= x`, so NaN is refused too.
+    pub fn validate(&self, lr: f64) -> Result<()> {
+        check_lr(lr)?;
+        if self.eps.is_nan() || self.eps < 0.0 {
+            return Err(Error::InvalidEpsilon(self.eps));
+        }
+        for (index, value) in [self.betas.0, self.betas.1].into_iter().enumerate() {
+            if !(0.0..1.0).contains(&value) {
+                return Err(Error::InvalidBeta { index, value });
+            }
+        }
+        if self.weight_decay.is_nan() || self.weight_decay < 0.0 {
+            return Err(Error::InvalidWeightDecay(self.weight_decay));
+        }
+        Ok(())
+    }
+}
+
 struct ParamState {
     step: f64,
     exp_avg: Raw,
@@ -73,8 +92,13 @@ pub fn adamw(params: Vec<Tensor>, lr: f64) -> Result<Adam> {
 }
 
 impl Adam {
-    /// One group.
+    /// One group. The options are checked first ([`AdamOptions::validate`]), then the
+    /// parameters: not empty, leaves only.
     pub fn new(params: Vec<Tensor>, lr: f64, options: AdamOptions) -> Result<Self> {
+        options.validate(lr)?;
+        if params.is_empty() {
+            return Err(Error::EmptyParameterList);
+        }
         Self::with_groups(vec![ParamGroup {
             params,
             lr,
@@ -82,41 +106,13 @@ impl Adam {
         }])
     }
 
-    /// Several groups.
+    /// Several groups (each checked as in [`Adam::new`]); at least one group, no
+    /// parameter in two groups.
     pub fn with_groups(groups: Vec<ParamGroup<AdamOptions>>) -> Result<Self> {
         for g in &groups {
-            let o = g.options;
-            if g.lr < 0.0 {
-                return Err(Error::InvalidHyperParameter(format!(
-                    "Invalid learning rate: {}",
-                    g.lr
-                )));
-            }
-            if o.eps < 0.0 {
-                return Err(Error::InvalidHyperParameter(format!(
-                    "Invalid epsilon value: {}",
-                    o.eps
-                )));
-            }
-            if !(0.0..1.0).contains(&o.betas.0) {
-                return Err(Error::InvalidHyperParameter(format!(
-                    "Invalid beta parameter at index 0: {}",
-                    o.betas.0
-                )));
-            }
-            if !(0.0..1.0).contains(&o.betas.1) {
-                return Err(Error::InvalidHyperParameter(format!(
-                    "Invalid beta parameter at index 1: {}",
-                    o.betas.1
-                )));
-            }
-            if o.weight_decay < 0.0 {
-                return Err(Error::InvalidHyperParameter(format!(
-                    "Invalid weight_decay value: {}",
-                    o.weight_decay
-                )));
-            }
+            g.options.validate(g.lr)?;
         }
+        check_param_groups(&groups)?;
         let state = groups
             .iter()
             .map(|g| g.params.iter().map(|_| None).collect())
@@ -362,7 +358,8 @@ impl Optimizer for Adam {
             .zip(idx)
             .map(|(g, ids)| {
                 let o = g.options;
-                let v = json!({"lr": g.lr, "betas": [o.betas.0, o.betas.1], "eps": o.eps, "weight_decay": o.weight_decay,
+                let v = json!({"lr": to_json(g.lr), "betas": [to_json(o.betas.0), to_json(o.betas.1)],
+                    "eps": to_json(o.eps), "weight_decay": to_json(o.weight_decay),
                     "amsgrad": o.amsgrad, "maximize": o.maximize, "decoupled_weight_decay": o.decoupled, "params": ids});
                 v.as_object().cloned().expect("object")
             })
@@ -374,49 +371,71 @@ impl Optimizer for Adam {
     }
 
     fn load_state_dict(&mut self, sd: &OptimizerStateDict) -> Result<()> {
-        let sizes: Vec<usize> = self.groups.iter().map(|g| g.params.len()).collect();
-        check_groups(sd, &sizes)?;
-        let idx = group_indices(&sizes);
-        for (gi, (g, pg)) in self.groups.iter_mut().zip(&sd.param_groups).enumerate() {
-            let num = |k: &str, d: f64| pg.get(k).and_then(|v| v.as_f64()).unwrap_or(d);
-            let flag = |k: &str, d: bool| pg.get(k).and_then(|v| v.as_bool()).unwrap_or(d);
-            let betas = pg
-                .get("betas")
-                .and_then(|v| v.as_array())
-                .map(|a| (a[0].as_f64().unwrap_or(0.9), a[1].as_f64().unwrap_or(0.999)));
-            g.lr = num("lr", g.lr);
-            let o = &mut g.options;
-            o.betas = betas.unwrap_or(o.betas);
-            o.eps = num("eps", o.eps);
-            o.weight_decay = num("weight_decay", o.weight_decay);
-            o.amsgrad = flag("amsgrad", o.amsgrad);
-            o.maximize = flag("maximize", o.maximize);
-            o.decoupled = flag("decoupled_weight_decay", o.decoupled);
-            for (pi, slot) in self.state[gi].iter_mut().enumerate() {
-                *slot = match sd.state.get(&idx[gi][pi]) {
-                    None => None,
-                    Some(m) => {
-                        let t = |k: &str| -> Result<Option<Raw>> {
-                            match m.get(k) {
-                                Some(StateValue::Tensor(t)) => Ok(Some(t.to_raw()?)),
-                                _ => Ok(None),
-                            }
-                        };
-                        let missing =
-                            |k: &str| Error::BadStateDict(format!("missing `{k}` in Adam state"));
-                        Some(ParamState {
-                            step: match m.get("step") {
-                                Some(StateValue::Number(n)) => *n,
-                                _ => return Err(missing("step")),
-                            },
-                            exp_avg: t("exp_avg")?.ok_or_else(|| missing("exp_avg"))?,
-                            exp_avg_sq: t("exp_avg_sq")?.ok_or_else(|| missing("exp_avg_sq"))?,
-                            max_exp_avg_sq: t("max_exp_avg_sq")?,
-                        })
-                    }
-                };
-            }
+        let loaded = self.read_state_dict(sd)?;
+        for (g, (lr, options)) in self.groups.iter_mut().zip(loaded.hyper) {
+            g.lr = lr;
+            g.options = options;
         }
+        self.state = loaded.state;
         Ok(())
+    }
+
+    fn validate_state_dict(&self, sd: &OptimizerStateDict) -> Result<()> {
+        self.read_state_dict(sd).map(|_| ())
+    }
+}
+
+/// A state dict read and checked against an [`Adam`], ready to be put in place.
+struct Loaded {
+    hyper: Vec<(f64, AdamOptions)>,
+    state: Vec<Vec<Option<ParamState>>>,
+}
+
+impl Adam {
+    /// Everything [`Optimizer::load_state_dict`] needs, read from `sd` and checked,
+    /// without changing `self`: the groups' hyper-parameters (the constructor's checks)
+    /// and each parameter's state (a finite step count >= 0, both moments, and the
+    /// running maximum when `amsgrad` is on, each of its parameter's shape).
+    fn read_state_dict(&self, sd: &OptimizerStateDict) -> Result<Loaded> {
+        let sizes: Vec<usize> = self.groups.iter().map(|g| g.params.len()).collect();
+        let placed = place_state(sd, &sizes)?;
+        let mut hyper = Vec::with_capacity(self.groups.len());
+        let mut state = Vec::with_capacity(self.groups.len());
+        for (gi, (g, pg)) in self.groups.iter().zip(&sd.param_groups).enumerate() {
+            let r = GroupReader::new(gi, pg);
+            let lr = r.number("lr")?;
+            let d = g.options;
+            let o = AdamOptions {
+                betas: r.pair("betas")?,
+                eps: r.number("eps")?,
+                weight_decay: r.number("weight_decay")?,
+                amsgrad: r.flag("amsgrad", false)?,
+                maximize: r.flag("maximize", false)?,
+                decoupled: r.flag("decoupled_weight_decay", d.decoupled)?,
+            };
+            o.validate(lr)?;
+            hyper.push((lr, o));
+            let sts = g
+                .params
+                .iter()
+                .zip(&placed[gi])
+                .map(|(p, entry)| {
+                    let Some(e) = entry else { return Ok(None) };
+                    Ok(Some(ParamState {
+                        step: e.step("step")?,
+                        exp_avg: e.required_tensor("exp_avg", p)?,
+                        exp_avg_sq: e.required_tensor("exp_avg_sq", p)?,
+                        // Without amsgrad PyTorch never reads a saved maximum.
+                        max_exp_avg_sq: if o.amsgrad {
+                            Some(e.required_tensor("max_exp_avg_sq", p)?)
+                        } else {
+                            None
+                        },
+                    }))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            state.push(sts);
+        }
+        Ok(Loaded { hyper, state })
     }
 }

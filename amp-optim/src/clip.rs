@@ -58,17 +58,34 @@ fn clip_norm_in<F: Real>(
     Ok(Raw::scalar(total))
 }
 
-/// Clamp every gradient of `params` into `[-clip_value, clip_value]` in place.
+/// `torch.clamp(x, lo, hi)` of one element: `min(max(x, lo), hi)` with NaN (of `x` or a
+/// bound) propagating, so `lo > hi` gives `hi` as in PyTorch (`f32::clamp` would panic).
+fn clamp<F: Real>(x: F, lo: F, hi: F) -> F {
+    if x.is_nan() || lo.is_nan() || hi.is_nan() {
+        return F::nan();
+    }
+    let x = if x < lo { lo } else { x };
+    if x > hi {
+        hi
+    } else {
+        x
+    }
+}
+
+/// Clamp every gradient of `params` into `[-clip_value, clip_value]` in place (as
+/// PyTorch: a negative `clip_value` sets every gradient to it, a NaN one makes them NaN).
 pub fn clip_grad_value_(params: &[Tensor], clip_value: f64) -> Result<()> {
     for g in params.iter().filter_map(|p| p.grad()) {
         if computes_in_f64(g.dtype()) {
             update::<f64>(g.data(), |v| {
                 v.iter_mut()
-                    .for_each(|x| *x = x.clamp(-clip_value, clip_value))
+                    .for_each(|x| *x = clamp(*x, -clip_value, clip_value))
             })?;
         } else {
             let c = clip_value as f32;
-            update::<f32>(g.data(), |v| v.iter_mut().for_each(|x| *x = x.clamp(-c, c)))?;
+            update::<f32>(g.data(), |v| {
+                v.iter_mut().for_each(|x| *x = clamp(*x, -c, c))
+            })?;
         }
     }
     Ok(())

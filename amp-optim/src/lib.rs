@@ -23,14 +23,17 @@
 mod adam;
 mod clip;
 mod error;
+pub mod json_float;
 mod optimizer;
+mod pyfloat;
 mod sgd;
+mod state_dict;
 mod update;
 
 pub use adam::{adamw, Adam, AdamOptions};
 pub use clip::{clip_grad_norm_, clip_grad_value_};
 pub use error::{Error, Result};
-pub use optimizer::{
-    IdSlot, Optimizer, OptimizerId, OptimizerStateDict, ParamGroup, StateValue, TensorData,
-};
+pub use optimizer::{IdSlot, Optimizer, OptimizerId, ParamGroup};
+pub use pyfloat::PyFloat;
 pub use sgd::{Sgd, SgdOptions};
+pub use state_dict::{OptimizerStateDict, StateProblem, StateValue, TensorData};

@@ -1,13 +1,11 @@
 //! The optimizer trait, parameter groups and the serialisable state dict.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use amp_autograd::Tensor;
-use amp_tensor::{DType, Tensor as Raw};
-use serde::{Deserialize, Serialize};
+use amp_tensor::Tensor as Raw;
 
-use crate::{Error, Result};
+use crate::{Error, OptimizerStateDict, Result};
 
 /// The identity of an optimizer: unique in the process, given at construction, kept
 /// when the optimizer value moves (out of a `Vec`, into a `Box`, through a `Vec` that
@@ -72,46 +70,6 @@ pub struct ParamGroup<O> {
     pub options: O,
 }
 
-/// A tensor in a state dict: dtype name, shape and row-major values.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TensorData {
-    pub dtype: String,
-    pub shape: Vec<usize>,
-    pub data: Vec<f64>,
-}
-
-impl TensorData {
-    /// Capture a raw tensor (values exact: every f32 is an f64).
-    pub fn from_raw(t: &Raw) -> Self {
-        TensorData {
-            dtype: t.dtype().to_string(),
-            shape: t.dims().to_vec(),
-            data: t.to_vec_f64(),
-        }
-    }
-    /// Rebuild the tensor.
-    pub fn to_raw(&self) -> Result<Raw> {
-        let dtype: DType = self.dtype.parse()?;
-        Ok(Raw::from_vec(self.data.clone(), self.shape.clone())?.to_dtype(dtype)?)
-    }
-}
-
-/// One value of a parameter's optimizer state.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum StateValue {
-    Number(f64),
-    Tensor(TensorData),
-}
-
-/// PyTorch's optimizer state dict: per-parameter state keyed by the parameter's index
-/// (in group order), and the groups' hyper-parameters with `params` index lists.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-pub struct OptimizerStateDict {
-    pub state: BTreeMap<usize, BTreeMap<String, StateValue>>,
-    pub param_groups: Vec<serde_json::Map<String, serde_json::Value>>,
-}
-
 /// An optimizer: updates its parameters from their `.grad` in place.
 pub trait Optimizer {
     /// This optimizer's identity (see [`OptimizerId`]): the same for the optimizer's
@@ -134,8 +92,13 @@ pub trait Optimizer {
     fn set_learning_rate(&mut self, lr: f64);
     /// The state and hyper-parameters, serialisable.
     fn state_dict(&self) -> OptimizerStateDict;
-    /// Restore from [`Optimizer::state_dict`].
+    /// Restore from [`Optimizer::state_dict`], all or nothing: every entry is checked
+    /// first ([`Optimizer::validate_state_dict`]), and on an error nothing has changed.
     fn load_state_dict(&mut self, sd: &OptimizerStateDict) -> Result<()>;
+    /// The checks of [`Optimizer::load_state_dict`] without the loading: `Ok` exactly
+    /// when loading `sd` would succeed. Lets a caller restoring several objects (a
+    /// checkpoint) check all of them before changing any.
+    fn validate_state_dict(&self, sd: &OptimizerStateDict) -> Result<()>;
     /// `true` if [`Optimizer::step_with_scaling`] unscales, checks for infs and skips
     /// inside its own step (PyTorch's `_step_supports_amp_scaling`).
     fn supports_amp_scaling(&self) -> bool {
@@ -149,38 +112,33 @@ pub trait Optimizer {
     }
 }
 
-/// Check a group index list against the state dict's shape.
-pub(crate) fn check_groups(sd: &OptimizerStateDict, sizes: &[usize]) -> Result<()> {
-    if sd.param_groups.len() != sizes.len() {
-        return Err(Error::BadStateDict(
-            "loaded state dict has a different number of parameter groups".into(),
-        ));
+/// PyTorch's checks of the parameter groups (`Optimizer.__init__` and
+/// `add_param_group`): at least one group, leaves only, no parameter in two groups.
+pub(crate) fn check_param_groups<O>(groups: &[ParamGroup<O>]) -> Result<()> {
+    if groups.is_empty() {
+        return Err(Error::EmptyParameterList);
     }
-    for (g, &n) in sd.param_groups.iter().zip(sizes) {
-        let len = g
-            .get("params")
-            .and_then(|v| v.as_array())
-            .map_or(0, |a| a.len());
-        if len != n {
-            return Err(Error::BadStateDict(
-                "loaded state dict contains a parameter group that doesn't match the size of optimizer's group".into(),
-            ));
+    let mut seen = std::collections::HashSet::new();
+    for g in groups {
+        if g.params.iter().any(|p| !p.is_leaf()) {
+            return Err(Error::NonLeafParameter);
         }
+        // Within a group a repeat is only a warning in PyTorch; across groups an error.
+        let ids: std::collections::HashSet<u64> = g.params.iter().map(Tensor::id).collect();
+        if ids.iter().any(|id| seen.contains(id)) {
+            return Err(Error::DuplicateParameter);
+        }
+        seen.extend(ids);
     }
     Ok(())
 }
 
-/// The `params` index list of each group, counting across groups.
-pub(crate) fn group_indices(sizes: &[usize]) -> Vec<Vec<usize>> {
-    let mut next = 0;
-    sizes
-        .iter()
-        .map(|&n| {
-            let v = (next..next + n).collect();
-            next += n;
-            v
-        })
-        .collect()
+/// PyTorch's learning-rate check (Adam's `not 0.0 <= lr`: NaN is refused too).
+pub(crate) fn check_lr(lr: f64) -> Result<()> {
+    if lr.is_nan() || lr < 0.0 {
+        return Err(Error::InvalidLearningRate(lr));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -6,14 +6,13 @@ use amp_autograd::Tensor;
 use amp_tensor::Tensor as Raw;
 use serde_json::json;
 
-use crate::optimizer::{
-    check_groups, group_indices, IdSlot, OptimizerId, OptimizerStateDict, ParamGroup, StateValue,
-    TensorData,
-};
+use crate::json_float::to_json;
+use crate::optimizer::{check_lr, check_param_groups, IdSlot, OptimizerId, ParamGroup};
+use crate::state_dict::{group_indices, place_state, GroupReader};
 use crate::update::{
     axpy, computes_in_f64, in_place, read, update, with_slice, with_slice_mut, zip3, Real,
 };
-use crate::{Error, Optimizer, Result};
+use crate::{Error, Optimizer, OptimizerStateDict, Result, StateValue, TensorData};
 
 /// SGD options (PyTorch's defaults: all zero / false).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -32,9 +31,36 @@ pub struct Sgd {
     id: IdSlot,
 }
 
+impl SgdOptions {
+    /// PyTorch's checks of `SGD(lr, momentum, dampening, weight_decay, nesterov)`, in
+    /// its order. NaN is refused wherever a range is checked (PyTorch's `lr < 0.0`
+    /// lets a NaN through and it turns every parameter into NaN; a NaN dampening too).
+    pub fn validate(&self, lr: f64) -> Result<()> {
+        check_lr(lr)?;
+        if self.momentum.is_nan() || self.momentum < 0.0 {
+            return Err(Error::InvalidMomentum(self.momentum));
+        }
+        if self.dampening.is_nan() {
+            return Err(Error::InvalidDampening(self.dampening));
+        }
+        if self.weight_decay.is_nan() || self.weight_decay < 0.0 {
+            return Err(Error::InvalidWeightDecay(self.weight_decay));
+        }
+        if self.nesterov && (self.momentum <= 0.0 || self.dampening != 0.0) {
+            return Err(Error::NesterovRequiresMomentum);
+        }
+        Ok(())
+    }
+}
+
 impl Sgd {
-    /// One group of `params` with learning rate `lr`.
+    /// One group of `params` with learning rate `lr`. The options are checked first
+    /// ([`SgdOptions::validate`]), then the parameters: not empty, leaves only.
     pub fn new(params: Vec<Tensor>, lr: f64, options: SgdOptions) -> Result<Self> {
+        options.validate(lr)?;
+        if params.is_empty() {
+            return Err(Error::EmptyParameterList);
+        }
         Self::with_groups(vec![ParamGroup {
             params,
             lr,
@@ -42,34 +68,13 @@ impl Sgd {
         }])
     }
 
-    /// Several groups, each with its own learning rate and options.
+    /// Several groups, each with its own learning rate and options (each checked as
+    /// in [`Sgd::new`]); at least one group, no parameter in two groups.
     pub fn with_groups(groups: Vec<ParamGroup<SgdOptions>>) -> Result<Self> {
         for g in &groups {
-            let o = g.options;
-            if g.lr < 0.0 {
-                return Err(Error::InvalidHyperParameter(format!(
-                    "Invalid learning rate: {}",
-                    g.lr
-                )));
-            }
-            if o.momentum < 0.0 {
-                return Err(Error::InvalidHyperParameter(format!(
-                    "Invalid momentum value: {}",
-                    o.momentum
-                )));
-            }
-            if o.weight_decay < 0.0 {
-                return Err(Error::InvalidHyperParameter(format!(
-                    "Invalid weight_decay value: {}",
-                    o.weight_decay
-                )));
-            }
-            if o.nesterov && (o.momentum <= 0.0 || o.dampening != 0.0) {
-                return Err(Error::InvalidHyperParameter(
-                    "Nesterov momentum requires a momentum and zero dampening".into(),
-                ));
-            }
+            g.options.validate(g.lr)?;
         }
+        check_param_groups(&groups)?;
         let momentum_buffers = groups.iter().map(|g| vec![None; g.params.len()]).collect();
         Ok(Sgd {
             groups,
@@ -250,7 +255,8 @@ impl Optimizer for Sgd {
             .zip(idx)
             .map(|(g, ids)| {
                 let o = g.options;
-                let v = json!({"lr": g.lr, "momentum": o.momentum, "dampening": o.dampening, "weight_decay": o.weight_decay,
+                let v = json!({"lr": to_json(g.lr), "momentum": to_json(o.momentum),
+                    "dampening": to_json(o.dampening), "weight_decay": to_json(o.weight_decay),
                     "nesterov": o.nesterov, "maximize": o.maximize, "params": ids});
                 v.as_object().cloned().expect("object")
             })
@@ -262,31 +268,58 @@ impl Optimizer for Sgd {
     }
 
     fn load_state_dict(&mut self, sd: &OptimizerStateDict) -> Result<()> {
-        let sizes: Vec<usize> = self.groups.iter().map(|g| g.params.len()).collect();
-        check_groups(sd, &sizes)?;
-        let idx = group_indices(&sizes);
-        for (gi, (g, pg)) in self.groups.iter_mut().zip(&sd.param_groups).enumerate() {
-            let num = |k: &str, d: f64| pg.get(k).and_then(|v| v.as_f64()).unwrap_or(d);
-            let flag = |k: &str| pg.get(k).and_then(|v| v.as_bool()).unwrap_or(false);
-            g.lr = num("lr", g.lr);
-            g.options = SgdOptions {
-                momentum: num("momentum", 0.0),
-                dampening: num("dampening", 0.0),
-                weight_decay: num("weight_decay", 0.0),
-                nesterov: flag("nesterov"),
-                maximize: flag("maximize"),
-            };
-            for (pi, slot) in self.momentum_buffers[gi].iter_mut().enumerate() {
-                *slot = match sd
-                    .state
-                    .get(&idx[gi][pi])
-                    .and_then(|m| m.get("momentum_buffer"))
-                {
-                    Some(StateValue::Tensor(t)) => Some(t.to_raw()?),
-                    _ => None,
-                };
-            }
+        let loaded = self.read_state_dict(sd)?;
+        for (g, (lr, options)) in self.groups.iter_mut().zip(loaded.hyper) {
+            g.lr = lr;
+            g.options = options;
         }
+        self.momentum_buffers = loaded.buffers;
         Ok(())
+    }
+
+    fn validate_state_dict(&self, sd: &OptimizerStateDict) -> Result<()> {
+        self.read_state_dict(sd).map(|_| ())
+    }
+}
+
+/// A state dict read and checked against an [`Sgd`], ready to be put in place.
+struct Loaded {
+    hyper: Vec<(f64, SgdOptions)>,
+    buffers: Vec<Vec<Option<Raw>>>,
+}
+
+impl Sgd {
+    /// Everything [`Optimizer::load_state_dict`] needs, read from `sd` and checked,
+    /// without changing `self`: the groups' hyper-parameters (the constructor's checks)
+    /// and each momentum buffer (its parameter's shape).
+    fn read_state_dict(&self, sd: &OptimizerStateDict) -> Result<Loaded> {
+        let sizes: Vec<usize> = self.groups.iter().map(|g| g.params.len()).collect();
+        let placed = place_state(sd, &sizes)?;
+        let mut hyper = Vec::with_capacity(self.groups.len());
+        let mut buffers = Vec::with_capacity(self.groups.len());
+        for (gi, (g, pg)) in self.groups.iter().zip(&sd.param_groups).enumerate() {
+            let r = GroupReader::new(gi, pg);
+            let lr = r.number("lr")?;
+            let o = SgdOptions {
+                momentum: r.number("momentum")?,
+                dampening: r.number("dampening")?,
+                weight_decay: r.number("weight_decay")?,
+                nesterov: r.flag("nesterov", false)?,
+                maximize: r.flag("maximize", false)?,
+            };
+            o.validate(lr)?;
+            hyper.push((lr, o));
+            let bufs = g
+                .params
+                .iter()
+                .zip(&placed[gi])
+                .map(|(p, entry)| match entry {
+                    None => Ok(None),
+                    Some(e) => e.tensor("momentum_buffer", p),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            buffers.push(bufs);
+        }
+        Ok(Loaded { hyper, buffers })
     }
 }

@@ -157,10 +157,14 @@ pub(crate) fn update<F: Real>(p: &Raw, f: impl FnOnce(&mut [F])) -> Result<()> {
 /// A zero-initialised state buffer of a parameter's shape, in its compute type (float64
 /// for float64 parameters, float32 otherwise).
 pub(crate) fn zeros_state(p: &Tensor) -> Raw {
-    let dtype = if computes_in_f64(p.dtype()) {
+    Raw::zeros(p.dims(), state_dtype(p.dtype()))
+}
+
+/// The dtype of the state of a parameter of `dtype`: its compute type.
+pub(crate) fn state_dtype(dtype: DType) -> DType {
+    if computes_in_f64(dtype) {
         DType::F64
     } else {
         DType::F32
-    };
-    Raw::zeros(p.dims(), dtype)
+    }
 }

@@ -1,5 +1,7 @@
 //! Errors of the GradScaler, with PyTorch's message texts.
 
+use crate::state_dict::StateDictProblem;
+
 /// Result alias of this crate.
 pub type Result<T> = std::result::Result<T, ScalerError>;
 
@@ -34,8 +36,8 @@ pub enum ScalerError {
     #[error("outputs must be a Tensor or an iterable of Tensors")]
     NotATensor,
     /// A state dict missing a key or with a value of the wrong type.
-    #[error("{0}")]
-    BadStateDict(String),
+    #[error(transparent)]
+    BadStateDict(#[from] StateDictProblem),
     #[error(transparent)]
     Optim(#[from] amp_optim::Error),
     #[error(transparent)]

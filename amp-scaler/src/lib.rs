@@ -33,5 +33,5 @@ mod stats;
 pub use error::{Result, ScalerError};
 pub use options::GradScalerOptions;
 pub use scaler::{GradScaler, NewScale, Outputs, Stage, StepOutcome};
-pub use state_dict::ScalerStateDict;
+pub use state_dict::{ScalerStateDict, StateDictProblem};
 pub use stats::ScalerStats;

@@ -458,22 +458,13 @@ impl GradScaler {
     }
 
     /// [`GradScaler::load_state_dict`] from JSON (as PyTorch's dict, e.g. saved by
-    /// `json.dumps(scaler.state_dict())`).
+    /// `json.dumps(scaler.state_dict())`, read by [`ScalerStateDict::from_json`]). No-op
+    /// when disabled; on an error nothing has changed.
     pub fn load_state_dict_json(&mut self, v: &serde_json::Value) -> Result<()> {
         if !self.opts.enabled {
             return Ok(());
         }
-        match v.as_object() {
-            Some(m) if m.is_empty() => Err(ScalerError::EmptyStateDict),
-            Some(_) => {
-                let sd: ScalerStateDict = serde_json::from_value(v.clone())
-                    .map_err(|e| ScalerError::BadStateDict(e.to_string()))?;
-                self.load_state_dict(Some(&sd))
-            }
-            None => Err(ScalerError::BadStateDict(
-                "a GradScaler state dict is a JSON object".into(),
-            )),
-        }
+        self.load_state_dict(Some(&ScalerStateDict::from_json(v)?))
     }
 }
 

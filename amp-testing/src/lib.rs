@@ -27,6 +27,8 @@
 
 use proptest::test_runner::{Config, FileFailurePersistence, RngSeed};
 
+pub mod json;
+
 /// The seed every property test starts from unless [`SEED_VAR`] says otherwise.
 pub const SEED: u64 = 0x5eed_a3b0_0017_2026;
 

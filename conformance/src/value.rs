@@ -121,6 +121,9 @@ pub enum ValueError {
         /// Elements in `data`.
         got: usize,
     },
+    /// A shape whose element count (or a stride) overflows.
+    #[error("shape {0:?} has more elements than memory can hold")]
+    ShapeOverflow(Vec<usize>),
     /// An element that the dtype cannot hold exactly.
     #[error("element {index} ({value}) is not a valid {dtype} value")]
     Element {
@@ -214,7 +217,16 @@ impl TensorLit {
         shape: Vec<usize>,
         data: Vec<Number>,
     ) -> Result<TensorLit, ValueError> {
-        let expected: usize = shape.iter().product();
+        // Strides multiply the non-zero dimensions: their product must fit as well.
+        let span = shape
+            .iter()
+            .filter(|&&d| d != 0)
+            .try_fold(1usize, |a, &d| a.checked_mul(d))
+            .filter(|&n| n <= isize::MAX as usize);
+        let Some(span) = span else {
+            return Err(ValueError::ShapeOverflow(shape));
+        };
+        let expected = if shape.contains(&0) { 0 } else { span };
         if expected != data.len() {
             return Err(ValueError::Length {
                 shape,

@@ -13,7 +13,7 @@ pub fn to_dtype(x: &Tensor, dtype: DType) -> Result<Tensor> {
     if x.dtype() == dtype {
         return Ok(x.clone());
     }
-    let [x] = super::enter(&TO, [x])?;
+    let ([x], _body) = super::enter(&TO, [x])?;
     let out = x.data().to_dtype(dtype)?;
     let from = x.dtype();
     Ok(record(out, "ToCopyBackward0", &[&x], move |g| {

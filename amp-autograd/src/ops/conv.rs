@@ -22,7 +22,7 @@ use amp_kernels::ConvParams;
 use super::enter_vec;
 use super::reduce::sum;
 use super::shape::contiguous;
-use crate::dispatch::OpName;
+use crate::dispatch::{BodyGuard, OpName};
 use crate::grad_mode::is_grad_enabled;
 use crate::graph::{record_multi, BackwardFn};
 use crate::{Error, Result, Tensor};
@@ -59,19 +59,21 @@ fn check_rank(op: &'static str, x: &Tensor, w: &Tensor, spatial: usize) -> Resul
     Ok(())
 }
 
-/// Dispatches `[input, weight, bias?]` under `op`; returns the (possibly cast) tensors.
+/// Dispatches `[input, weight, bias?]` under `op`; returns the (possibly cast) tensors
+/// and the guard the op's body runs under.
 fn enter_conv(
     op: &'static OpName,
     input: &Tensor,
     weight: &Tensor,
     bias: Option<&Tensor>,
-) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+) -> Result<(Tensor, Tensor, Option<Tensor>, BodyGuard)> {
     let mut args = vec![input, weight];
     args.extend(bias);
-    let mut a = enter_vec(op, &args)?.into_iter();
+    let (a, body) = enter_vec(op, &args)?;
+    let mut a = a.into_iter();
     let x = a.next().expect("input");
     let w = a.next().expect("weight");
-    Ok((x, w, a.next()))
+    Ok((x, w, a.next(), body))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -86,7 +88,7 @@ fn conv_nd(
     dilation: &[usize],
     groups: usize,
 ) -> Result<Tensor> {
-    let (x, w, b) = enter_conv(op, input, weight, bias)?;
+    let (x, w, b, _body) = enter_conv(op, input, weight, bias)?;
     check_rank(op.name(), &x, &w, spatial)?;
     let p = ConvParams::new(stride, padding, dilation, groups);
     conv_prim(&x, &w, b.as_ref(), &p)
@@ -100,7 +102,7 @@ fn conv_transpose_nd(
     bias: Option<&Tensor>,
     p: &ConvParams,
 ) -> Result<Tensor> {
-    let (x, w, b) = enter_conv(op, input, weight, bias)?;
+    let (x, w, b, _body) = enter_conv(op, input, weight, bias)?;
     check_rank(op.name(), &x, &w, spatial)?;
     conv_transpose_prim(&x, &w, b.as_ref(), p)
 }
@@ -195,7 +197,7 @@ pub fn convolution(
     output_padding: &[usize],
     groups: usize,
 ) -> Result<Tensor> {
-    let (x, w, b) = enter_conv(&CONVOLUTION, input, weight, bias)?;
+    let (x, w, b, _body) = enter_conv(&CONVOLUTION, input, weight, bias)?;
     let p = ConvParams::new(stride, padding, dilation, groups).with_output_padding(output_padding);
     if transposed {
         conv_transpose_prim(&x, &w, b.as_ref(), &p)

@@ -2,8 +2,9 @@
 //! pdist, dist.
 //!
 //! Each enters the dispatch point once under its documented name and computes its value
-//! from differentiable ops with the layer bypassed; 16-bit inputs are computed in float32
-//! and the result rounded once (PyTorch accumulates norms in float32).
+//! from differentiable ops; they are opaque ops ([`OpName::opaque`]), so the body runs with
+//! the layer excluded. 16-bit inputs are computed in float32 and the result rounded once
+//! (PyTorch accumulates norms in float32).
 
 use std::str::FromStr;
 
@@ -15,35 +16,33 @@ use super::pointwise::*;
 use super::reduce::{norm, sum};
 use super::shape::{cat, expand, index_select, transpose, unsqueeze};
 use super::{enter, sum_to};
-use crate::dispatch::{bypass, OpName};
+use crate::dispatch::OpName;
 use crate::grad_mode::is_grad_enabled;
 use crate::graph::record;
 use crate::{Error, Result, Tensor};
 
-static NORMALIZE: OpName = OpName::new("normalize");
-static RENORM: OpName = OpName::new("renorm");
-static COSINE_SIMILARITY: OpName = OpName::new("cosine_similarity");
-static PAIRWISE_DISTANCE: OpName = OpName::new("pairwise_distance");
-static CDIST: OpName = OpName::new("cdist");
-static PDIST: OpName = OpName::new("pdist");
-static DIST: OpName = OpName::new("dist");
+static NORMALIZE: OpName = OpName::opaque("normalize");
+static RENORM: OpName = OpName::opaque("renorm");
+static COSINE_SIMILARITY: OpName = OpName::opaque("cosine_similarity");
+static PAIRWISE_DISTANCE: OpName = OpName::opaque("pairwise_distance");
+static CDIST: OpName = OpName::opaque("cdist");
+static PDIST: OpName = OpName::opaque("pdist");
+static DIST: OpName = OpName::opaque("dist");
 
 /// `x / max(‖x‖_p, eps)` with the norm taken along `dim` (`F.normalize`).
 pub fn normalize(x: &Tensor, p: f64, dim: i64, eps: f64) -> Result<Tensor> {
-    let [x] = enter(&NORMALIZE, [x])?;
-    bypass(|| {
-        let dt = x.dtype();
-        let xa = acc(&x)?;
-        let n = clamp(&norm(&xa, p, &[dim], true)?, Some(eps), None)?;
-        back(div(&xa, &n)?, dt)
-    })
+    let ([x], _body) = enter(&NORMALIZE, [x])?;
+    let dt = x.dtype();
+    let xa = acc(&x)?;
+    let n = clamp(&norm(&xa, p, &[dim], true)?, Some(eps), None)?;
+    back(div(&xa, &n)?, dt)
 }
 
 /// `torch.renorm`: each slice `x.select(dim, i)` whose `p`-norm exceeds `maxnorm` is
 /// scaled to norm `maxnorm` (by `maxnorm / (norm + 1e-7)`, as PyTorch).
 pub fn renorm(x: &Tensor, p: f64, dim: i64, maxnorm: f64) -> Result<Tensor> {
     const OP: &str = "renorm";
-    let [x] = enter(&RENORM, [x])?;
+    let ([x], _body) = enter(&RENORM, [x])?;
     if p <= 0.0 {
         return Err(Error::invalid(OP, "non-positive-norm not supported"));
     }
@@ -63,35 +62,31 @@ pub fn renorm(x: &Tensor, p: f64, dim: i64, maxnorm: f64) -> Result<Tensor> {
         ));
     }
     let d = wrap_dim(dim, x.rank())?;
-    bypass(|| {
-        let dt = x.dtype();
-        let xa = acc(&x)?;
-        let others: Vec<i64> = (0..x.rank())
-            .filter(|&i| i != d)
-            .map(|i| i as i64)
-            .collect();
-        let n = norm(&xa, p, &others, true)?;
-        let scale = rdiv_scalar(&add_scalar(&n, 1e-7)?, maxnorm)?;
-        let factor = where_(&gt_scalar(&n, maxnorm)?, &scale, &ones_like(&n))?;
-        back(mul(&xa, &factor)?, dt)
-    })
+    let dt = x.dtype();
+    let xa = acc(&x)?;
+    let others: Vec<i64> = (0..x.rank())
+        .filter(|&i| i != d)
+        .map(|i| i as i64)
+        .collect();
+    let n = norm(&xa, p, &others, true)?;
+    let scale = rdiv_scalar(&add_scalar(&n, 1e-7)?, maxnorm)?;
+    let factor = where_(&gt_scalar(&n, maxnorm)?, &scale, &ones_like(&n))?;
+    back(mul(&xa, &factor)?, dt)
 }
 
 /// Cosine similarity of `x1` and `x2` (broadcast together) along `dim`: each is
 /// divided by its norm clamped below at `eps` (the clamp carries no gradient, as in
 /// PyTorch), then the products are summed.
 pub fn cosine_similarity(x1: &Tensor, x2: &Tensor, dim: i64, eps: f64) -> Result<Tensor> {
-    let [x1, x2] = enter(&COSINE_SIMILARITY, [x1, x2])?;
-    bypass(|| {
-        let dt = promote_types(x1.dtype(), x2.dtype());
-        let shape = broadcast_shapes("cosine_similarity", x1.dims(), x2.dims())?;
-        let a = expand(&acc(&x1)?, &shape)?;
-        let b = expand(&acc(&x2)?, &shape)?;
-        let na = clamped_norm(&a, dim, eps)?;
-        let nb = clamped_norm(&b, dim, eps)?;
-        let s = sum(&mul(&div(&a, &na)?, &div(&b, &nb)?)?, &[dim], false, None)?;
-        back(s, dt)
-    })
+    let ([x1, x2], _body) = enter(&COSINE_SIMILARITY, [x1, x2])?;
+    let dt = promote_types(x1.dtype(), x2.dtype());
+    let shape = broadcast_shapes("cosine_similarity", x1.dims(), x2.dims())?;
+    let a = expand(&acc(&x1)?, &shape)?;
+    let b = expand(&acc(&x2)?, &shape)?;
+    let na = clamped_norm(&a, dim, eps)?;
+    let nb = clamped_norm(&b, dim, eps)?;
+    let s = sum(&mul(&div(&a, &na)?, &div(&b, &nb)?)?, &[dim], false, None)?;
+    back(s, dt)
 }
 
 /// The 2-norm along `dim` (kept), its value clamped below at `eps` without changing its
@@ -111,13 +106,11 @@ pub fn pairwise_distance(
     eps: f64,
     keepdim: bool,
 ) -> Result<Tensor> {
-    let [x1, x2] = enter(&PAIRWISE_DISTANCE, [x1, x2])?;
-    bypass(|| {
-        let dt = promote_types(x1.dtype(), x2.dtype());
-        let d = add_scalar(&sub(&acc(&x1)?, &acc(&x2)?)?, eps)?;
-        let dims: Vec<i64> = if d.rank() == 0 { vec![] } else { vec![-1] };
-        back(norm(&d, p, &dims, keepdim && d.rank() > 0)?, dt)
-    })
+    let ([x1, x2], _body) = enter(&PAIRWISE_DISTANCE, [x1, x2])?;
+    let dt = promote_types(x1.dtype(), x2.dtype());
+    let d = add_scalar(&sub(&acc(&x1)?, &acc(&x2)?)?, eps)?;
+    let dims: Vec<i64> = if d.rank() == 0 { vec![] } else { vec![-1] };
+    back(norm(&d, p, &dims, keepdim && d.rank() > 0)?, dt)
 }
 
 /// How [`cdist`] computes Euclidean (`p = 2`) distances.
@@ -152,7 +145,7 @@ impl FromStr for CdistMode {
 /// (`[..., R, M]`): `[..., P, R]`, batch dims broadcast.
 pub fn cdist(x1: &Tensor, x2: &Tensor, p: f64, mode: CdistMode) -> Result<Tensor> {
     const OP: &str = "cdist";
-    let [x1, x2] = enter(&CDIST, [x1, x2])?;
+    let ([x1, x2], _body) = enter(&CDIST, [x1, x2])?;
     super::check::cdist(&x1, &x2)?;
     if x1.rank() < 2 || x2.rank() < 2 {
         return Err(Error::invalid(
@@ -184,17 +177,15 @@ pub fn cdist(x1: &Tensor, x2: &Tensor, p: f64, mode: CdistMode) -> Result<Tensor
             CdistMode::MmIfNecessary => rows1 > 25 || rows2 > 25,
             CdistMode::Direct => false,
         };
-    bypass(|| {
-        let dt = promote_types(x1.dtype(), x2.dtype());
-        let (a, b) = (acc(&x1)?, acc(&x2)?);
-        let out = if use_mm {
-            euclidean_dist(&a, &b)?
-        } else {
-            let diff = sub(&unsqueeze(&a, -2)?, &unsqueeze(&b, -3)?)?;
-            norm(&diff, p, &[-1], false)?
-        };
-        back(out, dt)
-    })
+    let dt = promote_types(x1.dtype(), x2.dtype());
+    let (a, b) = (acc(&x1)?, acc(&x2)?);
+    let out = if use_mm {
+        euclidean_dist(&a, &b)?
+    } else {
+        let diff = sub(&unsqueeze(&a, -2)?, &unsqueeze(&b, -3)?)?;
+        norm(&diff, p, &[-1], false)?
+    };
+    back(out, dt)
 }
 
 /// The raw `sqrt(max(‖a‖² + ‖b‖² - 2 a·b, 0))` distances through one matrix product.
@@ -253,7 +244,7 @@ fn euclidean_dist(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// pair order: `N (N - 1) / 2` values.
 pub fn pdist(x: &Tensor, p: f64) -> Result<Tensor> {
     const OP: &str = "pdist";
-    let [x] = enter(&PDIST, [x])?;
+    let ([x], _body) = enter(&PDIST, [x])?;
     super::check::float32_or_64("pdist", &x)?;
     if x.rank() != 2 {
         return Err(Error::invalid(
@@ -276,23 +267,19 @@ pub fn pdist(x: &Tensor, p: f64) -> Result<Tensor> {
         }
     }
     let pairs = ii.len();
-    bypass(|| {
-        let dt = x.dtype();
-        let xa = acc(&x)?;
-        if pairs == 0 {
-            return back(Tensor::zeros([0usize], xa.dtype()), dt);
-        }
-        let a = index_select(&xa, 0, &Tensor::from_vec(ii, [pairs])?)?;
-        let b = index_select(&xa, 0, &Tensor::from_vec(jj, [pairs])?)?;
-        back(norm(&sub(&a, &b)?, p, &[1], false)?, dt)
-    })
+    let dt = x.dtype();
+    let xa = acc(&x)?;
+    if pairs == 0 {
+        return back(Tensor::zeros([0usize], xa.dtype()), dt);
+    }
+    let a = index_select(&xa, 0, &Tensor::from_vec(ii, [pairs])?)?;
+    let b = index_select(&xa, 0, &Tensor::from_vec(jj, [pairs])?)?;
+    back(norm(&sub(&a, &b)?, p, &[1], false)?, dt)
 }
 
 /// `‖x - other‖_p` over every element (broadcast), a 0-dim tensor (`torch.dist`).
 pub fn dist(x: &Tensor, other: &Tensor, p: f64) -> Result<Tensor> {
-    let [x, other] = enter(&DIST, [x, other])?;
-    bypass(|| {
-        let dt = promote_types(x.dtype(), other.dtype());
-        back(norm(&sub(&acc(&x)?, &acc(&other)?)?, p, &[], false)?, dt)
-    })
+    let ([x, other], _body) = enter(&DIST, [x, other])?;
+    let dt = promote_types(x.dtype(), other.dtype());
+    back(norm(&sub(&acc(&x)?, &acc(&other)?)?, p, &[], false)?, dt)
 }

@@ -5,10 +5,11 @@
 //! record PyTorch's backward formula written in differentiable ops; inside a backward
 //! built with `create_graph` the factorisation is recomputed differentiably from its
 //! input, so double backward differentiates through it as PyTorch does through the
-//! saved result. Ops PyTorch builds from others (`linalg_matrix_norm`, `linalg_cond`,
-//! `linalg_lstsq`, `linalg_tensorinv`, `linalg_tensorsolve`, `lu_solve`, `trace`) enter
-//! the dispatch point once under their own name and run their body with the dispatch
-//! layer bypassed (as autocast excludes itself inside an op in PyTorch).
+//! saved result. Ops written here from others (`linalg_matrix_norm`, `linalg_cond`,
+//! `linalg_lstsq`, `linalg_tensorinv`, `linalg_tensorsolve`, `lu_solve`, `trace`, the
+//! Householder products) enter the dispatch point once under their own name as opaque ops
+//! ([`OpName::opaque`]): their body runs with the dispatch layer excluded, so their own
+//! policy alone decides their dtypes (as autocast excludes itself inside an op in PyTorch).
 
 use amp_kernels::QuantileInterpolation;
 use amp_tensor::{broadcast_shapes, DType, Tensor as Raw};
@@ -18,12 +19,12 @@ use super::pointwise::{add, div, mul, mul_scalar, neg, sub, where_};
 use super::reduce::{amax, amin, sum};
 use super::shape::{expand, narrow, permute, reshape, scatter_add, squeeze, transpose, unsqueeze};
 use super::{cat, enter, enter_vec};
-use crate::dispatch::{bypass, OpName};
+use crate::dispatch::OpName;
 use crate::grad_mode::is_grad_enabled;
 use crate::graph::{needs_grad, record, record_multi, BackwardFn};
 use crate::{Error, Result, Tensor};
 
-static TRACE: OpName = OpName::new("trace");
+static TRACE: OpName = OpName::opaque("trace");
 static INVERSE: OpName = OpName::new("inverse");
 static LINALG_INV: OpName = OpName::new("linalg_inv");
 static LINALG_INV_EX: OpName = OpName::new("linalg_inv_ex");
@@ -46,20 +47,20 @@ static PINVERSE: OpName = OpName::new("pinverse");
 static LINALG_QR: OpName = OpName::new("linalg_qr");
 static QR: OpName = OpName::new("qr");
 static LU_WITH_INFO: OpName = OpName::new("_lu_with_info");
-static LU_SOLVE: OpName = OpName::new("lu_solve");
-static LINALG_LSTSQ: OpName = OpName::new("linalg_lstsq");
-static LSTSQ: OpName = OpName::new("lstsq");
-static LINALG_MATRIX_NORM: OpName = OpName::new("linalg_matrix_norm");
-static LINALG_COND: OpName = OpName::new("linalg_cond");
+static LU_SOLVE: OpName = OpName::opaque("lu_solve");
+static LINALG_LSTSQ: OpName = OpName::opaque("linalg_lstsq");
+static LSTSQ: OpName = OpName::opaque("lstsq");
+static LINALG_MATRIX_NORM: OpName = OpName::opaque("linalg_matrix_norm");
+static LINALG_COND: OpName = OpName::opaque("linalg_cond");
 static LINALG_MATRIX_RANK: OpName = OpName::new("linalg_matrix_rank");
-static LINALG_TENSORINV: OpName = OpName::new("linalg_tensorinv");
-static LINALG_TENSORSOLVE: OpName = OpName::new("linalg_tensorsolve");
+static LINALG_TENSORINV: OpName = OpName::opaque("linalg_tensorinv");
+static LINALG_TENSORSOLVE: OpName = OpName::opaque("linalg_tensorsolve");
 static QUANTILE: OpName = OpName::new("quantile");
 static NANQUANTILE: OpName = OpName::new("nanquantile");
 static GEQRF: OpName = OpName::new("geqrf");
-static LINALG_HOUSEHOLDER_PRODUCT: OpName = OpName::new("linalg_householder_product");
-static ORGQR: OpName = OpName::new("orgqr");
-static ORMQR: OpName = OpName::new("ormqr");
+static LINALG_HOUSEHOLDER_PRODUCT: OpName = OpName::opaque("linalg_householder_product");
+static ORGQR: OpName = OpName::opaque("orgqr");
+static ORMQR: OpName = OpName::opaque("ormqr");
 static FAKE_QUANTIZE: OpName = OpName::new("fake_quantize_per_tensor_affine");
 
 // ----- helpers ---------------------------------------------------------------------------
@@ -175,7 +176,7 @@ fn raw(t: &Raw) -> Tensor {
 
 /// Sum of the main diagonal of a 2-D tensor.
 pub fn trace(x: &Tensor) -> Result<Tensor> {
-    let [x] = enter(&TRACE, [x])?;
+    let ([x], _body) = enter(&TRACE, [x])?;
     if x.dtype() == amp_tensor::DType::Bool {
         return Err(amp_tensor::Error::UnsupportedDType {
             op: "trace",
@@ -189,11 +190,9 @@ pub fn trace(x: &Tensor) -> Result<Tensor> {
             format!("expected a matrix, but got tensor with dim {}", x.rank()),
         ));
     }
-    bypass(|| {
-        let (m, n) = (x.dims()[0], x.dims()[1]);
-        let d = mul(&x, &mask(m, n, x.dtype(), |i, j| i == j)?)?;
-        sum(&d, &[], false, None)
-    })
+    let (m, n) = (x.dims()[0], x.dims()[1]);
+    let d = mul(&x, &mask(m, n, x.dtype(), |i, j| i == j)?)?;
+    sum(&d, &[], false, None)
 }
 
 // ----- inverse and solve --------------------------------------------------------------------
@@ -221,20 +220,20 @@ fn inv_checked(a: &Tensor, op: &'static str) -> Result<Tensor> {
 /// `torch.linalg.inv`: the inverse of each square matrix (`[..., n, n]`); a singular
 /// matrix is an error.
 pub fn linalg_inv(a: &Tensor) -> Result<Tensor> {
-    let [a] = enter(&LINALG_INV, [a])?;
+    let ([a], _body) = enter(&LINALG_INV, [a])?;
     inv_checked(&a, "linalg.inv")
 }
 
 /// `torch.inverse` (the same as [`linalg_inv`] under its own op name).
 pub fn inverse(a: &Tensor) -> Result<Tensor> {
-    let [a] = enter(&INVERSE, [a])?;
+    let ([a], _body) = enter(&INVERSE, [a])?;
     inv_checked(&a, "inverse")
 }
 
 /// `torch.linalg.inv_ex`: `(inverse, info)`; `info` (`int32`, batch shape) is nonzero
 /// where a matrix is singular; with `check_errors` that is an error.
 pub fn linalg_inv_ex(a: &Tensor, check_errors: bool) -> Result<(Tensor, Tensor)> {
-    let [a] = enter(&LINALG_INV_EX, [a])?;
+    let ([a], _body) = enter(&LINALG_INV_EX, [a])?;
     if check_errors {
         let out = inv_checked(&a, "linalg.inv_ex")?;
         let info = Raw::zeros(a.dims()[..a.rank() - 2].to_vec(), DType::I32);
@@ -306,14 +305,14 @@ fn solve_impl(a: &Tensor, b: &Tensor, left: bool) -> Result<Tensor> {
 /// `torch.linalg.solve(A, B, left=True)`: `X` with `A X = B` (`left`) or `X A = B`;
 /// `B` may be a (batch of) vector(s); batch dims broadcast.
 pub fn linalg_solve(a: &Tensor, b: &Tensor, left: bool) -> Result<Tensor> {
-    let [a, b] = enter(&LINALG_SOLVE, [a, b])?;
+    let ([a, b], _body) = enter(&LINALG_SOLVE, [a, b])?;
     solve_impl(&a, &b, left)
 }
 
 /// The removed `torch.solve(input, A)` (PyTorch 1.x): `(solution, LU)` of `A X = input`,
 /// `LU` the packed LU factorisation of `A` (not differentiable).
 pub fn solve(input: &Tensor, a: &Tensor) -> Result<(Tensor, Tensor)> {
-    let [input, a] = enter(&SOLVE, [input, a])?;
+    let ([input, a], _body) = enter(&SOLVE, [input, a])?;
     let (ae, be) = broadcast_batch("solve", &a, &input)?;
     let x = solve_core(&ae, &be)?;
     let (lu, _, _) = amp_kernels::linalg_lu_factor_ex(ae.data())?;
@@ -362,7 +361,7 @@ pub fn linalg_solve_triangular(
     left: bool,
     unitriangular: bool,
 ) -> Result<Tensor> {
-    let [a, b] = enter(&LINALG_SOLVE_TRIANGULAR, [a, b])?;
+    let ([a, b], _body) = enter(&LINALG_SOLVE_TRIANGULAR, [a, b])?;
     tri_impl(&a, &b, upper, left, unitriangular)
 }
 
@@ -375,7 +374,7 @@ pub fn triangular_solve(
     transpose_a: bool,
     unitriangular: bool,
 ) -> Result<(Tensor, Tensor)> {
-    let [b, a] = enter(&TRIANGULAR_SOLVE, [b, a])?;
+    let ([b, a], _body) = enter(&TRIANGULAR_SOLVE, [b, a])?;
     let x = if transpose_a {
         tri_impl(&mt(&a)?, &b, !upper, true, unitriangular)?
     } else {
@@ -432,13 +431,13 @@ fn chol_checked(a: &Tensor, upper: bool, op: &'static str) -> Result<Tensor> {
 /// `torch.linalg.cholesky(A, *, upper=False)`: `L` with `A = L Lᵀ` (or `U` with
 /// `A = Uᵀ U`); a matrix that is not positive-definite is an error.
 pub fn linalg_cholesky(a: &Tensor, upper: bool) -> Result<Tensor> {
-    let [a] = enter(&LINALG_CHOLESKY, [a])?;
+    let ([a], _body) = enter(&LINALG_CHOLESKY, [a])?;
     chol_checked(&a, upper, "linalg.cholesky")
 }
 
 /// `torch.linalg.cholesky_ex(A, *, upper=False, check_errors=False)`: `(L, info)`.
 pub fn linalg_cholesky_ex(a: &Tensor, upper: bool, check_errors: bool) -> Result<(Tensor, Tensor)> {
-    let [a] = enter(&LINALG_CHOLESKY_EX, [a])?;
+    let ([a], _body) = enter(&LINALG_CHOLESKY_EX, [a])?;
     if check_errors {
         let l = chol_checked(&a, upper, "linalg.cholesky_ex")?;
         let info = Raw::zeros(a.dims()[..a.rank() - 2].to_vec(), DType::I32);
@@ -450,7 +449,7 @@ pub fn linalg_cholesky_ex(a: &Tensor, upper: bool, check_errors: bool) -> Result
 
 /// The deprecated `torch.cholesky(input, upper=False)`.
 pub fn cholesky(a: &Tensor, upper: bool) -> Result<Tensor> {
-    let [a] = enter(&CHOLESKY, [a])?;
+    let ([a], _body) = enter(&CHOLESKY, [a])?;
     chol_checked(&a, upper, "cholesky")
 }
 
@@ -484,7 +483,7 @@ fn chol_solve_core(b: &Tensor, l: &Tensor, upper: bool) -> Result<Tensor> {
 
 /// `torch.cholesky_solve(B, L, upper=False)`: `X` with `L Lᵀ X = B` (or `Uᵀ U X = B`).
 pub fn cholesky_solve(b: &Tensor, l: &Tensor, upper: bool) -> Result<Tensor> {
-    let [b, l] = enter(&CHOLESKY_SOLVE, [b, l])?;
+    let ([b, l], _body) = enter(&CHOLESKY_SOLVE, [b, l])?;
     last2("cholesky_solve", &b)?;
     let (m, n) = last2("cholesky_solve", &l)?;
     if m != n {
@@ -524,7 +523,7 @@ fn chol_inverse_core(l: &Tensor, upper: bool) -> Result<Tensor> {
 
 /// `torch.cholesky_inverse(L, upper=False)`: `(L Lᵀ)⁻¹` (or `(Uᵀ U)⁻¹`).
 pub fn cholesky_inverse(l: &Tensor, upper: bool) -> Result<Tensor> {
-    let [l] = enter(&CHOLESKY_INVERSE, [l])?;
+    let ([l], _body) = enter(&CHOLESKY_INVERSE, [l])?;
     let (m, n) = last2("cholesky_inverse", &l)?;
     if m != n {
         return Err(Error::invalid(
@@ -594,14 +593,14 @@ fn uplo_upper(uplo: &str) -> Result<bool> {
 /// `torch.linalg.eigh(A, UPLO='L')`: eigenvalues (ascending) and eigenvectors (columns)
 /// of symmetric matrices, reading the `UPLO` triangle.
 pub fn linalg_eigh(a: &Tensor, uplo: &str) -> Result<(Tensor, Tensor)> {
-    let [a] = enter(&LINALG_EIGH, [a])?;
+    let ([a], _body) = enter(&LINALG_EIGH, [a])?;
     eigh_core(&a, uplo_upper(uplo)?)
 }
 
 /// `torch.linalg.eigvalsh(A, UPLO='L')`: the eigenvalues of [`linalg_eigh`] (computed
 /// with the eigenvectors when a gradient is needed, as PyTorch does).
 pub fn linalg_eigvalsh(a: &Tensor, uplo: &str) -> Result<Tensor> {
-    let [a] = enter(&LINALG_EIGVALSH, [a])?;
+    let ([a], _body) = enter(&LINALG_EIGVALSH, [a])?;
     let upper = uplo_upper(uplo)?;
     if needs_grad(&[&a]) {
         return Ok(eigh_core(&a, upper)?.0);
@@ -621,7 +620,7 @@ pub fn linalg_eigvalsh(a: &Tensor, uplo: &str) -> Result<Tensor> {
 /// The removed `torch.symeig(input, eigenvectors=False, upper=True)` (PyTorch 1.x):
 /// `(eigenvalues, eigenvectors)`, the eigenvectors an empty tensor unless asked for.
 pub fn symeig(a: &Tensor, eigenvectors: bool, upper: bool) -> Result<(Tensor, Tensor)> {
-    let [a] = enter(&SYMEIG, [a])?;
+    let ([a], _body) = enter(&SYMEIG, [a])?;
     let (w, v) = eigh_core(&a, upper)?;
     if eigenvectors {
         Ok((w, v))
@@ -736,7 +735,7 @@ fn svd_backward(
 
 /// `torch.linalg.svd(A, full_matrices=True)`: `(U, S, Vh)`, singular values descending.
 pub fn linalg_svd(a: &Tensor, full_matrices: bool) -> Result<(Tensor, Tensor, Tensor)> {
-    let [a] = enter(&LINALG_SVD, [a])?;
+    let ([a], _body) = enter(&LINALG_SVD, [a])?;
     last2("linalg.svd", &a)?;
     svd_core(&a, full_matrices)
 }
@@ -753,14 +752,14 @@ fn svdvals_impl(a: &Tensor) -> Result<Tensor> {
 
 /// `torch.linalg.svdvals(A)`: the singular values, descending.
 pub fn linalg_svdvals(a: &Tensor) -> Result<Tensor> {
-    let [a] = enter(&LINALG_SVDVALS, [a])?;
+    let ([a], _body) = enter(&LINALG_SVDVALS, [a])?;
     svdvals_impl(&a)
 }
 
 /// `torch.svd(input, some=True, compute_uv=True)`: `(U, S, V)` (`V`, not `Vh`); without
 /// `compute_uv`, `U` and `V` are zero-filled `[..., m, m]` and `[..., n, n]`.
 pub fn svd(a: &Tensor, some: bool, compute_uv: bool) -> Result<(Tensor, Tensor, Tensor)> {
-    let [a] = enter(&SVD, [a])?;
+    let ([a], _body) = enter(&SVD, [a])?;
     let (m, n) = last2("svd", &a)?;
     if !compute_uv {
         let s = svdvals_impl(&a)?;
@@ -829,7 +828,7 @@ fn pinv_backward(g: &Tensor, p: &Tensor, a: &Tensor) -> Result<Tensor> {
 /// `torch.pinverse(input, rcond=1e-15)`: the Moore–Penrose pseudo-inverse (singular
 /// values at most `rcond` times the largest are treated as zero).
 pub fn pinverse(a: &Tensor, rcond: f64) -> Result<Tensor> {
-    let [a] = enter(&PINVERSE, [a])?;
+    let ([a], _body) = enter(&PINVERSE, [a])?;
     last2("pinverse", &a)?;
     pinv_core(&a, rcond)
 }
@@ -941,13 +940,13 @@ fn qr_backward_tall(
 
 /// `torch.linalg.qr(A, mode='reduced')`: `(Q, R)`.
 pub fn linalg_qr(a: &Tensor, mode: QrMode) -> Result<(Tensor, Tensor)> {
-    let [a] = enter(&LINALG_QR, [a])?;
+    let ([a], _body) = enter(&LINALG_QR, [a])?;
     qr_core(&a, mode)
 }
 
 /// `torch.qr(input, some=True)`: `(Q, R)`, reduced when `some`.
 pub fn qr(a: &Tensor, some: bool) -> Result<(Tensor, Tensor)> {
-    let [a] = enter(&QR, [a])?;
+    let ([a], _body) = enter(&QR, [a])?;
     qr_core(
         &a,
         if some {
@@ -963,7 +962,7 @@ pub fn qr(a: &Tensor, some: bool) -> Result<(Tensor, Tensor)> {
 /// `torch.geqrf(input)`: LAPACK's packed Householder QR `(a, tau)` (not differentiable,
 /// as in PyTorch).
 pub fn geqrf(a: &Tensor) -> Result<(Tensor, Tensor)> {
-    let [a] = enter(&GEQRF, [a])?;
+    let ([a], _body) = enter(&GEQRF, [a])?;
     last2("geqrf", &a)?;
     if needs_grad(&[&a]) {
         return Err(Error::invalid(
@@ -1029,28 +1028,26 @@ fn householder_impl(op: &'static str, a: &Tensor, tau: &Tensor) -> Result<Tensor
         }));
     }
     let (m, n, k) = check_householder(op, a, tau)?;
-    bypass(|| {
-        let batch = &a.dims()[..a.rank() - 2];
-        let id = mask(m, n, a.dtype(), |i, j| i == j)?;
-        let mut q = expand_batch(&id, batch)?;
-        for i in (0..k).rev() {
-            q = apply_reflector(a, tau, i, &q, true)?;
-        }
-        Ok(q)
-    })
+    let batch = &a.dims()[..a.rank() - 2];
+    let id = mask(m, n, a.dtype(), |i, j| i == j)?;
+    let mut q = expand_batch(&id, batch)?;
+    for i in (0..k).rev() {
+        q = apply_reflector(a, tau, i, &q, true)?;
+    }
+    Ok(q)
 }
 
 /// `torch.linalg.householder_product(A, tau)`: the first `n` columns of
 /// `H_1 ⋯ H_k`, `H_i = I - tau_i v_i v_iᵀ` with `v_i` column `i` of `A` below the
 /// diagonal (and a one on it), as [`geqrf`] returns them. Built from differentiable ops.
 pub fn linalg_householder_product(a: &Tensor, tau: &Tensor) -> Result<Tensor> {
-    let [a, tau] = enter(&LINALG_HOUSEHOLDER_PRODUCT, [a, tau])?;
+    let ([a, tau], _body) = enter(&LINALG_HOUSEHOLDER_PRODUCT, [a, tau])?;
     householder_impl("linalg.householder_product", &a, &tau)
 }
 
 /// `torch.orgqr(input, tau)`: the same as [`linalg_householder_product`].
 pub fn orgqr(a: &Tensor, tau: &Tensor) -> Result<Tensor> {
-    let [a, tau] = enter(&ORGQR, [a, tau])?;
+    let ([a, tau], _body) = enter(&ORGQR, [a, tau])?;
     householder_impl("orgqr", &a, &tau)
 }
 
@@ -1065,7 +1062,7 @@ pub fn ormqr(
     transpose_q: bool,
 ) -> Result<Tensor> {
     const OP: &str = "ormqr";
-    let [a, tau, other] = enter(&ORMQR, [a, tau, other])?;
+    let ([a, tau, other], _body) = enter(&ORMQR, [a, tau, other])?;
     if !matches!(a.dtype(), DType::F32 | DType::F64) {
         return Err(Error::Tensor(amp_tensor::Error::UnsupportedDType {
             op: OP,
@@ -1093,20 +1090,18 @@ pub fn ormqr(
             ),
         ));
     }
-    bypass(|| {
-        let mut out = other.clone();
-        // Q C = H_1 (⋯ (H_k C)); Qᵀ C = H_k ⋯ H_1 C; C Q = C H_1 ⋯ H_k; C Qᵀ = C H_k ⋯ H_1.
-        let forward = left == transpose_q;
-        let order: Vec<usize> = if forward {
-            (0..k).collect()
-        } else {
-            (0..k).rev().collect()
-        };
-        for i in order {
-            out = apply_reflector(&a, &tau, i, &out, left)?;
-        }
-        Ok(out)
-    })
+    let mut out = other.clone();
+    // Q C = H_1 (⋯ (H_k C)); Qᵀ C = H_k ⋯ H_1 C; C Q = C H_1 ⋯ H_k; C Qᵀ = C H_k ⋯ H_1.
+    let forward = left == transpose_q;
+    let order: Vec<usize> = if forward {
+        (0..k).collect()
+    } else {
+        (0..k).rev().collect()
+    };
+    for i in order {
+        out = apply_reflector(&a, &tau, i, &out, left)?;
+    }
+    Ok(out)
 }
 
 // ----- LU ---------------------------------------------------------------------------------
@@ -1150,7 +1145,7 @@ fn lu_core(a: &Tensor) -> Result<(Tensor, Raw, Raw)> {
 /// infos with `get_infos` (a singular matrix is not an error: its info is nonzero).
 /// `pivot=False` is not available on the CPU, as in PyTorch.
 pub fn lu(a: &Tensor, pivot: bool, get_infos: bool) -> Result<Vec<Tensor>> {
-    let [a] = enter(&LU_WITH_INFO, [a])?;
+    let ([a], _body) = enter(&LU_WITH_INFO, [a])?;
     if !pivot {
         return Err(Error::invalid(
             "torch.lu",
@@ -1168,26 +1163,24 @@ pub fn lu(a: &Tensor, pivot: bool, get_infos: bool) -> Result<Vec<Tensor>> {
 /// `torch.lu_solve(b, LU_data, LU_pivots)`: `X` with `A X = b`, `A = P L U` given by
 /// [`lu`]'s outputs.
 pub fn lu_solve(b: &Tensor, lu_data: &Tensor, lu_pivots: &Tensor) -> Result<Tensor> {
-    let [b, lu_data, lu_pivots] = enter(&LU_SOLVE, [b, lu_data, lu_pivots])?;
-    bypass(|| {
-        let (m, n) = last2("lu_solve", &lu_data)?;
-        if m != n {
-            return Err(Error::invalid(
-                "lu_solve",
-                "LU_data must be batches of square matrices",
-            ));
-        }
-        last2("lu_solve", &b)?;
-        let p = Tensor::from_raw(amp_kernels::lu_pivots_to_permutation(
-            lu_pivots.data(),
-            n,
-            lu_data.dtype(),
-        )?);
-        let (l, u) = lu_unpack_lu(&lu_data)?;
-        let pb = matmul(&mt(&p)?, &b)?;
-        let y = tri_impl(&l, &pb, false, true, true)?;
-        tri_impl(&u, &y, true, true, false)
-    })
+    let ([b, lu_data, lu_pivots], _body) = enter(&LU_SOLVE, [b, lu_data, lu_pivots])?;
+    let (m, n) = last2("lu_solve", &lu_data)?;
+    if m != n {
+        return Err(Error::invalid(
+            "lu_solve",
+            "LU_data must be batches of square matrices",
+        ));
+    }
+    last2("lu_solve", &b)?;
+    let p = Tensor::from_raw(amp_kernels::lu_pivots_to_permutation(
+        lu_pivots.data(),
+        n,
+        lu_data.dtype(),
+    )?);
+    let (l, u) = lu_unpack_lu(&lu_data)?;
+    let pb = matmul(&mt(&p)?, &b)?;
+    let y = tri_impl(&l, &pb, false, true, true)?;
+    tri_impl(&u, &y, true, true, false)
 }
 
 // ----- least squares -------------------------------------------------------------------------
@@ -1204,7 +1197,7 @@ pub fn lu_solve(b: &Tensor, lu_data: &Tensor, lu_pivots: &Tensor) -> Result<Tens
 /// Full rank is assumed, as `gels` does. Not differentiable (as in PyTorch).
 pub fn lstsq(input: &Tensor, a: &Tensor) -> Result<(Tensor, Tensor)> {
     const OP: &str = "lstsq";
-    let [b, a] = enter(&LSTSQ, [input, a])?;
+    let ([b, a], _body) = enter(&LSTSQ, [input, a])?;
     if a.rank() != 2 {
         return Err(Error::invalid(OP, "A should have 2 dimensions"));
     }
@@ -1227,30 +1220,28 @@ pub fn lstsq(input: &Tensor, a: &Tensor) -> Result<(Tensor, Tensor)> {
             ),
         ));
     }
-    bypass(|| {
-        let b2 = if b.rank() == 1 {
-            unsqueeze(&b, 1)?
-        } else {
-            b.clone()
-        };
-        let k = b2.dims()[1];
-        if m >= n {
-            let (qr, tau) = geqrf(&a)?;
-            let qtb = ormqr(&qr, &tau, &b2, true, true)?;
-            let r = triu(&narrow(&qr, 0, 0, n)?, 0)?;
-            let (x, _) = triangular_solve(&narrow(&qtb, 0, 0, n)?, &r, true, false, false)?;
-            let sol = cat(&[x, narrow(&qtb, 0, n, m - n)?], 0)?;
-            Ok((sol, qr))
-        } else {
-            let (qrt, tau) = geqrf(&transpose(&a, 0, 1)?)?;
-            let lq = Tensor::from_raw(transpose(&qrt, 0, 1)?.data().contiguous());
-            let l = tril(&narrow(&lq, 1, 0, m)?, 0)?;
-            let (y, _) = triangular_solve(&b2, &l, false, false, false)?;
-            let pad = Tensor::zeros([n - m, k], a.dtype());
-            let x = ormqr(&qrt, &tau, &cat(&[y, pad], 0)?, true, false)?;
-            Ok((x, lq))
-        }
-    })
+    let b2 = if b.rank() == 1 {
+        unsqueeze(&b, 1)?
+    } else {
+        b.clone()
+    };
+    let k = b2.dims()[1];
+    if m >= n {
+        let (qr, tau) = geqrf(&a)?;
+        let qtb = ormqr(&qr, &tau, &b2, true, true)?;
+        let r = triu(&narrow(&qr, 0, 0, n)?, 0)?;
+        let (x, _) = triangular_solve(&narrow(&qtb, 0, 0, n)?, &r, true, false, false)?;
+        let sol = cat(&[x, narrow(&qtb, 0, n, m - n)?], 0)?;
+        Ok((sol, qr))
+    } else {
+        let (qrt, tau) = geqrf(&transpose(&a, 0, 1)?)?;
+        let lq = Tensor::from_raw(transpose(&qrt, 0, 1)?.data().contiguous());
+        let l = tril(&narrow(&lq, 1, 0, m)?, 0)?;
+        let (y, _) = triangular_solve(&b2, &l, false, false, false)?;
+        let pad = Tensor::zeros([n - m, k], a.dtype());
+        let x = ormqr(&qrt, &tau, &cat(&[y, pad], 0)?, true, false)?;
+        Ok((x, lq))
+    }
 }
 
 /// `torch.linalg.lstsq(A, B, rcond=None, *, driver=None)`: `(solution, residuals, rank,
@@ -1265,7 +1256,7 @@ pub fn linalg_lstsq(
     rcond: Option<f64>,
     driver: Option<&str>,
 ) -> Result<Vec<Tensor>> {
-    let [a, b] = enter(&LINALG_LSTSQ, [a, b])?;
+    let ([a, b], _body) = enter(&LINALG_LSTSQ, [a, b])?;
     let driver = driver.unwrap_or("gelsy");
     if !["gels", "gelsy", "gelsd", "gelss"].contains(&driver) {
         return Err(Error::invalid(
@@ -1275,58 +1266,56 @@ pub fn linalg_lstsq(
             ),
         ));
     }
-    bypass(|| {
-        let (m, n) = last2("torch.linalg.lstsq", &a)?;
-        let vector = b.rank() + 1 == a.rank();
-        let b2 = if vector {
-            unsqueeze(&b, -1)?
-        } else {
-            b.clone()
-        };
-        let eps = if a.dtype() == DType::F64 {
-            f64::EPSILON
-        } else {
-            f32::EPSILON as f64
-        };
-        let rcond = rcond.filter(|r| *r > 0.0).unwrap_or(eps * m.max(n) as f64);
-        let p = pinv_core(&a, rcond)?;
-        let (pe, be) = broadcast_batch("torch.linalg.lstsq", &p, &b2)?;
-        let mut x = matmul(&pe, &be)?;
-        let empty = || Tensor::zeros([0], a.dtype());
-        let rank = if driver == "gels" {
-            Tensor::zeros([0], DType::I64)
-        } else {
-            Tensor::from_raw(amp_kernels::linalg_matrix_rank(
-                a.data(),
-                None,
-                Some(rcond),
-                false,
-            )?)
-        };
-        let full_rank = amp_kernels::linalg_matrix_rank(a.data(), None, Some(rcond), false)?
-            .to_vec_as::<i64>()
-            .iter()
-            .all(|&r| r as usize == n);
-        let residuals = if m > n && driver != "gelsy" && (driver == "gels" || full_rank) {
-            let r = sub(
-                &matmul(&expand_batch(&a, &be.dims()[..be.rank() - 2])?, &x)?,
-                &be,
-            )?;
-            let r = Tensor::from_raw(r.data().clone());
-            sum(&mul(&r, &r)?, &[-2], false, None)?
-        } else {
-            empty()
-        };
-        let sv = if driver == "gelsd" || driver == "gelss" {
-            Tensor::from_raw(amp_kernels::linalg_svd(a.data(), false, false)?.1)
-        } else {
-            empty()
-        };
-        if vector {
-            x = squeeze(&x, -1)?;
-        }
-        Ok(vec![x, residuals, rank, sv])
-    })
+    let (m, n) = last2("torch.linalg.lstsq", &a)?;
+    let vector = b.rank() + 1 == a.rank();
+    let b2 = if vector {
+        unsqueeze(&b, -1)?
+    } else {
+        b.clone()
+    };
+    let eps = if a.dtype() == DType::F64 {
+        f64::EPSILON
+    } else {
+        f32::EPSILON as f64
+    };
+    let rcond = rcond.filter(|r| *r > 0.0).unwrap_or(eps * m.max(n) as f64);
+    let p = pinv_core(&a, rcond)?;
+    let (pe, be) = broadcast_batch("torch.linalg.lstsq", &p, &b2)?;
+    let mut x = matmul(&pe, &be)?;
+    let empty = || Tensor::zeros([0], a.dtype());
+    let rank = if driver == "gels" {
+        Tensor::zeros([0], DType::I64)
+    } else {
+        Tensor::from_raw(amp_kernels::linalg_matrix_rank(
+            a.data(),
+            None,
+            Some(rcond),
+            false,
+        )?)
+    };
+    let full_rank = amp_kernels::linalg_matrix_rank(a.data(), None, Some(rcond), false)?
+        .to_vec_as::<i64>()
+        .iter()
+        .all(|&r| r as usize == n);
+    let residuals = if m > n && driver != "gelsy" && (driver == "gels" || full_rank) {
+        let r = sub(
+            &matmul(&expand_batch(&a, &be.dims()[..be.rank() - 2])?, &x)?,
+            &be,
+        )?;
+        let r = Tensor::from_raw(r.data().clone());
+        sum(&mul(&r, &r)?, &[-2], false, None)?
+    } else {
+        empty()
+    };
+    let sv = if driver == "gelsd" || driver == "gelss" {
+        Tensor::from_raw(amp_kernels::linalg_svd(a.data(), false, false)?.1)
+    } else {
+        empty()
+    };
+    if vector {
+        x = squeeze(&x, -1)?;
+    }
+    Ok(vec![x, residuals, rank, sv])
 }
 
 // ----- norms, condition number, rank -----------------------------------------------------------
@@ -1415,59 +1404,55 @@ pub fn linalg_matrix_norm(
     keepdim: bool,
     dtype: Option<DType>,
 ) -> Result<Tensor> {
-    let [a] = enter(&LINALG_MATRIX_NORM, [a])?;
-    bypass(|| {
-        let a = match dtype {
-            Some(d) => super::cast::to_dtype(&a, d)?,
-            None => a.clone(),
-        };
-        matrix_norm_impl(&a, ord, dims, keepdim)
-    })
+    let ([a], _body) = enter(&LINALG_MATRIX_NORM, [a])?;
+    let a = match dtype {
+        Some(d) => super::cast::to_dtype(&a, d)?,
+        None => a.clone(),
+    };
+    matrix_norm_impl(&a, ord, dims, keepdim)
 }
 
 /// `torch.linalg.cond(A, p=None)`: the condition number; `None`, `2`, `-2` from the
 /// singular values, other orders as `norm(A) * norm(inv(A))` (infinite for a singular
 /// matrix).
 pub fn linalg_cond(a: &Tensor, p: Option<MatrixNormOrd>) -> Result<Tensor> {
-    let [a] = enter(&LINALG_COND, [a])?;
-    bypass(|| {
-        let (m, n) = last2("linalg.cond", &a)?;
-        match p {
-            None | Some(MatrixNormOrd::P(2.0)) | Some(MatrixNormOrd::P(-2.0)) => {
-                let s = svdvals_impl(&a)?;
-                let k = m.min(n);
-                let big = narrow(&s, -1, 0, 1)?;
-                let small = narrow(&s, -1, k - 1, 1)?;
-                let c = if p == Some(MatrixNormOrd::P(-2.0)) {
-                    div(&small, &big)?
-                } else {
-                    div(&big, &small)?
-                };
-                squeeze(&c, -1)
-            }
-            Some(ord) => {
-                if m != n {
-                    return Err(Error::invalid(
-                        "linalg.cond",
-                        "A must be batches of square matrices for this norm order",
-                    ));
-                }
-                let (inv, info) = inv_core(&a)?;
-                let na = matrix_norm_impl(&a, ord, [-2, -1], false)?;
-                let ni = matrix_norm_impl(&inv, ord, [-2, -1], false)?;
-                let c = mul(&na, &ni)?;
-                let singular = Tensor::from_raw(Raw::from_vec(
-                    info.to_vec_as::<i64>()
-                        .iter()
-                        .map(|&i| i != 0)
-                        .collect::<Vec<_>>(),
-                    info.dims().to_vec(),
-                )?);
-                let inf = Tensor::full(c.dims().to_vec(), f64::INFINITY, c.dtype());
-                where_(&singular, &inf, &c)
-            }
+    let ([a], _body) = enter(&LINALG_COND, [a])?;
+    let (m, n) = last2("linalg.cond", &a)?;
+    match p {
+        None | Some(MatrixNormOrd::P(2.0)) | Some(MatrixNormOrd::P(-2.0)) => {
+            let s = svdvals_impl(&a)?;
+            let k = m.min(n);
+            let big = narrow(&s, -1, 0, 1)?;
+            let small = narrow(&s, -1, k - 1, 1)?;
+            let c = if p == Some(MatrixNormOrd::P(-2.0)) {
+                div(&small, &big)?
+            } else {
+                div(&big, &small)?
+            };
+            squeeze(&c, -1)
         }
-    })
+        Some(ord) => {
+            if m != n {
+                return Err(Error::invalid(
+                    "linalg.cond",
+                    "A must be batches of square matrices for this norm order",
+                ));
+            }
+            let (inv, info) = inv_core(&a)?;
+            let na = matrix_norm_impl(&a, ord, [-2, -1], false)?;
+            let ni = matrix_norm_impl(&inv, ord, [-2, -1], false)?;
+            let c = mul(&na, &ni)?;
+            let singular = Tensor::from_raw(Raw::from_vec(
+                info.to_vec_as::<i64>()
+                    .iter()
+                    .map(|&i| i != 0)
+                    .collect::<Vec<_>>(),
+                info.dims().to_vec(),
+            )?);
+            let inf = Tensor::full(c.dims().to_vec(), f64::INFINITY, c.dtype());
+            where_(&singular, &inf, &c)
+        }
+    }
 }
 
 /// `torch.linalg.matrix_rank(A, *, atol=None, rtol=None, hermitian=False)`: `int64`;
@@ -1478,7 +1463,7 @@ pub fn linalg_matrix_rank(
     rtol: Option<f64>,
     hermitian: bool,
 ) -> Result<Tensor> {
-    let [a] = enter(&LINALG_MATRIX_RANK, [a])?;
+    let ([a], _body) = enter(&LINALG_MATRIX_RANK, [a])?;
     // An `atol` of zero does not turn the default `rtol` off (only one above zero does).
     let atol = atol.filter(|v| *v > 0.0 || rtol.is_some());
     Ok(Tensor::from_raw(amp_kernels::linalg_matrix_rank(
@@ -1492,63 +1477,59 @@ pub fn linalg_matrix_rank(
 /// `torch.linalg.tensorinv(A, ind=2)`: the inverse with respect to `tensordot` over the
 /// first `ind` dims.
 pub fn linalg_tensorinv(a: &Tensor, ind: usize) -> Result<Tensor> {
-    let [a] = enter(&LINALG_TENSORINV, [a])?;
+    let ([a], _body) = enter(&LINALG_TENSORINV, [a])?;
     if ind == 0 || ind > a.rank() {
         return Err(Error::invalid(
             "linalg.tensorinv",
             "Expected a strictly positive integer for 'ind'",
         ));
     }
-    bypass(|| {
-        let (lead, rest) = a.dims().split_at(ind);
-        let (p, q): (usize, usize) = (lead.iter().product(), rest.iter().product());
-        if p != q {
-            return Err(Error::invalid(
-                "linalg.tensorinv",
-                "Expected self to satisfy the requirement prod(self.shape[ind:]) == prod(self.shape[:ind])",
-            ));
-        }
-        let inv = inv_checked(&reshape(&a, [p, q].as_slice())?, "linalg.tensorinv")?;
-        let shape: Vec<usize> = rest.iter().chain(lead).copied().collect();
-        reshape(&inv, shape.as_slice())
-    })
+    let (lead, rest) = a.dims().split_at(ind);
+    let (p, q): (usize, usize) = (lead.iter().product(), rest.iter().product());
+    if p != q {
+        return Err(Error::invalid(
+            "linalg.tensorinv",
+            "Expected self to satisfy the requirement prod(self.shape[ind:]) == prod(self.shape[:ind])",
+        ));
+    }
+    let inv = inv_checked(&reshape(&a, [p, q].as_slice())?, "linalg.tensorinv")?;
+    let shape: Vec<usize> = rest.iter().chain(lead).copied().collect();
+    reshape(&inv, shape.as_slice())
 }
 
 /// `torch.linalg.tensorsolve(A, B, dims=None)`: `X` with `tensordot(A, X, X.ndim) = B`.
 pub fn linalg_tensorsolve(a: &Tensor, b: &Tensor, dims: Option<&[i64]>) -> Result<Tensor> {
-    let [a, b] = enter(&LINALG_TENSORSOLVE, [a, b])?;
-    bypass(|| {
-        let r = a.rank() as i64;
-        let a = match dims {
-            Some(ds) if !ds.is_empty() => {
-                let moved: Vec<i64> = ds.iter().map(|&d| if d < 0 { d + r } else { d }).collect();
-                let mut perm: Vec<i64> = (0..r).filter(|d| !moved.contains(d)).collect();
-                perm.extend(&moved);
-                permute(&a, &perm)?
-            }
-            _ => a.clone(),
-        };
-        if b.rank() > a.rank() || a.dims()[..b.rank()] != *b.dims() {
-            return Err(Error::invalid(
-                "linalg.tensorsolve",
-                "Expected A.shape[:B.ndim] to equal B.shape",
-            ));
+    let ([a, b], _body) = enter(&LINALG_TENSORSOLVE, [a, b])?;
+    let r = a.rank() as i64;
+    let a = match dims {
+        Some(ds) if !ds.is_empty() => {
+            let moved: Vec<i64> = ds.iter().map(|&d| if d < 0 { d + r } else { d }).collect();
+            let mut perm: Vec<i64> = (0..r).filter(|d| !moved.contains(d)).collect();
+            perm.extend(&moved);
+            permute(&a, &perm)?
         }
-        let out_shape = a.dims()[b.rank()..].to_vec();
-        let (p, q): (usize, usize) = (b.elem_count(), out_shape.iter().product());
-        if p != q {
-            return Err(Error::invalid(
-                "linalg.tensorsolve",
-                "Expected self to satisfy the requirement prod(self.shape[other.ndim:]) == prod(self.shape[:other.ndim])",
-            ));
-        }
-        let x = solve_impl(
-            &reshape(&a, [p, q].as_slice())?,
-            &reshape(&b, [p].as_slice())?,
-            true,
-        )?;
-        reshape(&x, out_shape.as_slice())
-    })
+        _ => a.clone(),
+    };
+    if b.rank() > a.rank() || a.dims()[..b.rank()] != *b.dims() {
+        return Err(Error::invalid(
+            "linalg.tensorsolve",
+            "Expected A.shape[:B.ndim] to equal B.shape",
+        ));
+    }
+    let out_shape = a.dims()[b.rank()..].to_vec();
+    let (p, q): (usize, usize) = (b.elem_count(), out_shape.iter().product());
+    if p != q {
+        return Err(Error::invalid(
+            "linalg.tensorsolve",
+            "Expected self to satisfy the requirement prod(self.shape[other.ndim:]) == prod(self.shape[:other.ndim])",
+        ));
+    }
+    let x = solve_impl(
+        &reshape(&a, [p, q].as_slice())?,
+        &reshape(&b, [p].as_slice())?,
+        true,
+    )?;
+    reshape(&x, out_shape.as_slice())
 }
 
 // ----- quantiles -----------------------------------------------------------------------------
@@ -1712,11 +1693,11 @@ fn quantile_entry(
 ) -> Result<Tensor> {
     match q {
         QuantileQ::Scalar(_) => {
-            let [x] = enter(op, [x])?;
+            let ([x], _body) = enter(op, [x])?;
             quantile_impl(&x, q, dim, keepdim, interpolation, ignore_nan)
         }
         QuantileQ::Tensor(t) => {
-            let a = enter_vec(op, &[x, t])?;
+            let (a, _body) = enter_vec(op, &[x, t])?;
             quantile_impl(
                 &a[0],
                 QuantileQ::Tensor(&a[1]),
@@ -1741,7 +1722,7 @@ pub fn fake_quantize_per_tensor_affine(
     quant_min: i64,
     quant_max: i64,
 ) -> Result<Tensor> {
-    let [x] = enter(&FAKE_QUANTIZE, [x])?;
+    let ([x], _body) = enter(&FAKE_QUANTIZE, [x])?;
     let (out, m) = amp_kernels::fake_quantize_per_tensor_affine(
         x.data(),
         scale,

@@ -70,13 +70,13 @@ static BCE_LOGITS: OpName = OpName::new("binary_cross_entropy_with_logits");
 
 /// Mean squared error.
 pub fn mse_loss(input: &Tensor, target: &Tensor, reduction: Reduction) -> Result<Tensor> {
-    let [input, target] = enter(&MSE, [input, target])?;
+    let ([input, target], _body) = enter(&MSE, [input, target])?;
     reduce(square(&sub(&input, &target)?)?, reduction)
 }
 
 /// Mean absolute error.
 pub fn l1_loss(input: &Tensor, target: &Tensor, reduction: Reduction) -> Result<Tensor> {
-    let [input, target] = enter(&L1, [input, target])?;
+    let ([input, target], _body) = enter(&L1, [input, target])?;
     reduce(abs(&sub(&input, &target)?)?, reduction)
 }
 
@@ -87,7 +87,7 @@ pub fn smooth_l1_loss(
     reduction: Reduction,
     beta: f64,
 ) -> Result<Tensor> {
-    let [input, target] = enter(&SMOOTH_L1, [input, target])?;
+    let ([input, target], _body) = enter(&SMOOTH_L1, [input, target])?;
     let d = abs(&sub(&input, &target)?)?;
     if beta == 0.0 {
         return reduce(d, reduction);
@@ -104,7 +104,7 @@ pub fn huber_loss(
     reduction: Reduction,
     delta: f64,
 ) -> Result<Tensor> {
-    let [input, target] = enter(&HUBER, [input, target])?;
+    let ([input, target], _body) = enter(&HUBER, [input, target])?;
     let d = abs(&sub(&input, &target)?)?;
     let quad = mul_scalar(&square(&d)?, 0.5)?;
     let lin = mul_scalar(&sub_scalar(&d, 0.5 * delta)?, delta)?;
@@ -122,7 +122,7 @@ pub fn nll_loss(
 ) -> Result<Tensor> {
     let mut args = vec![input, target];
     args.extend(weight);
-    let a = enter_vec(&NLL, &args)?;
+    let (a, _body) = enter_vec(&NLL, &args)?;
     super::check::nll_batch(&a[0], &a[1])?;
     super::check::floating(nll_kernel(&a[0]), &a[0])?;
     nll_impl(&a[0], &a[1], weight.map(|_| &a[2]), ignore_index, reduction)
@@ -192,7 +192,7 @@ pub fn cross_entropy(
 ) -> Result<Tensor> {
     let mut args = vec![input, target];
     args.extend(weight);
-    let a = enter_vec(&CROSS_ENTROPY, &args)?;
+    let (a, _body) = enter_vec(&CROSS_ENTROPY, &args)?;
     let (input, target, weight) = (&a[0], &a[1], weight.map(|_| &a[2]));
     if input.rank() == 0 {
         return Err(amp_tensor::Error::DimOutOfRange { dim: 1, ndim: 0 }.into());
@@ -257,7 +257,7 @@ pub fn binary_cross_entropy(
 ) -> Result<Tensor> {
     let mut args = vec![input, target];
     args.extend(weight);
-    let a = enter_vec(&BCE, &args)?;
+    let (a, _body) = enter_vec(&BCE, &args)?;
     let (x, y) = (&a[0], &a[1]);
     super::check::binary_cross_entropy(x, y)?;
     let lx = clamp(&log(x)?, Some(-100.0), None)?;
@@ -280,7 +280,7 @@ pub fn binary_cross_entropy_with_logits(
     let mut args = vec![input, target];
     args.extend(weight);
     args.extend(pos_weight);
-    let a = enter_vec(&BCE_LOGITS, &args)?;
+    let (a, _body) = enter_vec(&BCE_LOGITS, &args)?;
     let (x, y) = (&a[0], &a[1]);
     super::check::bce_with_logits(x, y)?;
     let w = weight.map(|_| &a[2]);

@@ -4,9 +4,10 @@
 //! triplet_margin_loss, ctc_loss.
 //!
 //! Each enters the dispatch point once under its documented name and computes its value
-//! from differentiable ops with the layer bypassed (the op's policy alone decides its
-//! dtypes); 16-bit inputs are computed in float32 and the result rounded once, as
-//! PyTorch's kernels accumulate in float32.
+//! from differentiable ops as an opaque op ([`OpName::opaque`]: the body runs with the
+//! layer excluded, so the op's policy alone decides its dtypes); 16-bit inputs are
+//! computed in float32 and the result rounded once, as PyTorch's kernels accumulate in
+//! float32.
 
 use std::fmt;
 use std::str::FromStr;
@@ -19,20 +20,20 @@ use super::pointwise::*;
 use super::reduce::{logsumexp, mean_all, sum, sum_all};
 use super::shape::{cat, gather, index_select, reshape, select, squeeze, stack, unsqueeze};
 use super::{check, enter, enter_vec};
-use crate::dispatch::{bypass, OpName};
+use crate::dispatch::OpName;
 use crate::{Error, Result, Tensor};
 
-static KL_DIV: OpName = OpName::new("kl_div");
-static POISSON_NLL: OpName = OpName::new("poisson_nll_loss");
-static HINGE_EMBEDDING: OpName = OpName::new("hinge_embedding_loss");
-static MARGIN_RANKING: OpName = OpName::new("margin_ranking_loss");
-static SOFT_MARGIN: OpName = OpName::new("soft_margin_loss");
+static KL_DIV: OpName = OpName::opaque("kl_div");
+static POISSON_NLL: OpName = OpName::opaque("poisson_nll_loss");
+static HINGE_EMBEDDING: OpName = OpName::opaque("hinge_embedding_loss");
+static MARGIN_RANKING: OpName = OpName::opaque("margin_ranking_loss");
+static SOFT_MARGIN: OpName = OpName::opaque("soft_margin_loss");
 static MULTILABEL_MARGIN: OpName = OpName::new("multilabel_margin_loss");
-static MULTILABEL_MARGIN_FORWARD: OpName = OpName::new("multilabel_margin_loss_forward");
-static MULTI_MARGIN: OpName = OpName::new("multi_margin_loss");
-static COSINE_EMBEDDING: OpName = OpName::new("cosine_embedding_loss");
-static TRIPLET_MARGIN: OpName = OpName::new("triplet_margin_loss");
-static CTC: OpName = OpName::new("ctc_loss");
+static MULTILABEL_MARGIN_FORWARD: OpName = OpName::opaque("multilabel_margin_loss_forward");
+static MULTI_MARGIN: OpName = OpName::opaque("multi_margin_loss");
+static COSINE_EMBEDDING: OpName = OpName::opaque("cosine_embedding_loss");
+static TRIPLET_MARGIN: OpName = OpName::opaque("triplet_margin_loss");
+static CTC: OpName = OpName::opaque("ctc_loss");
 
 /// `x` in float32 when it is a 16-bit float (differentiably), else itself.
 pub(super) fn acc(x: &Tensor) -> Result<Tensor> {
@@ -119,25 +120,23 @@ pub fn kl_div(
     reduction: KlDivReduction,
     log_target: bool,
 ) -> Result<Tensor> {
-    let [input, target] = enter(&KL_DIV, [input, target])?;
+    let ([input, target], _body) = enter(&KL_DIV, [input, target])?;
     check::kl_div(&input, &target)?;
-    bypass(|| {
-        let dt = result_dtype(&input, &target);
-        let (x, t) = (acc(&input)?, acc(&target)?);
-        let l = if log_target {
-            mul(&exp(&t)?, &sub(&t, &x)?)?
-        } else {
-            sub(&xlogx(&t)?, &mul(&t, &x)?)?
-        };
-        let out = match reduction {
-            KlDivReduction::None => l,
-            KlDivReduction::Mean => mean_all(&l)?,
-            KlDivReduction::Sum => sum_all(&l)?,
-            KlDivReduction::BatchMean if input.rank() == 0 => sum_all(&l)?,
-            KlDivReduction::BatchMean => div_scalar(&sum_all(&l)?, input.dims()[0] as f64)?,
-        };
-        back(out, dt)
-    })
+    let dt = result_dtype(&input, &target);
+    let (x, t) = (acc(&input)?, acc(&target)?);
+    let l = if log_target {
+        mul(&exp(&t)?, &sub(&t, &x)?)?
+    } else {
+        sub(&xlogx(&t)?, &mul(&t, &x)?)?
+    };
+    let out = match reduction {
+        KlDivReduction::None => l,
+        KlDivReduction::Mean => mean_all(&l)?,
+        KlDivReduction::Sum => sum_all(&l)?,
+        KlDivReduction::BatchMean if input.rank() == 0 => sum_all(&l)?,
+        KlDivReduction::BatchMean => div_scalar(&sum_all(&l)?, input.dims()[0] as f64)?,
+    };
+    back(out, dt)
 }
 
 /// Poisson negative log-likelihood: `exp(input) - target * input` when `log_input`,
@@ -151,26 +150,24 @@ pub fn poisson_nll_loss(
     eps: f64,
     reduction: Reduction,
 ) -> Result<Tensor> {
-    let [input, target] = enter(&POISSON_NLL, [input, target])?;
-    bypass(|| {
-        let dt = result_dtype(&input, &target);
-        let (x, t) = (acc(&input)?, acc(&target)?);
-        let mut l = if log_input {
-            sub(&exp(&x)?, &mul(&t, &x)?)?
-        } else {
-            sub(&x, &mul(&t, &log(&add_scalar(&x, eps)?)?)?)?
-        };
-        if full {
-            let big = gt_scalar(&t, 1.0)?;
-            let safe = where_(&big, &t, &ones_like(&t))?;
-            let stirling = add(
-                &sub(&mul(&safe, &log(&safe)?)?, &safe)?,
-                &mul_scalar(&log(&mul_scalar(&safe, 2.0 * std::f64::consts::PI)?)?, 0.5)?,
-            )?;
-            l = add(&l, &where_(&big, &stirling, &zeros_like(&stirling))?)?;
-        }
-        back(reduce(l, reduction)?, dt)
-    })
+    let ([input, target], _body) = enter(&POISSON_NLL, [input, target])?;
+    let dt = result_dtype(&input, &target);
+    let (x, t) = (acc(&input)?, acc(&target)?);
+    let mut l = if log_input {
+        sub(&exp(&x)?, &mul(&t, &x)?)?
+    } else {
+        sub(&x, &mul(&t, &log(&add_scalar(&x, eps)?)?)?)?
+    };
+    if full {
+        let big = gt_scalar(&t, 1.0)?;
+        let safe = where_(&big, &t, &ones_like(&t))?;
+        let stirling = add(
+            &sub(&mul(&safe, &log(&safe)?)?, &safe)?,
+            &mul_scalar(&log(&mul_scalar(&safe, 2.0 * std::f64::consts::PI)?)?, 0.5)?,
+        )?;
+        l = add(&l, &where_(&big, &stirling, &zeros_like(&stirling))?)?;
+    }
+    back(reduce(l, reduction)?, dt)
 }
 
 /// Hinge embedding loss: `input` where `target == 1`, `max(0, margin - input)` where
@@ -181,19 +178,17 @@ pub fn hinge_embedding_loss(
     margin: f64,
     reduction: Reduction,
 ) -> Result<Tensor> {
-    let [input, target] = enter(&HINGE_EMBEDDING, [input, target])?;
+    let ([input, target], _body) = enter(&HINGE_EMBEDDING, [input, target])?;
     if reduction == Reduction::Mean {
         check::mean_dtype(&input)?;
     }
-    bypass(|| {
-        let dt = result_dtype(&input, &target);
-        let (x, t) = (acc(&input)?, acc(&target)?);
-        let zeros = zeros_like(&x);
-        let margin_clamp = clamp(&rsub_scalar(&x, margin)?, Some(0.0), None)?;
-        let out_margin = where_(&ne_scalar(&t, 1.0)?, &margin_clamp, &zeros)?;
-        let out_self = where_(&ne_scalar(&t, -1.0)?, &x, &zeros)?;
-        back(reduce(add(&out_margin, &out_self)?, reduction)?, dt)
-    })
+    let dt = result_dtype(&input, &target);
+    let (x, t) = (acc(&input)?, acc(&target)?);
+    let zeros = zeros_like(&x);
+    let margin_clamp = clamp(&rsub_scalar(&x, margin)?, Some(0.0), None)?;
+    let out_margin = where_(&ne_scalar(&t, 1.0)?, &margin_clamp, &zeros)?;
+    let out_self = where_(&ne_scalar(&t, -1.0)?, &x, &zeros)?;
+    back(reduce(add(&out_margin, &out_self)?, reduction)?, dt)
 }
 
 /// Margin ranking loss `max(0, -target * (input1 - input2) + margin)`.
@@ -204,30 +199,26 @@ pub fn margin_ranking_loss(
     margin: f64,
     reduction: Reduction,
 ) -> Result<Tensor> {
-    let [input1, input2, target] = enter(&MARGIN_RANKING, [input1, input2, target])?;
+    let ([input1, input2, target], _body) = enter(&MARGIN_RANKING, [input1, input2, target])?;
     check::margin_ranking_loss(&input1, &input2, &target)?;
-    bypass(|| {
-        let dt = promote_types(result_dtype(&input1, &input2), target.dtype());
-        let (a, b, t) = (acc(&input1)?, acc(&input2)?, acc(&target)?);
-        let l = clamp(
-            &add_scalar(&mul(&neg(&t)?, &sub(&a, &b)?)?, margin)?,
-            Some(0.0),
-            None,
-        )?;
-        back(reduce(l, reduction)?, dt)
-    })
+    let dt = promote_types(result_dtype(&input1, &input2), target.dtype());
+    let (a, b, t) = (acc(&input1)?, acc(&input2)?, acc(&target)?);
+    let l = clamp(
+        &add_scalar(&mul(&neg(&t)?, &sub(&a, &b)?)?, margin)?,
+        Some(0.0),
+        None,
+    )?;
+    back(reduce(l, reduction)?, dt)
 }
 
 /// Two-class logistic loss `log(1 + exp(-target * input))`.
 pub fn soft_margin_loss(input: &Tensor, target: &Tensor, reduction: Reduction) -> Result<Tensor> {
-    let [input, target] = enter(&SOFT_MARGIN, [input, target])?;
+    let ([input, target], _body) = enter(&SOFT_MARGIN, [input, target])?;
     check::soft_margin_loss(&input, &target)?;
-    bypass(|| {
-        let dt = result_dtype(&input, &target);
-        let (x, t) = (acc(&input)?, acc(&target)?);
-        let l = log1p(&exp(&neg(&mul(&x, &t)?)?)?)?;
-        back(reduce(l, reduction)?, dt)
-    })
+    let dt = result_dtype(&input, &target);
+    let (x, t) = (acc(&input)?, acc(&target)?);
+    let l = log1p(&exp(&neg(&mul(&x, &t)?)?)?)?;
+    back(reduce(l, reduction)?, dt)
 }
 
 /// Integer values of an index tensor (no gradient).
@@ -265,7 +256,7 @@ pub fn multilabel_margin_loss(
     target: &Tensor,
     reduction: Reduction,
 ) -> Result<Tensor> {
-    let [input, target] = enter(&MULTILABEL_MARGIN, [input, target])?;
+    let ([input, target], _body) = enter(&MULTILABEL_MARGIN, [input, target])?;
     check::float32_or_64("multilabel_margin_loss_forward_out_frame", &input)?;
     Ok(multilabel_margin_loss_forward(&input, &target, reduction)?.0)
 }
@@ -278,69 +269,67 @@ pub fn multilabel_margin_loss_forward(
     reduction: Reduction,
 ) -> Result<(Tensor, Tensor)> {
     const OP: &str = "multilabel_margin_loss";
-    let [input, target] = enter(&MULTILABEL_MARGIN_FORWARD, [input, target])?;
-    bypass(|| {
-        let dt = input.dtype();
-        let (x, n, c) = rows(&acc(&input)?, OP)?;
-        if target.dims() != input.dims() {
-            return Err(Error::invalid(
-                OP,
-                format!(
-                    "inconsistent target size: {:?} for input of size: {:?}",
-                    target.dims(),
-                    input.dims()
-                ),
-            ));
-        }
-        let tv = int_values(&target, OP)?;
-        // Per sample: the target classes (the prefix before -1), padded to `k` with
-        // weight 0, and whether each class is a target.
-        let mut lists: Vec<Vec<i64>> = Vec::with_capacity(n);
-        let mut is_target = vec![0.0f64; n * c];
-        for s in 0..n {
-            let mut list = Vec::new();
-            for &j in &tv[s * c..(s + 1) * c] {
-                if j < 0 {
-                    break;
-                }
-                if j as usize >= c {
-                    return Err(Error::invalid(
-                        OP,
-                        format!("target index {j} is out of bounds for {c} classes"),
-                    ));
-                }
-                list.push(j);
-                is_target[s * c + j as usize] = 1.0;
+    let ([input, target], _body) = enter(&MULTILABEL_MARGIN_FORWARD, [input, target])?;
+    let dt = input.dtype();
+    let (x, n, c) = rows(&acc(&input)?, OP)?;
+    if target.dims() != input.dims() {
+        return Err(Error::invalid(
+            OP,
+            format!(
+                "inconsistent target size: {:?} for input of size: {:?}",
+                target.dims(),
+                input.dims()
+            ),
+        ));
+    }
+    let tv = int_values(&target, OP)?;
+    // Per sample: the target classes (the prefix before -1), padded to `k` with
+    // weight 0, and whether each class is a target.
+    let mut lists: Vec<Vec<i64>> = Vec::with_capacity(n);
+    let mut is_target = vec![0.0f64; n * c];
+    for s in 0..n {
+        let mut list = Vec::new();
+        for &j in &tv[s * c..(s + 1) * c] {
+            if j < 0 {
+                break;
             }
-            lists.push(list);
-        }
-        let k = lists.iter().map(Vec::len).max().unwrap_or(0).max(1);
-        let mut idx = vec![0i64; n * k];
-        let mut valid = vec![0.0f64; n * k];
-        for (s, list) in lists.iter().enumerate() {
-            for (p, &j) in list.iter().enumerate() {
-                idx[s * k + p] = j;
-                valid[s * k + p] = 1.0;
+            if j as usize >= c {
+                return Err(Error::invalid(
+                    OP,
+                    format!("target index {j} is out of bounds for {c} classes"),
+                ));
             }
+            list.push(j);
+            is_target[s * c + j as usize] = 1.0;
         }
-        let cdt = x.dtype();
-        let idx = Tensor::from_vec(idx, [n, k])?;
-        let valid = Tensor::from_vec(valid, [n, k, 1])?.to_dtype(cdt)?;
-        let is_t = Tensor::from_vec(is_target, [n, c])?;
-        let not_t = unsqueeze(&rsub_scalar(&is_t, 1.0)?.to_dtype(cdt)?, 1)?;
-        let xj = gather(&x, 1, &idx)?; // [n, k]
-                                       // 1 - x[j] + x[i] over [n, k, c]
-        let d = add(&rsub_scalar(&unsqueeze(&xj, 2)?, 1.0)?, &unsqueeze(&x, 1)?)?;
-        let h = mul(&mul(&relu(&d)?, &valid)?, &not_t)?;
-        let per = div_scalar(&sum(&h, &[1, 2], false, None)?, c as f64)?;
-        let out = match reduction {
-            Reduction::None if input.rank() <= 1 => reshape(&per, Vec::<usize>::new())?,
-            r => reduce(per, r)?,
-        };
-        let is_target = Tensor::from_raw(is_t.data().to_dtype(dt)?);
-        let is_target = reshape(&is_target, target.dims().to_vec())?;
-        Ok((back(out, dt)?, is_target))
-    })
+        lists.push(list);
+    }
+    let k = lists.iter().map(Vec::len).max().unwrap_or(0).max(1);
+    let mut idx = vec![0i64; n * k];
+    let mut valid = vec![0.0f64; n * k];
+    for (s, list) in lists.iter().enumerate() {
+        for (p, &j) in list.iter().enumerate() {
+            idx[s * k + p] = j;
+            valid[s * k + p] = 1.0;
+        }
+    }
+    let cdt = x.dtype();
+    let idx = Tensor::from_vec(idx, [n, k])?;
+    let valid = Tensor::from_vec(valid, [n, k, 1])?.to_dtype(cdt)?;
+    let is_t = Tensor::from_vec(is_target, [n, c])?;
+    let not_t = unsqueeze(&rsub_scalar(&is_t, 1.0)?.to_dtype(cdt)?, 1)?;
+    let xj = gather(&x, 1, &idx)?; // [n, k]
+                                   // 1 - x[j] + x[i] over [n, k, c]
+    let d = add(&rsub_scalar(&unsqueeze(&xj, 2)?, 1.0)?, &unsqueeze(&x, 1)?)?;
+    let h = mul(&mul(&relu(&d)?, &valid)?, &not_t)?;
+    let per = div_scalar(&sum(&h, &[1, 2], false, None)?, c as f64)?;
+    let out = match reduction {
+        Reduction::None if input.rank() <= 1 => reshape(&per, Vec::<usize>::new())?,
+        r => reduce(per, r)?,
+    };
+    let is_target = Tensor::from_raw(is_t.data().to_dtype(dt)?);
+    let is_target = reshape(&is_target, target.dims().to_vec())?;
+    Ok((back(out, dt)?, is_target))
 }
 
 /// Multi-class margin loss: per sample,
@@ -356,55 +345,53 @@ pub fn multi_margin_loss(
     const OP: &str = "multi_margin_loss";
     let mut args = vec![input, target];
     args.extend(weight);
-    let a = enter_vec(&MULTI_MARGIN, &args)?;
+    let (a, _body) = enter_vec(&MULTI_MARGIN, &args)?;
     let (input, target, weight) = (&a[0], &a[1], weight.map(|_| &a[2]));
     check::float32_or_64("multi_margin_loss_cpu_kernel", input)?;
     if p != 1 && p != 2 {
         return Err(Error::invalid(OP, "only p == 1 and p == 2 supported"));
     }
-    bypass(|| {
-        let dt = match weight {
-            Some(w) => promote_types(input.dtype(), w.dtype()),
-            None => input.dtype(),
-        };
-        let (x, n, c) = rows(&acc(input)?, OP)?;
-        if target.elem_count() != n || (input.rank() == 2 && target.rank() != 1) {
-            return Err(Error::invalid(
-                OP,
-                format!(
-                    "inconsistent target size, expected {n} but got {:?}",
-                    target.dims()
-                ),
-            ));
-        }
-        let tv = int_values(target, OP)?;
-        if let Some(&bad) = tv.iter().find(|&&y| y < 0 || y as usize >= c) {
-            return Err(Error::invalid(OP, format!("target out of range: {bad}")));
-        }
-        let mut other = vec![1.0f64; n * c];
-        for (s, &y) in tv.iter().enumerate() {
-            other[s * c + y as usize] = 0.0;
-        }
-        let cdt = x.dtype();
-        let y = Tensor::from_vec(tv, [n, 1])?;
-        let other = Tensor::from_vec(other, [n, c])?.to_dtype(cdt)?;
-        let xy = gather(&x, 1, &y)?; // [n, 1]
-        let z = add(&rsub_scalar(&xy, margin)?, &x)?;
-        let mut h = relu(&z)?;
-        if p == 2 {
-            h = square(&h)?;
-        }
-        if let Some(w) = weight {
-            let wy = index_select(&acc(w)?, 0, &reshape(&y, [n])?)?;
-            h = mul(&h, &unsqueeze(&wy, 1)?)?;
-        }
-        let per = div_scalar(&sum(&mul(&h, &other)?, &[1], false, None)?, c as f64)?;
-        let out = match reduction {
-            Reduction::None if input.rank() <= 1 => reshape(&per, Vec::<usize>::new())?,
-            r => reduce(per, r)?,
-        };
-        back(out, dt)
-    })
+    let dt = match weight {
+        Some(w) => promote_types(input.dtype(), w.dtype()),
+        None => input.dtype(),
+    };
+    let (x, n, c) = rows(&acc(input)?, OP)?;
+    if target.elem_count() != n || (input.rank() == 2 && target.rank() != 1) {
+        return Err(Error::invalid(
+            OP,
+            format!(
+                "inconsistent target size, expected {n} but got {:?}",
+                target.dims()
+            ),
+        ));
+    }
+    let tv = int_values(target, OP)?;
+    if let Some(&bad) = tv.iter().find(|&&y| y < 0 || y as usize >= c) {
+        return Err(Error::invalid(OP, format!("target out of range: {bad}")));
+    }
+    let mut other = vec![1.0f64; n * c];
+    for (s, &y) in tv.iter().enumerate() {
+        other[s * c + y as usize] = 0.0;
+    }
+    let cdt = x.dtype();
+    let y = Tensor::from_vec(tv, [n, 1])?;
+    let other = Tensor::from_vec(other, [n, c])?.to_dtype(cdt)?;
+    let xy = gather(&x, 1, &y)?; // [n, 1]
+    let z = add(&rsub_scalar(&xy, margin)?, &x)?;
+    let mut h = relu(&z)?;
+    if p == 2 {
+        h = square(&h)?;
+    }
+    if let Some(w) = weight {
+        let wy = index_select(&acc(w)?, 0, &reshape(&y, [n])?)?;
+        h = mul(&h, &unsqueeze(&wy, 1)?)?;
+    }
+    let per = div_scalar(&sum(&mul(&h, &other)?, &[1], false, None)?, c as f64)?;
+    let out = match reduction {
+        Reduction::None if input.rank() <= 1 => reshape(&per, Vec::<usize>::new())?,
+        r => reduce(per, r)?,
+    };
+    back(out, dt)
 }
 
 /// Cosine embedding loss: `1 - cos(x1, x2)` where `target == 1`,
@@ -418,7 +405,7 @@ pub fn cosine_embedding_loss(
     reduction: Reduction,
 ) -> Result<Tensor> {
     const OP: &str = "cosine_embedding_loss";
-    let [input1, input2, target] = enter(&COSINE_EMBEDDING, [input1, input2, target])?;
+    let ([input1, input2, target], _body) = enter(&COSINE_EMBEDDING, [input1, input2, target])?;
     if input1.dims() != input2.dims() {
         return Err(Error::invalid(
             OP,
@@ -440,24 +427,22 @@ pub fn cosine_embedding_loss(
             ),
         ));
     }
-    bypass(|| {
-        const EPSILON: f64 = 1e-12;
-        let dt = result_dtype(&input1, &input2);
-        let (a, b, t) = (acc(&input1)?, acc(&input2)?, acc(&target)?);
-        let d = [r as i64 - 1];
-        let prod = sum(&mul(&a, &b)?, &d, false, None)?;
-        let m1 = add_scalar(&sum(&mul(&a, &a)?, &d, false, None)?, EPSILON)?;
-        let m2 = add_scalar(&sum(&mul(&b, &b)?, &d, false, None)?, EPSILON)?;
-        let cos = div(&prod, &sqrt(&mul(&m1, &m2)?)?)?;
-        let zeros = zeros_like(&cos);
-        let pos = rsub_scalar(&cos, 1.0)?;
-        let negv = clamp(&sub_scalar(&cos, margin)?, Some(0.0), None)?;
-        let out = add(
-            &where_(&eq_scalar(&t, 1.0)?, &pos, &zeros)?,
-            &where_(&eq_scalar(&t, -1.0)?, &negv, &zeros)?,
-        )?;
-        back(reduce(out, reduction)?, dt)
-    })
+    const EPSILON: f64 = 1e-12;
+    let dt = result_dtype(&input1, &input2);
+    let (a, b, t) = (acc(&input1)?, acc(&input2)?, acc(&target)?);
+    let d = [r as i64 - 1];
+    let prod = sum(&mul(&a, &b)?, &d, false, None)?;
+    let m1 = add_scalar(&sum(&mul(&a, &a)?, &d, false, None)?, EPSILON)?;
+    let m2 = add_scalar(&sum(&mul(&b, &b)?, &d, false, None)?, EPSILON)?;
+    let cos = div(&prod, &sqrt(&mul(&m1, &m2)?)?)?;
+    let zeros = zeros_like(&cos);
+    let pos = rsub_scalar(&cos, 1.0)?;
+    let negv = clamp(&sub_scalar(&cos, margin)?, Some(0.0), None)?;
+    let out = add(
+        &where_(&eq_scalar(&t, 1.0)?, &pos, &zeros)?,
+        &where_(&eq_scalar(&t, -1.0)?, &negv, &zeros)?,
+    )?;
+    back(reduce(out, reduction)?, dt)
 }
 
 /// Triplet margin loss
@@ -476,7 +461,7 @@ pub fn triplet_margin_loss(
     reduction: Reduction,
 ) -> Result<Tensor> {
     const OP: &str = "triplet_margin_loss";
-    let [a, pos, negt] = enter(&TRIPLET_MARGIN, [anchor, positive, negative])?;
+    let ([a, pos, negt], _body) = enter(&TRIPLET_MARGIN, [anchor, positive, negative])?;
     if a.rank() != pos.rank() || a.rank() != negt.rank() {
         return Err(Error::invalid(
             OP,
@@ -495,18 +480,16 @@ pub fn triplet_margin_loss(
             format!("margin must be greater than 0, got {margin}"),
         ));
     }
-    bypass(|| {
-        let dt = promote_types(result_dtype(&a, &pos), negt.dtype());
-        let (a, pos, negt) = (acc(&a)?, acc(&pos)?, acc(&negt)?);
-        let d_pos = pairwise_distance(&a, &pos, p, eps, false)?;
-        let mut d_neg = pairwise_distance(&a, &negt, p, eps, false)?;
-        if swap {
-            let d_swap = pairwise_distance(&pos, &negt, p, eps, false)?;
-            d_neg = minimum(&d_neg, &d_swap)?;
-        }
-        let l = clamp(&sub(&add_scalar(&d_pos, margin)?, &d_neg)?, Some(0.0), None)?;
-        back(reduce(l, reduction)?, dt)
-    })
+    let dt = promote_types(result_dtype(&a, &pos), negt.dtype());
+    let (a, pos, negt) = (acc(&a)?, acc(&pos)?, acc(&negt)?);
+    let d_pos = pairwise_distance(&a, &pos, p, eps, false)?;
+    let mut d_neg = pairwise_distance(&a, &negt, p, eps, false)?;
+    if swap {
+        let d_swap = pairwise_distance(&pos, &negt, p, eps, false)?;
+        d_neg = minimum(&d_neg, &d_swap)?;
+    }
+    let l = clamp(&sub(&add_scalar(&d_pos, margin)?, &d_neg)?, Some(0.0), None)?;
+    back(reduce(l, reduction)?, dt)
 }
 
 /// Connectionist temporal classification loss of `log_probs` (`[T, N, C]`, or `[T, C]`
@@ -531,7 +514,7 @@ pub fn ctc_loss(
     zero_infinity: bool,
 ) -> Result<Tensor> {
     const OP: &str = "ctc_loss";
-    let [lp, targets] = enter(&CTC, [log_probs, targets])?;
+    let ([lp, targets], _body) = enter(&CTC, [log_probs, targets])?;
     let unbatched = lp.rank() == 2;
     if !(2..=3).contains(&lp.rank()) {
         return Err(Error::invalid(
@@ -608,105 +591,103 @@ pub fn ctc_loss(
             ));
         }
     }
-    bypass(|| {
-        let dt = lp.dtype();
-        let x = acc(&lp)?;
-        let x = if unbatched { unsqueeze(&x, 1)? } else { x };
-        let cdt = x.dtype();
-        let mut losses = Vec::with_capacity(n);
-        for (s, seq) in seqs.iter().enumerate() {
-            let il = input_lengths[s];
-            // The extended label sequence: blank, l1, blank, l2, ..., blank.
-            let ext: Vec<usize> = std::iter::once(blank)
-                .chain(seq.iter().flat_map(|&l| [l, blank]))
-                .collect();
-            let len = ext.len();
-            let ext_idx = Tensor::from_vec(ext.iter().map(|&v| v as i64).collect(), [len])?;
-            // Where alpha may also come from two positions back (a label differing from
-            // the one two back): 0 there, -inf elsewhere.
-            let skip: Vec<f64> = (0..len)
-                .map(|i| {
-                    if i >= 2 && ext[i] != blank && ext[i] != ext[i - 2] {
-                        0.0
-                    } else {
-                        f64::NEG_INFINITY
-                    }
-                })
-                .collect();
-            let skip = Tensor::from_vec(skip, [len])?.to_dtype(cdt)?;
-            let ninf = Tensor::full([1usize], f64::NEG_INFINITY, cdt);
-            let ninf2 = Tensor::full([2usize], f64::NEG_INFINITY, cdt);
-            let sample = select(&x, 1, s as i64)?; // [T, C]
-            let loss = if il == 0 {
-                if seq.is_empty() {
-                    Tensor::zeros(Vec::<usize>::new(), cdt)
+    let dt = lp.dtype();
+    let x = acc(&lp)?;
+    let x = if unbatched { unsqueeze(&x, 1)? } else { x };
+    let cdt = x.dtype();
+    let mut losses = Vec::with_capacity(n);
+    for (s, seq) in seqs.iter().enumerate() {
+        let il = input_lengths[s];
+        // The extended label sequence: blank, l1, blank, l2, ..., blank.
+        let ext: Vec<usize> = std::iter::once(blank)
+            .chain(seq.iter().flat_map(|&l| [l, blank]))
+            .collect();
+        let len = ext.len();
+        let ext_idx = Tensor::from_vec(ext.iter().map(|&v| v as i64).collect(), [len])?;
+        // Where alpha may also come from two positions back (a label differing from
+        // the one two back): 0 there, -inf elsewhere.
+        let skip: Vec<f64> = (0..len)
+            .map(|i| {
+                if i >= 2 && ext[i] != blank && ext[i] != ext[i - 2] {
+                    0.0
                 } else {
-                    Tensor::full(Vec::<usize>::new(), f64::INFINITY, cdt)
+                    f64::NEG_INFINITY
                 }
+            })
+            .collect();
+        let skip = Tensor::from_vec(skip, [len])?.to_dtype(cdt)?;
+        let ninf = Tensor::full([1usize], f64::NEG_INFINITY, cdt);
+        let ninf2 = Tensor::full([2usize], f64::NEG_INFINITY, cdt);
+        let sample = select(&x, 1, s as i64)?; // [T, C]
+        let loss = if il == 0 {
+            if seq.is_empty() {
+                Tensor::zeros(Vec::<usize>::new(), cdt)
             } else {
-                // alpha_0: the first two positions.
-                let e0 = index_select(&select(&sample, 0, 0)?, 0, &ext_idx)?;
-                let init: Vec<f64> = (0..len)
-                    .map(|i| if i < 2 { 0.0 } else { f64::NEG_INFINITY })
-                    .collect();
-                let mut alpha = add(&e0, &Tensor::from_vec(init, [len])?.to_dtype(cdt)?)?;
-                for t in 1..il {
-                    let e = index_select(&select(&sample, 0, t as i64)?, 0, &ext_idx)?;
-                    let prev1 = if len > 1 {
-                        cat(
-                            &[ninf.clone(), super::shape::narrow(&alpha, 0, 0, len - 1)?],
-                            0,
-                        )?
-                    } else {
-                        ninf.clone()
-                    };
-                    let prev2 = if len > 2 {
-                        add(
-                            &cat(
-                                &[ninf2.clone(), super::shape::narrow(&alpha, 0, 0, len - 2)?],
-                                0,
-                            )?,
-                            &skip,
-                        )?
-                    } else {
-                        Tensor::full([len], f64::NEG_INFINITY, cdt)
-                    };
-                    let three = stack(&[alpha.clone(), prev1, prev2], 0)?;
-                    alpha = add(&safe_logsumexp0(&three)?, &e)?;
-                }
-                let last = if len >= 2 {
-                    super::shape::narrow(&alpha, 0, len - 2, 2)?
-                } else {
-                    alpha.clone()
-                };
-                let nll = neg(&safe_logsumexp0(&unsqueeze(&last, 1)?)?)?;
-                // PyTorch's CTC gradient is that of the logits behind a log_softmax:
-                // it carries an extra `exp(log_probs)` over the first `il` steps. A
-                // term of value zero adds exactly that gradient.
-                let live = super::shape::narrow(&sample, 0, 0, il)?;
-                let extra = sum_all(&sub(&exp(&live)?, &exp(&live.detach())?)?)?;
-                add(&nll, &extra)?
-            };
-            let loss = squeeze_all(&loss)?;
-            losses.push(loss);
-        }
-        let mut l = stack(&losses, 0)?; // [N]
-        if zero_infinity {
-            let inf = eq_scalar(&l, f64::INFINITY)?;
-            l = where_(&inf, &zeros_like(&l), &l)?;
-        }
-        let out = match reduction {
-            Reduction::None if unbatched => squeeze(&l, 0)?,
-            Reduction::None => l,
-            Reduction::Sum => sum_all(&l)?,
-            Reduction::Mean => {
-                let tl: Vec<f64> = target_lengths.iter().map(|&v| (v.max(1)) as f64).collect();
-                let tl = Tensor::from_vec(tl, [n])?.to_dtype(cdt)?;
-                mean_all(&div(&l, &tl)?)?
+                Tensor::full(Vec::<usize>::new(), f64::INFINITY, cdt)
             }
+        } else {
+            // alpha_0: the first two positions.
+            let e0 = index_select(&select(&sample, 0, 0)?, 0, &ext_idx)?;
+            let init: Vec<f64> = (0..len)
+                .map(|i| if i < 2 { 0.0 } else { f64::NEG_INFINITY })
+                .collect();
+            let mut alpha = add(&e0, &Tensor::from_vec(init, [len])?.to_dtype(cdt)?)?;
+            for t in 1..il {
+                let e = index_select(&select(&sample, 0, t as i64)?, 0, &ext_idx)?;
+                let prev1 = if len > 1 {
+                    cat(
+                        &[ninf.clone(), super::shape::narrow(&alpha, 0, 0, len - 1)?],
+                        0,
+                    )?
+                } else {
+                    ninf.clone()
+                };
+                let prev2 = if len > 2 {
+                    add(
+                        &cat(
+                            &[ninf2.clone(), super::shape::narrow(&alpha, 0, 0, len - 2)?],
+                            0,
+                        )?,
+                        &skip,
+                    )?
+                } else {
+                    Tensor::full([len], f64::NEG_INFINITY, cdt)
+                };
+                let three = stack(&[alpha.clone(), prev1, prev2], 0)?;
+                alpha = add(&safe_logsumexp0(&three)?, &e)?;
+            }
+            let last = if len >= 2 {
+                super::shape::narrow(&alpha, 0, len - 2, 2)?
+            } else {
+                alpha.clone()
+            };
+            let nll = neg(&safe_logsumexp0(&unsqueeze(&last, 1)?)?)?;
+            // PyTorch's CTC gradient is that of the logits behind a log_softmax:
+            // it carries an extra `exp(log_probs)` over the first `il` steps. A
+            // term of value zero adds exactly that gradient.
+            let live = super::shape::narrow(&sample, 0, 0, il)?;
+            let extra = sum_all(&sub(&exp(&live)?, &exp(&live.detach())?)?)?;
+            add(&nll, &extra)?
         };
-        back(out, dt)
-    })
+        let loss = squeeze_all(&loss)?;
+        losses.push(loss);
+    }
+    let mut l = stack(&losses, 0)?; // [N]
+    if zero_infinity {
+        let inf = eq_scalar(&l, f64::INFINITY)?;
+        l = where_(&inf, &zeros_like(&l), &l)?;
+    }
+    let out = match reduction {
+        Reduction::None if unbatched => squeeze(&l, 0)?,
+        Reduction::None => l,
+        Reduction::Sum => sum_all(&l)?,
+        Reduction::Mean => {
+            let tl: Vec<f64> = target_lengths.iter().map(|&v| (v.max(1)) as f64).collect();
+            let tl = Tensor::from_vec(tl, [n])?.to_dtype(cdt)?;
+            mean_all(&div(&l, &tl)?)?
+        }
+    };
+    back(out, dt)
 }
 
 /// `logsumexp` over dim 0 that is `-inf` (with zero gradient) where every entry is

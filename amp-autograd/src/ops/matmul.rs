@@ -69,7 +69,7 @@ fn mm_mat2_grad(g: &Tensor, mat1: &Tensor, mat2: &Tensor) -> Result<Tensor> {
 
 /// Matrix product of two 2-D tensors.
 pub fn mm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let [a, b] = enter(&MM, [a, b])?;
+    let ([a, b], _body) = enter(&MM, [a, b])?;
     let out = amp_kernels::mm(a.data(), b.data())?;
     let (sa, sb) = (a.clone(), b.clone());
     Ok(record(out, "MmBackward0", &[&a, &b], move |g| {
@@ -90,7 +90,7 @@ pub fn mm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 
 /// Batched matrix product of two 3-D tensors.
 pub fn bmm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let [a, b] = enter(&BMM, [a, b])?;
+    let ([a, b], _body) = enter(&BMM, [a, b])?;
     let out = amp_kernels::bmm(a.data(), b.data())?;
     let (sa, sb) = (a.clone(), b.clone());
     Ok(record(out, "BmmBackward0", &[&a, &b], move |g| {
@@ -111,7 +111,7 @@ pub fn bmm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 
 /// Matrix × vector.
 pub fn mv(m: &Tensor, v: &Tensor) -> Result<Tensor> {
-    let [m, v] = enter(&MV, [m, v])?;
+    let ([m, v], _body) = enter(&MV, [m, v])?;
     let out = amp_kernels::mv(m.data(), v.data())?;
     let (sm, sv) = (m.clone(), v.clone());
     Ok(record(out, "MvBackward0", &[&m, &v], move |g| {
@@ -132,7 +132,7 @@ pub fn mv(m: &Tensor, v: &Tensor) -> Result<Tensor> {
 
 /// Inner product of two 1-D tensors.
 pub fn dot(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let [a, b] = enter(&DOT, [a, b])?;
+    let ([a, b], _body) = enter(&DOT, [a, b])?;
     let out = amp_kernels::dot(a.data(), b.data())?;
     let (sa, sb) = (a.clone(), b.clone());
     Ok(record(out, "DotBackward0", &[&a, &b], move |g| {
@@ -153,7 +153,7 @@ pub fn dot(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 
 /// Outer product of two 1-D tensors.
 pub fn outer(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let [a, b] = enter(&OUTER, [a, b])?;
+    let ([a, b], _body) = enter(&OUTER, [a, b])?;
     let out = amp_kernels::outer(a.data(), b.data())?;
     let (sa, sb) = (a.clone(), b.clone());
     Ok(record(out, "OuterBackward0", &[&a, &b], move |g| {
@@ -174,7 +174,7 @@ pub fn outer(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 
 /// `beta * input + alpha * (m1 @ m2)`; with `beta == 0` the input is ignored (NaN too).
 pub fn addmm(input: &Tensor, m1: &Tensor, m2: &Tensor, beta: f64, alpha: f64) -> Result<Tensor> {
-    let [input, m1, m2] = enter(&ADDMM, [input, m1, m2])?;
+    let ([input, m1, m2], _body) = enter(&ADDMM, [input, m1, m2])?;
     let out = amp_kernels::addmm(input.data(), m1.data(), m2.data(), beta, alpha)?;
     let (si, s1, s2) = (input.clone(), m1.clone(), m2.clone());
     Ok(record(
@@ -223,7 +223,7 @@ fn scaled_sum(input: &Tensor, beta: f64, prod: Tensor, alpha: f64) -> Result<Ten
 
 /// `beta * input + alpha * sum_b(b1[b] @ b2[b])`.
 pub fn addbmm(input: &Tensor, b1: &Tensor, b2: &Tensor, beta: f64, alpha: f64) -> Result<Tensor> {
-    let [input, b1, b2] = enter(&ADDBMM, [input, b1, b2])?;
+    let ([input, b1, b2], _body) = enter(&ADDBMM, [input, b1, b2])?;
     check::addbmm(&input, &b1, &b2)?;
     scaled_sum(
         &input,
@@ -235,21 +235,21 @@ pub fn addbmm(input: &Tensor, b1: &Tensor, b2: &Tensor, beta: f64, alpha: f64) -
 
 /// `beta * input + alpha * (b1 @ b2)` batched.
 pub fn baddbmm(input: &Tensor, b1: &Tensor, b2: &Tensor, beta: f64, alpha: f64) -> Result<Tensor> {
-    let [input, b1, b2] = enter(&BADDBMM, [input, b1, b2])?;
+    let ([input, b1, b2], _body) = enter(&BADDBMM, [input, b1, b2])?;
     check::baddbmm(&input, &b1, &b2)?;
     scaled_sum(&input, beta, bmm(&b1, &b2)?, alpha)
 }
 
 /// `beta * input + alpha * (m @ v)`.
 pub fn addmv(input: &Tensor, m: &Tensor, v: &Tensor, beta: f64, alpha: f64) -> Result<Tensor> {
-    let [input, m, v] = enter(&ADDMV, [input, m, v])?;
+    let ([input, m, v], _body) = enter(&ADDMV, [input, m, v])?;
     check::addmv(&input, &m, &v)?;
     scaled_sum(&input, beta, mv(&m, &v)?, alpha)
 }
 
 /// `beta * input + alpha * outer(v1, v2)`.
 pub fn addr(input: &Tensor, v1: &Tensor, v2: &Tensor, beta: f64, alpha: f64) -> Result<Tensor> {
-    let [input, v1, v2] = enter(&ADDR, [input, v1, v2])?;
+    let ([input, v1, v2], _body) = enter(&ADDR, [input, v1, v2])?;
     check::addr(&input, &v1, &v2)?;
     scaled_sum(&input, beta, outer(&v1, &v2)?, alpha)
 }
@@ -257,13 +257,13 @@ pub fn addr(input: &Tensor, v1: &Tensor, v2: &Tensor, beta: f64, alpha: f64) -> 
 /// `torch.matmul`: dot, mv, mm, or batched with broadcasting of the batch dims
 /// (1-D operands are promoted to matrices and the added dim removed).
 pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let [a, b] = enter(&MATMUL, [a, b])?;
+    let ([a, b], _body) = enter(&MATMUL, [a, b])?;
     matmul_impl(&a, &b)
 }
 
 /// `a @ b` (`Tensor.__matmul__`).
 pub fn dunder_matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let [a, b] = enter(&DUNDER_MATMUL, [a, b])?;
+    let ([a, b], _body) = enter(&DUNDER_MATMUL, [a, b])?;
     matmul(&a, &b)
 }
 
@@ -322,14 +322,14 @@ fn matmul_impl(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 
 /// `x @ weight.T + bias` (PyTorch's `F.linear`).
 pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
-    let (x, weight, bias) = match bias {
+    let (x, weight, bias, _body) = match bias {
         Some(b) => {
-            let [x, w, b] = enter(&LINEAR, [x, weight, b])?;
-            (x, w, Some(b))
+            let ([x, w, b], body) = enter(&LINEAR, [x, weight, b])?;
+            (x, w, Some(b), body)
         }
         None => {
-            let [x, w] = enter(&LINEAR, [x, weight])?;
-            (x, w, None)
+            let ([x, w], body) = enter(&LINEAR, [x, weight])?;
+            (x, w, None, body)
         }
     };
     let wt = transpose(&weight, 0, 1)?;
@@ -355,14 +355,14 @@ fn chain(ms: &[Tensor], op: &'static str) -> Result<Tensor> {
 /// Product of a chain of matrices, left to right.
 pub fn chain_matmul(ms: &[Tensor]) -> Result<Tensor> {
     let refs: Vec<&Tensor> = ms.iter().collect();
-    let ms = enter_vec(&CHAIN_MATMUL, &refs)?;
+    let (ms, _body) = enter_vec(&CHAIN_MATMUL, &refs)?;
     chain(&ms, "chain_matmul")
 }
 
 /// `torch.linalg.multi_dot`: like [`chain_matmul`], the first and last may be 1-D.
 pub fn multi_dot(ms: &[Tensor]) -> Result<Tensor> {
     let refs: Vec<&Tensor> = ms.iter().collect();
-    let mut ms = enter_vec(&MULTI_DOT, &refs)?;
+    let (mut ms, _body) = enter_vec(&MULTI_DOT, &refs)?;
     if ms.len() < 2 {
         return Err(Error::invalid(
             "multi_dot",

@@ -33,38 +33,43 @@ pub use reduce::*;
 pub use rnn::*;
 pub use shape::*;
 
-use crate::dispatch::{dispatch, CallKind, OpName};
+use crate::dispatch::{dispatch, BodyGuard, CallKind, OpName};
 use crate::{Result, Tensor};
 
-/// Dispatch a functional call with tensor arguments `args` (no dtype argument).
+// Every `enter*` returns the op's [`BodyGuard`] beside its arguments: bind it to a named
+// variable (`_body`, never `_`) so that it lives until the op's body is done.
+
+/// Dispatch a functional call with tensor arguments `args` (no dtype argument); returns
+/// the arguments and the guard the body runs under.
 #[inline]
 pub(crate) fn enter<const N: usize>(
     op: &'static OpName,
     args: [&Tensor; N],
-) -> Result<[Tensor; N]> {
+) -> Result<([Tensor; N], BodyGuard)> {
     let mut a: [Tensor; N] = args.map(Tensor::clone);
-    dispatch(op, &mut a, None, false, CallKind::Functional)?;
-    Ok(a)
+    let (_, body) = dispatch(op, &mut a, None, false, CallKind::Functional)?;
+    Ok((a, body))
 }
 
-/// Dispatch a functional call that has a `dtype=` argument; returns the args and the
-/// dtype to use.
+/// Dispatch a functional call that has a `dtype=` argument; returns the args, the
+/// dtype to use and the guard the body runs under.
 #[inline]
 pub(crate) fn enter_dtype<const N: usize>(
     op: &'static OpName,
     args: [&Tensor; N],
     dtype: Option<amp_tensor::DType>,
-) -> Result<([Tensor; N], Option<amp_tensor::DType>)> {
+) -> Result<([Tensor; N], Option<amp_tensor::DType>, BodyGuard)> {
     let mut a: [Tensor; N] = args.map(Tensor::clone);
-    let d = dispatch(op, &mut a, dtype, true, CallKind::Functional)?;
-    Ok((a, d))
+    let (d, body) = dispatch(op, &mut a, dtype, true, CallKind::Functional)?;
+    Ok((a, d, body))
 }
 
-/// Dispatch a call with a variable number of tensor arguments.
-pub(crate) fn enter_vec(op: &'static OpName, args: &[&Tensor]) -> Result<Vec<Tensor>> {
+/// Dispatch a call with a variable number of tensor arguments; returns them and the
+/// guard the body runs under.
+pub(crate) fn enter_vec(op: &'static OpName, args: &[&Tensor]) -> Result<(Vec<Tensor>, BodyGuard)> {
     let mut a: Vec<Tensor> = args.iter().map(|t| (*t).clone()).collect();
-    dispatch(op, &mut a, None, false, CallKind::Functional)?;
-    Ok(a)
+    let (_, body) = dispatch(op, &mut a, None, false, CallKind::Functional)?;
+    Ok((a, body))
 }
 
 /// Sum a broadcast gradient back to `dims` (the shape of the input it belongs to).

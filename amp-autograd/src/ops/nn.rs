@@ -25,7 +25,7 @@ fn cast_opt(x: Tensor, dtype: Option<DType>) -> Result<Tensor> {
 
 /// Softmax along `dim` (computed in float32 for 16-bit inputs), optionally in `dtype`.
 pub fn softmax(x: &Tensor, dim: i64, dtype: Option<DType>) -> Result<Tensor> {
-    let ([x], dtype) = enter_dtype(&SOFTMAX, [x], dtype)?;
+    let ([x], dtype, _body) = enter_dtype(&SOFTMAX, [x], dtype)?;
     softmax_impl(&cast_opt(x, dtype)?, dim)
 }
 
@@ -50,7 +50,7 @@ fn softmax_impl(x: &Tensor, dim: i64) -> Result<Tensor> {
 
 /// `log(softmax(x))` along `dim`, computed stably.
 pub fn log_softmax(x: &Tensor, dim: i64, dtype: Option<DType>) -> Result<Tensor> {
-    let ([x], dtype) = enter_dtype(&LOG_SOFTMAX, [x], dtype)?;
+    let ([x], dtype, _body) = enter_dtype(&LOG_SOFTMAX, [x], dtype)?;
     log_softmax_impl(&cast_opt(x, dtype)?, dim)
 }
 
@@ -73,7 +73,7 @@ fn log_softmax_impl(x: &Tensor, dim: i64) -> Result<Tensor> {
 
 /// `softmax(-x)` along `dim`.
 pub fn softmin(x: &Tensor, dim: i64, dtype: Option<DType>) -> Result<Tensor> {
-    let ([x], dtype) = enter_dtype(&SOFTMIN, [x], dtype)?;
+    let ([x], dtype, _body) = enter_dtype(&SOFTMIN, [x], dtype)?;
     softmax_impl(&neg(&cast_opt(x, dtype)?)?, dim)
 }
 
@@ -89,7 +89,7 @@ pub fn layer_norm(
     let mut args: Vec<&Tensor> = vec![x];
     args.extend(weight);
     args.extend(bias);
-    let a = super::enter_vec(&LAYER_NORM, &args)?;
+    let (a, _body) = super::enter_vec(&LAYER_NORM, &args)?;
     let x = a[0].clone();
     let w = weight.map(|_| a[1].clone());
     let b = bias.map(|_| a[if weight.is_some() { 2 } else { 1 }].clone());
@@ -194,7 +194,7 @@ pub fn dropout(x: &Tensor, p: f64, training: bool, gen: &mut Generator) -> Resul
             format!("dropout probability has to be between 0 and 1, but got {p}"),
         ));
     }
-    let [x] = enter(&DROPOUT, [x])?;
+    let ([x], _body) = enter(&DROPOUT, [x])?;
     if !training || p == 0.0 {
         return Ok(x);
     }

@@ -2,8 +2,8 @@
 //! index_put and tensordot.
 //!
 //! Each enters the dispatch point once under its documented name. prelu, group_norm,
-//! cross and index_put then run their body with the layer bypassed (their own policy
-//! alone decides their dtypes); bilinear and tensordot are composites of `mm`/`bmm`,
+//! cross and index_put are opaque ops ([`OpName::opaque`]): their body runs with the layer
+//! excluded (their own policy alone decides their dtypes); bilinear and tensordot are composites of `mm`/`bmm`,
 //! whose casts they inherit, as PyTorch's `_trilinear` and `tensordot` do on CPU.
 
 use amp_tensor::{broadcast_shapes, promote_types, wrap_dim, DType};
@@ -14,23 +14,23 @@ use super::pointwise::*;
 use super::reduce::{mean, sum};
 use super::shape::{expand, index_add, index_copy, index_select, permute, reshape};
 use super::{check, enter, enter_vec};
-use crate::dispatch::{bypass, OpName};
+use crate::dispatch::OpName;
 use crate::grad_mode::{is_grad_enabled, no_grad};
 use crate::graph::record_multi;
 use crate::{Error, Result, Tensor};
 
-static PRELU: OpName = OpName::new("prelu");
+static PRELU: OpName = OpName::opaque("prelu");
 static BILINEAR: OpName = OpName::new("bilinear");
-static GROUP_NORM: OpName = OpName::new("group_norm");
-static CROSS: OpName = OpName::new("cross");
-static INDEX_PUT: OpName = OpName::new("index_put");
+static GROUP_NORM: OpName = OpName::opaque("group_norm");
+static CROSS: OpName = OpName::opaque("cross");
+static INDEX_PUT: OpName = OpName::opaque("index_put");
 static TENSORDOT: OpName = OpName::new("tensordot");
 
 /// Parametric ReLU: `x` where `x > 0`, `weight * x` elsewhere; `weight` has one element
 /// or one per channel (dim 1 of `x`).
 pub fn prelu(x: &Tensor, weight: &Tensor) -> Result<Tensor> {
     const OP: &str = "prelu";
-    let [x, weight] = enter(&PRELU, [x, weight])?;
+    let ([x, weight], _body) = enter(&PRELU, [x, weight])?;
     check::prelu(&x, &weight)?;
     let wn = weight.elem_count();
     if weight.rank() > 1 {
@@ -39,26 +39,24 @@ pub fn prelu(x: &Tensor, weight: &Tensor) -> Result<Tensor> {
             "prelu: Expected `weight` to be a scalar or 1D tensor",
         ));
     }
-    bypass(|| {
-        let w = if wn == 1 {
-            reshape(&weight, Vec::<usize>::new())?
-        } else {
-            let channels = if x.rank() >= 2 { x.dims()[1] } else { 1 };
-            if x.rank() == 0 || channels != wn {
-                return Err(Error::invalid(
-                    OP,
-                    format!(
-                        "Mismatch of parameter numbers and input channel size. Found parameter \
-                         numbers = {wn} and channel size = {channels}."
-                    ),
-                ));
-            }
-            let mut shape = vec![1usize; x.rank() - 1];
-            shape[0] = wn;
-            reshape(&weight, shape)?
-        };
-        where_(&gt_scalar(&x, 0.0)?, &x, &mul(&w, &x)?)
-    })
+    let w = if wn == 1 {
+        reshape(&weight, Vec::<usize>::new())?
+    } else {
+        let channels = if x.rank() >= 2 { x.dims()[1] } else { 1 };
+        if x.rank() == 0 || channels != wn {
+            return Err(Error::invalid(
+                OP,
+                format!(
+                    "Mismatch of parameter numbers and input channel size. Found parameter \
+                     numbers = {wn} and channel size = {channels}."
+                ),
+            ));
+        }
+        let mut shape = vec![1usize; x.rank() - 1];
+        shape[0] = wn;
+        reshape(&weight, shape)?
+    };
+    where_(&gt_scalar(&x, 0.0)?, &x, &mul(&w, &x)?)
 }
 
 /// Bilinear map `y[..., o] = x1[..., :] · weight[o] · x2[..., :] + bias[o]` with
@@ -72,7 +70,7 @@ pub fn bilinear(
     const OP: &str = "bilinear";
     let mut args = vec![x1, x2, weight];
     args.extend(bias);
-    let a = enter_vec(&BILINEAR, &args)?;
+    let (a, _body) = enter_vec(&BILINEAR, &args)?;
     let (x1, x2, w, b) = (&a[0], &a[1], &a[2], bias.map(|_| &a[3]));
     check::bilinear(x1, x2, w, b)?;
     if w.rank() != 3 {
@@ -114,9 +112,10 @@ pub fn bilinear(
             ));
         }
     }
-    // Not bypassed: where no policy covers bilinear (CPU), its products go through the
+    // A transparent op: where no policy covers bilinear (CPU), its products go through the
     // dispatch point as `mm` and `bmm` and inherit their casts, as PyTorch's `_trilinear`
-    // does; the result keeps the inputs' promoted dtype.
+    // does; the result keeps the inputs' promoted dtype. Where a policy covers it (CUDA's
+    // promote list), the body runs with the layer excluded.
     let dt = promote_types(promote_types(x1.dtype(), x2.dtype()), w.dtype());
     let lead = x1.dims()[..x1.rank() - 1].to_vec();
     let n: usize = lead.iter().product();
@@ -149,7 +148,7 @@ pub fn group_norm(
     let mut args = vec![x];
     args.extend(weight);
     args.extend(bias);
-    let a = enter_vec(&GROUP_NORM, &args)?;
+    let (a, _body) = enter_vec(&GROUP_NORM, &args)?;
     let x = &a[0];
     let w = weight.map(|_| &a[1]);
     let b = bias.map(|_| &a[1 + weight.is_some() as usize]);
@@ -189,17 +188,15 @@ pub fn group_norm(
             }
         }
     }
-    bypass(|| {
-        let dt = x.dtype();
-        let y = group_norm_node(
-            &acc(x)?,
-            num_groups,
-            w.map(acc).transpose()?,
-            b.map(acc).transpose()?,
-            eps,
-        )?;
-        back(y, dt)
-    })
+    let dt = x.dtype();
+    let y = group_norm_node(
+        &acc(x)?,
+        num_groups,
+        w.map(acc).transpose()?,
+        b.map(acc).transpose()?,
+        eps,
+    )?;
+    back(y, dt)
 }
 
 /// `[1, C, 1, ...]` for a per-channel parameter of a rank-`rank` input.
@@ -309,7 +306,7 @@ fn group_norm_node(
 /// `torch.linalg.cross`.
 pub fn cross(input: &Tensor, other: &Tensor, dim: i64) -> Result<Tensor> {
     const OP: &str = "linalg.cross";
-    let [a, b] = enter(&CROSS, [input, other])?;
+    let ([a, b], _body) = enter(&CROSS, [input, other])?;
     check::cross(&a, &b)?;
     if a.rank() != b.rank() {
         return Err(Error::invalid(
@@ -333,17 +330,15 @@ pub fn cross(input: &Tensor, other: &Tensor, dim: i64) -> Result<Tensor> {
             ),
         ));
     }
-    bypass(|| {
-        let (a, b) = (expand(&a, &shape)?, expand(&b, &shape)?);
-        let d = d as i64;
-        let yzx = Tensor::from_vec(vec![1i64, 2, 0], [3])?;
-        let zxy = Tensor::from_vec(vec![2i64, 0, 1], [3])?;
-        let a1 = index_select(&a, d, &yzx)?;
-        let a2 = index_select(&a, d, &zxy)?;
-        let b1 = index_select(&b, d, &yzx)?;
-        let b2 = index_select(&b, d, &zxy)?;
-        sub(&mul(&a1, &b2)?, &mul(&a2, &b1)?)
-    })
+    let (a, b) = (expand(&a, &shape)?, expand(&b, &shape)?);
+    let d = d as i64;
+    let yzx = Tensor::from_vec(vec![1i64, 2, 0], [3])?;
+    let zxy = Tensor::from_vec(vec![2i64, 0, 1], [3])?;
+    let a1 = index_select(&a, d, &yzx)?;
+    let a2 = index_select(&a, d, &zxy)?;
+    let b1 = index_select(&b, d, &yzx)?;
+    let b2 = index_select(&b, d, &zxy)?;
+    sub(&mul(&a1, &b2)?, &mul(&a2, &b1)?)
 }
 
 /// `torch.cross(input, other, dim=None)`: [`cross`] along `dim`, or (deprecated
@@ -377,7 +372,7 @@ pub fn index_put(
     let mut args: Vec<&Tensor> = vec![input];
     args.extend(indices.iter());
     args.push(values);
-    let a = enter_vec(&INDEX_PUT, &args)?;
+    let (a, _body) = enter_vec(&INDEX_PUT, &args)?;
     let x = &a[0];
     let values = &a[a.len() - 1];
     if values.dtype() != x.dtype() {
@@ -462,24 +457,22 @@ pub fn index_put(
     }
     let rest = x.dims()[k..].to_vec();
     let lead: usize = x.dims()[..k].iter().product();
-    bypass(|| {
-        let mut flat_dims = vec![lead];
-        flat_dims.extend(&rest);
-        let xr = reshape(x, flat_dims)?;
-        let mut vdims = bshape.clone();
-        vdims.extend(&rest);
-        let v = expand(values, &vdims)?;
-        let mut src_dims = vec![count];
-        src_dims.extend(&rest);
-        let v = reshape(&v, src_dims)?;
-        let lin = Tensor::from_vec(lin, [count])?;
-        let out = if accumulate {
-            index_add(&xr, 0, &lin, &v, 1.0)?
-        } else {
-            index_copy(&xr, 0, &lin, &v)?
-        };
-        reshape(&out, x.dims().to_vec())
-    })
+    let mut flat_dims = vec![lead];
+    flat_dims.extend(&rest);
+    let xr = reshape(x, flat_dims)?;
+    let mut vdims = bshape.clone();
+    vdims.extend(&rest);
+    let v = expand(values, &vdims)?;
+    let mut src_dims = vec![count];
+    src_dims.extend(&rest);
+    let v = reshape(&v, src_dims)?;
+    let lin = Tensor::from_vec(lin, [count])?;
+    let out = if accumulate {
+        index_add(&xr, 0, &lin, &v, 1.0)?
+    } else {
+        index_copy(&xr, 0, &lin, &v)?
+    };
+    reshape(&out, x.dims().to_vec())
 }
 
 /// The flat position in a tensor of shape `dims` that position `pos` of its broadcast
@@ -514,7 +507,7 @@ pub enum TensordotDims {
 /// those of `b` (`torch.tensordot`), through one `mm`.
 pub fn tensordot(a: &Tensor, b: &Tensor, dims: &TensordotDims) -> Result<Tensor> {
     const OP: &str = "tensordot";
-    let [a, b] = enter(&TENSORDOT, [a, b])?;
+    let ([a, b], _body) = enter(&TENSORDOT, [a, b])?;
     let (da, db): (Vec<usize>, Vec<usize>) = match dims {
         TensordotDims::Count(n) => {
             if *n > a.rank() || *n > b.rank() {

@@ -26,7 +26,7 @@ macro_rules! unary_ops {
         $(#[$doc])*
         pub fn $fname(x: &Tensor) -> Result<Tensor> {
             static OP: OpName = OpName::new($opname);
-            let [x] = enter(&OP, [x])?;
+            let ([x], _body) = enter(&OP, [x])?;
             let out = amp_kernels::unary(UnaryOp::$kop, x.data())?;
             let saved = out.clone();
             let xs = x.clone();
@@ -158,7 +158,7 @@ static SOFTPLUS: OpName = OpName::new("softplus");
 
 /// `log(1 + exp(beta x)) / beta`, linear above `threshold`.
 pub fn softplus(x: &Tensor, beta: f64, threshold: f64) -> Result<Tensor> {
-    let [x] = enter(&SOFTPLUS, [x])?;
+    let ([x], _body) = enter(&SOFTPLUS, [x])?;
     let out = amp_kernels::softplus(x.data(), beta, threshold)?;
     let xs = x.clone();
     Ok(record(out, "SoftplusBackward0", &[&x], move |g| {
@@ -174,7 +174,7 @@ macro_rules! binary_ops {
         $(#[$doc])*
         pub fn $fname(a: &Tensor, b: &Tensor) -> Result<Tensor> {
             static OP: OpName = OpName::new($opname);
-            let [a, b] = enter(&OP, [a, b])?;
+            let ([a, b], _body) = enter(&OP, [a, b])?;
             let out = amp_kernels::binary(BinaryOp::$kop, a.data(), b.data())?;
             let saved = out.clone();
             let (sa, sb) = (a.clone(), b.clone());
@@ -234,7 +234,7 @@ static SUB_ALPHA: OpName = OpName::new("sub");
 
 /// `a + alpha * b` (`torch.add(a, b, alpha=alpha)`).
 pub fn add_scaled(a: &Tensor, b: &Tensor, alpha: f64) -> Result<Tensor> {
-    let [a, b] = enter(&ADD_ALPHA, [a, b])?;
+    let ([a, b], _body) = enter(&ADD_ALPHA, [a, b])?;
     let out = amp_kernels::add_scaled(a.data(), b.data(), alpha)?;
     let (da, db) = (a.dims().to_vec(), b.dims().to_vec());
     let (ra, rb) = (a.requires_grad(), b.requires_grad());
@@ -252,7 +252,7 @@ pub fn add_scaled(a: &Tensor, b: &Tensor, alpha: f64) -> Result<Tensor> {
 
 /// `a - alpha * b`.
 pub fn sub_scaled(a: &Tensor, b: &Tensor, alpha: f64) -> Result<Tensor> {
-    let [a, b] = enter(&SUB_ALPHA, [a, b])?;
+    let ([a, b], _body) = enter(&SUB_ALPHA, [a, b])?;
     add_scaled(&a, &b, -alpha)
 }
 
@@ -262,7 +262,7 @@ macro_rules! scalar_ops {
         pub fn $fname(x: &Tensor, s: impl Into<Scalar>) -> Result<Tensor> {
             static OP: OpName = OpName::new($opname);
             let s: Scalar = s.into();
-            let [x] = enter(&OP, [x])?;
+            let ([x], _body) = enter(&OP, [x])?;
             let out = { let $x = x.data(); let $s = s; $fwd? };
             let saved = out.clone();
             let xs = x.clone();
@@ -305,14 +305,14 @@ scalar_ops! {
 /// `s / x` under the name `__rtruediv__` (Python's `2 / x`).
 pub fn rtruediv_scalar(x: &Tensor, s: impl Into<Scalar>) -> Result<Tensor> {
     static OP: OpName = OpName::new("__rtruediv__");
-    let [x] = enter(&OP, [x])?;
+    let ([x], _body) = enter(&OP, [x])?;
     rdiv_scalar(&x, s)
 }
 
 /// `x ** s` under the name `__pow__`.
 pub fn dunder_pow(x: &Tensor, s: impl Into<Scalar>) -> Result<Tensor> {
     static OP: OpName = OpName::new("__pow__");
-    let [x] = enter(&OP, [x])?;
+    let ([x], _body) = enter(&OP, [x])?;
     pow_scalar(&x, s)
 }
 
@@ -348,7 +348,7 @@ static WHERE: OpName = OpName::new("where");
 
 /// `cond ? a : b` elementwise (cond a bool tensor), broadcasting all three.
 pub fn where_(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let [cond, a, b] = enter(&WHERE, [cond, a, b])?;
+    let ([cond, a, b], _body) = enter(&WHERE, [cond, a, b])?;
     let out = amp_kernels::where_cond(cond.data(), a.data(), b.data())?;
     let (c2, da, db) = (cond.clone(), a.dims().to_vec(), b.dims().to_vec());
     let (ra, rb) = (a.requires_grad(), b.requires_grad());
@@ -373,7 +373,7 @@ static CLAMP: OpName = OpName::new("clamp");
 
 /// Clamp into `[min, max]` (either bound optional); gradient passes where unclamped.
 pub fn clamp(x: &Tensor, min: Option<f64>, max: Option<f64>) -> Result<Tensor> {
-    let [x] = enter(&CLAMP, [x])?;
+    let ([x], _body) = enter(&CLAMP, [x])?;
     let out = amp_kernels::clamp(x.data(), min, max)?;
     let xs = x.clone();
     Ok(record(out, "ClampBackward1", &[&x], move |g| {
@@ -393,13 +393,13 @@ static ADDCDIV: OpName = OpName::new("addcdiv");
 
 /// `input + value * t1 * t2`.
 pub fn addcmul(input: &Tensor, t1: &Tensor, t2: &Tensor, value: f64) -> Result<Tensor> {
-    let [input, t1, t2] = enter(&ADDCMUL, [input, t1, t2])?;
+    let ([input, t1, t2], _body) = enter(&ADDCMUL, [input, t1, t2])?;
     add(&input, &mul_scalar(&mul(&t1, &t2)?, value)?)
 }
 
 /// `input + value * t1 / t2`.
 pub fn addcdiv(input: &Tensor, t1: &Tensor, t2: &Tensor, value: f64) -> Result<Tensor> {
-    let [input, t1, t2] = enter(&ADDCDIV, [input, t1, t2])?;
+    let ([input, t1, t2], _body) = enter(&ADDCDIV, [input, t1, t2])?;
     add(&input, &mul_scalar(&div(&t1, &t2)?, value)?)
 }
 

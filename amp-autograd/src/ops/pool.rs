@@ -208,7 +208,7 @@ pub fn max_pool_nd_with_indices(
         ));
     }
     let op = MAX_POOL[n - 1].name();
-    let [x] = enter(&MAX_POOL[n - 1], [x])?;
+    let ([x], _body) = enter(&MAX_POOL[n - 1], [x])?;
     let sp = spatial(op, &x, n)?;
     let p = params(op, n, kernel_size, stride, padding, dilation, ceil_mode)?;
     let geo = p.windows(op, &sp, None)?;
@@ -280,7 +280,7 @@ pub fn avg_pool_nd(
     if divisor_override == Some(0) {
         return Err(Error::invalid(op, "divisor must be not zero"));
     }
-    let [x] = enter(&AVG_POOL[n - 1], [x])?;
+    let ([x], _body) = enter(&AVG_POOL[n - 1], [x])?;
     if n == 3 {
         // PyTorch's CPU kernel has no 16-bit instantiation in three dimensions.
         super::check::float32_or_64("avg_pool3d_out_frame", &x)?;
@@ -388,7 +388,7 @@ pub fn adaptive_avg_pool_nd(x: &Tensor, n: usize, output_size: &[Option<usize>])
         ));
     }
     let op = ADAPTIVE_AVG_POOL[n - 1].name();
-    let [x] = enter(&ADAPTIVE_AVG_POOL[n - 1], [x])?;
+    let ([x], _body) = enter(&ADAPTIVE_AVG_POOL[n - 1], [x])?;
     let sp = spatial(op, &x, n)?;
     let os = adaptive_sizes(op, &sp, output_size)?;
     let geo: Vec<DimWindows> = sp
@@ -412,7 +412,7 @@ pub fn adaptive_max_pool_nd(
         ));
     }
     let op = ADAPTIVE_MAX_POOL[n - 1].name();
-    let [x] = enter(&ADAPTIVE_MAX_POOL[n - 1], [x])?;
+    let ([x], _body) = enter(&ADAPTIVE_MAX_POOL[n - 1], [x])?;
     let sp = spatial(op, &x, n)?;
     let os = adaptive_sizes(op, &sp, output_size)?;
     let geo: Vec<DimWindows> = sp
@@ -461,7 +461,7 @@ pub fn fractional_max_pool_nd(
             &owned
         }
     };
-    let [x, samples] = enter(name, [x, samples])?;
+    let ([x, samples], _body) = enter(name, [x, samples])?;
     let sp = spatial(op, &x, n)?;
     let kernel = per_dim(op, kernel_size, n, "kernel_size")?;
     let out: Vec<usize> = match (output_size, output_ratio) {
@@ -554,7 +554,7 @@ pub fn max_unpool_nd(
         ));
     }
     let op = MAX_UNPOOL[n - 1].name();
-    let [x, indices] = enter(&MAX_UNPOOL[n - 1], [x, indices])?;
+    let ([x, indices], _body) = enter(&MAX_UNPOOL[n - 1], [x, indices])?;
     let sp = spatial(op, &x, n)?;
     if indices.dims() != x.dims() {
         return Err(Error::invalid(
@@ -634,7 +634,7 @@ pub fn pad(x: &Tensor, pad: &[i64], mode: &str, value: Option<f64>) -> Result<Te
         PadMode::Replicate => &REPLICATION_PAD[n - 1],
         PadMode::Circular => &CIRCULAR_PAD,
     };
-    let [x] = enter(name, [x])?;
+    let ([x], _body) = enter(name, [x])?;
     if n == 0 {
         return Ok(x);
     }
@@ -672,7 +672,7 @@ pub fn grid_sample(
     padding_mode: GridPadding,
     align_corners: bool,
 ) -> Result<Tensor> {
-    let [x, grid] = enter(&GRID_SAMPLE, [input, grid])?;
+    let ([x, grid], _body) = enter(&GRID_SAMPLE, [input, grid])?;
     if !needs_grad(&[&x, &grid]) {
         return Ok(Tensor::from_raw(amp_kernels::grid_sample(
             x.data(),
@@ -766,7 +766,7 @@ pub fn embedding_padded(
     let Some(p) = padding_idx else {
         return super::shape::embedding(weight, indices);
     };
-    let [weight, indices] = enter(&EMBEDDING, [weight, indices])?;
+    let ([weight, indices], _body) = enter(&EMBEDDING, [weight, indices])?;
     if weight.rank() != 2 {
         return Err(Error::invalid("embedding", "'weight' must be 2-D"));
     }

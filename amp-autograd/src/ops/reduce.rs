@@ -53,7 +53,7 @@ static PROD: OpName = OpName::new("prod");
 /// Sum over `dims` (all when empty), optionally keeping them as size 1, optionally in
 /// `dtype` (the input is cast first, as PyTorch does).
 pub fn sum(x: &Tensor, dims: &[i64], keepdim: bool, dtype: Option<DType>) -> Result<Tensor> {
-    let ([x], dtype) = enter_dtype(&SUM, [x], dtype)?;
+    let ([x], dtype, _body) = enter_dtype(&SUM, [x], dtype)?;
     sum_impl(&x, dims, keepdim, dtype)
 }
 
@@ -82,7 +82,7 @@ pub(crate) fn sum_impl(
 
 /// Mean over `dims` (all when empty).
 pub fn mean(x: &Tensor, dims: &[i64], keepdim: bool, dtype: Option<DType>) -> Result<Tensor> {
-    let ([x], dtype) = enter_dtype(&MEAN, [x], dtype)?;
+    let ([x], dtype, _body) = enter_dtype(&MEAN, [x], dtype)?;
     let x = match dtype {
         Some(d) => x.to_dtype(d)?,
         None => x,
@@ -108,7 +108,7 @@ pub fn mean_all(x: &Tensor) -> Result<Tensor> {
 
 /// Product over one dim (or all when `None`).
 pub fn prod(x: &Tensor, dim: Option<i64>, keepdim: bool, dtype: Option<DType>) -> Result<Tensor> {
-    let ([x], dtype) = enter_dtype(&PROD, [x], dtype)?;
+    let ([x], dtype, _body) = enter_dtype(&PROD, [x], dtype)?;
     let x = match dtype {
         Some(d) => x.to_dtype(d)?,
         None => x,
@@ -185,13 +185,13 @@ fn extreme(x: &Tensor, dims: &[i64], keepdim: bool, max: bool) -> Result<Tensor>
 
 /// Maximum over `dims` (gradient split evenly between ties).
 pub fn amax(x: &Tensor, dims: &[i64], keepdim: bool) -> Result<Tensor> {
-    let [x] = enter(&AMAX, [x])?;
+    let ([x], _body) = enter(&AMAX, [x])?;
     extreme(&x, dims, keepdim, true)
 }
 
 /// Minimum over `dims`.
 pub fn amin(x: &Tensor, dims: &[i64], keepdim: bool) -> Result<Tensor> {
-    let [x] = enter(&AMIN, [x])?;
+    let ([x], _body) = enter(&AMIN, [x])?;
     extreme(&x, dims, keepdim, false)
 }
 
@@ -232,13 +232,13 @@ fn extreme_dim(x: &Tensor, dim: i64, keepdim: bool, max: bool) -> Result<(Tensor
 
 /// `(values, indices)` of the maximum along `dim`.
 pub fn max_dim(x: &Tensor, dim: i64, keepdim: bool) -> Result<(Tensor, Tensor)> {
-    let [x] = enter(&MAX, [x])?;
+    let ([x], _body) = enter(&MAX, [x])?;
     extreme_dim(&x, dim, keepdim, true)
 }
 
 /// `(values, indices)` of the minimum along `dim`.
 pub fn min_dim(x: &Tensor, dim: i64, keepdim: bool) -> Result<(Tensor, Tensor)> {
-    let [x] = enter(&MIN, [x])?;
+    let ([x], _body) = enter(&MIN, [x])?;
     extreme_dim(&x, dim, keepdim, false)
 }
 
@@ -255,7 +255,7 @@ static NORM: OpName = OpName::new("norm");
 
 /// Vector p-norm over `dims` (all when empty); `p` may be `f64::INFINITY`.
 pub fn norm(x: &Tensor, p: f64, dims: &[i64], keepdim: bool) -> Result<Tensor> {
-    let [x] = enter(&NORM, [x])?;
+    let ([x], _body) = enter(&NORM, [x])?;
     let out = amp_kernels::norm(x.data(), p, dims, keepdim)?;
     let xs = x.clone();
     let shape = x.dims().to_vec();
@@ -296,7 +296,7 @@ static LOGSUMEXP: OpName = OpName::new("logsumexp");
 
 /// `log(sum(exp(x)))` over `dims`, computed stably.
 pub fn logsumexp(x: &Tensor, dims: &[i64], keepdim: bool) -> Result<Tensor> {
-    let [x] = enter(&LOGSUMEXP, [x])?;
+    let ([x], _body) = enter(&LOGSUMEXP, [x])?;
     let out = amp_kernels::logsumexp(x.data(), dims, keepdim)?;
     let xs = x.clone();
     let shape = x.dims().to_vec();
@@ -322,7 +322,7 @@ static STD: OpName = OpName::new("std");
 
 /// Variance over `dims` with Bessel-style `correction` (PyTorch's default is 1).
 pub fn var(x: &Tensor, dims: &[i64], correction: f64, keepdim: bool) -> Result<Tensor> {
-    let [x] = enter(&VAR, [x])?;
+    let ([x], _body) = enter(&VAR, [x])?;
     let reduced = reduced_dims(x.rank(), dims)?;
     let n = count(x.dims(), &reduced) as f64;
     let dims_i: Vec<i64> = reduced.iter().map(|&d| d as i64).collect();
@@ -336,7 +336,7 @@ pub fn var(x: &Tensor, dims: &[i64], correction: f64, keepdim: bool) -> Result<T
 
 /// Standard deviation (the square root of [`var`]).
 pub fn std(x: &Tensor, dims: &[i64], correction: f64, keepdim: bool) -> Result<Tensor> {
-    let [x] = enter(&STD, [x])?;
+    let ([x], _body) = enter(&STD, [x])?;
     sqrt(&var(&x, dims, correction, keepdim)?)
 }
 
@@ -345,7 +345,7 @@ static CUMPROD: OpName = OpName::new("cumprod");
 
 /// Running sum along `dim`.
 pub fn cumsum(x: &Tensor, dim: i64, dtype: Option<DType>) -> Result<Tensor> {
-    let ([x], dtype) = enter_dtype(&CUMSUM, [x], dtype)?;
+    let ([x], dtype, _body) = enter_dtype(&CUMSUM, [x], dtype)?;
     let x = match dtype {
         Some(d) => x.to_dtype(d)?,
         None => x,
@@ -364,7 +364,7 @@ fn reverse_cumsum(g: &Tensor, dim: i64) -> Result<Tensor> {
 
 /// Running product along `dim`.
 pub fn cumprod(x: &Tensor, dim: i64, dtype: Option<DType>) -> Result<Tensor> {
-    let ([x], dtype) = enter_dtype(&CUMPROD, [x], dtype)?;
+    let ([x], dtype, _body) = enter_dtype(&CUMPROD, [x], dtype)?;
     let x = match dtype {
         Some(d) => x.to_dtype(d)?,
         None => x,

@@ -3,19 +3,20 @@
 //!
 //! Each cell enters the dispatch point once under its listed name (so autocast casts the
 //! cell's inputs as the policy says) and then runs its body, built from differentiable
-//! ops (`linear`, `sigmoid`, `tanh`, `narrow`), with the dispatch layer bypassed: the
-//! body runs in the dtypes the cell was entered with, as PyTorch's autocast wrapper does.
+//! ops (`linear`, `sigmoid`, `tanh`, `narrow`). The cells are opaque ops
+//! ([`OpName::opaque`]): the body runs with the dispatch layer excluded, in the dtypes
+//! the cell was entered with, as PyTorch's autocast wrapper does.
 
 use super::enter_vec;
 use super::matmul::linear;
 use super::pointwise::{add, mul, relu, sigmoid, sub, tanh};
 use super::shape::narrow;
-use crate::dispatch::{bypass, OpName};
+use crate::dispatch::{BodyGuard, OpName};
 use crate::{Error, Result, Tensor};
 
-static RNN_CELL: OpName = OpName::new("RNNCell");
-static GRU_CELL: OpName = OpName::new("GRUCell");
-static LSTM_CELL: OpName = OpName::new("LSTMCell");
+static RNN_CELL: OpName = OpName::opaque("RNNCell");
+static GRU_CELL: OpName = OpName::opaque("GRUCell");
+static LSTM_CELL: OpName = OpName::opaque("LSTMCell");
 
 /// The nonlinearity of a plain RNN cell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -35,6 +36,8 @@ struct CellArgs {
     w_hh: Tensor,
     b_ih: Option<Tensor>,
     b_hh: Option<Tensor>,
+    /// Keeps the cell's body out of the dispatch layer until the arguments drop.
+    _body: BodyGuard,
 }
 
 /// Enters the dispatch point under `op` with every tensor argument of the cell, and
@@ -57,7 +60,8 @@ fn enter_cell(
     args.push(w_hh);
     args.extend(b_ih);
     args.extend(b_hh);
-    let mut a = enter_vec(op, &args)?.into_iter();
+    let (a, body) = enter_vec(op, &args)?;
+    let mut a = a.into_iter();
     let mut next = || a.next().expect("as many tensors as entered");
     let input = next();
     let hx: Vec<Tensor> = hx.iter().map(|_| next()).collect();
@@ -126,6 +130,7 @@ fn enter_cell(
         w_hh,
         b_ih,
         b_hh,
+        _body: body,
     })
 }
 
@@ -156,14 +161,12 @@ pub fn rnn_cell(
     nonlinearity: RnnNonlinearity,
 ) -> Result<Tensor> {
     let a = enter_cell(&RNN_CELL, input, &[hx], w_ih, w_hh, b_ih, b_hh, 1)?;
-    bypass(|| {
-        let (gi, gh) = projections(&a, &a.hx[0])?;
-        let pre = add(&gi, &gh)?;
-        match nonlinearity {
-            RnnNonlinearity::Tanh => tanh(&pre),
-            RnnNonlinearity::Relu => relu(&pre),
-        }
-    })
+    let (gi, gh) = projections(&a, &a.hx[0])?;
+    let pre = add(&gi, &gh)?;
+    match nonlinearity {
+        RnnNonlinearity::Tanh => tanh(&pre),
+        RnnNonlinearity::Relu => relu(&pre),
+    }
 }
 
 /// `torch.rnn_tanh_cell`: [`rnn_cell`] with tanh.
@@ -208,18 +211,16 @@ pub fn gru_cell(
     b_hh: Option<&Tensor>,
 ) -> Result<Tensor> {
     let a = enter_cell(&GRU_CELL, input, &[hx], w_ih, w_hh, b_ih, b_hh, 3)?;
-    bypass(|| {
-        let h = &a.hx[0];
-        let hidden = a.w_hh.dims()[1];
-        let (gi, gh) = projections(&a, h)?;
-        let r = sigmoid(&add(&chunk(&gi, 0, hidden)?, &chunk(&gh, 0, hidden)?)?)?;
-        let z = sigmoid(&add(&chunk(&gi, 1, hidden)?, &chunk(&gh, 1, hidden)?)?)?;
-        let n = tanh(&add(
-            &chunk(&gi, 2, hidden)?,
-            &mul(&r, &chunk(&gh, 2, hidden)?)?,
-        )?)?;
-        add(&n, &mul(&z, &sub(h, &n)?)?)
-    })
+    let h = &a.hx[0];
+    let hidden = a.w_hh.dims()[1];
+    let (gi, gh) = projections(&a, h)?;
+    let r = sigmoid(&add(&chunk(&gi, 0, hidden)?, &chunk(&gh, 0, hidden)?)?)?;
+    let z = sigmoid(&add(&chunk(&gi, 1, hidden)?, &chunk(&gh, 1, hidden)?)?)?;
+    let n = tanh(&add(
+        &chunk(&gi, 2, hidden)?,
+        &mul(&r, &chunk(&gh, 2, hidden)?)?,
+    )?)?;
+    add(&n, &mul(&z, &sub(h, &n)?)?)
 }
 
 /// One LSTM step (`torch.lstm_cell`, listed as `LSTMCell`) from `(hx, cx)`, gates
@@ -238,17 +239,15 @@ pub fn lstm_cell(
     b_hh: Option<&Tensor>,
 ) -> Result<(Tensor, Tensor)> {
     let a = enter_cell(&LSTM_CELL, input, &[hx.0, hx.1], w_ih, w_hh, b_ih, b_hh, 4)?;
-    bypass(|| {
-        let (h, c) = (&a.hx[0], &a.hx[1]);
-        let hidden = a.w_hh.dims()[1];
-        let (gi, gh) = projections(&a, h)?;
-        let gates = add(&gi, &gh)?;
-        let i = sigmoid(&chunk(&gates, 0, hidden)?)?;
-        let f = sigmoid(&chunk(&gates, 1, hidden)?)?;
-        let g = tanh(&chunk(&gates, 2, hidden)?)?;
-        let o = sigmoid(&chunk(&gates, 3, hidden)?)?;
-        let cy = add(&mul(&f, c)?, &mul(&i, &g)?)?;
-        let hy = mul(&o, &tanh(&cy)?)?;
-        Ok((hy, cy))
-    })
+    let (h, c) = (&a.hx[0], &a.hx[1]);
+    let hidden = a.w_hh.dims()[1];
+    let (gi, gh) = projections(&a, h)?;
+    let gates = add(&gi, &gh)?;
+    let i = sigmoid(&chunk(&gates, 0, hidden)?)?;
+    let f = sigmoid(&chunk(&gates, 1, hidden)?)?;
+    let g = tanh(&chunk(&gates, 2, hidden)?)?;
+    let o = sigmoid(&chunk(&gates, 3, hidden)?)?;
+    let cy = add(&mul(&f, c)?, &mul(&i, &g)?)?;
+    let hy = mul(&o, &tanh(&cy)?)?;
+    Ok((hy, cy))
 }

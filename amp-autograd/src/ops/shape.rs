@@ -28,7 +28,7 @@ fn same_shape_back(out: Raw, name: &'static str, x: &Tensor) -> Tensor {
 /// Another shape over the same elements (`-1` infers one size): a view when the
 /// strides allow it, else a copy.
 pub fn reshape(x: &Tensor, shape: impl amp_tensor::IntoDims) -> Result<Tensor> {
-    let [x] = enter(&RESHAPE, [x])?;
+    let ([x], _body) = enter(&RESHAPE, [x])?;
     if x.dims() == shape.resolve("reshape", x.elem_count())?.as_slice() {
         return Ok(x);
     }
@@ -38,14 +38,14 @@ pub fn reshape(x: &Tensor, shape: impl amp_tensor::IntoDims) -> Result<Tensor> {
 
 /// A view with another shape (fails when the strides do not allow one).
 pub fn view(x: &Tensor, shape: impl amp_tensor::IntoDims) -> Result<Tensor> {
-    let [x] = enter(&VIEW, [x])?;
+    let ([x], _body) = enter(&VIEW, [x])?;
     let out = x.data().view(shape)?;
     Ok(same_shape_back(out, "ViewBackward0", &x))
 }
 
 /// Swap two dims (a view).
 pub fn transpose(x: &Tensor, d0: i64, d1: i64) -> Result<Tensor> {
-    let [x] = enter(&TRANSPOSE, [x])?;
+    let ([x], _body) = enter(&TRANSPOSE, [x])?;
     let out = x.data().transpose(d0, d1)?;
     Ok(record(out, "TransposeBackward0", &[&x], move |g| {
         Ok(vec![Some(transpose(g, d0, d1)?)])
@@ -62,7 +62,7 @@ pub fn t(x: &Tensor) -> Result<Tensor> {
 
 /// Reorder dims (a view).
 pub fn permute(x: &Tensor, perm: &[i64]) -> Result<Tensor> {
-    let [x] = enter(&PERMUTE, [x])?;
+    let ([x], _body) = enter(&PERMUTE, [x])?;
     let out = x.data().permute(perm)?;
     let n = x.rank();
     let mut inv = vec![0i64; n];
@@ -79,7 +79,7 @@ pub fn expand(x: &Tensor, dims: &[usize]) -> Result<Tensor> {
     if x.dims() == dims {
         return Ok(x.clone());
     }
-    let [x] = enter(&EXPAND, [x])?;
+    let ([x], _body) = enter(&EXPAND, [x])?;
     let out = x.data().broadcast_to(dims)?;
     let xd = x.dims().to_vec();
     Ok(record(out, "ExpandBackward0", &[&x], move |g| {
@@ -89,7 +89,7 @@ pub fn expand(x: &Tensor, dims: &[usize]) -> Result<Tensor> {
 
 /// `len` entries of `dim` from `start` (a view).
 pub fn narrow(x: &Tensor, dim: i64, start: usize, len: usize) -> Result<Tensor> {
-    let [x] = enter(&NARROW, [x])?;
+    let ([x], _body) = enter(&NARROW, [x])?;
     let out = x.data().narrow(dim, start, len)?;
     let xd = x.dims().to_vec();
     Ok(record(out, "NarrowBackward0", &[&x], move |g| {
@@ -110,7 +110,7 @@ pub fn narrow_scatter(src: &Tensor, dims: &[usize], dim: i64, start: usize) -> R
 
 /// Entry `index` of `dim`, dropping it (a view).
 pub fn select(x: &Tensor, dim: i64, index: i64) -> Result<Tensor> {
-    let [x] = enter(&SELECT, [x])?;
+    let ([x], _body) = enter(&SELECT, [x])?;
     let out = x.data().select(dim, index)?;
     let xd = x.dims().to_vec();
     let d = wrap_dim(dim, x.rank())?;
@@ -131,14 +131,14 @@ pub fn select(x: &Tensor, dim: i64, index: i64) -> Result<Tensor> {
 
 /// Insert a size-1 dim (a view).
 pub fn unsqueeze(x: &Tensor, dim: i64) -> Result<Tensor> {
-    let [x] = enter(&UNSQUEEZE, [x])?;
+    let ([x], _body) = enter(&UNSQUEEZE, [x])?;
     let out = x.data().unsqueeze(dim)?;
     Ok(same_shape_back(out, "UnsqueezeBackward0", &x))
 }
 
 /// Drop `dim` if its size is 1 (a view).
 pub fn squeeze(x: &Tensor, dim: i64) -> Result<Tensor> {
-    let [x] = enter(&SQUEEZE, [x])?;
+    let ([x], _body) = enter(&SQUEEZE, [x])?;
     let out = x.data().squeeze(dim)?;
     Ok(same_shape_back(out, "SqueezeBackward1", &x))
 }
@@ -154,7 +154,7 @@ pub fn contiguous(x: &Tensor) -> Result<Tensor> {
     if x.is_contiguous() {
         return Ok(x.clone());
     }
-    let [x] = enter(&CONTIGUOUS, [x])?;
+    let ([x], _body) = enter(&CONTIGUOUS, [x])?;
     let out = x.data().contiguous();
     Ok(record(out, "CloneBackward0", &[&x], move |g| {
         Ok(vec![Some(g.clone())])
@@ -167,7 +167,7 @@ static STACK: OpName = OpName::new("stack");
 /// Concatenate along `dim` (promoting to a common dtype).
 pub fn cat(ts: &[Tensor], dim: i64) -> Result<Tensor> {
     let refs: Vec<&Tensor> = ts.iter().collect();
-    let ts = enter_vec(&CAT, &refs)?;
+    let (ts, _body) = enter_vec(&CAT, &refs)?;
     let raws: Vec<Raw> = ts.iter().map(|t| t.data().clone()).collect();
     let out = amp_kernels::cat(&raws, dim)?;
     let d = wrap_dim(dim, out.rank())? as i64;
@@ -198,7 +198,7 @@ pub fn cat(ts: &[Tensor], dim: i64) -> Result<Tensor> {
 /// Stack along a new dim `dim`.
 pub fn stack(ts: &[Tensor], dim: i64) -> Result<Tensor> {
     let refs: Vec<&Tensor> = ts.iter().collect();
-    let ts = enter_vec(&STACK, &refs)?;
+    let (ts, _body) = enter_vec(&STACK, &refs)?;
     let Some(first) = ts.first() else {
         return Err(crate::Error::invalid(
             "stack",
@@ -222,7 +222,7 @@ static EMBEDDING: OpName = OpName::new("embedding");
 
 /// `out[i][j] = x[index[i][j]][j]` for `dim = 0` (PyTorch's `gather`).
 pub fn gather(x: &Tensor, dim: i64, index: &Tensor) -> Result<Tensor> {
-    let [x, index] = enter(&GATHER, [x, index])?;
+    let ([x, index], _body) = enter(&GATHER, [x, index])?;
     let out = amp_kernels::gather(x.data(), dim, index.data())?;
     let xd = x.dims().to_vec();
     let xs = x.clone();
@@ -237,7 +237,7 @@ pub fn gather(x: &Tensor, dim: i64, index: &Tensor) -> Result<Tensor> {
 
 /// `x` with `src` added at `index` along `dim` (out of place).
 pub fn scatter_add(x: &Tensor, dim: i64, index: &Tensor, src: &Tensor) -> Result<Tensor> {
-    let [x, index, src] = enter(&SCATTER_ADD, [x, index, src])?;
+    let ([x, index, src], _body) = enter(&SCATTER_ADD, [x, index, src])?;
     let out = amp_kernels::scatter_add(x.data(), dim, index.data(), src.data())?;
     let (rx, rs) = (x.requires_grad(), src.requires_grad());
     Ok(record(out, "ScatterAddBackward0", &[&x, &src], move |g| {
@@ -254,7 +254,7 @@ pub fn scatter_add(x: &Tensor, dim: i64, index: &Tensor, src: &Tensor) -> Result
 
 /// The entries `index` (1-D ints) of `dim`.
 pub fn index_select(x: &Tensor, dim: i64, index: &Tensor) -> Result<Tensor> {
-    let [x, index] = enter(&INDEX_SELECT, [x, index])?;
+    let ([x, index], _body) = enter(&INDEX_SELECT, [x, index])?;
     let out = amp_kernels::index_select(x.data(), dim, index.data())?;
     let xd = x.dims().to_vec();
     Ok(record(out, "IndexSelectBackward0", &[&x], move |g| {
@@ -265,7 +265,7 @@ pub fn index_select(x: &Tensor, dim: i64, index: &Tensor) -> Result<Tensor> {
 
 /// `x` with `alpha * src` added at entries `index` of `dim` (out of place).
 pub fn index_add(x: &Tensor, dim: i64, index: &Tensor, src: &Tensor, alpha: f64) -> Result<Tensor> {
-    let [x, index, src] = enter(&INDEX_ADD, [x, index, src])?;
+    let ([x, index, src], _body) = enter(&INDEX_ADD, [x, index, src])?;
     let out = amp_kernels::index_add(x.data(), dim, index.data(), src.data(), alpha)?;
     let (rx, rs) = (x.requires_grad(), src.requires_grad());
     Ok(record(out, "IndexAddBackward0", &[&x, &src], move |g| {
@@ -285,7 +285,7 @@ pub fn index_add(x: &Tensor, dim: i64, index: &Tensor, src: &Tensor, alpha: f64)
 
 /// `x` with entries `index` of `dim` replaced by `src` (out of place).
 pub fn index_copy(x: &Tensor, dim: i64, index: &Tensor, src: &Tensor) -> Result<Tensor> {
-    let [x, index, src] = enter(&INDEX_COPY, [x, index, src])?;
+    let ([x, index, src], _body) = enter(&INDEX_COPY, [x, index, src])?;
     let out = amp_kernels::index_copy(x.data(), dim, index.data(), src.data())?;
     let (rx, rs) = (x.requires_grad(), src.requires_grad());
     let sd = src.dims().to_vec();
@@ -312,7 +312,7 @@ pub fn index_copy(x: &Tensor, dim: i64, index: &Tensor, src: &Tensor) -> Result<
 
 /// Rows of `weight` picked by integer `indices` (shape `indices.shape + [dim]`).
 pub fn embedding(weight: &Tensor, indices: &Tensor) -> Result<Tensor> {
-    let [weight, indices] = enter(&EMBEDDING, [weight, indices])?;
+    let ([weight, indices], _body) = enter(&EMBEDDING, [weight, indices])?;
     let flat = reshape(&indices, [-1i64])?;
     let rows = index_select(&weight, 0, &flat)?;
     let mut dims = indices.dims().to_vec();
