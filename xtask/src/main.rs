@@ -84,7 +84,10 @@ fn conformance_cmd(args: &[String]) -> ExitCode {
     if texts {
         for s in &report.suites {
             for d in &s.texts.differing {
-                println!("text {} {}\n  ours:    {}\n  PyTorch: {}", s.suite, d.id, d.got, d.expected);
+                println!(
+                    "text {} {}\n  ours:    {}\n  PyTorch: {}",
+                    s.suite, d.id, d.got, d.expected
+                );
             }
         }
     }
