@@ -92,6 +92,21 @@ impl Tensor {
         Self::from_raw(Raw::full(shape, value, dtype))
     }
 
+    /// Zeros, with a shape whose size overflows and a failed allocation as errors (the
+    /// infallible constructors panic on them).
+    pub fn try_zeros(shape: impl Into<Shape>, dtype: DType) -> Result<Tensor> {
+        Ok(Self::from_raw(Raw::try_zeros(shape, dtype)?))
+    }
+
+    /// `value` everywhere, with overflow and allocation failure as errors.
+    pub fn try_full(
+        shape: impl Into<Shape>,
+        value: impl Into<amp_tensor::Scalar>,
+        dtype: DType,
+    ) -> Result<Tensor> {
+        Ok(Self::from_raw(Raw::try_full(shape, value, dtype)?))
+    }
+
     /// Standard normal samples.
     pub fn randn(
         shape: impl Into<Shape>,

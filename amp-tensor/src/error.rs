@@ -67,6 +67,9 @@ pub enum Error {
     /// Any other invalid argument, with the op and a sentence saying what is wrong.
     #[error("{op}: {msg}")]
     InvalidArgument { op: &'static str, msg: String },
+    /// A buffer could not be allocated (PyTorch's CPU allocator's text).
+    #[error("DefaultCPUAllocator: not enough memory: you tried to allocate {bytes} bytes.")]
+    OutOfMemory { bytes: usize },
     /// An argument PyTorch refuses, with PyTorch's message word for word (the op is kept
     /// for callers that match on it; the text already names it where PyTorch's does).
     #[error("{msg}")]

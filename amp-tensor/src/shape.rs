@@ -20,9 +20,38 @@ impl Shape {
         self.0.len()
     }
     /// Number of elements (1 for a 0-dim shape).
+    ///
+    /// # Panics
+    /// When the count overflows `usize`: every constructor of a tensor checks its shape with
+    /// [`Shape::storage_bytes`] first, so only a shape built outside a tensor can.
     #[inline]
     pub fn elem_count(&self) -> usize {
-        self.0.iter().product()
+        self.checked_elem_count()
+            .unwrap_or_else(|| panic!("{}", overflow(&self.0)))
+    }
+
+    /// Number of elements, or `None` when it overflows `usize`.
+    #[inline]
+    pub fn checked_elem_count(&self) -> Option<usize> {
+        self.0.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
+    }
+
+    /// The bytes a buffer of this shape in `dtype` needs, checked: PyTorch's "Storage size
+    /// calculation overflowed" error when the element count or the byte size does not fit
+    /// (a buffer holds at most `isize::MAX` bytes).
+    ///
+    /// ```
+    /// use amp_tensor::{DType, Shape};
+    ///
+    /// assert_eq!(Shape::from([2, 3]).storage_bytes(DType::F32).unwrap(), 24);
+    /// let e = Shape::from([(1usize << 62) + 1, 4]).storage_bytes(DType::F32).unwrap_err();
+    /// assert!(e.to_string().starts_with("Storage size calculation overflowed with sizes="));
+    /// ```
+    pub fn storage_bytes(&self, dtype: crate::DType) -> Result<usize> {
+        self.checked_elem_count()
+            .and_then(|n| n.checked_mul(dtype.size_in_bytes()))
+            .filter(|&b| b <= isize::MAX as usize)
+            .ok_or_else(|| overflow(&self.0))
     }
     /// Row-major (C-contiguous) strides of this shape, in elements.
     pub fn contiguous_strides(&self) -> Vec<usize> {
@@ -42,6 +71,14 @@ impl Shape {
     pub fn dim(&self, dim: impl Dim) -> Result<usize> {
         Ok(self.0[dim.to_index(self.rank())?])
     }
+}
+
+/// PyTorch's error for a shape whose storage size overflows.
+pub(crate) fn overflow(dims: &[usize]) -> Error {
+    Error::refused(
+        "storage",
+        format!("Storage size calculation overflowed with sizes={dims:?}"),
+    )
 }
 
 impl fmt::Debug for Shape {

@@ -2,7 +2,18 @@
 
 use half::{bf16, f16};
 
-use crate::{with_dtype, DType, Device, Element};
+use crate::{with_dtype, DType, Device, Element, Error, Result};
+
+/// `n` copies of `value` in a buffer allocated with `try_reserve_exact`: a failed
+/// allocation is an error, not an abort.
+pub(crate) fn try_filled<T: Clone>(n: usize, value: T) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| Error::OutOfMemory {
+        bytes: n.saturating_mul(std::mem::size_of::<T>()),
+    })?;
+    v.resize(n, value);
+    Ok(v)
+}
 
 /// A host buffer of one dtype.
 #[derive(Debug, Clone, PartialEq)]
@@ -41,13 +52,29 @@ impl CpuStorage {
     }
 
     /// `n` zeros (false for bool).
+    ///
+    /// # Panics
+    /// When the buffer cannot be allocated ([`CpuStorage::try_zeros`] returns the error).
     pub fn zeros(dtype: DType, n: usize) -> Self {
-        with_dtype!(dtype, T => T::into_storage(vec![T::default(); n]))
+        Self::try_zeros(dtype, n).unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// `n` copies of `value` cast to `dtype`.
+    ///
+    /// # Panics
+    /// When the buffer cannot be allocated ([`CpuStorage::try_full`] returns the error).
     pub fn full(dtype: DType, n: usize, value: f64) -> Self {
-        with_dtype!(dtype, T => T::into_storage(vec![<f64 as Element>::cast::<T>(value); n]))
+        Self::try_full(dtype, n, value).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// `n` zeros, or [`Error::OutOfMemory`] when the buffer cannot be allocated.
+    pub fn try_zeros(dtype: DType, n: usize) -> Result<Self> {
+        with_dtype!(dtype, T => Ok(T::into_storage(try_filled(n, T::default())?)))
+    }
+
+    /// `n` copies of `value` cast to `dtype`, or [`Error::OutOfMemory`].
+    pub fn try_full(dtype: DType, n: usize, value: f64) -> Result<Self> {
+        with_dtype!(dtype, T => Ok(T::into_storage(try_filled(n, <f64 as Element>::cast::<T>(value))?)))
     }
 
     /// The elements as `T`, if the storage holds `T`.

@@ -59,6 +59,7 @@ impl Tensor {
     /// A contiguous tensor owning `data` (row-major) with `shape`.
     pub fn from_vec<T: Element>(data: Vec<T>, shape: impl Into<Shape>) -> Result<Tensor> {
         let shape = shape.into();
+        shape.storage_bytes(T::DTYPE)?;
         if shape.elem_count() != data.len() {
             return Err(Error::InvalidShape {
                 op: "from_vec",
@@ -85,31 +86,71 @@ impl Tensor {
     }
 
     /// Every element `value` (cast to `dtype` with PyTorch's rules).
+    ///
+    /// # Panics
+    /// When the shape's size overflows or the buffer cannot be allocated; [`Tensor::try_full`]
+    /// returns those errors.
     pub fn full(shape: impl Into<Shape>, value: impl Into<Scalar>, dtype: DType) -> Tensor {
+        Self::try_full(shape, value, dtype).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Tensor::full`], with a shape whose size overflows and a failed allocation as errors
+    /// (PyTorch's "Storage size calculation overflowed", [`Error::OutOfMemory`]).
+    ///
+    /// ```
+    /// use amp_tensor::{DType, Tensor};
+    ///
+    /// assert!(Tensor::try_full([(1usize << 62) + 1, 4], 1.0, DType::F32).is_err());
+    /// assert!(Tensor::try_zeros([1usize << 60], DType::F32).is_err()); // 4 EiB
+    /// assert_eq!(Tensor::try_ones([2], DType::F32).unwrap().to_vec_f64(), [1.0, 1.0]);
+    /// ```
+    pub fn try_full(
+        shape: impl Into<Shape>,
+        value: impl Into<Scalar>,
+        dtype: DType,
+    ) -> Result<Tensor> {
         let shape = shape.into();
+        shape.storage_bytes(dtype)?;
         let n = shape.elem_count();
         let storage = match value.into() {
-            Scalar::Int(i) => {
-                with_dtype!(dtype, T => T::into_storage(vec![<i64 as Element>::cast::<T>(i); n]))
-            }
-            Scalar::Bool(b) => {
-                with_dtype!(dtype, T => T::into_storage(vec![<bool as Element>::cast::<T>(b); n]))
-            }
-            Scalar::Float(f) => CpuStorage::full(dtype, n, f),
+            Scalar::Int(i) => with_dtype!(dtype, T => T::into_storage(
+                crate::storage::try_filled(n, <i64 as Element>::cast::<T>(i))?
+            )),
+            Scalar::Bool(b) => with_dtype!(dtype, T => T::into_storage(
+                crate::storage::try_filled(n, <bool as Element>::cast::<T>(b))?
+            )),
+            Scalar::Float(f) => CpuStorage::try_full(dtype, n, f)?,
         };
-        Self::from_storage(storage, Layout::contiguous(shape)).expect("sizes agree")
+        Self::from_storage(storage, Layout::contiguous(shape))
     }
 
     /// Zeros.
+    ///
+    /// # Panics
+    /// As [`Tensor::full`]; [`Tensor::try_zeros`] returns the error.
     pub fn zeros(shape: impl Into<Shape>, dtype: DType) -> Tensor {
+        Self::try_zeros(shape, dtype).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Tensor::zeros`], with overflow and allocation failure as errors.
+    pub fn try_zeros(shape: impl Into<Shape>, dtype: DType) -> Result<Tensor> {
         let shape = shape.into();
-        let storage = CpuStorage::zeros(dtype, shape.elem_count());
-        Self::from_storage(storage, Layout::contiguous(shape)).expect("sizes agree")
+        shape.storage_bytes(dtype)?;
+        let storage = CpuStorage::try_zeros(dtype, shape.elem_count())?;
+        Self::from_storage(storage, Layout::contiguous(shape))
     }
 
     /// Ones.
+    ///
+    /// # Panics
+    /// As [`Tensor::full`]; [`Tensor::try_ones`] returns the error.
     pub fn ones(shape: impl Into<Shape>, dtype: DType) -> Tensor {
         Self::full(shape, 1i64, dtype)
+    }
+
+    /// [`Tensor::ones`], with overflow and allocation failure as errors.
+    pub fn try_ones(shape: impl Into<Shape>, dtype: DType) -> Result<Tensor> {
+        Self::try_full(shape, 1i64, dtype)
     }
 
     /// Zeros with this tensor's shape and dtype.
@@ -188,7 +229,9 @@ impl Tensor {
         if !dtype.is_floating_point() {
             return Err(Error::UnsupportedDType { op, dtype });
         }
-        let data: Vec<f64> = (0..shape.elem_count()).map(|_| f()).collect();
+        shape.storage_bytes(DType::F64)?;
+        let mut data = crate::storage::try_filled(shape.elem_count(), 0.0f64)?;
+        data.iter_mut().for_each(|x| *x = f());
         Tensor::from_vec(data, shape)?.to_dtype(dtype)
     }
 
@@ -510,12 +553,15 @@ impl Tensor {
                 dims.push(s as usize);
             }
         }
+        Shape::from(&dims).storage_bytes(self.dtype())?;
         Ok(self.view_of(self.layout().broadcast_as(&dims)?))
     }
 
     /// Broadcast to `shape` without copying.
     pub fn broadcast_to(&self, shape: impl Into<Shape>) -> Result<Tensor> {
-        Ok(self.view_of(self.layout().broadcast_as(shape.into().dims())?))
+        let shape = shape.into();
+        shape.storage_bytes(self.dtype())?;
+        Ok(self.view_of(self.layout().broadcast_as(shape.dims())?))
     }
 
     /// Merge dims `start..=end` into one (a view when possible).
@@ -565,7 +611,11 @@ pub trait IntoDims {
                 s if s < 0 => {
                     return Err(Error::invalid(op, format!("invalid shape dimension {s}")))
                 }
-                s => known *= s as usize,
+                s => {
+                    known = known
+                        .checked_mul(s as usize)
+                        .ok_or_else(|| crate::shape::overflow(&dims_for_msg(&raw)))?
+                }
             }
         }
         let mut dims: Vec<usize> = raw.iter().map(|&s| s.max(0) as usize).collect();

@@ -373,6 +373,22 @@ pub(crate) fn binary_cross_entropy(input: &Tensor, target: &Tensor) -> Result<()
     Ok(())
 }
 
+/// `binary_cross_entropy`'s kernel check: every input element in `[0, 1]` (NaN is not).
+pub(crate) fn probabilities(x: &Tensor) -> Result<()> {
+    if x.elem_count() == 0 || !x.dtype().is_floating_point() {
+        return Ok(());
+    }
+    let lo = amp_kernels::min_all(x.data())?.item_f64()?;
+    let hi = amp_kernels::max_all(x.data())?.item_f64()?;
+    if lo >= 0.0 && hi <= 1.0 {
+        return Ok(());
+    }
+    Err(refused(
+        "binary_cross_entropy",
+        "all elements of input should be between 0 and 1".into(),
+    ))
+}
+
 /// `binary_cross_entropy_with_logits(input, target)`: one shape, floating input, and a
 /// target whose dtype the floating result can be written to.
 pub(crate) fn bce_with_logits(input: &Tensor, target: &Tensor) -> Result<()> {

@@ -197,6 +197,9 @@ pub fn cross_entropy(
     if input.rank() == 0 {
         return Err(amp_tensor::Error::DimOutOfRange { dim: 1, ndim: 0 }.into());
     }
+    if !target.dtype().is_floating_point() {
+        super::check::nll_batch(input, target)?;
+    }
     let cd = class_dim(input) as i64;
     let c = input.dims()[cd as usize] as f64;
     let lp = log_softmax(input, cd, None)?;
@@ -260,6 +263,7 @@ pub fn binary_cross_entropy(
     let (a, _body) = enter_vec(&BCE, &args)?;
     let (x, y) = (&a[0], &a[1]);
     super::check::binary_cross_entropy(x, y)?;
+    super::check::probabilities(x)?;
     let lx = clamp(&log(x)?, Some(-100.0), None)?;
     let l1x = clamp(&log(&rsub_scalar(x, 1.0)?)?, Some(-100.0), None)?;
     let mut l = neg(&add(&mul(y, &lx)?, &mul(&rsub_scalar(y, 1.0)?, &l1x)?)?)?;
