@@ -186,23 +186,44 @@ struct Plan<'a> {
     out_dims: Vec<usize>,
 }
 
+/// An error with PyTorch's text word for word (the text names the op where PyTorch's does).
 fn err(op: &'static str, msg: impl Into<String>) -> Error {
-    Error::invalid(op, msg)
+    Error::refused(op, msg)
 }
 
+/// The dtype check of `mm`/`bmm`/`mv` (each with PyTorch's text for it).
 fn same_dtype(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
     ensure_same_device(op, &[a, b])?;
-    if a.dtype() != b.dtype() {
-        return Err(err(
-            op,
-            format!(
-                "expected m1 and m2 to have the same dtype, but got: {} != {}",
-                a.dtype(),
-                b.dtype()
-            ),
-        ));
+    let (da, db) = (a.dtype(), b.dtype());
+    if da == db {
+        return Ok(());
     }
-    Ok(())
+    Err(err(
+        op,
+        match op {
+            "bmm" | "baddbmm" => format!(
+                "expected scalar type {} but found {}",
+                da.scalar_type_name(),
+                db.scalar_type_name()
+            ),
+            "mv" | "addmv" => format!(
+                "addmv input tensors must have the same dtype, but got {}, {}, and {}",
+                db.scalar_type_name(),
+                da.scalar_type_name(),
+                db.scalar_type_name()
+            ),
+            "addmm" => format!(
+                "mat1 and mat2 must have the same dtype, but got {} and {}",
+                da.scalar_type_name(),
+                db.scalar_type_name()
+            ),
+            _ => format!(
+                "expected m1 and m2 to have the same dtype, but got: {} != {}",
+                da.cpp_type_name(),
+                db.cpp_type_name()
+            ),
+        },
+    ))
 }
 
 /// The fused ops' input: same device and dtype as the product, broadcastable to `dims`.
@@ -213,17 +234,17 @@ fn input_layout(op: &'static str, input: &Tensor, like: &Tensor, dims: &[usize])
             op,
             format!(
                 "self and mat2 must have the same dtype, but got {} and {}",
-                input.dtype(),
-                like.dtype()
+                input.dtype().scalar_type_name(),
+                like.dtype().scalar_type_name()
             ),
         ));
     }
     input.layout().broadcast_as(dims).map_err(|e| match e {
-        Error::ShapeMismatch { hint: Some(h), .. } => err(
+        Error::InvalidArgument { op: "expand", msg } => err(
             op,
             format!(
-                "{h}.  Target sizes: {:?}.  Tensor sizes: {:?}",
-                dims,
+                "expand({}{{{:?}}}, size={dims:?}): {msg}",
+                input.dtype().tensor_type_name(),
                 input.dims()
             ),
         ),
@@ -277,16 +298,17 @@ fn mm_plan<'a>(
     beta: f64,
     alpha: f64,
 ) -> Result<Plan<'a>> {
-    if input.is_some() {
-        check_rank(op, a, 2, || {
-            format!("mat1 must be a matrix, got {}-D tensor", a.rank())
-        })?;
-        check_rank(op, b, 2, || {
-            format!("mat2 must be a matrix, got {}-D tensor", b.rank())
-        })?;
-    } else {
-        check_rank(op, a, 2, || "self must be a matrix".into())?;
-        check_rank(op, b, 2, || "mat2 must be a matrix".into())?;
+    check_rank(op, a, 2, || {
+        format!("{op}: self must be a matrix, got {}-D tensor", a.rank())
+    })?;
+    check_rank(op, b, 2, || {
+        format!("{op}: mat2 must be a matrix, got {}-D tensor", b.rank())
+    })?;
+    if let Some(i) = input {
+        // addmm checks its input against mat2 first.
+        if i.dtype() != b.dtype() {
+            input_layout(op, i, b, &[])?;
+        }
     }
     same_dtype(op, a, b)?;
     let (da, db) = (a.dims(), b.dims());
@@ -375,6 +397,12 @@ fn bmm_plan<'a>(
 ) -> Result<Plan<'a>> {
     check_rank(op, a, 3, || "batch1 must be a 3D tensor".into())?;
     check_rank(op, b, 3, || "batch2 must be a 3D tensor".into())?;
+    if a.dtype() == DType::Bool {
+        return Err(Error::UnsupportedDType {
+            op,
+            dtype: DType::Bool,
+        });
+    }
     same_dtype(op, a, b)?;
     let (da, db) = (a.dims(), b.dims());
     if da[0] != db[0] || da[2] != db[1] {

@@ -566,7 +566,7 @@ fn error_messages() {
     );
     let e = err_text(mm(&f(&[2, 3]), &h(&[3, 5])));
     assert!(
-        e.contains("expected m1 and m2 to have the same dtype, but got: float32 != bfloat16"),
+        e.contains("expected m1 and m2 to have the same dtype, but got: float != c10::BFloat16"),
         "{e}"
     );
     assert!(err_text(mm(&f(&[3]), &f(&[3, 2]))).contains("self must be a matrix"));

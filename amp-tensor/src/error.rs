@@ -11,8 +11,9 @@ pub type Result<T> = std::result::Result<T, Error>;
 /// situation its wording is followed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum Error {
-    /// Two shapes that must agree (or broadcast) do not.
-    #[error("{op}: shape mismatch: {lhs:?} and {rhs:?}{}", hint_suffix(hint))]
+    /// Two shapes that must agree (or broadcast) do not. With a hint (PyTorch's own text for
+    /// the case, e.g. a broadcasting failure), the hint is the message.
+    #[error("{}", shape_mismatch_text(op, lhs, rhs, hint))]
     ShapeMismatch {
         op: &'static str,
         lhs: Vec<usize>,
@@ -76,10 +77,10 @@ pub enum Error {
     Refused { op: &'static str, msg: String },
 }
 
-fn hint_suffix(hint: &Option<String>) -> String {
+fn shape_mismatch_text(op: &str, lhs: &[usize], rhs: &[usize], hint: &Option<String>) -> String {
     match hint {
-        Some(h) => format!(" ({h})"),
-        None => String::new(),
+        Some(h) => h.clone(),
+        None => format!("{op}: shape mismatch: {lhs:?} and {rhs:?}"),
     }
 }
 

@@ -257,8 +257,9 @@ impl Layout {
                     lhs: self.dims().to_vec(),
                     rhs: shape.to_vec(),
                     hint: Some(format!(
-                        "The expanded size of the tensor ({}) must match the existing size ({d}) at non-singleton dimension {i}",
-                        shape[i]
+                        "The expanded size of the tensor ({}) must match the existing size ({d}) at non-singleton dimension {i}.  Target sizes: {shape:?}.  Tensor sizes: {:?}",
+                        shape[i],
+                        self.dims()
                     )),
                 });
             }

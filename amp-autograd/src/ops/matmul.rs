@@ -269,10 +269,12 @@ pub fn dunder_matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 
 fn matmul_impl(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     match (a.rank(), b.rank()) {
-        (0, _) | (_, 0) => Err(Error::invalid(
+        (ra, rb @ 0) | (ra @ 0, rb) => Err(Error::Tensor(amp_tensor::Error::refused(
             "matmul",
-            "both arguments to matmul need to be at least 1D",
-        )),
+            format!(
+                "both arguments to matmul need to be at least 1D, but they are {ra}D and {rb}D"
+            ),
+        ))),
         (1, 1) => dot(a, b),
         (2, 1) => mv(a, b),
         (1, 2) => squeeze(&mm(&unsqueeze(a, 0)?, b)?, 0),
@@ -332,7 +334,30 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tens
             (x, w, None, body)
         }
     };
-    let wt = transpose(&weight, 0, 1)?;
+    if x.rank() == 0 || weight.rank() == 0 {
+        return Err(Error::Tensor(amp_tensor::Error::refused(
+            "linear",
+            format!(
+                "both arguments to linear need to be at least 1D, but they are {}D and {}D",
+                x.rank(),
+                weight.rank()
+            ),
+        )));
+    }
+    if weight.rank() > 2 {
+        return Err(Error::Tensor(amp_tensor::Error::refused(
+            "linear",
+            format!(
+                "t() expects a tensor with <= 2 dimensions, but self is {}D",
+                weight.rank()
+            ),
+        )));
+    }
+    let wt = if weight.rank() == 2 {
+        transpose(&weight, 0, 1)?
+    } else {
+        weight.clone()
+    };
     match (x.rank(), &bias) {
         (2, Some(b)) => addmm(b, &x, &wt, 1.0, 1.0),
         (_, Some(b)) => add(&matmul(&x, &wt)?, b),
