@@ -15,7 +15,7 @@ use amp_tensor::{
     Layout, Result, Storage, Tensor,
 };
 
-use crate::reduce::{line_geometry, num_kernel, torch_name, Num};
+use crate::reduce::{line_geometry, num_kernel, Num};
 
 /// The elements of an int64 (or, with `allow_int32`, int32) index tensor as i64.
 fn index_values(op: &'static str, index: &Tensor, allow_int32: bool) -> Result<Vec<i64>> {
@@ -378,8 +378,8 @@ fn check_index_src(
             op,
             format!(
                 "{op}(): self ({}) and source ({}) must have the same scalar type",
-                torch_name(x.dtype()),
-                torch_name(src.dtype())
+                x.dtype().scalar_type_name(),
+                src.dtype().scalar_type_name()
             ),
         ));
     }
@@ -487,8 +487,8 @@ pub fn index_put(
             op,
             format!(
                 "Index put requires the source and destination dtypes match, got {} for the destination and {} for the source.",
-                torch_name(x.dtype()),
-                torch_name(values.dtype())
+                x.dtype().scalar_type_name(),
+                values.dtype().scalar_type_name()
             ),
         ));
     }

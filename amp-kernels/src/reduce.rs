@@ -1048,19 +1048,6 @@ impl Plan {
 
 // ----- helpers for the public ops -----------------------------------------------------------
 
-/// PyTorch's capitalised scalar-type name (`Long`, `Half`, ...) used in its messages.
-pub(crate) fn torch_name(d: DType) -> &'static str {
-    match d {
-        DType::Bool => "Bool",
-        DType::I32 => "Int",
-        DType::I64 => "Long",
-        DType::F16 => "Half",
-        DType::BF16 => "BFloat16",
-        DType::F32 => "Float",
-        DType::F64 => "Double",
-    }
-}
-
 /// `x` cast to `dtype` when one is given.
 pub(crate) fn cast_opt(x: &Tensor, dtype: Option<DType>) -> Result<Tensor> {
     match dtype {
@@ -1145,7 +1132,7 @@ pub fn mean(x: &Tensor, dims: &[i64], keepdim: bool, dtype: Option<DType>) -> Re
             "mean",
             format!(
                 "mean(): could not infer output dtype. {what} dtype must be either a floating point or complex dtype. Got: {}",
-                torch_name(d)
+                d.scalar_type_name()
             ),
         ));
     }
@@ -1300,7 +1287,7 @@ pub(crate) fn check_norm(op: &'static str, x: &Tensor, p: f64) -> Result<()> {
             op,
             format!(
                 "linalg.vector_norm: Expected a floating point or complex tensor as input. Got {}",
-                torch_name(x.dtype())
+                x.dtype().scalar_type_name()
             ),
         ));
     }
@@ -1373,7 +1360,7 @@ fn moments(
             op,
             format!(
                 "std and var only support floating point and complex dtypes (got {})",
-                torch_name(x.dtype())
+                x.dtype().scalar_type_name()
             ),
         ));
     }

@@ -15,13 +15,7 @@ pub fn run<B: AutocastBackend>(backend: &B, case: &AutocastCase) -> Outcome {
 
 fn check<B: AutocastBackend>(b: &B, case: &AutocastCase) -> Result<(), String> {
     // Autocast cases never differentiate: `requires_grad` marks are not applied.
-    let mut leaf = |lit: &crate::value::TensorLit| b.tensor(&lit.to_tensor(), false);
-    let args = case
-        .args
-        .iter()
-        .map(|a| a.try_map(&mut leaf))
-        .collect::<Result<Vec<_>, String>>()?;
-    let kwargs = case.kwargs.try_map(&mut leaf)?;
+    let (args, kwargs) = super::arguments(b, &case.args, &case.kwargs, false)?;
     let out = b
         .with_autocast(case.device, &case.autocast, &mut || {
             b.ops()

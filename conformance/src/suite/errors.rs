@@ -5,9 +5,7 @@
 //! matching texts; a different text is not a failure.
 
 use super::Outcome;
-use crate::args::{Arg, Kwargs};
 use crate::backend::Backend;
-use crate::value::TensorLit;
 use crate::vectors::ErrorCase;
 
 /// What running one errors case gave: its outcome, and for a case that returned an error,
@@ -28,7 +26,7 @@ pub fn run<B: Backend>(backend: &B, case: &ErrorCase) -> ErrorOutcome {
             text: None,
         };
     }
-    let args = match arguments(backend, case) {
+    let args = match super::arguments(backend, &case.args, &case.kwargs, true) {
         Ok(args) => args,
         Err(e) => {
             return ErrorOutcome {
@@ -62,19 +60,4 @@ pub fn run<B: Backend>(backend: &B, case: &ErrorCase) -> ErrorOutcome {
 
 fn first_line(s: &str) -> &str {
     s.lines().next().unwrap_or("").trim_end()
-}
-
-/// Positional and keyword arguments.
-type Arguments<T> = (Vec<Arg<T>>, Kwargs<T>);
-
-/// The case's positional and keyword arguments as backend tensors.
-fn arguments<B: Backend>(b: &B, case: &ErrorCase) -> Result<Arguments<B::Tensor>, String> {
-    let mut leaf = |lit: &TensorLit| b.tensor(&lit.to_tensor(), lit.requires_grad());
-    let args = case
-        .args
-        .iter()
-        .map(|a| a.try_map(&mut leaf))
-        .collect::<Result<Vec<_>, String>>()?;
-    let kwargs = case.kwargs.try_map(&mut leaf)?;
-    Ok((args, kwargs))
 }

@@ -16,7 +16,7 @@ pub mod train;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use crate::args::Output;
+use crate::args::{Arg, Kwargs, Output};
 use crate::backend::Backend;
 use crate::compare::{all_zero, compare, Mismatch, Tolerance};
 use crate::value::TensorLit;
@@ -45,6 +45,26 @@ impl Outcome {
             Err(m) => Outcome::Failed(m),
         }
     }
+}
+
+/// Positional and keyword arguments of an op call.
+pub(crate) type Arguments<T> = (Vec<Arg<T>>, Kwargs<T>);
+
+/// A case's arguments as backend tensors; `marks` applies the literals' `requires_grad`
+/// marks (cases that never differentiate leave them off).
+pub(crate) fn arguments<B: Backend>(
+    b: &B,
+    args: &[Arg<TensorLit>],
+    kwargs: &Kwargs<TensorLit>,
+    marks: bool,
+) -> Result<Arguments<B::Tensor>, String> {
+    let mut leaf = |lit: &TensorLit| b.tensor(&lit.to_tensor(), marks && lit.requires_grad());
+    let args = args
+        .iter()
+        .map(|a| a.try_map(&mut leaf))
+        .collect::<Result<Vec<_>, String>>()?;
+    let kwargs = kwargs.try_map(&mut leaf)?;
+    Ok((args, kwargs))
 }
 
 /// Runs `f`, turning a panic into a failure (a panicking op fails its case, and the run
