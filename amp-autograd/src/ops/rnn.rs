@@ -70,59 +70,7 @@ fn enter_cell(
     let b_ih = b_ih.map(|_| next());
     let b_hh = b_hh.map(|_| next());
 
-    if !(1..=2).contains(&input.rank()) {
-        return Err(Error::invalid(
-            name,
-            format!(
-                "Expected input to be 1D or 2D, got {}D instead",
-                input.rank()
-            ),
-        ));
-    }
-    if w_ih.rank() != 2 || w_hh.rank() != 2 {
-        return Err(Error::invalid(name, "weights must be 2-D"));
-    }
-    let hidden = w_hh.dims()[1];
-    let rows = gates * hidden;
-    if w_ih.dims()[0] != rows || w_hh.dims()[0] != rows {
-        return Err(Error::invalid(
-            name,
-            format!(
-                "expected weights with {rows} rows ({gates} x hidden size {hidden}), got \
-                 weight_ih {:?} and weight_hh {:?}",
-                w_ih.dims(),
-                w_hh.dims()
-            ),
-        ));
-    }
-    let in_features = input.dims()[input.rank() - 1];
-    if w_ih.dims()[1] != in_features {
-        return Err(Error::invalid(
-            name,
-            format!(
-                "input has inconsistent input_size: got {in_features} expected {}",
-                w_ih.dims()[1]
-            ),
-        ));
-    }
-    for h in &hx {
-        let mut want = input.dims()[..input.rank() - 1].to_vec();
-        want.push(hidden);
-        if h.dims() != want.as_slice() {
-            return Err(Error::invalid(
-                name,
-                format!("hidden state has shape {:?}, expected {want:?}", h.dims()),
-            ));
-        }
-    }
-    for b in b_ih.iter().chain(&b_hh) {
-        if b.dims() != [rows] {
-            return Err(Error::invalid(
-                name,
-                format!("bias has shape {:?}, expected [{rows}]", b.dims()),
-            ));
-        }
-    }
+    check_cell(name, &input, &hx, &w_ih, &w_hh, gates)?;
     Ok(CellArgs {
         input,
         hx,
@@ -132,6 +80,138 @@ fn enter_cell(
         b_hh,
         _body: body,
     })
+}
+
+fn refused(op: &'static str, msg: String) -> Error {
+    Error::Tensor(amp_tensor::Error::refused(op, msg))
+}
+
+/// `t.size(d)` with PyTorch's errors for a 0-dim tensor and a dimension out of range.
+fn size(t: &Tensor, d: usize) -> Result<usize> {
+    if t.rank() == 0 {
+        return Err(refused(
+            "size",
+            format!("Dimension specified as {d} but tensor has no dimensions"),
+        ));
+    }
+    t.dims()
+        .get(d)
+        .copied()
+        .ok_or(Error::Tensor(amp_tensor::Error::DimOutOfRange {
+            dim: d as i64,
+            ndim: t.rank(),
+        }))
+}
+
+/// PyTorch's checks of a cell's arguments, with its texts, in the order each cell makes
+/// them (the plain cell checks the weights first, the LSTM cell the input first, the GRU
+/// cell the hidden state before the weights). Biases are not checked here: the gate
+/// projections refuse a bias that does not expand to their output, as PyTorch's do.
+/// Unlike ATen's cells, an unbatched (1-D) input with 1-D states is accepted, as the
+/// `nn` modules accept it.
+fn check_cell(
+    name: &'static str,
+    input: &Tensor,
+    hx: &[Tensor],
+    w_ih: &Tensor,
+    w_hh: &Tensor,
+    gates: usize,
+) -> Result<()> {
+    let unbatched = input.rank() == 1 && hx.iter().all(|h| h.rank() == 1);
+    if input.rank() != 2 && !unbatched {
+        return Err(refused(
+            name,
+            format!(
+                "Expected 2D input (batch x feature), but got {}D input",
+                input.rank()
+            ),
+        ));
+    }
+    let want_rank = input.rank();
+    for (i, h) in hx.iter().enumerate() {
+        if h.rank() != want_rank {
+            return Err(refused(
+                name,
+                format!(
+                    "Expected {want_rank}D hidden{i} (batch x hidden_size), but got {}D tensor",
+                    h.rank()
+                ),
+            ));
+        }
+    }
+    let last = want_rank - 1;
+    let check_input = || -> Result<()> {
+        let expected = size(w_ih, 1)?;
+        let got = input.dims()[last];
+        if got != expected {
+            return Err(refused(
+                name,
+                format!("input has inconsistent input_size: got {got} expected {expected}"),
+            ));
+        }
+        Ok(())
+    };
+    let check_hidden = || -> Result<()> {
+        let hidden = size(w_hh, 1)?;
+        for (i, h) in hx.iter().enumerate() {
+            if want_rank == 2 && h.dims()[0] != input.dims()[0] {
+                return Err(refused(
+                    name,
+                    format!(
+                        "Input batch size {} doesn't match hidden{i} batch size {}",
+                        input.dims()[0],
+                        h.dims()[0]
+                    ),
+                ));
+            }
+            if h.dims()[last] != hidden {
+                return Err(refused(
+                    name,
+                    format!(
+                        "hidden{i} has inconsistent hidden_size: got {}, expected {hidden}",
+                        h.dims()[last]
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    };
+    let check_weights = || -> Result<()> {
+        let hidden = size(w_hh, 1)?;
+        for (w, label) in [(w_ih, "weight_ih"), (w_hh, "weight_hh")] {
+            let rows = size(w, 0)?;
+            if rows != gates * hidden {
+                return Err(refused(
+                    name,
+                    format!(
+                        "{label} first dim must be {gates} * hidden_size = {}, but got {rows}",
+                        gates * hidden
+                    ),
+                ));
+            }
+        }
+        if w_ih.rank() != 2 || w_hh.rank() != 2 {
+            return Err(refused(name, format!("{name}: weights must be 2-D")));
+        }
+        Ok(())
+    };
+    match gates {
+        1 => {
+            check_weights()?;
+            check_input()?;
+            check_hidden()
+        }
+        4 => {
+            check_input()?;
+            check_weights()?;
+            check_hidden()
+        }
+        _ => {
+            check_input()?;
+            check_hidden()?;
+            check_weights()
+        }
+    }
 }
 
 /// The two gate projections `input @ w_ih.T + b_ih` and `hx @ w_hh.T + b_hh`.
