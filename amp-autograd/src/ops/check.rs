@@ -10,7 +10,8 @@ use amp_tensor::{DType, Error as TensorError};
 
 use crate::{Error, Result, Tensor};
 
-fn refused(op: &'static str, msg: String) -> Error {
+/// An error with PyTorch's text word for word.
+pub(crate) fn refused(op: &'static str, msg: String) -> Error {
     Error::Tensor(TensorError::refused(op, msg))
 }
 

@@ -7,12 +7,13 @@
 //! ([`OpName::opaque`]): the body runs with the dispatch layer excluded, in the dtypes
 //! the cell was entered with, as PyTorch's autocast wrapper does.
 
+use super::check::{refused, size};
 use super::enter_vec;
 use super::matmul::linear;
 use super::pointwise::{add, mul, relu, sigmoid, sub, tanh};
 use super::shape::narrow;
 use crate::dispatch::{BodyGuard, OpName};
-use crate::{Error, Result, Tensor};
+use crate::{Result, Tensor};
 
 static RNN_CELL: OpName = OpName::opaque("RNNCell");
 static GRU_CELL: OpName = OpName::opaque("GRUCell");
@@ -80,27 +81,6 @@ fn enter_cell(
         b_hh,
         _body: body,
     })
-}
-
-fn refused(op: &'static str, msg: String) -> Error {
-    Error::Tensor(amp_tensor::Error::refused(op, msg))
-}
-
-/// `t.size(d)` with PyTorch's errors for a 0-dim tensor and a dimension out of range.
-fn size(t: &Tensor, d: usize) -> Result<usize> {
-    if t.rank() == 0 {
-        return Err(refused(
-            "size",
-            format!("Dimension specified as {d} but tensor has no dimensions"),
-        ));
-    }
-    t.dims()
-        .get(d)
-        .copied()
-        .ok_or(Error::Tensor(amp_tensor::Error::DimOutOfRange {
-            dim: d as i64,
-            ndim: t.rank(),
-        }))
 }
 
 /// PyTorch's checks of a cell's arguments, with its texts, in the order each cell makes
