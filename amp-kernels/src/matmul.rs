@@ -226,19 +226,25 @@ fn same_dtype(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
     ))
 }
 
+/// The fused ops' input has the product's device and dtype (`self and mat2 ...`).
+fn input_dtype(op: &'static str, input: &Tensor, like: &Tensor) -> Result<()> {
+    ensure_same_device(op, &[input, like])?;
+    if input.dtype() == like.dtype() {
+        return Ok(());
+    }
+    Err(err(
+        op,
+        format!(
+            "self and mat2 must have the same dtype, but got {} and {}",
+            input.dtype().scalar_type_name(),
+            like.dtype().scalar_type_name()
+        ),
+    ))
+}
+
 /// The fused ops' input: same device and dtype as the product, broadcastable to `dims`.
 fn input_layout(op: &'static str, input: &Tensor, like: &Tensor, dims: &[usize]) -> Result<Layout> {
-    ensure_same_device(op, &[input, like])?;
-    if input.dtype() != like.dtype() {
-        return Err(err(
-            op,
-            format!(
-                "self and mat2 must have the same dtype, but got {} and {}",
-                input.dtype().scalar_type_name(),
-                like.dtype().scalar_type_name()
-            ),
-        ));
-    }
+    input_dtype(op, input, like)?;
     input.layout().broadcast_as(dims).map_err(|e| match e {
         Error::InvalidArgument { op: "expand", msg } => err(
             op,
@@ -306,9 +312,7 @@ fn mm_plan<'a>(
     })?;
     if let Some(i) = input {
         // addmm checks its input against mat2 first.
-        if i.dtype() != b.dtype() {
-            input_layout(op, i, b, &[])?;
-        }
+        input_dtype(op, i, b)?;
     }
     same_dtype(op, a, b)?;
     let (da, db) = (a.dims(), b.dims());
