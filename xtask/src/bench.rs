@@ -184,20 +184,26 @@ pub struct Options {
     json: bool,
     filter: Option<String>,
     compare: Option<String>,
+    sweep: bool,
+    out: Option<String>,
 }
 
 impl Options {
-    /// Parse `[--json] [--filter SUBSTR] [--compare FILE.json]`.
+    /// Parse `[--sweep] [--json] [--filter SUBSTR] [--compare FILE.json] [--out DIR]`.
     pub fn parse(args: &[String]) -> Result<Options, String> {
         let mut o = Options {
             json: false,
             filter: None,
             compare: None,
+            sweep: false,
+            out: None,
         };
         let mut it = args.iter();
         while let Some(a) = it.next() {
             match a.as_str() {
                 "--json" => o.json = true,
+                "--sweep" => o.sweep = true,
+                "--out" => o.out = Some(it.next().ok_or("--out needs a folder")?.clone()),
                 "--filter" => {
                     o.filter = Some(it.next().ok_or("--filter needs a substring")?.clone())
                 }
@@ -207,12 +213,24 @@ impl Options {
                 other => return Err(format!("unknown option `{other}`")),
             }
         }
+        if o.out.is_some() && !o.sweep {
+            return Err("--out is an option of --sweep".into());
+        }
         Ok(o)
     }
 }
 
 /// Run the selected benchmarks and print the table, the JSON object or the comparison.
 pub fn main(opts: &Options) -> ExitCode {
+    if opts.sweep {
+        let sweep = crate::sweep::SweepOptions {
+            filter: opts.filter.clone(),
+            compare: opts.compare.clone(),
+            json: opts.json,
+            out: opts.out.as_deref().unwrap_or("target/sweep").into(),
+        };
+        return crate::sweep::main(&sweep, isa());
+    }
     let torch = match opts.compare.as_deref().map(read_baseline).transpose() {
         Ok(t) => t,
         Err(e) => {

@@ -3,6 +3,7 @@
 //!
 //! - `bench [--json] [--filter SUBSTR] [--compare FILE.json]`: the performance
 //!   benchmarks of DESIGN.md, optionally side by side with a `torch-baseline` JSON;
+//!   `bench --sweep` the size sweep (every training op at sizes 8 to 2048, `sweep.rs`);
 //! - `ci`: format check, clippy, tests, docs, stopping at the first failure;
 //! - `conformance`: the conformance suite table.
 
@@ -10,6 +11,7 @@ use std::process::ExitCode;
 
 mod bench;
 mod ci;
+mod sweep;
 
 const USAGE: &str = "\
 usage: cargo xtask <command> [options]
@@ -20,6 +22,12 @@ commands:
         (metric, value, unit); --json prints one JSON object {metric: number} instead;
         --filter keeps the metrics whose name contains SUBSTR; --compare reads a
         torch-baseline JSON and prints ours, PyTorch's and the ratio per shared metric
+  bench --sweep [--json] [--filter SUBSTR] [--compare FILE.json] [--out DIR]
+        the size sweep: mm, bmm, linear forward+backward, softmax, layer_norm, add, mul,
+        gelu at n = 8..2048 in f32/bf16/f16 (products also f32 under bf16 autocast);
+        --compare reads `xtask/torch/torch-baseline --sweep` JSON; writes
+        DIR/<cpu flags>.json and .svg (DIR defaults to target/sweep; the repository
+        keeps one per machine kind in xtask/sweeps)
   ci    cargo fmt --check, clippy -D warnings, tests (release), rustdoc -D warnings;
         stops at the first failure
   conformance
