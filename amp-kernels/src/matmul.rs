@@ -34,16 +34,19 @@ use amp_tensor::{
     Element, Error, Layout, Result, Tensor, PARALLEL_THRESHOLD,
 };
 use gemm::Parallelism;
-use rayon::prelude::*;
 
 use crate::compute::ensure_same_device;
 
 mod native16;
 pub use native16::{kernel16, with_kernel16, Kernel16};
 
-/// Products with fewer multiply-adds than this run on the calling thread: spawning
-/// rayon work costs more than a small product (an 8×8 `mm` stays well under 1 µs).
-const PARALLEL_WORK: usize = 32 * 32 * 32;
+/// Products (and batches of products) with fewer multiply-adds than this run on the
+/// calling thread. The cost model behind it, calibrated by `cargo xtask bench --sweep`
+/// on 2-core AVX-512 machines: a worker woken by [`amp_tensor::parallel::for_each`]
+/// joins 5–20 µs after the caller starts, and one core multiplies float32 at about
+/// 100 GFLOP/s, so a split pays only from about 96³ multiply-adds (17 µs on one core);
+/// at 64³ it made `mm` 2–3× slower than the single-threaded product.
+const PARALLEL_WORK: usize = 96 * 96 * 96;
 
 /// Products with at least this many multiply-adds use `faer`'s kernel, smaller ones
 /// `gemm`'s (down to 16³; smaller ones a direct loop).
@@ -934,7 +937,8 @@ fn widened_blocks<T: Element>(p: &Plan<'_>, split: Blocks) -> Result<Tensor> {
     let mut out: Vec<T> = amp_tensor::pool::vec_with_capacity(m * n);
     let dst = SendPtr(out.spare_capacity_mut().as_mut_ptr());
     let starts: Vec<usize> = (0..split.len).step_by(split.size).collect();
-    starts.into_par_iter().for_each(|start| {
+    amp_tensor::parallel::for_each(starts.len(), &|block| {
+        let start = starts[block];
         let w = split.size.min(split.len - start);
         let ((rows, cols), (r0, c0)) = if split.cols {
             ((m, w), (0, start))
@@ -1094,9 +1098,9 @@ fn recycle(v: Vec<f32>) {
 /// Widen `src` into `dst` (same length), in parallel for large buffers.
 fn widen_into<T: Element>(src: &[T], dst: &mut [f32]) {
     if dst.len() >= PARALLEL_THRESHOLD {
-        dst.par_chunks_mut(1 << 15)
-            .zip(src.par_chunks(1 << 15))
-            .for_each(|(d, s)| cast_into(s, d));
+        amp_tensor::parallel::for_each_chunk_mut(dst, 1 << 15, &|i, d| {
+            cast_into(&src[i << 15..][..d.len()], d)
+        });
     } else {
         cast_into(src, dst);
     }
@@ -1148,10 +1152,8 @@ fn widen<T: Element>(t: &Tensor, side: &Side, rows: usize, cols: usize) -> (Vec<
     let col_major = side.rs == 1 && side.cs != 1;
     let mut buf = scratch(numel);
     let mat = rows * cols;
-    buf[..numel]
-        .par_chunks_mut(mat.max(1))
-        .zip(side.offsets.par_iter())
-        .for_each(|(dst, &off)| {
+    amp_tensor::parallel::for_each_chunk_mut(&mut buf[..numel], mat.max(1), &|i, dst| {
+            let off = side.offsets[i];
             if col_major {
                 gather_matrix(src, &side.shifted_to(off).transposed(), cols, rows, dst)
             } else {
@@ -1312,14 +1314,14 @@ fn gemm_into<C: GemmFloat>(
             };
             one(i, dst.at(0), factor, rd, parallelism(work));
         }
-    } else if batch == 1 || work >= BIG_WORK {
+    } else if batch == 1 || work >= BIG_WORK || work * batch < PARALLEL_WORK {
         for i in 0..batch {
             one(i, dst.at(i * m * n), beta, read, parallelism(work));
         }
     } else {
-        (0..batch)
-            .into_par_iter()
-            .for_each(|i| one(i, dst.at(i * m * n), beta, read, Parallelism::None));
+        amp_tensor::parallel::for_each(batch, &|i| {
+            one(i, dst.at(i * m * n), beta, read, Parallelism::None)
+        });
     }
 }
 
@@ -1481,14 +1483,20 @@ unsafe fn faer_product<C: GemmFloat>(pr: Product<'_, C>, par: Parallelism) {
         };
         match split {
             None => faer::linalg::matmul::matmul(dst, accum, lhs, rhs, alpha, Par::Seq),
-            Some(None) => faer::linalg::matmul::matmul(dst, accum, lhs, rhs, alpha, Par::rayon(0)),
+            // Too narrow to cut into blocks of `MIN_BLOCK`: faer's own split wakes the
+            // pool from outside it and waits, slower than one thread at these sizes.
+            Some(None) => faer::linalg::matmul::matmul(dst, accum, lhs, rhs, alpha, Par::Seq),
             Some(Some(split)) => {
-                split
+                let pieces: Vec<_> = split
                     .pieces(dst, lhs, rhs)
-                    .into_par_iter()
-                    .for_each(|(dst, lhs, rhs)| {
-                        faer::linalg::matmul::matmul(dst, accum, lhs, rhs, alpha, Par::Seq)
-                    });
+                    .into_iter()
+                    .map(|p| std::sync::Mutex::new(Some(p)))
+                    .collect();
+                amp_tensor::parallel::for_each(pieces.len(), &|i| {
+                    let piece = pieces[i].lock().map(|mut p| p.take()).ok().flatten();
+                    let (dst, lhs, rhs) = piece.expect("each piece is taken once");
+                    faer::linalg::matmul::matmul(dst, accum, lhs, rhs, alpha, Par::Seq)
+                });
             }
         }
     }

@@ -28,7 +28,6 @@ pub(crate) mod ewise {
         cast_into, with_dtype, CpuStorage, DType, Element, Error, Kind, Layout, Operand, Result,
         Scalar, Storage, Tensor,
     };
-    use rayon::prelude::*;
 
     use crate::compute::{ensure_same_device, CHUNK};
 
@@ -694,9 +693,7 @@ pub(crate) mod ewise {
                 .div_ceil(threads * 4)
                 .max(PARALLEL_MIN / 2)
                 .next_multiple_of(PIECE);
-            out.par_chunks_mut(per)
-                .enumerate()
-                .for_each(|(i, c)| task(c, i * per));
+            amp_tensor::parallel::for_each_chunk_mut(&mut out, per, &|i, c| task(c, i * per));
         } else if n > 0 {
             task(&mut out, 0);
         }

@@ -31,6 +31,7 @@ mod dtype;
 mod element;
 mod error;
 mod layout;
+pub mod parallel;
 pub mod pool;
 mod random;
 mod shape;

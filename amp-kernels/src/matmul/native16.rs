@@ -38,11 +38,10 @@
 
 use std::cell::{Cell, RefCell};
 use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use amp_tensor::half::bf16;
 use amp_tensor::{DType, Error, Result};
-use rayon::prelude::*;
 
 use super::{SendPtr, Side};
 
@@ -195,19 +194,20 @@ pub(super) fn product(job: &Job<'_>, out: &mut [MaybeUninit<bf16>]) {
         return single(job, &segs, out, job.input, true);
     }
     let threads = rayon::current_num_threads();
-    if batch == 1 || m * n * k >= super::BIG_WORK || threads == 1 {
+    if batch == 1
+        || m * n * k >= super::BIG_WORK
+        || m * n * k * batch < super::PARALLEL_WORK
+        || threads == 1
+    {
         for (i, o) in out.chunks_mut(mn).enumerate().take(batch) {
             let input = job.input.map(|v| &v[i * mn..(i + 1) * mn]);
             single(job, &[segments(i)], o, input, true);
         }
     } else {
-        out.par_chunks_mut(mn)
-            .take(batch)
-            .enumerate()
-            .for_each(|(i, o)| {
-                let input = job.input.map(|v| &v[i * mn..(i + 1) * mn]);
-                single(job, &[segments(i)], o, input, false);
-            });
+        amp_tensor::parallel::for_each_chunk_mut(&mut out[..batch * mn], mn, &|i, o| {
+            let input = job.input.map(|v| &v[i * mn..(i + 1) * mn]);
+            single(job, &[segments(i)], o, input, false);
+        });
     }
 }
 
@@ -303,33 +303,11 @@ fn single(
         give_pack(apack);
     };
     if parallel {
-        shared_tasks(row_blocks * groups, &task);
+        amp_tensor::parallel::for_each(row_blocks * groups, &task);
     } else {
         (0..row_blocks * groups).for_each(task);
     }
     give_pack(bpack);
-}
-
-/// Run tasks `0..count` on the calling thread and up to `threads - 1` rayon workers,
-/// each taking the next task from a shared counter: the caller starts at once instead
-/// of waiting for sleeping workers to wake (a worker that arrives late takes what is
-/// left), and there is one hand-off per product instead of one per phase.
-fn shared_tasks(count: usize, task: &(dyn Fn(usize) + Sync)) {
-    let next = AtomicUsize::new(0);
-    let work = || loop {
-        let t = next.fetch_add(1, Ordering::Relaxed);
-        if t >= count {
-            break;
-        }
-        task(t);
-    };
-    let helpers = rayon::current_num_threads().min(count).saturating_sub(1);
-    rayon::in_place_scope(|scope| {
-        for _ in 0..helpers {
-            scope.spawn(|_| work());
-        }
-        work();
-    });
 }
 
 /// The packed strips of `B`, each packed by the first task that needs it (the others

@@ -1,0 +1,201 @@
+//! Fork-join for kernels, cheap enough for work of a few microseconds.
+//!
+//! `rayon`'s parallel iterators called from a thread outside its pool (the user's main
+//! thread, where every op is called from) hand the whole job to the pool and put the
+//! caller to sleep on a lock until a woken worker has run it: tens of microseconds per
+//! call on a 2-core machine, more than a 192×192 `add` costs. [`for_each`] instead
+//! starts the work on the calling thread at once and lets up to `threads - 1` rayon
+//! workers join in as they wake, each task taken from a shared counter; a worker that
+//! wakes after the caller took the last task finds nothing to do and does not hold the
+//! caller up. The caller only ever waits for tasks that a worker has already begun.
+//!
+//! Which tasks run on which thread changes nothing in a result: each task writes its
+//! own part of the output, computed the same way whoever runs it.
+//!
+//! ```
+//! use std::sync::atomic::{AtomicUsize, Ordering};
+//! let sum = AtomicUsize::new(0);
+//! amp_tensor::parallel::for_each(100, &|i| {
+//!     sum.fetch_add(i, Ordering::Relaxed);
+//! });
+//! assert_eq!(sum.into_inner(), 4950);
+//! ```
+
+use std::any::Any;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// The task of one [`for_each`] call, its lifetime erased so that pool workers (which
+/// need `'static` jobs) can hold it.
+type ErasedTask = *const (dyn Fn(usize) + Sync + 'static);
+
+/// What the caller and its helpers share.
+struct Shared {
+    /// The next task index to claim.
+    next: AtomicUsize,
+    /// Tasks finished (or panicked).
+    done: AtomicUsize,
+    count: usize,
+    task: ErasedTask,
+    /// The first panic of a task, re-raised on the caller's thread.
+    panic: Mutex<Option<Box<dyn Any + Send>>>,
+}
+
+// SAFETY: `task` points at a `Fn + Sync` closure, which may be called from any thread;
+// it is only dereferenced for a claimed index below `count`, and `for_each` does not
+// return (so the closure outlives every such call) before all `count` tasks are done.
+unsafe impl Send for Shared {}
+// SAFETY: as above; the other fields are atomics and a mutex.
+unsafe impl Sync for Shared {}
+
+impl Shared {
+    /// Claim and run tasks until none is left.
+    fn work(&self) {
+        loop {
+            let t = self.next.fetch_add(1, Ordering::Relaxed);
+            if t >= self.count {
+                return;
+            }
+            // SAFETY: `t < count` was claimed before the last task was done, so the
+            // caller is still inside `for_each` and the closure alive (see `Shared`).
+            let task = unsafe { &*self.task };
+            if let Err(p) = catch_unwind(AssertUnwindSafe(|| task(t))) {
+                let mut slot = self.panic.lock().unwrap_or_else(|e| e.into_inner());
+                slot.get_or_insert(p);
+            }
+            self.done.fetch_add(1, Ordering::Release);
+        }
+    }
+}
+
+/// Run `task(0)`, ..., `task(count - 1)`, each once, on the calling thread and on up
+/// to `rayon::current_num_threads() - 1` pool workers; return when all are done.
+/// A panic in a task is re-raised here after every started task has finished.
+pub fn for_each(count: usize, task: &(dyn Fn(usize) + Sync)) {
+    let threads = rayon::current_num_threads();
+    if count <= 1 || threads <= 1 {
+        (0..count).for_each(task);
+        return;
+    }
+    let short: *const (dyn Fn(usize) + Sync + '_) = task;
+    // SAFETY: only the lifetime changes (same fat pointer); see `Shared` for why the
+    // closure outlives every call made through the erased pointer.
+    let erased: ErasedTask = unsafe { std::mem::transmute(short) };
+    let shared = Arc::new(Shared {
+        next: AtomicUsize::new(0),
+        done: AtomicUsize::new(0),
+        count,
+        task: erased,
+        panic: Mutex::new(None),
+    });
+    for _ in 0..(threads - 1).min(count - 1) {
+        let s = Arc::clone(&shared);
+        rayon::spawn(move || s.work());
+    }
+    shared.work();
+    // Every index is claimed now; wait for the tasks workers are still running.
+    let mut spins = 0u32;
+    while shared.done.load(Ordering::Acquire) < count {
+        if spins < 1 << 12 {
+            std::hint::spin_loop();
+            spins += 1;
+        } else {
+            std::thread::yield_now();
+        }
+    }
+    let panic = shared
+        .panic
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take();
+    if let Some(p) = panic {
+        resume_unwind(p);
+    }
+}
+
+/// `f(chunk_index, chunk)` for consecutive chunks of `len` elements of `out` (the last
+/// may be shorter), in parallel as [`for_each`].
+pub fn for_each_chunk_mut<T: Send>(out: &mut [T], len: usize, f: &(dyn Fn(usize, &mut [T]) + Sync)) {
+    assert!(len > 0, "chunk length must be positive");
+    let total = out.len();
+    let base = SendPtr(out.as_mut_ptr());
+    for_each(total.div_ceil(len), &|i| {
+        let start = i * len;
+        let l = len.min(total - start);
+        // SAFETY: chunk `i` is elements `start..start + l` of `out`, disjoint from every
+        // other chunk, each index run once; `out` is borrowed mutably for the call.
+        let chunk = unsafe { std::slice::from_raw_parts_mut(base.at(start), l) };
+        f(i, chunk);
+    });
+}
+
+/// A raw pointer that may cross threads (its users write disjoint elements).
+struct SendPtr<T>(*mut T);
+impl<T> Clone for SendPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SendPtr<T> {}
+// SAFETY: used only to hand disjoint parts of one `&mut` slice to tasks.
+unsafe impl<T: Send> Send for SendPtr<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send> Sync for SendPtr<T> {}
+impl<T> SendPtr<T> {
+    fn at(self, i: usize) -> *mut T {
+        self.0.wrapping_add(i)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_index_once() {
+        for count in [0, 1, 2, 3, 17, 1000] {
+            let hits: Vec<AtomicUsize> = (0..count).map(|_| AtomicUsize::new(0)).collect();
+            for_each(count, &|i| {
+                hits[i].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "count {count}");
+        }
+    }
+
+    #[test]
+    fn chunks_cover_the_slice() {
+        let mut v = vec![0usize; 1003];
+        for_each_chunk_mut(&mut v, 100, &|i, c| {
+            for (j, x) in c.iter_mut().enumerate() {
+                *x = i * 100 + j;
+            }
+        });
+        assert!(v.iter().enumerate().all(|(i, &x)| i == x));
+    }
+
+    #[test]
+    fn a_panicking_task_panics_the_caller_after_the_others() {
+        let ran = AtomicUsize::new(0);
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            for_each(64, &|i| {
+                ran.fetch_add(1, Ordering::Relaxed);
+                assert!(i != 5, "task five");
+            })
+        }));
+        let msg = r.expect_err("panics");
+        assert_eq!(msg.downcast_ref::<&str>(), Some(&"task five"));
+        assert_eq!(ran.load(Ordering::Relaxed), 64);
+    }
+
+    #[test]
+    fn nested_calls_finish() {
+        let sum = AtomicUsize::new(0);
+        for_each(8, &|_| {
+            for_each(8, &|j| {
+                sum.fetch_add(j, Ordering::Relaxed);
+            })
+        });
+        assert_eq!(sum.into_inner(), 8 * 28);
+    }
+}
