@@ -1399,33 +1399,73 @@ unsafe fn small_body<C: GemmFloat>(pr: Product<'_, C>, fused: bool) {
             });
         }
     };
-    for i in 0..m {
-        let arow = a0 + i * sa.rs;
+    // Rows in blocks of `R`: `R` independent chains of multiply-adds per column block,
+    // so that the loop is not bound by the latency of one chain (each output's sum is
+    // still taken in the order of the inner dim, as with one row at a time).
+    const R: usize = 4;
+    let mut i = 0;
+    while i < m {
+        let rows = if m - i >= R { R } else { 1 };
         let mut j = 0;
         if sb.cs == 1 {
             while j + V <= n {
-                let mut acc = [C::zero(); V];
-                for p in 0..k {
-                    let av = a[arow + p * sa.cs];
-                    let bs: &[C; V] = b[b0 + p * sb.rs + j..][..V].try_into().expect("V");
-                    for (s, &bv) in acc.iter_mut().zip(bs) {
-                        *s = madd(av, bv, *s, fused);
+                let bcol = b0 + j;
+                if rows == R {
+                    let arows = std::array::from_fn(|r| a0 + (i + r) * sa.rs);
+                    let acc = tile::<C, R, V>(a, arows, sa.cs, b, bcol, sb.rs, k, fused);
+                    for (r, row) in acc.iter().enumerate() {
+                        for (l, &s) in row.iter().enumerate() {
+                            store(i + r, j + l, s);
+                        }
                     }
-                }
-                for (l, &s) in acc.iter().enumerate() {
-                    store(i, j + l, s);
+                } else {
+                    let acc = tile::<C, 1, V>(a, [a0 + i * sa.rs], sa.cs, b, bcol, sb.rs, k, fused);
+                    for (l, &s) in acc[0].iter().enumerate() {
+                        store(i, j + l, s);
+                    }
                 }
                 j += V;
             }
         }
-        for j in j..n {
-            let mut s = C::zero();
-            for p in 0..k {
-                s = madd(a[arow + p * sa.cs], b[b0 + p * sb.rs + j * sb.cs], s, fused);
+        for r in i..i + rows {
+            let arow = a0 + r * sa.rs;
+            for j in j..n {
+                let mut s = C::zero();
+                for p in 0..k {
+                    s = madd(a[arow + p * sa.cs], b[b0 + p * sb.rs + j * sb.cs], s, fused);
+                }
+                store(r, j, s);
             }
-            store(i, j, s);
+        }
+        i += rows;
+    }
+}
+
+/// The sums of `R` rows of `A` (starting at `arows`, inner stride `acs`) times `V`
+/// contiguous columns of `B` (starting at `bcol`, row stride `brs`), over `k`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn tile<C: GemmFloat, const R: usize, const V: usize>(
+    a: &[C],
+    arows: [usize; R],
+    acs: usize,
+    b: &[C],
+    bcol: usize,
+    brs: usize,
+    k: usize,
+    fused: bool,
+) -> [[C; V]; R] {
+    let mut acc = [[C::zero(); V]; R];
+    for p in 0..k {
+        let bs: &[C; V] = b[bcol + p * brs..][..V].try_into().expect("V");
+        for (row, &a0) in acc.iter_mut().zip(&arows) {
+            let av = a[a0 + p * acs];
+            for (s, &bv) in row.iter_mut().zip(bs) {
+                *s = madd(av, bv, *s, fused);
+            }
         }
     }
+    acc
 }
 
 /// `a * b + c`, with one rounding when `fused`.
