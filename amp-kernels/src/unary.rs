@@ -774,9 +774,15 @@ pub(crate) mod ewise {
             let (mut bx, mut by, mut br) = (Buf::<C1>::new(), Buf::<C2>::new(), Buf::<R>::new());
             plan.runs(lo, lo + out.len(), &mut |o, len, st, sd| {
                 pieces(len, st, sd, |done, l, st| {
+                    let dst = &mut out[o - lo + done..][..l];
+                    if let (Arg::Strided(xd, _), Arg::Strided(yd, _), [1, 1]) = (&x, &y, sd) {
+                        let (xs, ys) = (&xd[st[0]..][..l], &yd[st[1]..][..l]);
+                        if bf16_fused(xs, ys, dst, &f) {
+                            return;
+                        }
+                    }
                     let px = load(&x, st[0], sd[0], l, &mut bx);
                     let py = load(&y, st[1], sd[1], l, &mut by);
-                    let dst = &mut out[o - lo + done..][..l];
                     store(dst, &mut br, |d| match (px, py) {
                         (Piece::Many(a), Piece::Many(b)) => {
                             for ((d, &a), &b) in d.iter_mut().zip(a).zip(b) {
@@ -798,6 +804,61 @@ pub(crate) mod ewise {
                 });
             });
         })
+    }
+
+    /// `dst[i] = f(xs[i], ys[i])` in one pass when both inputs and the output are
+    /// bfloat16 computed in float32 (widening and rounding in registers instead of
+    /// three passes through buffers; the rounding is [`amp_tensor::round_to_bf16`],
+    /// the bits of the buffer casts). `false` (nothing written) for other types.
+    #[inline(always)]
+    fn bf16_fused<T1, T2, O, C1, C2, R>(
+        xs: &[T1],
+        ys: &[T2],
+        dst: &mut [O],
+        f: &impl Fn(C1, C2) -> R,
+    ) -> bool
+    where
+        T1: Element,
+        T2: Element,
+        O: Element,
+        C1: Element,
+        C2: Element,
+        R: Element,
+    {
+        use amp_tensor::half::bf16;
+        let (Some(xs), Some(ys), Some(dst)) = (
+            same::<T1, bf16>(xs),
+            same::<T2, bf16>(ys),
+            same_mut::<O, bf16>(dst),
+        ) else {
+            return false;
+        };
+        if TypeId::of::<C1>() != TypeId::of::<f32>()
+            || TypeId::of::<C2>() != TypeId::of::<f32>()
+            || TypeId::of::<R>() != TypeId::of::<f32>()
+        {
+            return false;
+        }
+        let body = |dst: &mut [bf16]| {
+            for ((d, &a), &b) in dst.iter_mut().zip(xs).zip(ys) {
+                let r = f(C1::from_f32(a.to_f32()), C2::from_f32(b.to_f32()));
+                *d = amp_tensor::round_to_bf16(r.to_f32());
+            }
+        };
+        #[cfg(target_arch = "x86_64")]
+        {
+            #[target_feature(enable = "avx512f,avx512bw")]
+            unsafe fn wide(dst: &mut [bf16], body: &impl Fn(&mut [bf16])) {
+                body(dst)
+            }
+            if std::arch::is_x86_feature_detected!("avx512bw") {
+                // SAFETY: the CPU has AVX-512 F and BW (checked just above).
+                unsafe { wide(dst, &body) };
+                return true;
+            }
+        }
+        body(dst);
+        true
     }
 
     /// `out[i] = f(x[i], y[i], z[i])` over an output of shape `dims` (broadcasting).

@@ -27,6 +27,14 @@ pub(crate) fn fill_vec<U: Element>(n: usize, fill: impl FnOnce(&mut [MaybeUninit
     v
 }
 
+/// f32 → bfloat16, round to nearest even, NaN to PyTorch's canonical 0x7FC0: the
+/// scalar form of every f32 → bf16 cast here (kernels that fuse the rounding into their
+/// own loops use it to give the same bits as [`cast_into`]).
+#[inline(always)]
+pub fn round_to_bf16(x: f32) -> bf16 {
+    bf16::from_bits(f32_to_bf16_bits(x))
+}
+
 /// f32 → bf16 bits, round to nearest even; NaN becomes PyTorch's canonical 0x7FC0.
 #[inline(always)]
 fn f32_to_bf16_bits(x: f32) -> u16 {

@@ -39,7 +39,7 @@ mod storage;
 mod tensor;
 
 pub use convert::{
-    cast_into, cast_into_uninit, cast_slice, copy_cast, gather_cast, scatter_cast,
+    cast_into, cast_into_uninit, cast_slice, copy_cast, gather_cast, round_to_bf16, scatter_cast,
     PARALLEL_THRESHOLD, STREAM_BYTES,
 };
 pub use device::{Device, DeviceType};
