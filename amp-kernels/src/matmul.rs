@@ -1153,13 +1153,13 @@ fn widen<T: Element>(t: &Tensor, side: &Side, rows: usize, cols: usize) -> (Vec<
     let mut buf = scratch(numel);
     let mat = rows * cols;
     amp_tensor::parallel::for_each_chunk_mut(&mut buf[..numel], mat.max(1), &|i, dst| {
-            let off = side.offsets[i];
-            if col_major {
-                gather_matrix(src, &side.shifted_to(off).transposed(), cols, rows, dst)
-            } else {
-                gather_matrix(src, &side.shifted_to(off), rows, cols, dst)
-            }
-        });
+        let off = side.offsets[i];
+        if col_major {
+            gather_matrix(src, &side.shifted_to(off).transposed(), cols, rows, dst)
+        } else {
+            gather_matrix(src, &side.shifted_to(off), rows, cols, dst)
+        }
+    });
     let offsets = Offsets::Many((0..side.offsets.len()).map(|i| i * mat).collect());
     let (rs, cs) = if col_major { (1, rows) } else { (cols, 1) };
     (buf, Side { offsets, rs, cs })

@@ -116,7 +116,11 @@ pub fn for_each(count: usize, task: &(dyn Fn(usize) + Sync)) {
 
 /// `f(chunk_index, chunk)` for consecutive chunks of `len` elements of `out` (the last
 /// may be shorter), in parallel as [`for_each`].
-pub fn for_each_chunk_mut<T: Send>(out: &mut [T], len: usize, f: &(dyn Fn(usize, &mut [T]) + Sync)) {
+pub fn for_each_chunk_mut<T: Send>(
+    out: &mut [T],
+    len: usize,
+    f: &(dyn Fn(usize, &mut [T]) + Sync),
+) {
     assert!(len > 0, "chunk length must be positive");
     let total = out.len();
     let base = SendPtr(out.as_mut_ptr());
@@ -159,7 +163,10 @@ mod tests {
             for_each(count, &|i| {
                 hits[i].fetch_add(1, Ordering::Relaxed);
             });
-            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "count {count}");
+            assert!(
+                hits.iter().all(|h| h.load(Ordering::Relaxed) == 1),
+                "count {count}"
+            );
         }
     }
 
