@@ -20,6 +20,13 @@ pub(crate) trait FastExp: Real + Num {
     /// sum of `y`. Always inlined, so it takes the SIMD level of its caller.
     fn exp_shift_into(x: &[Self], shift: Self, y: &mut [Self]) -> Self;
 
+    /// [`FastExp::exp_shift_into`] for callers compiled with FMA (f32 then fuses its
+    /// polynomial; other types fall back to the plain one).
+    #[inline(always)]
+    fn exp_shift_into_fma(x: &[Self], shift: Self, y: &mut [Self]) -> Self {
+        Self::exp_shift_into(x, shift, y)
+    }
+
     /// `sum(exp(x[i] - shift))` for `x[i] <= shift`, without storing the terms.
     #[inline(always)]
     fn exp_shift_sum(x: &[Self], shift: Self) -> Self {
@@ -69,6 +76,14 @@ impl FastExp for f32 {
         lane_sum(y)
     }
 
+    #[inline(always)]
+    fn exp_shift_into_fma(x: &[f32], shift: f32, y: &mut [f32]) -> f32 {
+        for (o, &v) in y.iter_mut().zip(x) {
+            *o = vmath::exp_fma_checked(v - shift);
+        }
+        lane_sum(y)
+    }
+
     fn max_exp_sum(x: &[f32]) -> (f32, f32) {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
@@ -91,19 +106,20 @@ macro_rules! line_kernel {
     ($(#[$meta:meta])* fn $name:ident(|$ins:ident, $out:ident| $body:block)) => {
         $(#[$meta])*
         fn $name<C: FastExp>(ins: &[&[C]], out: &mut [C]) {
+            /// `FMA`: compiled with fused multiply-adds available (see [`exp_into`]).
             #[inline(always)]
-            fn body<C: FastExp>($ins: &[&[C]], $out: &mut [C]) $body
+            fn body<C: FastExp, const FMA: bool>($ins: &[&[C]], $out: &mut [C]) $body
 
             #[cfg(target_arch = "x86_64")]
             #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma")]
             unsafe fn avx512(ins: &[&[f32]], out: &mut [f32]) {
-                body::<f32>(ins, out)
+                body::<f32, true>(ins, out)
             }
 
             #[cfg(target_arch = "x86_64")]
             #[target_feature(enable = "avx2")]
             unsafe fn avx2(ins: &[&[f32]], out: &mut [f32]) {
-                body::<f32>(ins, out)
+                body::<f32, false>(ins, out)
             }
 
             #[cfg(target_arch = "x86_64")]
@@ -125,9 +141,20 @@ macro_rules! line_kernel {
                     }
                 }
             }
-            body::<C>(ins, out)
+            body::<C, false>(ins, out)
         }
     };
+}
+
+/// `out[i] = exp(x[i] - shift)`, returning the sum: fused multiply-adds when `FMA` (the
+/// caller is compiled with them).
+#[inline(always)]
+fn exp_into<C: FastExp, const FMA: bool>(x: &[C], shift: C, out: &mut [C]) -> C {
+    if FMA {
+        C::exp_shift_into_fma(x, shift, out)
+    } else {
+        C::exp_shift_into(x, shift, out)
+    }
 }
 
 line_kernel! {
@@ -135,7 +162,7 @@ line_kernel! {
     fn softmax_line(|ins, out| {
         let x = ins[0];
         let m = max_nan(x);
-        let inv = C::ONE / C::exp_shift_into(x, m, out);
+        let inv = C::ONE / exp_into::<C, FMA>(x, m, out);
         for o in out.iter_mut() {
             *o = *o * inv;
         }

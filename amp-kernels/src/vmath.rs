@@ -56,6 +56,22 @@ fn exp_fma(x: f32) -> f32 {
     y * f32::from_bits(t.to_bits().wrapping_sub(0x4B40_0000 - 127) << 23)
 }
 
+/// [`exp`] with fused multiply-adds (the same range handling: 0 below `ln(2^-126)`,
+/// +inf above `127.5 * ln 2`, NaN propagates). Only for callers compiled with FMA.
+#[inline(always)]
+pub(crate) fn exp_fma_checked(x: f32) -> f32 {
+    const LO: f32 = -87.336_55;
+    const HI: f32 = 88.376_26;
+    let y = exp_fma(x.clamp(LO, HI)); // NaN stays NaN
+    if x < LO {
+        0.0
+    } else if x > HI {
+        f32::INFINITY
+    } else {
+        y
+    }
+}
+
 /// `erf(x)`, vectorisable and within 1 ulp of the correctly rounded result (Norbert
 /// Juffa's minimax approximations: `x * p(x²)` for `|x| <= 0.9277`, else
 /// `1 - exp(q(|x|))` with the sign of `x`). Both halves are computed and one is
@@ -236,6 +252,23 @@ mod tests {
             None => map_body(op, xs, &mut y),
         }
         y
+    }
+
+    #[test]
+    fn exp_fma_close_to_f64() {
+        // Called directly: where the CPU lacks FMA, `mul_add` is libm's (exact) fma.
+        let mut worst = 0f64;
+        let mut x = -87.0f32;
+        while x <= 88.0 {
+            worst = worst.max(ulps(exp_fma_checked(x), (x as f64).exp()));
+            x += 0.001_37;
+        }
+        assert!(worst <= 2.0, "exp: {worst} ulp");
+        assert_eq!(exp_fma_checked(0.0), 1.0);
+        assert_eq!(exp_fma_checked(100.0), f32::INFINITY);
+        assert_eq!(exp_fma_checked(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp_fma_checked(-100.0), 0.0);
+        assert!(exp_fma_checked(f32::NAN).is_nan());
     }
 
     #[test]
