@@ -124,10 +124,10 @@ pub(crate) fn tanh(u: f32) -> f32 {
     // Minimax for tanh(u)/u - 1 on |u| < 0.625 in u² (Cephes' tanhf).
     let s = u * u;
     let mut p = -5.704_988_7e-3f32;
-    p = p.mul_add(s, 2.063_908_9e-2);
+    p = p.mul_add(s, 2.063_909e-2);
     p = p.mul_add(s, -5.373_971_6e-2);
     p = p.mul_add(s, 1.333_144_2e-1);
-    p = p.mul_add(s, -3.333_328_2e-1);
+    p = p.mul_add(s, -3.333_328e-1);
     let small = (p * s).mul_add(u, u);
     // NaN fails the comparison and takes the polynomial, which propagates it.
     if a >= 0.625 {
