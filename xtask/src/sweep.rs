@@ -70,7 +70,10 @@ impl Timing {
             min_s: v.get("min_s")?.as_f64()?,
             max_s: v.get("max_s")?.as_f64()?,
             reps: v.get("reps")?.as_u64()? as usize,
-            rounds: v.get("rounds").and_then(Value::as_u64).unwrap_or(ROUNDS as u64) as usize,
+            rounds: v
+                .get("rounds")
+                .and_then(Value::as_u64)
+                .unwrap_or(ROUNDS as u64) as usize,
         })
     }
 }
@@ -242,14 +245,16 @@ fn workloads(n: usize, gen: &mut Generator, keep: &dyn Fn(&str, &str) -> bool) -
                 "GB/s",
                 Box::new(move || {
                     std::hint::black_box(
-                        ops::layer_norm(&x, &[n], Some(&w), Some(&bias), 1e-5)
-                            .expect("layer_norm"),
+                        ops::layer_norm(&x, &[n], Some(&w), Some(&bias), 1e-5).expect("layer_norm"),
                     );
                 }),
             );
         }
         for (op, f) in [
-            ("add", ops::add as fn(&Tensor, &Tensor) -> amp::autograd::Result<Tensor>),
+            (
+                "add",
+                ops::add as fn(&Tensor, &Tensor) -> amp::autograd::Result<Tensor>,
+            ),
             ("mul", ops::mul),
         ] {
             if keep(op, mode) {
@@ -320,10 +325,9 @@ fn machine(isa: &Value) -> String {
 fn read_torch(path: &str) -> Result<BTreeMap<String, Timing>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
     let v: Value = serde_json::from_str(&text).map_err(|e| format!("{path} is not JSON: {e}"))?;
-    let entries = v
-        .get("entries")
-        .and_then(Value::as_object)
-        .ok_or_else(|| format!("{path}: no \"entries\" object (made by torch-baseline --sweep?)"))?;
+    let entries = v.get("entries").and_then(Value::as_object).ok_or_else(|| {
+        format!("{path}: no \"entries\" object (made by torch-baseline --sweep?)")
+    })?;
     entries
         .iter()
         .map(|(k, e)| {
@@ -375,7 +379,10 @@ pub fn main(opts: &SweepOptions, isa: Value) -> ExitCode {
     }
     let doc = to_json(&entries, &isa, &machine);
     if opts.json {
-        println!("{}", serde_json::to_string_pretty(&doc).expect("serialisable"));
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&doc).expect("serialisable")
+        );
     } else {
         println!("{}", header());
         for e in &entries {
