@@ -29,6 +29,7 @@ mod sample;
 mod softmax;
 mod ternary;
 mod unary;
+mod vmath;
 
 pub use amp::*;
 pub use binary::*;

@@ -13,8 +13,9 @@ use rayon::prelude::*;
 use crate::compute::{with_slice, Real};
 use crate::reduce::{
     as_same, as_same_mut, check_norm, lane_reduce, lane_sum, line_geometry, map_lines, vector_norm,
-    Num, PAR_MIN, TASK,
+    Num, LINE_PAR_MIN, PAR_MIN, TASK,
 };
+use crate::vmath::{self, Level};
 
 /// `(outer rows, normalized elements)` of a layer norm over the trailing
 /// `normalized_shape`, with PyTorch's checks.
@@ -72,12 +73,99 @@ fn check_param(
     Ok(())
 }
 
-/// One task of [`norm_rows`]: its index, and its rows of output, means and rstds.
-type RowChunk<'a, T, C> = (usize, ((&'a mut [T], &'a mut [C]), &'a mut [C]));
+/// `sum(g(x))` over a row: in [`lane_reduce`]'s lanes for short rows, else in 64
+/// independent lanes (four vector registers of f32 under AVX-512, so the additions do
+/// not wait on each other) folded into those lanes.
+#[inline(always)]
+fn wide_sum<C: Num>(xs: &[C], g: impl Fn(C) -> C) -> C {
+    const W: usize = 64;
+    if xs.len() < 4 * W {
+        return lane_reduce(xs, C::ZERO, C::nadd, g);
+    }
+    let mut acc = [C::ZERO; W];
+    let mut chunks = xs.chunks_exact(W);
+    for c in &mut chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a = a.nadd(g(x));
+        }
+    }
+    for (a, &x) in acc.iter_mut().zip(chunks.remainder()) {
+        *a = a.nadd(g(x));
+    }
+    lane_sum(&acc)
+}
+
+/// Normalise rows `r0..` (`out.len() / n` of them) of `s` into `out`, writing their
+/// statistics to `mean` and `rstd` (see [`norm_rows`]). Always inlined, so it takes the
+/// SIMD level of its caller.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn norm_block<T: Element, C: Real + Num, A: Fn(usize, &mut [C])>(
+    s: &[T],
+    r0: usize,
+    n: usize,
+    eps: C,
+    affine: &A,
+    out: &mut [T],
+    mean: &mut [C],
+    rstd: &mut [C],
+) {
+    let nc = C::from_f64c(n as f64);
+    let same = as_same::<T, C>(&[]).is_some();
+    let scratch = if same { 0 } else { n };
+    let (mut xb, mut yb) = (vec![C::ZERO; scratch], vec![C::ZERO; scratch]);
+    for (k, orow) in out.chunks_mut(n).enumerate() {
+        let r = r0 + k;
+        let src = &s[r * n..(r + 1) * n];
+        let xr: &[C] = match as_same::<T, C>(src) {
+            Some(v) => v,
+            None => {
+                cast_into(src, &mut xb);
+                &xb
+            }
+        };
+        let mu = wide_sum(xr, |v| v) / nc;
+        let var = wide_sum(xr, |v: C| (v - mu) * (v - mu)) / nc;
+        let rs = C::ONE / (var + eps).sqrt();
+        (mean[k], rstd[k]) = (mu, rs);
+        let write = |y: &mut [C]| {
+            for (y, &v) in y.iter_mut().zip(xr) {
+                *y = (v - mu) * rs;
+            }
+            affine(r, y);
+        };
+        match as_same_mut::<T, C>(orow) {
+            Some(o) => write(o),
+            None => {
+                write(&mut yb);
+                cast_into(&yb, orow);
+            }
+        }
+    }
+}
+
+/// [`norm_block`] compiled for AVX-512 (identical results: no fused or reordered
+/// arithmetic, only wider registers).
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma")]
+unsafe fn norm_block_avx512<T: Element, C: Real + Num, A: Fn(usize, &mut [C])>(
+    s: &[T],
+    r0: usize,
+    n: usize,
+    eps: C,
+    affine: &A,
+    out: &mut [T],
+    mean: &mut [C],
+    rstd: &mut [C],
+) {
+    norm_block(s, r0, n, eps, affine, out, mean, rstd)
+}
 
 /// Normalise each of the `rows` contiguous rows of `n` elements of `s` to zero mean and
 /// unit variance (`rstd = 1 / sqrt(var + eps)`), then let `affine(row, y)` scale and
-/// shift row `row` in place. Returns the output and the per-row mean and rstd.
+/// shift row `row` in place. Returns the output and the per-row mean and rstd. Large
+/// inputs split into one contiguous block of rows per thread.
 fn norm_rows<T: Element, C: Real + Num>(
     s: &[T],
     rows: usize,
@@ -88,55 +176,31 @@ fn norm_rows<T: Element, C: Real + Num>(
     if n == 0 {
         return (Vec::new(), vec![C::nan(); rows], vec![C::nan(); rows]);
     }
-    let mut out = vec![T::default(); rows * n];
+    // Every element is written, so a recycled buffer (already mapped pages) serves.
+    let mut out = amp_tensor::pool::recycled_vec::<T>(rows * n);
     let mut mean = vec![C::ZERO; rows];
     let mut rstd = vec![C::ZERO; rows];
-    let per = (TASK / n).max(1);
-    let (nc, epsc) = (C::from_f64c(n as f64), C::from_f64c(eps));
-    let body = |(c, ((out, mean), rstd)): RowChunk<'_, T, C>| {
-        let mut xb = vec![C::ZERO; n];
-        let mut yb = vec![C::ZERO; n];
-        for (k, orow) in out.chunks_mut(n).enumerate() {
-            let r = c * per + k;
-            let src = &s[r * n..(r + 1) * n];
-            let xr: &[C] = match as_same::<T, C>(src) {
-                Some(v) => v,
-                None => {
-                    cast_into(src, &mut xb);
-                    &xb
-                }
-            };
-            let mu = lane_sum(xr) / nc;
-            let var = lane_reduce(xr, C::ZERO, C::nadd, |v: C| (v - mu) * (v - mu)) / nc;
-            let rs = C::ONE / (var + epsc).sqrt();
-            (mean[k], rstd[k]) = (mu, rs);
-            let write = |y: &mut [C]| {
-                for (y, &v) in y.iter_mut().zip(xr) {
-                    *y = (v - mu) * rs;
-                }
-                affine(r, y);
-            };
-            match as_same_mut::<T, C>(orow) {
-                Some(o) => write(o),
-                None => {
-                    write(&mut yb);
-                    cast_into(&yb, orow);
-                }
-            }
+    let epsc = C::from_f64c(eps);
+    let avx512 = vmath::level() == Some(Level::Avx512);
+    let body = |r0: usize, out: &mut [T], mean: &mut [C], rstd: &mut [C]| {
+        #[cfg(target_arch = "x86_64")]
+        if avx512 {
+            // SAFETY: the CPU has AVX-512F/DQ/VL and FMA (checked by `vmath::level`).
+            unsafe { norm_block_avx512(s, r0, n, epsc, &affine, out, mean, rstd) };
+            return;
         }
+        let _ = avx512;
+        norm_block(s, r0, n, epsc, &affine, out, mean, rstd)
     };
-    if rows * n >= PAR_MIN {
+    if rows > 1 && rows * n >= LINE_PAR_MIN {
+        let per = rows.div_ceil(rayon::current_num_threads().max(1));
         out.par_chunks_mut(per * n)
             .zip(mean.par_chunks_mut(per))
             .zip(rstd.par_chunks_mut(per))
             .enumerate()
-            .for_each(body);
+            .for_each(|(c, ((o, m), r))| body(c * per, o, m, r));
     } else {
-        out.chunks_mut(per * n)
-            .zip(mean.chunks_mut(per))
-            .zip(rstd.chunks_mut(per))
-            .enumerate()
-            .for_each(body);
+        body(0, &mut out, &mut mean, &mut rstd);
     }
     (out, mean, rstd)
 }

@@ -29,6 +29,10 @@ use crate::softmax::FastExp;
 pub(crate) const PAR_MIN: usize = 1 << 15;
 /// Work (elements) per parallel task.
 pub(crate) const TASK: usize = 1 << 14;
+/// Elements below which a row-wise line op (softmax, layer norm, scans along the last
+/// dim) stays on the calling thread: those kernels stream at tens of GB/s, so smaller
+/// outputs finish before a fan-out pays for itself.
+pub(crate) const LINE_PAR_MIN: usize = 1 << 18;
 /// Segment length when one long row is split across threads.
 const SEG: usize = 1 << 16;
 /// Elements folded by the lane kernels before being merged into an accumulator.
@@ -1410,42 +1414,48 @@ fn map_rows<T: Element, N: Element>(
     n: usize,
     f: impl Fn(&[&[N]], &mut [N]) + Sync + Send,
 ) -> Vec<T> {
+    const MAX_INS: usize = 4;
+    assert!(ins.len() <= MAX_INS, "map_rows: at most {MAX_INS} inputs");
     let same = as_same::<T, N>(&[]).is_some();
-    let mut out = vec![T::default(); rows * n];
-    let per = (TASK / n).max(1);
-    let body = |(c, chunk): (usize, &mut [T])| {
+    // Every row is written in full, so a recycled buffer (already mapped pages) serves.
+    let mut out = amp_tensor::pool::recycled_vec::<T>(rows * n);
+    // Rows `r0..` of `chunk`, with widening scratch allocated once per block.
+    let body = |r0: usize, chunk: &mut [T]| {
         let scratch = if same { 0 } else { n };
-        let mut bufs: Vec<Vec<N>> = ins.iter().map(|_| vec![N::default(); scratch]).collect();
+        let mut bufs: [Vec<N>; MAX_INS] =
+            std::array::from_fn(|i| vec![N::default(); if i < ins.len() { scratch } else { 0 }]);
         let mut obuf = vec![N::default(); scratch];
         for (k, orow) in chunk.chunks_mut(n).enumerate() {
-            let r = c * per + k;
-            let lines: Vec<&[N]> = ins
-                .iter()
-                .zip(bufs.iter_mut())
-                .map(|(s, b)| {
-                    let s = &s[r * n..(r + 1) * n];
-                    match as_same::<T, N>(s) {
-                        Some(v) => v,
-                        None => {
-                            cast_into(s, b);
-                            &b[..]
-                        }
+            let r = r0 + k;
+            let mut lines: [&[N]; MAX_INS] = [&[]; MAX_INS];
+            for ((l, s), b) in lines.iter_mut().zip(ins).zip(bufs.iter_mut()) {
+                let s = &s[r * n..(r + 1) * n];
+                *l = match as_same::<T, N>(s) {
+                    Some(v) => v,
+                    None => {
+                        cast_into(s, b);
+                        &b[..]
                     }
-                })
-                .collect();
+                };
+            }
+            let lines = &lines[..ins.len()];
             match as_same_mut::<T, N>(orow) {
-                Some(o) => f(&lines, o),
+                Some(o) => f(lines, o),
                 None => {
-                    f(&lines, &mut obuf);
+                    f(lines, &mut obuf);
                     cast_into(&obuf, orow);
                 }
             }
         }
     };
-    if rows * n >= PAR_MIN {
-        out.par_chunks_mut(per * n).enumerate().for_each(body);
+    if rows > 1 && rows * n >= LINE_PAR_MIN {
+        // One large contiguous block of rows per thread.
+        let per = rows.div_ceil(rayon::current_num_threads().max(1));
+        out.par_chunks_mut(per * n)
+            .enumerate()
+            .for_each(|(c, chunk)| body(c * per, chunk));
     } else {
-        out.chunks_mut(per * n).enumerate().for_each(body);
+        body(0, &mut out);
     }
     out
 }

@@ -12,12 +12,20 @@ use crate::compute::{with_slice, Real};
 use crate::reduce::{
     as_same, as_same_mut, cast_opt, lane_sum, line_geometry, map_lines, max_nan, Num,
 };
+use crate::vmath::{self, Level};
 
 /// Float compute types with a fast shifted exponential over slices.
 pub(crate) trait FastExp: Real + Num {
     /// `y[i] = exp(x[i] - shift)` for `x[i] <= shift` (NaN propagates), returning the
     /// sum of `y`. Always inlined, so it takes the SIMD level of its caller.
     fn exp_shift_into(x: &[Self], shift: Self, y: &mut [Self]) -> Self;
+
+    /// [`FastExp::exp_shift_into`] for callers compiled with FMA (f32 then fuses its
+    /// polynomial; other types fall back to the plain one).
+    #[inline(always)]
+    fn exp_shift_into_fma(x: &[Self], shift: Self, y: &mut [Self]) -> Self {
+        Self::exp_shift_into(x, shift, y)
+    }
 
     /// `sum(exp(x[i] - shift))` for `x[i] <= shift`, without storing the terms.
     #[inline(always)]
@@ -68,6 +76,14 @@ impl FastExp for f32 {
         lane_sum(y)
     }
 
+    #[inline(always)]
+    fn exp_shift_into_fma(x: &[f32], shift: f32, y: &mut [f32]) -> f32 {
+        for (o, &v) in y.iter_mut().zip(x) {
+            *o = vmath::exp_fma_checked(v - shift);
+        }
+        lane_sum(y)
+    }
+
     fn max_exp_sum(x: &[f32]) -> (f32, f32) {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
@@ -78,33 +94,10 @@ impl FastExp for f32 {
     }
 }
 
-/// `exp(x)`, vectorisable: Cephes' `expf` polynomial (about 1 ulp) with the power of
-/// two built from the exponent bits. The kernels call it on `x - max <= 0`. Below
-/// `ln(2^-126)` the result is 0 (so `exp(-inf)` is exactly 0, as masked softmax
-/// needs); above `127.5 * ln 2` (≈ 88.38) it is +inf; NaN propagates.
+/// `exp(x)` for the kernels (which call it on `x - max <= 0`): [`vmath::exp`].
 #[inline(always)]
 fn exp_le0(x: f32) -> f32 {
-    const LO: f32 = -87.336_55;
-    const HI: f32 = 88.376_26;
-    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
-    let xc = x.clamp(LO, HI); // NaN stays NaN
-    let t = xc * std::f32::consts::LOG2_E + MAGIC;
-    let n = t - MAGIC;
-    let r = xc - n * 0.693_359_4 - n * -2.121_944_4e-4;
-    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
-        + 1.666_666_5e-1)
-        * r
-        + 0.5;
-    let y = p * (r * r) + r + 1.0;
-    // The low mantissa bits of `t` hold n; (n + 127) << 23 is 2^n.
-    let pow2 = f32::from_bits(t.to_bits().wrapping_sub(0x4B40_0000 - 127) << 23);
-    if x < LO {
-        0.0
-    } else if x > HI {
-        f32::INFINITY
-    } else {
-        y * pow2
-    }
+    vmath::exp(x)
 }
 
 /// Define a line kernel `fn $name<C: FastExp>(ins: &[&[C]], out: &mut [C])` whose body
@@ -113,27 +106,55 @@ macro_rules! line_kernel {
     ($(#[$meta:meta])* fn $name:ident(|$ins:ident, $out:ident| $body:block)) => {
         $(#[$meta])*
         fn $name<C: FastExp>(ins: &[&[C]], out: &mut [C]) {
+            /// `FMA`: compiled with fused multiply-adds available (see [`exp_into`]).
             #[inline(always)]
-            fn body<C: FastExp>($ins: &[&[C]], $out: &mut [C]) $body
+            fn body<C: FastExp, const FMA: bool>($ins: &[&[C]], $out: &mut [C]) $body
+
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma")]
+            unsafe fn avx512(ins: &[&[f32]], out: &mut [f32]) {
+                body::<f32, true>(ins, out)
+            }
 
             #[cfg(target_arch = "x86_64")]
             #[target_feature(enable = "avx2")]
             unsafe fn avx2(ins: &[&[f32]], out: &mut [f32]) {
-                body::<f32>(ins, out)
+                body::<f32, false>(ins, out)
             }
 
             #[cfg(target_arch = "x86_64")]
-            if std::arch::is_x86_feature_detected!("avx2") {
-                let lines: Option<Vec<&[f32]>> = ins.iter().map(|s| as_same::<C, f32>(s)).collect();
-                if let (Some(lines), Some(o)) = (lines, as_same_mut::<C, f32>(out)) {
-                    // SAFETY: the CPU supports AVX2 (checked just above).
-                    unsafe { avx2(&lines, o) };
-                    return;
+            if let (Some(a), Some(b)) = (ins.first(), ins.get(1).or(ins.first())) {
+                if let (Some(a), Some(b), Some(o)) =
+                    (as_same::<C, f32>(a), as_same::<C, f32>(b), as_same_mut::<C, f32>(out))
+                {
+                    let lines = [a, b];
+                    let lines = &lines[..ins.len()];
+                    if vmath::level() == Some(Level::Avx512) {
+                        // SAFETY: the CPU has AVX-512F/DQ/VL and FMA (checked by `level`).
+                        unsafe { avx512(lines, o) };
+                        return;
+                    }
+                    if std::arch::is_x86_feature_detected!("avx2") {
+                        // SAFETY: the CPU supports AVX2 (checked just above).
+                        unsafe { avx2(lines, o) };
+                        return;
+                    }
                 }
             }
-            body::<C>(ins, out)
+            body::<C, false>(ins, out)
         }
     };
+}
+
+/// `out[i] = exp(x[i] - shift)`, returning the sum: fused multiply-adds when `FMA` (the
+/// caller is compiled with them).
+#[inline(always)]
+fn exp_into<C: FastExp, const FMA: bool>(x: &[C], shift: C, out: &mut [C]) -> C {
+    if FMA {
+        C::exp_shift_into_fma(x, shift, out)
+    } else {
+        C::exp_shift_into(x, shift, out)
+    }
 }
 
 line_kernel! {
@@ -141,7 +162,7 @@ line_kernel! {
     fn softmax_line(|ins, out| {
         let x = ins[0];
         let m = max_nan(x);
-        let inv = C::ONE / C::exp_shift_into(x, m, out);
+        let inv = C::ONE / exp_into::<C, FMA>(x, m, out);
         for o in out.iter_mut() {
             *o = *o * inv;
         }

@@ -12,10 +12,13 @@
 //! strides are walked as coalesced runs, widened in chunks, and large outputs are
 //! split over rayon.
 
-use amp_tensor::{DType, Error, Result, Tensor};
+use std::any::TypeId;
+
+use amp_tensor::{cast_into, DType, Element, Error, Result, Tensor};
 
 use self::ewise::{ensure_cpu, full_tensor, int_kernel, zip1, Arg, Guards, RoundEven, Src};
-use crate::compute::Real;
+use crate::compute::{with_slice, Real, CHUNK};
+use crate::vmath::{self, F32Map};
 
 /// The strided elementwise engine behind the unary, binary and ternary kernels.
 pub(crate) mod ewise {
@@ -685,7 +688,7 @@ pub(crate) mod ewise {
 
     /// A vector of `n` outputs written by `task(chunk, first_index)`, over rayon in
     /// large chunks when `n` is large, else on the calling thread.
-    fn run_tasks<O: Element>(n: usize, task: impl Fn(&mut [O], usize) + Sync) -> Vec<O> {
+    pub(crate) fn run_tasks<O: Element>(n: usize, task: impl Fn(&mut [O], usize) + Sync) -> Vec<O> {
         let mut out = amp_tensor::pool::recycled_vec::<O>(n);
         if n >= PARALLEL_MIN {
             let threads = rayon::current_num_threads().max(1);
@@ -1130,6 +1133,9 @@ fn float_unary<T: amp_tensor::Element, C: Real + RoundEven>(
     op: UnaryOp,
     x: &Tensor,
 ) -> Result<Tensor> {
+    if let Some(out) = float_unary_simd::<T, C>(op, x) {
+        return out;
+    }
     let g = Guards::new([Some(x)]);
     let arg = Src::full(x);
     let a: Arg<T, C> = arg.arg(g.get(0), false, op.name())?;
@@ -1193,6 +1199,47 @@ fn float_unary<T: amp_tensor::Element, C: Real + RoundEven>(
         UnaryOp::Square => go!(|v: C| v * v),
     };
     Tensor::from_vec(out, dims.to_vec())
+}
+
+/// `erf`, `gelu` and `gelu(approximate='tanh')` computed in float32 through the
+/// vectorised [`vmath`] kernels (AVX-512 or AVX2 + FMA, chosen at run time), in pieces
+/// of [`CHUNK`] widened / computed / narrowed elements over [`ewise::run_tasks`]. `None`
+/// when the op, the compute type or the CPU does not qualify (the scalar path runs).
+fn float_unary_simd<T: Element, C: 'static>(op: UnaryOp, x: &Tensor) -> Option<Result<Tensor>> {
+    if TypeId::of::<C>() != TypeId::of::<f32>() {
+        return None;
+    }
+    let map = match op {
+        UnaryOp::Erf => F32Map::Erf,
+        UnaryOp::Gelu => F32Map::Gelu,
+        UnaryOp::GeluTanh => F32Map::GeluTanh,
+        _ => return None,
+    };
+    let level = vmath::level()?;
+    let out: Vec<T> = with_slice::<T, _>(x, |src| {
+        ewise::run_tasks(src.len(), |out: &mut [T], lo| {
+            let (mut xb, mut yb) = ([0f32; CHUNK], [0f32; CHUNK]);
+            for (k, o) in out.chunks_mut(CHUNK).enumerate() {
+                let len = o.len();
+                let s = &src[lo + k * CHUNK..][..len];
+                let xs: &[f32] = match ewise::same::<T, f32>(s) {
+                    Some(v) => v,
+                    None => {
+                        cast_into(s, &mut xb[..len]);
+                        &xb[..len]
+                    }
+                };
+                match ewise::same_mut::<T, f32>(o) {
+                    Some(d) => vmath::map_f32(level, map, xs, d),
+                    None => {
+                        vmath::map_f32(level, map, xs, &mut yb[..len]);
+                        cast_into(&yb[..len], o);
+                    }
+                }
+            }
+        })
+    });
+    Some(Tensor::from_vec(out, x.dims().to_vec()))
 }
 
 /// Run a dtype-keeping `op` on an int32/int64 tensor.
