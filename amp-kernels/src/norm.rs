@@ -193,12 +193,19 @@ fn norm_rows<T: Element, C: Real + Num>(
         norm_block(s, r0, n, epsc, &affine, out, mean, rstd)
     };
     if rows > 1 && rows * n >= LINE_PAR_MIN {
-        let per = rows.div_ceil(rayon::current_num_threads().max(1));
-        out.par_chunks_mut(per * n)
-            .zip(mean.par_chunks_mut(per))
-            .zip(rstd.par_chunks_mut(per))
-            .enumerate()
-            .for_each(|(c, ((o, m), r))| body(c * per, o, m, r));
+        // Two contiguous blocks of rows per thread, taken as the threads come.
+        let per = rows.div_ceil(2 * rayon::current_num_threads().max(1));
+        let parts: Vec<_> = out
+            .chunks_mut(per * n)
+            .zip(mean.chunks_mut(per))
+            .zip(rstd.chunks_mut(per))
+            .map(|((o, m), r)| std::sync::Mutex::new((o, m, r)))
+            .collect();
+        amp_tensor::parallel::for_each(parts.len(), &|c| {
+            let mut part = parts[c].lock().unwrap_or_else(|e| e.into_inner());
+            let (o, m, r) = &mut *part;
+            body(c * per, o, m, r)
+        });
     } else {
         body(0, &mut out, &mut mean, &mut rstd);
     }

@@ -30,9 +30,10 @@ pub(crate) const PAR_MIN: usize = 1 << 15;
 /// Work (elements) per parallel task.
 pub(crate) const TASK: usize = 1 << 14;
 /// Elements below which a row-wise line op (softmax, layer norm, scans along the last
-/// dim) stays on the calling thread: those kernels stream at tens of GB/s, so smaller
-/// outputs finish before a fan-out pays for itself.
-pub(crate) const LINE_PAR_MIN: usize = 1 << 18;
+/// dim) stays on the calling thread. With `amp_tensor::parallel::for_each` (the caller
+/// starts at once, a woken worker joins) a split pays early: at 1 << 18 a 128×128 to
+/// 384×384 softmax ran on one thread at 0.5–0.6× PyTorch's speed, which splits these.
+pub(crate) const LINE_PAR_MIN: usize = 1 << 13;
 /// Segment length when one long row is split across threads.
 const SEG: usize = 1 << 16;
 /// Elements folded by the lane kernels before being merged into an accumulator.
@@ -1449,11 +1450,11 @@ fn map_rows<T: Element, N: Element>(
         }
     };
     if rows > 1 && rows * n >= LINE_PAR_MIN {
-        // One large contiguous block of rows per thread.
-        let per = rows.div_ceil(rayon::current_num_threads().max(1));
-        out.par_chunks_mut(per * n)
-            .enumerate()
-            .for_each(|(c, chunk)| body(c * per, chunk));
+        // Two contiguous blocks of rows per thread, taken as the threads come.
+        let per = rows.div_ceil(2 * rayon::current_num_threads().max(1));
+        amp_tensor::parallel::for_each_chunk_mut(&mut out, per * n, &|c, chunk| {
+            body(c * per, chunk)
+        });
     } else {
         body(0, &mut out);
     }
