@@ -48,6 +48,11 @@ pub use native16::{kernel16, with_kernel16, Kernel16};
 /// at 64³ it made `mm` 2–3× slower than the single-threaded product.
 const PARALLEL_WORK: usize = 96 * 96 * 96;
 
+/// Batches of small products with fewer multiply-adds in all than this run on the
+/// calling thread; larger ones are one parallel loop over the batch (whole products per
+/// task, no packing shared between threads, so a split pays earlier than for one product).
+const BATCH_PARALLEL_WORK: usize = 256 * 1024;
+
 /// Products with at least this many multiply-adds use `faer`'s kernel, smaller ones
 /// `gemm`'s (down to 16³; smaller ones a direct loop).
 pub const FAER_WORK: usize = 64 * 64 * 64;
@@ -1314,7 +1319,7 @@ fn gemm_into<C: GemmFloat>(
             };
             one(i, dst.at(0), factor, rd, parallelism(work));
         }
-    } else if batch == 1 || work >= BIG_WORK || work * batch < PARALLEL_WORK {
+    } else if batch == 1 || work >= BIG_WORK || work * batch < BATCH_PARALLEL_WORK {
         for i in 0..batch {
             one(i, dst.at(i * m * n), beta, read, parallelism(work));
         }

@@ -196,7 +196,7 @@ pub(super) fn product(job: &Job<'_>, out: &mut [MaybeUninit<bf16>]) {
     let threads = rayon::current_num_threads();
     if batch == 1
         || m * n * k >= super::BIG_WORK
-        || m * n * k * batch < super::PARALLEL_WORK
+        || m * n * k * batch < super::BATCH_PARALLEL_WORK
         || threads == 1
     {
         for (i, o) in out.chunks_mut(mn).enumerate().take(batch) {
