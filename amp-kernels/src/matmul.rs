@@ -36,6 +36,7 @@ use amp_tensor::{
 use gemm::Parallelism;
 
 use crate::compute::ensure_same_device;
+use amp_tensor::parallel::SendPtr;
 
 mod native16;
 pub use native16::{kernel16, with_kernel16, Kernel16};
@@ -1186,20 +1187,6 @@ impl GemmFloat for f32 {
 impl GemmFloat for f64 {
     fn from_f64c(v: f64) -> Self {
         v
-    }
-}
-
-/// A raw output pointer shared by tasks writing disjoint parts.
-#[derive(Clone, Copy)]
-struct SendPtr<C>(*mut C);
-// SAFETY: tasks write disjoint matrices of the buffer (see `gemm_into`).
-unsafe impl<C> Send for SendPtr<C> {}
-// SAFETY: as above.
-unsafe impl<C> Sync for SendPtr<C> {}
-
-impl<C> SendPtr<C> {
-    fn at(self, i: usize) -> *mut C {
-        self.0.wrapping_add(i)
     }
 }
 

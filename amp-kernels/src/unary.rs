@@ -848,19 +848,7 @@ pub(crate) mod ewise {
                 *d = amp_tensor::round_to_bf16(r.to_f32());
             }
         };
-        #[cfg(target_arch = "x86_64")]
-        {
-            #[target_feature(enable = "avx512f,avx512bw")]
-            unsafe fn wide(dst: &mut [bf16], body: &impl Fn(&mut [bf16])) {
-                body(dst)
-            }
-            if std::arch::is_x86_feature_detected!("avx512bw") {
-                // SAFETY: the CPU has AVX-512 F and BW (checked just above).
-                unsafe { wide(dst, &body) };
-                return true;
-            }
-        }
-        body(dst);
+        crate::vmath::with_level(crate::vmath::level(), || body(dst));
         true
     }
 

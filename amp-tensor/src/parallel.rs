@@ -134,20 +134,24 @@ pub fn for_each_chunk_mut<T: Send>(
     });
 }
 
-/// A raw pointer that may cross threads (its users write disjoint elements).
-struct SendPtr<T>(*mut T);
+/// A raw pointer that may cross threads, for tasks that each write their own disjoint
+/// elements of one buffer (the user upholds that; see [`for_each_chunk_mut`]).
+pub struct SendPtr<T>(pub *mut T);
 impl<T> Clone for SendPtr<T> {
     fn clone(&self) -> Self {
         *self
     }
 }
 impl<T> Copy for SendPtr<T> {}
-// SAFETY: used only to hand disjoint parts of one `&mut` slice to tasks.
+// SAFETY: only hands disjoint parts of one buffer to tasks; writes through it are the
+// users' `unsafe` blocks, each with its own disjointness argument.
 unsafe impl<T: Send> Send for SendPtr<T> {}
 // SAFETY: as above.
 unsafe impl<T: Send> Sync for SendPtr<T> {}
 impl<T> SendPtr<T> {
-    fn at(self, i: usize) -> *mut T {
+    /// The pointer `i` elements further (computed with wrapping arithmetic; only
+    /// dereferenced by the caller inside the buffer).
+    pub fn at(self, i: usize) -> *mut T {
         self.0.wrapping_add(i)
     }
 }

@@ -323,7 +323,8 @@ fn isa() -> Value {
     })
 }
 
-fn hardware_threads() -> usize {
+/// The hardware threads of this machine.
+pub(crate) fn hardware_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 

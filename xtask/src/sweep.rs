@@ -513,15 +513,11 @@ fn to_json(entries: &[Entry], isa: &Value, machine: &str) -> Value {
     json!({
         "machine": machine,
         "isa": isa,
-        "threads": rayon_threads(),
+        "threads": crate::bench::hardware_threads(),
         "rounds": ROUNDS,
         "entries": ours,
         "torch": torch,
     })
-}
-
-fn rayon_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 fn write_outputs(out: &Path, machine: &str, doc: &Value, entries: &[Entry]) -> Result<(), String> {
