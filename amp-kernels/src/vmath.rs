@@ -7,6 +7,8 @@
 //! used where the CPU has FMA; elsewhere [`map_f32`] reports that it cannot help and the
 //! callers keep their scalar (libm) code.
 
+use std::mem::MaybeUninit;
+
 /// `exp(x)`, vectorisable: Cephes' `expf` polynomial (about 1 ulp) with the power of
 /// two built from the exponent bits. Below `ln(2^-126)` the result is 0 (so `exp(-inf)`
 /// is exactly 0, as masked softmax needs); above `127.5 * ln 2` (≈ 88.38) it is +inf;
@@ -154,23 +156,30 @@ pub(crate) enum F32Map {
 }
 
 #[inline(always)]
-fn map_body(op: F32Map, x: &[f32], y: &mut [f32]) {
+fn map_body(op: F32Map, x: &[f32], y: &mut [MaybeUninit<f32>]) {
+    let y = y.iter_mut().zip(x);
     match op {
-        F32Map::Erf => y.iter_mut().zip(x).for_each(|(o, &v)| *o = erf(v)),
-        F32Map::Gelu => y.iter_mut().zip(x).for_each(|(o, &v)| *o = gelu(v)),
-        F32Map::GeluTanh => y.iter_mut().zip(x).for_each(|(o, &v)| *o = gelu_tanh(v)),
+        F32Map::Erf => y.for_each(|(o, &v)| {
+            o.write(erf(v));
+        }),
+        F32Map::Gelu => y.for_each(|(o, &v)| {
+            o.write(gelu(v));
+        }),
+        F32Map::GeluTanh => y.for_each(|(o, &v)| {
+            o.write(gelu_tanh(v));
+        }),
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma")]
-unsafe fn map_avx512(op: F32Map, x: &[f32], y: &mut [f32]) {
+unsafe fn map_avx512(op: F32Map, x: &[f32], y: &mut [MaybeUninit<f32>]) {
     map_body(op, x, y)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn map_avx2(op: F32Map, x: &[f32], y: &mut [f32]) {
+unsafe fn map_avx2(op: F32Map, x: &[f32], y: &mut [MaybeUninit<f32>]) {
     map_body(op, x, y)
 }
 
@@ -225,10 +234,16 @@ pub(crate) fn with_level<R>(level: Option<Level>, f: impl FnOnce() -> R) -> R {
     f()
 }
 
-/// `y[i] = op(x[i])` at `level` (from [`level`]). `x` and `y` have the same length.
+/// `y[i] = op(x[i])` at `level` (from [`level`]), into a possibly uninitialised `y`
+/// of the same length as `x`; returns `y`, every element written.
 #[inline]
-pub(crate) fn map_f32(level: Level, op: F32Map, x: &[f32], y: &mut [f32]) {
-    debug_assert_eq!(x.len(), y.len());
+pub(crate) fn map_f32<'y>(
+    level: Level,
+    op: F32Map,
+    x: &[f32],
+    y: &'y mut [MaybeUninit<f32>],
+) -> &'y mut [f32] {
+    assert_eq!(x.len(), y.len(), "map_f32: length mismatch");
     #[cfg(target_arch = "x86_64")]
     match level {
         // SAFETY: `level` came from `level()`, which checked the CPU has AVX-512F/DQ/VL
@@ -242,6 +257,8 @@ pub(crate) fn map_f32(level: Level, op: F32Map, x: &[f32], y: &mut [f32]) {
         let _ = level;
         map_body(op, x, y)
     }
+    // SAFETY: `map_body` wrote every element of `y` (same length as `x`, checked above).
+    unsafe { &mut *(y as *mut [MaybeUninit<f32>] as *mut [f32]) }
 }
 
 #[cfg(test)]
@@ -273,12 +290,15 @@ mod tests {
 
     /// Run `f` through the SIMD map when this CPU has one, else the scalar function.
     fn through_map(op: F32Map, xs: &[f32]) -> Vec<f32> {
-        let mut y = vec![0.0; xs.len()];
+        let mut y = vec![MaybeUninit::uninit(); xs.len()];
         match level() {
-            Some(l) => map_f32(l, op, xs, &mut y),
-            None => map_body(op, xs, &mut y),
+            Some(l) => map_f32(l, op, xs, &mut y).to_vec(),
+            None => {
+                map_body(op, xs, &mut y);
+                // SAFETY: `map_body` wrote every element.
+                y.into_iter().map(|v| unsafe { v.assume_init() }).collect()
+            }
         }
-        y
     }
 
     #[test]
