@@ -193,7 +193,7 @@ fn deliver_leaf(sink: &mut Sink<'_>, leaf: &Tensor, g: Tensor, create_graph: boo
                 // Nothing else holds this gradient or its buffer: take it over.
                 Tensor::from_raw(g.data().clone())
             } else {
-                Tensor::from_raw(g.data().copy())
+                Tensor::from_raw(g.data().try_copy()?)
             };
             let mut slot = leaf.grad_slot();
             let new = match slot.take() {

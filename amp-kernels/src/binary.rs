@@ -179,7 +179,7 @@ fn float_binary<T: Element, C: Real>(job: &Job<'_>) -> Result<Vec<T>> {
         .alpha
         .filter(|&a| a != 1.0)
         .map(|a| narrow(C::from_f64c(a)));
-    Ok(match job.op {
+    match job.op {
         BinaryOp::Add => match alpha {
             None => zip2(d, x, y, |p: C, q: C| p + q),
             Some(al) => zip2(d, x, y, move |p: C, q: C| p + al * q),
@@ -227,7 +227,7 @@ fn float_binary<T: Element, C: Real>(job: &Job<'_>) -> Result<Vec<T>> {
                 m
             }
         }),
-    })
+    }
 }
 
 /// The integer kernel (wrapping arithmetic).
@@ -246,7 +246,7 @@ fn int_binary<T: Int>(job: &Job<'_>) -> Result<Vec<T>> {
             )
         })?),
     };
-    Ok(match job.op {
+    match job.op {
         BinaryOp::Add => match alpha {
             None => zip2(d, x, y, |p: T, q: T| p.wadd(q)),
             Some(al) => zip2(d, x, y, move |p: T, q: T| p.wadd(al.wmul(q))),
@@ -266,13 +266,11 @@ fn int_binary<T: Int>(job: &Job<'_>) -> Result<Vec<T>> {
             zip2(d, x, y, |p: T, q: T| p.pymod(q))
         }
         // Promoted to float32 by `BinaryOp::out_dtype`; never integer here.
-        BinaryOp::Div | BinaryOp::Atan2 => {
-            return Err(Error::UnsupportedDType {
-                op: name,
-                dtype: T::DTYPE,
-            })
-        }
-    })
+        BinaryOp::Div | BinaryOp::Atan2 => Err(Error::UnsupportedDType {
+            op: name,
+            dtype: T::DTYPE,
+        }),
+    }
 }
 
 /// The bool kernel: `add`/`maximum` are `or`, `mul`/`minimum` are `and`.
@@ -282,21 +280,21 @@ fn bool_binary(job: &Job<'_>) -> Result<Vec<bool>> {
     let x: Arg<bool, bool> = job.x.arg(g.get(0), false, name)?;
     let y: Arg<bool, bool> = job.y.arg(g.get(1), false, name)?;
     let d = &job.dims[..];
-    Ok(match job.op {
+    match job.op {
         BinaryOp::Add if job.alpha == Some(0.0) => zip2(d, x, y, |p: bool, _: bool| p),
         BinaryOp::Add | BinaryOp::Maximum => zip2(d, x, y, |p: bool, q: bool| p | q),
         BinaryOp::Mul | BinaryOp::Minimum => zip2(d, x, y, |p: bool, q: bool| p & q),
         // `pow(x, False)` is ones and `pow(x, True)` a copy (PyTorch's shortcuts).
         BinaryOp::Pow if job.scalar_exp == Some(0.0) => zip2(d, x, y, |_: bool, _: bool| true),
         BinaryOp::Pow if job.scalar_exp == Some(1.0) => zip2(d, x, y, |p: bool, _: bool| p),
-        BinaryOp::Sub => return Err(sub_bool_error(true)),
+        BinaryOp::Sub => Err(sub_bool_error(true)),
         BinaryOp::Pow | BinaryOp::Div | BinaryOp::Atan2 | BinaryOp::Remainder => {
-            return Err(Error::UnsupportedDType {
+            Err(Error::UnsupportedDType {
                 op: name,
                 dtype: DType::Bool,
             })
         }
-    })
+    }
 }
 
 /// Run `job` producing dtype `od`.
@@ -479,14 +477,14 @@ fn cmp_kernel<T: Element, C: Element>(
     let g = Guards::new([x.tensor(), y.tensor()]);
     let x: Arg<T, C> = x.arg(g.get(0), false, name)?;
     let y: Arg<T, C> = y.arg(g.get(1), false, name)?;
-    Ok(match op {
+    match op {
         CmpOp::Eq => zip2(dims, x, y, |p: C, q: C| p == q),
         CmpOp::Ne => zip2(dims, x, y, |p: C, q: C| p != q),
         CmpOp::Lt => zip2(dims, x, y, |p: C, q: C| p < q),
         CmpOp::Le => zip2(dims, x, y, |p: C, q: C| p <= q),
         CmpOp::Gt => zip2(dims, x, y, |p: C, q: C| p > q),
         CmpOp::Ge => zip2(dims, x, y, |p: C, q: C| p >= q),
-    })
+    }
 }
 
 fn compare_srcs(
@@ -545,7 +543,7 @@ fn logical2(
         x.arg::<bool, bool>(g.get(0), false, name)?,
         y.arg::<bool, bool>(g.get(1), false, name)?,
         f,
-    );
+    )?;
     Tensor::from_vec(out, dims)
 }
 
@@ -569,6 +567,6 @@ pub fn logical_not(a: &Tensor) -> Result<Tensor> {
         a.dims(),
         x.arg::<bool, bool>(g.get(0), false, OP)?,
         |p: bool| !p,
-    );
+    )?;
     Tensor::from_vec(out, a.dims().to_vec())
 }

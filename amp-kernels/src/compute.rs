@@ -105,12 +105,40 @@ pub fn ensure_same_device(op: &'static str, ts: &[&Tensor]) -> Result<()> {
 
 /// Call `f` with the elements of `t` as a contiguous row-major slice of `T`
 /// (copying only when `t` is not contiguous). `T` must be `t`'s element type.
-pub fn with_slice<T: Element, R>(t: &Tensor, f: impl FnOnce(&[T]) -> R) -> R {
-    let c = t.contiguous();
+/// [`amp_tensor::Error::OutOfMemory`] when the copy cannot be allocated.
+pub fn with_slice<T: Element, R>(t: &Tensor, f: impl FnOnce(&[T]) -> R) -> Result<R> {
+    let c = t.try_contiguous()?;
     let st = c.storage();
     let all = T::slice(st.cpu()).expect("with_slice: T must be the tensor's element type");
     let r = c.layout().contiguous_range().expect("contiguous");
-    f(&all[r])
+    Ok(f(&all[r]))
+}
+
+/// The first error of tasks run by `amp_tensor::parallel` (whose closures return
+/// nothing): each task records its outcome, and the caller returns the first failure
+/// once they have all run.
+pub(crate) struct FirstError(std::sync::Mutex<Option<Error>>);
+
+impl FirstError {
+    pub(crate) fn new() -> Self {
+        FirstError(std::sync::Mutex::new(None))
+    }
+
+    /// Keep `r`'s error unless one is already kept.
+    pub(crate) fn record(&self, r: Result<()>) {
+        if let Err(e) = r {
+            let mut first = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            first.get_or_insert(e);
+        }
+    }
+
+    /// The first recorded error, if any.
+    pub(crate) fn into_result(self) -> Result<()> {
+        match self.0.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Elements per chunk when widening 16-bit floats for compute.

@@ -21,11 +21,12 @@
 //! convolution with enough channels goes through Winograd F(2×2, 3×3) in float32
 //! instead, forward and both gradients ([`winograd`]).
 
+use amp_tensor::pool::{try_recycled_vec, try_with_capacity, try_zeroed};
 use amp_tensor::{cast_into, DType, Element, Error, Result, Tensor};
 use gemm::Parallelism;
 use rayon::prelude::*;
 
-use crate::compute::{ensure_same_device, Real};
+use crate::compute::{ensure_same_device, FirstError, Real};
 use crate::reduce::{as_same, as_same_mut};
 
 mod winograd;
@@ -453,7 +454,7 @@ fn input_grad_impl(
 
 /// Calls `f` with `t`'s elements as a contiguous slice of its own type `T`.
 fn with_storage<T: Element, R>(t: &Tensor, f: impl FnOnce(&[T]) -> R) -> Result<R> {
-    let t = t.contiguous();
+    let t = t.try_contiguous()?;
     let st = t.storage();
     let all = T::slice(st.cpu()).ok_or(Error::UnsupportedDType {
         op: OP,
@@ -480,9 +481,9 @@ fn widened<'a, T: Element, C: Element>(src: &'a [T], buf: &'a mut [C]) -> &'a [C
 /// already is a contiguous `C` tensor, widened otherwise).
 fn with_compute<C: Real, R>(t: &Tensor, f: impl FnOnce(&[C]) -> R) -> Result<R> {
     let t = if t.dtype() == C::DTYPE {
-        t.contiguous()
+        t.try_contiguous()?
     } else {
-        t.to_dtype(C::DTYPE)?.contiguous()
+        t.to_dtype(C::DTYPE)?.try_contiguous()?
     };
     let st = t.storage();
     let all = C::slice(st.cpu()).ok_or(Error::UnsupportedDType {
@@ -919,15 +920,16 @@ fn col2im<C: Real>(cols: &[C], g: &Geo, l0: usize, t: usize, x: &mut [C]) {
 /// chunk itself when `T` is `C`, else a scratch tile rounded once into the chunk after
 /// `f`. `cols` is a `cols_len` column tile; `extra` is `extra_len` more `C` scratch for
 /// widening 16-bit operands (empty when `T` is `C`, where [`widened`] needs none).
+/// [`Error::OutOfMemory`] when the scratch cannot be allocated.
 fn for_samples<T: Element, C: Real>(
     out: &mut [T],
     per: usize,
     n: usize,
     (cols_len, extra_len): (usize, usize),
     f: impl Fn(usize, &mut [C], &mut [C], &mut [C], Parallelism) + Send + Sync,
-) {
+) -> Result<()> {
     if per == 0 {
-        return;
+        return Ok(());
     }
     let convert = T::DTYPE != C::DTYPE;
     let scratch_len = cols_len + if convert { per + extra_len } else { 0 };
@@ -944,25 +946,38 @@ fn for_samples<T: Element, C: Real>(
     };
     if per_sample(n) {
         let min = samples_per_piece(n);
+        // A worker whose scratch cannot be had skips its samples; the error is returned.
+        let failed = FirstError::new();
         out.par_chunks_mut(per)
             .enumerate()
             .with_min_len(min)
             .for_each_init(
-                || vec![C::zero(); scratch_len],
-                |scratch, (i, o)| run(i, o, scratch, Parallelism::None),
+                || try_zeroed::<C>(scratch_len),
+                |scratch, (i, o)| match scratch {
+                    Ok(scratch) => run(i, o, scratch, Parallelism::None),
+                    Err(e) => failed.record(Err(e.clone())),
+                },
             );
+        failed.into_result()
     } else {
-        let mut scratch = vec![C::zero(); scratch_len];
+        let mut scratch = try_zeroed::<C>(scratch_len)?;
         for (i, o) in out.chunks_mut(per).enumerate() {
             run(i, o, &mut scratch, Parallelism::Rayon(0));
         }
+        Ok(())
     }
 }
 
 /// A bias in compute type `C`.
 fn bias_in<C: Real>(bias: Option<&Tensor>) -> Result<Option<Vec<C>>> {
-    bias.map(|b| with_compute::<C, _>(b, |s| s.to_vec()))
-        .transpose()
+    bias.map(|b| {
+        with_compute::<C, _>(b, |s| -> Result<Vec<C>> {
+            let mut v = try_with_capacity(s.len())?;
+            v.extend_from_slice(s);
+            Ok(v)
+        })?
+    })
+    .transpose()
 }
 
 /// Forward: per sample, im2col straight from the input's own dtype into `C` columns,
@@ -977,7 +992,7 @@ fn forward<T: Element, C: Real>(
 ) -> Result<Tensor> {
     let (il, ol, kk) = (g.il(), g.ol(), g.kk());
     let per = g.groups * g.o * ol;
-    let mut out = amp_tensor::pool::recycled_vec::<T>(g.n * per);
+    let mut out = try_recycled_vec::<T>(g.n.saturating_mul(per))?;
     let bias = bias_in::<C>(bias)?;
     let t = g.tile::<C>();
     let pointwise = g.pointwise();
@@ -996,7 +1011,8 @@ fn forward<T: Element, C: Real>(
         with_compute::<C, _>(weight, |w| {
             let u = wino
                 .as_ref()
-                .and_then(|_| as_same::<C, f32>(w).map(|w| winograd::weights(w, g)));
+                .and_then(|_| as_same::<C, f32>(w).map(|w| winograd::weights(w, g)))
+                .transpose()?;
             for_samples(&mut out, per, g.n, scratch, |i, y, cols, xbuf, par| {
                 let par = gemm_par(g.o * kk * ol, matches!(par, Parallelism::None));
                 if let Some(b) = &bias {
@@ -1043,9 +1059,9 @@ fn forward<T: Element, C: Real>(
                         l0 += tt;
                     }
                 }
-            });
+            })
         })
-    })??;
+    })???;
     Tensor::from_vec(out, dims)
 }
 
@@ -1063,7 +1079,7 @@ fn backward_data<T: Element, C: Real>(
     // Winograd in float32 like any forward.
     if T::DTYPE != C::DTYPE {
         if let Some(tg) = winograd::data_grad(g) {
-            let flipped = with_storage::<T, _>(weight, |w| winograd::flipped(w, g))?;
+            let flipped = with_storage::<T, _>(weight, |w| winograd::flipped(w, g))??;
             let mut wdims = weight.dims().to_vec();
             (wdims[0], wdims[1]) = (g.groups * g.c, g.o);
             let flipped = Tensor::from_vec(flipped, wdims)?;
@@ -1072,7 +1088,7 @@ fn backward_data<T: Element, C: Real>(
     }
     let (il, ol, kk) = (g.il(), g.ol(), g.kk());
     let per = g.groups * g.c * il;
-    let mut out = amp_tensor::pool::recycled_vec::<T>(g.n * per);
+    let mut out = try_recycled_vec::<T>(g.n.saturating_mul(per))?;
     let bias = bias_in::<C>(bias)?;
     let t = g.tile::<C>();
     let pointwise = g.pointwise();
@@ -1113,9 +1129,9 @@ fn backward_data<T: Element, C: Real>(
                         row.iter_mut().for_each(|v| *v = *v + bv);
                     }
                 }
-            });
+            })
         })
-    })??;
+    })???;
     Tensor::from_vec(out, dims)
 }
 
@@ -1195,39 +1211,55 @@ fn weight_grad<T: Element, C: Real>(
                 }
             };
             if per_sample(g.n) {
+                // Each piece's buffers are made with its first sample (so that one that
+                // cannot be had is an error); a piece's sums start at zero and pieces
+                // are added in the same order as with zero-filled starting buffers
+                // (`0 + x` is `x`: these sums start at +0 and never hold -0).
+                type Sums<C> = Option<(Vec<C>, Vec<C>)>;
                 (0..g.n)
                     .into_par_iter()
                     .with_min_len(samples_per_piece(g.n))
-                    .fold(
-                        || (vec![C::zero(); wlen], vec![C::zero(); scratch_len]),
-                        |(mut acc, mut cols), i| {
+                    .try_fold(
+                        || None,
+                        |st: Sums<C>, i| -> Result<Sums<C>> {
+                            let (mut acc, mut cols) = match st {
+                                Some(st) => st,
+                                None => (try_zeroed::<C>(wlen)?, try_zeroed::<C>(scratch_len)?),
+                            };
                             one(i, &mut acc, &mut cols, Parallelism::None);
-                            (acc, cols)
+                            Ok(Some((acc, cols)))
                         },
                     )
-                    .map(|(acc, _)| acc)
-                    .reduce(
-                        || vec![C::zero(); wlen],
-                        |mut a, b| {
-                            a.iter_mut().zip(&b).for_each(|(x, y)| *x = *x + *y);
-                            a
+                    .map(|st| st.map(|st| st.map(|(acc, _)| acc)))
+                    .try_reduce(
+                        || None,
+                        |a, b| {
+                            Ok(match (a, b) {
+                                (Some(mut a), Some(b)) => {
+                                    a.iter_mut().zip(&b).for_each(|(x, y)| *x = *x + *y);
+                                    Some(a)
+                                }
+                                (a, None) => a,
+                                (None, b) => b,
+                            })
                         },
-                    )
+                    )?
+                    .map_or_else(|| try_zeroed::<C>(wlen), Ok)
             } else {
-                let mut acc = vec![C::zero(); wlen];
-                let mut cols = vec![C::zero(); scratch_len];
+                let mut acc = try_zeroed::<C>(wlen)?;
+                let mut cols = try_zeroed::<C>(scratch_len)?;
                 let par = gemm_par(g.o * kk * ol, false);
                 for i in 0..g.n {
                     one(i, &mut acc, &mut cols, par);
                 }
-                acc
+                Ok(acc)
             }
         })
-    })??;
+    })???;
     let mut acc = acc;
     if let (Some(_), Some(sums)) = (&wino, as_same_mut::<C, f32>(&mut acc)) {
         // Turned into the gradient, which takes the front of the (larger) buffer.
-        let w = winograd::weight_grad(sums, g);
+        let w = winograd::weight_grad(sums, g)?;
         sums[..w.len()].copy_from_slice(&w);
         acc.truncate(w.len());
     }

@@ -15,13 +15,15 @@ use amp_tensor::{
     Layout, Result, Storage, Tensor,
 };
 
+use amp_tensor::pool::{try_collect, try_with_capacity, try_zeroed};
+
 use crate::reduce::{line_geometry, num_kernel, Num};
 
 /// The elements of an int64 (or, with `allow_int32`, int32) index tensor as i64.
 fn index_values(op: &'static str, index: &Tensor, allow_int32: bool) -> Result<Vec<i64>> {
     match index.dtype() {
-        DType::I64 => Ok(index.to_vec_as()),
-        DType::I32 if allow_int32 => Ok(index.to_vec_as()),
+        DType::I64 => index.try_to_vec_as(),
+        DType::I32 if allow_int32 => index.try_to_vec_as(),
         d => Err(Error::invalid(
             op,
             format!(
@@ -43,7 +45,13 @@ fn contiguous_slice<'a, T: Element>(
 
 /// `out` (widened to `N`) as a tensor of `x`'s dtype and shape.
 fn narrow_like<N: Element, T: Element>(acc: &[N], x: &Tensor) -> Result<Tensor> {
-    Tensor::from_vec(cast_slice::<N, T>(acc), x.dims().to_vec())
+    Tensor::from_vec(cast_slice::<N, T>(acc)?, x.dims().to_vec())
+}
+
+/// The number of elements of `dims`, saturating: a count that does not fit makes the
+/// allocation sized by it fail ([`Error::OutOfMemory`]) instead of wrapping.
+fn count(dims: &[usize]) -> usize {
+    dims.iter().fold(1usize, |a, &d| a.saturating_mul(d))
 }
 
 fn out_of_range(op: &'static str) -> Error {
@@ -106,13 +114,13 @@ pub fn cat(ts: &[Tensor], dim: i64) -> Result<Tensor> {
     let inner: usize = shape[d + 1..].iter().product();
     let srcs: Vec<Tensor> = parts
         .iter()
-        .map(|(_, t)| Ok(t.to_dtype(dtype)?.contiguous()))
+        .map(|(_, t)| t.to_dtype(dtype)?.try_contiguous())
         .collect::<Result<_>>()?;
     let guards: Vec<_> = srcs.iter().map(|t| t.storage()).collect();
     with_dtype!(dtype, T => {
         let slices: Vec<&[T]> = guards.iter().zip(&srcs).map(|(g, t)| contiguous_slice::<T>(g, t)).collect();
         let lens: Vec<usize> = srcs.iter().map(|t| t.dims()[d] * inner).collect();
-        let mut out = Vec::with_capacity(shape.iter().product());
+        let mut out = try_with_capacity(count(&shape))?;
         for o in 0..outer {
             for (s, &len) in slices.iter().zip(&lens) {
                 out.extend_from_slice(&s[o * len..(o + 1) * len]);
@@ -154,11 +162,11 @@ fn take(op: &'static str, x: &Tensor, dim: i64, idx: &[i64], shape: Vec<usize>) 
     if idx.iter().any(|&i| i < 0 || i as usize >= n) {
         return Err(out_of_range(op));
     }
-    let xc = x.contiguous();
+    let xc = x.try_contiguous()?;
     let guard = xc.storage();
     with_dtype!(x.dtype(), T => {
         let s = contiguous_slice::<T>(&guard, &xc);
-        let mut out = Vec::with_capacity(outer * idx.len() * inner);
+        let mut out = try_with_capacity(count(&[outer, idx.len(), inner]))?;
         for o in 0..outer {
             for &i in idx {
                 out.extend_from_slice(&s[(o * n + i as usize) * inner..][..inner]);
@@ -294,7 +302,7 @@ pub fn gather(x: &Tensor, dim: i64, index: &Tensor) -> Result<Tensor> {
     let guard = x.storage();
     with_dtype!(x.dtype(), T => {
         let s = T::slice(guard.cpu()).expect("dtype matches storage");
-        let out: Vec<T> = base.offsets().zip(&idx).map(|(b, &i)| s[b + i as usize * sd]).collect();
+        let out: Vec<T> = try_collect(idx.len(), base.offsets().zip(&idx).map(|(b, &i)| s[b + i as usize * sd]))?;
         Tensor::from_vec(out, index.dims().to_vec())
     })
 }
@@ -334,7 +342,7 @@ fn scatter_impl(
     );
     let guard = src.storage();
     num_kernel!(x.dtype(), |T, N| {
-        let mut acc: Vec<N> = x.to_vec_as();
+        let mut acc: Vec<N> = x.try_to_vec_as()?;
         let s = T::slice(guard.cpu()).expect("dtype matches storage");
         for ((b, so), &i) in base.offsets().zip(src_layout.offsets()).zip(&idx) {
             let v: N = s[so].cast();
@@ -428,8 +436,8 @@ fn index_update(
     let (outer, n, inner) = line_geometry(x, dim)?;
     let k = idx.len();
     num_kernel!(x.dtype(), |T, N| {
-        let mut acc: Vec<N> = x.to_vec_as();
-        let sv: Vec<N> = src.to_vec_as();
+        let mut acc: Vec<N> = x.try_to_vec_as()?;
+        let sv: Vec<N> = src.try_to_vec_as()?;
         let a: Option<N> = alpha.map(|a| a.cast());
         for o in 0..outer {
             for (j, &i) in idx.iter().enumerate() {
@@ -509,14 +517,14 @@ pub fn index_put(
         bshape = broadcast_shapes(op, &bshape, t.dims())?;
     }
     let xs = Layout::contiguous(x.dims().to_vec()).strides().to_vec();
-    let mut adv_off = vec![0usize; bshape.iter().product()];
+    let mut adv_off = try_zeroed::<usize>(count(&bshape))?;
     for &a in &adv {
         let t = indices[a]
             .as_ref()
             .expect("advanced index")
             .broadcast_to(bshape.clone())?;
         let size = x.dims()[a];
-        for (o, &i) in adv_off.iter_mut().zip(&t.to_vec_as::<i64>()) {
+        for (o, &i) in adv_off.iter_mut().zip(&t.try_to_vec_as::<i64>()?) {
             let j = if i < 0 { i + size as i64 } else { i };
             if j < 0 || j >= size as i64 {
                 return Err(Error::IndexOutOfRange {
@@ -554,10 +562,10 @@ pub fn index_put(
             ),
         )
     })?;
-    let post_offs: Vec<usize> = post_l.offsets().collect();
+    let post_offs: Vec<usize> = try_collect(post_l.elem_count(), post_l.offsets())?;
     let guard = values.storage();
     num_kernel!(x.dtype(), |T, N| {
-        let mut acc: Vec<N> = x.to_vec_as();
+        let mut acc: Vec<N> = x.try_to_vec_as()?;
         let vs = T::slice(guard.cpu()).expect("dtype matches storage");
         let mut voffs = vl.offsets();
         if shape.iter().product::<usize>() > 0 {
@@ -593,7 +601,7 @@ pub fn masked_fill(x: &Tensor, mask: &Tensor, value: f64) -> Result<Tensor> {
     let ms = bool::slice(guard.cpu()).expect("bool storage");
     with_dtype!(x.dtype(), T => {
         let v: T = value.cast();
-        let mut out: Vec<T> = x.to_vec_as();
+        let mut out: Vec<T> = x.try_to_vec_as()?;
         for (o, m) in out.iter_mut().zip(ml.offsets()) {
             if ms[m] {
                 *o = v;
@@ -644,8 +652,8 @@ pub fn embedding_backward(
         return Err(out_of_range(op));
     }
     float_kernel!(grad.dtype(), op, |T, C| {
-        let g: Vec<C> = grad.to_vec_as();
-        let mut acc = vec![C::default(); num_weights * dim];
+        let g: Vec<C> = grad.try_to_vec_as()?;
+        let mut acc = try_zeroed::<C>(count(&[num_weights, dim]))?;
         for (k, &i) in idx.iter().enumerate() {
             if Some(i) == pad {
                 continue;
@@ -655,7 +663,7 @@ pub fn embedding_backward(
                 *a += v;
             }
         }
-        Tensor::from_vec(cast_slice::<C, T>(&acc), [num_weights, dim])
+        Tensor::from_vec(cast_slice::<C, T>(&acc)?, [num_weights, dim])
     })
 }
 
@@ -669,7 +677,7 @@ pub fn one_hot(indices: &Tensor, num_classes: i64) -> Result<Tensor> {
             "one_hot is only applicable to index tensor of type LongTensor.",
         ));
     }
-    let idx: Vec<i64> = indices.to_vec_as();
+    let idx: Vec<i64> = indices.try_to_vec_as()?;
     let nc = match (num_classes, idx.iter().max()) {
         (-1, Some(&m)) => m + 1,
         (-1, None) => {
@@ -691,7 +699,7 @@ pub fn one_hot(indices: &Tensor, num_classes: i64) -> Result<Tensor> {
         ));
     }
     let nc = nc as usize;
-    let mut out = vec![0i64; idx.len() * nc];
+    let mut out = try_zeroed::<i64>(count(&[idx.len(), nc]))?;
     for (k, &i) in idx.iter().enumerate() {
         out[k * nc + i as usize] = 1;
     }

@@ -7,6 +7,7 @@
 //! autocast these ops are on the float32 list, so they see float32). Batches run in
 //! parallel over the matrices (rayon) when the work is large.
 
+use amp_tensor::pool::{try_collect, try_with_capacity, try_zeroed};
 use amp_tensor::{DType, Element, Error, Result, Tensor};
 use faer::linalg::solvers::{DenseSolveCore, Solve};
 use faer::{Mat, MatRef, Side};
@@ -70,7 +71,7 @@ impl<C: LaReal> Batch<C> {
         let r = t.rank();
         let (m, n) = (t.dims()[r - 2], t.dims()[r - 1]);
         Ok(Batch {
-            data: t.contiguous().to_vec::<C>()?,
+            data: t.try_contiguous()?.to_vec::<C>()?,
             batch: t.dims()[..r - 2].to_vec(),
             m,
             n,
@@ -100,13 +101,27 @@ impl<C: LaReal> Batch<C> {
     }
 }
 
-/// Runs `f` for every matrix index, in parallel when `count * work` is large.
-fn per_matrix<R: Send>(count: usize, work: usize, f: impl Fn(usize) -> R + Sync + Send) -> Vec<R> {
+/// Runs `f` for every matrix index, in parallel when `count * work` is large
+/// ([`Error::OutOfMemory`] when the results cannot be allocated).
+fn per_matrix<R: Send>(
+    count: usize,
+    work: usize,
+    f: impl Fn(usize) -> R + Sync + Send,
+) -> Result<Vec<R>> {
+    let mut out = try_with_capacity(count)?;
     if count > 1 && count.saturating_mul(work) >= PARALLEL_WORK {
-        (0..count).into_par_iter().map(f).collect()
+        out.par_extend((0..count).into_par_iter().map(f));
     } else {
-        (0..count).map(f).collect()
+        out.extend((0..count).map(f));
     }
+    Ok(out)
+}
+
+/// The pairs of `v` as two vectors, or [`Error::OutOfMemory`].
+fn try_unzip<A, B>(v: Vec<(A, B)>) -> Result<(Vec<A>, Vec<B>)> {
+    let mut out = (try_with_capacity(v.len())?, try_with_capacity(v.len())?);
+    out.extend(v);
+    Ok(out)
 }
 
 /// Appends `mat` to `out` in row-major order.
@@ -124,11 +139,15 @@ fn row_major<C: LaReal>(mat: MatRef<'_, C>) -> Vec<C> {
     v
 }
 
-/// A tensor `[batch..., tail...]` from per-matrix row-major pieces.
+/// A tensor `[batch..., tail...]` from per-matrix row-major pieces
+/// ([`Error::OutOfMemory`] when it cannot be allocated).
 fn assemble<C: LaReal>(pieces: Vec<Vec<C>>, batch: &[usize], tail: &[usize]) -> Result<Tensor> {
     let mut dims = batch.to_vec();
     dims.extend_from_slice(tail);
-    let data: Vec<C> = pieces.into_iter().flatten().collect();
+    let mut data: Vec<C> = try_with_capacity(pieces.iter().map(Vec::len).sum())?;
+    for p in &pieces {
+        data.extend_from_slice(p);
+    }
     Tensor::from_vec(data, dims)
 }
 
@@ -160,8 +179,8 @@ pub fn linalg_inv_ex(a: &Tensor) -> Result<(Tensor, Tensor)> {
         let res = per_matrix(b.count(), work(n, n), |i| {
             let lu = b.mat(i).partial_piv_lu();
             (row_major(lu.inverse().as_ref()), lu_info(lu.U()))
-        });
-        let (inv, info): (Vec<_>, Vec<_>) = res.into_iter().unzip();
+        })?;
+        let (inv, info) = try_unzip(res)?;
         Ok((
             assemble(inv, &b.batch, &[n, n])?,
             info_tensor(info, &b.batch)?,
@@ -200,8 +219,8 @@ pub fn linalg_solve_ex(a: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor)> {
             let mut x = bb.mat(i).to_owned();
             lu.solve_in_place(x.as_mut());
             (row_major(x.as_ref()), lu_info(lu.U()))
-        });
-        let (x, info): (Vec<_>, Vec<_>) = res.into_iter().unzip();
+        })?;
+        let (x, info) = try_unzip(res)?;
         Ok((
             assemble(x, &ab.batch, &[n, k])?,
             info_tensor(info, &ab.batch)?,
@@ -251,7 +270,7 @@ pub fn linalg_solve_triangular(
                 (false, true) => t.solve_unit_lower_triangular_in_place(x.as_mut()),
             }
             row_major(x.as_ref())
-        });
+        })?;
         assemble(res, &ab.batch, &[n, k])
     })
 }
@@ -280,8 +299,8 @@ pub fn linalg_cholesky_ex(a: &Tensor) -> Result<(Tensor, Tensor)> {
             Err(faer::linalg::cholesky::llt::factor::LltError::NonPositivePivot { index }) => {
                 (vec![C::lit(f64::NAN); n * n], index as i32 + 1)
             }
-        });
-        let (l, info): (Vec<_>, Vec<_>) = res.into_iter().unzip();
+        })?;
+        let (l, info) = try_unzip(res)?;
         Ok((
             assemble(l, &b.batch, &[n, n])?,
             info_tensor(info, &b.batch)?,
@@ -309,12 +328,13 @@ pub fn linalg_eigh(a: &Tensor, upper: bool, vectors: bool) -> Result<(Tensor, Op
                 let w = b.mat(i).self_adjoint_eigenvalues(side).map_err(fail)?;
                 Ok((w, Vec::new()))
             }
-        });
-        let (w, v): (Vec<_>, Vec<_>) = res
-            .into_iter()
-            .collect::<Result<Vec<_>>>()?
-            .into_iter()
-            .unzip();
+        })?;
+        let (mut w, mut v) = (try_with_capacity(res.len())?, try_with_capacity(res.len())?);
+        for r in res {
+            let (a, b) = r?;
+            w.push(a);
+            v.push(b);
+        }
         let w = assemble(w, &b.batch, &[n])?;
         let v = if vectors {
             Some(assemble(v, &b.batch, &[n, n])?)
@@ -348,10 +368,10 @@ pub fn linalg_svd(
             let svd = if full_matrices { x.svd() } else { x.thin_svd() }.map_err(fail)?;
             let s: Vec<C> = svd.S().column_vector().iter().copied().collect();
             Ok((row_major(svd.U()), s, row_major(svd.V().transpose())))
-        });
-        let mut us = Vec::new();
-        let mut ss = Vec::new();
-        let mut vs = Vec::new();
+        })?;
+        let mut us = try_with_capacity(res.len())?;
+        let mut ss = try_with_capacity(res.len())?;
+        let mut vs = try_with_capacity(res.len())?;
         for r in res {
             let (u, s, v) = r?;
             us.push(u);
@@ -399,8 +419,8 @@ pub fn linalg_qr(a: &Tensor, complete: bool) -> Result<(Tensor, Tensor)> {
                 }
                 (row_major(qr.compute_thin_Q().as_ref()), r)
             }
-        });
-        let (q, r): (Vec<_>, Vec<_>) = res.into_iter().unzip();
+        })?;
+        let (q, r) = try_unzip(res)?;
         let (qc, rr) = if complete { (m, m) } else { (k, k) };
         Ok((
             assemble(q, &b.batch, &[m, qc])?,
@@ -443,18 +463,18 @@ pub fn linalg_lu_factor_ex(a: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
                 piv.push(j as i32 + 1);
             }
             (packed, piv, lu_info(u))
-        });
-        let mut lus = Vec::new();
-        let mut pivs = Vec::new();
-        let mut infos = Vec::new();
+        })?;
+        let mut lus = try_with_capacity(res.len())?;
+        let mut pivs: Vec<i32> = try_with_capacity(res.len().saturating_mul(k))?;
+        let mut infos = try_with_capacity(res.len())?;
         for (lu, p, info) in res {
             lus.push(lu);
-            pivs.push(p);
+            pivs.extend_from_slice(&p);
             infos.push(info);
         }
         Ok((
             assemble(lus, &b.batch, &[m, n])?,
-            Tensor::from_vec(pivs.into_iter().flatten().collect::<Vec<i32>>(), {
+            Tensor::from_vec(pivs, {
                 let mut d = b.batch.clone();
                 d.push(k);
                 d
@@ -478,10 +498,10 @@ pub fn lu_pivots_to_permutation(pivots: &Tensor, m: usize, dtype: DType) -> Resu
     let k = pivots.dims()[r - 1];
     let batch = pivots.dims()[..r - 1].to_vec();
     let count: usize = batch.iter().product();
-    let piv = pivots.contiguous().to_vec_as::<i64>();
-    let mut out = vec![0f64; count * m * m];
+    let piv = pivots.try_contiguous()?.try_to_vec_as::<i64>()?;
+    let mut out = try_zeroed::<f64>(count.saturating_mul(m).saturating_mul(m))?;
     for bi in 0..count {
-        let mut perm: Vec<usize> = (0..m).collect();
+        let mut perm: Vec<usize> = try_collect(m, 0..m)?;
         for i in 0..k {
             let p = piv[bi * k + i];
             if p < 1 || p as usize > m {
@@ -522,9 +542,11 @@ pub fn linalg_matrix_rank(
     let (m, n) = (a.dims()[r - 2], a.dims()[r - 1]);
     let s = if hermitian {
         let (w, _) = linalg_eigh(a, false, false)?;
-        w.to_vec_f64().into_iter().map(f64::abs).collect::<Vec<_>>()
+        let mut w = w.try_to_vec_as::<f64>()?;
+        w.iter_mut().for_each(|x| *x = x.abs());
+        w
     } else {
-        linalg_svd(a, false, false)?.1.to_vec_f64()
+        linalg_svd(a, false, false)?.1.try_to_vec_as::<f64>()?
     };
     let eps = match a.dtype() {
         DType::F64 => f64::EPSILON,
@@ -538,16 +560,16 @@ pub fn linalg_matrix_rank(
     let atol = atol.unwrap_or(0.0);
     let k = m.min(n);
     let batch = a.dims()[..r - 2].to_vec();
-    let ranks: Vec<i64> = if k == 0 {
-        vec![0; batch.iter().product()]
-    } else {
-        s.chunks(k)
-            .map(|sv| {
+    let ranks: Vec<i64> = match s.len().checked_div(k) {
+        None => try_zeroed(batch.iter().fold(1usize, |a, &d| a.saturating_mul(d)))?,
+        Some(count) => try_collect(
+            count,
+            s.chunks(k).map(|sv| {
                 let big = sv.iter().copied().fold(0.0f64, f64::max);
                 let tol = atol.max(rtol * big);
                 sv.iter().filter(|&&x| x > tol).count() as i64
-            })
-            .collect()
+            }),
+        )?,
     };
     Tensor::from_vec(ranks, batch)
 }
@@ -589,7 +611,7 @@ pub fn geqrf(a: &Tensor) -> Result<(Tensor, Tensor)> {
                 })
                 .collect();
             (row_major(qr.as_ref()), tau)
-        });
+        })?;
         let (qr, tau): (Vec<_>, Vec<_>) = res.into_iter().unzip();
         Ok((
             assemble(qr, &b.batch, &[m, n])?,

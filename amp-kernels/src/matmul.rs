@@ -35,8 +35,9 @@ use amp_tensor::{
 };
 use gemm::Parallelism;
 
-use crate::compute::ensure_same_device;
+use crate::compute::{ensure_same_device, FirstError};
 use amp_tensor::parallel::SendPtr;
+use amp_tensor::pool::{try_collect, try_vec_with_capacity, try_zeroed};
 
 mod native16;
 pub use native16::{kernel16, with_kernel16, Kernel16};
@@ -124,19 +125,20 @@ impl Side {
     }
 
     /// The matrices of a layout `[batch..., rows, cols]` (batch dims in row-major
-    /// order; zero strides for broadcast dims are fine).
-    fn batched(l: &Layout) -> Side {
+    /// order; zero strides for broadcast dims are fine). [`Error::OutOfMemory`] when the
+    /// batch's offsets cannot be allocated.
+    fn batched(l: &Layout) -> Result<Side> {
         let r = l.rank();
         let batch = Layout::new(
             l.dims()[..r - 2].to_vec(),
             l.strides()[..r - 2].to_vec(),
             l.offset(),
         );
-        Side {
-            offsets: Offsets::Many(batch.offsets().collect()),
+        Ok(Side {
+            offsets: Offsets::Many(try_collect(batch.elem_count(), batch.offsets())?),
             rs: l.strides()[r - 2],
             cs: l.strides()[r - 1],
-        }
+        })
     }
 
     /// The first matrix moved `delta` elements further into the buffer (a block of it).
@@ -443,9 +445,9 @@ fn bmm_plan<'a>(
         n: db[2],
         k: da[2],
         a,
-        sa: Side::batched(a.layout()),
+        sa: Side::batched(a.layout())?,
         b,
-        sb: Side::batched(b.layout()),
+        sb: Side::batched(b.layout())?,
         input,
         beta,
         alpha,
@@ -746,9 +748,9 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         n: p,
         k: ka,
         a,
-        sa: Side::batched(&la),
+        sa: Side::batched(&la)?,
         b,
-        sb: Side::batched(&lb),
+        sb: Side::batched(&lb)?,
         input: None,
         beta: 0.0,
         alpha: 1.0,
@@ -777,28 +779,32 @@ fn run(p: Plan<'_>) -> Result<Tensor> {
 }
 
 /// The input of a fused op, gathered (in row-major output order) and converted to
-/// `C`, or `None` when `beta == 0` makes it irrelevant.
-fn gathered_input<T: Element, C: Element>(p: &Plan<'_>) -> Option<Vec<C>> {
-    let (t, layout) = p.input.as_ref().filter(|_| p.beta != 0.0)?;
+/// `C`, or `None` when `beta == 0` makes it irrelevant; [`Error::OutOfMemory`] when it
+/// cannot be allocated.
+fn gathered_input<T: Element, C: Element>(p: &Plan<'_>) -> Result<Option<Vec<C>>> {
+    let Some((t, layout)) = p.input.as_ref().filter(|_| p.beta != 0.0) else {
+        return Ok(None);
+    };
     let st = t.storage();
-    Some(gather_cast::<T, C>(
-        T::slice(st.cpu()).expect("dtype matches storage"),
-        layout,
-    ))
+    gather_cast::<T, C>(T::slice(st.cpu()).expect("dtype matches storage"), layout).map(Some)
 }
 
-/// Number of output elements of a plan.
+/// Number of output elements of a plan (saturating: a count that does not fit fails
+/// the output's allocation instead of wrapping).
 fn out_len(p: &Plan<'_>) -> usize {
     let batch = if p.reduce { 1 } else { p.sa.offsets.len() };
-    batch * p.m * p.n
+    batch.saturating_mul(p.m).saturating_mul(p.n)
 }
 
 /// f32 / f64: `gemm` reads the operands in place and writes a fresh output.
 fn native<C: GemmFloat>(p: &Plan<'_>) -> Result<Tensor> {
     let len = out_len(p);
-    let init = gathered_input::<C, C>(p);
+    let init = gathered_input::<C, C>(p)?;
     let read = init.is_some();
-    let mut out = init.unwrap_or_else(|| amp_tensor::pool::vec_with_capacity(len));
+    let mut out = match init {
+        Some(v) => v,
+        None => try_vec_with_capacity(len)?,
+    };
     with_operands::<C, _>(p, |a, b| {
         let beta = C::from_f64c(p.beta);
         let alpha = C::from_f64c(p.alpha);
@@ -823,8 +829,8 @@ fn native<C: GemmFloat>(p: &Plan<'_>) -> Result<Tensor> {
 /// their storage, float32 sums, one rounding (see [`Kernel16`]).
 fn native_bf16(p: &Plan<'_>) -> Result<Tensor> {
     let len = out_len(p);
-    let input = gathered_input::<bf16, f32>(p);
-    let mut out: Vec<bf16> = amp_tensor::pool::vec_with_capacity(len);
+    let input = gathered_input::<bf16, f32>(p)?;
+    let mut out: Vec<bf16> = try_vec_with_capacity(len)?;
     with_operands::<bf16, _>(p, |a, b| {
         let job = native16::Job {
             m: p.m,
@@ -839,8 +845,8 @@ fn native_bf16(p: &Plan<'_>) -> Result<Tensor> {
             beta: p.beta as f32,
             alpha: p.alpha as f32,
         };
-        native16::product(&job, &mut out.spare_capacity_mut()[..len]);
-    });
+        native16::product(&job, &mut out.spare_capacity_mut()[..len])
+    })?;
     // SAFETY: `product` wrote all `len` elements.
     unsafe { out.set_len(len) };
     Tensor::from_vec(out, p.out_dims.clone())
@@ -882,9 +888,9 @@ fn widened<T: Element>(p: &Plan<'_>) -> Result<Tensor> {
         return widened_blocks::<T>(p, split);
     }
     let len = out_len(p);
-    let (wa, sa) = widen::<T>(p.a, &p.sa, p.m, p.k);
-    let (wb, sb) = widen::<T>(p.b, &p.sb, p.k, p.n);
-    let mut out32 = scratch(len);
+    let (wa, sa) = widen::<T>(p.a, &p.sa, p.m, p.k)?;
+    let (wb, sb) = widen::<T>(p.b, &p.sb, p.k, p.n)?;
+    let mut out32 = scratch(len)?;
     let read = match p.input.as_ref().filter(|_| p.beta != 0.0) {
         Some((t, layout)) => {
             let st = t.storage();
@@ -905,7 +911,7 @@ fn widened<T: Element>(p: &Plan<'_>) -> Result<Tensor> {
         p.beta as f32,
         p.alpha as f32,
     );
-    let out = cast_slice::<f32, T>(&out32[..len]);
+    let out = cast_slice::<f32, T>(&out32[..len])?;
     recycle(wa);
     recycle(wb);
     recycle(out32);
@@ -931,19 +937,20 @@ fn single_split(p: &Plan<'_>) -> Option<Blocks> {
 fn widened_blocks<T: Element>(p: &Plan<'_>, split: Blocks) -> Result<Tensor> {
     let (m, n, k) = (p.m, p.n, p.k);
     let (shared, shared_side) = if split.cols {
-        widen::<T>(p.a, &p.sa, m, k)
+        widen::<T>(p.a, &p.sa, m, k)?
     } else {
-        widen::<T>(p.b, &p.sb, k, n)
+        widen::<T>(p.b, &p.sb, k, n)?
     };
     let input = p
         .input
         .as_ref()
         .filter(|_| p.beta != 0.0)
         .map(|(t, layout)| (*t, matrix_side(layout, m, n)));
-    let mut out: Vec<T> = amp_tensor::pool::vec_with_capacity(m * n);
+    let mut out: Vec<T> = try_vec_with_capacity(m * n)?;
     let dst = SendPtr(out.spare_capacity_mut().as_mut_ptr());
     let starts: Vec<usize> = (0..split.len).step_by(split.size).collect();
-    amp_tensor::parallel::for_each(starts.len(), &|block| {
+    let failed = FirstError::new();
+    let run_block = |block: usize| -> Result<()> {
         let start = starts[block];
         let w = split.size.min(split.len - start);
         let ((rows, cols), (r0, c0)) = if split.cols {
@@ -952,11 +959,11 @@ fn widened_blocks<T: Element>(p: &Plan<'_>, split: Blocks) -> Result<Tensor> {
             ((w, n), (start, 0))
         };
         let (own, own_side) = if split.cols {
-            widen::<T>(p.b, &p.sb.shifted(start * p.sb.cs), k, w)
+            widen::<T>(p.b, &p.sb.shifted(start * p.sb.cs), k, w)?
         } else {
-            widen::<T>(p.a, &p.sa.shifted(start * p.sa.rs), w, k)
+            widen::<T>(p.a, &p.sa.shifted(start * p.sa.rs), w, k)?
         };
-        let mut acc = scratch(rows * cols);
+        let mut acc = scratch(rows * cols)?;
         let read = match &input {
             Some((t, side)) => {
                 let st = t.storage();
@@ -1000,8 +1007,12 @@ fn widened_blocks<T: Element>(p: &Plan<'_>, split: Blocks) -> Result<Tensor> {
         }
         recycle(own);
         recycle(acc);
-    });
+        Ok(())
+    };
+    amp_tensor::parallel::for_each(starts.len(), &|b| failed.record(run_block(b)));
     recycle(shared);
+    // A block that could not allocate its buffers wrote nothing: no output then.
+    failed.into_result()?;
     // SAFETY: the blocks wrote every element of the `m×n` output.
     unsafe { out.set_len(m * n) };
     Tensor::from_vec(out, p.out_dims.clone())
@@ -1049,8 +1060,8 @@ type BufferPool<T> = std::thread::LocalKey<RefCell<Vec<Vec<T>>>>;
 /// the large ones stay for large requests and nothing regrows), else the largest, grown
 /// here; a pooled buffer keeps its full length, so reuse never re-fills it. Buffers are
 /// taken out of the pool, not borrowed, so a re-entrant call (rayon tasks run while this
-/// thread waits) gets its own.
-fn take_buffer<T: Copy + Default>(pool: &'static BufferPool<T>, len: usize) -> Vec<T> {
+/// thread waits) gets its own. [`Error::OutOfMemory`] when it cannot be grown.
+fn take_buffer<T: Copy + Default>(pool: &'static BufferPool<T>, len: usize) -> Result<Vec<T>> {
     let mut v = pool
         .with(|s| {
             let mut s = s.borrow_mut();
@@ -1062,9 +1073,9 @@ fn take_buffer<T: Copy + Default>(pool: &'static BufferPool<T>, len: usize) -> V
         })
         .unwrap_or_default();
     if v.len() < len {
-        v.resize(len, T::default());
+        amp_tensor::pool::try_resize(&mut v, len, T::default())?;
     }
-    v
+    Ok(v)
 }
 
 /// Give a buffer back to `pool`, which keeps at most `count` buffers of at most `max`
@@ -1092,7 +1103,7 @@ thread_local! {
 
 /// An f32 buffer of at least `len` elements from this thread's pool (see
 /// [`take_buffer`]).
-fn scratch(len: usize) -> Vec<f32> {
+fn scratch(len: usize) -> Result<Vec<f32>> {
     take_buffer(&SCRATCH, len)
 }
 
@@ -1135,28 +1146,34 @@ fn gather_into<T: Element>(src: &[T], layout: &Layout, dst: &mut [f32]) {
 /// side re-based onto it. A dense-enough span is widened as is (strides kept, so a
 /// transposed operand stays transposed and a broadcast one is widened once); a sparse
 /// view is gathered into contiguous matrices (column-major ones when its columns are
-/// the contiguous runs).
-fn widen<T: Element>(t: &Tensor, side: &Side, rows: usize, cols: usize) -> (Vec<f32>, Side) {
+/// the contiguous runs). [`Error::OutOfMemory`] when the copy cannot be allocated.
+fn widen<T: Element>(
+    t: &Tensor,
+    side: &Side,
+    rows: usize,
+    cols: usize,
+) -> Result<(Vec<f32>, Side)> {
     let st = t.storage();
     let src = T::slice(st.cpu()).expect("dtype matches storage");
     let (lo, hi) = side.span(rows, cols);
-    let numel = side.offsets.len() * rows * cols;
-    if hi - lo <= 2 * numel + 4096 {
-        let mut buf = scratch(hi - lo);
+    let count = side.offsets.len();
+    let numel = count.saturating_mul(rows).saturating_mul(cols);
+    if hi - lo <= numel.saturating_mul(2).saturating_add(4096) {
+        let mut buf = scratch(hi - lo)?;
         widen_into(&src[lo..hi], &mut buf[..hi - lo]);
-        let offsets = Offsets::Many(side.offsets.iter().map(|&o| o - lo).collect());
-        return (
+        let offsets = Offsets::Many(try_collect(count, side.offsets.iter().map(|&o| o - lo))?);
+        return Ok((
             buf,
             Side {
                 offsets,
                 rs: side.rs,
                 cs: side.cs,
             },
-        );
+        ));
     }
     // Gathered in the orientation whose runs are contiguous in the source.
     let col_major = side.rs == 1 && side.cs != 1;
-    let mut buf = scratch(numel);
+    let mut buf = scratch(numel)?;
     let mat = rows * cols;
     amp_tensor::parallel::for_each_chunk_mut(&mut buf[..numel], mat.max(1), &|i, dst| {
         let off = side.offsets[i];
@@ -1166,9 +1183,9 @@ fn widen<T: Element>(t: &Tensor, side: &Side, rows: usize, cols: usize) -> (Vec<
             gather_matrix(src, &side.shifted_to(off), rows, cols, dst)
         }
     });
-    let offsets = Offsets::Many((0..side.offsets.len()).map(|i| i * mat).collect());
+    let offsets = Offsets::Many(try_collect(count, (0..count).map(|i| i * mat))?);
     let (rs, cs) = if col_major { (1, rows) } else { (cols, 1) };
-    (buf, Side { offsets, rs, cs })
+    Ok((buf, Side { offsets, rs, cs }))
 }
 
 /// The float types `gemm` multiplies natively.
@@ -1621,16 +1638,17 @@ fn integer<T: Element>(p: &Plan<'_>) -> Result<Tensor> {
     };
     let beta = integral("beta", p.beta)?;
     let alpha = integral("alpha", p.alpha)?;
-    let init = gathered_input::<T, i64>(p);
+    let init = gathered_input::<T, i64>(p)?;
     let (m, n, k) = (p.m, p.n, p.k);
     let batch = p.sa.offsets.len();
-    let len = if p.reduce { 1 } else { batch } * m * n;
+    let len = out_len(p);
     let mut out: Vec<i64> = match init {
+        // In place (an `i64` vector collected from its own `into_iter`).
         Some(v) => v.into_iter().map(|x| x.wrapping_mul(beta)).collect(),
-        None => vec![0; len],
+        None => try_zeroed(len)?,
     };
     with_operands::<T, _>(p, |a, b| {
-        let mut acc = vec![0i64; n];
+        let mut acc = try_zeroed::<i64>(n)?;
         for bi in 0..batch {
             let (oa, ob) = (p.sa.offsets[bi], p.sb.offsets[bi]);
             let base = if p.reduce { 0 } else { bi * m * n };
@@ -1648,7 +1666,13 @@ fn integer<T: Element>(p: &Plan<'_>) -> Result<Tensor> {
                 }
             }
         }
-    });
-    let out: Vec<T> = out.into_iter().map(T::from_i64).collect();
+        Ok(())
+    })?;
+    let out: Vec<T> = if T::DTYPE == DType::I64 {
+        // In place, as above (`T` is `i64`).
+        out.into_iter().map(T::from_i64).collect()
+    } else {
+        try_collect(len, out.into_iter().map(T::from_i64))?
+    };
     Tensor::from_vec(out, p.out_dims.clone())
 }

@@ -164,22 +164,28 @@ unsafe fn norm_block_avx512<T: Element, C: Real + Num, A: Fn(usize, &mut [C])>(
 
 /// Normalise each of the `rows` contiguous rows of `n` elements of `s` to zero mean and
 /// unit variance (`rstd = 1 / sqrt(var + eps)`), then let `affine(row, y)` scale and
-/// shift row `row` in place. Returns the output and the per-row mean and rstd. Large
-/// inputs split into one contiguous block of rows per thread.
+/// shift row `row` in place. Returns the output and the per-row mean and rstd
+/// ([`amp_tensor::Error::OutOfMemory`] when they cannot be allocated). Large inputs
+/// split into one contiguous block of rows per thread.
 fn norm_rows<T: Element, C: Real + Num>(
     s: &[T],
     rows: usize,
     n: usize,
     eps: f64,
     affine: impl Fn(usize, &mut [C]) + Sync + Send,
-) -> (Vec<T>, Vec<C>, Vec<C>) {
+) -> Result<(Vec<T>, Vec<C>, Vec<C>)> {
+    use amp_tensor::pool::{try_filled, try_recycled_vec, try_zeroed};
     if n == 0 {
-        return (Vec::new(), vec![C::nan(); rows], vec![C::nan(); rows]);
+        return Ok((
+            Vec::new(),
+            try_filled(rows, C::nan())?,
+            try_filled(rows, C::nan())?,
+        ));
     }
     // Every element is written, so a recycled buffer (already mapped pages) serves.
-    let mut out = amp_tensor::pool::recycled_vec::<T>(rows * n);
-    let mut mean = vec![C::ZERO; rows];
-    let mut rstd = vec![C::ZERO; rows];
+    let mut out = try_recycled_vec::<T>(rows * n)?;
+    let mut mean = try_zeroed::<C>(rows)?;
+    let mut rstd = try_zeroed::<C>(rows)?;
     let epsc = C::from_f64c(eps);
     let avx512 = vmath::level() == Some(Level::Avx512);
     let body = |r0: usize, out: &mut [T], mean: &mut [C], rstd: &mut [C]| {
@@ -209,7 +215,7 @@ fn norm_rows<T: Element, C: Real + Num>(
     } else {
         body(0, &mut out, &mut mean, &mut rstd);
     }
-    (out, mean, rstd)
+    Ok((out, mean, rstd))
 }
 
 /// Layer normalisation over the trailing `normalized_shape` dims, as PyTorch's
@@ -231,10 +237,10 @@ pub fn layer_norm(
     check_param(op, "bias", bias, normalized_shape, "normalized_shape")?;
     let mut stat_shape = x.dims()[..x.rank() - normalized_shape.len()].to_vec();
     stat_shape.extend(std::iter::repeat_n(1, normalized_shape.len()));
-    let xc = x.contiguous();
+    let xc = x.try_contiguous()?;
     float_kernel!(x.dtype(), op, |T, C| {
-        let w: Option<Vec<C>> = weight.map(|t| t.to_vec_as());
-        let b: Option<Vec<C>> = bias.map(|t| t.to_vec_as());
+        let w: Option<Vec<C>> = weight.map(|t| t.try_to_vec_as()).transpose()?;
+        let b: Option<Vec<C>> = bias.map(|t| t.try_to_vec_as()).transpose()?;
         let affine = |_: usize, y: &mut [C]| match (&w, &b) {
             (Some(w), Some(b)) => y
                 .iter_mut()
@@ -246,7 +252,7 @@ pub fn layer_norm(
             (None, None) => {}
         };
         let (out, mean, rstd) =
-            with_slice::<T, _>(&xc, |s| norm_rows::<T, C>(s, m, n, eps, affine));
+            with_slice::<T, _>(&xc, |s| norm_rows::<T, C>(s, m, n, eps, affine))??;
         Ok((
             Tensor::from_vec(out, x.dims().to_vec())?,
             Tensor::from_vec(mean, stat_shape.clone())?,
@@ -257,18 +263,19 @@ pub fn layer_norm(
 
 /// Per-row backward of layer norm over `g`, `x` (rows of `n`, compute type) with the
 /// saved statistics: `(grad_input, grad_weight, grad_bias)`, the last two summed over
-/// rows (partial sums per task, added in order).
+/// rows (partial sums per task, added in order). [`amp_tensor::Error::OutOfMemory`]
+/// when the gradients cannot be allocated.
 fn ln_backward_rows<C: Real + Num>(
     g: &[C],
     x: &[C],
     (mean, rstd): (&[C], &[C]),
     w: Option<&[C]>,
     n: usize,
-) -> (Vec<C>, Vec<C>, Vec<C>) {
+) -> Result<(Vec<C>, Vec<C>, Vec<C>)> {
     let rows = mean.len();
-    let mut gi = vec![C::ZERO; rows * n];
+    let mut gi = amp_tensor::pool::try_zeroed::<C>(rows * n)?;
     if n == 0 {
-        return (gi, Vec::new(), Vec::new());
+        return Ok((gi, Vec::new(), Vec::new()));
     }
     let per = (TASK / n).max(1);
     let nc = C::from_f64c(n as f64);
@@ -301,12 +308,15 @@ fn ln_backward_rows<C: Real + Num>(
     } else {
         gi.chunks_mut(per * n).enumerate().map(body).collect()
     };
-    let (mut gw, mut gb) = (vec![C::ZERO; n], vec![C::ZERO; n]);
+    let (mut gw, mut gb) = (
+        amp_tensor::pool::try_zeroed::<C>(n)?,
+        amp_tensor::pool::try_zeroed::<C>(n)?,
+    );
     for (pw, pb) in &partials {
         gw.iter_mut().zip(pw).for_each(|(a, &b)| *a = *a + b);
         gb.iter_mut().zip(pb).for_each(|(a, &b)| *a = *a + b);
     }
-    (gi, gw, gb)
+    Ok((gi, gw, gb))
 }
 
 /// The backward of [`layer_norm`] given the saved `mean` and `rstd`:
@@ -341,11 +351,11 @@ pub fn layer_norm_backward(
     }
     let param_dtype = weight.map_or(x.dtype(), |w| w.dtype());
     float_kernel!(x.dtype(), op, |_T, C| {
-        let g: Vec<C> = grad_out.to_vec_as();
-        let xv: Vec<C> = x.to_vec_as();
-        let (mu, rs): (Vec<C>, Vec<C>) = (mean.to_vec_as(), rstd.to_vec_as());
-        let w: Option<Vec<C>> = weight.map(|t| t.to_vec_as());
-        let (gi, gw, gb) = ln_backward_rows::<C>(&g, &xv, (&mu, &rs), w.as_deref(), n);
+        let g: Vec<C> = grad_out.try_to_vec_as()?;
+        let xv: Vec<C> = x.try_to_vec_as()?;
+        let (mu, rs): (Vec<C>, Vec<C>) = (mean.try_to_vec_as()?, rstd.try_to_vec_as()?);
+        let w: Option<Vec<C>> = weight.map(|t| t.try_to_vec_as()).transpose()?;
+        let (gi, gw, gb) = ln_backward_rows::<C>(&g, &xv, (&mu, &rs), w.as_deref(), n)?;
         let gi = Tensor::from_vec(gi, x.dims().to_vec())?.to_dtype(x.dtype())?;
         let param =
             |v: Vec<C>| Tensor::from_vec(v, normalized_shape.to_vec())?.to_dtype(param_dtype);
@@ -398,10 +408,10 @@ pub fn group_norm(
     check_param(op, "bias", bias, &[c], "the number of channels")?;
     let hw: usize = x.dims()[2..].iter().product();
     let cg = c / num_groups;
-    let xc = x.contiguous();
+    let xc = x.try_contiguous()?;
     float_kernel!(x.dtype(), op, |T, C| {
-        let w: Option<Vec<C>> = weight.map(|t| t.to_vec_as());
-        let b: Option<Vec<C>> = bias.map(|t| t.to_vec_as());
+        let w: Option<Vec<C>> = weight.map(|t| t.try_to_vec_as()).transpose()?;
+        let b: Option<Vec<C>> = bias.map(|t| t.try_to_vec_as()).transpose()?;
         let affine = |row: usize, y: &mut [C]| {
             if hw == 0 {
                 return;
@@ -415,7 +425,7 @@ pub fn group_norm(
         };
         let (out, mean, rstd) = with_slice::<T, _>(&xc, |s| {
             norm_rows::<T, C>(s, nb * num_groups, cg * hw, eps, affine)
-        });
+        })??;
         Ok((
             Tensor::from_vec(out, x.dims().to_vec())?,
             Tensor::from_vec(mean, [nb, num_groups])?,
@@ -430,7 +440,7 @@ pub fn normalize(x: &Tensor, p: f64, dim: i64, eps: f64) -> Result<Tensor> {
     let op = "normalize";
     check_norm(op, x, p)?;
     let geom = line_geometry(x, dim)?;
-    let xc = x.contiguous();
+    let xc = x.try_contiguous()?;
     float_kernel!(x.dtype(), op, |T, C| {
         let epsc = eps as C;
         let out = with_slice::<T, _>(&xc, |s| {
@@ -441,7 +451,7 @@ pub fn normalize(x: &Tensor, p: f64, dim: i64, eps: f64) -> Result<Tensor> {
                     *o = v / d;
                 }
             })
-        });
+        })??;
         Tensor::from_vec(out, x.dims().to_vec())
     })
 }

@@ -4,6 +4,7 @@
 
 use std::str::FromStr;
 
+use amp_tensor::pool::{try_collect, try_with_capacity};
 use amp_tensor::{Error, Result, Tensor};
 
 use crate::pool::{plane_gather, plane_scatter};
@@ -110,10 +111,11 @@ pub fn pad_indices(input: &[usize], pads: &[(i64, i64)], mode: PadMode) -> Resul
     let out = padded_sizes(input, pads, mode)?;
     let mut idx: Vec<i64> = vec![0];
     for (d, (&size, &(b, _))) in input.iter().zip(pads).enumerate() {
-        let src: Vec<Option<i64>> = (0..out[d] as i64)
-            .map(|o| source(o, size as i64, b, mode))
-            .collect();
-        let mut next = Vec::with_capacity(idx.len() * src.len());
+        let src: Vec<Option<i64>> = try_collect(
+            out[d],
+            (0..out[d] as i64).map(|o| source(o, size as i64, b, mode)),
+        )?;
+        let mut next = try_with_capacity(idx.len().saturating_mul(src.len()))?;
         for &base in &idx {
             for s in &src {
                 next.push(match (base, s) {

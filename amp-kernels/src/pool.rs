@@ -8,6 +8,7 @@
 //! `[N, C, ...]`). Planes run in parallel (rayon); f16/bf16 compute in f32 and round once.
 //! Max-pool indices are flat positions inside an input plane (int64), as PyTorch's.
 
+use amp_tensor::pool::{try_collect, try_filled, try_with_capacity, try_zeroed};
 use amp_tensor::{cast_into, cast_slice, Error, Result, Tensor};
 use num_traits::{Float, Zero};
 use rayon::prelude::*;
@@ -88,6 +89,12 @@ pub fn split_spatial(
 
 fn prod(v: &[usize]) -> usize {
     v.iter().product()
+}
+
+/// `a * b`, saturating: a buffer sized by a product that does not fit fails to
+/// allocate ([`Error::OutOfMemory`]) instead of wrapping.
+fn times(a: usize, b: usize) -> usize {
+    a.saturating_mul(b)
 }
 
 /// PyTorch's `pooling_output_shape`.
@@ -194,8 +201,8 @@ impl PoolParams {
             }
             let n = size as i64;
             let mut dw = DimWindows {
-                windows: Vec::with_capacity(o as usize),
-                divisors: Vec::with_capacity(o as usize),
+                windows: try_with_capacity(o as usize)?,
+                divisors: try_with_capacity(o as usize)?,
             };
             for i in 0..o {
                 let start = i * s - p;
@@ -245,11 +252,12 @@ impl PoolParams {
 }
 
 /// The windows of adaptive pooling from `input` to `output` positions along one dim:
-/// `[floor(o * in / out), ceil((o + 1) * in / out))`.
-pub fn adaptive_windows(input: usize, output: usize) -> DimWindows {
+/// `[floor(o * in / out), ceil((o + 1) * in / out))`; [`Error::OutOfMemory`] when the
+/// windows cannot be allocated.
+pub fn adaptive_windows(input: usize, output: usize) -> Result<DimWindows> {
     let mut dw = DimWindows {
-        windows: Vec::with_capacity(output),
-        divisors: Vec::with_capacity(output),
+        windows: try_with_capacity(output)?,
+        divisors: try_with_capacity(output)?,
     };
     for o in 0..output {
         let start = (o * input) / output;
@@ -261,17 +269,18 @@ pub fn adaptive_windows(input: usize, output: usize) -> DimWindows {
         });
         dw.divisors.push((end - start) as f64);
     }
-    dw
+    Ok(dw)
 }
 
-/// PyTorch's fractional max-pool interval starts for one dim and one `sample` in `[0, 1)`.
+/// PyTorch's fractional max-pool interval starts for one dim and one `sample` in `[0, 1)`;
+/// [`Error::OutOfMemory`] when the windows cannot be allocated.
 pub fn fractional_windows<C: Real>(
     sample: C,
     input: usize,
     output: usize,
     pool: usize,
-) -> DimWindows {
-    let mut seq = vec![0usize; output];
+) -> Result<DimWindows> {
+    let mut seq = try_zeroed::<usize>(output)?;
     if output > 1 {
         let alpha = C::from_f64c((input - pool) as f64) / C::from_f64c((output - 1) as f64);
         for (i, s) in seq.iter_mut().enumerate().take(output - 1) {
@@ -283,17 +292,17 @@ pub fn fractional_windows<C: Real>(
     if output > 0 {
         seq[output - 1] = input - pool;
     }
-    DimWindows {
-        windows: seq
-            .into_iter()
-            .map(|start| Window {
+    Ok(DimWindows {
+        windows: try_collect(
+            output,
+            seq.into_iter().map(|start| Window {
                 start,
                 count: pool,
                 step: 1,
-            })
-            .collect(),
-        divisors: vec![pool as f64; output],
-    }
+            }),
+        )?,
+        divisors: try_filled(output, pool as f64)?,
+    })
 }
 
 /// Pad the per-dim geometry to three dims (leading trivial dims).
@@ -388,8 +397,8 @@ pub fn max_pool_windows(
     let g3: Vec<([DimWindows; 3], [usize; 3])> = geos.iter().map(|g| to3(g, &spatial)).collect();
     float_kernel!(x.dtype(), op, |T, C| {
         with_slice::<T, _>(x, |xs| {
-            let mut vals = vec![C::zero(); planes * out_len];
-            let mut idx = vec![0i64; planes * out_len];
+            let mut vals = try_zeroed::<C>(times(planes, out_len))?;
+            let mut idx = try_zeroed::<i64>(times(planes, out_len))?;
             if out_len > 0 && in_len > 0 {
                 vals.par_chunks_mut(out_len)
                     .zip(idx.par_chunks_mut(out_len))
@@ -414,10 +423,10 @@ pub fn max_pool_windows(
                     });
             }
             Ok((
-                Tensor::from_vec(cast_slice::<C, T>(&vals), out_dims.clone())?,
+                Tensor::from_vec(cast_slice::<C, T>(&vals)?, out_dims.clone())?,
                 Tensor::from_vec(idx, out_dims.clone())?,
             ))
-        })
+        })?
     })
 }
 
@@ -445,7 +454,7 @@ pub fn avg_pool_windows(
     let (g, s) = to3(geo, &spatial);
     float_kernel!(x.dtype(), op, |T, C| {
         with_slice::<T, _>(x, |xs| {
-            let mut vals = vec![C::zero(); planes * out_len];
+            let mut vals = try_zeroed::<C>(times(planes, out_len))?;
             if out_len > 0 && in_len > 0 {
                 vals.par_chunks_mut(out_len)
                     .enumerate()
@@ -460,8 +469,8 @@ pub fn avg_pool_windows(
                         });
                     });
             }
-            Tensor::from_vec(cast_slice::<C, T>(&vals), out_dims.clone())
-        })
+            Tensor::from_vec(cast_slice::<C, T>(&vals)?, out_dims.clone())
+        })?
     })
 }
 
@@ -490,7 +499,7 @@ pub fn avg_pool_windows_backward(
     let (g3, s) = to3(geo, input);
     float_kernel!(g.dtype(), op, |T, C| {
         with_slice::<T, _>(g, |gs| {
-            let mut gi = vec![C::zero(); planes * in_len];
+            let mut gi = try_zeroed::<C>(times(planes, in_len))?;
             if out_len > 0 && in_len > 0 {
                 gi.par_chunks_mut(in_len).enumerate().for_each(|(p, gp)| {
                     let mut buf = vec![C::zero(); out_len];
@@ -502,8 +511,8 @@ pub fn avg_pool_windows_backward(
                     });
                 });
             }
-            Tensor::from_vec(cast_slice::<C, T>(&gi), in_dims.clone())
-        })
+            Tensor::from_vec(cast_slice::<C, T>(&gi)?, in_dims.clone())
+        })?
     })
 }
 
@@ -520,7 +529,7 @@ fn check_rows(op: &'static str, planes: usize, rows: usize) -> Result<usize> {
 
 fn index_vec(op: &'static str, idx: &Tensor) -> Result<Vec<i64>> {
     match idx.dtype() {
-        amp_tensor::DType::I64 => Ok(idx.to_vec_as()),
+        amp_tensor::DType::I64 => idx.try_to_vec_as(),
         d => Err(Error::invalid(
             op,
             format!("{op}: expected int64 indices, got {d}"),
@@ -554,7 +563,7 @@ pub fn plane_gather(x: &Tensor, spatial_rank: usize, idx: &Tensor, fill: f64) ->
     float_kernel!(x.dtype(), op, |T, C| {
         with_slice::<T, _>(x, |xs| {
             let fillv: T = amp_tensor::Element::cast(<C as Real>::from_f64c(fill));
-            let mut out = vec![fillv; planes * out_len];
+            let mut out = try_filled(times(planes, out_len), fillv)?;
             if out_len > 0 {
                 out.par_chunks_mut(out_len)
                     .enumerate()
@@ -569,7 +578,7 @@ pub fn plane_gather(x: &Tensor, spatial_rank: usize, idx: &Tensor, fill: f64) ->
                     });
             }
             Tensor::from_vec(out, out_dims.clone())
-        })
+        })?
     })
 }
 
@@ -609,7 +618,7 @@ pub fn plane_scatter(
     in_dims.extend(input);
     float_kernel!(g.dtype(), op, |T, C| {
         with_slice::<T, _>(g, |gs| {
-            let mut acc = vec![C::zero(); planes * in_len];
+            let mut acc = try_zeroed::<C>(times(planes, in_len))?;
             if in_len > 0 && out_len > 0 {
                 acc.par_chunks_mut(in_len).enumerate().for_each(|(p, a)| {
                     let row = &iv[(p / per) * out_len..][..out_len];
@@ -626,7 +635,7 @@ pub fn plane_scatter(
                     }
                 });
             }
-            Tensor::from_vec(cast_slice::<C, T>(&acc), in_dims.clone())
-        })
+            Tensor::from_vec(cast_slice::<C, T>(&acc)?, in_dims.clone())
+        })?
     })
 }

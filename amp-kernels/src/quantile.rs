@@ -10,6 +10,7 @@
 
 use std::str::FromStr;
 
+use amp_tensor::pool::try_with_capacity;
 use amp_tensor::{DType, Error, Result, Tensor};
 use rayon::prelude::*;
 
@@ -121,7 +122,7 @@ fn rows_impl<C: Real>(
     rows: usize,
     n: usize,
 ) -> Result<QuantileRows> {
-    let data = x.contiguous().to_vec::<C>()?;
+    let data = x.try_contiguous()?.to_vec::<C>()?;
     let nq = q.len();
     let one_row = |r: usize| -> Vec<(C, i64, i64, C)> {
         let row = &data[r * n..(r + 1) * n];
@@ -181,15 +182,17 @@ fn rows_impl<C: Real>(
             })
             .collect()
     };
-    let per: Vec<Vec<(C, i64, i64, C)>> = if rows > 1 && rows * n >= 1 << 15 {
-        (0..rows).into_par_iter().map(one_row).collect()
+    let mut per: Vec<Vec<(C, i64, i64, C)>> = try_with_capacity(rows)?;
+    if rows > 1 && rows * n >= 1 << 15 {
+        per.par_extend((0..rows).into_par_iter().map(one_row));
     } else {
-        (0..rows).map(one_row).collect()
-    };
-    let mut vals = Vec::with_capacity(rows * nq);
-    let mut los = Vec::with_capacity(rows * nq);
-    let mut his = Vec::with_capacity(rows * nq);
-    let mut ws = Vec::with_capacity(rows * nq);
+        per.extend((0..rows).map(one_row));
+    }
+    let len = rows.saturating_mul(nq);
+    let mut vals = try_with_capacity(len)?;
+    let mut los = try_with_capacity(len)?;
+    let mut his = try_with_capacity(len)?;
+    let mut ws = try_with_capacity(len)?;
     for (v, lo, hi, w) in per.into_iter().flatten() {
         vals.push(v);
         los.push(lo);
@@ -228,37 +231,43 @@ pub fn fake_quantize_per_tensor_affine(
             "`zero_point` must be between `quant_min` and `quant_max`.",
         ));
     }
-    fn run<C: Real>(x: &Tensor, scale: f64, zp: i64, qmin: i64, qmax: i64) -> (Vec<C>, Vec<bool>) {
-        let xs = x.to_vec_as::<C>();
+    fn run<C: Real>(
+        x: &Tensor,
+        scale: f64,
+        zp: i64,
+        qmin: i64,
+        qmax: i64,
+    ) -> Result<(Vec<C>, Vec<bool>)> {
+        let xs = x.try_to_vec_as::<C>()?;
         let sc = scale as f32;
         let inv = C::from_f64c((1.0f32 / sc) as f64);
         let (lo, hi) = (qmin as f64, qmax as f64);
         let zf = zp as f64;
-        xs.iter()
-            .map(|&v| {
-                let p = v * inv;
-                // nearbyint: round half to even.
-                let r = p.round();
-                let r = if (p - p.trunc()).abs() == C::from_f64c(0.5) {
-                    C::from_f64c(2.0) * (p / C::from_f64c(2.0)).round()
-                } else {
-                    r
-                };
-                let qf = zf + r.to_f64c();
-                let qv = qf.max(lo).min(hi) as i64;
-                let out = C::from_f64c((qv - zp) as f64) * C::from_f64c(sc as f64);
-                (out, qf >= lo && qf <= hi)
-            })
-            .unzip()
+        let mut out = (try_with_capacity(xs.len())?, try_with_capacity(xs.len())?);
+        out.extend(xs.iter().map(|&v| {
+            let p = v * inv;
+            // nearbyint: round half to even.
+            let r = p.round();
+            let r = if (p - p.trunc()).abs() == C::from_f64c(0.5) {
+                C::from_f64c(2.0) * (p / C::from_f64c(2.0)).round()
+            } else {
+                r
+            };
+            let qf = zf + r.to_f64c();
+            let qv = qf.max(lo).min(hi) as i64;
+            let out = C::from_f64c((qv - zp) as f64) * C::from_f64c(sc as f64);
+            (out, qf >= lo && qf <= hi)
+        }));
+        Ok(out)
     }
     let dims = x.dims().to_vec();
     let (out, mask) = match x.dtype() {
         DType::F64 => {
-            let (o, m) = run::<f64>(x, scale, zero_point, quant_min, quant_max);
+            let (o, m) = run::<f64>(x, scale, zero_point, quant_min, quant_max)?;
             (Tensor::from_vec(o, dims.clone())?, m)
         }
         d if d.is_floating_point() => {
-            let (o, m) = run::<f32>(x, scale, zero_point, quant_min, quant_max);
+            let (o, m) = run::<f32>(x, scale, zero_point, quant_min, quant_max)?;
             (Tensor::from_vec(o, dims.clone())?.to_dtype(d)?, m)
         }
         d => return Err(Error::UnsupportedDType { op: OP, dtype: d }),

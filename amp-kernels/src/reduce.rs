@@ -749,19 +749,25 @@ impl<C: FastExp> Fold<C> for LseFold {
 
 // ----- drivers ------------------------------------------------------------------------------
 
-/// Run `task(0..n)` (each giving a run of results) in order; in parallel when the total
-/// `work` is large.
+/// Run `task(0..n)` (each giving a run of results, `len` in all) in order; in parallel
+/// when the total `work` is large. [`Error::OutOfMemory`] when the results (or a task's
+/// buffers) cannot be allocated.
 pub(crate) fn run_tasks<R: Send>(
     n: usize,
     work: usize,
-    task: impl Fn(usize) -> Vec<R> + Sync + Send,
-) -> Vec<R> {
+    len: usize,
+    task: impl Fn(usize) -> Result<Vec<R>> + Sync + Send,
+) -> Result<Vec<R>> {
+    let mut out = amp_tensor::pool::try_with_capacity(len)?;
     if work >= PAR_MIN && n > 1 {
-        let parts: Vec<Vec<R>> = (0..n).into_par_iter().map(task).collect();
-        parts.into_iter().flatten().collect()
+        let parts: Vec<Vec<R>> = (0..n).into_par_iter().map(task).collect::<Result<_>>()?;
+        out.extend(parts.into_iter().flatten());
     } else {
-        (0..n).flat_map(task).collect()
+        for t in 0..n {
+            out.extend(task(t)?);
+        }
     }
+    Ok(out)
 }
 
 /// Fold the storage elements `xs` (first index `base`) into `acc`.
@@ -783,11 +789,12 @@ fn reduce_rows<T: Element, N: Num, F: Fold<N>>(
     outer: usize,
     red: usize,
     f: &F,
-) -> Vec<F::Out> {
+) -> Result<Vec<F::Out>> {
     let row = |o: usize| &src[o * red..(o + 1) * red];
     if red >= 2 * SEG {
-        return (0..outer)
-            .map(|o| {
+        return amp_tensor::pool::try_collect(
+            outer,
+            (0..outer).map(|o| {
                 let parts: Vec<F::Acc> = row(o)
                     .par_chunks(SEG)
                     .enumerate()
@@ -795,14 +802,14 @@ fn reduce_rows<T: Element, N: Num, F: Fold<N>>(
                     .collect();
                 let acc = parts.into_iter().fold(f.init(), |a, b| f.merge(a, b));
                 f.finish(acc, red)
-            })
-            .collect();
+            }),
+        );
     }
     let per = (TASK / red.max(1)).max(1);
-    run_tasks(outer.div_ceil(per), outer * red, |t| {
-        (t * per..((t + 1) * per).min(outer))
+    run_tasks(outer.div_ceil(per), outer * red, outer, |t| {
+        Ok((t * per..((t + 1) * per).min(outer))
             .map(|o| f.finish(fold_widened::<T, N, F>(f, f.init(), row(o), 0), red))
-            .collect()
+            .collect())
     })
 }
 
@@ -857,7 +864,7 @@ fn reduce_cols<T: Element, N: Num, F: Fold<N>>(
     red: usize,
     inner: usize,
     f: &F,
-) -> Vec<F::Out> {
+) -> Result<Vec<F::Out>> {
     let nb = inner.div_ceil(COL_W);
     let blocks = outer * nb;
     let width = inner.min(COL_W);
@@ -868,20 +875,21 @@ fn reduce_cols<T: Element, N: Num, F: Fold<N>>(
     };
     let seg = red.div_ceil(nseg).max(1);
     let nseg = red.div_ceil(seg).max(1);
-    let parts: Vec<Vec<F::Acc>> = run_tasks(blocks * nseg, outer * red * inner, |t| {
+    let tasks = blocks * nseg;
+    let parts: Vec<Vec<F::Acc>> = run_tasks(tasks, outer * red * inner, tasks, |t| {
         let (ob, s) = (t / nseg, t % nseg);
         let (o, j0) = (ob / nb, (ob % nb) * COL_W);
         let w = COL_W.min(inner - j0);
         let rows = s * seg..((s + 1) * seg).min(red);
-        vec![reduce_col_block::<T, N, F>(
+        Ok(vec![reduce_col_block::<T, N, F>(
             f,
             src,
             (o, j0, w),
             rows,
             (red, inner),
-        )]
-    });
-    let mut out = Vec::with_capacity(outer * inner);
+        )])
+    })?;
+    let mut out = amp_tensor::pool::try_with_capacity(outer * inner)?;
     for group in parts.chunks(nseg) {
         let mut acc = group[0].clone();
         for p in &group[1..] {
@@ -891,7 +899,7 @@ fn reduce_cols<T: Element, N: Num, F: Fold<N>>(
         }
         out.extend(acc.into_iter().map(|a| f.finish(a, red)));
     }
-    out
+    Ok(out)
 }
 
 /// Fold a whole slice with `f` (one output).
@@ -958,7 +966,7 @@ impl Plan {
             if p.is_contiguous() {
                 (p, order)
             } else {
-                (x.contiguous(), identity)
+                (x.try_contiguous()?, identity)
             }
         };
         let mut groups: Vec<(usize, bool)> = Vec::new();
@@ -987,7 +995,7 @@ impl Plan {
                     .collect();
                 let k = kept.iter().map(|&a| dims[a]).product();
                 let r = (0..rank).filter(|&a| mask[a]).map(|a| dims[a]).product();
-                (x.permute(&perm)?.contiguous(), k, r, 1)
+                (x.permute(&perm)?.try_contiguous()?, k, r, 1)
             }
         };
         let out_dims: Vec<usize> = kept.iter().map(|&a| dims[a]).collect();
@@ -1028,14 +1036,14 @@ impl Plan {
     }
 
     /// Run fold `f` over storage `T` accumulating in `N`; one result per output.
-    pub(crate) fn run<T: Element, N: Num, F: Fold<N>>(&self, f: &F) -> Vec<F::Out> {
+    pub(crate) fn run<T: Element, N: Num, F: Fold<N>>(&self, f: &F) -> Result<Vec<F::Out>> {
         with_slice::<T, _>(&self.src, |s| {
             if self.inner == 1 {
                 reduce_rows::<T, N, F>(s, self.outer, self.red, f)
             } else {
                 reduce_cols::<T, N, F>(s, self.outer, self.red, self.inner, f)
             }
-        })
+        })?
     }
 
     /// The output tensor holding results `v` (in the order [`Plan::run`] gives them).
@@ -1044,7 +1052,7 @@ impl Plan {
             Some(perm) => gather_cast::<U, U>(
                 &v,
                 &Layout::contiguous(self.out_dims.clone()).permute(perm)?,
-            ),
+            )?,
             None => v,
         };
         Tensor::from_vec(v, self.shape.clone())
@@ -1122,7 +1130,7 @@ pub fn sum(x: &Tensor, dims: &[i64], keepdim: bool, dtype: Option<DType>) -> Res
 pub(crate) fn sum_accumulated(x: &Tensor, dims: &[i64], keepdim: bool) -> Result<Tensor> {
     let plan = Plan::new("sum", x, dims, keepdim)?;
     num_kernel!(x.dtype(), |T, N| plan
-        .output(plan.run::<T, N, _>(&sum_fold::<N>())))
+        .output(plan.run::<T, N, _>(&sum_fold::<N>())?))
 }
 
 /// Mean over `dims` (empty = all). Integer inputs need a floating `dtype` (the input is
@@ -1144,7 +1152,7 @@ pub fn mean(x: &Tensor, dims: &[i64], keepdim: bool, dtype: Option<DType>) -> Re
     let x = cast_opt(x, dtype)?;
     let plan = Plan::new("mean", &x, dims, keepdim)?;
     float_kernel!(x.dtype(), "mean", |T, C| {
-        plan.output(plan.run::<T, C, _>(&MeanFold))?
+        plan.output(plan.run::<T, C, _>(&MeanFold)?)?
             .to_dtype(x.dtype())
     })
 }
@@ -1157,7 +1165,7 @@ pub fn prod(x: &Tensor, dim: Option<i64>, keepdim: bool, dtype: Option<DType>) -
     let dims: Vec<i64> = dim.into_iter().collect();
     let plan = Plan::new("prod", &x, &dims, keepdim)?;
     let out = num_kernel!(x.dtype(), |T, N| plan
-        .output(plan.run::<T, N, _>(&ProdFold))?);
+        .output(plan.run::<T, N, _>(&ProdFold)?)?);
     out.to_dtype(out_dtype)
 }
 
@@ -1168,9 +1176,9 @@ fn extreme(op: &'static str, x: &Tensor, dims: &[i64], keepdim: bool, max: bool)
     let plan = Plan::new(op, x, dims, keepdim)?;
     num_kernel!(x.dtype(), |T, N| {
         let v = if max {
-            plan.run::<T, N, _>(&Extreme::<true, _>(identity::<N>))
+            plan.run::<T, N, _>(&Extreme::<true, _>(identity::<N>))?
         } else {
-            plan.run::<T, N, _>(&Extreme::<false, _>(identity::<N>))
+            plan.run::<T, N, _>(&Extreme::<false, _>(identity::<N>))?
         };
         plan.output(v)?.to_dtype(x.dtype())
     })
@@ -1211,11 +1219,16 @@ fn extreme_dim(
     let plan = Plan::new(op, x, &[dim], keepdim)?;
     num_kernel!(x.dtype(), |T, N| {
         let v: Vec<(N, i64)> = if max {
-            plan.run::<T, N, _>(&ArgFold::<true>)
+            plan.run::<T, N, _>(&ArgFold::<true>)?
         } else {
-            plan.run::<T, N, _>(&ArgFold::<false>)
+            plan.run::<T, N, _>(&ArgFold::<false>)?
         };
-        let (vals, idx): (Vec<N>, Vec<i64>) = v.into_iter().unzip();
+        let mut split: (Vec<N>, Vec<i64>) = (
+            amp_tensor::pool::try_with_capacity(v.len())?,
+            amp_tensor::pool::try_with_capacity(v.len())?,
+        );
+        split.extend(v);
+        let (vals, idx) = split;
         Ok((plan.output(vals)?.to_dtype(x.dtype())?, plan.output(idx)?))
     })
 }
@@ -1317,18 +1330,18 @@ pub fn norm(x: &Tensor, p: f64, dims: &[i64], keepdim: bool) -> Result<Tensor> {
     }
     float_kernel!(x.dtype(), "norm", |T, C| {
         let v: Vec<C> = if p == 0.0 {
-            plan.run::<T, C, _>(&MapSum(|v: C| if v != 0.0 { 1.0 } else { 0.0 }))
+            plan.run::<T, C, _>(&MapSum(|v: C| if v != 0.0 { 1.0 } else { 0.0 }))?
         } else if p == 1.0 {
-            plan.run::<T, C, _>(&MapSum(|v: C| v.abs()))
+            plan.run::<T, C, _>(&MapSum(|v: C| v.abs()))?
         } else if p == 2.0 {
-            plan.run::<T, C, _>(&L2Fold)
+            plan.run::<T, C, _>(&L2Fold)?
         } else if p == f64::INFINITY {
-            plan.run::<T, C, _>(&Extreme::<true, _>(|v: C| v.abs()))
+            plan.run::<T, C, _>(&Extreme::<true, _>(|v: C| v.abs()))?
         } else if p == f64::NEG_INFINITY {
-            plan.run::<T, C, _>(&Extreme::<false, _>(|v: C| v.abs()))
+            plan.run::<T, C, _>(&Extreme::<false, _>(|v: C| v.abs()))?
         } else {
             let (pc, inv) = (p as C, (1.0 / p) as C);
-            let mut v = plan.run::<T, C, _>(&MapSum(move |v: C| v.abs().powf(pc)));
+            let mut v = plan.run::<T, C, _>(&MapSum(move |v: C| v.abs().powf(pc)))?;
             v.iter_mut().for_each(|s| *s = s.powf(inv));
             v
         };
@@ -1347,7 +1360,7 @@ pub fn logsumexp(x: &Tensor, dims: &[i64], keepdim: bool) -> Result<Tensor> {
     };
     let plan = Plan::new("logsumexp", &x, dims, keepdim)?;
     float_kernel!(x.dtype(), "logsumexp", |T, C| {
-        plan.output(plan.run::<T, C, _>(&LseFold))?
+        plan.output(plan.run::<T, C, _>(&LseFold)?)?
             .to_dtype(x.dtype())
     })
 }
@@ -1372,7 +1385,7 @@ fn moments(
     let plan = Plan::new(op, x, dims, keepdim)?;
     let f = VarFold { correction, sqrt };
     float_kernel!(x.dtype(), op, |T, C| plan
-        .output(plan.run::<T, C, _>(&f))?
+        .output(plan.run::<T, C, _>(&f)?)?
         .to_dtype(x.dtype()))
 }
 
@@ -1397,10 +1410,10 @@ pub(crate) fn map_lines<T: Element, N: Element>(
     ins: &[&[T]],
     (outer, n, inner): (usize, usize, usize),
     f: impl Fn(&[&[N]], &mut [N]) + Sync + Send,
-) -> Vec<T> {
+) -> Result<Vec<T>> {
     let total = outer * n * inner;
     if total == 0 {
-        return Vec::new();
+        return Ok(Vec::new());
     }
     if inner == 1 {
         map_rows(ins, outer, n, f)
@@ -1414,12 +1427,12 @@ fn map_rows<T: Element, N: Element>(
     rows: usize,
     n: usize,
     f: impl Fn(&[&[N]], &mut [N]) + Sync + Send,
-) -> Vec<T> {
+) -> Result<Vec<T>> {
     const MAX_INS: usize = 4;
     assert!(ins.len() <= MAX_INS, "map_rows: at most {MAX_INS} inputs");
     let same = as_same::<T, N>(&[]).is_some();
     // Every row is written in full, so a recycled buffer (already mapped pages) serves.
-    let mut out = amp_tensor::pool::recycled_vec::<T>(rows * n);
+    let mut out = amp_tensor::pool::try_recycled_vec::<T>(rows * n)?;
     // Rows `r0..` of `chunk`, with widening scratch allocated once per block.
     let body = |r0: usize, chunk: &mut [T]| {
         let scratch = if same { 0 } else { n };
@@ -1458,7 +1471,7 @@ fn map_rows<T: Element, N: Element>(
     } else {
         body(0, &mut out);
     }
-    out
+    Ok(out)
 }
 
 /// `dst[c * ds + r] = src[r * ss + c]` (cast) for `r < rows`, `c < cols`, through
@@ -1501,33 +1514,33 @@ fn map_cols<T: Element, N: Element>(
     ins: &[&[T]],
     (outer, n, inner): (usize, usize, usize),
     f: impl Fn(&[&[N]], &mut [N]) + Sync + Send,
-) -> Vec<T> {
+) -> Result<Vec<T>> {
     // Tiles of `w` columns, transposed so each line is contiguous (at most TILE_ELEMS
     // elements per input, so a tile stays in cache).
     const TILE_ELEMS: usize = 1 << 15;
     let w_max = (TILE_ELEMS / n).clamp(TILE, 16 * TILE) / TILE * TILE;
     let nb = inner.div_ceil(w_max);
     let total = outer * n * inner;
-    let tiles: Vec<Vec<N>> = run_tasks(outer * nb, total, |t| {
+    let tiles: Vec<Vec<N>> = run_tasks(outer * nb, total, outer * nb, |t| {
         let (o, j0) = (t / nb, (t % nb) * w_max);
         let w = w_max.min(inner - j0);
         let bufs: Vec<Vec<N>> = ins
             .iter()
             .map(|s| {
-                let mut buf = vec![N::default(); w * n];
+                let mut buf = amp_tensor::pool::try_zeroed::<N>(w * n)?;
                 transpose_into(&s[o * n * inner + j0..], inner, &mut buf, n, (n, w));
-                buf
+                Ok(buf)
             })
-            .collect();
-        let mut res = vec![N::default(); w * n];
+            .collect::<Result<_>>()?;
+        let mut res = amp_tensor::pool::try_zeroed::<N>(w * n)?;
         for (jj, line) in res.chunks_mut(n).enumerate() {
             let lines: Vec<&[N]> = bufs.iter().map(|b| &b[jj * n..(jj + 1) * n]).collect();
             f(&lines, line);
         }
-        vec![res]
-    });
+        Ok(vec![res])
+    })?;
     // Transpose the tiles back, a block of rows per task.
-    let mut out = vec![T::default(); total];
+    let mut out = amp_tensor::pool::try_zeroed::<T>(total)?;
     let rows_per = (TASK / inner).max(TILE);
     let scatter = |(c, chunk): (usize, &mut [T])| {
         let q_end = c * rows_per + chunk.len() / inner;
@@ -1553,7 +1566,7 @@ fn map_cols<T: Element, N: Element>(
             .enumerate()
             .for_each(scatter);
     }
-    out
+    Ok(out)
 }
 
 fn scan(x: &Tensor, dim: i64, dtype: Option<DType>, mul: bool) -> Result<Tensor> {
@@ -1562,7 +1575,7 @@ fn scan(x: &Tensor, dim: i64, dtype: Option<DType>, mul: bool) -> Result<Tensor>
         None => x.to_dtype(long_if_int(x.dtype()))?,
     };
     let geom = line_geometry(&x, dim)?;
-    let xc = x.contiguous();
+    let xc = x.try_contiguous()?;
     num_kernel!(x.dtype(), |T, N| {
         let out = with_slice::<T, _>(&xc, |s| {
             map_lines::<T, N>(&[s], geom, |ins, out| {
@@ -1573,7 +1586,7 @@ fn scan(x: &Tensor, dim: i64, dtype: Option<DType>, mul: bool) -> Result<Tensor>
                     N::cumsum(out)
                 }
             })
-        });
+        })??;
         Tensor::from_vec(out, x.dims().to_vec())
     })
 }

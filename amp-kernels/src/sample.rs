@@ -8,7 +8,14 @@
 
 use std::str::FromStr;
 
+use amp_tensor::pool::{try_filled, try_zeroed};
 use amp_tensor::{cast_into, cast_slice, Error, Result, Tensor};
+
+/// The number of elements of `dims`, saturating: a buffer sized by a count that does not
+/// fit fails to allocate ([`Error::OutOfMemory`]) instead of wrapping.
+fn count(dims: &[usize]) -> usize {
+    dims.iter().fold(1usize, |a, &d| a.saturating_mul(d))
+}
 use num_traits::{One, Zero};
 use rayon::prelude::*;
 
@@ -196,16 +203,17 @@ pub fn grid_sample_plan(
         s
     };
     float_kernel!(grid.dtype(), op, |T, C| {
-        let g: Vec<C> = with_slice::<T, _>(grid, |gs| {
-            let mut b = vec![C::zero(); gs.len()];
+        let g: Vec<C> = with_slice::<T, _>(grid, |gs| -> Result<Vec<C>> {
+            let mut b = try_zeroed::<C>(gs.len())?;
             cast_into(gs, &mut b);
-            b
-        });
-        let mut index = vec![-1i64; nb * k * pts];
-        let mut weight = vec![C::zero(); nb * k * pts];
-        let mut coord = vec![C::zero(); nb * n * pts];
-        let mut mult = vec![C::zero(); nb * n * pts];
-        let mut base = vec![C::zero(); nb * n * pts];
+            Ok(b)
+        })??;
+        let (nkp, nnp) = (count(&[nb, k, pts]), count(&[nb, n, pts]));
+        let mut index = try_filled(nkp, -1i64)?;
+        let mut weight = try_zeroed::<C>(nkp)?;
+        let mut coord = try_zeroed::<C>(nnp)?;
+        let mut mult = try_zeroed::<C>(nnp)?;
+        let mut base = try_zeroed::<C>(nnp)?;
         for b in 0..nb {
             for p in 0..pts {
                 let gp = &g[(b * pts + p) * n..][..n];
@@ -289,13 +297,13 @@ pub fn grid_sample(
     let out_sp = &grid.dims()[1..grid.rank() - 1];
     let pts: usize = out_sp.iter().product();
     let k = plan.index.dims()[1];
-    let idx: Vec<i64> = plan.index.to_vec_as();
+    let idx: Vec<i64> = plan.index.try_to_vec_as()?;
     let mut out_dims = vec![nb, ch];
     out_dims.extend(out_sp);
     float_kernel!(input.dtype(), op, |T, C| {
-        let w: Vec<C> = plan.weight.to_vec_as();
+        let w: Vec<C> = plan.weight.try_to_vec_as()?;
         with_slice::<T, _>(input, |xs| {
-            let mut out = vec![C::zero(); nb * ch * pts];
+            let mut out = try_zeroed::<C>(count(&[nb, ch, pts]))?;
             if pts > 0 && in_len > 0 {
                 out.par_chunks_mut(pts).enumerate().for_each(|(plane, o)| {
                     let b = plane / ch;
@@ -312,7 +320,7 @@ pub fn grid_sample(
                     }
                 });
             }
-            Tensor::from_vec(cast_slice::<C, T>(&out), out_dims.clone())
-        })
+            Tensor::from_vec(cast_slice::<C, T>(&out)?, out_dims.clone())
+        })?
     })
 }

@@ -224,7 +224,7 @@ fn unary_lines(
         });
     }
     let geom = line_geometry(&x, dim)?;
-    let xc = x.contiguous();
+    let xc = x.try_contiguous()?;
     float_kernel!(x.dtype(), op, |T, C| {
         let out = with_slice::<T, _>(&xc, |s| {
             if log {
@@ -232,7 +232,7 @@ fn unary_lines(
             } else {
                 map_lines::<T, C>(&[s], geom, softmax_line::<C>)
             }
-        });
+        })??;
         Tensor::from_vec(out, x.dims().to_vec())
     })
 }
@@ -253,8 +253,8 @@ fn backward_lines(
         return Err(Error::UnsupportedDType { op, dtype });
     }
     let geom = line_geometry(out, dim)?;
-    let g = grad.to_dtype(dtype)?.contiguous();
-    let y = out.to_dtype(dtype)?.contiguous();
+    let g = grad.to_dtype(dtype)?.try_contiguous()?;
+    let y = out.to_dtype(dtype)?.try_contiguous()?;
     float_kernel!(dtype, op, |T, C| {
         let res = with_slice::<T, _>(&g, |gs| {
             with_slice::<T, _>(&y, |ys| {
@@ -264,7 +264,7 @@ fn backward_lines(
                     map_lines::<T, C>(&[gs, ys], geom, softmax_backward_line::<C>)
                 }
             })
-        });
+        })???;
         Tensor::from_vec(res, out.dims().to_vec())
     })
 }

@@ -54,7 +54,7 @@ pub fn where_cond(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
             x.arg::<T, T>(g.get(1), false, OP)?,
             y.arg::<T, T>(g.get(2), false, OP)?,
             |c: bool, p: T, q: T| if c { p } else { q },
-        );
+        )?;
         Tensor::from_vec(out, dims)
     })
 }
@@ -84,7 +84,7 @@ fn clamp_kernel<T: amp_tensor::Element, C: amp_tensor::Element>(
     let g = Guards::new([x.tensor()]);
     let a: Arg<T, C> = x.arg(g.get(0), false, "clamp")?;
     let (lo, hi) = (lo.map(scalar_as::<C>), hi.map(scalar_as::<C>));
-    Ok(match (lo, hi) {
+    match (lo, hi) {
         (Some(l), Some(h)) => zip1(dims, a, move |v: C| {
             let r = if v < l { l } else { v };
             if h < r {
@@ -95,8 +95,8 @@ fn clamp_kernel<T: amp_tensor::Element, C: amp_tensor::Element>(
         }),
         (Some(l), None) => zip1(dims, a, move |v: C| if v < l { l } else { v }),
         (None, Some(h)) => zip1(dims, a, move |v: C| if h < v { h } else { v }),
-        (None, None) => return Err(no_bounds()),
-    })
+        (None, None) => Err(no_bounds()),
+    }
 }
 
 /// Clamp every element into `[min, max]` (`torch.clamp` with number bounds; either
@@ -119,7 +119,7 @@ pub fn clamp(x: &Tensor, min: Option<f64>, max: Option<f64>) -> Result<Tensor> {
     let dt = result_type(&ops).unwrap_or(x.dtype());
     if let (Some(l), Some(h)) = (min, max) {
         if dt.is_floating_point() && (l.is_nan() || h.is_nan()) {
-            return Ok(full_tensor(x.dims(), f64::NAN, dt));
+            return full_tensor(x.dims(), f64::NAN, dt);
         }
     }
     let src = Src::of(x, dt, OP)?;
@@ -146,7 +146,7 @@ fn clamp_tensor_kernel<T: amp_tensor::Element, C: amp_tensor::Element>(
         hi.and_then(Src::tensor),
     ]);
     let a: Arg<T, C> = x.arg(g.get(0), false, OP)?;
-    Ok(match (lo, hi) {
+    match (lo, hi) {
         (Some(l), Some(h)) => zip3(
             dims,
             a,
@@ -206,8 +206,8 @@ fn clamp_tensor_kernel<T: amp_tensor::Element, C: amp_tensor::Element>(
                 }
             },
         ),
-        (None, None) => return Err(no_bounds()),
-    })
+        (None, None) => Err(no_bounds()),
+    }
 }
 
 /// Clamp into `[min, max]` with tensor bounds (`torch.clamp(x, min_t, max_t)`):
@@ -268,9 +268,9 @@ fn addc(
                 q.arg::<T, C>(g.get(2), false, op)?,
             );
             let out: Vec<T> = if div {
-                zip3(&dims, s, p, q, move |s: C, p: C, q: C| s + v * p / q)
+                zip3(&dims, s, p, q, move |s: C, p: C, q: C| s + v * p / q)?
             } else {
-                zip3(&dims, s, p, q, move |s: C, p: C, q: C| s + v * p * q)
+                zip3(&dims, s, p, q, move |s: C, p: C, q: C| s + v * p * q)?
             };
             Tensor::from_vec(out, dims)
         });
@@ -288,7 +288,7 @@ fn addc(
             p.arg::<T, T>(g.get(1), false, op)?,
             q.arg::<T, T>(g.get(2), false, op)?,
             move |s: T, p: T, q: T| s.wadd(v.wmul(p).wmul(q)),
-        );
+        )?;
         Tensor::from_vec(out, dims)
     }, _ => Err(Error::UnsupportedDType { op, dtype: dt }))
 }
@@ -332,10 +332,10 @@ pub fn lerp(a: &Tensor, b: &Tensor, weight: f64) -> Result<Tensor> {
             y.arg::<T, C>(g.get(1), false, OP)?,
         );
         let out: Vec<T> = if weight.abs() < 0.5 {
-            zip2(&dims, x, y, move |s: C, e: C| s + w * (e - s))
+            zip2(&dims, x, y, move |s: C, e: C| s + w * (e - s))?
         } else {
             let omw = C::from_f64c(1.0) - w;
-            zip2(&dims, x, y, move |s: C, e: C| e - (e - s) * omw)
+            zip2(&dims, x, y, move |s: C, e: C| e - (e - s) * omw)?
         };
         Tensor::from_vec(out, dims)
     })
@@ -370,7 +370,7 @@ pub fn threshold_backward(grad: &Tensor, x: &Tensor, threshold: f64) -> Result<T
             gs.arg::<T, C>(guards.get(0), false, OP)?,
             xs.arg::<T, C>(guards.get(1), false, OP)?,
             move |g: C, x: C| if x <= th { zero } else { g },
-        );
+        )?;
         Tensor::from_vec(out, dims)
     })
 }

@@ -298,9 +298,14 @@ pub(crate) mod ewise {
         })
     }
 
-    /// A tensor of `dims` filled with `value` cast to `dtype`.
-    pub(crate) fn full_tensor(dims: &[usize], value: impl Into<Scalar>, dtype: DType) -> Tensor {
-        Tensor::full(dims.to_vec(), value, dtype)
+    /// A tensor of `dims` filled with `value` cast to `dtype`, or
+    /// [`Error::OutOfMemory`].
+    pub(crate) fn full_tensor(
+        dims: &[usize],
+        value: impl Into<Scalar>,
+        dtype: DType,
+    ) -> Result<Tensor> {
+        Tensor::try_full(dims.to_vec(), value, dtype)
     }
 
     /// One operand of an elementwise op after promotion.
@@ -703,15 +708,16 @@ pub(crate) mod ewise {
     }
 
     /// A vector of `n` outputs written by `task(chunk, first_index)`, over rayon in
-    /// large chunks when `n` is large, else on the calling thread.
+    /// large chunks when `n` is large, else on the calling thread; [`Error::OutOfMemory`]
+    /// when the output cannot be allocated.
     ///
     /// The output is never initialised first (a zeroed fresh buffer cost a fifth of a
     /// 192×192 float32 `add`): `task` must write every element of the chunk it gets.
     pub(crate) fn run_tasks<O: Element>(
         n: usize,
         task: impl Fn(&mut [MaybeUninit<O>], usize) + Sync,
-    ) -> Vec<O> {
-        let mut out = amp_tensor::pool::vec_with_capacity::<O>(n);
+    ) -> Result<Vec<O>> {
+        let mut out = amp_tensor::pool::try_vec_with_capacity::<O>(n)?;
         let spare = &mut out.spare_capacity_mut()[..n];
         if n >= PARALLEL_MIN {
             let threads = rayon::current_num_threads().max(1);
@@ -726,7 +732,7 @@ pub(crate) mod ewise {
         // SAFETY: the chunks cover `0..n` and every task wrote its whole chunk (a
         // panicking task propagates before this line, leaving the vector empty).
         unsafe { out.set_len(n) };
-        out
+        Ok(out)
     }
 
     /// Split the run `(o, len, starts, strides)` into pieces of at most [`PIECE`].
@@ -754,7 +760,7 @@ pub(crate) mod ewise {
         dims: &[usize],
         x: Arg<T, C>,
         f: impl Fn(C) -> R + Sync,
-    ) -> Vec<O>
+    ) -> Result<Vec<O>>
     where
         T: Element,
         C: Element,
@@ -788,7 +794,7 @@ pub(crate) mod ewise {
         x: Arg<T1, C1>,
         y: Arg<T2, C2>,
         f: impl Fn(C1, C2) -> R + Sync,
-    ) -> Vec<O>
+    ) -> Result<Vec<O>>
     where
         T1: Element,
         C1: Element,
@@ -886,7 +892,7 @@ pub(crate) mod ewise {
         y: Arg<T2, C2>,
         z: Arg<T3, C3>,
         f: impl Fn(C1, C2, C3) -> R + Sync,
-    ) -> Vec<O>
+    ) -> Result<Vec<O>>
     where
         T1: Element,
         C1: Element,
@@ -1156,7 +1162,7 @@ fn float_unary<T: amp_tensor::Element, C: Real + RoundEven>(
     let dims = x.dims();
     macro_rules! go {
         ($f:expr) => {
-            zip1::<T, C, C, T>(dims, a, $f)
+            zip1::<T, C, C, T>(dims, a, $f)?
         };
     }
     let half = C::from_f64c(0.5);
@@ -1230,7 +1236,7 @@ fn float_unary_simd<T: Element, C: 'static>(op: UnaryOp, x: &Tensor) -> Option<R
         _ => return None,
     };
     let level = vmath::level()?;
-    let out: Vec<T> = with_slice::<T, _>(x, |src| {
+    let out = with_slice::<T, _>(x, |src| {
         ewise::run_tasks(src.len(), |out: &mut [MaybeUninit<T>], lo| {
             let (mut xb, mut yb) = ([0f32; CHUNK], [MaybeUninit::<f32>::uninit(); CHUNK]);
             for (k, o) in out.chunks_mut(CHUNK).enumerate() {
@@ -1255,7 +1261,7 @@ fn float_unary_simd<T: Element, C: 'static>(op: UnaryOp, x: &Tensor) -> Option<R
             }
         })
     });
-    Some(Tensor::from_vec(out, x.dims().to_vec()))
+    Some(out.and_then(|out| Tensor::from_vec(out?, x.dims().to_vec())))
 }
 
 /// Run a dtype-keeping `op` on an int32/int64 tensor.
@@ -1265,12 +1271,12 @@ fn int_unary<T: ewise::Int>(op: UnaryOp, x: &Tensor) -> Result<Tensor> {
     let a: Arg<T, T> = src.arg(g.get(0), false, op.name())?;
     let dims = x.dims();
     let out: Vec<T> = match op {
-        UnaryOp::Neg => zip1(dims, a, |v: T| v.wneg()),
-        UnaryOp::Abs => zip1(dims, a, |v: T| v.wabs()),
-        UnaryOp::Sign => zip1(dims, a, |v: T| v.sign()),
-        UnaryOp::Square => zip1(dims, a, |v: T| v.wmul(v)),
-        UnaryOp::Relu => zip1(dims, a, |v: T| v.max(T::ZERO)),
-        UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round => return Ok(x.copy()),
+        UnaryOp::Neg => zip1(dims, a, |v: T| v.wneg())?,
+        UnaryOp::Abs => zip1(dims, a, |v: T| v.wabs())?,
+        UnaryOp::Sign => zip1(dims, a, |v: T| v.sign())?,
+        UnaryOp::Square => zip1(dims, a, |v: T| v.wmul(v))?,
+        UnaryOp::Relu => zip1(dims, a, |v: T| v.max(T::ZERO))?,
+        UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round => return x.try_copy(),
         _ => {
             return Err(Error::UnsupportedDType {
                 op: op.name(),
@@ -1285,8 +1291,8 @@ fn int_unary<T: ewise::Int>(op: UnaryOp, x: &Tensor) -> Result<Tensor> {
 /// `square` gives int64, the rest are errors).
 fn bool_unary(op: UnaryOp, x: &Tensor) -> Result<Tensor> {
     match op {
-        UnaryOp::Sign => Ok(x.copy()),
-        UnaryOp::Square => x.to_dtype(DType::I64).map(|t| t.contiguous()),
+        UnaryOp::Sign => x.try_copy(),
+        UnaryOp::Square => x.to_dtype(DType::I64)?.try_contiguous(),
         UnaryOp::Neg => Err(Error::invalid(
             "neg",
             "Negation, the `-` operator, on a bool tensor is not supported. If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.",
@@ -1412,7 +1418,7 @@ pub fn softplus(x: &Tensor, beta: f64, threshold: f64) -> Result<Tensor> {
             } else {
                 (v * b).exp().ln_1p() / b
             }
-        });
+        })?;
         Tensor::from_vec(out, x.dims().to_vec())
     })
 }
@@ -1427,13 +1433,13 @@ fn float_test(
 ) -> Result<Tensor> {
     ensure_cpu(op, &[x])?;
     if !x.dtype().is_floating_point() {
-        return Ok(full_tensor(x.dims(), int_value, DType::Bool));
+        return full_tensor(x.dims(), int_value, DType::Bool);
     }
     crate::float_kernel!(x.dtype(), op, |T, C| {
         let g = Guards::new([Some(x)]);
         let src = Src::full(x);
         let a: Arg<T, C> = src.arg(g.get(0), false, op)?;
-        let out: Vec<bool> = zip1(x.dims(), a, |v: C| pred(v.to_f64c()));
+        let out: Vec<bool> = zip1(x.dims(), a, |v: C| pred(v.to_f64c()))?;
         Tensor::from_vec(out, x.dims().to_vec())
     })
 }

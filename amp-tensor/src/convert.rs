@@ -7,24 +7,24 @@ use std::mem::MaybeUninit;
 use half::{bf16, f16, slice::HalfFloatSliceExt};
 use rayon::prelude::*;
 
-use crate::{Element, Layout};
+use crate::{Element, Layout, Result};
 
 /// Buffers at least this long are converted by several threads.
 pub const PARALLEL_THRESHOLD: usize = 1 << 18;
 const CHUNK: usize = 1 << 16;
 
-/// A vector of `n` elements written by `fill` (which must write every element).
+/// A vector of `n` elements written by `fill` (which must write every element), or
+/// [`crate::Error::OutOfMemory`] when the buffer cannot be allocated.
 /// Large vectors reuse a dropped buffer from the [`crate::pool`] cache when one fits.
-pub(crate) fn fill_vec<U: Element>(n: usize, fill: impl FnOnce(&mut [MaybeUninit<U>])) -> Vec<U> {
-    let mut v = crate::pool::take::<U>(n).unwrap_or_default();
-    // Elements are `Copy`: forgetting the recycled values needs no drop.
-    // SAFETY: 0 <= len, and the spare capacity below is written in full before `set_len(n)`.
-    unsafe { v.set_len(0) };
-    v.reserve_exact(n);
+pub(crate) fn fill_vec<U: Element>(
+    n: usize,
+    fill: impl FnOnce(&mut [MaybeUninit<U>]),
+) -> Result<Vec<U>> {
+    let mut v = crate::pool::try_vec_with_capacity::<U>(n)?;
     fill(&mut v.spare_capacity_mut()[..n]);
     // SAFETY: `fill` initialised all `n` elements (every caller writes each slot once).
     unsafe { v.set_len(n) };
-    v
+    Ok(v)
 }
 
 /// f32 → bfloat16, round to nearest even, NaN to PyTorch's canonical 0x7FC0: the
@@ -248,8 +248,9 @@ mod stream {
     }
 }
 
-/// Convert a contiguous slice, in parallel when it is large.
-pub fn cast_slice<T: Element, U: Element>(src: &[T]) -> Vec<U> {
+/// Convert a contiguous slice, in parallel when it is large; [`crate::Error::OutOfMemory`]
+/// when the output cannot be allocated.
+pub fn cast_slice<T: Element, U: Element>(src: &[T]) -> Result<Vec<U>> {
     fill_vec(src.len(), |dst| {
         if src.len() * std::mem::size_of::<U>() >= STREAM_BYTES {
             dst.par_chunks_mut(CHUNK)
@@ -266,8 +267,9 @@ pub fn cast_slice<T: Element, U: Element>(src: &[T]) -> Vec<U> {
 }
 
 /// Gather the elements `layout` selects from `src` in row-major order, converting
-/// each to `U`. Contiguous layouts take [`cast_slice`].
-pub fn gather_cast<T: Element, U: Element>(src: &[T], layout: &Layout) -> Vec<U> {
+/// each to `U`. Contiguous layouts take [`cast_slice`]. [`crate::Error::OutOfMemory`]
+/// when the output cannot be allocated.
+pub fn gather_cast<T: Element, U: Element>(src: &[T], layout: &Layout) -> Result<Vec<U>> {
     if let Some(r) = layout.contiguous_range() {
         return cast_slice(&src[r]);
     }
@@ -302,8 +304,9 @@ const TILE: usize = 32;
 /// Gather of a layout whose last two dimensions read as a transposed matrix (stride 1
 /// on the second-to-last, a long stride on the last, as `w.t()` or a gradient computed
 /// as `(gᵀ @ x)ᵀ`): copied tile by tile so both sides stay in cache, over rayon when
-/// large. `None` for other layouts (the run-by-run gather handles them).
-fn gather_transposed<T: Element, U: Element>(src: &[T], layout: &Layout) -> Option<Vec<U>> {
+/// large. `None` for other layouts (the run-by-run gather handles them); the error of
+/// an output that cannot be allocated.
+fn gather_transposed<T: Element, U: Element>(src: &[T], layout: &Layout) -> Option<Result<Vec<U>>> {
     let rank = layout.rank();
     if rank < 2 {
         return None;
@@ -318,8 +321,17 @@ fn gather_transposed<T: Element, U: Element>(src: &[T], layout: &Layout) -> Opti
         strides[..rank - 2].to_vec(),
         layout.offset(),
     );
-    let bases: Vec<usize> = outer.offsets().collect();
-    let mut out = crate::pool::recycled_vec::<U>(layout.elem_count());
+    let alloc = || -> Result<(Vec<usize>, Vec<U>)> {
+        let bases = crate::pool::try_collect(outer.elem_count(), outer.offsets())?;
+        Ok((
+            bases,
+            crate::pool::try_recycled_vec::<U>(layout.elem_count())?,
+        ))
+    };
+    let (bases, mut out) = match alloc() {
+        Ok(v) => v,
+        Err(e) => return Some(Err(e)),
+    };
     // Rows `i0..i0 + TILE` of one matrix (out[i][j] = src[base + i + j * sc]): each
     // column reads a short contiguous stretch; the rows written stay in cache.
     let block = |rows: &mut [U], base: usize, i0: usize| {
@@ -347,7 +359,7 @@ fn gather_transposed<T: Element, U: Element>(src: &[T], layout: &Layout) -> Opti
             }
         }
     }
-    Some(out)
+    Some(Ok(out))
 }
 
 /// Copy (with a cast) from a gathered source into the places `dst_layout` selects.
@@ -376,12 +388,14 @@ pub fn scatter_cast<T: Element, U: Element>(src: &[T], dst: &mut [U], dst_layout
 /// Copy (with a cast) the elements `src_layout` selects from `src` into the places
 /// `dst_layout` selects in `dst` (same element count), without an intermediate buffer when
 /// either side is contiguous. The two buffers are distinct, so nothing aliases.
+/// [`crate::Error::OutOfMemory`] when neither side is contiguous and the intermediate
+/// buffer cannot be allocated (nothing is written then).
 pub fn copy_cast<T: Element, U: Element>(
     src: &[T],
     src_layout: &Layout,
     dst: &mut [U],
     dst_layout: &Layout,
-) {
+) -> Result<()> {
     debug_assert_eq!(src_layout.elem_count(), dst_layout.elem_count());
     match (src_layout.contiguous_range(), dst_layout.contiguous_range()) {
         (Some(rs), Some(rd)) => {
@@ -410,8 +424,9 @@ pub fn copy_cast<T: Element, U: Element>(
                 i += len;
             });
         }
-        (None, None) => scatter_cast(&gather_cast::<T, T>(src, src_layout), dst, dst_layout),
+        (None, None) => scatter_cast(&gather_cast::<T, T>(src, src_layout)?, dst, dst_layout),
     }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -439,13 +454,13 @@ mod tests {
         let src: Vec<f32> = (0..PARALLEL_THRESHOLD + 123)
             .map(|i| (i as f32).sin() * 1e3)
             .collect();
-        let a: Vec<bf16> = cast_slice(&src);
-        let b: Vec<f16> = cast_slice(&src);
+        let a: Vec<bf16> = cast_slice(&src).unwrap();
+        let b: Vec<f16> = cast_slice(&src).unwrap();
         for (i, &s) in src.iter().enumerate() {
             assert_eq!(a[i], bf16::from_f32(s));
             assert_eq!(b[i], f16::from_f32(s));
         }
-        let back: Vec<f32> = cast_slice(&a);
+        let back: Vec<f32> = cast_slice(&a).unwrap();
         assert_eq!(back[77], a[77].to_f32());
     }
 
@@ -467,7 +482,11 @@ mod tests {
                 gather_transposed::<f32, bf16>(&src, &layout).is_some(),
                 "{dims:?}"
             );
-            assert_eq!(gather_cast::<f32, bf16>(&src, &layout), want, "{dims:?}");
+            assert_eq!(
+                gather_cast::<f32, bf16>(&src, &layout).unwrap(),
+                want,
+                "{dims:?}"
+            );
         };
         check(&[33, 70], &[1, 33], 0);
         check(&[40, 45], &[1, 50], 3);

@@ -14,6 +14,44 @@ pub enum Kind {
     Double,
 }
 
+/// A type whose all-zero bytes are a valid value (its zero, or `false`), so that a buffer
+/// of it may come zeroed from the allocator ([`crate::pool::try_zeroed`]).
+///
+/// # Safety
+/// An implementor must be valid when every byte of it is zero.
+pub unsafe trait ZeroBits: Copy {}
+
+// SAFETY: zero bytes are 0 / +0.0 / `false` for each of these primitive types.
+unsafe impl ZeroBits for f16 {}
+// SAFETY: as above.
+unsafe impl ZeroBits for bf16 {}
+// SAFETY: as above.
+unsafe impl ZeroBits for f32 {}
+// SAFETY: as above.
+unsafe impl ZeroBits for f64 {}
+// SAFETY: as above.
+unsafe impl ZeroBits for bool {}
+// SAFETY: as above.
+unsafe impl ZeroBits for i8 {}
+// SAFETY: as above.
+unsafe impl ZeroBits for i16 {}
+// SAFETY: as above.
+unsafe impl ZeroBits for i32 {}
+// SAFETY: as above.
+unsafe impl ZeroBits for i64 {}
+// SAFETY: as above.
+unsafe impl ZeroBits for isize {}
+// SAFETY: as above.
+unsafe impl ZeroBits for u8 {}
+// SAFETY: as above.
+unsafe impl ZeroBits for u16 {}
+// SAFETY: as above.
+unsafe impl ZeroBits for u32 {}
+// SAFETY: as above.
+unsafe impl ZeroBits for u64 {}
+// SAFETY: as above.
+unsafe impl ZeroBits for usize {}
+
 /// A Rust type that can be a tensor element.
 ///
 /// Casts follow PyTorch's CPU semantics: round-to-nearest-even into 16-bit floats,
@@ -22,7 +60,7 @@ pub enum Kind {
 /// nonzero (and NaN) → `true`. A float64 is narrowed to 16 bits through float32, as
 /// PyTorch's `c10::Half(float)`/`c10::BFloat16(float)` constructors do.
 pub trait Element:
-    Copy + Send + Sync + PartialEq + PartialOrd + std::fmt::Debug + Default + 'static
+    ZeroBits + Copy + Send + Sync + PartialEq + PartialOrd + std::fmt::Debug + Default + 'static
 {
     const DTYPE: DType;
     const KIND: Kind;

@@ -44,7 +44,7 @@ pub use convert::{
 };
 pub use device::{Device, DeviceType};
 pub use dtype::{promote_types, result_type, Category, DType, Operand, Scalar};
-pub use element::{Element, Kind};
+pub use element::{Element, Kind, ZeroBits};
 pub use error::{Error, Result};
 pub use layout::{Layout, StridedOffsets};
 pub use random::Generator;

@@ -35,7 +35,7 @@
 
 use std::sync::Mutex;
 
-use crate::{CpuStorage, Element};
+use crate::{CpuStorage, Element, Error, Result, ZeroBits};
 
 /// Buffers smaller than this are left to the allocator. (At 256 KiB the allocator's
 /// `calloc` of a reused block zeroes it first: a tenth of a 512×512 bfloat16 `mul`.)
@@ -98,25 +98,94 @@ fn bytes_of(buf: &CpuStorage) -> usize {
     cap * buf.dtype().size_in_bytes()
 }
 
+/// The error of a buffer of `n` elements of `T` that cannot be had: PyTorch's
+/// "DefaultCPUAllocator: not enough memory" with the byte count (saturating).
+fn out_of_memory<T>(n: usize) -> Error {
+    Error::OutOfMemory {
+        bytes: n.saturating_mul(std::mem::size_of::<T>()),
+    }
+}
+
+/// An empty vector with room for exactly `n` elements, freshly allocated (never from the
+/// cache), or [`Error::OutOfMemory`]: the fallible `Vec::with_capacity`, for outputs and
+/// scratch of any element type built with `push`/`extend`.
+pub fn try_with_capacity<T>(n: usize) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| out_of_memory::<T>(n))?;
+    Ok(v)
+}
+
+/// `n` copies of `value` in a fresh buffer, or [`Error::OutOfMemory`]: the fallible
+/// `vec![value; n]`.
+pub fn try_filled<T: Clone>(n: usize, value: T) -> Result<Vec<T>> {
+    let mut v = try_with_capacity(n)?;
+    v.resize(n, value);
+    Ok(v)
+}
+
+/// `n` zeros in a fresh buffer the allocator zeroes (`calloc`: large buffers come as
+/// untouched zero pages, as `vec![0; n]` gives them), or [`Error::OutOfMemory`]: the
+/// fallible `vec![0; n]` for buffers that must start at zero (accumulators).
+pub fn try_zeroed<T: ZeroBits>(n: usize) -> Result<Vec<T>> {
+    if n == 0 || std::mem::size_of::<T>() == 0 {
+        // SAFETY: all-zero bytes are a valid `T` (`ZeroBits`).
+        return try_filled(n, unsafe { std::mem::zeroed::<T>() });
+    }
+    let layout = std::alloc::Layout::array::<T>(n).map_err(|_| out_of_memory::<T>(n))?;
+    // SAFETY: `layout` has a non-zero size (n > 0, T not zero-sized).
+    let p = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<T>();
+    if p.is_null() {
+        return Err(out_of_memory::<T>(n));
+    }
+    // SAFETY: `p` comes from the global allocator with the layout of `n` `T`s (so
+    // capacity `n`), and all `n` elements are all-zero bytes, a valid `T` (`ZeroBits`).
+    Ok(unsafe { Vec::from_raw_parts(p, n, n) })
+}
+
+/// `v` resized to `len` elements (new ones `value`), growing as `Vec::resize` does, or
+/// [`Error::OutOfMemory`] (then `v` is unchanged): the fallible `Vec::resize`, for
+/// reusable scratch buffers that grow on demand.
+pub fn try_resize<T: Clone>(v: &mut Vec<T>, len: usize, value: T) -> Result<()> {
+    if len > v.len() {
+        v.try_reserve(len - v.len())
+            .map_err(|_| out_of_memory::<T>(len))?;
+    }
+    v.resize(len, value);
+    Ok(())
+}
+
+/// The `n` items of `iter` in a vector allocated for exactly `n` up front, or
+/// [`Error::OutOfMemory`]: the fallible `collect()` of an output of known length.
+pub fn try_collect<T>(n: usize, iter: impl IntoIterator<Item = T>) -> Result<Vec<T>> {
+    let mut v = try_with_capacity(n)?;
+    v.extend(iter);
+    Ok(v)
+}
+
 /// An empty vector with room for at least `n` elements: a cached buffer when one fits,
-/// else a fresh allocation. For kernels that write their output through the spare
-/// capacity (`Vec::spare_capacity_mut`) and then `set_len`.
-pub fn vec_with_capacity<T: Element>(n: usize) -> Vec<T> {
+/// else a fresh allocation, or [`Error::OutOfMemory`] when that cannot be had. For
+/// kernels that write their output through the spare capacity
+/// (`Vec::spare_capacity_mut`) and then `set_len`.
+pub fn try_vec_with_capacity<T: Element>(n: usize) -> Result<Vec<T>> {
     match take::<T>(n) {
         Some(mut v) => {
             v.clear();
-            v
+            Ok(v)
         }
-        None => Vec::with_capacity(n),
+        None => try_with_capacity(n),
     }
 }
 
 /// A vector of `n` elements for an output its caller writes in full: a cached buffer when
-/// one fits (its elements then hold old, valid values), else a fresh one (zeros).
+/// one fits (its elements then hold old, valid values), else a fresh one (zeros), or
+/// [`Error::OutOfMemory`] when that cannot be had.
 ///
 /// Kernels in other crates use it for large outputs so that they reuse dropped buffers.
-pub fn recycled_vec<T: Element>(n: usize) -> Vec<T> {
-    take(n).unwrap_or_else(|| vec![T::default(); n])
+pub fn try_recycled_vec<T: Element>(n: usize) -> Result<Vec<T>> {
+    match take(n) {
+        Some(v) => Ok(v),
+        None => try_zeroed(n),
+    }
 }
 
 /// A cached vector of `n` elements, or `None` (below the pooled size, or no fit).

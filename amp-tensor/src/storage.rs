@@ -2,18 +2,7 @@
 
 use half::{bf16, f16};
 
-use crate::{with_dtype, DType, Device, Element, Error, Result};
-
-/// `n` copies of `value` in a buffer allocated with `try_reserve_exact`: a failed
-/// allocation is an error, not an abort.
-pub(crate) fn try_filled<T: Clone>(n: usize, value: T) -> Result<Vec<T>> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(n).map_err(|_| Error::OutOfMemory {
-        bytes: n.saturating_mul(std::mem::size_of::<T>()),
-    })?;
-    v.resize(n, value);
-    Ok(v)
-}
+use crate::{with_dtype, DType, Device, Element, Result};
 
 /// A host buffer of one dtype.
 #[derive(Debug, Clone, PartialEq)]
@@ -67,14 +56,14 @@ impl CpuStorage {
         Self::try_full(dtype, n, value).unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// `n` zeros, or [`Error::OutOfMemory`] when the buffer cannot be allocated.
+    /// `n` zeros, or [`crate::Error::OutOfMemory`] when the buffer cannot be allocated.
     pub fn try_zeros(dtype: DType, n: usize) -> Result<Self> {
-        with_dtype!(dtype, T => Ok(T::into_storage(try_filled(n, T::default())?)))
+        with_dtype!(dtype, T => Ok(T::into_storage(crate::pool::try_filled(n, T::default())?)))
     }
 
-    /// `n` copies of `value` cast to `dtype`, or [`Error::OutOfMemory`].
+    /// `n` copies of `value` cast to `dtype`, or [`crate::Error::OutOfMemory`].
     pub fn try_full(dtype: DType, n: usize, value: f64) -> Result<Self> {
-        with_dtype!(dtype, T => Ok(T::into_storage(try_filled(n, <f64 as Element>::cast::<T>(value))?)))
+        with_dtype!(dtype, T => Ok(T::into_storage(crate::pool::try_filled(n, <f64 as Element>::cast::<T>(value))?)))
     }
 
     /// The elements as `T`, if the storage holds `T`.

@@ -114,10 +114,10 @@ impl Tensor {
         let n = shape.elem_count();
         let storage = match value.into() {
             Scalar::Int(i) => with_dtype!(dtype, T => T::into_storage(
-                crate::storage::try_filled(n, <i64 as Element>::cast::<T>(i))?
+                crate::pool::try_filled(n, <i64 as Element>::cast::<T>(i))?
             )),
             Scalar::Bool(b) => with_dtype!(dtype, T => T::into_storage(
-                crate::storage::try_filled(n, <bool as Element>::cast::<T>(b))?
+                crate::pool::try_filled(n, <bool as Element>::cast::<T>(b))?
             )),
             Scalar::Float(f) => CpuStorage::try_full(dtype, n, f)?,
         };
@@ -183,8 +183,8 @@ impl Tensor {
             ));
         }
         let n = ((end - start) / step).ceil().max(0.0) as usize;
-        let data = with_dtype!(dtype, T => T::into_storage(
-            (0..n).map(|i| <f64 as Element>::cast::<T>(start + i as f64 * step)).collect()));
+        let data = with_dtype!(dtype, T => T::into_storage(crate::pool::try_collect(
+            n, (0..n).map(|i| <f64 as Element>::cast::<T>(start + i as f64 * step)))?));
         Self::from_storage(data, Layout::contiguous([n]))
     }
 
@@ -230,7 +230,7 @@ impl Tensor {
             return Err(Error::UnsupportedDType { op, dtype });
         }
         shape.storage_bytes(DType::F64)?;
-        let mut data = crate::storage::try_filled(shape.elem_count(), 0.0f64)?;
+        let mut data = crate::pool::try_filled(shape.elem_count(), 0.0f64)?;
         data.iter_mut().for_each(|x| *x = f());
         Tensor::from_vec(data, shape)?.to_dtype(dtype)
     }
@@ -331,16 +331,29 @@ impl Tensor {
                 got: self.dtype(),
             });
         }
-        Ok(self.to_vec_as())
+        self.try_to_vec_as()
     }
 
     /// The elements in row-major order, each cast to `T` with PyTorch's rules.
+    ///
+    /// # Panics
+    /// When the vector cannot be allocated ([`Tensor::try_to_vec_as`] returns the error).
     pub fn to_vec_as<T: Element>(&self) -> Vec<T> {
+        self.try_to_vec_as().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Tensor::to_vec_as`], with a vector that cannot be allocated as
+    /// [`Error::OutOfMemory`] (a broadcast view can stand for far more elements than its
+    /// storage holds).
+    pub fn try_to_vec_as<T: Element>(&self) -> Result<Vec<T>> {
         let st = self.storage();
         with_dtype!(self.dtype(), S => gather_cast::<S, T>(S::slice(st.cpu()).expect("dtype matches storage"), self.layout()))
     }
 
     /// The elements as f64 (exact for every dtype but int64 beyond 2^53).
+    ///
+    /// # Panics
+    /// When the vector cannot be allocated ([`Tensor::try_to_vec_as`] returns the error).
     pub fn to_vec_f64(&self) -> Vec<f64> {
         self.to_vec_as()
     }
@@ -378,7 +391,7 @@ impl Tensor {
         let st = self.storage();
         let storage = with_dtype!(self.dtype(), S => {
             let src = S::slice(st.cpu()).expect("dtype matches storage");
-            with_dtype!(dtype, D => D::into_storage(gather_cast::<S, D>(src, self.layout())))
+            with_dtype!(dtype, D => D::into_storage(gather_cast::<S, D>(src, self.layout())?))
         });
         Tensor::from_storage(storage, Layout::contiguous(self.shape()))
     }
@@ -398,19 +411,37 @@ impl Tensor {
     }
 
     /// A contiguous tensor with the same values (this tensor itself when contiguous).
+    ///
+    /// # Panics
+    /// When the copy cannot be allocated ([`Tensor::try_contiguous`] returns the error).
     pub fn contiguous(&self) -> Tensor {
+        self.try_contiguous().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Tensor::contiguous`], with a copy that cannot be allocated as
+    /// [`Error::OutOfMemory`] (PyTorch's `RuntimeError` for an expanded view too large
+    /// to materialise).
+    pub fn try_contiguous(&self) -> Result<Tensor> {
         if self.is_contiguous() {
-            return self.clone();
+            return Ok(self.clone());
         }
-        self.copy()
+        self.try_copy()
     }
 
     /// A fresh contiguous copy that shares nothing with this tensor.
+    ///
+    /// # Panics
+    /// When the copy cannot be allocated ([`Tensor::try_copy`] returns the error).
     pub fn copy(&self) -> Tensor {
+        self.try_copy().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Tensor::copy`], with a copy that cannot be allocated as [`Error::OutOfMemory`].
+    pub fn try_copy(&self) -> Result<Tensor> {
         let st = self.storage();
         let storage = with_dtype!(self.dtype(), S => S::into_storage(
-            gather_cast::<S, S>(S::slice(st.cpu()).expect("dtype matches storage"), self.layout())));
-        Tensor::from_storage(storage, Layout::contiguous(self.shape())).expect("sizes agree")
+            gather_cast::<S, S>(S::slice(st.cpu()).expect("dtype matches storage"), self.layout())?));
+        Tensor::from_storage(storage, Layout::contiguous(self.shape()))
     }
 
     /// Copy `src` into this tensor in place (PyTorch's `copy_`): `src` is broadcast to
@@ -430,14 +461,14 @@ impl Tensor {
             with_dtype!(src.dtype(), S => {
                 let s = S::slice(st.cpu()).expect("dtype matches storage");
                 with_dtype!(self.dtype(), D => copy_cast::<S, D>(s, &src_layout, D::slice_mut(dst.cpu_mut()).expect("dtype matches storage"), self.layout()))
-            });
+            })?;
             return Ok(());
         }
         // Same storage: gather first, the source may overlap the destination.
         let gathered = {
             let st = src.storage();
             with_dtype!(src.dtype(), S => S::into_storage(
-                gather_cast::<S, S>(S::slice(st.cpu()).expect("dtype matches storage"), &src_layout)))
+                gather_cast::<S, S>(S::slice(st.cpu()).expect("dtype matches storage"), &src_layout)?))
         };
         let mut dst = self.storage_mut();
         with_dtype!(src.dtype(), S => {
@@ -472,7 +503,7 @@ impl Tensor {
         let dims = shape.resolve("reshape", self.elem_count())?;
         match self.layout().view_strides(&dims) {
             Some(strides) => Ok(self.view_of(Layout::new(dims, strides, self.layout().offset()))),
-            None => self.copy().view(dims),
+            None => self.try_copy()?.view(dims),
         }
     }
 

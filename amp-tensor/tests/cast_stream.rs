@@ -59,7 +59,7 @@ fn streaming_casts_match_the_element_conversion() {
     // Offsets 0..3 shift the source against the output's alignment.
     for off in [0usize, 1, 3] {
         let s = &src[off..];
-        let got: Vec<bf16> = cast_slice(s);
+        let got: Vec<bf16> = cast_slice(s).unwrap();
         let bad = got
             .iter()
             .zip(s)
@@ -67,7 +67,7 @@ fn streaming_casts_match_the_element_conversion() {
         assert_eq!(bad, None, "bf16 offset {off}: first mismatch at {bad:?}");
         // float16: the same bits as the ordinary (non-streaming) conversion, NaN
         // payloads included; and the value `half` gives for every non-NaN.
-        let got: Vec<f16> = cast_slice(s);
+        let got: Vec<f16> = cast_slice(s).unwrap();
         let mut want = vec![f16::ZERO; s.len()];
         cast_into(s, &mut want);
         let bad = got.iter().zip(&want).zip(s).position(|((g, w), &x)| {

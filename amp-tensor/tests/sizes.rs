@@ -70,3 +70,47 @@ fn a_failed_allocation_is_an_error() {
         [0.0; 3]
     );
 }
+
+#[test]
+fn the_pool_helpers_refuse_what_cannot_be_allocated() {
+    use amp_tensor::pool;
+    let oom = |bytes| Error::OutOfMemory { bytes };
+    // 2^51 bytes (in any element type) and a count whose bytes overflow (saturated).
+    let n = 1usize << 48;
+    assert_eq!(pool::try_with_capacity::<f64>(n).unwrap_err(), oom(n * 8));
+    assert_eq!(pool::try_filled(n, 1.5f64).unwrap_err(), oom(n * 8));
+    assert_eq!(pool::try_zeroed::<f64>(n).unwrap_err(), oom(n * 8));
+    assert_eq!(
+        pool::try_collect(n, (0..n).map(|i| i as f64)).unwrap_err(),
+        oom(n * 8)
+    );
+    assert_eq!(pool::try_recycled_vec::<f64>(n).unwrap_err(), oom(n * 8));
+    assert_eq!(
+        pool::try_vec_with_capacity::<f64>(n).unwrap_err(),
+        oom(n * 8)
+    );
+    let mut v = vec![1.0f64; 3];
+    assert_eq!(pool::try_resize(&mut v, n, 0.0).unwrap_err(), oom(n * 8));
+    assert_eq!(v, [1.0; 3]);
+    assert_eq!(
+        pool::try_zeroed::<u64>(usize::MAX).unwrap_err(),
+        oom(usize::MAX)
+    );
+    assert_eq!(
+        pool::try_with_capacity::<u32>(usize::MAX / 2).unwrap_err(),
+        oom(usize::MAX)
+    );
+    // What can be had is what the infallible forms give.
+    assert_eq!(pool::try_zeroed::<f32>(5).unwrap(), [0.0f32; 5]);
+    assert_eq!(pool::try_zeroed::<bool>(2).unwrap(), [false; 2]);
+    assert!(pool::try_zeroed::<amp_tensor::half::bf16>(0)
+        .unwrap()
+        .is_empty());
+    assert_eq!(pool::try_filled(3, 7i64).unwrap(), [7; 3]);
+    assert_eq!(pool::try_collect(4, 1..5).unwrap(), [1, 2, 3, 4]);
+    let mut w = vec![2u8];
+    pool::try_resize(&mut w, 3, 9).unwrap();
+    assert_eq!(w, [2, 9, 9]);
+    let v = pool::try_vec_with_capacity::<f32>(100).unwrap();
+    assert!(v.is_empty() && v.capacity() >= 100);
+}

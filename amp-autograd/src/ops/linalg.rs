@@ -381,7 +381,7 @@ pub fn triangular_solve(
         tri_impl(&a, &b, upper, true, unitriangular)?
     };
     let (ae, _) = broadcast_batch("triangular_solve", &a, &b)?;
-    let copy = Tensor::from_raw(ae.data().contiguous().copy());
+    let copy = Tensor::from_raw(ae.data().try_contiguous()?.try_copy()?);
     Ok((x, copy))
 }
 
@@ -456,7 +456,7 @@ pub fn cholesky(a: &Tensor, upper: bool) -> Result<Tensor> {
 /// `(L Lᵀ)⁻¹ B` (or `(Uᵀ U)⁻¹ B`) for same-batch inputs.
 fn chol_solve_core(b: &Tensor, l: &Tensor, upper: bool) -> Result<Tensor> {
     let lower = if upper {
-        mt(l)?.data().contiguous()
+        mt(l)?.data().try_contiguous()?
     } else {
         l.data().clone()
     };
@@ -500,9 +500,9 @@ fn chol_inverse_core(l: &Tensor, upper: bool) -> Result<Tensor> {
     let n = l.dims()[l.rank() - 1];
     let id = Raw::eye(n, l.dtype())
         .broadcast_to(l.dims().to_vec())?
-        .contiguous();
+        .try_contiguous()?;
     let lower = if upper {
-        l.data().transpose(-2, -1)?.contiguous()
+        l.data().transpose(-2, -1)?.try_contiguous()?
     } else {
         l.data().clone()
     };
@@ -1235,7 +1235,7 @@ pub fn lstsq(input: &Tensor, a: &Tensor) -> Result<(Tensor, Tensor)> {
         Ok((sol, qr))
     } else {
         let (qrt, tau) = geqrf(&transpose(&a, 0, 1)?)?;
-        let lq = Tensor::from_raw(transpose(&qrt, 0, 1)?.data().contiguous());
+        let lq = Tensor::from_raw(transpose(&qrt, 0, 1)?.data().try_contiguous()?);
         let l = tril(&narrow(&lq, 1, 0, m)?, 0)?;
         let (y, _) = triangular_solve(&b2, &l, false, false, false)?;
         let pad = Tensor::zeros([n - m, k], a.dtype());

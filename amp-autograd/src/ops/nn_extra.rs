@@ -269,8 +269,8 @@ fn group_norm_node(
                 reshape(&gi, dims.clone())?
             }
             _ => {
-                let gg = gxhat.data().contiguous().reshape([n, groups, k])?;
-                let xg = xs.data().contiguous().reshape([n, groups, k])?;
+                let gg = gxhat.data().try_contiguous()?.reshape([n, groups, k])?;
+                let xg = xs.data().try_contiguous()?.reshape([n, groups, k])?;
                 let (gi, _, _) =
                     amp_kernels::layer_norm_backward(&gg, &xg, &[k], &mean_, &rstd, None)?;
                 Tensor::from_raw(gi.reshape(dims.clone())?)

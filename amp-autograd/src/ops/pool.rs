@@ -395,7 +395,7 @@ pub fn adaptive_avg_pool_nd(x: &Tensor, n: usize, output_size: &[Option<usize>])
         .iter()
         .zip(&os)
         .map(|(&i, &o)| amp_kernels::adaptive_windows(i, o))
-        .collect();
+        .collect::<amp_tensor::Result<_>>()?;
     avg_windows(&x, &geo, None, op, true)
 }
 
@@ -419,7 +419,7 @@ pub fn adaptive_max_pool_nd(
         .iter()
         .zip(&os)
         .map(|(&i, &o)| amp_kernels::adaptive_windows(i, o))
-        .collect();
+        .collect::<amp_tensor::Result<_>>()?;
     let (vals, idx) = amp_kernels::max_pool_windows(op, x.data(), &[geo])?;
     Ok(max_by_indices(&x, vals, idx, n, "AdaptiveMaxPoolBackward0"))
 }
@@ -520,9 +520,9 @@ pub fn fractional_max_pool_nd(
                         amp_kernels::fractional_windows(s[si] as f32, sp[d], out[d], kernel[d])
                     }
                 })
-                .collect()
+                .collect::<amp_tensor::Result<Vec<_>>>()
         })
-        .collect();
+        .collect::<amp_tensor::Result<_>>()?;
     let (vals, idx) = amp_kernels::max_pool_windows(op, x.data(), &geos)?;
     Ok(max_by_indices(
         &x,
@@ -702,7 +702,7 @@ pub fn grid_sample(
     let k = plan.index.dims()[1];
     let corner_index = |c: usize| -> Result<Raw> {
         // [N, 1, out...]: one index row per batch, shared by the channels.
-        Ok(plan.index.narrow(1, c, 1)?.contiguous())
+        Ok(plan.index.narrow(1, c, 1)?.try_contiguous()?)
     };
     let out = match mode {
         GridMode::Nearest => plane_gather(&xc, n, &corner_index(0)?)?,
@@ -714,7 +714,7 @@ pub fn grid_sample(
                 let gd = select(&gc, -1, d as i64)?; // [N, out...]
                 let pick = |r: &Raw| -> Result<Tensor> {
                     Ok(Tensor::from_raw(
-                        r.narrow(1, d, 1)?.squeeze(1)?.contiguous(),
+                        r.narrow(1, d, 1)?.squeeze(1)?.try_contiguous()?,
                     ))
                 };
                 let (coord, mult, base) =
@@ -780,7 +780,7 @@ pub fn embedding_padded(
     }
     let pad = if p < 0 { p + n } else { p };
     let out = amp_kernels::embedding(weight.data(), indices.data())?;
-    let flat = indices.data().reshape([-1i64])?.contiguous();
+    let flat = indices.data().reshape([-1i64])?.try_contiguous()?;
     Ok(record(out, "EmbeddingBackward0", &[&weight], move |g| {
         let len = flat.elem_count();
         let keep = amp_kernels::compare_scalar(amp_kernels::CmpOp::Ne, &flat, pad)?

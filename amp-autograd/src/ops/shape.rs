@@ -155,7 +155,7 @@ pub fn contiguous(x: &Tensor) -> Result<Tensor> {
         return Ok(x.clone());
     }
     let ([x], _body) = enter(&CONTIGUOUS, [x])?;
-    let out = x.data().contiguous();
+    let out = x.data().try_contiguous()?;
     Ok(record(out, "CloneBackward0", &[&x], move |g| {
         Ok(vec![Some(g.clone())])
     }))

@@ -18,7 +18,8 @@
 //! cache; every transform runs along contiguous rows of tiles, as whole blocks of 16
 //! lanes (one vector instruction each), and input rows are widened as they are read.
 
-use amp_tensor::Element;
+use amp_tensor::pool::{try_with_capacity, try_zeroed};
+use amp_tensor::{Element, Result};
 use gemm::Parallelism;
 
 use super::{copy_into, gemm_into, Geo, Mat};
@@ -63,10 +64,11 @@ pub(super) fn data_grad(g: &Geo) -> Option<Geo> {
 
 /// The kernel of [`data_grad`]'s convolution from the weight `w` `[G·O, C, 1, 3, 3]` of
 /// `g`: `[G·C, O, 1, 3, 3]`, each 3×3 kernel turned by 180° (a permutation: exact in
-/// any dtype).
-pub(super) fn flipped<T: Element>(w: &[T], g: &Geo) -> Vec<T> {
+/// any dtype). [`amp_tensor::Error::OutOfMemory`] when it cannot be allocated.
+pub(super) fn flipped<T: Element>(w: &[T], g: &Geo) -> Result<Vec<T>> {
     let (o, c) = (g.o, g.c);
-    let mut f = w.to_vec();
+    let mut f = try_with_capacity(w.len())?;
+    f.extend_from_slice(w);
     for gi in 0..g.groups {
         for oi in 0..o {
             for ci in 0..c {
@@ -78,7 +80,7 @@ pub(super) fn flipped<T: Element>(w: &[T], g: &Geo) -> Vec<T> {
             }
         }
     }
-    f
+    Ok(f)
 }
 
 /// The tile grid of `g`'s output and its chunking.
@@ -128,10 +130,11 @@ impl Plan {
     }
 }
 
-/// `U` for every group: `u[gi][ξ][o][c]`, from the float32 weight `[G·O, C, 1, 3, 3]`.
-pub(super) fn weights(w: &[f32], g: &Geo) -> Vec<f32> {
+/// `U` for every group: `u[gi][ξ][o][c]`, from the float32 weight `[G·O, C, 1, 3, 3]`
+/// ([`amp_tensor::Error::OutOfMemory`] when it cannot be allocated).
+pub(super) fn weights(w: &[f32], g: &Geo) -> Result<Vec<f32>> {
     let (o, c) = (g.o, g.c);
-    let mut u = vec![0.0f32; g.groups * 16 * o * c];
+    let mut u = try_zeroed::<f32>(g.groups * 16 * o * c)?;
     for (gi, ug) in u.chunks_mut(16 * o * c).enumerate() {
         for oi in 0..o {
             for ci in 0..c {
@@ -155,7 +158,7 @@ pub(super) fn weights(w: &[f32], g: &Geo) -> Vec<f32> {
             }
         }
     }
-    u
+    Ok(u)
 }
 
 /// One sample's work: its output `y` (`G·O × ol`, float32; the bias already in it
@@ -395,11 +398,12 @@ fn grad_tiles<T: Element>(
 }
 
 /// The weight gradient `[G·O, C, 1, 3, 3]` from the transformed-domain sums `acc`
-/// (`[G][ξ][O][C]`, see [`Grad`]): `Gᵀ X G` per output and input channel.
+/// (`[G][ξ][O][C]`, see [`Grad`]): `Gᵀ X G` per output and input channel
+/// ([`amp_tensor::Error::OutOfMemory`] when it cannot be allocated).
 #[allow(clippy::needless_range_loop)] // j indexes the 4×4 transform
-pub(super) fn weight_grad(acc: &[f32], g: &Geo) -> Vec<f32> {
+pub(super) fn weight_grad(acc: &[f32], g: &Geo) -> Result<Vec<f32>> {
     let (o, c) = (g.o, g.c);
-    let mut w = vec![0.0f32; g.groups * o * c * 9];
+    let mut w = try_zeroed::<f32>(g.groups * o * c * 9)?;
     for (gi, ag) in acc.chunks(16 * o * c).enumerate() {
         for oi in 0..o {
             for ci in 0..c {
@@ -421,7 +425,7 @@ pub(super) fn weight_grad(acc: &[f32], g: &Geo) -> Vec<f32> {
             }
         }
     }
-    w
+    Ok(w)
 }
 
 /// Padding (in f32 elements, one cache line) between the 16 matrices `ξ` of `V` and `M`:

@@ -41,9 +41,11 @@ use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use amp_tensor::half::bf16;
+use amp_tensor::pool::try_collect;
 use amp_tensor::{DType, Error, Result};
 
 use super::{SendPtr, Side};
+use crate::compute::FirstError;
 
 /// Rows of an output tile (one `A` panel).
 pub const MR: usize = 12;
@@ -176,9 +178,12 @@ pub(super) struct Job<'a> {
 
 /// Multiply into `out` (row-major, `batch·m·n` or `m·n` elements, all written).
 ///
+/// [`amp_tensor::Error::OutOfMemory`] when the pack buffers cannot be allocated (`out`
+/// is then not written in full).
+///
 /// # Panics
 /// If an operand's matrices do not lie inside its buffer, or the CPU lacks AVX-512 BF16.
-pub(super) fn product(job: &Job<'_>, out: &mut [MaybeUninit<bf16>]) {
+pub(super) fn product(job: &Job<'_>, out: &mut [MaybeUninit<bf16>]) -> Result<()> {
     assert!(
         has_avx512_bf16(),
         "the AVX-512 BF16 kernel needs avx512_bf16"
@@ -190,7 +195,7 @@ pub(super) fn product(job: &Job<'_>, out: &mut [MaybeUninit<bf16>]) {
     let mn = m * n;
     let segments = |i: usize| (job.sa.offsets[i], job.sb.offsets[i]);
     if job.reduce {
-        let segs: Vec<_> = (0..batch).map(segments).collect();
+        let segs: Vec<_> = try_collect(batch, (0..batch).map(segments))?;
         return single(job, &segs, out, job.input, true);
     }
     let threads = rayon::current_num_threads();
@@ -201,14 +206,17 @@ pub(super) fn product(job: &Job<'_>, out: &mut [MaybeUninit<bf16>]) {
     {
         for (i, o) in out.chunks_mut(mn).enumerate().take(batch) {
             let input = job.input.map(|v| &v[i * mn..(i + 1) * mn]);
-            single(job, &[segments(i)], o, input, true);
+            single(job, &[segments(i)], o, input, true)?;
         }
     } else {
+        let failed = FirstError::new();
         amp_tensor::parallel::for_each_chunk_mut(&mut out[..batch * mn], mn, &|i, o| {
             let input = job.input.map(|v| &v[i * mn..(i + 1) * mn]);
-            single(job, &[segments(i)], o, input, false);
+            failed.record(single(job, &[segments(i)], o, input, false));
         });
+        failed.into_result()?;
     }
+    Ok(())
 }
 
 /// One output matrix: `out = input + alpha · Σ_s A_s @ B_s` over the segments `s`
@@ -219,10 +227,10 @@ fn single(
     out: &mut [MaybeUninit<bf16>],
     input: Option<&[f32]>,
     parallel: bool,
-) {
+) -> Result<()> {
     let (m, n, k) = (job.m, job.n, job.k);
     if m == 0 || n == 0 {
-        return;
+        return Ok(());
     }
     let kp_seg = k.div_ceil(2);
     let kp = kp_seg * segs.len();
@@ -245,7 +253,7 @@ fn single(
         1
     };
     let per_group = strips.div_ceil(groups);
-    let mut bpack = take_pack(strips * strip_len);
+    let mut bpack = take_pack(strips * strip_len)?;
     let strips_of = Strips::new(&mut bpack[..strips * strip_len], strip_len, |s, dst| {
         let j0 = s * NR;
         let w = NR.min(n - j0);
@@ -254,13 +262,15 @@ fn single(
             // strip reads columns `j0..j0+w` and inner rows `0..k` of matrix `seg`.
             unsafe { pack::<NR>(job.b, seg.1 + j0 * job.sb.cs, job.sb.cs, job.sb.rs, k, w, d) };
         }
-    });
+    })?;
     let dst = SendPtr(out.as_mut_ptr().cast::<u16>());
     let panel_len = kp * MR;
-    let task = |t: usize| {
+    // A task's only allocation comes first, before it claims a strip, so a task that
+    // cannot have it leaves no strip half-packed for the others to wait on.
+    let task = |t: usize| -> Result<()> {
         let (rb, g) = (t / groups, t % groups);
         let (p0, p1) = (rb * panels / row_blocks, (rb + 1) * panels / row_blocks);
-        let mut apack = take_pack((p1 - p0) * panel_len);
+        let mut apack = take_pack((p1 - p0) * panel_len)?;
         for (pi, d) in apack[..(p1 - p0) * panel_len]
             .chunks_mut(panel_len)
             .enumerate()
@@ -301,13 +311,17 @@ fn single(
             }
         }
         give_pack(apack);
+        Ok(())
     };
-    if parallel {
-        amp_tensor::parallel::for_each(row_blocks * groups, &task);
+    let done = if parallel {
+        let failed = FirstError::new();
+        amp_tensor::parallel::for_each(row_blocks * groups, &|t| failed.record(task(t)));
+        failed.into_result()
     } else {
-        (0..row_blocks * groups).for_each(task);
-    }
+        (0..row_blocks * groups).try_for_each(task)
+    };
     give_pack(bpack);
+    done
 }
 
 /// The packed strips of `B`, each packed by the first task that needs it (the others
@@ -322,15 +336,15 @@ struct Strips<'a, F> {
 }
 
 impl<'a, F: Fn(usize, &mut [u32]) + Sync> Strips<'a, F> {
-    fn new(buf: &'a mut [u32], strip_len: usize, pack: F) -> Self {
+    fn new(buf: &'a mut [u32], strip_len: usize, pack: F) -> Result<Self> {
         let count = buf.len() / strip_len.max(1);
-        Strips {
+        Ok(Strips {
             buf: SendPtr(buf.as_mut_ptr()),
             strip_len,
-            state: (0..count).map(|_| AtomicU8::new(0)).collect(),
+            state: try_collect(count, (0..count).map(|_| AtomicU8::new(0)))?,
             pack,
             _buf: std::marker::PhantomData,
-        }
+        })
     }
 
     /// Strip `s`, packed.
@@ -453,8 +467,9 @@ thread_local! {
     static PACKS: RefCell<Vec<Vec<u32>>> = const { RefCell::new(Vec::new()) };
 }
 
-/// A pack buffer of at least `len` words (contents stale; packers write what they use).
-fn take_pack(len: usize) -> Vec<u32> {
+/// A pack buffer of at least `len` words (contents stale; packers write what they use),
+/// or [`amp_tensor::Error::OutOfMemory`].
+fn take_pack(len: usize) -> Result<Vec<u32>> {
     super::take_buffer(&PACKS, len)
 }
 
