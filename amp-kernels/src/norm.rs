@@ -12,8 +12,8 @@ use rayon::prelude::*;
 
 use crate::compute::{with_slice, Real};
 use crate::reduce::{
-    as_same, as_same_mut, check_norm, lane_reduce, lane_sum, line_geometry, map_lines, vector_norm,
-    Num, LINE_PAR_MIN, PAR_MIN, TASK,
+    as_same, as_same_mut, check_norm, lane_reduce, lane_sum, line_geometry, map_lines,
+    rows_per_task, vector_norm, Num, LINE_PAR_MIN, PAR_MIN, TASK,
 };
 use crate::vmath::{self, Level};
 
@@ -166,7 +166,7 @@ unsafe fn norm_block_avx512<T: Element, C: Real + Num, A: Fn(usize, &mut [C])>(
 /// unit variance (`rstd = 1 / sqrt(var + eps)`), then let `affine(row, y)` scale and
 /// shift row `row` in place. Returns the output and the per-row mean and rstd
 /// ([`amp_tensor::Error::OutOfMemory`] when they cannot be allocated). Large inputs
-/// split into one contiguous block of rows per thread.
+/// split into blocks of rows ([`rows_per_task`]) taken by the threads as they come.
 fn norm_rows<T: Element, C: Real + Num>(
     s: &[T],
     rows: usize,
@@ -199,8 +199,8 @@ fn norm_rows<T: Element, C: Real + Num>(
         norm_block(s, r0, n, epsc, &affine, out, mean, rstd)
     };
     if rows > 1 && rows * n >= LINE_PAR_MIN {
-        // Two contiguous blocks of rows per thread, taken as the threads come.
-        let per = rows.div_ceil(2 * rayon::current_num_threads().max(1));
+        // Blocks of rows taken as the threads come.
+        let per = rows_per_task(rows, n);
         let parts: Vec<_> = out
             .chunks_mut(per * n)
             .zip(mean.chunks_mut(per))

@@ -34,6 +34,22 @@ pub(crate) const TASK: usize = 1 << 14;
 /// starts at once, a woken worker joins) a split pays early: at 1 << 18 a 128×128 to
 /// 384×384 softmax ran on one thread at 0.5–0.6× PyTorch's speed, which splits these.
 pub(crate) const LINE_PAR_MIN: usize = 1 << 13;
+/// Elements a task of a row-wise split covers at least (a task is claimed with one
+/// atomic add; below this the claims start to show).
+const LINE_TASK_MIN: usize = 1 << 11;
+
+/// Rows per task when `rows` rows of `n` elements are split across threads: about
+/// eight tasks per thread, so that a worker joining a few microseconds late, or one
+/// running slower, leaves the caller at most one small task to wait for (two large
+/// blocks per thread left the caller waiting a third of a 128×128 softmax), and never
+/// fewer than [`LINE_TASK_MIN`] elements.
+pub(crate) fn rows_per_task(rows: usize, n: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    rows.div_ceil(8 * threads)
+        .max(LINE_TASK_MIN.div_ceil(n.max(1)))
+        .max(1)
+}
+
 /// Segment length when one long row is split across threads.
 const SEG: usize = 1 << 16;
 /// Elements folded by the lane kernels before being merged into an accumulator.
@@ -1463,8 +1479,8 @@ fn map_rows<T: Element, N: Element>(
         }
     };
     if rows > 1 && rows * n >= LINE_PAR_MIN {
-        // Two contiguous blocks of rows per thread, taken as the threads come.
-        let per = rows.div_ceil(2 * rayon::current_num_threads().max(1));
+        // Blocks of rows taken as the threads come.
+        let per = rows_per_task(rows, n);
         amp_tensor::parallel::for_each_chunk_mut(&mut out, per * n, &|c, chunk| {
             body(c * per, chunk)
         });

@@ -29,8 +29,8 @@ pub(crate) mod ewise {
     use std::sync::RwLockReadGuard;
 
     use amp_tensor::{
-        cast_into, cast_into_uninit, with_dtype, CpuStorage, DType, Element, Error, Kind, Layout, Operand, Result,
-        Scalar, Storage, Tensor,
+        cast_into, cast_into_uninit, with_dtype, CpuStorage, DType, Element, Error, Kind, Layout,
+        Operand, Result, Scalar, Storage, Tensor,
     };
 
     use crate::compute::{ensure_same_device, CHUNK};

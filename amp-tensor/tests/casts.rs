@@ -123,3 +123,48 @@ fn strided_source_casts() {
     assert_eq!(tt.dims(), &[4, 3]);
     assert_eq!(tt.to_vec_f64()[..3], [0.5, 4.5, 8.5]);
 }
+
+/// The float16 conversions run on the CPU's conversion instructions (16 or 8 lanes) with
+/// a scalar tail. Against `half`'s software (const) conversions: every f32 around each float16 rounding boundary (the low 13 bits at
+/// and beside the halfway point, both parities), plus pseudo-random low bits, must give
+/// the same bits, NaN payloads included, at every slice length's tail position.
+#[test]
+fn float16_conversions_match_half_bit_for_bit() {
+    let mut src = Vec::with_capacity(1 << 20);
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    for hi in 0..=u16::MAX as u32 {
+        for lo in [
+            0x0000u32, 0x0FFF, 0x1000, 0x1001, 0x2FFF, 0x3000, 0x3001, 0xFFFF,
+        ] {
+            src.push(f32::from_bits(hi << 16 | lo));
+        }
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        src.push(f32::from_bits(hi << 16 | (state >> 48) as u32));
+    }
+    for len in [src.len(), 1, 7, 8, 15, 16, 17, 33] {
+        let s = &src[src.len() - len..];
+        let mut h = vec![f16::ZERO; len];
+        amp_tensor::cast_into(s, &mut h);
+        for (x, got) in s.iter().zip(&h) {
+            let want = f16::from_f32_const(*x);
+            assert_eq!(
+                got.to_bits(),
+                want.to_bits(),
+                "f16 of {:#010x}",
+                x.to_bits()
+            );
+        }
+    }
+    let all = all_f16();
+    for len in [all.len(), 1, 9, 16, 31] {
+        let s = &all[all.len() - len..];
+        let mut f = vec![0f32; len];
+        amp_tensor::cast_into(s, &mut f);
+        for (h, got) in s.iter().zip(&f) {
+            let want = h.to_f32_const();
+            assert_eq!(got.to_bits(), want.to_bits(), "f32 of {:#06x}", h.to_bits());
+        }
+    }
+}
