@@ -1,4 +1,4 @@
-//! `custom_fwd` / `custom_bwd` for user autograd functions (seed 001 sections 6-8).
+//! `custom_fwd` / `custom_bwd` for user autograd functions (the "Custom autograd functions" recipes of PyTorch's AMP examples).
 
 use amp_autograd::{Ctx, Function, Result, Tensor};
 use amp_policy::DeviceType;

@@ -1,4 +1,4 @@
-//! Autocast behaviour: nesting as seed 004's examples, thread isolation, panic safety,
+//! Autocast behaviour: nesting as in the `torch.amp` documentation's examples, thread isolation, panic safety,
 //! the weight-cast cache, custom_fwd/custom_bwd, grads of float32 leaves, the trace.
 
 use amp_autocast::*;

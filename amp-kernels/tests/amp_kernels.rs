@@ -471,7 +471,7 @@ fn update_argument_errors() {
     assert!(e.contains("current_scale must be a float tensor."), "{e}");
 }
 
-/// The reference model of the update rule (REFERENCE.md), on plain values.
+/// The reference model of the update rule (PyTorch's `_amp_update_scale_`), on plain values.
 fn model(scale: f32, tracker: i32, found_inf: f32, g: f64, b: f64, interval: i64) -> (f32, i32) {
     if found_inf != 0.0 {
         ((scale as f64 * b) as f32, 0)

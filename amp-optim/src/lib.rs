@@ -1,6 +1,6 @@
 //! Optimizers for the amp workspace: SGD (momentum, dampening, Nesterov, weight
 //! decay), Adam and AdamW (optional AMSGrad) with float32 state, gradient clipping,
-//! and the scaling-aware step contract a `GradScaler` uses (seed 000, "Interaction
+//! and the scaling-aware step contract a `GradScaler` uses (PyTorch's AMP RFC, "Interaction
 //! with New Custom Optimizers").
 //!
 //! ```

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::PolicyError;
 
-/// What autocast does with an op's floating-point arguments (see `spec/REFERENCE.md`).
+/// What autocast does with an op's floating-point arguments (PyTorch's autocast `CastPolicy`).
 ///
 /// The names are PyTorch's (`at::autocast::CastPolicy`), plus `banned` for an op that fails
 /// under autocast and `none` for an op on no list, which runs in its input types.

@@ -68,7 +68,7 @@ impl Profile {
     }
 
     /// PyTorch 2.15's behaviour: `docs` with the changes of `data/profiles/torch-2.15.json`
-    /// (see `spec/REFERENCE.md`, "Where PyTorch 2.15 differs from the documented lists").
+    /// (read from PyTorch 2.15's `autocast_mode.cpp`; each change carries its note).
     pub fn torch_2_15() -> Profile {
         static TORCH: OnceLock<Profile> = OnceLock::new();
         TORCH

@@ -1,4 +1,4 @@
-//! `GradScaler`: dynamic loss scaling with PyTorch's exact semantics (REFERENCE.md).
+//! `GradScaler`: dynamic loss scaling with PyTorch's exact semantics (`torch.amp.GradScaler`).
 
 use std::collections::{BTreeMap, HashMap};
 

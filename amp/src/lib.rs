@@ -2,7 +2,7 @@
 //! facade over the amp microcrates. `use amp::prelude::*;` brings tensors, autograd
 //! ops, autocast, the scaler, optimizers and layers.
 //!
-//! The typical mixed-precision training step (seed 001's loop):
+//! The typical mixed-precision training step (the "Typical Mixed Precision Training" loop of PyTorch's AMP examples):
 //!
 //! ```
 //! use amp::prelude::*;

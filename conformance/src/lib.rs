@@ -1,5 +1,5 @@
-//! The conformance runner of the amp workspace: replays the PyTorch-computed vectors of
-//! `../shared/vectors` (format `amp-vectors/1`; a copy is built into this crate) through
+//! The conformance runner of the amp workspace: replays the PyTorch-computed vectors in
+//! `conformance/data` (format `amp-vectors/1`, built into this crate) through
 //! the workspace's public API and reports, per suite, what passed, failed and was skipped,
 //! and how much of each documented op list runs end to end.
 //!

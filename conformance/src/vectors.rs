@@ -1,5 +1,5 @@
 //! The `amp-vectors/1` file format: one file is one suite of cases (see the format's
-//! README, copied from `../shared/vectors/README.md`).
+//! README, `conformance/data/README.md`).
 //!
 //! ```json
 //! {"format": "amp-vectors/1", "suite": "grad", "source": "torch 2.15.0 (cpu)", "notes": "...", "cases": [...]}

@@ -1,4 +1,4 @@
-//! `cargo xtask bench`: the performance figures of DESIGN.md and the issues, timed like
+//! `cargo xtask bench`: the performance figures of the design targets and the issues, timed like
 //! `xtask/torch/torch_baseline.py` (warm-up runs, then the median of several), with
 //! the same metric names so the two JSON objects compare key by key.
 //!
@@ -130,7 +130,7 @@ pub const METRICS: &[Metric] = &[
     },
 ];
 
-/// A performance target of DESIGN.md or of an issue, checked when the figures it needs
+/// A performance target of the design or of an issue, checked when the figures it needs
 /// are there.
 enum Target {
     /// ours ≥ factor × PyTorch's figure of the same metric (throughputs).
@@ -427,7 +427,7 @@ fn targets_report(ours: &[(&Metric, f64)], torch: &BTreeMap<String, f64>) -> Str
         lines.push(format!("  {label:<72} {got:>7.2}{unit:<1}  {verdict}"));
     }
     if !lines.is_empty() {
-        let _ = writeln!(s, "\ntargets (DESIGN.md and the issues):");
+        let _ = writeln!(s, "\ntargets (the design and the issues):");
         for l in lines {
             let _ = writeln!(s, "{l}");
         }

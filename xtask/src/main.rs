@@ -2,7 +2,7 @@
 //! for `cargo run --package xtask --release --`):
 //!
 //! - `bench [--json] [--filter SUBSTR] [--compare FILE.json]`: the performance
-//!   benchmarks of DESIGN.md, optionally side by side with a `torch-baseline` JSON;
+//!   benchmarks of the design targets, optionally side by side with a `torch-baseline` JSON;
 //!   `bench --sweep` the size sweep (every training op at sizes 8 to 2048, `sweep.rs`);
 //! - `ci`: format check, clippy, tests, docs, stopping at the first failure;
 //! - `conformance`: the conformance suite table.
@@ -12,6 +12,8 @@ use std::process::ExitCode;
 mod bench;
 mod ci;
 mod sweep;
+#[cfg(test)]
+mod tidy;
 
 const USAGE: &str = "\
 usage: cargo xtask <command> [options]

@@ -595,7 +595,7 @@ pub fn non_finite_check_and_unscale_(
 }
 
 /// `_amp_update_scale_` on the device (one thread): backoff on `found_inf`, growth after
-/// `growth_interval` clean steps (dropped if not finite), exactly as REFERENCE.md.
+/// `growth_interval` clean steps (dropped if not finite), exactly as PyTorch's `_amp_update_scale_`.
 ///
 /// # Errors
 /// `scale`/`found_inf` not 1-element float32, `growth_tracker` not 1-element int32,

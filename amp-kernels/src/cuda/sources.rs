@@ -403,7 +403,7 @@ AMP_FOR_FLOATS(AMP_LAYER_NORM, 0)
 "#;
 
 /// The two AMP kernels, exactly as `_amp_foreach_non_finite_check_and_unscale_` and
-/// `_amp_update_scale_` (REFERENCE.md):
+/// `_amp_update_scale_` (PyTorch's `AmpKernels.cu`):
 ///
 /// * `amp_non_finite_check_and_unscale`: one launch over a device table of chunks
 ///   `(pointer, length, dtype)` of many gradients of mixed dtypes (0 float16,

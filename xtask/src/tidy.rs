@@ -1,0 +1,87 @@
+//! Tidy tests: invariants of the repository itself, checked by `cargo test`.
+//!
+//! - The repository stands alone: no file refers to material outside it (the sibling
+//!   folders it was developed beside, or their files by name). A user's clone has only
+//!   this tree, so such a reference would point nowhere.
+
+use std::path::{Path, PathBuf};
+
+/// Text files a reader opens: sources, docs, manifests and data.
+const CHECKED: [&str; 8] = ["rs", "md", "toml", "json", "py", "txt", "snap", "sh"];
+
+/// Folders never scanned: build output, version control, and recorded measurements.
+const SKIPPED_DIRS: [&str; 3] = ["target", ".git", "sweeps"];
+
+/// References to material outside the repository. Spelled in pieces so that this file
+/// does not match itself.
+fn outside_references() -> Vec<String> {
+    vec![
+        ["..", "/shared"].concat(),
+        ["REFERENCE", ".md"].concat(),
+        ["DESIGN", ".md"].concat(),
+        ["spec", "/seeds"].concat(),
+        ["seed ", "00"].concat(),
+    ]
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask sits in the workspace root")
+        .to_path_buf()
+}
+
+fn files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        let name = e.file_name().to_string_lossy().into_owned();
+        if p.is_dir() {
+            if !SKIPPED_DIRS.contains(&name.as_str()) {
+                files(&p, out);
+            }
+        } else if p
+            .extension()
+            .and_then(|x| x.to_str())
+            .is_some_and(|x| CHECKED.contains(&x))
+            || name == "run"
+        {
+            out.push(p);
+        }
+    }
+}
+
+#[test]
+fn no_file_refers_to_material_outside_the_repository() {
+    let root = repo_root();
+    let mut all = Vec::new();
+    files(&root, &mut all);
+    assert!(
+        all.iter().any(|p| p.ends_with("xtask/src/tidy.rs")),
+        "the scan found its own file (walked {} files from {})",
+        all.len(),
+        root.display()
+    );
+    let needles = outside_references();
+    let mut found = Vec::new();
+    for p in &all {
+        let Ok(text) = std::fs::read_to_string(p) else {
+            continue;
+        };
+        for (i, line) in text.lines().enumerate() {
+            for n in &needles {
+                if line.contains(n.as_str()) {
+                    let rel = p.strip_prefix(&root).unwrap_or(p);
+                    found.push(format!("{}:{}: {n}", rel.display(), i + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "references to files outside the repository (a user's clone has none of them):\n{}",
+        found.join("\n")
+    );
+}
