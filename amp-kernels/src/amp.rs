@@ -118,7 +118,9 @@ impl RawBuf {
     /// `T` must be the buffer's element type, and no other live slice may cover the
     /// elements this one is used to write.
     unsafe fn slice<'a, T>(self) -> &'a mut [T] {
-        std::slice::from_raw_parts_mut(self.ptr as *mut T, self.len)
+        // SAFETY: `ptr`/`len` describe a live buffer of `T` (the caller's contract),
+        // and no other live slice covers it.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut T, self.len) }
     }
 }
 
@@ -228,9 +230,9 @@ fn unscale_all(grads: &[Tensor], inv: f32) -> bool {
         .par_iter()
         .map(|t| {
             let buf = bufs[t.buf];
-            // SAFETY: the buffer's dtype is `t.dtype`; tasks of one buffer cover
-            // disjoint elements (checked above) and the guards outlive this loop.
             amp_tensor::with_float_dtype!(t.dtype, T => {
+                // SAFETY: the buffer's dtype is `t.dtype`; tasks of one buffer cover
+                // disjoint elements (checked above) and the guards outlive this loop.
                 let s = unsafe { buf.slice::<T>() };
                 t.pieces.iter().fold(false, |f, p| f | run_piece::<T>(s, p, inv))
             }, _ => unreachable!("validated floating dtypes"))

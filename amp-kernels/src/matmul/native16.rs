@@ -407,7 +407,7 @@ unsafe fn pack<const W: usize>(
     let kp = k.div_ceil(2);
     let dst = &mut dst[..kp * W];
     let src = x.as_ptr().cast::<u16>();
-    // SAFETY (all reads below): the caller's contract.
+    // SAFETY: every (r, q) read below is inside `x` (the caller's contract).
     let at = |r: usize, q: usize| unsafe { *src.add(o + r * ls + q * qs) };
     let full = k / 2;
     if qs == 1 {
@@ -567,44 +567,52 @@ mod x86 {
     /// NaN as PyTorch's canonical `0x7FC0` (as `amp_tensor`'s casts).
     #[inline(always)]
     unsafe fn round(v: __m512) -> __m512i {
-        let b = _mm512_castps_si512(v);
-        let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
-        let r = _mm512_srli_epi32::<16>(_mm512_add_epi32(
-            b,
-            _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)),
-        ));
-        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
-        _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0))
+        // SAFETY: register-only AVX-512F intrinsics; the caller runs with AVX-512F
+        // enabled (this function's contract).
+        unsafe {
+            let b = _mm512_castps_si512(v);
+            let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
+            let r = _mm512_srli_epi32::<16>(_mm512_add_epi32(
+                b,
+                _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)),
+            ));
+            let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+            _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0))
+        }
     }
 
     /// Transpose 16 rows of 16 words: `out[c]` holds word `c` of every row.
     #[inline(always)]
     unsafe fn transpose16(r: [__m512i; 16]) -> [__m512i; 16] {
-        let mut t = [_mm512_setzero_si512(); 16];
-        for i in 0..8 {
-            t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-            t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+        // SAFETY: register-only AVX-512F intrinsics; the caller runs with AVX-512F
+        // enabled (this function's contract).
+        unsafe {
+            let mut t = [_mm512_setzero_si512(); 16];
+            for i in 0..8 {
+                t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+                t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+            }
+            // u[4i + j], 128-bit lane l: word 4l + j of rows 4i..4i+4.
+            let mut u = [_mm512_setzero_si512(); 16];
+            for i in 0..4 {
+                u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+                u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+                u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+                u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+            }
+            let mut out = [_mm512_setzero_si512(); 16];
+            for j in 0..4 {
+                let v0 = _mm512_shuffle_i32x4::<0x44>(u[j], u[4 + j]);
+                let v1 = _mm512_shuffle_i32x4::<0xEE>(u[j], u[4 + j]);
+                let w0 = _mm512_shuffle_i32x4::<0x44>(u[8 + j], u[12 + j]);
+                let w1 = _mm512_shuffle_i32x4::<0xEE>(u[8 + j], u[12 + j]);
+                out[j] = _mm512_shuffle_i32x4::<0x88>(v0, w0);
+                out[4 + j] = _mm512_shuffle_i32x4::<0xDD>(v0, w0);
+                out[8 + j] = _mm512_shuffle_i32x4::<0x88>(v1, w1);
+                out[12 + j] = _mm512_shuffle_i32x4::<0xDD>(v1, w1);
+            }
+            out
         }
-        // u[4i + j], 128-bit lane l: word 4l + j of rows 4i..4i+4.
-        let mut u = [_mm512_setzero_si512(); 16];
-        for i in 0..4 {
-            u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-            u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-            u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-            u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-        }
-        let mut out = [_mm512_setzero_si512(); 16];
-        for j in 0..4 {
-            let v0 = _mm512_shuffle_i32x4::<0x44>(u[j], u[4 + j]);
-            let v1 = _mm512_shuffle_i32x4::<0xEE>(u[j], u[4 + j]);
-            let w0 = _mm512_shuffle_i32x4::<0x44>(u[8 + j], u[12 + j]);
-            let w1 = _mm512_shuffle_i32x4::<0xEE>(u[8 + j], u[12 + j]);
-            out[j] = _mm512_shuffle_i32x4::<0x88>(v0, w0);
-            out[4 + j] = _mm512_shuffle_i32x4::<0xDD>(v0, w0);
-            out[8 + j] = _mm512_shuffle_i32x4::<0x88>(v1, w1);
-            out[12 + j] = _mm512_shuffle_i32x4::<0xDD>(v1, w1);
-        }
-        out
     }
 
     /// The mask of lines `16c..16c + 16` that are below `h`.
