@@ -15,7 +15,7 @@ use crate::ConformanceError;
 
 /// The built-in copy of the vectors (`conformance/data/`), embedded at build time:
 /// `(file name, text)`, sorted by name as [`load_dir`] sorts a directory's files.
-pub const BUILTIN: [(&str, &str); 8] = [
+pub const BUILTIN: [(&str, &str); 10] = [
     (
         "autocast_cpu.json",
         include_str!("../data/autocast_cpu.json"),
@@ -27,6 +27,14 @@ pub const BUILTIN: [(&str, &str); 8] = [
     ),
     ("grad_f32.json", include_str!("../data/grad_f32.json")),
     ("grad_f64.json", include_str!("../data/grad_f64.json")),
+    (
+        "grad_layers_f32.json",
+        include_str!("../data/grad_layers_f32.json"),
+    ),
+    (
+        "grad_layers_f64.json",
+        include_str!("../data/grad_layers_f64.json"),
+    ),
     ("policy.json", include_str!("../data/policy.json")),
     ("scaler.json", include_str!("../data/scaler.json")),
     ("train.json", include_str!("../data/train.json")),

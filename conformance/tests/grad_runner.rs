@@ -389,7 +389,9 @@ fn real_torch_dot_vectors_pass_and_the_rest_is_skipped() {
     assert!(report.passed(), "{report}");
     // dot/float64/1 (with second-order grads) and dot/float32/2.
     assert_eq!(grad.passed, 2, "{report}");
-    assert_eq!(grad.skipped.len(), 244);
+    // Every other grad case (all the embedded grad files) is skipped, none hidden.
+    let cases: usize = grad_files.iter().map(|f| f.cases.len()).sum();
+    assert_eq!(grad.skipped.len(), cases - 2, "{report}");
     assert!(grad
         .skipped
         .iter()
