@@ -27,7 +27,8 @@ fn every_builtin_case_is_counted() {
     let expected = [
         (Suite::Policy, 374),
         (Suite::Autocast, 232),
-        (Suite::Grad, 246),
+        // grad_f32/f64 (246) and grad_layers_f32/f64 (34).
+        (Suite::Grad, 246 + 34),
         (Suite::Scaler, 28),
         (Suite::Train, 6),
         (Suite::Errors, 722 + 1755),
