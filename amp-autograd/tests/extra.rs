@@ -1147,3 +1147,96 @@ fn every_float_dtype() {
         }
     }
 }
+
+/// `batch_norm`'s running statistics (PyTorch's update: momentum, unbiased variance),
+/// evaluation with them, 16-bit inputs normalised in float32 and cast back, and the
+/// refusals PyTorch makes.
+#[test]
+fn batch_norm_running_statistics_eval_and_refusals() {
+    // Two channels of [N=2, C=2, L=2]: channel 0 holds 1, 2, 3, 6; channel 1 holds 0, 0, 4, 4.
+    let x = Tensor::from_vec(vec![1.0f64, 2.0, 0.0, 0.0, 3.0, 6.0, 4.0, 4.0], [2, 2, 2]).unwrap();
+    let rm = Tensor::from_vec(vec![1.0f64, -1.0], [2]).unwrap();
+    let rv = Tensor::from_vec(vec![2.0f64, 0.5], [2]).unwrap();
+    let y = ops::batch_norm(&x, Some(&rm), Some(&rv), None, None, true, 0.25, 1e-5).unwrap();
+    // Batch means 3 and 2; biased variances 3.5 and 4; unbiased 14/3 and 16/3.
+    let m = [3.0f64, 2.0];
+    let v = [3.5f64, 4.0];
+    let want: Vec<f64> = [
+        (0, 1.0),
+        (0, 2.0),
+        (1, 0.0),
+        (1, 0.0),
+        (0, 3.0),
+        (0, 6.0),
+        (1, 4.0),
+        (1, 4.0),
+    ]
+    .iter()
+    .map(|&(c, x): &(usize, f64)| (x - m[c]) / (v[c] + 1e-5).sqrt())
+    .collect();
+    close(&vals(&y), &want, 1e-12, "training output");
+    close(
+        &vals(&rm),
+        &[0.75 * 1.0 + 0.25 * 3.0, -0.75 + 0.25 * 2.0],
+        1e-12,
+        "running_mean",
+    );
+    close(
+        &vals(&rv),
+        &[
+            0.75 * 2.0 + 0.25 * 14.0 / 3.0,
+            0.75 * 0.5 + 0.25 * 16.0 / 3.0,
+        ],
+        1e-12,
+        "running_var",
+    );
+    // Evaluation: the running statistics, which do not change.
+    let (w, b) = (leaf(vec![2.0, 3.0], &[2]), leaf(vec![0.5, -0.5], &[2]));
+    let (rm0, rv0) = (vals(&rm), vals(&rv));
+    let y = ops::batch_norm(
+        &x,
+        Some(&rm),
+        Some(&rv),
+        Some(&w),
+        Some(&b),
+        false,
+        0.25,
+        1e-5,
+    )
+    .unwrap();
+    let want: Vec<f64> = [
+        (0, 1.0),
+        (0, 2.0),
+        (1, 0.0),
+        (1, 0.0),
+        (0, 3.0),
+        (0, 6.0),
+        (1, 4.0),
+        (1, 4.0),
+    ]
+    .iter()
+    .map(|&(c, x): &(usize, f64)| {
+        (x - rm0[c]) / (rv0[c] + 1e-5).sqrt() * [2.0, 3.0][c] + [0.5, -0.5][c]
+    })
+    .collect();
+    close(&vals(&y), &want, 1e-12, "eval output");
+    assert_eq!(
+        (vals(&rm), vals(&rv)),
+        (rm0, rv0),
+        "eval leaves the statistics alone"
+    );
+    // bfloat16 in, bfloat16 out, normalised in float32.
+    let xb = x.to_dtype(DType::BF16).unwrap();
+    let yb = ops::batch_norm(&xb, None, None, None, None, true, 0.1, 1e-5).unwrap();
+    assert_eq!(yb.dtype(), DType::BF16);
+    // PyTorch's refusals.
+    let one = Tensor::from_vec(vec![1.0f64, 2.0, 3.0], [1, 3]).unwrap();
+    let e = ops::batch_norm(&one, None, None, None, None, true, 0.1, 1e-5).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "Expected more than 1 value per channel when training, got input size torch.Size([1, 3])"
+    );
+    assert!(ops::batch_norm(&x, None, None, None, None, false, 0.1, 1e-5).is_err());
+    let short = Tensor::from_vec(vec![0.0f64], [1]).unwrap();
+    assert!(ops::batch_norm(&x, Some(&short), None, None, None, true, 0.1, 1e-5).is_err());
+}

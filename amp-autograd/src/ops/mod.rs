@@ -2,6 +2,7 @@
 //! name, runs its kernel, and records a backward written in differentiable ops (so
 //! `create_graph` gives higher-order gradients).
 
+mod batch_norm;
 mod cast;
 mod check;
 mod conv;
@@ -18,6 +19,7 @@ mod reduce;
 mod rnn;
 mod shape;
 
+pub use batch_norm::*;
 pub use cast::*;
 pub use conv::*;
 pub use distance::*;

@@ -309,6 +309,33 @@ pub(super) fn register(t: &mut OpTable<BuiltinTensor>) {
             b.f64_or("eps", 1e-5)?,
         ))
     });
+    t.insert("torch.nn.functional.batch_norm", |args, kwargs| {
+        let b = bind(
+            args,
+            kwargs,
+            &[
+                "input",
+                "running_mean",
+                "running_var",
+                "weight",
+                "bias",
+                "training",
+                "momentum",
+                "eps",
+            ],
+            &[],
+        )?;
+        one(ops::batch_norm(
+            b.tensor("input")?,
+            b.opt_tensor("running_mean")?,
+            b.opt_tensor("running_var")?,
+            b.opt_tensor("weight")?,
+            b.opt_tensor("bias")?,
+            b.bool_or("training", false)?,
+            b.f64_or("momentum", 0.1)?,
+            b.f64_or("eps", 1e-5)?,
+        ))
+    });
     t.insert("torch.nn.functional.normalize", |args, kwargs| {
         let b = bind(args, kwargs, &["input", "p", "dim", "eps", "out"], &[])?;
         b.unsupported_unless_none("out")?;
