@@ -128,6 +128,27 @@ const fn with_dtype(
 
 fn cases() -> Vec<Case> {
     vec![
+        // Attention (lower_precision_fp in torch-2.15's lists): matmul, softmax and the
+        // mask inside keep the autocast dtype.
+        case(
+            "scaled_dot_product_attention",
+            |g, d| {
+                vec![
+                    randn(g, d, &[2, 3, 4]),
+                    randn(g, d, &[2, 5, 4]),
+                    randn(g, d, &[2, 5, 6]),
+                ]
+            },
+            |t| {
+                let causal = ops::Attention {
+                    is_causal: true,
+                    ..Default::default()
+                };
+                one(ops::scaled_dot_product_attention(
+                    &t[0], &t[1], &t[2], causal,
+                ))
+            },
+        ),
         // The matmul family.
         case(
             "addbmm",

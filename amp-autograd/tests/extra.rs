@@ -1240,3 +1240,61 @@ fn batch_norm_running_statistics_eval_and_refusals() {
     let short = Tensor::from_vec(vec![0.0f64], [1]).unwrap();
     assert!(ops::batch_norm(&x, Some(&short), None, None, None, true, 0.1, 1e-5).is_err());
 }
+
+/// Attention against a reference written here (plain loops, f64), with a boolean mask,
+/// and the argument refusals.
+#[test]
+fn attention_matches_a_reference_and_refuses_bad_options() {
+    let mut gen = Generator::new(7);
+    let (l, s, e, ev) = (3, 4, 2, 3);
+    let (q, k, v) = (
+        randn(&[l, e], &mut gen),
+        randn(&[s, e], &mut gen),
+        randn(&[s, ev], &mut gen),
+    );
+    // Key 1 is hidden from query 0.
+    let mask: Vec<bool> = (0..l * s).map(|i| i != 1).collect();
+    let mask = Tensor::from_vec(mask, [l, s]).unwrap();
+    let opts = ops::Attention {
+        attn_mask: Some(&mask),
+        scale: Some(0.7),
+        ..Default::default()
+    };
+    let y = ops::scaled_dot_product_attention(&q, &k, &v, opts).unwrap();
+    let (qv, kv, vv) = (vals(&q), vals(&k), vals(&v));
+    let mut want = Vec::new();
+    for i in 0..l {
+        let scores: Vec<f64> = (0..s)
+            .map(|j| {
+                if i == 0 && j == 1 {
+                    f64::NEG_INFINITY
+                } else {
+                    0.7 * (0..e).map(|t| qv[i * e + t] * kv[j * e + t]).sum::<f64>()
+                }
+            })
+            .collect();
+        let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let w: Vec<f64> = scores.iter().map(|x| (x - m).exp()).collect();
+        let z: f64 = w.iter().sum();
+        for c in 0..ev {
+            want.push((0..s).map(|j| w[j] / z * vv[j * ev + c]).sum::<f64>());
+        }
+    }
+    close(&vals(&y), &want, 1e-12, "attention");
+    let both = ops::Attention {
+        attn_mask: Some(&mask),
+        is_causal: true,
+        ..Default::default()
+    };
+    let e = ops::scaled_dot_product_attention(&q, &k, &v, both).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("attn_mask should not be set when is_causal=True"),
+        "{e}"
+    );
+    let drop = ops::Attention {
+        dropout_p: 0.5,
+        ..Default::default()
+    };
+    assert!(ops::scaled_dot_product_attention(&q, &k, &v, drop).is_err());
+}

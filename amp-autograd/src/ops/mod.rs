@@ -2,6 +2,7 @@
 //! name, runs its kernel, and records a backward written in differentiable ops (so
 //! `create_graph` gives higher-order gradients).
 
+mod attention;
 mod batch_norm;
 mod cast;
 mod check;
@@ -19,6 +20,7 @@ mod reduce;
 mod rnn;
 mod shape;
 
+pub use attention::*;
 pub use batch_norm::*;
 pub use cast::*;
 pub use conv::*;

@@ -309,6 +309,43 @@ pub(super) fn register(t: &mut OpTable<BuiltinTensor>) {
             b.f64_or("eps", 1e-5)?,
         ))
     });
+    t.insert(
+        "torch.nn.functional.scaled_dot_product_attention",
+        |args, kwargs| {
+            let b = bind(
+                args,
+                kwargs,
+                &[
+                    "query",
+                    "key",
+                    "value",
+                    "attn_mask",
+                    "dropout_p",
+                    "is_causal",
+                    "scale",
+                ],
+                &[],
+            )?;
+            let dropout_p = b.f64_or("dropout_p", 0.0)?;
+            if dropout_p != 0.0 {
+                return Err("dropout_p other than 0 is random in PyTorch".to_string());
+            }
+            one(ops::scaled_dot_product_attention(
+                b.tensor("query")?,
+                b.tensor("key")?,
+                b.tensor("value")?,
+                ops::Attention {
+                    attn_mask: b.opt_tensor("attn_mask")?,
+                    is_causal: b.bool_or("is_causal", false)?,
+                    scale: b
+                        .get("scale")
+                        .map(|a| a.float().map_err(|e| format!("`scale`: {e}")))
+                        .transpose()?,
+                    ..Default::default()
+                },
+            ))
+        },
+    );
     t.insert("torch.nn.functional.batch_norm", |args, kwargs| {
         let b = bind(
             args,
