@@ -108,3 +108,87 @@ pub fn scaled_dot_product_attention(
     }
     matmul(&p, v)
 }
+
+/// The weights of [`multi_head_attention_forward`] (PyTorch's packed in-projection).
+pub struct MultiHeadWeights<'a> {
+    /// `[3E, E]`: the query, key and value projections stacked.
+    pub in_proj_weight: &'a Tensor,
+    /// `[3E]`.
+    pub in_proj_bias: Option<&'a Tensor>,
+    /// `[E, E]`.
+    pub out_proj_weight: &'a Tensor,
+    /// `[E]`.
+    pub out_proj_bias: Option<&'a Tensor>,
+}
+
+/// `torch.nn.functional.multi_head_attention_forward` without attention weights
+/// (`need_weights=False`, the path `nn.MultiheadAttention` takes for speed): query
+/// `[L, N, E]`, key and value `[S, N, E]` (sequence first), `num_heads` heads of
+/// `E / num_heads`; the projections, then [`scaled_dot_product_attention`] per head
+/// (`opts` carries the mask, a `[L, S]` or `[N·heads, L, S]` boolean or float mask,
+/// and the dropout), then the output projection. Returns `[L, N, E]`.
+pub fn multi_head_attention_forward(
+    query: &Tensor,
+    key: &Tensor,
+    value: &Tensor,
+    num_heads: usize,
+    weights: MultiHeadWeights<'_>,
+    opts: Attention<'_>,
+) -> Result<Tensor> {
+    const OP: &str = "multi_head_attention_forward";
+    use super::matmul::linear;
+    use super::shape::{contiguous, narrow, permute, reshape};
+    if query.rank() != 3 || key.rank() != 3 || value.rank() != 3 {
+        return Err(refused(
+            OP,
+            format!(
+                "query, key and value should be 3-D (L, N, E), got {}-D, {}-D and {}-D",
+                query.rank(),
+                key.rank(),
+                value.rank()
+            ),
+        ));
+    }
+    let (l, n, e) = (query.dims()[0], query.dims()[1], query.dims()[2]);
+    let s = key.dims()[0];
+    if num_heads == 0 || e % num_heads != 0 {
+        return Err(refused(
+            OP,
+            format!("embed_dim {e} not divisible by num_heads {num_heads}"),
+        ));
+    }
+    let hd = e / num_heads;
+    let part = |t: &Tensor, i: usize| narrow(t, 0, i * e, e);
+    let (w, b) = (weights.in_proj_weight, weights.in_proj_bias);
+    let proj = |x: &Tensor, i: usize| -> Result<Tensor> {
+        let bi = b.map(|b| part(b, i)).transpose()?;
+        linear(x, &part(w, i)?, bi.as_ref())
+    };
+    // [len, N, E] -> [N, heads, len, hd]
+    let heads = |x: Tensor, len: usize| -> Result<Tensor> {
+        permute(&reshape(&x, [len, n, num_heads, hd])?, &[1, 2, 0, 3])
+    };
+    let q = heads(proj(query, 0)?, l)?;
+    let k = heads(proj(key, 1)?, s)?;
+    let v = heads(proj(value, 2)?, s)?;
+    // A per-(batch, head) mask [N·heads, L, S] becomes [N, heads, L, S]; a [L, S] one
+    // broadcasts.
+    let mask = match opts.attn_mask {
+        Some(m) if m.rank() == 3 => Some(reshape(m, [n, num_heads, l, s])?),
+        Some(m) => Some(m.clone()),
+        None => None,
+    };
+    let o = scaled_dot_product_attention(
+        &q,
+        &k,
+        &v,
+        Attention {
+            attn_mask: mask.as_ref(),
+            ..opts
+        },
+    )?;
+    // [N, heads, L, hd] -> [L, N, E]
+    let o = reshape(&contiguous(&permute(&o, &[2, 0, 1, 3])?)?, [l * n, e])?;
+    let o = linear(&o, weights.out_proj_weight, weights.out_proj_bias)?;
+    reshape(&o, [l, n, e])
+}

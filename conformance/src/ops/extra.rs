@@ -346,6 +346,96 @@ pub(super) fn register(t: &mut OpTable<BuiltinTensor>) {
             ))
         },
     );
+    t.insert(
+        "torch.nn.functional.multi_head_attention_forward",
+        |args, kwargs| {
+            let b = bind(
+                args,
+                kwargs,
+                &[
+                    "query",
+                    "key",
+                    "value",
+                    "embed_dim_to_check",
+                    "num_heads",
+                    "in_proj_weight",
+                    "in_proj_bias",
+                    "bias_k",
+                    "bias_v",
+                    "add_zero_attn",
+                    "dropout_p",
+                    "out_proj_weight",
+                    "out_proj_bias",
+                    "training",
+                    "key_padding_mask",
+                    "need_weights",
+                    "attn_mask",
+                    "use_separate_proj_weight",
+                    "q_proj_weight",
+                    "k_proj_weight",
+                    "v_proj_weight",
+                    "static_k",
+                    "static_v",
+                    "average_attn_weights",
+                    "is_causal",
+                ],
+                &[],
+            )?;
+            for name in [
+                "bias_k",
+                "bias_v",
+                "key_padding_mask",
+                "q_proj_weight",
+                "k_proj_weight",
+                "v_proj_weight",
+                "static_k",
+                "static_v",
+            ] {
+                b.unsupported_unless_none(name)?;
+            }
+            if b.bool_or("add_zero_attn", false)?
+                || b.bool_or("need_weights", true)?
+                || b.bool_or("use_separate_proj_weight", false)?
+            {
+                return Err(
+                    "add_zero_attn, need_weights and separate projections are not supported"
+                        .to_string(),
+                );
+            }
+            let dropout_p = b.f64_or("dropout_p", 0.0)?;
+            if dropout_p != 0.0 && b.bool_or("training", true)? {
+                return Err("dropout in training is random in PyTorch".to_string());
+            }
+            let query = b.tensor("query")?;
+            let e = b.int("embed_dim_to_check")?;
+            if usize::try_from(e).ok() != query.dims().last().copied() {
+                return Err(format!(
+                    "`embed_dim_to_check` {e} is not the query's embedding size"
+                ));
+            }
+            let heads = b.int("num_heads")?;
+            let heads = usize::try_from(heads).map_err(|_| format!("`num_heads`: {heads}"))?;
+            let out = ops::multi_head_attention_forward(
+                query,
+                b.tensor("key")?,
+                b.tensor("value")?,
+                heads,
+                ops::MultiHeadWeights {
+                    in_proj_weight: b.tensor("in_proj_weight")?,
+                    in_proj_bias: b.opt_tensor("in_proj_bias")?,
+                    out_proj_weight: b.tensor("out_proj_weight")?,
+                    out_proj_bias: b.opt_tensor("out_proj_bias")?,
+                },
+                ops::Attention {
+                    attn_mask: b.opt_tensor("attn_mask")?,
+                    is_causal: b.bool_or("is_causal", false)?,
+                    ..Default::default()
+                },
+            )
+            .map_err(err)?;
+            Ok(Output::Tensors(vec![out]))
+        },
+    );
     t.insert("torch.nn.functional.batch_norm", |args, kwargs| {
         let b = bind(
             args,
