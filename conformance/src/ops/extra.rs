@@ -59,6 +59,38 @@ fn with_legacy(own: &[&'static str]) -> Vec<&'static str> {
     own.iter().chain(&LEGACY).copied().collect()
 }
 
+/// `torch.lstm`/`torch.gru`'s signature (the input-first overload).
+const SEQ: [&str; 9] = [
+    "input",
+    "hx",
+    "params",
+    "has_biases",
+    "num_layers",
+    "dropout",
+    "train",
+    "bidirectional",
+    "batch_first",
+];
+
+/// The layer shape of a bound `torch.lstm`/`torch.gru` call (dropout only when it is
+/// not random: 0, or not training).
+fn recurrent<'a>(b: &Bound<'_>) -> Result<ops::Recurrent<'a>, String> {
+    let layers = b.int("num_layers")?;
+    let o = ops::Recurrent {
+        has_biases: b.bool_or("has_biases", true)?,
+        num_layers: usize::try_from(layers).map_err(|_| format!("`num_layers`: {layers}"))?,
+        dropout: b.f64_or("dropout", 0.0)?,
+        train: b.bool_or("train", false)?,
+        bidirectional: b.bool_or("bidirectional", false)?,
+        batch_first: b.bool_or("batch_first", false)?,
+        generator: None,
+    };
+    if o.train && o.dropout > 0.0 && o.num_layers > 1 {
+        return Err("dropout between layers in training is random in PyTorch".to_string());
+    }
+    Ok(o)
+}
+
 /// Adds this area's entries to the table.
 pub(super) fn register(t: &mut OpTable<BuiltinTensor>) {
     // ----- recurrent cells ------------------------------------------------------------------
@@ -84,6 +116,34 @@ pub(super) fn register(t: &mut OpTable<BuiltinTensor>) {
         )
         .map_err(err)?;
         Ok(Output::Tensors(vec![h, c]))
+    });
+
+    // ----- recurrent layers over sequences ---------------------------------------------------
+    t.insert("torch.lstm", |args, kwargs| {
+        let b = bind(args, kwargs, &SEQ, &[])?;
+        let hx = b.tensors("hx")?;
+        if hx.len() != 2 {
+            return Err(format!(
+                "`hx`: lstm expects two hidden states (h, c), got {}",
+                hx.len()
+            ));
+        }
+        let params = b.tensors("params")?;
+        let (y, h, c) = ops::lstm(
+            b.tensor("input")?,
+            (&hx[0], &hx[1]),
+            &params,
+            recurrent(&b)?,
+        )
+        .map_err(err)?;
+        Ok(Output::Tensors(vec![y, h, c]))
+    });
+    t.insert("torch.gru", |args, kwargs| {
+        let b = bind(args, kwargs, &SEQ, &[])?;
+        let params = b.tensors("params")?;
+        let (y, h) =
+            ops::gru(b.tensor("input")?, b.tensor("hx")?, &params, recurrent(&b)?).map_err(err)?;
+        Ok(Output::Tensors(vec![y, h]))
     });
 
     // ----- losses -------------------------------------------------------------------------
