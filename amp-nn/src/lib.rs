@@ -41,4 +41,4 @@ pub use layers::{Dropout, LayerNorm, Linear, ReLU, Sequential, Sigmoid, Tanh, GE
 pub use loss::{BCEWithLogitsLoss, CrossEntropyLoss, MSELoss};
 pub use module::{prefixed, Module};
 pub use pool::*;
-pub use rnn::{CellParams, GRUCell, LSTMCell, RNNCell};
+pub use rnn::{CellParams, GRUCell, LSTMCell, RNNCell, RecurrentConfig, GRU, LSTM};

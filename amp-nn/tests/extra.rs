@@ -193,3 +193,68 @@ fn loss_modules_call_their_ops_with_pytorch_defaults() {
         ops::ctc_loss(&logp, &tg, &[5, 4], &[2, 2], 0, Reduction::Mean, false).unwrap(),
     );
 }
+
+/// `nn.LSTM`/`nn.GRU`: PyTorch's parameter names, order and shapes, the stack's output
+/// equal to the cells stepped by hand, eval/train, and a refused input.
+#[test]
+fn recurrent_stacks_follow_pytorch() {
+    use amp_nn::{RecurrentConfig, GRU, LSTM};
+    let mut gen = Generator::new(3);
+    let cfg = RecurrentConfig {
+        num_layers: 2,
+        bidirectional: true,
+        ..RecurrentConfig::new(3, 4)
+    };
+    let lstm = LSTM::new(cfg, &mut gen).unwrap();
+    let names: Vec<(String, Vec<usize>)> = lstm
+        .named_parameters()
+        .into_iter()
+        .map(|(n, t)| (n, t.dims().to_vec()))
+        .collect();
+    let want: Vec<(String, Vec<usize>)> = [
+        ("weight_ih_l0", vec![16, 3]),
+        ("weight_hh_l0", vec![16, 4]),
+        ("bias_ih_l0", vec![16]),
+        ("bias_hh_l0", vec![16]),
+        ("weight_ih_l0_reverse", vec![16, 3]),
+        ("weight_hh_l0_reverse", vec![16, 4]),
+        ("bias_ih_l0_reverse", vec![16]),
+        ("bias_hh_l0_reverse", vec![16]),
+        ("weight_ih_l1", vec![16, 8]),
+        ("weight_hh_l1", vec![16, 4]),
+        ("bias_ih_l1", vec![16]),
+        ("bias_hh_l1", vec![16]),
+        ("weight_ih_l1_reverse", vec![16, 8]),
+        ("weight_hh_l1_reverse", vec![16, 4]),
+        ("bias_ih_l1_reverse", vec![16]),
+        ("bias_hh_l1_reverse", vec![16]),
+    ]
+    .into_iter()
+    .map(|(n, d)| (n.to_string(), d))
+    .collect();
+    assert_eq!(names, want);
+    let x = Tensor::randn(vec![5, 2, 3], DType::F32, &mut gen).unwrap();
+    let (y, (h, c)) = lstm.forward_with(&x, None).unwrap();
+    assert_eq!(
+        (y.dims(), h.dims(), c.dims()),
+        (&[5, 2, 8][..], &[4, 2, 4][..], &[4, 2, 4][..])
+    );
+    // One unidirectional GRU layer against its cell stepped by hand.
+    let gru = GRU::new(RecurrentConfig::new(3, 4), &mut gen).unwrap();
+    let p: Vec<Tensor> = gru.parameters();
+    let (y, hn) = gru.forward_with(&x, None).unwrap();
+    let mut h = Tensor::zeros([2, 4], DType::F32);
+    let mut steps = Vec::new();
+    for t in 0..5 {
+        let xt = ops::select(&x, 0, t).unwrap();
+        h = ops::gru_cell(&xt, &h, &p[0], &p[1], Some(&p[2]), Some(&p[3])).unwrap();
+        steps.extend(h.to_vec_f64());
+    }
+    assert_eq!(y.to_vec_f64(), steps);
+    assert_eq!(hn.to_vec_f64(), h.to_vec_f64());
+    // Modes, and a 2-D input refused with an error (no panic).
+    let mut gru = gru;
+    gru.eval();
+    assert!(!gru.is_training());
+    assert!(gru.forward(&Tensor::ones([5, 3], DType::F32)).is_err());
+}
