@@ -6,7 +6,7 @@ use amp_autograd::{ops, Result, Tensor};
 use amp_tensor::Generator;
 
 use crate::init::{kaiming_uniform_default, uniform};
-use crate::module::{prefixed, Module};
+use crate::module::{prefixed, prefixed_buffers, prefixed_state, Module};
 
 /// `y = x Wᵀ + b` with PyTorch's default initialisation.
 pub struct Linear {
@@ -101,6 +101,20 @@ impl Module for Sequential {
             .iter()
             .enumerate()
             .flat_map(|(i, l)| prefixed(&i.to_string(), l.as_ref()))
+            .collect()
+    }
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        self.layers
+            .iter()
+            .enumerate()
+            .flat_map(|(i, l)| prefixed_buffers(&i.to_string(), l.as_ref()))
+            .collect()
+    }
+    fn named_state(&self) -> Vec<(String, Tensor)> {
+        self.layers
+            .iter()
+            .enumerate()
+            .flat_map(|(i, l)| prefixed_state(&i.to_string(), l.as_ref()))
             .collect()
     }
     fn train(&mut self, mode: bool) {

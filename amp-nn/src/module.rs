@@ -34,16 +34,29 @@ pub trait Module: Send + Sync {
             p.zero_grad();
         }
     }
-    /// Name → values of every parameter (copies), in registration order.
+    /// Buffers: state that is not a parameter (running statistics), with PyTorch-style
+    /// names, in registration order. None by default.
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        Vec::new()
+    }
+    /// Parameters and buffers in PyTorch's `state_dict` order: a module's parameters,
+    /// then its buffers (containers go child by child).
+    fn named_state(&self) -> Vec<(String, Tensor)> {
+        let mut v = self.named_parameters();
+        v.extend(self.named_buffers());
+        v
+    }
+    /// Name → values of every parameter and buffer (copies), in PyTorch's order.
     fn state_dict(&self) -> Vec<(String, Raw)> {
-        self.named_parameters()
+        self.named_state()
             .into_iter()
             .map(|(n, t)| (n, t.data().copy()))
             .collect()
     }
-    /// Copy values into the parameters by name; every name must match, shapes too.
+    /// Copy values into the parameters and buffers by name; every name must match,
+    /// shapes too.
     fn load_state_dict(&self, sd: &[(String, Raw)]) -> Result<()> {
-        let params = self.named_parameters();
+        let params = self.named_state();
         for (name, p) in &params {
             let Some((_, v)) = sd.iter().find(|(n, _)| n == name) else {
                 return Err(Error::invalid(
@@ -73,6 +86,23 @@ pub trait Module: Send + Sync {
     fn num_parameters(&self) -> usize {
         self.parameters().iter().map(|p| p.elem_count()).sum()
     }
+}
+
+/// Prefix each parameter and buffer name of `m` (in [`Module::named_state`] order)
+/// with `prefix.`.
+pub fn prefixed_state(prefix: &str, m: &dyn Module) -> Vec<(String, Tensor)> {
+    m.named_state()
+        .into_iter()
+        .map(|(n, t)| (format!("{prefix}.{n}"), t))
+        .collect()
+}
+
+/// Prefix each buffer name of `m` with `prefix.`.
+pub fn prefixed_buffers(prefix: &str, m: &dyn Module) -> Vec<(String, Tensor)> {
+    m.named_buffers()
+        .into_iter()
+        .map(|(n, t)| (format!("{prefix}.{n}"), t))
+        .collect()
 }
 
 /// Prefix each parameter name of `m` with `prefix.`.

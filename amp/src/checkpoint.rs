@@ -276,7 +276,7 @@ pub fn decode_model(model: &dyn Module, bytes: &[u8]) -> Result<Vec<(String, Raw
         let t = from_bytes(&name, dtype, view.shape(), view.data())?;
         found.insert(name, t);
     }
-    let params = model.named_parameters();
+    let params = model.named_state();
     let missing: Vec<String> = params
         .iter()
         .filter(|(n, _)| !found.contains_key(n))

@@ -47,8 +47,8 @@ pub mod prelude {
     pub use amp_autocast::{autocast, custom_fwd, traced, Autocast, AutocastGuard};
     pub use amp_autograd::{grad, no_grad, ops, GradOptions, Reduction, Tensor};
     pub use amp_nn::{
-        CrossEntropyLoss, Dropout, LayerNorm, Linear, MSELoss, Module, ReLU, Sequential, Sigmoid,
-        Tanh, GELU,
+        BatchNorm1d, BatchNorm2d, CrossEntropyLoss, Dropout, LayerNorm, Linear, MSELoss, Module,
+        ReLU, RecurrentConfig, Sequential, Sigmoid, Tanh, GELU, GRU, LSTM,
     };
     pub use amp_optim::{
         clip_grad_norm_, clip_grad_value_, Adam, AdamOptions, Optimizer, Sgd, SgdOptions,

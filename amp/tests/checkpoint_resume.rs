@@ -1,5 +1,6 @@
 //! A run stopped at a checkpoint and resumed from it continues bit for bit: model
-//! (safetensors), optimizer state (Adam moments, step counts) and scaler state (scale,
+//! parameters and buffers (safetensors; a batch norm's running statistics and its int64
+//! batch count), optimizer state (Adam moments, step counts) and scaler state (scale,
 //! growth tracker) all come back exactly.
 
 use amp::checkpoint;
@@ -15,6 +16,7 @@ fn fresh(seed: u64) -> Run {
     let mut gen = Generator::new(seed);
     let model = Sequential::new()
         .add(Linear::new(6, 16, &mut gen).unwrap())
+        .add(BatchNorm1d::new(16).unwrap())
         .add(Tanh)
         .add(Linear::new(16, 3, &mut gen).unwrap());
     let opt = Adam::new(model.parameters(), 1e-2, AdamOptions::default()).unwrap();
@@ -55,16 +57,28 @@ fn step(run: &mut Run, i: usize) {
     run.scaler.update().unwrap();
 }
 
-fn bits(run: &Run) -> Vec<Vec<u32>> {
+/// Every parameter and buffer, by name, as bits (float32 values as their bits, the
+/// int64 batch count as itself).
+fn bits(run: &Run) -> Vec<(String, Vec<u64>)> {
     run.model
-        .parameters()
-        .iter()
-        .map(|p| {
-            p.to_vec::<f32>()
-                .unwrap()
-                .iter()
-                .map(|v| v.to_bits())
-                .collect()
+        .named_state()
+        .into_iter()
+        .map(|(name, t)| {
+            let v = match t.dtype() {
+                DType::I64 => t
+                    .to_vec::<i64>()
+                    .unwrap()
+                    .iter()
+                    .map(|&v| v as u64)
+                    .collect(),
+                _ => t
+                    .to_vec::<f32>()
+                    .unwrap()
+                    .iter()
+                    .map(|v| u64::from(v.to_bits()))
+                    .collect(),
+            };
+            (name, v)
         })
         .collect()
 }
@@ -93,7 +107,14 @@ fn resumed_run_continues_bit_for_bit() {
     }
     std::fs::remove_dir_all(&dir).ok();
 
-    assert_eq!(bits(&resumed), bits(&straight));
+    let (b, keys) = (
+        bits(&resumed),
+        ["1.running_mean", "1.running_var", "1.num_batches_tracked"],
+    );
+    for k in keys {
+        assert!(b.iter().any(|(n, _)| n == k), "{k} is saved and restored");
+    }
+    assert_eq!(b, bits(&straight));
     assert_eq!(resumed.scaler.get_scale(), straight.scaler.get_scale());
     assert_eq!(
         resumed.scaler.state_dict_json(),
