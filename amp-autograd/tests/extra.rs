@@ -1148,6 +1148,18 @@ fn every_float_dtype() {
     }
 }
 
+/// (channel, value) of each element of the batch-norm test input `[2, 2, 2]`.
+const X_BY_CHANNEL: [(usize, f64); 8] = [
+    (0, 1.0),
+    (0, 2.0),
+    (1, 0.0),
+    (1, 0.0),
+    (0, 3.0),
+    (0, 6.0),
+    (1, 4.0),
+    (1, 4.0),
+];
+
 /// `batch_norm`'s running statistics (PyTorch's update: momentum, unbiased variance),
 /// evaluation with them, 16-bit inputs normalised in float32 and cast back, and the
 /// refusals PyTorch makes.
@@ -1161,19 +1173,10 @@ fn batch_norm_running_statistics_eval_and_refusals() {
     // Batch means 3 and 2; biased variances 3.5 and 4; unbiased 14/3 and 16/3.
     let m = [3.0f64, 2.0];
     let v = [3.5f64, 4.0];
-    let want: Vec<f64> = [
-        (0, 1.0),
-        (0, 2.0),
-        (1, 0.0),
-        (1, 0.0),
-        (0, 3.0),
-        (0, 6.0),
-        (1, 4.0),
-        (1, 4.0),
-    ]
-    .iter()
-    .map(|&(c, x): &(usize, f64)| (x - m[c]) / (v[c] + 1e-5).sqrt())
-    .collect();
+    let want: Vec<f64> = X_BY_CHANNEL
+        .iter()
+        .map(|&(c, x): &(usize, f64)| (x - m[c]) / (v[c] + 1e-5).sqrt())
+        .collect();
     close(&vals(&y), &want, 1e-12, "training output");
     close(
         &vals(&rm),
@@ -1204,21 +1207,12 @@ fn batch_norm_running_statistics_eval_and_refusals() {
         1e-5,
     )
     .unwrap();
-    let want: Vec<f64> = [
-        (0, 1.0),
-        (0, 2.0),
-        (1, 0.0),
-        (1, 0.0),
-        (0, 3.0),
-        (0, 6.0),
-        (1, 4.0),
-        (1, 4.0),
-    ]
-    .iter()
-    .map(|&(c, x): &(usize, f64)| {
-        (x - rm0[c]) / (rv0[c] + 1e-5).sqrt() * [2.0, 3.0][c] + [0.5, -0.5][c]
-    })
-    .collect();
+    let want: Vec<f64> = X_BY_CHANNEL
+        .iter()
+        .map(|&(c, x): &(usize, f64)| {
+            (x - rm0[c]) / (rv0[c] + 1e-5).sqrt() * [2.0, 3.0][c] + [0.5, -0.5][c]
+        })
+        .collect();
     close(&vals(&y), &want, 1e-12, "eval output");
     assert_eq!(
         (vals(&rm), vals(&rv)),

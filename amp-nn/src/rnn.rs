@@ -379,6 +379,28 @@ impl StackState {
     }
 }
 
+/// `Module` for a recurrent stack: the output sequence from zero states, the stack's
+/// parameters, training mode.
+macro_rules! stack_module {
+    ($t:ident) => {
+        impl Module for $t {
+            /// The output sequence from zero initial states.
+            fn forward(&self, x: &Tensor) -> Result<Tensor> {
+                Ok(self.forward_with(x, None)?.0)
+            }
+            fn named_parameters(&self) -> Vec<(String, Tensor)> {
+                self.state.params.named.clone()
+            }
+            fn train(&mut self, mode: bool) {
+                self.state.training = mode;
+            }
+            fn is_training(&self) -> bool {
+                self.state.training
+            }
+        }
+    };
+}
+
 /// `nn.LSTM`: a stack of LSTM layers over whole sequences (see [`ops::lstm`]).
 ///
 /// ```
@@ -425,21 +447,7 @@ impl LSTM {
     }
 }
 
-impl Module for LSTM {
-    /// The output sequence from zero states.
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(self.forward_with(x, None)?.0)
-    }
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        self.state.params.named.clone()
-    }
-    fn train(&mut self, mode: bool) {
-        self.state.training = mode;
-    }
-    fn is_training(&self) -> bool {
-        self.state.training
-    }
-}
+stack_module!(LSTM);
 
 /// `nn.GRU`: a stack of GRU layers over whole sequences (see [`ops::gru`]).
 pub struct GRU {
@@ -465,18 +473,4 @@ impl GRU {
     }
 }
 
-impl Module for GRU {
-    /// The output sequence from a zero state.
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(self.forward_with(x, None)?.0)
-    }
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        self.state.params.named.clone()
-    }
-    fn train(&mut self, mode: bool) {
-        self.state.training = mode;
-    }
-    fn is_training(&self) -> bool {
-        self.state.training
-    }
-}
+stack_module!(GRU);
