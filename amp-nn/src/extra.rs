@@ -398,3 +398,117 @@ impl CTCLoss {
         )
     }
 }
+
+/// `nn.MultiheadAttention` (`need_weights=False`, packed projections, biases): PyTorch's
+/// parameters `in_proj_weight` `[3E, E]` (Xavier-uniform), `in_proj_bias` `[3E]` (zeros),
+/// `out_proj.weight` `[E, E]` (Linear's init), `out_proj.bias` `[E]` (zeros); see
+/// [`ops::multi_head_attention_forward`].
+///
+/// ```
+/// use amp_nn::{Module, MultiheadAttention};
+/// use amp_autograd::Tensor;
+/// use amp_tensor::{DType, Generator};
+/// # fn main() -> amp_autograd::Result<()> {
+/// let mha = MultiheadAttention::new(8, 2, true, &mut Generator::new(0))?;
+/// let x = Tensor::ones([3, 5, 8], DType::F32); // batch first: [N, L, E]
+/// assert_eq!(mha.forward(&x)?.dims(), [3, 5, 8]);
+/// let names: Vec<String> = mha.named_parameters().into_iter().map(|(n, _)| n).collect();
+/// assert_eq!(names, ["in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"]);
+/// # Ok(())
+/// # }
+/// ```
+pub struct MultiheadAttention {
+    /// `E`.
+    pub embed_dim: usize,
+    /// Heads (`E` is a multiple).
+    pub num_heads: usize,
+    /// `[N, L, E]` inputs and output instead of `[L, N, E]`.
+    pub batch_first: bool,
+    /// `[3E, E]`.
+    pub in_proj_weight: Tensor,
+    /// `[3E]`.
+    pub in_proj_bias: Tensor,
+    /// `[E, E]`.
+    pub out_proj_weight: Tensor,
+    /// `[E]`.
+    pub out_proj_bias: Tensor,
+}
+
+impl MultiheadAttention {
+    /// `embed_dim` split over `num_heads`, initialised from `gen` as PyTorch does.
+    pub fn new(
+        embed_dim: usize,
+        num_heads: usize,
+        batch_first: bool,
+        gen: &mut Generator,
+    ) -> Result<Self> {
+        if num_heads == 0 || !embed_dim.is_multiple_of(num_heads) {
+            return Err(Error::invalid(
+                "MultiheadAttention",
+                "embed_dim must be divisible by num_heads",
+            ));
+        }
+        let e = embed_dim;
+        Ok(MultiheadAttention {
+            embed_dim,
+            num_heads,
+            batch_first,
+            in_proj_weight: crate::init::xavier_uniform(&[3 * e, e], e, 3 * e, gen)?,
+            in_proj_bias: Tensor::parameter(Raw::zeros([3 * e], DType::F32))?,
+            out_proj_weight: crate::init::kaiming_uniform_default(&[e, e], e, gen)?,
+            out_proj_bias: Tensor::parameter(Raw::zeros([e], DType::F32))?,
+        })
+    }
+
+    /// Attention of `query` over `key`/`value` (`attn_mask`: `[L, S]` or
+    /// `[N·heads, L, S]`, boolean or float), in the module's layout.
+    pub fn attend(
+        &self,
+        query: &Tensor,
+        key: &Tensor,
+        value: &Tensor,
+        attn_mask: Option<&Tensor>,
+        is_causal: bool,
+    ) -> Result<Tensor> {
+        let seq_first = |t: &Tensor| -> Result<Tensor> {
+            if self.batch_first {
+                ops::transpose(t, 0, 1)
+            } else {
+                Ok(t.clone())
+            }
+        };
+        let out = ops::multi_head_attention_forward(
+            &seq_first(query)?,
+            &seq_first(key)?,
+            &seq_first(value)?,
+            self.num_heads,
+            ops::MultiHeadWeights {
+                in_proj_weight: &self.in_proj_weight,
+                in_proj_bias: Some(&self.in_proj_bias),
+                out_proj_weight: &self.out_proj_weight,
+                out_proj_bias: Some(&self.out_proj_bias),
+            },
+            ops::Attention {
+                attn_mask,
+                is_causal,
+                ..Default::default()
+            },
+        )?;
+        seq_first(&out)
+    }
+}
+
+impl Module for MultiheadAttention {
+    /// Self-attention of `x` without a mask.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.attend(x, x, x, None, false)
+    }
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        vec![
+            ("in_proj_weight".to_string(), self.in_proj_weight.clone()),
+            ("in_proj_bias".to_string(), self.in_proj_bias.clone()),
+            ("out_proj.weight".to_string(), self.out_proj_weight.clone()),
+            ("out_proj.bias".to_string(), self.out_proj_bias.clone()),
+        ]
+    }
+}

@@ -34,8 +34,8 @@ pub use conv::{
 };
 pub use extra::{
     Bilinear, CTCLoss, CosineEmbeddingLoss, GroupNorm, HingeEmbeddingLoss, KLDivLoss,
-    MarginRankingLoss, MultiLabelMarginLoss, MultiMarginLoss, PReLU, PoissonNLLLoss,
-    SoftMarginLoss, TripletMarginLoss,
+    MarginRankingLoss, MultiLabelMarginLoss, MultiMarginLoss, MultiheadAttention, PReLU,
+    PoissonNLLLoss, SoftMarginLoss, TripletMarginLoss,
 };
 pub use init::{kaiming_normal, kaiming_uniform_default, uniform, xavier_uniform};
 pub use layers::{Dropout, LayerNorm, Linear, ReLU, Sequential, Sigmoid, Tanh, GELU};

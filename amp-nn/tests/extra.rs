@@ -258,3 +258,52 @@ fn recurrent_stacks_follow_pytorch() {
     assert!(!gru.is_training());
     assert!(gru.forward(&Tensor::ones([5, 3], DType::F32)).is_err());
 }
+
+/// `nn.MultiheadAttention`: PyTorch's parameters and init, the module equal to the
+/// functional op, batch-first as sequence-first transposed, and a causal mask.
+#[test]
+fn multihead_attention_follows_pytorch() {
+    let mut gen = Generator::new(5);
+    let mha = MultiheadAttention::new(8, 2, false, &mut gen).unwrap();
+    let shapes: Vec<Vec<usize>> = mha.parameters().iter().map(|p| p.dims().to_vec()).collect();
+    assert_eq!(shapes, [vec![24, 8], vec![24], vec![8, 8], vec![8]]);
+    // Xavier-uniform bound sqrt(6 / (8 + 24)); zero biases.
+    assert!(within(&mha.in_proj_weight, (6.0f64 / 32.0).sqrt()));
+    assert!(mha.in_proj_bias.to_vec_f64().iter().all(|&v| v == 0.0));
+    let x = Tensor::randn(vec![5, 3, 8], DType::F32, &mut gen).unwrap();
+    let y = mha.forward(&x).unwrap();
+    let p = mha.parameters();
+    let want = ops::multi_head_attention_forward(
+        &x,
+        &x,
+        &x,
+        2,
+        ops::MultiHeadWeights {
+            in_proj_weight: &p[0],
+            in_proj_bias: Some(&p[1]),
+            out_proj_weight: &p[2],
+            out_proj_bias: Some(&p[3]),
+        },
+        ops::Attention::default(),
+    )
+    .unwrap();
+    assert_eq!(y.to_vec_f64(), want.to_vec_f64());
+    let bf = MultiheadAttention {
+        batch_first: true,
+        ..mha
+    };
+    let xt = ops::transpose(&x, 0, 1).unwrap();
+    let yt = bf.forward(&xt).unwrap();
+    assert_eq!(
+        ops::transpose(&yt, 0, 1).unwrap().to_vec_f64(),
+        y.to_vec_f64()
+    );
+    // Causal: the first position's output does not depend on later positions.
+    let causal = |x: &Tensor| bf.attend(x, x, x, None, true).unwrap();
+    let a = causal(&xt);
+    let mut v = xt.to_vec::<f32>().unwrap();
+    v[8 * 4] += 1.0; // batch 0, position 4
+    let b = causal(&Tensor::from_vec(v, [3, 5, 8]).unwrap());
+    assert_eq!(&a.to_vec_f64()[..8], &b.to_vec_f64()[..8]);
+    assert_ne!(&a.to_vec_f64()[32..40], &b.to_vec_f64()[32..40]);
+}
