@@ -91,4 +91,8 @@ pub enum Error {
     /// `step_with_scaling` on an optimizer that does not support it.
     #[error("this optimizer does not handle gradient scaling itself")]
     ScalingUnsupported,
+    /// A learning-rate schedule whose settings do not make one (PyTorch's
+    /// `lr_scheduler` texts where it has them).
+    #[error("{0}")]
+    InvalidSchedule(String),
 }

@@ -52,6 +52,7 @@ pub mod prelude {
     };
     pub use amp_optim::{
         clip_grad_norm_, clip_grad_value_, Adam, AdamOptions, Optimizer, Sgd, SgdOptions,
+        WarmupCosine,
     };
     pub use amp_policy::{CastPolicy, DeviceType, Profile};
     pub use amp_scaler::{GradScaler, GradScalerOptions, StepOutcome};
