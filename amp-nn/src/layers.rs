@@ -6,7 +6,7 @@ use amp_autograd::{ops, Result, Tensor};
 use amp_tensor::Generator;
 
 use crate::init::{kaiming_uniform_default, uniform};
-use crate::module::{prefixed, prefixed_buffers, prefixed_state, Module};
+use crate::module::{prefix_names, Module};
 
 /// `y = x Wᵀ + b` with PyTorch's default initialisation.
 pub struct Linear {
@@ -86,6 +86,17 @@ impl Sequential {
     pub fn layers(&self) -> &[Box<dyn Module>] {
         &self.layers
     }
+    /// `named(layer)` of every layer, named `i.name`, in order.
+    fn children(
+        &self,
+        named: impl Fn(&dyn Module) -> Vec<(String, Tensor)>,
+    ) -> Vec<(String, Tensor)> {
+        self.layers
+            .iter()
+            .enumerate()
+            .flat_map(|(i, l)| prefix_names(&i.to_string(), named(l.as_ref())))
+            .collect()
+    }
 }
 
 impl Module for Sequential {
@@ -97,25 +108,13 @@ impl Module for Sequential {
         Ok(h)
     }
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        self.layers
-            .iter()
-            .enumerate()
-            .flat_map(|(i, l)| prefixed(&i.to_string(), l.as_ref()))
-            .collect()
+        self.children(|l| l.named_parameters())
     }
     fn named_buffers(&self) -> Vec<(String, Tensor)> {
-        self.layers
-            .iter()
-            .enumerate()
-            .flat_map(|(i, l)| prefixed_buffers(&i.to_string(), l.as_ref()))
-            .collect()
+        self.children(|l| l.named_buffers())
     }
     fn named_state(&self) -> Vec<(String, Tensor)> {
-        self.layers
-            .iter()
-            .enumerate()
-            .flat_map(|(i, l)| prefixed_state(&i.to_string(), l.as_ref()))
-            .collect()
+        self.children(|l| l.named_state())
     }
     fn train(&mut self, mode: bool) {
         self.training = mode;

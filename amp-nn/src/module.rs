@@ -88,18 +88,10 @@ pub trait Module: Send + Sync {
     }
 }
 
-/// Prefix each parameter and buffer name of `m` (in [`Module::named_state`] order)
-/// with `prefix.`.
-pub fn prefixed_state(prefix: &str, m: &dyn Module) -> Vec<(String, Tensor)> {
-    m.named_state()
-        .into_iter()
-        .map(|(n, t)| (format!("{prefix}.{n}"), t))
-        .collect()
-}
-
-/// Prefix each buffer name of `m` with `prefix.`.
-pub fn prefixed_buffers(prefix: &str, m: &dyn Module) -> Vec<(String, Tensor)> {
-    m.named_buffers()
+/// `named` with each name prefixed by `prefix.` (a container naming its children's
+/// parameters, buffers or whole state).
+pub fn prefix_names(prefix: &str, named: Vec<(String, Tensor)>) -> Vec<(String, Tensor)> {
+    named
         .into_iter()
         .map(|(n, t)| (format!("{prefix}.{n}"), t))
         .collect()
@@ -107,8 +99,5 @@ pub fn prefixed_buffers(prefix: &str, m: &dyn Module) -> Vec<(String, Tensor)> {
 
 /// Prefix each parameter name of `m` with `prefix.`.
 pub fn prefixed(prefix: &str, m: &dyn Module) -> Vec<(String, Tensor)> {
-    m.named_parameters()
-        .into_iter()
-        .map(|(n, t)| (format!("{prefix}.{n}"), t))
-        .collect()
+    prefix_names(prefix, m.named_parameters())
 }

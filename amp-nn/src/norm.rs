@@ -6,7 +6,7 @@
 //! place (see [`ops::batch_norm`]); in evaluation the running statistics normalise.
 
 use amp_autograd::{ops, Error, Result, Tensor};
-use amp_tensor::DType;
+use amp_tensor::{DType, Tensor as Raw};
 
 use crate::module::Module;
 
@@ -27,20 +27,16 @@ struct BatchNorm {
 
 impl BatchNorm {
     fn new(name: &'static str, ranks: &'static [usize], num_features: usize) -> Result<Self> {
-        let f32s = |v: f64| Tensor::full([num_features], v, DType::F32);
-        let weight = f32s(1.0);
-        weight.requires_grad_(true)?;
-        let bias = f32s(0.0);
-        bias.requires_grad_(true)?;
+        let f32s = |v: f64| Raw::full([num_features], v, DType::F32);
         Ok(BatchNorm {
             name,
             ranks,
             eps: 1e-5,
             momentum: 0.1,
-            weight,
-            bias,
-            running_mean: f32s(0.0),
-            running_var: f32s(1.0),
+            weight: Tensor::parameter(f32s(1.0))?,
+            bias: Tensor::parameter(f32s(0.0))?,
+            running_mean: Tensor::from_raw(f32s(0.0)),
+            running_var: Tensor::from_raw(f32s(1.0)),
             num_batches_tracked: Tensor::scalar(0i64),
             training: true,
         })

@@ -116,12 +116,9 @@ fn run_layers(
                 .map(|h| select(h, 0, idx as i64))
                 .collect::<Result<_>>()?;
             let mut ys: Vec<Option<Tensor>> = vec![None; t_len];
-            let order: Box<dyn Iterator<Item = usize>> = if d == 0 {
-                Box::new(0..t_len)
-            } else {
-                Box::new((0..t_len).rev())
-            };
-            for t in order {
+            for s in 0..t_len {
+                // The reverse direction reads the sequence from its end.
+                let t = if d == 0 { s } else { t_len - 1 - s };
                 state = step(&select(&x, 0, t as i64)?, &state, w)?;
                 ys[t] = Some(state[0].clone());
             }
