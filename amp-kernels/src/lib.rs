@@ -17,6 +17,7 @@ mod amp;
 mod binary;
 mod conv;
 pub mod cuda;
+mod half16;
 mod index;
 mod linalg;
 mod matmul;

@@ -773,8 +773,20 @@ pub(crate) mod ewise {
             let (mut bx, mut br) = (Buf::<C>::new(), Buf::<R>::new());
             plan.runs(lo, lo + out.len(), &mut |o, len, st, sd| {
                 pieces(len, st, sd, |done, l, st| {
-                    let px = load(&x, st[0], sd[0], l, &mut bx);
                     let dst = &mut out[o - lo + done..][..l];
+                    if let (Arg::Strided(d, _), [1]) = (&x, sd) {
+                        if TypeId::of::<C>() == TypeId::of::<f32>()
+                            && TypeId::of::<R>() == TypeId::of::<f32>()
+                        {
+                            if let Some(xs) = same::<T, O>(&d[st[0]..][..l]) {
+                                let g = |a: f32| f(C::from_f32(a)).to_f32();
+                                if crate::half16::unary(xs, dst, &g) {
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                    let px = load(&x, st[0], sd[0], l, &mut bx);
                     store(dst, &mut br, |d| match px {
                         Piece::One(v) => fill_with(d, f(v)),
                         Piece::Many(s) => {
@@ -810,11 +822,8 @@ pub(crate) mod ewise {
             plan.runs(lo, lo + out.len(), &mut |o, len, st, sd| {
                 pieces(len, st, sd, |done, l, st| {
                     let dst = &mut out[o - lo + done..][..l];
-                    if let (Arg::Strided(xd, _), Arg::Strided(yd, _), [1, 1]) = (&x, &y, sd) {
-                        let (xs, ys) = (&xd[st[0]..][..l], &yd[st[1]..][..l]);
-                        if bf16_fused(xs, ys, dst, &f) {
-                            return;
-                        }
+                    if fused16(&x, &y, st, sd, l, dst, &f) {
+                        return;
                     }
                     let px = load(&x, st[0], sd[0], l, &mut bx);
                     let py = load(&y, st[1], sd[1], l, &mut by);
@@ -841,14 +850,17 @@ pub(crate) mod ewise {
         })
     }
 
-    /// `dst[i] = f(xs[i], ys[i])` in one pass when both inputs and the output are
-    /// bfloat16 computed in float32 (widening and rounding in registers instead of
-    /// three passes through buffers; the rounding is [`amp_tensor::round_to_bf16`],
-    /// the bits of the buffer casts). `false` (nothing written) for other types.
+    /// `dst[i] = f(x, y)` over one piece in one pass through registers when both
+    /// inputs and the output are the same 16-bit type computed in float32 (see
+    /// [`crate::half16`]); `false` (nothing written) otherwise.
     #[inline(always)]
-    fn bf16_fused<T1, T2, O, C1, C2, R>(
-        xs: &[T1],
-        ys: &[T2],
+    #[allow(clippy::too_many_arguments)]
+    fn fused16<T1, T2, O, C1, C2, R>(
+        x: &Arg<T1, C1>,
+        y: &Arg<T2, C2>,
+        st: [usize; 2],
+        sd: [usize; 2],
+        l: usize,
         dst: &mut [MaybeUninit<O>],
         f: &impl Fn(C1, C2) -> R,
     ) -> bool
@@ -860,28 +872,40 @@ pub(crate) mod ewise {
         C2: Element,
         R: Element,
     {
-        use amp_tensor::half::bf16;
-        let (Some(xs), Some(ys), Some(dst)) = (
-            same::<T1, bf16>(xs),
-            same::<T2, bf16>(ys),
-            same_mut::<MaybeUninit<O>, MaybeUninit<bf16>>(dst),
-        ) else {
-            return false;
-        };
+        use crate::half16::Operand;
         if TypeId::of::<C1>() != TypeId::of::<f32>()
             || TypeId::of::<C2>() != TypeId::of::<f32>()
             || TypeId::of::<R>() != TypeId::of::<f32>()
         {
             return false;
         }
-        let body = |dst: &mut [MaybeUninit<bf16>]| {
-            for ((d, &a), &b) in dst.iter_mut().zip(xs).zip(ys) {
-                let r = f(C1::from_f32(a.to_f32()), C2::from_f32(b.to_f32()));
-                d.write(amp_tensor::round_to_bf16(r.to_f32()));
+        fn operand<'a, T: Element, S: Element, C: Element>(
+            a: &Arg<'a, T, C>,
+            start: usize,
+            stride: usize,
+            l: usize,
+        ) -> Option<Operand<'a, S>> {
+            match *a {
+                Arg::Splat(v) => Some(Operand::Splat(v.to_f32())),
+                Arg::Strided(d, _) => match stride {
+                    0 => Some(Operand::Splat(d[start].to_f32())),
+                    1 => Some(Operand::Run(same::<T, S>(&d[start..][..l])?)),
+                    _ => None,
+                },
             }
+        }
+        let (Some(xo), Some(yo)) = (
+            operand::<T1, O, C1>(x, st[0], sd[0], l),
+            operand::<T2, O, C2>(y, st[1], sd[1], l),
+        ) else {
+            return false;
         };
-        crate::vmath::with_level(crate::vmath::level(), || body(dst));
-        true
+        if matches!((xo, yo), (Operand::Splat(_), Operand::Splat(_))) {
+            return false;
+        }
+        crate::half16::binary(xo, yo, dst, &|a: f32, b: f32| {
+            f(C1::from_f32(a), C2::from_f32(b)).to_f32()
+        })
     }
 
     /// `out[i] = f(x[i], y[i], z[i])` over an output of shape `dims` (broadcasting).

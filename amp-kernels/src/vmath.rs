@@ -207,33 +207,6 @@ pub(crate) fn level() -> Option<Level> {
     None
 }
 
-/// `f()` in a function compiled for `level` (from [`level`]; `None`: the baseline), so
-/// that the loops `f` inlines vectorise at that width.
-#[inline(always)]
-pub(crate) fn with_level<R>(level: Option<Level>, f: impl FnOnce() -> R) -> R {
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma")]
-        unsafe fn avx512<R>(f: impl FnOnce() -> R) -> R {
-            f()
-        }
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn avx2<R>(f: impl FnOnce() -> R) -> R {
-            f()
-        }
-        match level {
-            // SAFETY: `level` came from `level()`, which checked the CPU has
-            // AVX-512F/DQ/VL and FMA.
-            Some(Level::Avx512) => return unsafe { avx512(f) },
-            // SAFETY: `level` came from `level()`, which checked AVX2 and FMA.
-            Some(Level::Avx2) => return unsafe { avx2(f) },
-            None => {}
-        }
-    }
-    let _ = level;
-    f()
-}
-
 /// `y[i] = op(x[i])` at `level` (from [`level`]), into a possibly uninitialised `y`
 /// of the same length as `x`; returns `y`, every element written.
 #[inline]
