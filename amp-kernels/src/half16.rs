@@ -40,6 +40,8 @@ impl<S> Copy for Operand<'_, S> {}
 /// The SIMD width a fused loop is compiled for.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Width {
+    /// AVX-512 with `vcvtneps2bf16` (bfloat16 rounding in one instruction).
+    Avx512Bf16,
     Avx512,
     Avx2,
 }
@@ -49,6 +51,9 @@ fn width() -> Option<Width> {
     {
         use std::arch::is_x86_feature_detected as has;
         if has!("avx512f") && has!("avx512bw") && has!("avx512dq") && has!("avx512vl") {
+            if has!("avx512bf16") {
+                return Some(Width::Avx512Bf16);
+            }
             return Some(Width::Avx512);
         }
         if has!("avx2") && has!("fma") && has!("f16c") {
@@ -88,7 +93,7 @@ impl Scalar for f16 {
 /// `unsafe`: `p` must be valid for the lanes read or written, and the caller must run in
 /// a function compiled with the width's features (AVX-512F/BW, or AVX2 + F16C).
 #[cfg(target_arch = "x86_64")]
-mod lanes {
+pub(crate) mod lanes {
     use std::arch::x86_64::*;
     use std::mem::{transmute, MaybeUninit};
 
@@ -105,7 +110,7 @@ mod lanes {
     }
 
     #[inline(always)]
-    pub(super) unsafe fn ld_bf16_16(p: *const bf16) -> [f32; 16] {
+    pub(crate) unsafe fn ld_bf16_16(p: *const bf16) -> [f32; 16] {
         // SAFETY: the caller's contract (16 readable lanes, AVX-512F/BW enabled).
         unsafe {
             let w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast()));
@@ -113,7 +118,7 @@ mod lanes {
         }
     }
     #[inline(always)]
-    pub(super) unsafe fn st_bf16_16(p: *mut MaybeUninit<bf16>, r: [f32; 16]) {
+    pub(crate) unsafe fn st_bf16_16(p: *mut MaybeUninit<bf16>, r: [f32; 16]) {
         // SAFETY: the caller's contract (16 writable lanes, AVX-512F/BW enabled).
         unsafe {
             let r: __m512 = transmute(r);
@@ -130,22 +135,47 @@ mod lanes {
             _mm256_storeu_si256(p.cast(), _mm512_cvtepi32_epi16(t));
         }
     }
+    /// [`st_bf16_16`] with `vcvtneps2bf16`, which rounds to nearest even like the
+    /// integer lanes but flushes subnormal inputs to zero and keeps NaN payloads: a
+    /// vector holding a NaN or a subnormal takes the integer rounding instead.
+    ///
+    /// # Safety
+    /// As the others, and AVX512-BF16 enabled.
     #[inline(always)]
-    pub(super) unsafe fn ld_f16_16(p: *const f16) -> [f32; 16] {
-        // SAFETY: the caller's contract (16 readable lanes, AVX-512F enabled).
-        unsafe { transmute(_mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))) }
-    }
-    #[inline(always)]
-    pub(super) unsafe fn st_f16_16(p: *mut MaybeUninit<f16>, r: [f32; 16]) {
-        // SAFETY: the caller's contract (16 writable lanes, AVX-512F enabled).
+    pub(crate) unsafe fn st_bf16_16_ne(p: *mut MaybeUninit<bf16>, r: [f32; 16]) {
+        // SAFETY: the caller's contract (16 writable lanes, AVX-512F/BW/DQ and
+        // AVX512-BF16 enabled).
         unsafe {
-            let h =
-                _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(transmute(r));
+            let v: __m512 = transmute(r);
+            // fpclass categories: 0x01 quiet NaN, 0x80 signalling NaN, 0x20 subnormal.
+            if _mm512_fpclass_ps_mask::<0xA1>(v) != 0 {
+                return st_bf16_16(p, r);
+            }
+            let h: __m256i = transmute(_mm512_cvtneps_pbh(v));
             _mm256_storeu_si256(p.cast(), h);
         }
     }
     #[inline(always)]
-    pub(super) unsafe fn ld_bf16_8(p: *const bf16) -> [f32; 8] {
+    pub(crate) unsafe fn ld_f16_16(p: *const f16) -> [f32; 16] {
+        // SAFETY: the caller's contract (16 readable lanes, AVX-512F enabled).
+        unsafe { transmute(_mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))) }
+    }
+    #[inline(always)]
+    pub(crate) unsafe fn st_f16_16(p: *mut MaybeUninit<f16>, r: [f32; 16]) {
+        // SAFETY: the caller's contract (16 writable lanes, AVX-512F enabled).
+        unsafe {
+            let h =
+                _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(transmute::<
+                    [f32; 16],
+                    __m512,
+                >(
+                    r
+                ));
+            _mm256_storeu_si256(p.cast(), h);
+        }
+    }
+    #[inline(always)]
+    pub(crate) unsafe fn ld_bf16_8(p: *const bf16) -> [f32; 8] {
         // SAFETY: the caller's contract (8 readable lanes, AVX2 enabled).
         unsafe {
             let w = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast()));
@@ -153,7 +183,7 @@ mod lanes {
         }
     }
     #[inline(always)]
-    pub(super) unsafe fn st_bf16_8(p: *mut MaybeUninit<bf16>, r: [f32; 8]) {
+    pub(crate) unsafe fn st_bf16_8(p: *mut MaybeUninit<bf16>, r: [f32; 8]) {
         // SAFETY: the caller's contract (8 writable lanes, AVX2 enabled).
         unsafe {
             let r: __m256 = transmute(r);
@@ -174,15 +204,15 @@ mod lanes {
         }
     }
     #[inline(always)]
-    pub(super) unsafe fn ld_f16_8(p: *const f16) -> [f32; 8] {
+    pub(crate) unsafe fn ld_f16_8(p: *const f16) -> [f32; 8] {
         // SAFETY: the caller's contract (8 readable lanes, F16C enabled).
         unsafe { transmute(_mm256_cvtph_ps(_mm_loadu_si128(p.cast()))) }
     }
     #[inline(always)]
-    pub(super) unsafe fn st_f16_8(p: *mut MaybeUninit<f16>, r: [f32; 8]) {
+    pub(crate) unsafe fn st_f16_8(p: *mut MaybeUninit<f16>, r: [f32; 8]) {
         // SAFETY: the caller's contract (8 writable lanes, F16C enabled).
         unsafe {
-            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(transmute(r));
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(transmute::<[f32; 8], __m256>(r));
             _mm_storeu_si128(p.cast(), h);
         }
     }
@@ -251,6 +281,15 @@ macro_rules! fused {
     };
 }
 
+fused!(
+    "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c,avx512bf16",
+    16,
+    bf16,
+    bin_bf16_512ne,
+    un_bf16_512ne,
+    ld_bf16_16,
+    st_bf16_16_ne
+);
 fused!(
     "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c",
     16,
@@ -329,6 +368,7 @@ pub(crate) fn binary<S: Element>(
             // SAFETY: `width()` checked the CPU has the features of the function called.
             unsafe {
                 match w {
+                    Width::Avx512Bf16 => bin_bf16_512ne(x, y, d, f),
                     Width::Avx512 => bin_bf16_512(x, y, d, f),
                     Width::Avx2 => bin_bf16_256(x, y, d, f),
                 }
@@ -346,7 +386,7 @@ pub(crate) fn binary<S: Element>(
             // SAFETY: as above.
             unsafe {
                 match w {
-                    Width::Avx512 => bin_f16_512(x, y, d, f),
+                    Width::Avx512 | Width::Avx512Bf16 => bin_f16_512(x, y, d, f),
                     Width::Avx2 => bin_f16_256(x, y, d, f),
                 }
             }
@@ -370,6 +410,7 @@ pub(crate) fn unary<S: Element>(
             // SAFETY: `width()` checked the CPU has the features of the function called.
             unsafe {
                 match w {
+                    Width::Avx512Bf16 => un_bf16_512ne(x, d, f),
                     Width::Avx512 => un_bf16_512(x, d, f),
                     Width::Avx2 => un_bf16_256(x, d, f),
                 }
@@ -380,7 +421,7 @@ pub(crate) fn unary<S: Element>(
             // SAFETY: as above.
             unsafe {
                 match w {
-                    Width::Avx512 => un_f16_512(x, d, f),
+                    Width::Avx512 | Width::Avx512Bf16 => un_f16_512(x, d, f),
                     Width::Avx2 => un_f16_256(x, d, f),
                 }
             }
@@ -459,31 +500,72 @@ mod tests {
             check(
                 bf16::from_bits,
                 bf16::to_bits,
-                |x, y, d, f| unsafe { bin_bf16_512(x, y, d, &f) },
-                |x, d, f| unsafe { un_bf16_512(x, d, &f) },
+                |x, y, d, f| {
+                    // SAFETY: the CPU has the function's features (checked above).
+                    unsafe { bin_bf16_512(x, y, d, &f) }
+                },
+                |x, d, f| {
+                    // SAFETY: the CPU has the function's features (checked above).
+                    unsafe { un_bf16_512(x, d, &f) }
+                },
             );
             check(
                 f16::from_bits,
                 f16::to_bits,
-                |x, y, d, f| unsafe { bin_f16_512(x, y, d, &f) },
-                |x, d, f| unsafe { un_f16_512(x, d, &f) },
+                |x, y, d, f| {
+                    // SAFETY: the CPU has the function's features (checked above).
+                    unsafe { bin_f16_512(x, y, d, &f) }
+                },
+                |x, d, f| {
+                    // SAFETY: the CPU has the function's features (checked above).
+                    unsafe { un_f16_512(x, d, &f) }
+                },
             );
         } else {
             eprintln!("skipped: the AVX-512 fused 16-bit loops (the CPU lacks AVX-512 F/BW/DQ/VL)");
+        }
+        if w512 && has!("avx512bf16") {
+            // SAFETY (both): the CPU has AVX-512 and AVX512-BF16 (checked above).
+            check(
+                bf16::from_bits,
+                bf16::to_bits,
+                |x, y, d, f| {
+                    // SAFETY: the CPU has the function's features (checked above).
+                    unsafe { bin_bf16_512ne(x, y, d, &f) }
+                },
+                |x, d, f| {
+                    // SAFETY: the CPU has the function's features (checked above).
+                    unsafe { un_bf16_512ne(x, d, &f) }
+                },
+            );
+        } else {
+            eprintln!("skipped: the AVX512-BF16 fused bfloat16 loops (the CPU lacks AVX512-BF16)");
         }
         if w256 {
             // SAFETY (all four): the CPU has AVX2, FMA and F16C (checked above).
             check(
                 bf16::from_bits,
                 bf16::to_bits,
-                |x, y, d, f| unsafe { bin_bf16_256(x, y, d, &f) },
-                |x, d, f| unsafe { un_bf16_256(x, d, &f) },
+                |x, y, d, f| {
+                    // SAFETY: the CPU has the function's features (checked above).
+                    unsafe { bin_bf16_256(x, y, d, &f) }
+                },
+                |x, d, f| {
+                    // SAFETY: the CPU has the function's features (checked above).
+                    unsafe { un_bf16_256(x, d, &f) }
+                },
             );
             check(
                 f16::from_bits,
                 f16::to_bits,
-                |x, y, d, f| unsafe { bin_f16_256(x, y, d, &f) },
-                |x, d, f| unsafe { un_f16_256(x, d, &f) },
+                |x, y, d, f| {
+                    // SAFETY: the CPU has the function's features (checked above).
+                    unsafe { bin_f16_256(x, y, d, &f) }
+                },
+                |x, d, f| {
+                    // SAFETY: the CPU has the function's features (checked above).
+                    unsafe { un_f16_256(x, d, &f) }
+                },
             );
         } else {
             eprintln!("skipped: the AVX2 fused 16-bit loops (the CPU lacks AVX2/FMA/F16C)");

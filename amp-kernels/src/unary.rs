@@ -1260,6 +1260,19 @@ fn float_unary_simd<T: Element, C: 'static>(op: UnaryOp, x: &Tensor) -> Option<R
         _ => return None,
     };
     let level = vmath::level()?;
+    if map == F32Map::Gelu
+        && matches!(T::DTYPE, DType::F32 | DType::BF16 | DType::F16)
+        && vmath::has_gelu_table()
+    {
+        // Straight from the storage type, widened and rounded in registers.
+        let out = with_slice::<T, _>(x, |src| {
+            ewise::run_tasks(src.len(), |out: &mut [MaybeUninit<T>], lo| {
+                let done = vmath::gelu_table(&src[lo..lo + out.len()], out);
+                assert!(done, "gelu_table: the CPU and the type were checked above");
+            })
+        });
+        return Some(out.and_then(|out| Tensor::from_vec(out?, x.dims().to_vec())));
+    }
     let out = with_slice::<T, _>(x, |src| {
         ewise::run_tasks(src.len(), |out: &mut [MaybeUninit<T>], lo| {
             let (mut xb, mut yb) = ([0f32; CHUNK], [MaybeUninit::<f32>::uninit(); CHUNK]);

@@ -147,6 +147,212 @@ pub(crate) fn gelu_tanh(v: f32) -> f32 {
     0.5 * v * (1.0 + tanh(inner))
 }
 
+/// The normal CDF `Φ(x)` on `[-6, 6)` as 32 pieces of width 3/8, a degree-6 polynomial
+/// in `x - centre` each (`PHI[k][i]`: the `d^k` coefficient of piece `i`), fitted for
+/// the least relative error by `amp-kernels/tools/fit_gelu.py`, which prints this
+/// table: absolute error at most 5.8e-8 (half an ulp of 1), relative error at most
+/// 4.6e-6 in the far negative tail, where `1 + erf(x/√2)` in float32 has none left.
+#[rustfmt::skip]
+const PHI: [[f32; 32]; 7] = [
+    [3.077346e-09, 2.7016734e-08, 2.0689727e-07, 1.3828143e-06, 8.070946e-06, 4.116747e-05, 0.00018366995, 0.0007175423, 0.0024579011, 0.007394607, 0.01958008, 0.045753624, 0.09467574, 0.1742507, 0.2868877, 0.42563432, 0.5743657, 0.7131123, 0.8257493, 0.9053243, 0.9542464, 0.98041993, 0.9926054, 0.9975421, 0.9992825, 0.99981636, 0.9999588, 0.99999195, 0.9999986, 0.9999998, 1.0, 1.0],
+    [1.8389247e-08, 1.5158328e-07, 1.0855922e-06, 6.7547617e-06, 3.6515827e-05, 0.00017150624, 0.0006998521, 0.0024811907, 0.007642605, 0.020452673, 0.04755389, 0.096061505, 0.16859318, 0.2570739, 0.3405676, 0.3919909, 0.3919909, 0.3405676, 0.2570739, 0.16859318, 0.096061505, 0.04755389, 0.020452673, 0.007642605, 0.0024811907, 0.0006998522, 0.00017150627, 3.651585e-05, 6.754771e-06, 1.0855955e-06, 1.5158419e-07, 1.8389452e-08],
+    [5.343682e-08, 4.1208335e-07, 2.7477713e-06, 1.5831047e-05, 7.87362e-05, 0.00033765106, 0.0012466098, 0.003954399, 0.010747421, 0.024926707, 0.04903996, 0.081051886, 0.11063926, 0.12050337, 0.095784634, 0.036749158, -0.036749132, -0.09578463, -0.120503396, -0.11063928, -0.08105189, -0.049039952, -0.024926696, -0.010747413, -0.003954397, -0.0012466112, -0.00033765272, -7.873719e-05, -1.5831458e-05, -2.7479032e-06, -4.1211717e-07, -5.344388e-08],
+    [1.0039493e-07, 7.2124726e-07, 4.454255e-06, 2.3604443e-05, 0.000107082014, 0.00041455403, 0.0013636803, 0.0037880505, 0.00880212, 0.016844489, 0.02578952, 0.029581092, 0.020304862, -0.005189201, -0.038801458, -0.063033685, -0.063033685, -0.038801458, -0.0051892144, 0.020304846, 0.029581087, 0.02578953, 0.016844505, 0.00880213, 0.0037880524, 0.0013636771, 0.00041455025, 0.00010707965, 2.3603392e-05, 4.453894e-06, 7.2114864e-07, 1.003727e-07],
+    [1.3751233e-07, 9.1433634e-07, 5.189631e-06, 2.505531e-05, 0.000102405036, 0.00035194412, 0.0010069042, 0.0023594769, 0.0043972237, 0.0061091897, 0.00512363, -0.0010287929, -0.0117757935, -0.021298418, -0.021419967, -0.0090802265, 0.0090784235, 0.021419698, 0.021299753, 0.011777426, 0.0010294488, -0.0051240805, -0.0061100037, -0.004397741, -0.0023595812, -0.001006801, -0.00035182363, -0.00010233356, -2.5025385e-05, -5.1799952e-06, -9.118529e-07, -1.3699098e-07],
+    [1.494842e-07, 9.10232e-07, 4.687687e-06, 2.0290676e-05, 7.3153285e-05, 0.00021661563, 0.00051439373, 0.0009341183, 0.0011432426, 0.00043419847, -0.0017656102, -0.0047660903, -0.006086434, -0.0031697324, 0.0034003968, 0.009045617, 0.009045606, 0.0034004648, -0.003169444, -0.0060860743, -0.004765963, -0.00176582, 0.0004338528, 0.0011430143, 0.0009340797, 0.00051446294, 0.00021669565, 7.320348e-05, 2.0313068e-05, 4.695389e-06, 9.1234205e-07, 1.4996078e-07],
+    [1.16209584e-07, 6.531718e-07, 3.0647532e-06, 1.1872581e-05, 3.7314756e-05, 9.224227e-05, 0.00016779611, 0.00018184612, -4.083159e-05, -0.00061810383, -0.0012705654, -0.0012034064, 0.00021047686, 0.0023037835, 0.0031494182, 0.0014978619, -0.001466259, -0.0031446796, -0.002327242, -0.0002391474, 0.0011918859, 0.0012785192, 0.0006324646, 4.997011e-05, -0.00018000444, -0.00016963296, -9.4389325e-05, -3.859121e-05, -1.2408365e-05, -3.2377964e-06, -6.9792134e-07, -1.2563194e-07],
+];
+
+/// Exact GELU `x·Φ(x)` over 16 lanes at a time from the [`PHI`] table (see
+/// [`gelu_table`]): the piece index
+/// selects the coefficients from two registers (`vpermt2ps`), so no `exp` and no
+/// branch-both-ways select run. 1.7× the speed of [`gelu`] (whose `erf` evaluates
+/// both its halves and an `exp`), which left PyTorch's AVX-512 GELU 1.7× faster.
+/// `x < -6` gives `x·0` (−0, or NaN for −∞), `x ≥ 6` gives `x`, NaN propagates.
+#[cfg(target_arch = "x86_64")]
+mod gelu512 {
+    use std::arch::x86_64::*;
+    use std::mem::{transmute, MaybeUninit};
+
+    use amp_tensor::half::{bf16, f16};
+
+    use super::PHI;
+    use crate::half16::lanes;
+
+    const LO: f32 = -6.0;
+    const H: f32 = 0.375;
+
+    /// The [`PHI`] table as pairs of registers (pieces 0–15, 16–31).
+    ///
+    /// # Safety
+    /// The caller runs with AVX-512F.
+    #[inline(always)]
+    unsafe fn table() -> [(__m512, __m512); 7] {
+        // SAFETY: `PHI[k]` is 32 floats, two unaligned 16-lane loads; AVX-512F is the
+        // caller's.
+        std::array::from_fn(|k| unsafe {
+            (
+                _mm512_loadu_ps(PHI[k].as_ptr()),
+                _mm512_loadu_ps(PHI[k][16..].as_ptr()),
+            )
+        })
+    }
+
+    /// `v·Φ(v)` on 16 lanes.
+    ///
+    /// # Safety
+    /// The caller runs with AVX-512F/DQ and FMA.
+    #[inline(always)]
+    unsafe fn lanes_gelu(coef: &[(__m512, __m512); 7], v: __m512) -> __m512 {
+        // SAFETY: register-only intrinsics; the features are the caller's.
+        unsafe {
+            let (lo, hi) = (_mm512_set1_ps(LO), _mm512_set1_ps(-LO));
+            // `max(lo, v)` keeps a NaN `v` (the second operand wins when one is NaN).
+            let xc = _mm512_min_ps(hi, _mm512_max_ps(lo, v));
+            let s = _mm512_fmadd_ps(xc, _mm512_set1_ps(1.0 / H), _mm512_set1_ps(-LO / H));
+            let idx = _mm512_min_epi32(_mm512_cvttps_epi32(s), _mm512_set1_epi32(31));
+            let centre = _mm512_fmadd_ps(
+                _mm512_cvtepi32_ps(idx),
+                _mm512_set1_ps(H),
+                _mm512_set1_ps(LO + H / 2.0),
+            );
+            let d = _mm512_sub_ps(xc, centre);
+            let c = |k: usize| _mm512_permutex2var_ps(coef[k].0, idx, coef[k].1);
+            let mut p = c(6);
+            for k in (0..6).rev() {
+                p = _mm512_fmadd_ps(p, d, c(k));
+            }
+            let below = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(v, lo);
+            _mm512_mul_ps(v, _mm512_mask_mov_ps(p, below, _mm512_setzero_ps()))
+        }
+    }
+
+    /// One storage type's loop: 16 lanes loaded (widened), mapped, stored (rounded);
+    /// the tail goes through the same lanes, padded, so a value's result does not
+    /// depend on where it sits.
+    macro_rules! gelu_loop {
+        ($name:ident, $S:ty, $zero:expr, $ld:expr, $st:expr) => {
+            gelu_loop!(
+                $name,
+                $S,
+                $zero,
+                $ld,
+                $st,
+                "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c"
+            );
+        };
+        ($name:ident, $S:ty, $zero:expr, $ld:expr, $st:expr, $features:literal) => {
+            #[target_feature(enable = $features)]
+            pub(crate) fn $name(x: &[$S], y: &mut [MaybeUninit<$S>]) {
+                let n = x.len().min(y.len());
+                // SAFETY: the features are this function's.
+                let coef = unsafe { table() };
+                let mut i = 0;
+                while i + 16 <= n {
+                    // SAFETY: `i + 16 <= n` for both slices; the features are this
+                    // function's.
+                    unsafe {
+                        let v = $ld(x.as_ptr().add(i));
+                        $st(y.as_mut_ptr().add(i), lanes_gelu(&coef, v));
+                    }
+                    i += 16;
+                }
+                if i < n {
+                    let mut t = [$zero; 16];
+                    t[..n - i].copy_from_slice(&x[i..n]);
+                    let mut o = [MaybeUninit::<$S>::uninit(); 16];
+                    // SAFETY: `t` and `o` are 16 elements; the features are this
+                    // function's.
+                    unsafe { $st(o.as_mut_ptr(), lanes_gelu(&coef, $ld(t.as_ptr()))) };
+                    y[i..n].copy_from_slice(&o[..n - i]);
+                }
+            }
+        };
+    }
+
+    gelu_loop!(
+        gelu_f32,
+        f32,
+        0.0f32,
+        |p: *const f32| _mm512_loadu_ps(p),
+        |p: *mut MaybeUninit<f32>, r| _mm512_storeu_ps(p.cast(), r)
+    );
+    gelu_loop!(
+        gelu_bf16,
+        bf16,
+        bf16::ZERO,
+        |p| transmute::<[f32; 16], __m512>(lanes::ld_bf16_16(p)),
+        |p, r| lanes::st_bf16_16(p, transmute::<__m512, [f32; 16]>(r))
+    );
+    gelu_loop!(
+        gelu_bf16_ne,
+        bf16,
+        bf16::ZERO,
+        |p| transmute::<[f32; 16], __m512>(lanes::ld_bf16_16(p)),
+        |p, r| lanes::st_bf16_16_ne(p, transmute::<__m512, [f32; 16]>(r)),
+        "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c,avx512bf16"
+    );
+    gelu_loop!(
+        gelu_f16,
+        f16,
+        f16::ZERO,
+        |p| transmute::<[f32; 16], __m512>(lanes::ld_f16_16(p)),
+        |p, r| lanes::st_f16_16(p, transmute::<__m512, [f32; 16]>(r))
+    );
+}
+
+/// Whether the CPU runs [`gelu_table`] (AVX-512 F/BW/DQ/VL, FMA, F16C).
+pub(crate) fn has_gelu_table() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        has!("avx512f")
+            && has!("avx512bw")
+            && has!("avx512dq")
+            && has!("avx512vl")
+            && has!("fma")
+            && has!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Exact GELU straight from float32, bfloat16 or float16 storage into the same type
+/// (widened and rounded in registers as [`crate::half16`] does) with the AVX-512
+/// [`PHI`] table; `false` (nothing written) for other types or CPUs.
+pub(crate) fn gelu_table<S: amp_tensor::Element>(x: &[S], y: &mut [MaybeUninit<S>]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::unary::ewise::{same, same_mut};
+        use amp_tensor::half::{bf16, f16};
+        if !has_gelu_table() {
+            return false;
+        }
+        if let (Some(x), Some(y)) = (same::<S, f32>(x), same_mut::<_, MaybeUninit<f32>>(y)) {
+            // SAFETY: the CPU has the loop's features (`has_gelu_table()` above).
+            unsafe { gelu512::gelu_f32(x, y) };
+            return true;
+        }
+        if let (Some(x), Some(y)) = (same::<S, bf16>(x), same_mut::<_, MaybeUninit<bf16>>(y)) {
+            if std::arch::is_x86_feature_detected!("avx512bf16") {
+                // SAFETY: and AVX512-BF16 (checked just above).
+                unsafe { gelu512::gelu_bf16_ne(x, y) };
+                return true;
+            }
+            // SAFETY: the CPU has the loop's features (`has_gelu_table()` above).
+            unsafe { gelu512::gelu_bf16(x, y) };
+            return true;
+        }
+        if let (Some(x), Some(y)) = (same::<S, f16>(x), same_mut::<_, MaybeUninit<f16>>(y)) {
+            // SAFETY: the CPU has the loop's features (`has_gelu_table()` above).
+            unsafe { gelu512::gelu_f16(x, y) };
+            return true;
+        }
+    }
+    let _ = (x, y);
+    false
+}
+
 /// The float32 maps [`map_f32`] runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum F32Map {
@@ -221,6 +427,8 @@ pub(crate) fn map_f32<'y>(
     match level {
         // SAFETY: `level` came from `level()`, which checked the CPU has AVX-512F/DQ/VL
         // and FMA.
+        Level::Avx512 if op == F32Map::Gelu && gelu_table(x, y) => {}
+        // SAFETY: as above.
         Level::Avx512 => unsafe { map_avx512(op, x, y) },
         // SAFETY: `level` came from `level()`, which checked the CPU has AVX2 and FMA.
         Level::Avx2 => unsafe { map_avx2(op, x, y) },
@@ -335,7 +543,12 @@ mod tests {
         if level().is_none() {
             return;
         }
-        let xs: Vec<f32> = sweep(1009).filter(|x| x.abs() < 1e30).collect();
+        // The whole range, and densely where the AVX-512 table's pieces lie (an odd
+        // count, so the lanes' tail runs too).
+        let xs: Vec<f32> = sweep(1009)
+            .filter(|x| x.abs() < 1e30)
+            .chain((0..=140_001).map(|k| -7.0 + k as f32 * 1.0e-4))
+            .collect();
         let exact = |x: f64| x * 0.5 * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2));
         let ys = through_map(F32Map::Gelu, &xs);
         for (&x, &y) in xs.iter().zip(&ys) {
@@ -350,6 +563,43 @@ mod tests {
         assert_eq!(s[0], f32::INFINITY);
         assert!(s[1].is_nan()); // -inf * 0, as the scalar formula (and PyTorch) give
         assert!(s[2].is_nan());
+    }
+
+    #[test]
+    fn gelu_of_16_bit_storage_is_the_rounded_float32_gelu() {
+        use amp_tensor::half::{bf16, f16};
+        if !has_gelu_table() {
+            eprintln!("skipped: the AVX-512 GELU table (the CPU lacks AVX-512 F/BW/DQ/VL)");
+            return;
+        }
+        // The rounding of the buffer casts (bfloat16 NaN → 0x7FC0).
+        fn check<S: amp_tensor::Element>(
+            all: Vec<S>,
+            round: impl Fn(f32) -> S,
+            bits: impl Fn(S) -> u16,
+        ) {
+            let wide: Vec<f32> = all.iter().map(|v| v.to_f32()).collect();
+            let mut w = vec![MaybeUninit::uninit(); all.len()];
+            let mut y = vec![MaybeUninit::uninit(); all.len()];
+            assert!(gelu_table(&wide, &mut w) && gelu_table(&all, &mut y));
+            for (k, (w, y)) in w.iter().zip(&y).enumerate() {
+                // SAFETY: `gelu_table` wrote every element.
+                let (w, y) = unsafe { (w.assume_init(), y.assume_init()) };
+                assert_eq!(bits(y), bits(round(w)), "pattern {k}");
+            }
+        }
+        // Every pattern (65,531: not a multiple of 16, so the tails run too).
+        let patterns = 0..u16::MAX - 4;
+        check(
+            patterns.clone().map(bf16::from_bits).collect(),
+            amp_tensor::round_to_bf16,
+            bf16::to_bits,
+        );
+        check(
+            patterns.map(f16::from_bits).collect(),
+            f16::from_f32,
+            f16::to_bits,
+        );
     }
 
     #[test]
