@@ -14,6 +14,7 @@ pub mod compute;
 pub use compute::{ensure_float, ensure_same_device, with_slice, Real};
 
 mod amp;
+mod attention;
 mod binary;
 mod conv;
 pub mod cuda;
@@ -33,6 +34,7 @@ mod unary;
 mod vmath;
 
 pub use amp::*;
+pub use attention::{flash_attention, flash_attention_backward, FlashOptions};
 pub use binary::*;
 pub use conv::*;
 pub use index::*;

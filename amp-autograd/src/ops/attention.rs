@@ -3,9 +3,13 @@
 //! `softmax(q kᵀ · scale + bias) v`, the bias holding `-inf` where a boolean mask (or
 //! the causal mask) is false, or the float mask itself.
 //!
-//! The forward is a composite of differentiable ops, so its first and second
-//! derivatives are the formula's (PyTorch's math backend; its CPU flash kernel has no
-//! double backward). The op is on the lower-precision lists of PyTorch 2.15 (`torch-2.15`
+//! Without dropout it runs [`amp_kernels::flash_attention`], a loop over blocks of keys
+//! with an online softmax that never holds more than one block of scores (its backward
+//! recomputes the probabilities block by block from the saved log-sum-exp); under
+//! `create_graph` the backward is the formula in differentiable ops, so second
+//! derivatives are the math path's (PyTorch's CPU flash kernel has none). With dropout,
+//! a mask that needs a gradient or one broadcast in another way, the forward is the
+//! composite of differentiable ops (PyTorch's math backend). The op is on the lower-precision lists of PyTorch 2.15 (`torch-2.15`
 //! profile): under autocast its floating arguments are cast first, then its body runs
 //! with the layer excluded.
 
@@ -14,9 +18,12 @@ use amp_tensor::{DType, Generator};
 use super::matmul::matmul;
 use super::nn::{dropout, softmax};
 use super::pointwise::*;
+use super::reduce::sum;
 use super::shape::transpose;
-use super::{check::refused, enter_vec};
+use super::{check::refused, enter_vec, sum_to};
 use crate::dispatch::OpName;
+use crate::grad_mode::is_grad_enabled;
+use crate::graph::record;
 use crate::{Error, Result, Tensor};
 
 static SDPA: OpName = OpName::opaque("scaled_dot_product_attention");
@@ -80,23 +87,19 @@ pub fn scaled_dot_product_attention(
                 .to_string(),
         ));
     }
-    let (l, e) = (q.dims()[q.rank() - 2], q.dims()[q.rank() - 1]);
-    let s = k.dims()[k.rank() - 2];
+    let e = q.dims()[q.rank() - 1];
     let scale = opts.scale.unwrap_or(1.0 / (e as f64).sqrt());
-    let mut w = mul_scalar(&matmul(q, &transpose(k, -2, -1)?)?, scale)?;
-    let wdt = w.dtype();
-    let neg_inf = || Tensor::scalar(f32::NEG_INFINITY).to_dtype(wdt);
-    if opts.is_causal {
-        let tril: Vec<bool> = (0..l).flat_map(|i| (0..s).map(move |j| j <= i)).collect();
-        let keep = Tensor::from_vec(tril, [l, s])?;
-        w = where_(&keep, &w, &neg_inf()?)?;
+    let mask = match opts.attn_mask {
+        Some(m) if m.dtype() == DType::Bool => Some(m.clone()),
+        Some(_) => Some(a[3].clone()),
+        None => None,
+    };
+    if opts.dropout_p == 0.0 {
+        if let Some(y) = flash(q, k, v, mask.as_ref(), opts.is_causal, scale)? {
+            return Ok(y);
+        }
     }
-    match opts.attn_mask {
-        Some(m) if m.dtype() == DType::Bool => w = where_(m, &w, &neg_inf()?)?,
-        Some(_) => w = add(&w, &a[3])?,
-        None => {}
-    }
-    let mut p = softmax(&w, -1, None)?;
+    let mut p = probabilities(q, k, mask.as_ref(), opts.is_causal, scale)?;
     if opts.dropout_p > 0.0 {
         let Some(gen) = opts.generator else {
             return Err(Error::invalid(
@@ -107,6 +110,144 @@ pub fn scaled_dot_product_attention(
         p = dropout(&p, opts.dropout_p, true, gen)?;
     }
     matmul(&p, v)
+}
+
+/// `softmax(q kᵀ · scale + mask)` in differentiable ops (PyTorch's math path); `mask`
+/// is boolean (true: attend) or an additive float bias.
+fn probabilities(
+    q: &Tensor,
+    k: &Tensor,
+    mask: Option<&Tensor>,
+    causal: bool,
+    scale: f64,
+) -> Result<Tensor> {
+    let (l, s) = (q.dims()[q.rank() - 2], k.dims()[k.rank() - 2]);
+    let mut w = mul_scalar(&matmul(q, &transpose(k, -2, -1)?)?, scale)?;
+    let wdt = w.dtype();
+    let neg_inf = || Tensor::scalar(f32::NEG_INFINITY).to_dtype(wdt);
+    if causal {
+        let tril: Vec<bool> = (0..l).flat_map(|i| (0..s).map(move |j| j <= i)).collect();
+        let keep = Tensor::from_vec(tril, [l, s])?;
+        w = where_(&keep, &w, &neg_inf()?)?;
+    }
+    match mask {
+        Some(m) if m.dtype() == DType::Bool => w = where_(m, &w, &neg_inf()?)?,
+        Some(m) => w = add(&w, m)?,
+        None => {}
+    }
+    softmax(&w, -1, None)
+}
+
+/// The attention through the block-at-a-time kernel ([`amp_kernels::flash_attention`]),
+/// or `None` where it does not apply: a mask that is neither `[L, S]` nor batched like
+/// the inputs, or a float mask that needs its own gradient (the composite path runs
+/// then). The backward runs the kernel's block loop too, and under `create_graph` the
+/// formula in differentiable ops, so the second derivatives are the math path's.
+fn flash(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    causal: bool,
+    scale: f64,
+) -> Result<Option<Tensor>> {
+    use amp_kernels::{flash_attention, flash_attention_backward, FlashOptions};
+    use amp_tensor::{broadcast_shapes, Tensor as Raw};
+    const OP: &str = "scaled_dot_product_attention";
+    let lead = |t: &Tensor| t.dims()[..t.rank() - 2].to_vec();
+    let batch = broadcast_shapes(OP, &broadcast_shapes(OP, &lead(q), &lead(k))?, &lead(v))?;
+    let (l, e) = (q.dims()[q.rank() - 2], q.dims()[q.rank() - 1]);
+    let (s, ev) = (k.dims()[k.rank() - 2], v.dims()[v.rank() - 1]);
+    if k.dims()[k.rank() - 1] != e || v.dims()[v.rank() - 2] != s {
+        return Ok(None); // the composite path reports the mismatch as matmul does
+    }
+    let bsz: usize = batch.iter().product();
+    let lead_dims = batch.clone();
+    let with =
+        move |last: [usize; 2]| -> Vec<usize> { lead_dims.iter().copied().chain(last).collect() };
+    let with_c = with.clone();
+    let flat = move |t: &Raw, last: [usize; 2]| -> Result<Raw> {
+        Ok(t.expand(with(last))?
+            .try_contiguous()?
+            .reshape(vec![bsz, last[0], last[1]])?)
+    };
+    let bias = match mask {
+        None => None,
+        Some(m) => {
+            if m.requires_grad() || m.rank() < 2 || m.dims()[m.rank() - 2..] != [l, s] {
+                return Ok(None);
+            }
+            let mlead = &m.dims()[..m.rank() - 2];
+            let nb = if mlead.iter().all(|&d| d == 1) {
+                1
+            } else if mlead == batch.as_slice() {
+                bsz
+            } else {
+                return Ok(None);
+            };
+            let raw = m.data().try_contiguous()?.reshape(vec![nb, l, s])?;
+            Some(if m.dtype() == DType::Bool {
+                let keep: Vec<bool> = raw.try_to_vec_as()?;
+                let b: Vec<f32> = keep
+                    .iter()
+                    .map(|&t| if t { 0.0 } else { f32::NEG_INFINITY })
+                    .collect();
+                Raw::from_vec(b, vec![nb, l, s])?
+            } else {
+                raw
+            })
+        }
+    };
+    let (qf, kf, vf) = (
+        flat(q.data(), [l, e])?,
+        flat(k.data(), [s, e])?,
+        flat(v.data(), [s, ev])?,
+    );
+    let fo = FlashOptions {
+        scale,
+        causal,
+        bias: bias.as_ref(),
+    };
+    let (out, lse) = flash_attention(&qf, &kf, &vf, fo)?;
+    let y = out.reshape(with_c([l, ev]))?;
+    let (qs, ks, vs, mask) = (q.clone(), k.clone(), v.clone(), mask.cloned());
+    Ok(Some(record(
+        y,
+        "ScaledDotProductFlashAttentionForCpuBackward0",
+        &[q, k, v],
+        move |g| {
+            let (dq, dk, dv) = if is_grad_enabled() {
+                // create_graph: the math path's formula, differentiable again.
+                let p = probabilities(&qs, &ks, mask.as_ref(), causal, scale)?;
+                let dv = matmul(&transpose(&p, -2, -1)?, g)?;
+                let dp = matmul(g, &transpose(&vs, -2, -1)?)?;
+                let row = sum(&mul(&dp, &p)?, &[-1], true, None)?;
+                let ds = mul_scalar(&mul(&p, &sub(&dp, &row)?)?, scale)?;
+                (
+                    matmul(&ds, &ks)?,
+                    matmul(&transpose(&ds, -2, -1)?, &qs)?,
+                    dv,
+                )
+            } else {
+                let fo = FlashOptions {
+                    scale,
+                    causal,
+                    bias: bias.as_ref(),
+                };
+                let gf = flat(g.data(), [l, ev])?;
+                let (dq, dk, dv) = flash_attention_backward(&qf, &kf, &vf, &out, &gf, &lse, fo)?;
+                let back = |t: Raw, last: [usize; 2]| -> Result<Tensor> {
+                    Ok(Tensor::from_raw(t.reshape(with_c(last))?))
+                };
+                (back(dq, [l, e])?, back(dk, [s, e])?, back(dv, [s, ev])?)
+            };
+            Ok(vec![
+                Some(sum_to(&dq, qs.dims())?),
+                Some(sum_to(&dk, ks.dims())?),
+                Some(sum_to(&dv, vs.dims())?),
+            ])
+        },
+    )))
 }
 
 /// The weights of [`multi_head_attention_forward`] (PyTorch's packed in-projection).

@@ -1,0 +1,438 @@
+//! Scaled dot-product attention computed a block of keys at a time (the
+//! flash-attention loop): the scores of at most [`BQ`]×[`BK`] query-key pairs exist at
+//! once, in the compute type (float32 for f16/bf16/f32, float64 for f64), with an
+//! online softmax (running maximum and sum per query row). The forward also returns
+//! each row's log-sum-exp, from which the backward recomputes the probabilities block
+//! by block (FlashAttention-2's backward), so no `[L, S]` matrix is ever allocated.
+//!
+//! Inputs are `[B, L, E]` queries, `[B, S, E]` keys and `[B, S, Ev]` values
+//! (contiguous; the caller flattens and broadcasts leading dims), an optional additive
+//! bias `[1 or B, L, S]` (a boolean mask is `0` / `-inf`), the causal flag (query `i`
+//! sees keys `0..=i`, PyTorch's top-left `tril`) and the scale. A row whose keys are
+//! all masked gives NaN, as `softmax` over `-inf` scores does.
+
+use std::sync::Mutex;
+
+use amp_tensor::{cast_into, Element, Error, Result, Tensor};
+
+use crate::compute::{with_slice, Real};
+use crate::vmath;
+
+/// Query rows per block.
+const BQ: usize = 32;
+/// Keys per block.
+const BK: usize = 64;
+
+/// The options of [`flash_attention`] and [`flash_attention_backward`].
+#[derive(Clone, Copy, Debug)]
+pub struct FlashOptions<'a> {
+    /// The factor applied to `q kᵀ`.
+    pub scale: f64,
+    /// Query `i` attends to keys `0..=i` only.
+    pub causal: bool,
+    /// An additive bias `[1 or B, L, S]` (any floating dtype).
+    pub bias: Option<&'a Tensor>,
+}
+
+/// `e^x` in the compute type: the vectorisable [`vmath::exp`] for float32, libm for
+/// float64.
+#[inline(always)]
+fn exp_c<C: Real>(x: C) -> C {
+    if let Some(v) = crate::unary::ewise::same::<C, f32>(std::slice::from_ref(&x)) {
+        return C::from_f64c(vmath::exp(v[0]) as f64);
+    }
+    x.exp()
+}
+
+/// The shapes, checked: `(B, L, S, E, Ev)`.
+fn geometry(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(usize, usize, usize, usize, usize)> {
+    let bad = |why: String| Err(Error::invalid("scaled_dot_product_attention", why));
+    if q.rank() != 3 || k.rank() != 3 || v.rank() != 3 {
+        return bad("flash attention takes [B, L, E], [B, S, E], [B, S, Ev]".into());
+    }
+    let (b, l, e) = (q.dims()[0], q.dims()[1], q.dims()[2]);
+    let (s, ev) = (k.dims()[1], v.dims()[2]);
+    if k.dims() != [b, s, e] || v.dims()[..2] != [b, s] {
+        return bad(format!(
+            "flash attention: query {:?}, key {:?} and value {:?} do not agree",
+            q.dims(),
+            k.dims(),
+            v.dims()
+        ));
+    }
+    if q.dtype() != k.dtype() || q.dtype() != v.dtype() {
+        return Err(Error::DTypeMismatch {
+            op: "scaled_dot_product_attention",
+            expected: q.dtype(),
+            got: if q.dtype() != k.dtype() {
+                k.dtype()
+            } else {
+                v.dtype()
+            },
+        });
+    }
+    Ok((b, l, s, e, ev))
+}
+
+/// The bias as `(values, batch stride)` in the compute type.
+fn bias_of<C: Real>(
+    bias: Option<&Tensor>,
+    b: usize,
+    l: usize,
+    s: usize,
+) -> Result<(Vec<C>, usize)> {
+    let Some(t) = bias else {
+        return Ok((Vec::new(), 0));
+    };
+    let d = t.dims();
+    if t.rank() != 3 || d[1..] != [l, s] || (d[0] != 1 && d[0] != b) {
+        return Err(Error::invalid(
+            "scaled_dot_product_attention",
+            format!("flash attention: the bias {d:?} is not [1 or {b}, {l}, {s}]"),
+        ));
+    }
+    let stride = if d[0] == 1 { 0 } else { l * s };
+    Ok((t.try_contiguous()?.try_to_vec_as::<C>()?, stride))
+}
+
+/// The per-batch view the loops read.
+struct Batch<'a, C> {
+    q: &'a [C],
+    k: &'a [C],
+    v: &'a [C],
+    bias: Option<&'a [C]>,
+    l: usize,
+    s: usize,
+    e: usize,
+    ev: usize,
+    scale: C,
+    causal: bool,
+}
+
+impl<C: Real> Batch<'_, C> {
+    /// Keys `j0..j1` of query block `i0..i1` scored into `sc` (`[i1-i0][BK]`, row-major
+    /// with stride `BK`): `q kᵀ · scale + bias`, `-inf` where causal masks; `kt` is the
+    /// key block transposed (`[E][BK]`).
+    #[inline(always)]
+    fn scores(&self, i0: usize, i1: usize, j0: usize, j1: usize, kt: &[C], sc: &mut [C]) {
+        let nk = j1 - j0;
+        for (r, i) in (i0..i1).enumerate() {
+            let row = &mut sc[r * BK..r * BK + nk];
+            row.fill(C::zero());
+            let qi = &self.q[i * self.e..(i + 1) * self.e];
+            for (c, &qv) in qi.iter().enumerate() {
+                for (o, &kv) in row.iter_mut().zip(&kt[c * BK..c * BK + nk]) {
+                    *o = *o + qv * kv;
+                }
+            }
+            for o in row.iter_mut() {
+                *o = *o * self.scale;
+            }
+            if let Some(bias) = self.bias {
+                for (o, &bv) in row.iter_mut().zip(&bias[i * self.s + j0..i * self.s + j1]) {
+                    *o = *o + bv;
+                }
+            }
+            if self.causal && j1 > i + 1 {
+                for o in &mut row[(i + 1).saturating_sub(j0)..] {
+                    *o = C::neg_infinity();
+                }
+            }
+        }
+    }
+
+    /// Keys `j0..j1` transposed into `kt` (`[E][BK]`).
+    #[inline(always)]
+    fn transpose_keys(src: &[C], width: usize, j0: usize, j1: usize, kt: &mut [C]) {
+        for (jj, j) in (j0..j1).enumerate() {
+            for (c, &x) in src[j * width..(j + 1) * width].iter().enumerate() {
+                kt[c * BK + jj] = x;
+            }
+        }
+    }
+
+    /// The last key block query block `i0..i1` can see (all of them unless causal).
+    #[inline(always)]
+    fn key_end(&self, i1: usize) -> usize {
+        if self.causal {
+            self.s.min(i1)
+        } else {
+            self.s
+        }
+    }
+
+    /// Forward of one batch: `out` `[L][Ev]`, `lse` `[L]`.
+    #[inline(always)]
+    fn forward(&self, out: &mut [C], lse: &mut [C]) {
+        let (e, ev) = (self.e, self.ev);
+        let mut kt = vec![C::zero(); e * BK];
+        let mut sc = vec![C::zero(); BQ * BK];
+        let mut m = [C::neg_infinity(); BQ];
+        let mut sum = [C::zero(); BQ];
+        for i0 in (0..self.l).step_by(BQ) {
+            let i1 = (i0 + BQ).min(self.l);
+            let acc = &mut out[i0 * ev..i1 * ev];
+            acc.fill(C::zero());
+            m.fill(C::neg_infinity());
+            sum.fill(C::zero());
+            for j0 in (0..self.key_end(i1)).step_by(BK) {
+                let j1 = (j0 + BK).min(self.key_end(i1));
+                Self::transpose_keys(self.k, e, j0, j1, &mut kt);
+                self.scores(i0, i1, j0, j1, &kt, &mut sc);
+                for r in 0..i1 - i0 {
+                    let row = &mut sc[r * BK..r * BK + (j1 - j0)];
+                    let bmax = row.iter().fold(C::neg_infinity(), |a, &x| a.max(x));
+                    let m_new = m[r].max(bmax);
+                    if m_new == C::neg_infinity() {
+                        continue; // nothing seen yet in this row
+                    }
+                    let alpha = exp_c(m[r] - m_new);
+                    let mut bsum = C::zero();
+                    for x in row.iter_mut() {
+                        *x = exp_c(*x - m_new);
+                        bsum = bsum + *x;
+                    }
+                    sum[r] = sum[r] * alpha + bsum;
+                    m[r] = m_new;
+                    let a = &mut acc[r * ev..(r + 1) * ev];
+                    for o in a.iter_mut() {
+                        *o = *o * alpha;
+                    }
+                    for (jj, &p) in row.iter().enumerate() {
+                        let vj = &self.v[(j0 + jj) * ev..(j0 + jj + 1) * ev];
+                        for (o, &x) in a.iter_mut().zip(vj) {
+                            *o = *o + p * x;
+                        }
+                    }
+                }
+            }
+            for r in 0..i1 - i0 {
+                let inv = C::one() / sum[r];
+                for o in &mut acc[r * ev..(r + 1) * ev] {
+                    *o = *o * inv;
+                }
+                lse[i0 + r] = m[r] + sum[r].ln();
+            }
+        }
+    }
+
+    /// Backward of one batch into `dq` `[L][E]`, `dk` `[S][E]`, `dv` `[S][Ev]`
+    /// (overwritten), from `out`, `dout` (`[L][Ev]`) and `lse`.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn backward(&self, out: &[C], dout: &[C], lse: &[C], dq: &mut [C], dk: &mut [C], dv: &mut [C]) {
+        let (e, ev) = (self.e, self.ev);
+        dq.fill(C::zero());
+        dk.fill(C::zero());
+        dv.fill(C::zero());
+        // D_i = dO_i · O_i.
+        let d: Vec<C> = (0..self.l)
+            .map(|i| {
+                let (o, g) = (&out[i * ev..(i + 1) * ev], &dout[i * ev..(i + 1) * ev]);
+                o.iter().zip(g).fold(C::zero(), |a, (&x, &y)| a + x * y)
+            })
+            .collect();
+        let mut kt = vec![C::zero(); e * BK];
+        let mut vt = vec![C::zero(); ev * BK];
+        let mut p = vec![C::zero(); BQ * BK];
+        let mut dp = [C::zero(); BK];
+        for j0 in (0..self.s).step_by(BK) {
+            let j1 = (j0 + BK).min(self.s);
+            let nk = j1 - j0;
+            Self::transpose_keys(self.k, e, j0, j1, &mut kt);
+            Self::transpose_keys(self.v, ev, j0, j1, &mut vt);
+            // Causal: query i sees key j only when j <= i.
+            let first = if self.causal { j0 } else { 0 };
+            for i0 in (first - first % BQ..self.l).step_by(BQ) {
+                let i1 = (i0 + BQ).min(self.l);
+                self.scores(i0, i1, j0, j1, &kt, &mut p);
+                for (r, i) in (i0..i1).enumerate() {
+                    let row = &mut p[r * BK..r * BK + nk];
+                    for x in row.iter_mut() {
+                        *x = exp_c(*x - lse[i]);
+                    }
+                    let g = &dout[i * ev..(i + 1) * ev];
+                    // dV_j += P_ij dO_i.
+                    for (jj, &pij) in row.iter().enumerate() {
+                        let dvj = &mut dv[(j0 + jj) * ev..(j0 + jj + 1) * ev];
+                        for (o, &x) in dvj.iter_mut().zip(g) {
+                            *o = *o + pij * x;
+                        }
+                    }
+                    // dP_ij = dO_i · V_j, then dS_ij = P_ij (dP_ij - D_i) · scale.
+                    let dpr = &mut dp[..nk];
+                    dpr.fill(C::zero());
+                    for (c, &gv) in g.iter().enumerate() {
+                        for (o, &x) in dpr.iter_mut().zip(&vt[c * BK..c * BK + nk]) {
+                            *o = *o + gv * x;
+                        }
+                    }
+                    for (o, &pij) in dpr.iter_mut().zip(row.iter()) {
+                        *o = pij * (*o - d[i]) * self.scale;
+                    }
+                    // dQ_i += dS_ij K_j; dK_j += dS_ij Q_i.
+                    let qi = &self.q[i * e..(i + 1) * e];
+                    let dqi = &mut dq[i * e..(i + 1) * e];
+                    for (jj, &ds) in dpr.iter().enumerate() {
+                        let j = j0 + jj;
+                        for (o, &x) in dqi.iter_mut().zip(&self.k[j * e..(j + 1) * e]) {
+                            *o = *o + ds * x;
+                        }
+                        for (o, &x) in dk[j * e..(j + 1) * e].iter_mut().zip(qi) {
+                            *o = *o + ds * x;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Run `f` compiled for AVX-512 when the CPU has it (the loops above vectorise at that
+/// width; the arithmetic is the same, unfused, so results do not depend on the path).
+#[inline(always)]
+fn at_width(f: impl FnOnce()) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma")]
+        fn avx512(f: impl FnOnce()) {
+            f()
+        }
+        if vmath::level() == Some(vmath::Level::Avx512) {
+            // SAFETY: `vmath::level` checked the CPU has AVX-512F/DQ/VL and FMA.
+            unsafe { avx512(f) };
+            return;
+        }
+    }
+    f()
+}
+
+/// `(inputs widened to C, per batch)`.
+fn widen<T: Element, C: Real>(t: &Tensor) -> Result<Vec<C>> {
+    let t = t.try_contiguous()?;
+    with_slice::<T, _>(&t, |s| {
+        let mut w = amp_tensor::pool::try_zeroed::<C>(s.len())?;
+        cast_into(s, &mut w);
+        Ok(w)
+    })?
+}
+
+/// Attention output `[B, L, Ev]` (the inputs' dtype) and the per-row log-sum-exp
+/// `[B, L]` (float32, float64 for float64 inputs) the backward needs.
+pub fn flash_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    opts: FlashOptions<'_>,
+) -> Result<(Tensor, Tensor)> {
+    let (b, l, s, e, ev) = geometry(q, k, v)?;
+    crate::float_kernel!(q.dtype(), "scaled_dot_product_attention", |T, C| {
+        let (qc, kc, vc) = (widen::<T, C>(q)?, widen::<T, C>(k)?, widen::<T, C>(v)?);
+        let (bias, bstride) = bias_of::<C>(opts.bias, b, l, s)?;
+        let mut out = amp_tensor::pool::try_zeroed::<C>(b * l * ev)?;
+        let mut lse = amp_tensor::pool::try_zeroed::<C>(b * l)?;
+        {
+            let parts: Vec<_> = out
+                .chunks_mut((l * ev).max(1))
+                .zip(lse.chunks_mut(l.max(1)))
+                .map(Mutex::new)
+                .collect();
+            amp_tensor::parallel::for_each(parts.len(), &|bi| {
+                let mut part = parts[bi].lock().unwrap_or_else(|e| e.into_inner());
+                let (o, m) = &mut *part;
+                let batch = Batch {
+                    q: &qc[bi * l * e..(bi + 1) * l * e],
+                    k: &kc[bi * s * e..(bi + 1) * s * e],
+                    v: &vc[bi * s * ev..(bi + 1) * s * ev],
+                    bias: opts.bias.map(|_| &bias[bi * bstride..bi * bstride + l * s]),
+                    l,
+                    s,
+                    e,
+                    ev,
+                    scale: C::from_f64c(opts.scale),
+                    causal: opts.causal,
+                };
+                at_width(|| batch.forward(o, m));
+            });
+        }
+        let mut narrow = amp_tensor::pool::try_zeroed::<T>(out.len())?;
+        cast_into(&out, &mut narrow);
+        Ok((
+            Tensor::from_vec(narrow, vec![b, l, ev])?,
+            Tensor::from_vec(lse, vec![b, l])?,
+        ))
+    })
+}
+
+/// The gradients `(dq, dk, dv)` of [`flash_attention`] for the output gradient `dout`
+/// `[B, L, Ev]`, from its output and log-sum-exp (the probabilities are recomputed a
+/// block at a time).
+pub fn flash_attention_backward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    out: &Tensor,
+    dout: &Tensor,
+    lse: &Tensor,
+    opts: FlashOptions<'_>,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let (b, l, s, e, ev) = geometry(q, k, v)?;
+    if out.dims() != [b, l, ev] || dout.dims() != [b, l, ev] || lse.dims() != [b, l] {
+        return Err(Error::invalid(
+            "scaled_dot_product_attention",
+            format!(
+                "flash attention backward: output {:?}, its gradient {:?} and log-sum-exp {:?} do not match [{b}, {l}, {ev}]",
+                out.dims(),
+                dout.dims(),
+                lse.dims()
+            ),
+        ));
+    }
+    crate::float_kernel!(q.dtype(), "scaled_dot_product_attention", |T, C| {
+        let (qc, kc, vc) = (widen::<T, C>(q)?, widen::<T, C>(k)?, widen::<T, C>(v)?);
+        let oc: Vec<C> = out.try_contiguous()?.try_to_vec_as()?;
+        let gc: Vec<C> = dout.try_contiguous()?.try_to_vec_as()?;
+        let lc: Vec<C> = lse.try_contiguous()?.try_to_vec_as()?;
+        let (bias, bstride) = bias_of::<C>(opts.bias, b, l, s)?;
+        let mut dq = amp_tensor::pool::try_zeroed::<C>(b * l * e)?;
+        let mut dk = amp_tensor::pool::try_zeroed::<C>(b * s * e)?;
+        let mut dv = amp_tensor::pool::try_zeroed::<C>(b * s * ev)?;
+        {
+            let parts: Vec<_> = dq
+                .chunks_mut((l * e).max(1))
+                .zip(dk.chunks_mut((s * e).max(1)))
+                .zip(dv.chunks_mut((s * ev).max(1)))
+                .map(Mutex::new)
+                .collect();
+            amp_tensor::parallel::for_each(parts.len(), &|bi| {
+                let mut part = parts[bi].lock().unwrap_or_else(|e| e.into_inner());
+                let ((gq, gk), gv) = &mut *part;
+                let batch = Batch {
+                    q: &qc[bi * l * e..(bi + 1) * l * e],
+                    k: &kc[bi * s * e..(bi + 1) * s * e],
+                    v: &vc[bi * s * ev..(bi + 1) * s * ev],
+                    bias: opts.bias.map(|_| &bias[bi * bstride..bi * bstride + l * s]),
+                    l,
+                    s,
+                    e,
+                    ev,
+                    scale: C::from_f64c(opts.scale),
+                    causal: opts.causal,
+                };
+                let rows = bi * l * ev..(bi + 1) * l * ev;
+                let (o, g) = (&oc[rows.clone()], &gc[rows]);
+                at_width(|| batch.backward(o, g, &lc[bi * l..(bi + 1) * l], gq, gk, gv));
+            });
+        }
+        let narrow = |c: Vec<C>, dims: Vec<usize>| -> Result<Tensor> {
+            let mut t = amp_tensor::pool::try_zeroed::<T>(c.len())?;
+            cast_into(&c, &mut t);
+            Tensor::from_vec(t, dims)
+        };
+        Ok((
+            narrow(dq, vec![b, l, e])?,
+            narrow(dk, vec![b, s, e])?,
+            narrow(dv, vec![b, s, ev])?,
+        ))
+    })
+}
