@@ -75,15 +75,7 @@ fn geometry(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(usize, usize, usize, 
 }
 
 /// The bias as `(values, batch stride)` in the compute type.
-fn bias_of<C: Real>(
-    bias: Option<&Tensor>,
-    b: usize,
-    l: usize,
-    s: usize,
-) -> Result<(Vec<C>, usize)> {
-    let Some(t) = bias else {
-        return Ok((Vec::new(), 0));
-    };
+fn bias_of<C: Real>(t: &Tensor, b: usize, l: usize, s: usize) -> Result<(Vec<C>, usize)> {
     let d = t.dims();
     if t.rank() != 3 || d[1..] != [l, s] || (d[0] != 1 && d[0] != b) {
         return Err(Error::invalid(
@@ -307,7 +299,63 @@ fn at_width(f: impl FnOnce()) {
     f()
 }
 
-/// `(inputs widened to C, per batch)`.
+/// The inputs widened to the compute type, with the geometry and options.
+struct Inputs<C> {
+    q: Vec<C>,
+    k: Vec<C>,
+    v: Vec<C>,
+    bias: Option<(Vec<C>, usize)>,
+    dims: (usize, usize, usize, usize, usize),
+    scale: C,
+    causal: bool,
+}
+
+impl<C: Real> Inputs<C> {
+    fn new<T: Element>(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        opts: FlashOptions<'_>,
+        dims: (usize, usize, usize, usize, usize),
+    ) -> Result<Self> {
+        let (b, l, s, _, _) = dims;
+        let bias = match opts.bias {
+            Some(t) => Some(bias_of::<C>(t, b, l, s)?),
+            None => None,
+        };
+        Ok(Inputs {
+            q: widen::<T, C>(q)?,
+            k: widen::<T, C>(k)?,
+            v: widen::<T, C>(v)?,
+            bias,
+            dims,
+            scale: C::from_f64c(opts.scale),
+            causal: opts.causal,
+        })
+    }
+
+    /// Batch `bi`'s view.
+    fn batch(&self, bi: usize) -> Batch<'_, C> {
+        let (_, l, s, e, ev) = self.dims;
+        Batch {
+            q: &self.q[bi * l * e..(bi + 1) * l * e],
+            k: &self.k[bi * s * e..(bi + 1) * s * e],
+            v: &self.v[bi * s * ev..(bi + 1) * s * ev],
+            bias: self
+                .bias
+                .as_ref()
+                .map(|(b, stride)| &b[bi * stride..bi * stride + l * s]),
+            l,
+            s,
+            e,
+            ev,
+            scale: self.scale,
+            causal: self.causal,
+        }
+    }
+}
+
+/// A tensor widened to the compute type.
 fn widen<T: Element, C: Real>(t: &Tensor) -> Result<Vec<C>> {
     let t = t.try_contiguous()?;
     with_slice::<T, _>(&t, |s| {
@@ -327,8 +375,7 @@ pub fn flash_attention(
 ) -> Result<(Tensor, Tensor)> {
     let (b, l, s, e, ev) = geometry(q, k, v)?;
     crate::float_kernel!(q.dtype(), "scaled_dot_product_attention", |T, C| {
-        let (qc, kc, vc) = (widen::<T, C>(q)?, widen::<T, C>(k)?, widen::<T, C>(v)?);
-        let (bias, bstride) = bias_of::<C>(opts.bias, b, l, s)?;
+        let inputs = Inputs::<C>::new::<T>(q, k, v, opts, (b, l, s, e, ev))?;
         let mut out = amp_tensor::pool::try_zeroed::<C>(b * l * ev)?;
         let mut lse = amp_tensor::pool::try_zeroed::<C>(b * l)?;
         {
@@ -340,18 +387,7 @@ pub fn flash_attention(
             amp_tensor::parallel::for_each(parts.len(), &|bi| {
                 let mut part = parts[bi].lock().unwrap_or_else(|e| e.into_inner());
                 let (o, m) = &mut *part;
-                let batch = Batch {
-                    q: &qc[bi * l * e..(bi + 1) * l * e],
-                    k: &kc[bi * s * e..(bi + 1) * s * e],
-                    v: &vc[bi * s * ev..(bi + 1) * s * ev],
-                    bias: opts.bias.map(|_| &bias[bi * bstride..bi * bstride + l * s]),
-                    l,
-                    s,
-                    e,
-                    ev,
-                    scale: C::from_f64c(opts.scale),
-                    causal: opts.causal,
-                };
+                let batch = inputs.batch(bi);
                 at_width(|| batch.forward(o, m));
             });
         }
@@ -389,11 +425,10 @@ pub fn flash_attention_backward(
         ));
     }
     crate::float_kernel!(q.dtype(), "scaled_dot_product_attention", |T, C| {
-        let (qc, kc, vc) = (widen::<T, C>(q)?, widen::<T, C>(k)?, widen::<T, C>(v)?);
+        let inputs = Inputs::<C>::new::<T>(q, k, v, opts, (b, l, s, e, ev))?;
         let oc: Vec<C> = out.try_contiguous()?.try_to_vec_as()?;
         let gc: Vec<C> = dout.try_contiguous()?.try_to_vec_as()?;
         let lc: Vec<C> = lse.try_contiguous()?.try_to_vec_as()?;
-        let (bias, bstride) = bias_of::<C>(opts.bias, b, l, s)?;
         let mut dq = amp_tensor::pool::try_zeroed::<C>(b * l * e)?;
         let mut dk = amp_tensor::pool::try_zeroed::<C>(b * s * e)?;
         let mut dv = amp_tensor::pool::try_zeroed::<C>(b * s * ev)?;
@@ -407,18 +442,7 @@ pub fn flash_attention_backward(
             amp_tensor::parallel::for_each(parts.len(), &|bi| {
                 let mut part = parts[bi].lock().unwrap_or_else(|e| e.into_inner());
                 let ((gq, gk), gv) = &mut *part;
-                let batch = Batch {
-                    q: &qc[bi * l * e..(bi + 1) * l * e],
-                    k: &kc[bi * s * e..(bi + 1) * s * e],
-                    v: &vc[bi * s * ev..(bi + 1) * s * ev],
-                    bias: opts.bias.map(|_| &bias[bi * bstride..bi * bstride + l * s]),
-                    l,
-                    s,
-                    e,
-                    ev,
-                    scale: C::from_f64c(opts.scale),
-                    causal: opts.causal,
-                };
+                let batch = inputs.batch(bi);
                 let rows = bi * l * ev..(bi + 1) * l * ev;
                 let (o, g) = (&oc[rows.clone()], &gc[rows]);
                 at_width(|| batch.backward(o, g, &lc[bi * l..(bi + 1) * l], gq, gk, gv));
