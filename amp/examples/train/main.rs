@@ -172,7 +172,7 @@ struct Data {
 
 impl Data {
     /// The documents' characters; the last tenth of each document is validation text.
-    fn new(docs: &[&str]) -> Res<Data> {
+    fn new(docs: &[&str]) -> Data {
         let mut vocab: Vec<char> = docs.iter().flat_map(|d| d.chars()).collect();
         vocab.sort_unstable();
         vocab.dedup();
@@ -184,7 +184,7 @@ impl Data {
             train.extend_from_slice(&ids[..cut]);
             val.extend_from_slice(&ids[cut..]);
         }
-        Ok(Data { vocab, train, val })
+        Data { vocab, train, val }
     }
 
     /// `[batch, t]` windows of `text` at `starts` and the same shifted by one (targets).
@@ -318,22 +318,30 @@ fn fresh_run(s: &Settings, p: Precision) -> Res<Run> {
     })
 }
 
-/// The checkpoint's record of the loop, checked against this run's settings.
-fn meta(s: &Settings, data: &Data, p: Precision, run: &Run) -> Res<serde_json::Value> {
-    Ok(json!({
+/// What identifies a run: a checkpoint of another run, other settings or another text
+/// is refused.
+fn identity(s: &Settings, data: &Data, p: Precision) -> serde_json::Value {
+    json!({
         "run": p.label(),
         "settings": s.to_json(),
         "vocab": data.vocab.iter().collect::<String>(),
-        "step": run.step,
-        "history": serde_json::to_value(&run.history)?,
-    }))
+    })
+}
+
+/// The loop's state kept in a checkpoint's manifest: the run's identity, the steps
+/// done and the history.
+fn meta(s: &Settings, data: &Data, p: Precision, run: &Run) -> Res<serde_json::Value> {
+    let mut m = identity(s, data, p);
+    m["step"] = run.step.into();
+    m["history"] = serde_json::to_value(&run.history)?;
+    Ok(m)
 }
 
 /// Restore `run` from the checkpoint in `dir`, refusing one of other settings.
 fn resume(dir: &Path, s: &Settings, data: &Data, p: Precision, run: &mut Run) -> Res<()> {
     let meta = amp::checkpoint::load_with_meta(dir, &run.model, &mut run.opt, &mut run.scaler)?
         .ok_or_else(|| format!("{}: the checkpoint has no training state", dir.display()))?;
-    let want = meta_of_settings(s, data, p);
+    let want = identity(s, data, p);
     for key in ["run", "settings", "vocab"] {
         if meta[key] != want[key] {
             return Err(format!(
@@ -351,14 +359,6 @@ fn resume(dir: &Path, s: &Settings, data: &Data, p: Precision, run: &mut Run) ->
         return Err(format!("{}: an inconsistent training state", dir.display()).into());
     }
     Ok(())
-}
-
-fn meta_of_settings(s: &Settings, data: &Data, p: Precision) -> serde_json::Value {
-    json!({
-        "run": p.label(),
-        "settings": s.to_json(),
-        "vocab": data.vocab.iter().collect::<String>(),
-    })
 }
 
 /// Mean validation loss (evaluation mode, no gradients, in the run's precision).
@@ -613,10 +613,10 @@ fn train_both(args: &Args) -> Res<()> {
     };
     let (data, source) = match &user_text {
         Some(t) => (
-            Data::new(&[t])?,
+            Data::new(&[t]),
             args.text.as_ref().map(|p| p.display().to_string()),
         ),
-        None => (Data::new(&CORPUS.map(|(_, text)| text))?, None),
+        None => (Data::new(&CORPUS.map(|(_, text)| text)), None),
     };
     let mut s = Settings::default_for(data.vocab.len());
     s.steps = args.steps.unwrap_or(s.steps);
@@ -849,7 +849,7 @@ mod tests {
 
     /// A tiny run of the real loop: small model, few steps.
     fn tiny() -> (Settings, Data) {
-        let data = Data::new(&CORPUS.map(|(_, text)| text)).unwrap();
+        let data = Data::new(&CORPUS.map(|(_, text)| text));
         let s = Settings {
             model: GptConfig {
                 vocab: data.vocab.len(),
