@@ -5,7 +5,7 @@
 //!
 //! ```sh
 //! cargo run --release --example train -- [--dtype bfloat16|float16] [--text FILE]
-//!     [--steps N] [--batch N] [--seed N] [--out DIR] [--checkpoint-every N]
+//!     [--steps N] [--batch N] [--lr X] [--seed N] [--out DIR] [--checkpoint-every N]
 //!     [--stop-after N] [--resume DIR]
 //! ```
 //!
@@ -517,6 +517,7 @@ struct Args {
     text: Option<PathBuf>,
     steps: Option<usize>,
     batch: Option<usize>,
+    lr: Option<f64>,
     seed: Option<u64>,
     out: PathBuf,
     checkpoint_every: usize,
@@ -525,11 +526,12 @@ struct Args {
 }
 
 const USAGE: &str =
-    "usage: train [--dtype bfloat16|float16] [--text FILE] [--steps N] [--batch N] [--seed N]
-             [--out DIR] [--checkpoint-every N] [--stop-after N] [--resume DIR]
+    "usage: train [--dtype bfloat16|float16] [--text FILE] [--steps N] [--batch N] [--lr X]
+             [--seed N] [--out DIR] [--checkpoint-every N] [--stop-after N] [--resume DIR]
   --dtype             the autocast dtype of the mixed-precision run (default bfloat16)
   --text              train on this UTF-8 file instead of the repository's own text
   --steps, --batch    training steps (default 400) and sequences per batch (default 16)
+  --lr                the peak learning rate (default 0.003; the schedule ends at a tenth)
   --seed              model, data order and sampling seed (default 1)
   --out               where the picture and checkpoints go (default target/train)
   --checkpoint-every  save model, optimizer and scaler every N steps (and after the last)
@@ -543,6 +545,7 @@ fn parse_args() -> Result<Args, String> {
         text: None,
         steps: None,
         batch: None,
+        lr: None,
         seed: None,
         out: PathBuf::from("target/train"),
         checkpoint_every: 0,
@@ -562,6 +565,10 @@ fn parse_args() -> Result<Args, String> {
             "--text" => a.text = Some(PathBuf::from(val("--text")?)),
             "--steps" => a.steps = Some(num("--steps", val("--steps")?)?),
             "--batch" => a.batch = Some(num("--batch", val("--batch")?)?),
+            "--lr" => {
+                let v = val("--lr")?;
+                a.lr = Some(v.parse().map_err(|e| format!("--lr: {e}"))?)
+            }
             "--seed" => a.seed = Some(num("--seed", val("--seed")?)? as u64),
             "--out" => a.out = PathBuf::from(val("--out")?),
             "--checkpoint-every" => {
@@ -622,6 +629,9 @@ fn train_both(args: &Args) -> Res<()> {
     s.steps = args.steps.unwrap_or(s.steps);
     s.batch = args.batch.unwrap_or(s.batch);
     s.seed = args.seed.unwrap_or(s.seed);
+    if let Some(lr) = args.lr {
+        (s.lr, s.min_lr) = (lr, lr / 10.0);
+    }
     s.warmup = s.warmup.min(s.steps);
     let m = &s.model;
     let probe = Gpt::new(s.model, &mut Generator::new(0))?;
