@@ -205,18 +205,31 @@ impl Data {
     /// the run's seed and the step alone, so a resumed run sees the same batches.
     fn batch(&self, s: &Settings, step: usize) -> Res<(Tensor, Tensor)> {
         let t = s.model.context;
-        if self.train.len() < t + 2 || self.val.len() < t + 2 {
-            return Err(format!("the text is too short for a context of {t} characters").into());
-        }
+        self.check(t)?;
         let mut g = Generator::new(s.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (step as u64 + 1));
         let hi = (self.train.len() - t - 1) as i64;
         let starts: Vec<usize> = (0..s.batch).map(|_| g.int_range(0, hi) as usize).collect();
         Self::windows(&self.train, &starts, t)
     }
 
+    /// An error unless both texts hold a window of `t` characters and its target.
+    fn check(&self, t: usize) -> Res<()> {
+        if self.train.len() < t + 2 || self.val.len() < t + 2 {
+            return Err(format!(
+                "the text is too short: {} training and {} validation characters, a context of {t} needs {} of each",
+                self.train.len(),
+                self.val.len(),
+                t + 2
+            )
+            .into());
+        }
+        Ok(())
+    }
+
     /// The validation batches: windows evenly spread over the validation text.
     fn val_batches(&self, s: &Settings) -> Res<Vec<(Tensor, Tensor)>> {
         let t = s.model.context;
+        self.check(t)?;
         let n = s.val_batches * s.batch;
         let span = self.val.len().saturating_sub(t + 1);
         let starts: Vec<usize> = (0..n).map(|i| i * span / n.max(1)).collect();
@@ -999,5 +1012,9 @@ mod tests {
         let text = data.decode(&xv[..16]);
         assert_eq!(text.chars().count(), 16);
         assert_eq!(data.val_batches(&s).unwrap().len(), 1);
+        // A text without a whole window is an error, not a panic.
+        let short = Data::new(&["far too short for a context of 16"]);
+        assert!(short.val_batches(&s).is_err() && short.batch(&s, 0).is_err());
+        assert!(train(&s, &short, Precision::F32, &RunIo::default()).is_err());
     }
 }
