@@ -8,6 +8,7 @@
 //! Seed 001's gradient-penalty loop is checked in `amp/tests/gradient_penalty.rs`.
 
 use amp_autograd::{grad, ops, GradOptions, Tensor};
+use amp_testing::gradcheck::{assert_close, numeric_grad};
 use proptest::prelude::*;
 
 type Res<T> = amp_autograd::Result<T>;
@@ -100,35 +101,6 @@ fn f(steps: &[Step], x: &Tensor, y: &Tensor, w: &Tensor) -> Res<Tensor> {
     }
     let z = ops::mm(&h, w)?;
     ops::sum_all(&ops::mul(&ops::tanh(&z)?, &ops::add_scalar(&z, 0.5)?)?)
-}
-
-/// Central finite differences of the scalar `g` with respect to every element of the
-/// argument `which` of `vals`.
-fn numeric_grad(
-    vals: &[Vec<f64>],
-    which: usize,
-    eps: f64,
-    mut g: impl FnMut(&[Vec<f64>]) -> f64,
-) -> Vec<f64> {
-    (0..vals[which].len())
-        .map(|i| {
-            let mut plus = vals.to_vec();
-            plus[which][i] += eps;
-            let mut minus = vals.to_vec();
-            minus[which][i] -= eps;
-            (g(&plus) - g(&minus)) / (2.0 * eps)
-        })
-        .collect()
-}
-
-fn assert_close(got: &[f64], want: &[f64], rtol: f64, atol: f64, what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: lengths");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!(
-            (g - w).abs() <= atol + rtol * w.abs(),
-            "{what}[{i}]: autograd {g} vs finite differences {w}\n got  {got:?}\n want {want:?}"
-        );
-    }
 }
 
 const DIMS: [&[usize]; 3] = [&[3, 4], &[4], &[4, 2]];

@@ -461,7 +461,8 @@ impl MultiheadAttention {
     }
 
     /// Attention of `query` over `key`/`value` (`attn_mask`: `[L, S]` or
-    /// `[N·heads, L, S]`, boolean or float), in the module's layout.
+    /// `[N·heads, L, S]`, boolean (`true`: not attended, PyTorch's convention) or float
+    /// (added to the scores)), in the module's layout.
     pub fn attend(
         &self,
         query: &Tensor,
@@ -469,6 +470,29 @@ impl MultiheadAttention {
         value: &Tensor,
         attn_mask: Option<&Tensor>,
         is_causal: bool,
+    ) -> Result<Tensor> {
+        self.attend_with(
+            query,
+            key,
+            value,
+            ops::Attention {
+                attn_mask,
+                is_causal,
+                ..Default::default()
+            },
+        )
+    }
+
+    /// [`MultiheadAttention::attend`] with every option of the attention op: the mask,
+    /// causality and the dropout on the attention weights (`dropout_p` with its
+    /// `generator`; PyTorch's `dropout` argument, applied in training mode only, is the
+    /// caller's to pass or not).
+    pub fn attend_with(
+        &self,
+        query: &Tensor,
+        key: &Tensor,
+        value: &Tensor,
+        opts: ops::Attention<'_>,
     ) -> Result<Tensor> {
         let seq_first = |t: &Tensor| -> Result<Tensor> {
             if self.batch_first {
@@ -488,11 +512,7 @@ impl MultiheadAttention {
                 out_proj_weight: &self.out_proj_weight,
                 out_proj_bias: Some(&self.out_proj_bias),
             },
-            ops::Attention {
-                attn_mask,
-                is_causal,
-                ..Default::default()
-            },
+            opts,
         )?;
         seq_first(&out)
     }

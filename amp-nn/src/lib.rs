@@ -28,6 +28,7 @@ mod module;
 mod norm;
 mod pool;
 mod rnn;
+mod transformer;
 
 pub use conv::{
     Conv1d, Conv2d, Conv3d, ConvOptions, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d,
@@ -44,3 +45,6 @@ pub use module::{prefix_names, prefixed, Module};
 pub use norm::{BatchNorm1d, BatchNorm2d, BatchNorm3d};
 pub use pool::*;
 pub use rnn::{CellParams, GRUCell, LSTMCell, RNNCell, RecurrentConfig, GRU, LSTM};
+pub use transformer::{
+    square_subsequent_mask, Activation, TransformerEncoderLayer, TransformerEncoderLayerOptions,
+};

@@ -1,5 +1,8 @@
 //! The workspace's dev-only test kit.
 //!
+//! [`gradcheck`] is the gradient checker (autograd against central finite differences);
+//! [`json`] the strategies for fuzzing loaders.
+//!
 //! Every property test in the workspace takes its configuration from [`proptest_config`],
 //! so that a test run is a pure function of the code: the same cases are drawn on every
 //! machine and every run, and CI cannot fail at random.
@@ -27,6 +30,7 @@
 
 use proptest::test_runner::{Config, FileFailurePersistence, RngSeed};
 
+pub mod gradcheck;
 pub mod json;
 
 /// The seed every property test starts from unless [`SEED_VAR`] says otherwise.

@@ -8,7 +8,10 @@
 //! names, each name carrying the first 16 hex digits of the file's SHA-256
 //! (`model-<hex>.safetensors`, `optimizer-<hex>.json`, `scaler-<hex>.json`). The
 //! manifest lists each file with its size and full SHA-256 digest (so `sha256sum` can
-//! check them too); it is the unit of commit.
+//! check them too); it is the unit of commit. It may also carry the training loop's own
+//! state as a JSON value ([`save_with_meta`], [`load_with_meta`]): the step reached,
+//! the position in the data, a history — what a PyTorch user adds to the dictionary
+//! given to `torch.save` — committed with the rest in the same rename.
 //!
 //! # Saving is atomic
 //!
@@ -371,11 +374,13 @@ fn from_bytes(name: &str, dtype: DType, shape: &[usize], data: &[u8]) -> Result<
     })
 }
 
-/// The manifest: the format tag and the three files.
+/// The manifest: the format tag, the three files, and the caller's state if any.
 #[derive(Debug, Serialize, Deserialize)]
 struct Manifest {
     format: String,
     files: ManifestFiles,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    meta: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -426,9 +431,25 @@ pub fn save(
     opt: &dyn Optimizer,
     scaler: &GradScaler,
 ) -> Result<(), CheckpointError> {
-    save_with(dir, model, opt, scaler, |path| {
-        OpenOptions::new().write(true).create_new(true).open(path)
-    })
+    save_files(dir, model, opt, scaler, None, new_file)
+}
+
+/// [`save`], with `meta` — the training loop's own state (its step, its data position,
+/// a history) — kept in the manifest, so that it is committed together with model,
+/// optimizer and scaler: a checkpoint never pairs one step's parameters with another
+/// step's counter. [`load_with_meta`] gives it back.
+pub fn save_with_meta(
+    dir: &Path,
+    model: &dyn Module,
+    opt: &dyn Optimizer,
+    scaler: &GradScaler,
+    meta: &serde_json::Value,
+) -> Result<(), CheckpointError> {
+    save_files(dir, model, opt, scaler, Some(meta), new_file)
+}
+
+fn new_file(path: &Path) -> io::Result<File> {
+    OpenOptions::new().write(true).create_new(true).open(path)
 }
 
 /// [`save`], with every file's bytes written through a writer that `create` makes for
@@ -441,6 +462,17 @@ pub fn save_with<W: SyncWrite>(
     model: &dyn Module,
     opt: &dyn Optimizer,
     scaler: &GradScaler,
+    create: impl FnMut(&Path) -> io::Result<W>,
+) -> Result<(), CheckpointError> {
+    save_files(dir, model, opt, scaler, None, create)
+}
+
+fn save_files<W: SyncWrite>(
+    dir: &Path,
+    model: &dyn Module,
+    opt: &dyn Optimizer,
+    scaler: &GradScaler,
+    meta: Option<&serde_json::Value>,
     mut create: impl FnMut(&Path) -> io::Result<W>,
 ) -> Result<(), CheckpointError> {
     let model_bytes =
@@ -459,6 +491,7 @@ pub fn save_with<W: SyncWrite>(
     let written = write_all_files(
         dir,
         [&model_bytes, &opt_bytes, &scaler_bytes],
+        meta,
         &mut create,
         &mut made,
     );
@@ -485,6 +518,7 @@ pub fn save_with<W: SyncWrite>(
 fn write_all_files<W: SyncWrite>(
     dir: &Path,
     payloads: [&Vec<u8>; 3],
+    meta: Option<&serde_json::Value>,
     create: &mut impl FnMut(&Path) -> io::Result<W>,
     made: &mut Vec<PathBuf>,
 ) -> Result<Vec<String>, CheckpointError> {
@@ -510,6 +544,7 @@ fn write_all_files<W: SyncWrite>(
             optimizer,
             scaler,
         },
+        meta: meta.cloned(),
     };
     let text = serde_json::to_vec_pretty(&manifest).map_err(|source| CheckpointError::Json {
         path: dir.join(MANIFEST),
@@ -675,6 +710,17 @@ pub fn load(
     opt: &mut dyn Optimizer,
     scaler: &mut GradScaler,
 ) -> Result<(), CheckpointError> {
+    load_with_meta(dir, model, opt, scaler).map(|_| ())
+}
+
+/// [`load`], giving back the training loop's state that [`save_with_meta`] kept (`None`
+/// for a checkpoint saved without one).
+pub fn load_with_meta(
+    dir: &Path,
+    model: &dyn Module,
+    opt: &mut dyn Optimizer,
+    scaler: &mut GradScaler,
+) -> Result<Option<serde_json::Value>, CheckpointError> {
     let manifest_path = dir.join(MANIFEST);
     let manifest: Manifest =
         serde_json::from_slice(&read(&manifest_path)?).map_err(|source| CheckpointError::Json {
@@ -727,7 +773,7 @@ pub fn load(
     if let Some(sd) = scaler_sd {
         scaler.load_state_dict(Some(&sd)).map_err(scaler_error)?;
     }
-    Ok(())
+    Ok(manifest.meta)
 }
 
 #[cfg(test)]

@@ -47,11 +47,13 @@ pub mod prelude {
     pub use amp_autocast::{autocast, custom_fwd, traced, Autocast, AutocastGuard};
     pub use amp_autograd::{grad, no_grad, ops, GradOptions, Reduction, Tensor};
     pub use amp_nn::{
-        BatchNorm1d, BatchNorm2d, CrossEntropyLoss, Dropout, LayerNorm, Linear, MSELoss, Module,
-        ReLU, RecurrentConfig, Sequential, Sigmoid, Tanh, GELU, GRU, LSTM,
+        square_subsequent_mask, Activation, BatchNorm1d, BatchNorm2d, CrossEntropyLoss, Dropout,
+        Embedding, LayerNorm, Linear, MSELoss, Module, MultiheadAttention, ReLU, RecurrentConfig,
+        Sequential, Sigmoid, Tanh, TransformerEncoderLayer, TransformerEncoderLayerOptions, GELU,
+        GRU, LSTM,
     };
     pub use amp_optim::{
-        clip_grad_norm_, clip_grad_value_, Adam, AdamOptions, Optimizer, Sgd, SgdOptions,
+        adamw, clip_grad_norm_, clip_grad_value_, Adam, AdamOptions, Optimizer, Sgd, SgdOptions,
         WarmupCosine,
     };
     pub use amp_policy::{CastPolicy, DeviceType, Profile};

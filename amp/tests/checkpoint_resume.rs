@@ -125,3 +125,29 @@ fn resumed_run_continues_bit_for_bit() {
         serde_json::to_string(&straight.opt.state_dict()).unwrap()
     );
 }
+
+/// The training loop's own state rides in the manifest: given back by `load_with_meta`,
+/// absent (`None`) from a checkpoint saved without it, and replaced by the next save.
+#[test]
+fn the_loops_state_is_committed_with_the_checkpoint() {
+    let dir = std::env::temp_dir().join(format!("amp-ckpt-meta-{}", std::process::id()));
+    let mut run = fresh(3);
+    step(&mut run, 0);
+    let meta = serde_json::json!({"step": 1, "history": [0.5, 0.25], "run": "bfloat16"});
+    checkpoint::save_with_meta(&dir, &run.model, &run.opt, &run.scaler, &meta).unwrap();
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join(checkpoint::MANIFEST)).unwrap()).unwrap();
+    assert_eq!(manifest["meta"], meta);
+
+    let mut other = fresh(4);
+    let got =
+        checkpoint::load_with_meta(&dir, &other.model, &mut other.opt, &mut other.scaler).unwrap();
+    assert_eq!(got, Some(meta));
+    assert_eq!(bits(&other), bits(&run));
+
+    checkpoint::save(&dir, &run.model, &run.opt, &run.scaler).unwrap();
+    let got =
+        checkpoint::load_with_meta(&dir, &other.model, &mut other.opt, &mut other.scaler).unwrap();
+    assert_eq!(got, None);
+    std::fs::remove_dir_all(&dir).ok();
+}

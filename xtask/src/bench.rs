@@ -10,6 +10,10 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use amp_kernels::{mm, non_finite_check_and_unscale_};
+
+/// The main job's model (`cargo run --example train`), timed by [`gpt_step_ms`].
+#[path = "../../amp/examples/train/gpt.rs"]
+mod gpt;
 use amp_tensor::{DType, Tensor};
 use serde_json::{Map, Number, Value};
 
@@ -127,6 +131,16 @@ pub const METRICS: &[Metric] = &[
         name: "mlp_step_autocast_bf16_scaler_ms",
         unit: "ms",
         run: || mlp_step_ms(true),
+    },
+    Metric {
+        name: "gpt_step_f32_ms",
+        unit: "ms",
+        run: || gpt_step_ms(false),
+    },
+    Metric {
+        name: "gpt_step_autocast_bf16_scaler_ms",
+        unit: "ms",
+        run: || gpt_step_ms(true),
     },
 ];
 
@@ -650,6 +664,63 @@ fn mlp_step_ms(amp_on: bool) -> f64 {
                 scaler.update().expect("update");
             } else {
                 loss_of(&model)
+                    .expect("forward")
+                    .backward()
+                    .expect("backward");
+                opt.step().expect("step");
+            }
+        },
+        n,
+        warm,
+    );
+    t * 1e3
+}
+
+/// Milliseconds per training step of the main job's model ([`gpt::GptConfig::default`]:
+/// 4 pre-norm layers of width 128, 4 heads, feed-forward 512, context 128, vocabulary
+/// 96) on a batch of 16 sequences: forward, cross-entropy, backward and an AdamW step
+/// (lr 3e-3, weight decay 0.01), as `torch_baseline.py` times the same model in
+/// PyTorch: float32, or the forward and loss under cpu bfloat16 autocast with a
+/// `GradScaler`.
+fn gpt_step_ms(amp_on: bool) -> f64 {
+    use amp::prelude::*;
+    use gpt::{Gpt, GptConfig};
+    let config = GptConfig::default();
+    let model = Gpt::new(config, &mut Generator::new(0)).expect("model");
+    let opt_options = AdamOptions {
+        weight_decay: 0.01,
+        decoupled: true,
+        ..Default::default()
+    };
+    let mut opt = Adam::new(model.parameters(), 3e-3, opt_options).expect("adamw");
+    let (b, t) = (16, config.context);
+    let tokens = |shift: usize| {
+        let v: Vec<i64> = (0..b * t)
+            .map(|i| ((i + shift) * 7919 % config.vocab) as i64)
+            .collect();
+        Tensor::from_vec(v, [b, t]).expect("tokens")
+    };
+    let (x, y) = (tokens(0), tokens(1));
+    let mut scaler = GradScaler::new();
+    // The same number of runs for both, enough for a stable median on a noisy machine.
+    let (n, warm) = (11, 3);
+    let t = median_time(
+        || {
+            opt.zero_grad();
+            if amp_on {
+                let loss = autocast(DeviceType::Cpu, DType::BF16, || model.loss(&x, &y))
+                    .expect("autocast region")
+                    .expect("forward");
+                scaler
+                    .scale(&loss)
+                    .expect("scale")
+                    .backward()
+                    .expect("backward");
+                scaler.step(&mut opt).expect("step");
+                scaler.update().expect("update");
+            } else {
+                model
+                    .loss(&x, &y)
                     .expect("forward")
                     .backward()
                     .expect("backward");

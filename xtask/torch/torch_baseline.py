@@ -118,8 +118,66 @@ def main():
     r["conv2d_autocast_bf16_fwd_bwd_ms"] = median_time(conv_amp, n=2, warm=1) * 1e3
     r["mlp_step_f32_ms"] = median_time(step_f32, n=10) * 1e3
     r["mlp_step_autocast_bf16_scaler_ms"] = median_time(step_amp, n=3, warm=1) * 1e3
+    r["gpt_step_f32_ms"], r["gpt_step_autocast_bf16_scaler_ms"] = gpt_steps()
     r["isa"] = isa()
     print(json.dumps(r, indent=1))
+
+
+class Gpt(nn.Module):
+    """The main job's model (amp/examples/train/gpt.rs, GptConfig::default()): token and
+    learned position embeddings, pre-norm causal TransformerEncoderLayers with GELU, a
+    final LayerNorm and a linear head."""
+
+    def __init__(self, vocab=96, context=128, d_model=128, layers=4, heads=4, ff=512):
+        super().__init__()
+        self.tok_emb = nn.Embedding(vocab, d_model)
+        self.pos_emb = nn.Parameter(torch.randn(context, d_model) * 0.02)
+        nn.init.normal_(self.tok_emb.weight, std=0.02)
+        self.layers = nn.ModuleList(
+            nn.TransformerEncoderLayer(d_model, heads, dim_feedforward=ff, dropout=0.0,
+                                       activation="gelu", batch_first=True, norm_first=True)
+            for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab)
+        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(context))
+
+    def loss(self, x, y):
+        t = x.shape[1]
+        h = self.tok_emb(x) + self.pos_emb[:t]
+        for layer in self.layers:
+            h = layer(h, src_mask=self.mask[:t, :t], is_causal=True)
+        logits = self.head(self.ln_f(h))
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+def gpt_steps():
+    """Milliseconds per training step of Gpt on 16 sequences of 128 tokens (forward,
+    cross-entropy, backward, AdamW lr 3e-3 weight decay 0.01): float32, and the forward
+    and loss under cpu bfloat16 autocast with a GradScaler (xtask bench's gpt_step_*_ms)."""
+    times = []
+    for amp_on in (False, True):
+        torch.manual_seed(0)
+        model = Gpt()
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+        b, t, vocab = 16, 128, 96
+        x = (torch.arange(b * t) * 7919 % vocab).reshape(b, t)
+        y = ((torch.arange(b * t) + 1) * 7919 % vocab).reshape(b, t)
+        scaler = torch.amp.GradScaler("cpu")
+
+        def step():
+            opt.zero_grad()
+            if amp_on:
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = model.loss(x, y)
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+            else:
+                model.loss(x, y).backward()
+                opt.step()
+
+        times.append(median_time(step, n=11, warm=3) * 1e3)
+    return times
 
 
 def isa():

@@ -268,6 +268,11 @@ pub struct MultiHeadWeights<'a> {
 /// `E / num_heads`; the projections, then [`scaled_dot_product_attention`] per head
 /// (`opts` carries the mask, a `[L, S]` or `[N·heads, L, S]` boolean or float mask,
 /// and the dropout), then the output projection. Returns `[L, N, E]`.
+///
+/// The mask follows `nn.MultiheadAttention`'s convention, not
+/// [`scaled_dot_product_attention`]'s: a boolean `true` marks a position that may
+/// **not** be attended (PyTorch's `_canonical_mask` turns it into `-inf`); a float mask
+/// is added to the scores.
 pub fn multi_head_attention_forward(
     query: &Tensor,
     key: &Tensor,
@@ -314,10 +319,17 @@ pub fn multi_head_attention_forward(
     let v = heads(proj(value, 2)?, s)?;
     // A per-(batch, head) mask [N·heads, L, S] becomes [N, heads, L, S]; a [L, S] one
     // broadcasts.
+    // A boolean mask says where not to attend; the attention op's says where to.
     let mask = match opts.attn_mask {
-        Some(m) if m.rank() == 3 => Some(reshape(m, [n, num_heads, l, s])?),
+        Some(m) if m.dtype() == DType::Bool => {
+            Some(Tensor::from_raw(amp_kernels::logical_not(m.data())?))
+        }
         Some(m) => Some(m.clone()),
         None => None,
+    };
+    let mask = match mask {
+        Some(m) if m.rank() == 3 => Some(reshape(&m, [n, num_heads, l, s])?),
+        m => m,
     };
     let o = scaled_dot_product_attention(
         &q,

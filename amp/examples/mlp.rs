@@ -1,8 +1,9 @@
-//! The main job: train an MLP classifier with autocast + GradScaler, then the same
-//! model in plain float32, and compare them.
+//! An MLP classifier trained with autocast + GradScaler, then the same model in plain
+//! float32, and compared (the main job, `--example train`, does the same for a
+//! transformer).
 //!
 //! ```sh
-//! cargo run --release --example train -- [--epochs N] [--dtype bfloat16|float16]
+//! cargo run --release --example mlp -- [--epochs N] [--dtype bfloat16|float16]
 //!     [--no-amp] [--device cpu|cuda] [--trace] [--out DIR]
 //! ```
 //!
@@ -39,7 +40,7 @@ fn parse_args() -> Result<Args, String> {
         amp: true,
         device: Device::Cpu,
         trace: false,
-        out: PathBuf::from("target/train"),
+        out: PathBuf::from("target/mlp"),
     };
     let mut dtype_given = false;
     let mut it = std::env::args().skip(1);
@@ -66,7 +67,7 @@ fn parse_args() -> Result<Args, String> {
             "--trace" => a.trace = true,
             "--out" => a.out = PathBuf::from(val("--out")?),
             "-h" | "--help" => {
-                println!("usage: train [--epochs N] [--dtype bfloat16|float16] [--no-amp] [--device cpu|cuda] [--trace] [--out DIR]");
+                println!("usage: mlp [--epochs N] [--dtype bfloat16|float16] [--no-amp] [--device cpu|cuda] [--trace] [--out DIR]");
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument {other} (try --help)")),
