@@ -1291,6 +1291,15 @@ fn attention_matches_a_reference_and_refuses_bad_options() {
         ..Default::default()
     };
     assert!(ops::scaled_dot_product_attention(&q, &k, &v, drop).is_err());
+    let mut gen = Generator::new(1);
+    let flash_drop = ops::Attention {
+        dropout_p: 0.5,
+        generator: Some(&mut gen),
+        backend: ops::SdpBackend::Flash,
+        ..Default::default()
+    };
+    let e = ops::scaled_dot_product_attention(&q, &k, &v, flash_drop).unwrap_err();
+    assert!(e.to_string().contains("No available kernel"), "{e}");
 }
 
 /// The block-at-a-time attention (the flash path: no dropout) against the same formula
@@ -1332,6 +1341,7 @@ fn blocked_attention_matches_the_composite_formula() {
                 attn_mask: mask,
                 is_causal: causal,
                 scale: Some(scale),
+                backend: ops::SdpBackend::Flash,
                 ..Default::default()
             };
             let y = ops::scaled_dot_product_attention(&q, &k, &v, opts).unwrap();
@@ -1414,6 +1424,7 @@ fn blocked_attention_matches_the_composite_formula() {
         &v,
         ops::Attention {
             is_causal: true,
+            backend: ops::SdpBackend::Flash,
             ..Default::default()
         },
     )

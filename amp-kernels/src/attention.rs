@@ -280,23 +280,37 @@ impl<C: Real> Batch<'_, C> {
     }
 }
 
-/// Run `f` compiled for AVX-512 when the CPU has it (the loops above vectorise at that
-/// width; the arithmetic is the same, unfused, so results do not depend on the path).
-#[inline(always)]
-fn at_width(f: impl FnOnce()) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma")]
-        fn avx512(f: impl FnOnce()) {
-            f()
-        }
-        if vmath::level() == Some(vmath::Level::Avx512) {
-            // SAFETY: `vmath::level` checked the CPU has AVX-512F/DQ/VL and FMA.
-            unsafe { avx512(f) };
-            return;
-        }
+/// Whether the loops run in their AVX-512 compilation.
+fn avx512() -> bool {
+    vmath::level() == Some(vmath::Level::Avx512)
+}
+
+/// [`Batch::forward`] and [`Batch::backward`] compiled for AVX-512 (the loops vectorise
+/// at that width; the arithmetic is the same, unfused, so results do not depend on the
+/// path). A closure handed to a `target_feature` function is compiled without the
+/// features, so these are functions of their own.
+#[cfg(target_arch = "x86_64")]
+mod wide {
+    use super::{Batch, Real};
+
+    #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma")]
+    pub(super) fn forward<C: Real>(b: &Batch<'_, C>, out: &mut [C], lse: &mut [C]) {
+        b.forward(out, lse)
     }
-    f()
+
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma")]
+    pub(super) fn backward<C: Real>(
+        b: &Batch<'_, C>,
+        out: &[C],
+        dout: &[C],
+        lse: &[C],
+        dq: &mut [C],
+        dk: &mut [C],
+        dv: &mut [C],
+    ) {
+        b.backward(out, dout, lse, dq, dk, dv)
+    }
 }
 
 /// The inputs widened to the compute type, with the geometry and options.
@@ -388,7 +402,13 @@ pub fn flash_attention(
                 let mut part = parts[bi].lock().unwrap_or_else(|e| e.into_inner());
                 let (o, m) = &mut *part;
                 let batch = inputs.batch(bi);
-                at_width(|| batch.forward(o, m));
+                #[cfg(target_arch = "x86_64")]
+                if avx512() {
+                    // SAFETY: the CPU has AVX-512F/DQ/VL and FMA (`vmath::level`).
+                    unsafe { wide::forward(&batch, o, m) };
+                    return;
+                }
+                batch.forward(o, m);
             });
         }
         let mut narrow = amp_tensor::pool::try_zeroed::<T>(out.len())?;
@@ -445,7 +465,14 @@ pub fn flash_attention_backward(
                 let batch = inputs.batch(bi);
                 let rows = bi * l * ev..(bi + 1) * l * ev;
                 let (o, g) = (&oc[rows.clone()], &gc[rows]);
-                at_width(|| batch.backward(o, g, &lc[bi * l..(bi + 1) * l], gq, gk, gv));
+                let lse = &lc[bi * l..(bi + 1) * l];
+                #[cfg(target_arch = "x86_64")]
+                if avx512() {
+                    // SAFETY: the CPU has AVX-512F/DQ/VL and FMA (`vmath::level`).
+                    unsafe { wide::backward(&batch, o, g, lse, gq, gk, gv) };
+                    return;
+                }
+                batch.backward(o, g, lse, gq, gk, gv);
             });
         }
         let narrow = |c: Vec<C>, dims: Vec<usize>| -> Result<Tensor> {

@@ -43,7 +43,32 @@ pub struct Attention<'a> {
     pub scale: Option<f64>,
     /// The random generator of the dropout.
     pub generator: Option<&'a mut Generator>,
+    /// Which implementation runs (PyTorch's `torch.nn.attention.sdpa_kernel`).
+    pub backend: SdpBackend,
 }
+
+/// The implementations of [`scaled_dot_product_attention`], as PyTorch's `SDPBackend`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SdpBackend {
+    /// The block loop where the score matrix is large (at least [`FLASH_MIN_SCORES`]
+    /// scores in all, where holding it costs memory and the blocks cost no speed) and
+    /// it applies; the composite of matrix products and softmax otherwise.
+    #[default]
+    Auto,
+    /// The block loop ([`amp_kernels::flash_attention`]): an error where it does not
+    /// apply (dropout, a float mask that needs its gradient, a mask broadcast other
+    /// than `[L, S]` or batched like the inputs).
+    Flash,
+    /// The composite of differentiable ops (PyTorch's math backend).
+    Math,
+}
+
+/// The number of scores (batch × L × S) from which [`SdpBackend::Auto`] takes the block
+/// loop: below it the composite's large matrix products are faster (measured on the main
+/// job's 64 × 128 × 128: the loop made the float32 step 1.2× slower), above it the
+/// score matrix and its softmax would take 16 MB and more per copy in float32.
+pub const FLASH_MIN_SCORES: usize = 1 << 22;
 
 /// `softmax(q kᵀ · scale + mask) v` over query `[.., L, E]`, key `[.., S, E]` and value
 /// `[.., S, Ev]` (leading dims broadcast), giving `[.., L, Ev]`.
@@ -94,9 +119,36 @@ pub fn scaled_dot_product_attention(
         Some(_) => Some(a[3].clone()),
         None => None,
     };
-    if opts.dropout_p == 0.0 {
-        if let Some(y) = flash(q, k, v, mask.as_ref(), opts.is_causal, scale)? {
-            return Ok(y);
+    let scores = {
+        let lead = |t: &Tensor| t.dims()[..t.rank() - 2].to_vec();
+        let batch = amp_tensor::broadcast_shapes(
+            OP,
+            &amp_tensor::broadcast_shapes(OP, &lead(q), &lead(k))?,
+            &lead(v),
+        )?;
+        batch.iter().product::<usize>() * q.dims()[q.rank() - 2] * k.dims()[k.rank() - 2]
+    };
+    let try_flash = match opts.backend {
+        SdpBackend::Auto => opts.dropout_p == 0.0 && scores >= FLASH_MIN_SCORES,
+        SdpBackend::Flash => true,
+        SdpBackend::Math => false,
+    };
+    if try_flash {
+        let y = if opts.dropout_p == 0.0 {
+            flash(q, k, v, mask.as_ref(), opts.is_causal, scale)?
+        } else {
+            None
+        };
+        match (y, opts.backend) {
+            (Some(y), _) => return Ok(y),
+            (None, SdpBackend::Flash) => {
+                return Err(refused(
+                    OP,
+                    "No available kernel. Aborting execution. (the flash backend takes no dropout, no float mask that needs a gradient, and a mask of shape [L, S] or batched like the inputs)"
+                        .to_string(),
+                ))
+            }
+            (None, _) => {}
         }
     }
     let mut p = probabilities(q, k, mask.as_ref(), opts.is_causal, scale)?;
