@@ -101,22 +101,98 @@ struct Batch<'a, C> {
     causal: bool,
 }
 
+/// A matrix operand of [`gemm_into`]: its elements and the strides of its rows and
+/// columns.
+#[derive(Clone, Copy)]
+struct Mat<'a, C> {
+    data: &'a [C],
+    rs: usize,
+    cs: usize,
+}
+
+impl<'a, C> Mat<'a, C> {
+    /// Row-major with row stride `rs`.
+    fn rows(data: &'a [C], rs: usize) -> Self {
+        Mat { data, rs, cs: 1 }
+    }
+    /// The transpose of a row-major matrix with row stride `rs`.
+    fn cols(data: &'a [C], rs: usize) -> Self {
+        Mat {
+            data,
+            rs: 1,
+            cs: rs,
+        }
+    }
+    /// The largest index an `r`×`c` matrix reads, plus one (0 when empty).
+    fn extent(&self, r: usize, c: usize) -> usize {
+        if r == 0 || c == 0 {
+            0
+        } else {
+            (r - 1) * self.rs + (c - 1) * self.cs + 1
+        }
+    }
+}
+
+/// `dst (m×n, row stride ldd) = [dst +] lhs (m×k) · rhs (k×n)`, single-threaded (the
+/// callers split the work), through `gemm`'s packed microkernels.
+#[allow(clippy::too_many_arguments)]
+fn gemm_into<C: Real>(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [C],
+    ldd: usize,
+    accumulate: bool,
+    lhs: Mat<'_, C>,
+    rhs: Mat<'_, C>,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(
+        dst.len() >= (m - 1) * ldd + n
+            && lhs.data.len() >= lhs.extent(m, k)
+            && rhs.data.len() >= rhs.extent(k, n),
+        "gemm_into: an operand is shorter than its shape"
+    );
+    // SAFETY: the assertion above keeps every element the shapes and strides address
+    // inside its slice; `dst` is borrowed mutably and does not alias the inputs.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            ldd as isize,
+            accumulate,
+            lhs.data.as_ptr(),
+            lhs.cs as isize,
+            lhs.rs as isize,
+            rhs.data.as_ptr(),
+            rhs.cs as isize,
+            rhs.rs as isize,
+            if accumulate { C::one() } else { C::zero() },
+            C::one(),
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    }
+}
+
 impl<C: Real> Batch<'_, C> {
-    /// Keys `j0..j1` of query block `i0..i1` scored into `sc` (`[i1-i0][BK]`, row-major
-    /// with stride `BK`): `q kᵀ · scale + bias`, `-inf` where causal masks; `kt` is the
-    /// key block transposed (`[E][BK]`).
+    /// Scores of query block `i0..i1` against keys `j0..j1` into `sc` (row stride
+    /// `BK`): `q kᵀ · scale + bias`, `-inf` where the causal mask hides a key.
     #[inline(always)]
-    fn scores(&self, i0: usize, i1: usize, j0: usize, j1: usize, kt: &[C], sc: &mut [C]) {
-        let nk = j1 - j0;
+    fn scores(&self, i0: usize, i1: usize, j0: usize, j1: usize, sc: &mut [C]) {
+        let (e, nk) = (self.e, j1 - j0);
+        let q = Mat::rows(&self.q[i0 * e..], e);
+        let kt = Mat::cols(&self.k[j0 * e..], e);
+        gemm_into(i1 - i0, nk, e, sc, BK, false, q, kt);
         for (r, i) in (i0..i1).enumerate() {
             let row = &mut sc[r * BK..r * BK + nk];
-            row.fill(C::zero());
-            let qi = &self.q[i * self.e..(i + 1) * self.e];
-            for (c, &qv) in qi.iter().enumerate() {
-                for (o, &kv) in row.iter_mut().zip(&kt[c * BK..c * BK + nk]) {
-                    *o = *o + qv * kv;
-                }
-            }
             for o in row.iter_mut() {
                 *o = *o * self.scale;
             }
@@ -133,17 +209,7 @@ impl<C: Real> Batch<'_, C> {
         }
     }
 
-    /// Keys `j0..j1` transposed into `kt` (`[E][BK]`).
-    #[inline(always)]
-    fn transpose_keys(src: &[C], width: usize, j0: usize, j1: usize, kt: &mut [C]) {
-        for (jj, j) in (j0..j1).enumerate() {
-            for (c, &x) in src[j * width..(j + 1) * width].iter().enumerate() {
-                kt[c * BK + jj] = x;
-            }
-        }
-    }
-
-    /// The last key block query block `i0..i1` can see (all of them unless causal).
+    /// The end of the keys query block `..i1` can see (all of them unless causal).
     #[inline(always)]
     fn key_end(&self, i1: usize) -> usize {
         if self.causal {
@@ -156,8 +222,7 @@ impl<C: Real> Batch<'_, C> {
     /// Forward of one batch: `out` `[L][Ev]`, `lse` `[L]`.
     #[inline(always)]
     fn forward(&self, out: &mut [C], lse: &mut [C]) {
-        let (e, ev) = (self.e, self.ev);
-        let mut kt = vec![C::zero(); e * BK];
+        let ev = self.ev;
         let mut sc = vec![C::zero(); BQ * BK];
         let mut m = [C::neg_infinity(); BQ];
         let mut sum = [C::zero(); BQ];
@@ -167,16 +232,17 @@ impl<C: Real> Batch<'_, C> {
             acc.fill(C::zero());
             m.fill(C::neg_infinity());
             sum.fill(C::zero());
-            for j0 in (0..self.key_end(i1)).step_by(BK) {
-                let j1 = (j0 + BK).min(self.key_end(i1));
-                Self::transpose_keys(self.k, e, j0, j1, &mut kt);
-                self.scores(i0, i1, j0, j1, &kt, &mut sc);
+            let end = self.key_end(i1);
+            for j0 in (0..end).step_by(BK) {
+                let j1 = (j0 + BK).min(end);
+                self.scores(i0, i1, j0, j1, &mut sc);
                 for r in 0..i1 - i0 {
                     let row = &mut sc[r * BK..r * BK + (j1 - j0)];
                     let bmax = row.iter().fold(C::neg_infinity(), |a, &x| a.max(x));
                     let m_new = m[r].max(bmax);
                     if m_new == C::neg_infinity() {
-                        continue; // nothing seen yet in this row
+                        row.fill(C::zero()); // nothing visible yet in this row
+                        continue;
                     }
                     let alpha = exp_c(m[r] - m_new);
                     let mut bsum = C::zero();
@@ -186,17 +252,13 @@ impl<C: Real> Batch<'_, C> {
                     }
                     sum[r] = sum[r] * alpha + bsum;
                     m[r] = m_new;
-                    let a = &mut acc[r * ev..(r + 1) * ev];
-                    for o in a.iter_mut() {
+                    for o in &mut acc[r * ev..(r + 1) * ev] {
                         *o = *o * alpha;
                     }
-                    for (jj, &p) in row.iter().enumerate() {
-                        let vj = &self.v[(j0 + jj) * ev..(j0 + jj + 1) * ev];
-                        for (o, &x) in a.iter_mut().zip(vj) {
-                            *o = *o + p * x;
-                        }
-                    }
                 }
+                let p = Mat::rows(&sc, BK);
+                let v = Mat::rows(&self.v[j0 * ev..], ev);
+                gemm_into(i1 - i0, ev, j1 - j0, acc, ev, true, p, v);
             }
             for r in 0..i1 - i0 {
                 let inv = C::one() / sum[r];
@@ -224,57 +286,66 @@ impl<C: Real> Batch<'_, C> {
                 o.iter().zip(g).fold(C::zero(), |a, (&x, &y)| a + x * y)
             })
             .collect();
-        let mut kt = vec![C::zero(); e * BK];
-        let mut vt = vec![C::zero(); ev * BK];
         let mut p = vec![C::zero(); BQ * BK];
-        let mut dp = [C::zero(); BK];
+        let mut ds = vec![C::zero(); BQ * BK];
         for j0 in (0..self.s).step_by(BK) {
             let j1 = (j0 + BK).min(self.s);
             let nk = j1 - j0;
-            Self::transpose_keys(self.k, e, j0, j1, &mut kt);
-            Self::transpose_keys(self.v, ev, j0, j1, &mut vt);
             // Causal: query i sees key j only when j <= i.
             let first = if self.causal { j0 } else { 0 };
             for i0 in (first - first % BQ..self.l).step_by(BQ) {
                 let i1 = (i0 + BQ).min(self.l);
-                self.scores(i0, i1, j0, j1, &kt, &mut p);
+                let bq = i1 - i0;
+                self.scores(i0, i1, j0, j1, &mut p);
                 for (r, i) in (i0..i1).enumerate() {
-                    let row = &mut p[r * BK..r * BK + nk];
-                    for x in row.iter_mut() {
+                    for x in &mut p[r * BK..r * BK + nk] {
                         *x = exp_c(*x - lse[i]);
                     }
-                    let g = &dout[i * ev..(i + 1) * ev];
-                    // dV_j += P_ij dO_i.
-                    for (jj, &pij) in row.iter().enumerate() {
-                        let dvj = &mut dv[(j0 + jj) * ev..(j0 + jj + 1) * ev];
-                        for (o, &x) in dvj.iter_mut().zip(g) {
-                            *o = *o + pij * x;
-                        }
-                    }
-                    // dP_ij = dO_i · V_j, then dS_ij = P_ij (dP_ij - D_i) · scale.
-                    let dpr = &mut dp[..nk];
-                    dpr.fill(C::zero());
-                    for (c, &gv) in g.iter().enumerate() {
-                        for (o, &x) in dpr.iter_mut().zip(&vt[c * BK..c * BK + nk]) {
-                            *o = *o + gv * x;
-                        }
-                    }
-                    for (o, &pij) in dpr.iter_mut().zip(row.iter()) {
+                }
+                let g = Mat::rows(&dout[i0 * ev..], ev);
+                // dV_j += Pᵀ dO_i.
+                gemm_into(
+                    nk,
+                    ev,
+                    bq,
+                    &mut dv[j0 * ev..],
+                    ev,
+                    true,
+                    Mat::cols(&p, BK),
+                    g,
+                );
+                // dP = dO_i V_jᵀ, then dS = P (dP - D) · scale.
+                let vt = Mat::cols(&self.v[j0 * ev..], ev);
+                gemm_into(bq, nk, ev, &mut ds, BK, false, g, vt);
+                for (r, i) in (i0..i1).enumerate() {
+                    let (pr, dr) = (&p[r * BK..r * BK + nk], &mut ds[r * BK..r * BK + nk]);
+                    for (o, &pij) in dr.iter_mut().zip(pr) {
                         *o = pij * (*o - d[i]) * self.scale;
                     }
-                    // dQ_i += dS_ij K_j; dK_j += dS_ij Q_i.
-                    let qi = &self.q[i * e..(i + 1) * e];
-                    let dqi = &mut dq[i * e..(i + 1) * e];
-                    for (jj, &ds) in dpr.iter().enumerate() {
-                        let j = j0 + jj;
-                        for (o, &x) in dqi.iter_mut().zip(&self.k[j * e..(j + 1) * e]) {
-                            *o = *o + ds * x;
-                        }
-                        for (o, &x) in dk[j * e..(j + 1) * e].iter_mut().zip(qi) {
-                            *o = *o + ds * x;
-                        }
-                    }
                 }
+                // dQ_i += dS K_j; dK_j += dSᵀ Q_i.
+                let kj = Mat::rows(&self.k[j0 * e..], e);
+                gemm_into(
+                    bq,
+                    e,
+                    nk,
+                    &mut dq[i0 * e..],
+                    e,
+                    true,
+                    Mat::rows(&ds, BK),
+                    kj,
+                );
+                let qi = Mat::rows(&self.q[i0 * e..], e);
+                gemm_into(
+                    nk,
+                    e,
+                    bq,
+                    &mut dk[j0 * e..],
+                    e,
+                    true,
+                    Mat::cols(&ds, BK),
+                    qi,
+                );
             }
         }
     }

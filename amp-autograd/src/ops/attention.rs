@@ -65,9 +65,10 @@ pub enum SdpBackend {
 }
 
 /// The number of scores (batch × L × S) from which [`SdpBackend::Auto`] takes the block
-/// loop: below it the composite's large matrix products are faster (measured on the main
-/// job's 64 × 128 × 128: the loop made the float32 step 1.2× slower), above it the
-/// score matrix and its softmax would take 16 MB and more per copy in float32.
+/// loop. Measured float32 causal forward + backward, 64-wide heads, 2 cores (AMD EPYC,
+/// AVX-512): 64 × 128 × 128 scores, composite 11.0 ms, loop 12.3 ms; 8 × 1024 × 1024,
+/// 51.3 ms against 38.8 ms; 4 × 2048 × 2048, 93.6 ms against 70.7 ms (and no 64 MB
+/// score matrix per copy).
 pub const FLASH_MIN_SCORES: usize = 1 << 22;
 
 /// `softmax(q kᵀ · scale + mask) v` over query `[.., L, E]`, key `[.., S, E]` and value
