@@ -1459,3 +1459,83 @@ fn blocked_attention_matches_the_composite_formula() {
         .iter()
         .any(|&x| x != 0.0));
 }
+
+/// GELU's one-pass backward (`amp_kernels::gelu_backward`, taken without
+/// `create_graph`) against its formula in float64, per dtype; and the same gradient as
+/// the differentiable formula that runs under `create_graph`.
+#[test]
+fn gelu_backward_in_one_pass_matches_the_formula() {
+    let xs: Vec<f64> = (0..4001)
+        .map(|i| -10.0 + i as f64 * 0.005)
+        .chain([0.0, -0.0, 1e-30, 40.0, -40.0])
+        .collect();
+    let n = xs.len();
+    let gs: Vec<f64> = (0..n)
+        .map(|i| ((i * 7919) % 13) as f64 / 4.0 - 1.5)
+        .collect();
+    let exact = |g: f64, x: f64| {
+        let cdf = 0.5 * (1.0 + libm::erf(x / std::f64::consts::SQRT_2));
+        let pdf = (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt();
+        g * (cdf + x * pdf)
+    };
+    for (dtype, tol) in [
+        (DType::F64, 1e-14),
+        (DType::F32, 4e-7),
+        (DType::BF16, 8e-3),
+        (DType::F16, 1e-3),
+    ] {
+        let x = Tensor::from_vec(xs.clone(), [n])
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap()
+            .detach();
+        x.requires_grad_(true).unwrap();
+        let g = Tensor::from_vec(gs.clone(), [n])
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap()
+            .detach();
+        let y = ops::gelu(&x).unwrap();
+        let one = grad(
+            std::slice::from_ref(&y),
+            std::slice::from_ref(&x),
+            &[Some(g.clone())],
+            GradOptions {
+                retain_graph: Some(true),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let twice = grad(
+            std::slice::from_ref(&y),
+            std::slice::from_ref(&x),
+            &[Some(g.clone())],
+            GradOptions {
+                create_graph: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let (one, twice) = (one[0].clone().unwrap(), twice[0].clone().unwrap());
+        assert_eq!(one.dtype(), dtype);
+        let (xr, gr) = (vals(&x), vals(&g));
+        let want: Vec<f64> = xr.iter().zip(&gr).map(|(&x, &g)| exact(g, x)).collect();
+        let got = vals(&one);
+        for i in 0..n {
+            let scale = gr[i].abs().max(1.0);
+            assert!(
+                (got[i] - want[i]).abs() <= tol * scale,
+                "{dtype:?} x = {}: {} vs {}",
+                xr[i],
+                got[i],
+                want[i]
+            );
+        }
+        close(
+            &got,
+            &vals(&twice),
+            tol * 4.0,
+            &format!("{dtype:?} one pass vs create_graph"),
+        );
+    }
+}

@@ -389,6 +389,59 @@ unsafe fn map_avx2(op: F32Map, x: &[f32], y: &mut [MaybeUninit<f32>]) {
     map_body(op, x, y)
 }
 
+/// The derivative factor of exact GELU times the incoming gradient,
+/// `g · (Φ(x) + x·φ(x))`, as PyTorch's `gelu_backward` writes it (`Φ` through [`erf`],
+/// `φ(x) = e^(-x²/2)/√(2π)` through [`exp_fma_checked`]).
+#[inline(always)]
+fn gelu_grad(g: f32, x: f32) -> f32 {
+    const PDF: f32 =
+        (std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2 * 0.5) as f32;
+    let cdf = 0.5 * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2));
+    let pdf = exp_fma_checked(-0.5 * x * x) * PDF;
+    g * (cdf + x * pdf)
+}
+
+#[inline(always)]
+fn gelu_grad_body(g: &[f32], x: &[f32], y: &mut [MaybeUninit<f32>]) {
+    for ((o, &g), &x) in y.iter_mut().zip(g).zip(x) {
+        o.write(gelu_grad(g, x));
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma")]
+fn gelu_grad_avx512(g: &[f32], x: &[f32], y: &mut [MaybeUninit<f32>]) {
+    gelu_grad_body(g, x, y)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn gelu_grad_avx2(g: &[f32], x: &[f32], y: &mut [MaybeUninit<f32>]) {
+    gelu_grad_body(g, x, y)
+}
+
+/// `y[i] = g[i] · GELU'(x[i])` at `level` (from [`level`]), vectorised; every element of
+/// `y` (the length of `g` and `x`) written.
+pub(crate) fn gelu_grad_f32(level: Level, g: &[f32], x: &[f32], y: &mut [MaybeUninit<f32>]) {
+    assert!(
+        g.len() == y.len() && x.len() == y.len(),
+        "gelu_grad_f32: length mismatch"
+    );
+    #[cfg(target_arch = "x86_64")]
+    match level {
+        // SAFETY: `level` came from `level()`, which checked the CPU has AVX-512F/DQ/VL
+        // and FMA.
+        Level::Avx512 => unsafe { gelu_grad_avx512(g, x, y) },
+        // SAFETY: `level` came from `level()`, which checked AVX2 and FMA.
+        Level::Avx2 => unsafe { gelu_grad_avx2(g, x, y) },
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = level;
+        gelu_grad_body(g, x, y)
+    }
+}
+
 /// The SIMD level [`map_f32`] runs at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Level {

@@ -87,7 +87,14 @@ unary_ops! {
     /// `max(x, 0)`.
     relu = "relu", Relu, "ReluBackward0", |g, x, out| threshold_backward(g, x, 0.0)?;
     /// Exact GELU, `x * Φ(x)`.
-    gelu = "gelu", Gelu, "GeluBackward0", |g, x, out| {
+    gelu = "gelu", Gelu, "GeluBackward0", |g, x, out| if !is_grad_enabled()
+        && g.dtype() == x.dtype()
+        && g.dims() == x.dims()
+        && x.device() == amp_tensor::Device::Cpu
+    {
+        // One pass (PyTorch's gelu_backward); under create_graph the formula below.
+        Tensor::from_raw(amp_kernels::gelu_backward(g.data(), x.data())?)
+    } else {
         let cdf = mul_scalar(&add_scalar(&erf(&mul_scalar(x, std::f64::consts::FRAC_1_SQRT_2)?)?, 1.0)?, 0.5)?;
         let pdf = mul_scalar(&exp(&mul_scalar(&square(x)?, -0.5)?)?, 0.5 * std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2)?;
         mul(g, &add(&cdf, &mul(x, &pdf)?)?)?
