@@ -16,7 +16,9 @@ use std::sync::Mutex;
 use amp_tensor::{cast_into, Element, Error, Result, Tensor};
 
 use crate::compute::{with_slice, Real};
+use crate::conv::{gemm_into, Mat};
 use crate::vmath;
+use gemm::Parallelism;
 
 /// Query rows per block.
 const BQ: usize = 32;
@@ -101,85 +103,30 @@ struct Batch<'a, C> {
     causal: bool,
 }
 
-/// A matrix operand of [`gemm_into`]: its elements and the strides of its rows and
-/// columns.
-#[derive(Clone, Copy)]
-struct Mat<'a, C> {
-    data: &'a [C],
-    rs: usize,
-    cs: usize,
+/// Row-major `data` with row stride `rs`, as a [`gemm_into`] operand.
+fn rows<C>(data: &[C], rs: usize) -> Mat<'_, C> {
+    (data, rs, 1)
 }
 
-impl<'a, C> Mat<'a, C> {
-    /// Row-major with row stride `rs`.
-    fn rows(data: &'a [C], rs: usize) -> Self {
-        Mat { data, rs, cs: 1 }
-    }
-    /// The transpose of a row-major matrix with row stride `rs`.
-    fn cols(data: &'a [C], rs: usize) -> Self {
-        Mat {
-            data,
-            rs: 1,
-            cs: rs,
-        }
-    }
-    /// The largest index an `r`×`c` matrix reads, plus one (0 when empty).
-    fn extent(&self, r: usize, c: usize) -> usize {
-        if r == 0 || c == 0 {
-            0
-        } else {
-            (r - 1) * self.rs + (c - 1) * self.cs + 1
-        }
-    }
+/// The transpose of row-major `data` with row stride `rs`.
+fn cols<C>(data: &[C], rs: usize) -> Mat<'_, C> {
+    (data, 1, rs)
 }
 
-/// `dst (m×n, row stride ldd) = [dst +] lhs (m×k) · rhs (k×n)`, single-threaded (the
-/// callers split the work), through `gemm`'s packed microkernels.
+/// The shared strided product (`faer`), single-threaded: the callers split the work
+/// by batch.
 #[allow(clippy::too_many_arguments)]
-fn gemm_into<C: Real>(
+fn product<C: Real>(
     m: usize,
     n: usize,
     k: usize,
     dst: &mut [C],
     ldd: usize,
     accumulate: bool,
-    lhs: Mat<'_, C>,
-    rhs: Mat<'_, C>,
+    a: Mat<'_, C>,
+    b: Mat<'_, C>,
 ) {
-    if m == 0 || n == 0 {
-        return;
-    }
-    assert!(
-        dst.len() >= (m - 1) * ldd + n
-            && lhs.data.len() >= lhs.extent(m, k)
-            && rhs.data.len() >= rhs.extent(k, n),
-        "gemm_into: an operand is shorter than its shape"
-    );
-    // SAFETY: the assertion above keeps every element the shapes and strides address
-    // inside its slice; `dst` is borrowed mutably and does not alias the inputs.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            ldd as isize,
-            accumulate,
-            lhs.data.as_ptr(),
-            lhs.cs as isize,
-            lhs.rs as isize,
-            rhs.data.as_ptr(),
-            rhs.cs as isize,
-            rhs.rs as isize,
-            if accumulate { C::one() } else { C::zero() },
-            C::one(),
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        )
-    }
+    gemm_into(m, n, k, dst, ldd, accumulate, a, b, Parallelism::None)
 }
 
 impl<C: Real> Batch<'_, C> {
@@ -188,9 +135,9 @@ impl<C: Real> Batch<'_, C> {
     #[inline(always)]
     fn scores(&self, i0: usize, i1: usize, j0: usize, j1: usize, sc: &mut [C]) {
         let (e, nk) = (self.e, j1 - j0);
-        let q = Mat::rows(&self.q[i0 * e..], e);
-        let kt = Mat::cols(&self.k[j0 * e..], e);
-        gemm_into(i1 - i0, nk, e, sc, BK, false, q, kt);
+        let q = rows(&self.q[i0 * e..], e);
+        let kt = cols(&self.k[j0 * e..], e);
+        product(i1 - i0, nk, e, sc, BK, false, q, kt);
         for (r, i) in (i0..i1).enumerate() {
             let row = &mut sc[r * BK..r * BK + nk];
             for o in row.iter_mut() {
@@ -256,9 +203,9 @@ impl<C: Real> Batch<'_, C> {
                         *o = *o * alpha;
                     }
                 }
-                let p = Mat::rows(&sc, BK);
-                let v = Mat::rows(&self.v[j0 * ev..], ev);
-                gemm_into(i1 - i0, ev, j1 - j0, acc, ev, true, p, v);
+                let p = rows(&sc, BK);
+                let v = rows(&self.v[j0 * ev..], ev);
+                product(i1 - i0, ev, j1 - j0, acc, ev, true, p, v);
             }
             for r in 0..i1 - i0 {
                 let inv = C::one() / sum[r];
@@ -302,21 +249,12 @@ impl<C: Real> Batch<'_, C> {
                         *x = exp_c(*x - lse[i]);
                     }
                 }
-                let g = Mat::rows(&dout[i0 * ev..], ev);
+                let g = rows(&dout[i0 * ev..], ev);
                 // dV_j += Pᵀ dO_i.
-                gemm_into(
-                    nk,
-                    ev,
-                    bq,
-                    &mut dv[j0 * ev..],
-                    ev,
-                    true,
-                    Mat::cols(&p, BK),
-                    g,
-                );
+                product(nk, ev, bq, &mut dv[j0 * ev..], ev, true, cols(&p, BK), g);
                 // dP = dO_i V_jᵀ, then dS = P (dP - D) · scale.
-                let vt = Mat::cols(&self.v[j0 * ev..], ev);
-                gemm_into(bq, nk, ev, &mut ds, BK, false, g, vt);
+                let vt = cols(&self.v[j0 * ev..], ev);
+                product(bq, nk, ev, &mut ds, BK, false, g, vt);
                 for (r, i) in (i0..i1).enumerate() {
                     let (pr, dr) = (&p[r * BK..r * BK + nk], &mut ds[r * BK..r * BK + nk]);
                     for (o, &pij) in dr.iter_mut().zip(pr) {
@@ -324,28 +262,10 @@ impl<C: Real> Batch<'_, C> {
                     }
                 }
                 // dQ_i += dS K_j; dK_j += dSᵀ Q_i.
-                let kj = Mat::rows(&self.k[j0 * e..], e);
-                gemm_into(
-                    bq,
-                    e,
-                    nk,
-                    &mut dq[i0 * e..],
-                    e,
-                    true,
-                    Mat::rows(&ds, BK),
-                    kj,
-                );
-                let qi = Mat::rows(&self.q[i0 * e..], e);
-                gemm_into(
-                    nk,
-                    e,
-                    bq,
-                    &mut dk[j0 * e..],
-                    e,
-                    true,
-                    Mat::cols(&ds, BK),
-                    qi,
-                );
+                let kj = rows(&self.k[j0 * e..], e);
+                product(bq, e, nk, &mut dq[i0 * e..], e, true, rows(&ds, BK), kj);
+                let qi = rows(&self.q[i0 * e..], e);
+                product(nk, e, bq, &mut dk[j0 * e..], e, true, cols(&ds, BK), qi);
             }
         }
     }

@@ -526,12 +526,12 @@ fn gemm_par(work: usize, batch_parallel: bool) -> Parallelism {
 }
 
 /// A strided matrix operand: `(slice, row stride, column stride)`.
-type Mat<'a, C> = (&'a [C], usize, usize);
+pub(crate) type Mat<'a, C> = (&'a [C], usize, usize);
 
 /// `dst = (accumulate ? dst : 0) + a @ b` for an `m×k` `a` and a `k×n` `b`, `dst` being
 /// `m×n` with row stride `dst_rs` (column stride 1).
 #[allow(clippy::too_many_arguments)]
-fn gemm_into<C: Real>(
+pub(crate) fn gemm_into<C: Real>(
     m: usize,
     n: usize,
     k: usize,

@@ -645,33 +645,42 @@ fn mlp_step_ms(amp_on: bool) -> f64 {
     let loss_of = |model: &Sequential| {
         ops::cross_entropy(&model.forward(&x)?, &y, None, -100, Reduction::Mean, 0.0)
     };
-    let mut scaler = GradScaler::new();
     // The same number of runs for both, enough for a stable median on a noisy machine.
-    let (n, warm) = (21, 3);
+    train_step_ms(amp_on, &mut opt, || loss_of(&model), 21)
+}
+
+/// Median milliseconds of one training step (3 warm-up runs, then `runs`): zero the
+/// gradients, `loss()` (under cpu bfloat16 autocast, scaled by a `GradScaler`, when
+/// `amp_on`), backward, the optimizer's step.
+fn train_step_ms(
+    amp_on: bool,
+    opt: &mut dyn amp::optim::Optimizer,
+    loss: impl Fn() -> amp::autograd::Result<amp::autograd::Tensor>,
+    runs: usize,
+) -> f64 {
+    use amp::prelude::*;
+    let mut scaler = GradScaler::new();
     let t = median_time(
         || {
             opt.zero_grad();
             if amp_on {
-                let loss = autocast(DeviceType::Cpu, DType::BF16, || loss_of(&model))
+                let l = autocast(DeviceType::Cpu, DType::BF16, &loss)
                     .expect("autocast region")
                     .expect("forward");
                 scaler
-                    .scale(&loss)
+                    .scale(&l)
                     .expect("scale")
                     .backward()
                     .expect("backward");
-                scaler.step(&mut opt).expect("step");
+                scaler.step(opt).expect("step");
                 scaler.update().expect("update");
             } else {
-                loss_of(&model)
-                    .expect("forward")
-                    .backward()
-                    .expect("backward");
+                loss().expect("forward").backward().expect("backward");
                 opt.step().expect("step");
             }
         },
-        n,
-        warm,
+        runs,
+        3,
     );
     t * 1e3
 }
@@ -701,36 +710,8 @@ fn gpt_step_ms(amp_on: bool) -> f64 {
         Tensor::from_vec(v, [b, t]).expect("tokens")
     };
     let (x, y) = (tokens(0), tokens(1));
-    let mut scaler = GradScaler::new();
     // The same number of runs for both, enough for a stable median on a noisy machine.
-    let (n, warm) = (11, 3);
-    let t = median_time(
-        || {
-            opt.zero_grad();
-            if amp_on {
-                let loss = autocast(DeviceType::Cpu, DType::BF16, || model.loss(&x, &y))
-                    .expect("autocast region")
-                    .expect("forward");
-                scaler
-                    .scale(&loss)
-                    .expect("scale")
-                    .backward()
-                    .expect("backward");
-                scaler.step(&mut opt).expect("step");
-                scaler.update().expect("update");
-            } else {
-                model
-                    .loss(&x, &y)
-                    .expect("forward")
-                    .backward()
-                    .expect("backward");
-                opt.step().expect("step");
-            }
-        },
-        n,
-        warm,
-    );
-    t * 1e3
+    train_step_ms(amp_on, &mut opt, || model.loss(&x, &y), 11)
 }
 
 fn unscale_gbps() -> f64 {

@@ -66,8 +66,8 @@ pub enum SdpBackend {
 
 /// The number of scores (batch × L × S) from which [`SdpBackend::Auto`] takes the block
 /// loop. Measured float32 causal forward + backward, 64-wide heads, 2 cores (AMD EPYC,
-/// AVX-512): 64 × 128 × 128 scores, composite 11.0 ms, loop 12.3 ms; 8 × 1024 × 1024,
-/// 51.3 ms against 38.8 ms; 4 × 2048 × 2048, 93.6 ms against 70.7 ms (and no 64 MB
+/// AVX-512): 64 × 128 × 128 scores, composite 10.0 ms, loop 10.7 ms; 8 × 1024 × 1024,
+/// 45.7 ms against 24.7 ms; 4 × 2048 × 2048, 85.5 ms against 43.0 ms (and no 64 MB
 /// score matrix per copy).
 pub const FLASH_MIN_SCORES: usize = 1 << 22;
 
