@@ -1304,7 +1304,7 @@ fn float_unary_simd<T: Element, C: 'static>(op: UnaryOp, x: &Tensor) -> Option<R
 /// The gradient of exact GELU, `grad · (Φ(x) + x·φ(x))`, in one pass (PyTorch's
 /// `gelu_backward` with `approximate='none'`): `grad` and `x` of one floating dtype and
 /// shape; the result has them. float16/bfloat16 compute in float32, rounded once; on
-/// CPUs with FMA the float32 math is vectorised ([`vmath`]).
+/// CPUs with FMA the float32 math is vectorised.
 pub fn gelu_backward(grad: &Tensor, x: &Tensor) -> Result<Tensor> {
     const OP: &str = "gelu_backward";
     ensure_cpu(OP, &[grad, x])?;

@@ -1,10 +1,10 @@
 //! The model of the main job: a small decoder-only (GPT-style) character-level
 //! transformer. Token and learned position embeddings, pre-norm
-//! [`TransformerEncoderLayer`]s with GELU and causal self-attention, a final layer norm
+//! `TransformerEncoderLayer`s with GELU and causal self-attention, a final layer norm
 //! and a linear head onto the vocabulary, trained with cross-entropy on the next
 //! character.
 //!
-//! `cargo xtask bench` times one training step of [`GptConfig::default`] from this file
+//! `cargo xtask bench` times one training step of `GptConfig::default()` from this file
 //! (`gpt_step_*_ms`), and `xtask/torch/torch_baseline.py` builds the same model in
 //! PyTorch.
 
