@@ -36,16 +36,6 @@ pub struct FlashOptions<'a> {
     pub bias: Option<&'a Tensor>,
 }
 
-/// `e^x` in the compute type: the vectorisable [`vmath::exp`] for float32, libm for
-/// float64.
-#[inline(always)]
-fn exp_c<C: Real>(x: C) -> C {
-    if let Some(v) = crate::unary::ewise::same::<C, f32>(std::slice::from_ref(&x)) {
-        return C::from_f64c(vmath::exp(v[0]) as f64);
-    }
-    x.exp()
-}
-
 /// The shapes, checked: `(B, L, S, E, Ev)`.
 fn geometry(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(usize, usize, usize, usize, usize)> {
     let bad = |why: String| Err(Error::invalid("scaled_dot_product_attention", why));
@@ -191,10 +181,10 @@ impl<C: Real> Batch<'_, C> {
                         row.fill(C::zero()); // nothing visible yet in this row
                         continue;
                     }
-                    let alpha = exp_c(m[r] - m_new);
+                    let alpha = (m[r] - m_new).exp_v();
                     let mut bsum = C::zero();
                     for x in row.iter_mut() {
-                        *x = exp_c(*x - m_new);
+                        *x = (*x - m_new).exp_v();
                         bsum = bsum + *x;
                     }
                     sum[r] = sum[r] * alpha + bsum;
@@ -246,7 +236,7 @@ impl<C: Real> Batch<'_, C> {
                 self.scores(i0, i1, j0, j1, &mut p);
                 for (r, i) in (i0..i1).enumerate() {
                     for x in &mut p[r * BK..r * BK + nk] {
-                        *x = exp_c(*x - lse[i]);
+                        *x = (*x - lse[i]).exp_v();
                     }
                 }
                 let g = rows(&dout[i0 * ev..], ev);

@@ -12,6 +12,9 @@ pub trait Real: num_traits::Float + Element + Send + Sync + std::iter::Sum + 'st
     fn from_f64c(v: f64) -> Self;
     fn to_f64c(self) -> f64;
     fn erf(self) -> Self;
+    /// `e^self` written to vectorise inside SIMD loops: [`crate::vmath::exp`] (~1 ulp,
+    /// 0 below `ln(2^-126)`) for float32, libm for float64.
+    fn exp_v(self) -> Self;
 }
 
 impl Real for f32 {
@@ -27,6 +30,10 @@ impl Real for f32 {
     fn erf(self) -> Self {
         libm::erff(self)
     }
+    #[inline(always)]
+    fn exp_v(self) -> Self {
+        crate::vmath::exp(self)
+    }
 }
 
 impl Real for f64 {
@@ -41,6 +48,10 @@ impl Real for f64 {
     #[inline(always)]
     fn erf(self) -> Self {
         libm::erf(self)
+    }
+    #[inline(always)]
+    fn exp_v(self) -> Self {
+        self.exp()
     }
 }
 

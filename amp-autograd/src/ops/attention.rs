@@ -120,15 +120,14 @@ pub fn scaled_dot_product_attention(
         Some(_) => Some(a[3].clone()),
         None => None,
     };
-    let scores = {
-        let lead = |t: &Tensor| t.dims()[..t.rank() - 2].to_vec();
-        let batch = amp_tensor::broadcast_shapes(
-            OP,
-            &amp_tensor::broadcast_shapes(OP, &lead(q), &lead(k))?,
-            &lead(v),
-        )?;
-        batch.iter().product::<usize>() * q.dims()[q.rank() - 2] * k.dims()[k.rank() - 2]
-    };
+    // The leading (batch) dims the three broadcast to.
+    let lead = |t: &Tensor| t.dims()[..t.rank() - 2].to_vec();
+    let batch = amp_tensor::broadcast_shapes(
+        OP,
+        &amp_tensor::broadcast_shapes(OP, &lead(q), &lead(k))?,
+        &lead(v),
+    )?;
+    let scores = batch.iter().product::<usize>() * q.dims()[q.rank() - 2] * k.dims()[k.rank() - 2];
     let try_flash = match opts.backend {
         SdpBackend::Auto => opts.dropout_p == 0.0 && scores >= FLASH_MIN_SCORES,
         SdpBackend::Flash => true,
@@ -136,7 +135,7 @@ pub fn scaled_dot_product_attention(
     };
     if try_flash {
         let y = if opts.dropout_p == 0.0 {
-            flash(q, k, v, mask.as_ref(), opts.is_causal, scale)?
+            flash(q, k, v, &batch, mask.as_ref(), opts.is_causal, scale)?
         } else {
             None
         };
@@ -200,22 +199,20 @@ fn flash(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
+    batch: &[usize],
     mask: Option<&Tensor>,
     causal: bool,
     scale: f64,
 ) -> Result<Option<Tensor>> {
     use amp_kernels::{flash_attention, flash_attention_backward, FlashOptions};
-    use amp_tensor::{broadcast_shapes, Tensor as Raw};
-    const OP: &str = "scaled_dot_product_attention";
-    let lead = |t: &Tensor| t.dims()[..t.rank() - 2].to_vec();
-    let batch = broadcast_shapes(OP, &broadcast_shapes(OP, &lead(q), &lead(k))?, &lead(v))?;
+    use amp_tensor::Tensor as Raw;
     let (l, e) = (q.dims()[q.rank() - 2], q.dims()[q.rank() - 1]);
     let (s, ev) = (k.dims()[k.rank() - 2], v.dims()[v.rank() - 1]);
     if k.dims()[k.rank() - 1] != e || v.dims()[v.rank() - 2] != s {
         return Ok(None); // the composite path reports the mismatch as matmul does
     }
     let bsz: usize = batch.iter().product();
-    let lead_dims = batch.clone();
+    let lead_dims = batch.to_vec();
     let with =
         move |last: [usize; 2]| -> Vec<usize> { lead_dims.iter().copied().chain(last).collect() };
     let with_c = with.clone();
@@ -233,7 +230,7 @@ fn flash(
             let mlead = &m.dims()[..m.rank() - 2];
             let nb = if mlead.iter().all(|&d| d == 1) {
                 1
-            } else if mlead == batch.as_slice() {
+            } else if mlead == batch {
                 bsz
             } else {
                 return Ok(None);
