@@ -12,7 +12,7 @@ pub trait Real: num_traits::Float + Element + Send + Sync + std::iter::Sum + 'st
     fn from_f64c(v: f64) -> Self;
     fn to_f64c(self) -> f64;
     fn erf(self) -> Self;
-    /// `e^self` written to vectorise inside SIMD loops: [`crate::vmath::exp`] (~1 ulp,
+    /// `e^self` written to vectorise inside SIMD loops: a branch-free Cephes `expf` (~1 ulp,
     /// 0 below `ln(2^-126)`) for float32, libm for float64.
     fn exp_v(self) -> Self;
 }
