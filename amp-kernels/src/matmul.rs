@@ -9,14 +9,15 @@
 //! A large single product is cut into blocks of output columns (or rows), each
 //! multiplied sequentially on one rayon thread (`Blocks`).
 //!
-//! 16-bit products run on the fastest [`Kernel16`] of the CPU (the kernel ladder):
-//! bfloat16 on `vdpbf16ps` where the CPU has AVX-512 BF16 (operands packed straight
-//! from their 16-bit storage and strides, float32 sums in registers, one rounding with
-//! `alpha` and `beta * input` applied on the way out; see `native16.rs`), else — and
-//! float16 always, until a CPU with AVX-512 FP16 or AMX-FP16 is here to verify a kernel
-//! on — widened to float32 (vectorised; for a cut product block by block, on the
-//! block's thread), multiplied by the float32 kernel, which accumulates in float32, and
-//! rounded once at the end; so is the `beta * input` term of the fused ops.
+//! 16-bit products run on the fastest [`Kernel16`] of the CPU (the kernel ladder, see
+//! `native16.rs`): bfloat16 on `vdpbf16ps` where the CPU has AVX-512 BF16, float16 (and
+//! bfloat16 without it) on float32 FMA tiles where it has AVX-512 — on both, operands
+//! are packed straight from their 16-bit storage and strides, the float32 sums stay in
+//! registers and are rounded once, with `alpha` and `beta * input` applied on the way
+//! out. Elsewhere, and for products too thin for a tile, the operands are widened to
+//! float32 (vectorised; for a cut product block by block, on the block's thread),
+//! multiplied by the float32 kernel, and rounded once at the end; so is the
+//! `beta * input` term of the fused ops.
 //! [`with_kernel16`] forces a kernel for tests and benchmarks. Integer tensors use a
 //! simple wrapping kernel (not a hot path).
 //!
@@ -765,9 +766,8 @@ fn run(p: Plan<'_>) -> Result<Tensor> {
     match p.dtype {
         DType::F32 => native::<f32>(&p),
         DType::F64 => native::<f64>(&p),
-        DType::F16 => widened::<f16>(&p),
-        DType::BF16 if native16::chosen(p.m, p.n, p.k) => native_bf16(&p),
-        DType::BF16 => widened::<bf16>(&p),
+        DType::F16 => half::<f16>(&p),
+        DType::BF16 => half::<bf16>(&p),
         DType::I32 => integer::<i32>(&p),
         DType::I64 => integer::<i64>(&p),
         DType::Bool if p.op == "outer" => integer::<bool>(&p),
@@ -825,13 +825,21 @@ fn native<C: GemmFloat>(p: &Plan<'_>) -> Result<Tensor> {
     Tensor::from_vec(out, p.out_dims.clone())
 }
 
-/// bf16 on the CPU's bfloat16 dot-product instruction: operands packed straight from
-/// their storage, float32 sums, one rounding (see [`Kernel16`]).
-fn native_bf16(p: &Plan<'_>) -> Result<Tensor> {
+/// f16 / bf16: on a packing kernel when [`native16::chosen`] picks one, else widened.
+fn half<T: native16::Half>(p: &Plan<'_>) -> Result<Tensor> {
+    match native16::chosen(T::DTYPE, p.m, p.n, p.k) {
+        Some(kernel) => packed16::<T>(p, kernel),
+        None => widened::<T>(p),
+    }
+}
+
+/// f16 / bf16 on a packing kernel: operands packed straight from their storage,
+/// float32 sums, one rounding (see [`Kernel16`]).
+fn packed16<T: native16::Half>(p: &Plan<'_>, kernel: Kernel16) -> Result<Tensor> {
     let len = out_len(p);
-    let input = gathered_input::<bf16, f32>(p)?;
-    let mut out: Vec<bf16> = try_vec_with_capacity(len)?;
-    with_operands::<bf16, _>(p, |a, b| {
+    let input = gathered_input::<T, f32>(p)?;
+    let mut out: Vec<T> = try_vec_with_capacity(len)?;
+    with_operands::<T, _>(p, |a, b| {
         let job = native16::Job {
             m: p.m,
             n: p.n,
@@ -845,7 +853,7 @@ fn native_bf16(p: &Plan<'_>) -> Result<Tensor> {
             beta: p.beta as f32,
             alpha: p.alpha as f32,
         };
-        native16::product(&job, &mut out.spare_capacity_mut()[..len])
+        native16::product(kernel, &job, &mut out.spare_capacity_mut()[..len])
     })?;
     // SAFETY: `product` wrote all `len` elements.
     unsafe { out.set_len(len) };

@@ -878,31 +878,30 @@ fn case() -> impl proptest::strategy::Strategy<Value = Case> {
         )
 }
 
-/// A `[batch.., rows, cols]` operand, stored transposed when `t`.
-fn operand(batch: &[usize], rows: usize, cols: usize, t: bool, seed: u64) -> Tensor {
+/// A `[batch.., rows, cols]` operand of `dt`, stored transposed when `t`.
+fn operand(dt: DType, batch: &[usize], rows: usize, cols: usize, t: bool, seed: u64) -> Tensor {
     let r = batch.len();
     let mut dims = batch.to_vec();
     if t {
         dims.extend([cols, rows]);
-        randn(&dims, DType::BF16, seed).transpose(r, r + 1).unwrap()
+        randn(&dims, dt, seed).transpose(r, r + 1).unwrap()
     } else {
         dims.extend([rows, cols]);
-        randn(&dims, DType::BF16, seed)
+        randn(&dims, dt, seed)
     }
 }
 
-/// Run `c` with the current kernel and compare with the f64 reference.
-fn check_case(c: &Case, kernel: Kernel16) {
-    let dt = DType::BF16;
-    let what = format!("{c:?} on {}", kernel.name());
+/// Run `c` in `dt` on `kernel` and compare with the f64 reference.
+fn check_case(c: &Case, dt: DType, kernel: Kernel16) {
+    let what = format!("{dt} {c:?} on {}", kernel.name());
     let batched = !matches!(c.form, Form::Mm | Form::Addmm);
     let bdims: &[usize] = if batched { &[c.batch] } else { &[] };
-    let a = operand(bdims, c.m, c.k, c.ta, c.seed);
+    let a = operand(dt, bdims, c.m, c.k, c.ta, c.seed);
     let b = if c.step_b {
-        let wide = operand(bdims, c.k, 2 * c.n, c.tb, c.seed ^ 1);
+        let wide = operand(dt, bdims, c.k, 2 * c.n, c.tb, c.seed ^ 1);
         wide.slice(bdims.len() + 1, 0, 2 * c.n, 2).unwrap()
     } else {
-        operand(bdims, c.k, c.n, c.tb, c.seed ^ 1)
+        operand(dt, bdims, c.k, c.n, c.tb, c.seed ^ 1)
     };
     let run = |f: &dyn Fn() -> Tensor| with_kernel16(kernel, f).unwrap();
     match c.form {
@@ -954,43 +953,52 @@ fn check_case(c: &Case, kernel: Kernel16) {
             );
         }
         Form::MatmulBroadcast => {
-            let b1 = operand(&[], c.k, c.n, c.tb, c.seed ^ 3);
+            let b1 = operand(dt, &[], c.k, c.n, c.tb, c.seed ^ 3);
             let got = run(&|| matmul(&a, &b1).unwrap());
             assert_close(&got, &ref_matmul(&a, &b1), dt, &what);
         }
     }
 }
 
-/// Every bfloat16 kernel this CPU has, forced in turn, against the f64 reference on
-/// random shapes: odd sizes, `m` or `n` below a tile, `k` odd and not a multiple of 32,
-/// transposed and strided operands, batches, a broadcast operand, the fused forms. A
-/// kernel the CPU lacks is reported as skipped in the test output.
+/// Whether `kernel` runs `dt` products here; a kernel made for `dt` that this CPU lacks
+/// is reported as skipped (the bfloat16-only kernel is simply not run on float16).
+fn applicable(dt: DType, kernel: Kernel16, test: &str) -> bool {
+    let made_for = !(kernel == Kernel16::Avx512Bf16 && dt == DType::F16);
+    let ok = kernel.supports(dt);
+    if made_for && !ok {
+        amp_testing::report_skip(
+            test,
+            &format!("{} {dt}", kernel.name()),
+            "this CPU lacks it",
+        );
+    }
+    ok
+}
+
+/// Every 16-bit kernel this CPU has, forced in turn for each dtype it runs, against the
+/// f64 reference on random shapes: odd sizes, `m` or `n` below a tile, `k` odd and not
+/// a multiple of 16 or 32, transposed and strided operands, batches, a broadcast
+/// operand, the fused forms. A kernel the CPU lacks is reported as skipped in the test
+/// output.
 #[test]
 fn every_16bit_kernel_on_random_shapes() {
     use proptest::test_runner::TestRunner;
-    let kernels: Vec<Kernel16> = Kernel16::ALL
+    let runs: Vec<(DType, Kernel16)> = [DType::BF16, DType::F16]
         .into_iter()
-        .filter(|k| {
-            let ok = k.supports(DType::BF16);
-            if !ok {
-                amp_testing::report_skip(
-                    "every_16bit_kernel_on_random_shapes",
-                    k.name(),
-                    "this CPU lacks it",
-                );
-            }
-            ok
-        })
+        .flat_map(|dt| Kernel16::ALL.map(|k| (dt, k)))
+        .filter(|&(dt, k)| applicable(dt, k, "every_16bit_kernel_on_random_shapes"))
         .collect();
-    assert!(
-        kernels.contains(&Kernel16::Widened),
-        "the widened path runs everywhere"
-    );
+    for dt in [DType::BF16, DType::F16] {
+        assert!(
+            runs.contains(&(dt, Kernel16::Widened)),
+            "the widened path runs everywhere"
+        );
+    }
     let mut runner = TestRunner::new(amp_testing::proptest_config(64));
     runner
         .run(&case(), |c| {
-            for &kernel in &kernels {
-                check_case(&c, kernel);
+            for &(dt, kernel) in &runs {
+                check_case(&c, dt, kernel);
             }
             Ok(())
         })
@@ -1001,18 +1009,16 @@ fn every_16bit_kernel_on_random_shapes() {
 /// the kernels agree with each other to float32 summation order.
 #[test]
 fn every_16bit_kernel_on_a_large_product() {
-    let dt = DType::BF16;
-    let a = randn(&[300, 257], dt, 90);
-    let b = randn(&[190, 257], dt, 91).t().unwrap();
-    let want = ref_matmul(&a, &b);
-    for kernel in Kernel16::ALL {
-        match with_kernel16(kernel, || mm(&a, &b).unwrap()) {
-            Ok(got) => assert_close(&got, &want, dt, kernel.name()),
-            Err(_) => amp_testing::report_skip(
-                "every_16bit_kernel_on_a_large_product",
-                kernel.name(),
-                "this CPU lacks it",
-            ),
+    for dt in [DType::BF16, DType::F16] {
+        let a = randn(&[300, 257], dt, 90);
+        let b = randn(&[190, 257], dt, 91).t().unwrap();
+        let want = ref_matmul(&a, &b);
+        for kernel in Kernel16::ALL {
+            if !applicable(dt, kernel, "every_16bit_kernel_on_a_large_product") {
+                continue;
+            }
+            let got = with_kernel16(kernel, || mm(&a, &b).unwrap()).unwrap();
+            assert_close(&got, &want, dt, &format!("{dt} on {}", kernel.name()));
         }
     }
 }
@@ -1022,10 +1028,16 @@ fn forcing_a_kernel_is_scoped_and_checked() {
     let before = kernel16(DType::BF16);
     with_kernel16(Kernel16::Widened, || {
         assert_eq!(kernel16(DType::BF16), Some(Kernel16::Widened));
-        // float16 has one kernel; forcing a bfloat16-only one leaves it alone.
         assert_eq!(kernel16(DType::F16), Some(Kernel16::Widened));
     })
     .unwrap();
+    // Forcing a bfloat16-only kernel leaves float16 products to their own choice.
+    if Kernel16::Avx512Bf16.supports(DType::BF16) {
+        with_kernel16(Kernel16::Avx512Bf16, || {
+            assert_eq!(kernel16(DType::F16), Kernel16::best(DType::F16));
+        })
+        .unwrap();
+    }
     assert_eq!(kernel16(DType::BF16), before);
     assert_eq!(kernel16(DType::F32), None);
     if !Kernel16::Avx512Bf16.supports(DType::BF16) {

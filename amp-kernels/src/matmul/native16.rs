@@ -1,46 +1,56 @@
-//! bfloat16 products on the CPU's own bfloat16 dot-product instruction.
+//! 16-bit products on the CPU's own vector instructions, packed straight from 16-bit
+//! storage.
 //!
 //! # The kernel ladder
 //!
-//! A 16-bit product runs on the fastest [`Kernel16`] the CPU has, chosen once per
-//! process from CPUID:
+//! A 16-bit product runs on the fastest [`Kernel16`] the CPU has for its dtype, chosen
+//! once per process from CPUID:
 //!
 //! 1. **AVX-512 BF16** ([`Kernel16::Avx512Bf16`], bfloat16 only): `vdpbf16ps` multiplies
 //!    pairs of bfloat16 values exactly and adds them into float32 lanes, 32
-//!    multiply-adds per instruction, twice the float32 FMA's count. Both operands are
-//!    packed straight from their bfloat16 storage (any strides: a transposed operand is
-//!    read in place, never widened to a float32 copy); the float32 sums of a whole
-//!    output tile stay in registers for the full inner dimension and are rounded once,
-//!    with `alpha`, `beta · input` applied on the way out.
-//! 2. **Widened** ([`Kernel16::Widened`], every CPU, float16 and bfloat16): the operands
-//!    are widened to float32 block by block and multiplied by the float32 kernel.
+//!    multiply-adds per instruction, twice the float32 FMA's count.
+//! 2. **AVX-512 FMA** ([`Kernel16::Avx512Fma`], float16 and bfloat16, CPUs with AVX-512
+//!    F/BW/VL): each value is widened to float32 (exactly: `vcvtph2ps` for float16, a
+//!    shift for bfloat16) as it is packed, and the tiles are float32 FMAs. Unlike the
+//!    widened rung, no float32 copy of an operand or of the output is ever written to
+//!    memory: the pack buffers are the only copies, and the output tile is rounded to
+//!    16 bits straight from the registers.
+//! 3. **Widened** ([`Kernel16::Widened`], every CPU, both dtypes): the operands are
+//!    widened to float32 block by block and multiplied by the float32 kernel.
+//!
+//! On the first two rungs both operands are packed from their 16-bit storage with any
+//! strides (a transposed operand is read in place); the float32 sums of a whole output
+//! tile stay in registers for the full inner dimension and are rounded once, with
+//! `alpha` and `beta · input` applied on the way out.
 //!
 //! An AMX kernel (`tdpbf16ps`) belongs above the first rung; it is not built yet (it
 //! needs a machine with AMX to be verified on).
 //!
 //! # Exactness
 //!
-//! A bfloat16 × bfloat16 product is exact in float32 and every sum is rounded to
-//! float32, so a result differs from the widened path (and from PyTorch's) only by the
-//! order of the sums, except that `vdpbf16ps` treats subnormal inputs as zero and
-//! flushes subnormal sums to zero, as PyTorch's oneDNN kernels on the same instructions
-//! do.
+//! A 16-bit × 16-bit product is exact in float32 and every sum is rounded to float32, so
+//! a result differs from the widened path (and from PyTorch's) only by the order of the
+//! sums, except that `vdpbf16ps` treats subnormal inputs as zero and flushes subnormal
+//! sums to zero, as PyTorch's oneDNN kernels on the same instructions do. Rounding to
+//! the output is PyTorch's: nearest even, NaN as `0x7FC0` for bfloat16, `vcvtps2ph`
+//! (the same bits as `half`'s conversion) for float16.
 //!
 //! # Layout
 //!
 //! The output is cut into tiles of [`MR`] rows by [`NR`] columns. `A` is packed in
-//! panels of `MR` rows: for each pair of inner indices `(2p, 2p+1)` the `MR` rows' two
-//! values side by side in one 32-bit word. `B` is packed in strips of `NR` columns in
-//! the same pair layout ("VNNI pairs"). An odd inner size is padded with a zero pair
-//! half, short panels and strips with zero rows and columns; padded lanes of a tile are
-//! never stored. Summed products (`addbmm`) are packed as one long inner dimension,
-//! each batch entry padded to an even length on its own.
+//! panels of `MR` rows, `B` in strips of `NR` columns, both as 32-bit words: word `p`
+//! of a line holds inner index `p` as float32 ([`Kernel16::Avx512Fma`]), or inner
+//! indices `(2p, 2p+1)` as a bfloat16 pair ([`Kernel16::Avx512Bf16`], "VNNI pairs"; an
+//! odd inner size is padded with a zero half). Short panels and strips are padded with
+//! zero lines; padded lanes of a tile are never stored. Summed products (`addbmm`) are
+//! packed as one long inner dimension, each batch entry padded to whole words on its
+//! own.
 
 use std::cell::{Cell, RefCell};
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use amp_tensor::half::bf16;
+use amp_tensor::half::{bf16, f16};
 use amp_tensor::pool::try_collect;
 use amp_tensor::{DType, Error, Result};
 
@@ -48,7 +58,7 @@ use super::{SendPtr, Side};
 use crate::compute::FirstError;
 
 /// Rows of an output tile (one `A` panel).
-pub const MR: usize = 12;
+pub const MR: usize = 8;
 /// Columns of an output tile (one `B` strip): two 16-lane registers.
 pub const NR: usize = 32;
 /// `A` panels a worker packs and keeps in its cache at a time.
@@ -59,27 +69,33 @@ const PANELS: usize = 4;
 pub enum Kernel16 {
     /// `vdpbf16ps` on packed bfloat16 pairs (bfloat16 products; CPUs with AVX-512 BF16).
     Avx512Bf16,
+    /// float32 FMA tiles on operands widened while packed (both dtypes; CPUs with
+    /// AVX-512 F/BW/VL).
+    Avx512Fma,
     /// Operands widened to float32 for the float32 kernel (every CPU, both dtypes).
     Widened,
 }
 
 impl Kernel16 {
     /// Every kernel, fastest first.
-    pub const ALL: [Kernel16; 2] = [Kernel16::Avx512Bf16, Kernel16::Widened];
+    pub const ALL: [Kernel16; 3] = [Kernel16::Avx512Bf16, Kernel16::Avx512Fma, Kernel16::Widened];
 
-    /// A short name (`avx512_bf16`, `widened`), as the benchmark reports it.
+    /// A short name (`avx512_bf16`, `avx512_fma`, `widened`), as the benchmark reports it.
     pub fn name(self) -> &'static str {
         match self {
             Kernel16::Avx512Bf16 => "avx512_bf16",
+            Kernel16::Avx512Fma => "avx512_fma",
             Kernel16::Widened => "widened",
         }
     }
 
     /// Whether this kernel can run products of `dtype` on this CPU.
     pub fn supports(self, dtype: DType) -> bool {
+        let half = matches!(dtype, DType::BF16 | DType::F16);
         match self {
             Kernel16::Avx512Bf16 => dtype == DType::BF16 && has_avx512_bf16(),
-            Kernel16::Widened => matches!(dtype, DType::BF16 | DType::F16),
+            Kernel16::Avx512Fma => half && has_avx512(),
+            Kernel16::Widened => half,
         }
     }
 
@@ -90,13 +106,26 @@ impl Kernel16 {
     }
 }
 
-fn has_avx512_bf16() -> bool {
+/// AVX-512 F/BW/VL (the packing and the FMA tiles).
+fn has_avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512bw")
             && std::arch::is_x86_feature_detected!("avx512vl")
-            && std::arch::is_x86_feature_detected!("avx512bf16")
+            && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// AVX-512 BF16 on top of [`has_avx512`].
+fn has_avx512_bf16() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        has_avx512() && std::arch::is_x86_feature_detected!("avx512bf16")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -141,33 +170,135 @@ pub fn with_kernel16<R>(kernel: Kernel16, f: impl FnOnce() -> R) -> Result<R> {
     Ok(f())
 }
 
-/// Whether a bfloat16 `m×k @ k×n` product runs on [`Kernel16::Avx512Bf16`]: always when a
-/// test forces it, else when the CPU has it and the product is large and wide enough
-/// that a tile's padding does not dominate (thinner products are memory-bound either
-/// way; the widened path handles them).
-pub(super) fn chosen(m: usize, n: usize, k: usize) -> bool {
-    match FORCED.get() {
-        Some(k16) if k16.supports(DType::BF16) => k16 == Kernel16::Avx512Bf16,
-        _ => {
-            Kernel16::best(DType::BF16) == Some(Kernel16::Avx512Bf16)
-                && m * n * k > super::SMALL_WORK
-                && n >= NR / 2
-                && m >= MR / 2
-        }
+/// The packing kernel a `dtype` (`m×k @ k×n`) product runs on, or `None` for the
+/// widened path: the forced kernel when a test forces one, else the fastest the CPU has
+/// when the product is wide enough that a tile's padding does not dominate (thinner
+/// products are memory-bound either way; the widened path handles them).
+pub(super) fn chosen(dtype: DType, m: usize, n: usize, k: usize) -> Option<Kernel16> {
+    let kernel = kernel16(dtype)?;
+    let forced = FORCED.get().is_some_and(|f| f.supports(dtype));
+    let fits = m * n * k >= super::SMALL_WORK && n >= NR / 2 && m >= MR / 2;
+    (kernel != Kernel16::Widened && (forced || fits)).then_some(kernel)
+}
+
+/// A 16-bit storage type the packing kernels read (`bf16` or `f16`).
+pub(super) trait Half: amp_tensor::Element {
+    /// Whether this is float16 (the rounding of the output differs).
+    const F16: bool;
+    /// The raw bits of a slice.
+    fn bits(x: &[Self]) -> &[u16];
+}
+
+impl Half for bf16 {
+    const F16: bool = false;
+    fn bits(x: &[Self]) -> &[u16] {
+        use amp_tensor::half::slice::HalfFloatSliceExt;
+        x.reinterpret_cast()
+    }
+}
+
+impl Half for f16 {
+    const F16: bool = true;
+    fn bits(x: &[Self]) -> &[u16] {
+        use amp_tensor::half::slice::HalfFloatSliceExt;
+        x.reinterpret_cast()
+    }
+}
+
+/// How one kernel packs its operands and multiplies a tile.
+trait Format: Sync {
+    /// Inner indices per packed word.
+    const STEP: usize;
+
+    /// Pack `h ≤ W` lines of an operand panel (line `r`, inner index `q` at
+    /// `x[o + r·ls + q·qs]`) into `dst` (`k.div_ceil(STEP)·W` words): word `p` of line
+    /// `r` at `dst[p·W + r]`; lines `h..W` and the padding of a last word are zero. An
+    /// `A` panel's lines are its `MR` rows (`ls, qs = rs, cs`), a `B` strip's its `NR`
+    /// columns (`ls, qs = cs, rs`).
+    ///
+    /// # Safety
+    /// Every index `o + r·ls + q·qs` (`r < h`, `q < k`) lies inside `x`; the CPU has
+    /// what the kernel needs.
+    unsafe fn pack<const W: usize>(
+        x: &[u16],
+        o: usize,
+        ls: usize,
+        qs: usize,
+        k: usize,
+        h: usize,
+        dst: &mut [u32],
+    );
+
+    /// One output tile from `kp` words of an `A` panel and a `B` strip.
+    ///
+    /// # Safety
+    /// The CPU has what the kernel needs; `a` holds `kp·MR` words, `b` `kp·NR`; the
+    /// tile's rows and columns lie in the output (and the input) buffer.
+    unsafe fn micro(kp: usize, a: &[u32], b: &[u32], tile: Tile);
+}
+
+/// [`Kernel16::Avx512Bf16`]: bfloat16 pairs, `vdpbf16ps`.
+struct Pairs;
+
+impl Format for Pairs {
+    const STEP: usize = 2;
+
+    unsafe fn pack<const W: usize>(
+        x: &[u16],
+        o: usize,
+        ls: usize,
+        qs: usize,
+        k: usize,
+        h: usize,
+        dst: &mut [u32],
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe { pack_pairs::<W>(x, o, ls, qs, k, h, dst) }
+    }
+
+    unsafe fn micro(kp: usize, a: &[u32], b: &[u32], tile: Tile) {
+        // SAFETY: the caller's contract.
+        unsafe { x86::micro(kp, a, b, tile) }
+    }
+}
+
+/// [`Kernel16::Avx512Fma`]: one float32 per word, widened from bfloat16 or (`F16`)
+/// float16; FMA tiles.
+struct Wide<const F16: bool>;
+
+impl<const F16: bool> Format for Wide<F16> {
+    const STEP: usize = 1;
+
+    unsafe fn pack<const W: usize>(
+        x: &[u16],
+        o: usize,
+        ls: usize,
+        qs: usize,
+        k: usize,
+        h: usize,
+        dst: &mut [u32],
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe { pack_wide::<W, F16>(x, o, ls, qs, k, h, dst) }
+    }
+
+    unsafe fn micro(kp: usize, a: &[u32], b: &[u32], tile: Tile) {
+        // SAFETY: the caller's contract.
+        unsafe { x86::micro_fma::<F16>(kp, a, b, tile) }
     }
 }
 
 // ----- the product ----------------------------------------------------------------------
 
-/// One bfloat16 product job: `out[i] = beta · input[i] + alpha · A_i @ B_i` for each
+/// One 16-bit product job: `out[i] = beta · input[i] + alpha · A_i @ B_i` for each
 /// batch entry (or one output summed over the batch when `reduce`).
-pub(super) struct Job<'a> {
+pub(super) struct Job<'a, T> {
     pub m: usize,
     pub n: usize,
     pub k: usize,
-    pub a: &'a [bf16],
+    pub a: &'a [T],
     pub sa: &'a Side,
-    pub b: &'a [bf16],
+    pub b: &'a [T],
     pub sb: &'a Side,
     pub reduce: bool,
     /// The input term, row-major like the output, when `beta != 0`.
@@ -176,18 +307,36 @@ pub(super) struct Job<'a> {
     pub alpha: f32,
 }
 
-/// Multiply into `out` (row-major, `batch·m·n` or `m·n` elements, all written).
+/// Multiply into `out` (row-major, `batch·m·n` or `m·n` elements, all written) on
+/// `kernel` (one of the packing kernels, as [`chosen`] returns).
 ///
 /// [`amp_tensor::Error::OutOfMemory`] when the pack buffers cannot be allocated (`out`
 /// is then not written in full).
 ///
 /// # Panics
-/// If an operand's matrices do not lie inside its buffer, or the CPU lacks AVX-512 BF16.
-pub(super) fn product(job: &Job<'_>, out: &mut [MaybeUninit<bf16>]) -> Result<()> {
+/// If an operand's matrices do not lie inside its buffer, or the CPU cannot run
+/// `kernel` on `T`.
+pub(super) fn product<T: Half>(
+    kernel: Kernel16,
+    job: &Job<'_, T>,
+    out: &mut [MaybeUninit<T>],
+) -> Result<()> {
     assert!(
-        has_avx512_bf16(),
-        "the AVX-512 BF16 kernel needs avx512_bf16"
+        kernel.supports(T::DTYPE) && kernel != Kernel16::Widened,
+        "the {} kernel cannot run {} products on this CPU",
+        kernel.name(),
+        T::DTYPE
     );
+    match (kernel, T::F16) {
+        (Kernel16::Avx512Bf16, _) => batched::<T, Pairs>(job, out),
+        (_, false) => batched::<T, Wide<false>>(job, out),
+        (_, true) => batched::<T, Wide<true>>(job, out),
+    }
+}
+
+/// [`product`] on the format `F`: the batch entries one after another (each split over
+/// the threads), or spread over the threads when each is small.
+fn batched<T: Half, F: Format>(job: &Job<'_, T>, out: &mut [MaybeUninit<T>]) -> Result<()> {
     let (m, n, k) = (job.m, job.n, job.k);
     super::check_bounds(job.a, job.sa, m, k);
     super::check_bounds(job.b, job.sb, k, n);
@@ -196,7 +345,7 @@ pub(super) fn product(job: &Job<'_>, out: &mut [MaybeUninit<bf16>]) -> Result<()
     let segments = |i: usize| (job.sa.offsets[i], job.sb.offsets[i]);
     if job.reduce {
         let segs: Vec<_> = try_collect(batch, (0..batch).map(segments))?;
-        return single(job, &segs, out, job.input, true);
+        return single::<T, F>(job, &segs, out, job.input, true);
     }
     let threads = rayon::current_num_threads();
     if batch == 1
@@ -206,13 +355,13 @@ pub(super) fn product(job: &Job<'_>, out: &mut [MaybeUninit<bf16>]) -> Result<()
     {
         for (i, o) in out.chunks_mut(mn).enumerate().take(batch) {
             let input = job.input.map(|v| &v[i * mn..(i + 1) * mn]);
-            single(job, &[segments(i)], o, input, true)?;
+            single::<T, F>(job, &[segments(i)], o, input, true)?;
         }
     } else {
         let failed = FirstError::new();
         amp_tensor::parallel::for_each_chunk_mut(&mut out[..batch * mn], mn, &|i, o| {
             let input = job.input.map(|v| &v[i * mn..(i + 1) * mn]);
-            failed.record(single(job, &[segments(i)], o, input, false));
+            failed.record(single::<T, F>(job, &[segments(i)], o, input, false));
         });
         failed.into_result()?;
     }
@@ -221,10 +370,10 @@ pub(super) fn product(job: &Job<'_>, out: &mut [MaybeUninit<bf16>]) -> Result<()
 
 /// One output matrix: `out = input + alpha · Σ_s A_s @ B_s` over the segments `s`
 /// (storage offsets of `A` and `B`), all sums in registers, rounded once.
-fn single(
-    job: &Job<'_>,
+fn single<T: Half, F: Format>(
+    job: &Job<'_, T>,
     segs: &[(usize, usize)],
-    out: &mut [MaybeUninit<bf16>],
+    out: &mut [MaybeUninit<T>],
     input: Option<&[f32]>,
     parallel: bool,
 ) -> Result<()> {
@@ -232,8 +381,9 @@ fn single(
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let kp_seg = k.div_ceil(2);
+    let kp_seg = k.div_ceil(F::STEP);
     let kp = kp_seg * segs.len();
+    let (xa, xb) = (T::bits(job.a), T::bits(job.b));
     let strips = n.div_ceil(NR);
     let strip_len = kp * NR;
     let work = m * n * k * segs.len();
@@ -260,7 +410,7 @@ fn single(
         for (seg, d) in segs.iter().zip(dst.chunks_mut(kp_seg * NR)) {
             // SAFETY: the operands lie in their buffers (checked by `product`); the
             // strip reads columns `j0..j0+w` and inner rows `0..k` of matrix `seg`.
-            unsafe { pack::<NR>(job.b, seg.1 + j0 * job.sb.cs, job.sb.cs, job.sb.rs, k, w, d) };
+            unsafe { F::pack::<NR>(xb, seg.1 + j0 * job.sb.cs, job.sb.cs, job.sb.rs, k, w, d) };
         }
     })?;
     let dst = SendPtr(out.as_mut_ptr().cast::<u16>());
@@ -279,7 +429,7 @@ fn single(
             let h = MR.min(m - r0);
             for (seg, d) in segs.iter().zip(d.chunks_mut(kp_seg * MR)) {
                 // SAFETY: as for the strips: rows `r0..r0+h`, inner columns `0..k`.
-                unsafe { pack::<MR>(job.a, seg.0 + r0 * job.sa.rs, job.sa.rs, job.sa.cs, k, h, d) };
+                unsafe { F::pack::<MR>(xa, seg.0 + r0 * job.sa.rs, job.sa.rs, job.sa.cs, k, h, d) };
             }
         }
         // The group's strips, each row block starting at its own one, so that workers
@@ -304,10 +454,10 @@ fn single(
                     alpha: job.alpha,
                 };
                 let ap = &apack[pi * panel_len..(pi + 1) * panel_len];
-                // SAFETY: the CPU has AVX-512 BF16 (asserted by `product`); both packs
-                // hold `kp` pairs of the tile's rows and columns; the tile lies in
+                // SAFETY: the CPU runs this format (asserted by `product`); both packs
+                // hold `kp` words of the tile's rows and columns; the tile lies in
                 // `out` (and `input`, same layout).
-                unsafe { x86::micro(kp, ap, bs, tile) };
+                unsafe { F::micro(kp, ap, bs, tile) };
             }
         }
         give_pack(apack);
@@ -386,16 +536,13 @@ fn pair(lo: u16, hi: u16) -> u32 {
     lo as u32 | (hi as u32) << 16
 }
 
-/// Pack `h ≤ W` lines of an operand panel (line `r`, inner index `q` at
-/// `x[o + r·ls + q·qs]`) into `dst` (`k.div_ceil(2)·W` words): pair `p` of line `r` at
-/// `dst[p·W + r]`; lines `h..W` and the odd half of a last pair are zero. An `A` panel's
-/// lines are its `MR` rows (`ls, qs = rs, cs`), a `B` strip's its `NR` columns
-/// (`ls, qs = cs, rs`).
+/// [`Format::pack`] for [`Pairs`]: pair `p` of a line holds inner indices `2p`
+/// (low half) and `2p + 1`.
 ///
 /// # Safety
-/// Every index `o + r·ls + q·qs` (`r < h`, `q < k`) lies inside `x`.
-unsafe fn pack<const W: usize>(
-    x: &[bf16],
+/// As [`Format::pack`]; the CPU has AVX-512 F/BW/VL.
+unsafe fn pack_pairs<const W: usize>(
+    x: &[u16],
     o: usize,
     ls: usize,
     qs: usize,
@@ -406,7 +553,7 @@ unsafe fn pack<const W: usize>(
     debug_assert!(h <= W);
     let kp = k.div_ceil(2);
     let dst = &mut dst[..kp * W];
-    let src = x.as_ptr().cast::<u16>();
+    let src = x.as_ptr();
     // SAFETY: every (r, q) read below is inside `x` (the caller's contract).
     let at = |r: usize, q: usize| unsafe { *src.add(o + r * ls + q * qs) };
     let full = k / 2;
@@ -460,6 +607,62 @@ unsafe fn pack<const W: usize>(
     }
 }
 
+/// [`Format::pack`] for [`Wide`]: word `p` of a line is inner index `p` widened to
+/// float32 (from float16 when `F16`, else from bfloat16).
+///
+/// # Safety
+/// As [`Format::pack`]; the CPU has AVX-512 F/BW/VL.
+unsafe fn pack_wide<const W: usize, const F16: bool>(
+    x: &[u16],
+    o: usize,
+    ls: usize,
+    qs: usize,
+    k: usize,
+    h: usize,
+    dst: &mut [u32],
+) {
+    debug_assert!(h <= W);
+    let dst = &mut dst[..k * W];
+    let src = x.as_ptr();
+    let widen = |b: u16| {
+        if F16 {
+            f16::from_bits(b).to_f32().to_bits()
+        } else {
+            (b as u32) << 16
+        }
+    };
+    // SAFETY: every (r, q) read below is inside `x` (the caller's contract).
+    let at = |r: usize, q: usize| unsafe { *src.add(o + r * ls + q * qs) };
+    let mut done = 0;
+    if qs == 1 {
+        // Lines contiguous along the inner index (a row-major `A`, a column-major `B`):
+        // blocks of 16 inner indices of every line are widened and transposed in
+        // registers.
+        let blocks = k / 16;
+        for qb in 0..blocks {
+            // SAFETY: lines `0..h`, inner indices `16qb..16qb+16 ≤ k` lie inside `x`;
+            // `dst` holds words up to `k`.
+            unsafe {
+                x86::transpose_wide::<W, F16>(src.add(o + 16 * qb), ls, h, &mut dst[16 * qb * W..])
+            };
+        }
+        done = 16 * blocks;
+    } else if ls == 1 {
+        // Neighbouring lines contiguous (a column-major `A`, a row-major `B`): the `h`
+        // lines at one inner index are one (masked) load, widened.
+        // SAFETY: lines `0..h` at inner indices `0..k` lie inside `x`; `dst` holds `k`
+        // words per line.
+        unsafe { x86::widen_lines::<W, F16>(src.add(o), qs, h, k, dst) };
+        done = k;
+    }
+    // Any strides, and the last inner indices of the first case: one value at a time.
+    for q in done..k {
+        for r in 0..W {
+            dst[q * W + r] = if r < h { widen(at(r, q)) } else { 0 };
+        }
+    }
+}
+
 // ----- pack buffers ---------------------------------------------------------------------
 
 thread_local! {
@@ -499,14 +702,14 @@ mod x86 {
     use std::arch::x86_64::*;
 
     /// One output tile: the `MR × NR` float32 sums of `A_panel @ B_strip` over `kp`
-    /// pairs in 24 registers (one broadcast pair of `A` against two registers of `B`
+    /// pairs in `2·MR` registers (one broadcast pair of `A` against two registers of `B`
     /// per row and pair), then `alpha`, the input term and the rounding to bfloat16
     /// (PyTorch's: nearest even, NaN as `0x7FC0`), stored with masks at the edges.
     ///
     /// # Safety
     /// The CPU has AVX-512 F/BW/BF16; `a` holds `kp·MR` words, `b` `kp·NR`; the tile's
     /// rows and columns lie in the output (and the input) buffer.
-    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
     pub(super) unsafe fn micro(kp: usize, a: &[u32], b: &[u32], tile: Tile) {
         assert!(a.len() >= kp * MR && b.len() >= kp * NR);
         assert!(tile.rows <= MR && tile.cols <= NR);
@@ -526,20 +729,60 @@ mod x86 {
                 }
             }
         }
-        let (alpha, beta) = (_mm512_set1_ps(tile.alpha), _mm512_set1_ps(tile.beta));
-        let masks = [lanes(tile.cols), lanes(tile.cols.saturating_sub(16))];
-        for (r, acc) in acc.iter().enumerate() {
-            if r >= tile.rows {
-                break;
-            }
-            for (half, (&sum, &mask)) in acc.iter().zip(&masks).enumerate() {
-                let at = r * tile.ld + 16 * half;
-                let mut v = sum;
-                if tile.alpha != 1.0 {
-                    v = _mm512_mul_ps(v, alpha);
+        // SAFETY: the tile lies in the output (the caller's contract).
+        unsafe { store_tile::<false>(&acc, &tile) }
+    }
+
+    /// One output tile on FMAs: the `MR × NR` float32 sums of `A_panel @ B_strip` over
+    /// `kp` inner indices (one float32 per word) in `2·MR` registers, then as [`micro`],
+    /// rounded to float16 when `F16`, else to bfloat16.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/VL and FMA; `a` holds `kp·MR` words, `b` `kp·NR`; the
+    /// tile's rows and columns lie in the output (and the input) buffer.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+    pub(super) unsafe fn micro_fma<const F16: bool>(kp: usize, a: &[u32], b: &[u32], tile: Tile) {
+        assert!(a.len() >= kp * MR && b.len() >= kp * NR);
+        assert!(tile.rows <= MR && tile.cols <= NR);
+        let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+        let (pa, pb) = (a.as_ptr().cast::<f32>(), b.as_ptr().cast::<f32>());
+        for p in 0..kp {
+            // SAFETY: `p·NR + 32 ≤ kp·NR` and `p·MR + MR ≤ kp·MR` words (asserted).
+            unsafe {
+                let b0 = _mm512_loadu_ps(pb.add(p * NR));
+                let b1 = _mm512_loadu_ps(pb.add(p * NR + 16));
+                let ar = pa.add(p * MR);
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let av = _mm512_set1_ps(*ar.add(r));
+                    acc[0] = _mm512_fmadd_ps(av, b0, acc[0]);
+                    acc[1] = _mm512_fmadd_ps(av, b1, acc[1]);
                 }
-                // SAFETY: the masked lanes are columns `< cols` of row `r < rows`.
-                unsafe {
+            }
+        }
+        // SAFETY: the tile lies in the output (the caller's contract).
+        unsafe { store_tile::<F16>(&acc, &tile) }
+    }
+
+    /// Apply `alpha` and the input term to a tile's sums and store the rows and columns
+    /// inside the tile, rounded to float16 when `F16`, else to bfloat16.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/VL (the caller is compiled with them); the tile lies in
+    /// the output (and the input) buffer.
+    #[inline(always)]
+    unsafe fn store_tile<const F16: bool>(acc: &[[__m512; 2]; MR], tile: &Tile) {
+        // SAFETY: register-only intrinsics, and masked loads and stores of the tile's
+        // own rows and columns (the caller's contract).
+        unsafe {
+            let (alpha, beta) = (_mm512_set1_ps(tile.alpha), _mm512_set1_ps(tile.beta));
+            let masks = [lanes(tile.cols), lanes(tile.cols.saturating_sub(16))];
+            for (r, acc) in acc.iter().enumerate().take(tile.rows) {
+                for (half, (&sum, &mask)) in acc.iter().zip(&masks).enumerate() {
+                    let at = r * tile.ld + 16 * half;
+                    let mut v = sum;
+                    if tile.alpha != 1.0 {
+                        v = _mm512_mul_ps(v, alpha);
+                    }
                     if let Some(input) = tile.input {
                         let mut i = _mm512_maskz_loadu_ps(mask, input.add(at));
                         if tile.beta != 1.0 {
@@ -547,7 +790,12 @@ mod x86 {
                         }
                         v = _mm512_add_ps(i, v);
                     }
-                    _mm512_mask_cvtepi32_storeu_epi16(tile.out.add(at).cast(), mask, round(v));
+                    let bits = if F16 {
+                        _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v)
+                    } else {
+                        _mm512_cvtepi32_epi16(round(v))
+                    };
+                    _mm256_mask_storeu_epi16(tile.out.add(at).cast(), mask, bits);
                 }
             }
         }
@@ -687,6 +935,84 @@ mod x86 {
             }
         }
     }
+
+    /// 16 float16 (`F16`) or bfloat16 values widened to float32.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F (the caller is compiled with it).
+    #[inline(always)]
+    unsafe fn widen<const F16: bool>(x: __m256i) -> __m512i {
+        // SAFETY: register-only AVX-512F intrinsics (the caller's contract).
+        unsafe {
+            if F16 {
+                _mm512_castps_si512(_mm512_cvtph_ps(x))
+            } else {
+                _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(x))
+            }
+        }
+    }
+
+    /// 16 inner indices of `h ≤ W` contiguous lines (line `r` at `src + r·ls`, 16
+    /// values) widened into `dst[q·W + r]`, `q < 16`, lines `h..W` zero: per 16 lines,
+    /// one register transpose.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/VL; the lines are readable; `dst` holds `16·W` words.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) unsafe fn transpose_wide<const W: usize, const F16: bool>(
+        src: *const u16,
+        ls: usize,
+        h: usize,
+        dst: &mut [u32],
+    ) {
+        assert!(dst.len() >= 16 * W && h <= W);
+        for c in 0..W.div_ceil(16) {
+            let mut l = [_mm512_setzero_si512(); 16];
+            for (i, l) in l.iter_mut().enumerate().take(h.saturating_sub(16 * c)) {
+                // SAFETY: line `16c + i < h`, 16 values (the caller's contract).
+                *l = unsafe { widen::<F16>(_mm256_loadu_si256(src.add((16 * c + i) * ls).cast())) };
+            }
+            // SAFETY: registers only.
+            let t = unsafe { transpose16(l) };
+            let store = lanes(W - 16 * c);
+            for (q, t) in t.iter().enumerate() {
+                // SAFETY: words `q·W + 16c ..` up to `q·W + W` of `dst` (asserted).
+                unsafe {
+                    _mm512_mask_storeu_epi32(dst.as_mut_ptr().add(q * W + 16 * c).cast(), store, *t)
+                };
+            }
+        }
+    }
+
+    /// `k` inner indices of `h ≤ W` neighbouring lines (inner index `q` of line `r` at
+    /// `src + q·qs + r`) widened into `dst[q·W + r]`, lines `h..W` zero: per 16 lines,
+    /// one masked load.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/VL; the first `h` lines at each inner index are
+    /// readable; `dst` holds `k·W` words.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) unsafe fn widen_lines<const W: usize, const F16: bool>(
+        src: *const u16,
+        qs: usize,
+        h: usize,
+        k: usize,
+        dst: &mut [u32],
+    ) {
+        assert!(dst.len() >= k * W && h <= W);
+        // SAFETY: the caller's contract; the masked loads read lines `< h`, the masked
+        // stores write words `< W` of inner index `q`.
+        unsafe {
+            for q in 0..k {
+                let line = src.add(q * qs);
+                for c in 0..W.div_ceil(16) {
+                    let x = _mm256_maskz_loadu_epi16(chunk_lanes(h, c), line.add(16 * c).cast());
+                    let d = dst.as_mut_ptr().add(q * W + 16 * c);
+                    _mm512_mask_storeu_epi32(d.cast(), lanes(W - 16 * c), widen::<F16>(x));
+                }
+            }
+        }
+    }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -717,5 +1043,31 @@ mod x86 {
         _: &mut [u32],
     ) {
         unreachable!("AVX-512 BF16 kernel on a non-x86 CPU")
+    }
+
+    /// Never called, as above.
+    pub(super) unsafe fn micro_fma<const F16: bool>(_: usize, _: &[u32], _: &[u32], _: Tile) {
+        unreachable!("AVX-512 kernel on a non-x86 CPU")
+    }
+
+    /// Never called, as above.
+    pub(super) unsafe fn transpose_wide<const W: usize, const F16: bool>(
+        _: *const u16,
+        _: usize,
+        _: usize,
+        _: &mut [u32],
+    ) {
+        unreachable!("AVX-512 kernel on a non-x86 CPU")
+    }
+
+    /// Never called, as above.
+    pub(super) unsafe fn widen_lines<const W: usize, const F16: bool>(
+        _: *const u16,
+        _: usize,
+        _: usize,
+        _: usize,
+        _: &mut [u32],
+    ) {
+        unreachable!("AVX-512 kernel on a non-x86 CPU")
     }
 }
