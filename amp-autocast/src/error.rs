@@ -5,6 +5,7 @@ use amp_tensor::DType;
 
 /// What autocast refuses.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum AutocastError {
     /// A region asked for a dtype the device type cannot autocast to.
     #[error("In {} autocast, but the target dtype {dtype} is not supported. {} Autocast only supports dtypes of {supported} currently.", .device.title(), .device.title())]
@@ -20,6 +21,6 @@ pub enum AutocastError {
 
 impl From<AutocastError> for amp_autograd::Error {
     fn from(e: AutocastError) -> Self {
-        amp_autograd::Error::Layer(e.to_string())
+        amp_autograd::Error::Layer(amp_tensor::SharedError::new(e))
     }
 }

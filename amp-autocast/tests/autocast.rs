@@ -323,6 +323,13 @@ fn cuda_policies_via_the_pure_decision() {
     assert!(e.to_string().starts_with(
         "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast."
     ));
+    // Reaching the user through autograd, the refusal keeps its type, not only its text.
+    let through = amp_autograd::Error::from(e.clone());
+    assert_eq!(through.to_string(), e.to_string());
+    let amp_autograd::Error::Layer(layer) = &through else {
+        panic!("an autocast refusal is a layer error: {through:?}")
+    };
+    assert_eq!(layer.downcast_ref::<AutocastError>(), Some(&e));
     // fp32_set_opt_dtype (torch-2.15's cuda sum): no cast, but dtype=float32 unless given
     let t = Profile::torch_2_15();
     let plan = decide(

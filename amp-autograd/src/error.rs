@@ -5,6 +5,7 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 /// What can go wrong computing or differentiating.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// An error from the tensor or kernel layer (shape, dtype, device, ...).
     #[error(transparent)]
@@ -27,9 +28,10 @@ pub enum Error {
     /// A gradient of the wrong shape or dtype was given or produced.
     #[error("{0}")]
     BadGradient(String),
-    /// A dispatch layer (e.g. autocast) refused the op.
-    #[error("{0}")]
-    Layer(String),
+    /// A dispatch layer (e.g. autocast) refused the op: the layer's own error, kept
+    /// whole (`downcast_ref` recovers it, e.g. as `amp_autocast::AutocastError`).
+    #[error(transparent)]
+    Layer(amp_tensor::SharedError),
     /// A custom function's forward or backward failed.
     #[error("{0}")]
     Custom(String),
@@ -39,5 +41,26 @@ impl Error {
     /// Shorthand for an invalid-argument tensor error.
     pub fn invalid(op: &'static str, msg: impl Into<String>) -> Self {
         Error::Tensor(amp_tensor::Error::invalid(op, msg))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, PartialEq, thiserror::Error)]
+    #[error("refused: {0}")]
+    struct Refusal(u8);
+
+    #[test]
+    fn a_layer_error_keeps_its_type_and_text() {
+        let e = Error::Layer(amp_tensor::SharedError::new(Refusal(7)));
+        assert_eq!(e.to_string(), "refused: 7");
+        let Error::Layer(layer) = &e else {
+            unreachable!()
+        };
+        assert_eq!(layer.downcast_ref::<Refusal>(), Some(&Refusal(7)));
+        assert!(layer.downcast_ref::<std::fmt::Error>().is_none());
+        assert_eq!(e.clone(), e);
     }
 }

@@ -10,6 +10,7 @@ pub type Result<T> = std::result::Result<T, Error>;
 /// Messages name the offending values; where PyTorch has a message for the same
 /// situation its wording is followed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// Two shapes that must agree (or broadcast) do not. With a hint (PyTorch's own text for
     /// the case, e.g. a broadcasting failure), the hint is the message.
@@ -58,12 +59,14 @@ pub enum Error {
     /// The device cannot be used (no driver, no library, feature not compiled in).
     #[error("device {device} is unavailable: {reason}")]
     DeviceUnavailable { device: Device, reason: String },
-    /// A device call failed (a CUDA driver, NVRTC or cuBLAS error, out of memory, ...).
-    #[error("{op} on {device} failed: {msg}")]
+    /// A device call failed (a CUDA driver, NVRTC or cuBLAS error, out of memory, ...):
+    /// the library's own error is the `source`.
+    #[error("{op} on {device} failed: {source}")]
     DeviceFailure {
         op: &'static str,
         device: Device,
-        msg: String,
+        #[source]
+        source: SharedError,
     },
     /// Any other invalid argument, with the op and a sentence saying what is wrong.
     #[error("{op}: {msg}")]
@@ -109,5 +112,43 @@ impl Error {
             rhs: rhs.to_vec(),
             hint: None,
         }
+    }
+}
+
+/// An error of another library or layer (a CUDA driver error, an autocast refusal, ...)
+/// kept as its own type behind a shared pointer, so that the error enums holding it stay
+/// `Clone`: shown as it shows itself, its `source` chain intact, recovered with
+/// [`SharedError::downcast_ref`].
+#[derive(Debug, Clone)]
+pub struct SharedError(std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>);
+
+impl SharedError {
+    /// Keep `e`.
+    pub fn new(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        SharedError(std::sync::Arc::new(e))
+    }
+
+    /// The error as `E`, when it is one.
+    pub fn downcast_ref<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        self.0.downcast_ref()
+    }
+}
+
+impl std::fmt::Display for SharedError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for SharedError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+/// Two shared errors are equal when they are the same error or show the same text.
+impl PartialEq for SharedError {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0) || self.0.to_string() == other.0.to_string()
     }
 }

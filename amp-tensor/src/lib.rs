@@ -45,7 +45,7 @@ pub use convert::{
 pub use device::{Device, DeviceType};
 pub use dtype::{promote_types, result_type, Category, DType, Operand, Scalar};
 pub use element::{Element, Kind, ZeroBits};
-pub use error::{Error, Result};
+pub use error::{Error, Result, SharedError};
 pub use layout::{Layout, StridedOffsets};
 pub use random::Generator;
 pub use shape::{broadcast_shapes, wrap_dim, Dim, Shape};

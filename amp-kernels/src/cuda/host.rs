@@ -11,7 +11,7 @@ use amp_tensor::cuda::cudarc::driver::{
 };
 use amp_tensor::cuda::cudarc::nvrtc::{self, CompileOptions, Ptx};
 use amp_tensor::cuda::{device_context, driver_error, CudaStorage, DeviceContext, Library};
-use amp_tensor::{CpuStorage, DType, Device, Error, Layout, Result};
+use amp_tensor::{CpuStorage, DType, Device, Error, Layout, Result, SharedError};
 
 use super::sources::{Module, BINARY_OPS, MODULES, REDUCE_OPS, UNARY_OPS};
 
@@ -34,19 +34,25 @@ pub fn compile_module(module: &Module, arch: &str) -> Result<String> {
         ..Default::default()
     };
     let ptx = nvrtc::compile_ptx_with_opts(module.source(), opts).map_err(|e| {
-        let msg = match &e {
-            nvrtc::CompileError::CompileError { log, .. } => {
-                format!("{e:?}\n{}", log.to_string_lossy())
-            }
-            _ => format!("{e:?}"),
+        let log = match &e {
+            nvrtc::CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
+            _ => String::new(),
         };
         Error::DeviceFailure {
             op: "nvrtcCompileProgram",
             device: Device::Cuda(0),
-            msg,
+            source: SharedError::new(CompileFailure { log, source: e }),
         }
     })?;
     Ok(ptx.to_src())
+}
+
+/// An NVRTC compile error with the compiler's log (the error alone does not show it).
+#[derive(Debug, thiserror::Error)]
+#[error("{source:?}\n{log}")]
+struct CompileFailure {
+    log: String,
+    source: nvrtc::CompileError,
 }
 
 /// The PTX of `module` for `arch`, compiled once per process.
@@ -667,7 +673,7 @@ fn with_blas<R>(
         move |e: blas::CublasError| Error::DeviceFailure {
             op,
             device: dc.device,
-            msg: format!("{e:?}"),
+            source: SharedError::new(e),
         }
     };
     dc.ctx
@@ -784,7 +790,7 @@ pub fn matmul(
         .map_err(|e| Error::DeviceFailure {
             op: "cublasGemmStridedBatchedEx",
             device: dc.device,
-            msg: format!("{e:?}"),
+            source: SharedError::new(e),
         })
     })?;
     Ok(out)

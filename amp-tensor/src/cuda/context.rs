@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{CudaContext, CudaStream, DriverError};
 
 use super::Library;
-use crate::{Device, Error, Result};
+use crate::{Device, Error, Result, SharedError};
 
 /// A device's context and the stream every operation on it is queued on.
 ///
@@ -26,7 +26,7 @@ pub fn driver_error(op: &'static str, device: Device) -> impl Fn(DriverError) ->
     move |e| Error::DeviceFailure {
         op,
         device,
-        msg: e.to_string(),
+        source: SharedError::new(e),
     }
 }
 
