@@ -27,6 +27,8 @@ mod pad;
 mod pool;
 mod quantile;
 mod reduce;
+#[cfg(target_arch = "x86_64")]
+mod rows512;
 mod sample;
 mod softmax;
 mod ternary;

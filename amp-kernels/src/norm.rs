@@ -231,6 +231,30 @@ pub fn layer_norm(
     bias: Option<&Tensor>,
     eps: f64,
 ) -> Result<(Tensor, Tensor, Tensor)> {
+    layer_norm_with(x, normalized_shape, weight, bias, eps, true)
+}
+
+/// [`layer_norm`] on the portable path only (the AVX-512 kernels' reference in tests).
+#[cfg(test)]
+pub(crate) fn layer_norm_portable(
+    x: &Tensor,
+    normalized_shape: &[usize],
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f64,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    layer_norm_with(x, normalized_shape, weight, bias, eps, false)
+}
+
+/// [`layer_norm`], with the AVX-512 row kernels when `fast` (and the CPU has them).
+fn layer_norm_with(
+    x: &Tensor,
+    normalized_shape: &[usize],
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f64,
+    fast: bool,
+) -> Result<(Tensor, Tensor, Tensor)> {
     let op = "layer_norm";
     let (m, n) = ln_geometry(x, normalized_shape)?;
     check_param(op, "weight", weight, normalized_shape, "normalized_shape")?;
@@ -241,6 +265,29 @@ pub fn layer_norm(
     float_kernel!(x.dtype(), op, |T, C| {
         let w: Option<Vec<C>> = weight.map(|t| t.try_to_vec_as()).transpose()?;
         let b: Option<Vec<C>> = bias.map(|t| t.try_to_vec_as()).transpose()?;
+        #[cfg(target_arch = "x86_64")]
+        {
+            // float32, bfloat16 and float16 rows straight from the storage type.
+            let (wf, bf) = (
+                w.as_deref().and_then(|v| as_same::<C, f32>(v)),
+                b.as_deref().and_then(|v| as_same::<C, f32>(v)),
+            );
+            if fast && wf.is_some() == w.is_some() && bf.is_some() == b.is_some() {
+                let done = with_slice::<T, _>(&xc, |s| {
+                    crate::rows512::layer_norm::<T>(s, m, n, eps as f32, wf, bf)
+                })?;
+                if let Some(res) = done {
+                    let (out, mean, rstd) = res?;
+                    return Ok((
+                        Tensor::from_vec(out, x.dims().to_vec())?,
+                        Tensor::from_vec(mean, stat_shape.clone())?,
+                        Tensor::from_vec(rstd, stat_shape)?,
+                    ));
+                }
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = fast;
         let affine = |_: usize, y: &mut [C]| match (&w, &b) {
             (Some(w), Some(b)) => y
                 .iter_mut()

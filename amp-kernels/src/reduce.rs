@@ -1438,6 +1438,24 @@ pub(crate) fn map_lines<T: Element, N: Element>(
     }
 }
 
+/// Run `body(r0, block)` over blocks of whole rows of `out` (`rows` rows of `n`
+/// elements; `r0` is the block's first row): blocks of [`rows_per_task`] rows taken by
+/// the threads as they come when there are at least [`LINE_PAR_MIN`] elements, else one
+/// block on the calling thread ([`map_lines`]' split).
+pub(crate) fn for_row_blocks<T: Send>(
+    out: &mut [T],
+    rows: usize,
+    n: usize,
+    body: &(dyn Fn(usize, &mut [T]) + Sync),
+) {
+    if rows > 1 && rows * n >= LINE_PAR_MIN {
+        let per = rows_per_task(rows, n);
+        amp_tensor::parallel::for_each_chunk_mut(out, per * n, &|c, chunk| body(c * per, chunk));
+    } else {
+        body(0, out);
+    }
+}
+
 fn map_rows<T: Element, N: Element>(
     ins: &[&[T]],
     rows: usize,
@@ -1478,15 +1496,7 @@ fn map_rows<T: Element, N: Element>(
             }
         }
     };
-    if rows > 1 && rows * n >= LINE_PAR_MIN {
-        // Blocks of rows taken as the threads come.
-        let per = rows_per_task(rows, n);
-        amp_tensor::parallel::for_each_chunk_mut(&mut out, per * n, &|c, chunk| {
-            body(c * per, chunk)
-        });
-    } else {
-        body(0, &mut out);
-    }
+    for_row_blocks(&mut out, rows, n, &body);
     Ok(out)
 }
 

@@ -1,0 +1,1049 @@
+//! AVX-512 row kernels for softmax, log-softmax and layer norm that read float32,
+//! bfloat16 or float16 storage directly: 16 elements are loaded and widened in a
+//! register, the float32 math runs on it, and the result is rounded once and stored
+//! (the bfloat16 rounding of [`amp_tensor::round_to_bf16`], float16 by `vcvtps2ph`).
+//!
+//! The generic row path ([`crate::reduce::map_lines`]) widens each 16-bit row into a
+//! float32 buffer, runs the float32 line kernel and narrows the result back: two extra
+//! passes and two allocations per call, which left the 16-bit softmax at 0.75–0.9× and
+//! layer norm at 0.55–0.9× the speed of the float32 ones although they move half the
+//! bytes. The kernels here also keep their accumulators in registers (the portable
+//! layer-norm sums kept theirs on the stack) and handle the last `n % 16` elements of a
+//! row with masked loads and stores instead of scalar loops.
+//!
+//! Every result is bit for bit the one of the portable kernels compiled for AVX-512:
+//! the same operations in the same order. The sums reproduce
+//! [`crate::reduce::lane_sum`]'s 16 lanes (element `i` goes to lane `i % 16`, then the
+//! lanes are added pairwise, 8 + 8, 4 + 4, 2 + 2, 1 + 1) and `norm.rs`'s 64-lane
+//! `wide_sum`; the maximum is `lane_extreme`'s (strictly greater wins, the first NaN of
+//! the row if there is one); the exponentials are [`vmath::exp`] and
+//! [`vmath::exp_fma_checked`] written with intrinsics (checked against them in the
+//! tests).
+//!
+//! [`available`] says whether the CPU runs them (AVX-512 F/BW/DQ/VL, FMA, F16C);
+//! [`line_rows`] and [`layer_norm`] run them over a whole tensor.
+
+use std::arch::x86_64::*;
+use std::mem::MaybeUninit;
+
+use amp_tensor::half::{bf16, f16};
+use amp_tensor::{Element, Result};
+
+use crate::reduce::{as_same, as_same_mut, for_row_blocks};
+
+#[cfg(doc)]
+use crate::vmath;
+
+/// Whether the CPU has the features the kernels are compiled with.
+pub(crate) fn available() -> bool {
+    crate::vmath::has_gelu_table()
+}
+
+/// A storage type the kernels load and store 16 lanes of float32 at a time.
+///
+/// Every method is `unsafe`: the caller runs with AVX-512 F/BW/DQ/VL and F16C, and the
+/// pointer is valid for the lanes read or written (`k` lanes for the `_tail` forms,
+/// `k < 16`; the other lanes are not touched in memory).
+pub(crate) trait Lane: Copy + 'static {
+    /// `true` for float32 itself (the output can hold float32 intermediates).
+    const F32: bool;
+    /// 16 elements, widened.
+    unsafe fn load(p: *const Self) -> __m512;
+    /// `k` elements widened into the low lanes, `fill` in the others.
+    unsafe fn load_tail(p: *const Self, k: usize, fill: __m512) -> __m512;
+    /// 16 elements rounded and stored.
+    unsafe fn store(p: *mut Self, v: __m512);
+    /// The low `k` lanes rounded and stored.
+    unsafe fn store_tail(p: *mut Self, k: usize, v: __m512);
+}
+
+/// The mask of the low `k` lanes (`k < 16`).
+#[inline(always)]
+fn low(k: usize) -> __mmask16 {
+    ((1u32 << k) - 1) as __mmask16
+}
+
+impl Lane for f32 {
+    const F32: bool = true;
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m512 {
+        // SAFETY: the trait's contract.
+        unsafe { _mm512_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn load_tail(p: *const f32, k: usize, fill: __m512) -> __m512 {
+        // SAFETY: the trait's contract; masked-off lanes are not read.
+        unsafe { _mm512_mask_loadu_ps(fill, low(k), p) }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: __m512) {
+        // SAFETY: the trait's contract.
+        unsafe { _mm512_storeu_ps(p, v) }
+    }
+    #[inline(always)]
+    unsafe fn store_tail(p: *mut f32, k: usize, v: __m512) {
+        // SAFETY: the trait's contract; masked-off lanes are not written.
+        unsafe { _mm512_mask_storeu_ps(p, low(k), v) }
+    }
+}
+
+/// bfloat16 bits of 16 float32 lanes: nearest even, NaN → `0x7FC0`, as
+/// [`amp_tensor::round_to_bf16`] (and `half16`'s stores).
+///
+/// # Safety
+/// The caller runs with AVX-512 F/BW.
+#[inline(always)]
+unsafe fn narrow_bf16(r: __m512) -> __m256i {
+    // SAFETY: register-only intrinsics; the features are the caller's.
+    unsafe {
+        let bits = _mm512_castps_si512(r);
+        let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(bits), _mm512_set1_epi32(1));
+        let t = _mm512_srli_epi32::<16>(_mm512_add_epi32(
+            _mm512_add_epi32(bits, _mm512_set1_epi32(0x7FFF)),
+            lsb,
+        ));
+        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(r, r);
+        let t = _mm512_mask_mov_epi32(t, nan, _mm512_set1_epi32(0x7FC0));
+        _mm512_cvtepi32_epi16(t)
+    }
+}
+
+/// float32 lanes from 16 bfloat16 bit patterns (exact).
+///
+/// # Safety
+/// The caller runs with AVX-512 F/BW.
+#[inline(always)]
+unsafe fn widen_bf16(h: __m256i) -> __m512 {
+    // SAFETY: register-only intrinsics; the features are the caller's.
+    unsafe { _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h))) }
+}
+
+impl Lane for bf16 {
+    const F32: bool = false;
+    #[inline(always)]
+    unsafe fn load(p: *const bf16) -> __m512 {
+        // SAFETY: the trait's contract.
+        unsafe { widen_bf16(_mm256_loadu_si256(p.cast())) }
+    }
+    #[inline(always)]
+    unsafe fn load_tail(p: *const bf16, k: usize, fill: __m512) -> __m512 {
+        // SAFETY: the trait's contract; masked-off lanes are not read.
+        unsafe {
+            let v = widen_bf16(_mm256_maskz_loadu_epi16(low(k), p.cast()));
+            _mm512_mask_blend_ps(low(k), fill, v)
+        }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut bf16, v: __m512) {
+        // SAFETY: the trait's contract.
+        unsafe { _mm256_storeu_si256(p.cast(), narrow_bf16(v)) }
+    }
+    #[inline(always)]
+    unsafe fn store_tail(p: *mut bf16, k: usize, v: __m512) {
+        // SAFETY: the trait's contract; masked-off lanes are not written.
+        unsafe { _mm256_mask_storeu_epi16(p.cast(), low(k), narrow_bf16(v)) }
+    }
+}
+
+/// float16 bits of 16 float32 lanes (`vcvtps2ph`, nearest even, as `f16::from_f32`).
+///
+/// # Safety
+/// The caller runs with AVX-512F.
+#[inline(always)]
+unsafe fn narrow_f16(v: __m512) -> __m256i {
+    // SAFETY: register-only intrinsic; the feature is the caller's.
+    unsafe { _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v) }
+}
+
+impl Lane for f16 {
+    const F32: bool = false;
+    #[inline(always)]
+    unsafe fn load(p: *const f16) -> __m512 {
+        // SAFETY: the trait's contract.
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
+    }
+    #[inline(always)]
+    unsafe fn load_tail(p: *const f16, k: usize, fill: __m512) -> __m512 {
+        // SAFETY: the trait's contract; masked-off lanes are not read.
+        unsafe {
+            let v = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(low(k), p.cast()));
+            _mm512_mask_blend_ps(low(k), fill, v)
+        }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f16, v: __m512) {
+        // SAFETY: the trait's contract.
+        unsafe { _mm256_storeu_si256(p.cast(), narrow_f16(v)) }
+    }
+    #[inline(always)]
+    unsafe fn store_tail(p: *mut f16, k: usize, v: __m512) {
+        // SAFETY: the trait's contract; masked-off lanes are not written.
+        unsafe { _mm256_mask_storeu_epi16(p.cast(), low(k), narrow_f16(v)) }
+    }
+}
+
+// ----- lane math ----------------------------------------------------------------------
+
+/// `x.clamp(lo, hi)` as `f32::clamp` computes it (NaN stays NaN).
+///
+/// # Safety
+/// The caller runs with AVX-512F.
+#[inline(always)]
+unsafe fn clamp(x: __m512, lo: f32, hi: f32) -> __m512 {
+    // SAFETY: register-only intrinsics; the feature is the caller's.
+    unsafe {
+        let (lo, hi) = (_mm512_set1_ps(lo), _mm512_set1_ps(hi));
+        // `x < lo` and `x > hi` are false for NaN, which is kept.
+        let x = _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, lo), lo);
+        _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, hi), hi)
+    }
+}
+
+/// `0` where `x < lo`, `+inf` where `x > hi`, else `y`: [`vmath::exp`]'s range checks.
+///
+/// # Safety
+/// The caller runs with AVX-512F.
+#[inline(always)]
+unsafe fn exp_range(x: __m512, y: __m512, lo: f32, hi: f32) -> __m512 {
+    // SAFETY: register-only intrinsics; the feature is the caller's.
+    unsafe {
+        let y = _mm512_mask_mov_ps(
+            y,
+            _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(lo)),
+            _mm512_setzero_ps(),
+        );
+        _mm512_mask_mov_ps(
+            y,
+            _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, _mm512_set1_ps(hi)),
+            _mm512_set1_ps(f32::INFINITY),
+        )
+    }
+}
+
+/// `2^n` from `t = n + 1.5·2^23` (the low mantissa bits of `t` hold `n`).
+///
+/// # Safety
+/// The caller runs with AVX-512F.
+#[inline(always)]
+unsafe fn pow2(t: __m512) -> __m512 {
+    // SAFETY: register-only intrinsics; the feature is the caller's.
+    unsafe {
+        let b = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_set1_epi32(0x4B40_0000 - 127));
+        _mm512_castsi512_ps(_mm512_slli_epi32::<23>(b))
+    }
+}
+
+const EXP_LO: f32 = -87.336_55;
+const EXP_HI: f32 = 88.376_26;
+const MAGIC: f32 = 12_582_912.0;
+
+/// [`vmath::exp`] on 16 lanes (no fused operations), bit for bit.
+///
+/// # Safety
+/// The caller runs with AVX-512F.
+#[inline(always)]
+unsafe fn exp(x: __m512) -> __m512 {
+    // SAFETY: register-only intrinsics; the feature is the caller's.
+    unsafe {
+        let s = _mm512_set1_ps;
+        let (add, sub, mul) = (_mm512_add_ps, _mm512_sub_ps, _mm512_mul_ps);
+        let xc = clamp(x, EXP_LO, EXP_HI);
+        let t = add(mul(xc, s(std::f32::consts::LOG2_E)), s(MAGIC));
+        let n = sub(t, s(MAGIC));
+        let r = sub(sub(xc, mul(n, s(0.693_359_4))), mul(n, s(-2.121_944_4e-4)));
+        let mut p = s(1.987_569_1e-4);
+        for c in [
+            1.398_199_9e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            1.666_666_5e-1,
+            0.5,
+        ] {
+            p = add(mul(p, r), s(c));
+        }
+        let y = add(add(mul(p, mul(r, r)), r), s(1.0));
+        exp_range(x, mul(y, pow2(t)), EXP_LO, EXP_HI)
+    }
+}
+
+/// [`vmath::exp_fma_checked`] on 16 lanes, bit for bit.
+///
+/// # Safety
+/// The caller runs with AVX-512F and FMA.
+#[inline(always)]
+unsafe fn exp_fma(x: __m512) -> __m512 {
+    // SAFETY: register-only intrinsics; the features are the caller's.
+    unsafe {
+        let s = _mm512_set1_ps;
+        let fma = _mm512_fmadd_ps;
+        let xc = clamp(x, EXP_LO, EXP_HI);
+        let t = fma(xc, s(std::f32::consts::LOG2_E), s(MAGIC));
+        let n = _mm512_sub_ps(t, s(MAGIC));
+        let r = fma(n, s(-0.693_359_4), xc);
+        let r = fma(n, s(2.121_944_4e-4), r);
+        let mut p = s(1.987_569_1e-4);
+        for c in [
+            1.398_199_9e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            1.666_666_5e-1,
+            0.5,
+        ] {
+            p = fma(p, r, s(c));
+        }
+        let y = _mm512_add_ps(fma(p, _mm512_mul_ps(r, r), r), s(1.0));
+        exp_range(x, _mm512_mul_ps(y, pow2(t)), EXP_LO, EXP_HI)
+    }
+}
+
+/// The 16 lanes added pairwise as [`crate::reduce::lane_sum`] finishes: lane `k` plus
+/// lane `k + 8`, then `k + 4`, `k + 2`, `k + 1`.
+///
+/// # Safety
+/// The caller runs with AVX-512 F/DQ.
+#[inline(always)]
+unsafe fn fold16(acc: __m512) -> f32 {
+    // SAFETY: register-only intrinsics; the features are the caller's.
+    unsafe {
+        let a = _mm256_add_ps(
+            _mm512_castps512_ps256(acc),
+            _mm512_extractf32x8_ps::<1>(acc),
+        );
+        let b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+        let c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+        _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)))
+    }
+}
+
+/// The running state of a 16-lane sum over a row: element `i` goes to lane `i % 16`.
+struct Sum16(__m512);
+
+impl Sum16 {
+    /// # Safety
+    /// The caller runs with AVX-512F.
+    #[inline(always)]
+    unsafe fn new() -> Self {
+        // SAFETY: register-only intrinsic; the feature is the caller's.
+        Sum16(unsafe { _mm512_setzero_ps() })
+    }
+    /// Add 16 consecutive elements.
+    ///
+    /// # Safety
+    /// The caller runs with AVX-512F.
+    #[inline(always)]
+    unsafe fn add(&mut self, v: __m512) {
+        // SAFETY: register-only intrinsic; the feature is the caller's.
+        self.0 = unsafe { _mm512_add_ps(self.0, v) };
+    }
+    /// Add the low `k` lanes of `v` (the row's last `k` elements); the other lanes are
+    /// left as they are.
+    ///
+    /// # Safety
+    /// The caller runs with AVX-512F.
+    #[inline(always)]
+    unsafe fn add_tail(&mut self, k: usize, v: __m512) {
+        // SAFETY: register-only intrinsic; the feature is the caller's.
+        self.0 = unsafe { _mm512_mask_add_ps(self.0, low(k), self.0, v) };
+    }
+    /// The sum.
+    ///
+    /// # Safety
+    /// The caller runs with AVX-512 F/DQ.
+    #[inline(always)]
+    unsafe fn finish(self) -> f32 {
+        // SAFETY: the features are the caller's.
+        unsafe { fold16(self.0) }
+    }
+}
+
+/// `sum(g(x[i]))` over `n` elements at `x` in [`Sum16`]'s order (`lane_sum`).
+///
+/// # Safety
+/// `x` is valid for `n` reads; the caller runs with the kernels' features.
+#[inline(always)]
+unsafe fn sum16<S: Lane>(x: *const S, n: usize, g: impl Fn(__m512) -> __m512) -> f32 {
+    // SAFETY: the loads stay within `n` elements; the features are the caller's.
+    unsafe {
+        let mut acc = Sum16::new();
+        let mut i = 0;
+        while i + 16 <= n {
+            acc.add(g(S::load(x.add(i))));
+            i += 16;
+        }
+        if i < n {
+            let k = n - i;
+            acc.add_tail(k, g(S::load_tail(x.add(i), k, _mm512_setzero_ps())));
+        }
+        acc.finish()
+    }
+}
+
+/// `sum(g(x[i]))` as `norm.rs`'s `wide_sum`: [`sum16`] for rows under 256 elements,
+/// else 64 lanes (four registers; element `i` to lane `i % 64`) folded into 16 lanes in
+/// order (`((0 + a0) + a1) + a2) + a3`) and then pairwise.
+///
+/// # Safety
+/// As [`sum16`].
+#[inline(always)]
+unsafe fn wide_sum<S: Lane>(x: *const S, n: usize, g: impl Fn(__m512) -> __m512) -> f32 {
+    if n < 256 {
+        // SAFETY: the caller's contract.
+        return unsafe { sum16(x, n, g) };
+    }
+    // SAFETY: the loads stay within `n` elements; the features are the caller's.
+    unsafe {
+        let z = _mm512_setzero_ps();
+        let mut a = [z; 4];
+        let mut i = 0;
+        while i + 64 <= n {
+            for (q, a) in a.iter_mut().enumerate() {
+                *a = _mm512_add_ps(*a, g(S::load(x.add(i + 16 * q))));
+            }
+            i += 64;
+        }
+        for a in a.iter_mut() {
+            if i + 16 <= n {
+                *a = _mm512_add_ps(*a, g(S::load(x.add(i))));
+                i += 16;
+            } else if i < n {
+                let k = n - i;
+                *a = _mm512_mask_add_ps(*a, low(k), *a, g(S::load_tail(x.add(i), k, z)));
+                i = n;
+            }
+        }
+        let mut acc = Sum16::new();
+        for a in a {
+            acc.add(a);
+        }
+        acc.finish()
+    }
+}
+
+/// The maximum of the `n` elements at `x`, or the first NaN among them, as
+/// `reduce::max_nan` (16 lanes, strictly greater wins, the lanes folded in order).
+///
+/// # Safety
+/// As [`sum16`].
+#[inline(always)]
+unsafe fn max_nan<S: Lane>(x: *const S, n: usize) -> f32 {
+    // SAFETY: the loads stay within `n` elements; the features are the caller's.
+    unsafe {
+        let lowest = _mm512_set1_ps(f32::NEG_INFINITY);
+        let mut acc = lowest;
+        let mut nan: __mmask16 = 0;
+        let step = |acc: __m512, v: __m512, nan: &mut __mmask16| {
+            *nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+            _mm512_mask_mov_ps(acc, _mm512_cmp_ps_mask::<_CMP_GT_OQ>(v, acc), v)
+        };
+        let mut i = 0;
+        while i + 16 <= n {
+            acc = step(acc, S::load(x.add(i)), &mut nan);
+            i += 16;
+        }
+        if i < n {
+            // `-inf` never beats a lane, as the untouched lanes of the portable loop.
+            acc = step(acc, S::load_tail(x.add(i), n - i, lowest), &mut nan);
+        }
+        if nan != 0 {
+            return first_nan(x, n);
+        }
+        let mut lanes = [0f32; 16];
+        _mm512_storeu_ps(lanes.as_mut_ptr(), acc);
+        lanes
+            .iter()
+            .fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a })
+    }
+}
+
+/// The first NaN of the `n` elements at `x` (widened as the loads widen); there is one.
+///
+/// # Safety
+/// As [`sum16`].
+#[cold]
+#[inline(never)]
+unsafe fn first_nan<S: Lane>(x: *const S, n: usize) -> f32 {
+    let mut i = 0;
+    while i < n {
+        let k = (n - i).min(16);
+        let mut lanes = [0f32; 16];
+        // SAFETY: `k` elements from `i` are in the row; AVX-512F/BW is the caller's
+        // (this function is only called from the kernels).
+        unsafe {
+            let v = if k == 16 {
+                S::load(x.add(i))
+            } else {
+                S::load_tail(x.add(i), k, _mm512_setzero_ps())
+            };
+            _mm512_storeu_ps(lanes.as_mut_ptr(), v);
+        }
+        if let Some(v) = lanes[..k].iter().find(|v| v.is_nan()) {
+            return *v;
+        }
+        i += k;
+    }
+    f32::NAN
+}
+
+/// `out[i] = f(x[i])` over `n` elements (16 at a time, the tail masked).
+///
+/// # Safety
+/// `x` and `out` are valid for `n` elements; the caller runs with the kernels'
+/// features.
+#[inline(always)]
+unsafe fn map_row<S: Lane, D: Lane>(
+    x: *const S,
+    out: *mut D,
+    n: usize,
+    f: impl Fn(__m512, usize) -> __m512,
+) {
+    // SAFETY: the loads and stores stay within `n` elements; the features are the
+    // caller's.
+    unsafe {
+        let mut i = 0;
+        while i + 16 <= n {
+            D::store(out.add(i), f(S::load(x.add(i)), i));
+            i += 16;
+        }
+        if i < n {
+            let k = n - i;
+            D::store_tail(
+                out.add(i),
+                k,
+                f(S::load_tail(x.add(i), k, _mm512_setzero_ps()), i),
+            );
+        }
+    }
+}
+
+// ----- row kernels ----------------------------------------------------------------------
+
+/// Rows of scratch a softmax keeps on the stack (longer rows allocate once per block).
+const STACK_ROW: usize = 1024;
+
+/// Softmax of each row of `n` elements of `x` into `out` (`exp` with fused
+/// multiply-adds, as the float32 line kernel on AVX-512): `exp(x - max)` goes to a
+/// float32 row (the output itself for float32), is summed in [`Sum16`]'s order, and is
+/// multiplied by `1 / sum` while being rounded to the output.
+///
+/// # Safety
+/// The CPU has the kernels' features ([`available`]); `x.len() == out.len()`, a
+/// multiple of `n > 0`.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+pub(crate) unsafe fn softmax_rows<S: Lane>(x: &[S], out: &mut [S], n: usize) {
+    let mut stack = [MaybeUninit::<f32>::uninit(); STACK_ROW];
+    let mut heap = Vec::new();
+    let scratch: *mut f32 = if S::F32 {
+        std::ptr::null_mut()
+    } else if n <= STACK_ROW {
+        stack.as_mut_ptr().cast()
+    } else {
+        heap.resize(n, 0f32);
+        heap.as_mut_ptr()
+    };
+    for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+        let (xp, op) = (xr.as_ptr(), or.as_mut_ptr());
+        // The float32 row: the output itself when it is float32.
+        let buf: *mut f32 = if S::F32 { op.cast() } else { scratch };
+        // SAFETY: every pointer covers `n` elements (`buf` is the output row or
+        // `n <= STACK_ROW` / `heap.len() == n` elements); the features are this
+        // function's. `buf` is written before it is read back.
+        unsafe {
+            let m = _mm512_set1_ps(max_nan(xp, n));
+            let mut acc = Sum16::new();
+            let mut i = 0;
+            while i + 16 <= n {
+                let e = exp_fma(_mm512_sub_ps(S::load(xp.add(i)), m));
+                _mm512_storeu_ps(buf.add(i), e);
+                acc.add(e);
+                i += 16;
+            }
+            if i < n {
+                let k = n - i;
+                let v = S::load_tail(xp.add(i), k, _mm512_setzero_ps());
+                let e = exp_fma(_mm512_sub_ps(v, m));
+                f32::store_tail(buf.add(i), k, e);
+                acc.add_tail(k, e);
+            }
+            let inv = _mm512_set1_ps(1.0 / acc.finish());
+            map_row(buf.cast_const(), op, n, |e, _| _mm512_mul_ps(e, inv));
+        }
+    }
+}
+
+/// Log-softmax of each row: `(x - max) - ln(sum)`, the sum of `exp(x - max)` (without
+/// fused multiply-adds) taken as `FastExp::exp_shift_sum` does, in pieces of 256
+/// elements each summed in [`Sum16`]'s order, the pieces added in order.
+///
+/// # Safety
+/// As [`softmax_rows`].
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+pub(crate) unsafe fn log_softmax_rows<S: Lane>(x: &[S], out: &mut [S], n: usize) {
+    for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+        let (xp, op) = (xr.as_ptr(), or.as_mut_ptr());
+        // SAFETY: every pointer covers `n` elements; the features are this function's.
+        unsafe {
+            let mx = max_nan(xp, n);
+            let m = _mm512_set1_ps(mx);
+            let mut s = 0f32;
+            let mut j = 0;
+            while j < n {
+                let len = (n - j).min(256);
+                s += sum16(xp.add(j), len, |v| exp(_mm512_sub_ps(v, m)));
+                j += len;
+            }
+            let lse = _mm512_set1_ps(s.ln());
+            map_row(xp, op, n, |v, _| _mm512_sub_ps(_mm512_sub_ps(v, m), lse));
+        }
+    }
+}
+
+/// The softmax gradient of each row: `y * (g - sum(g * y))`, the sum in [`Sum16`]'s
+/// order.
+///
+/// # Safety
+/// As [`softmax_rows`], and `g.len() == y.len() == out.len()`.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+pub(crate) unsafe fn softmax_backward_rows<S: Lane>(g: &[S], y: &[S], out: &mut [S], n: usize) {
+    for ((gr, yr), or) in g
+        .chunks_exact(n)
+        .zip(y.chunks_exact(n))
+        .zip(out.chunks_exact_mut(n))
+    {
+        let (gp, yp, op) = (gr.as_ptr(), yr.as_ptr(), or.as_mut_ptr());
+        // SAFETY: every pointer covers `n` elements; the features are this function's.
+        unsafe {
+            // `g * y` lane by lane: the `y` row is loaded alongside.
+            let mut acc = Sum16::new();
+            let mut i = 0;
+            while i + 16 <= n {
+                acc.add(_mm512_mul_ps(S::load(gp.add(i)), S::load(yp.add(i))));
+                i += 16;
+            }
+            if i < n {
+                let (k, z) = (n - i, _mm512_setzero_ps());
+                let p = _mm512_mul_ps(S::load_tail(gp.add(i), k, z), S::load_tail(yp.add(i), k, z));
+                acc.add_tail(k, p);
+            }
+            let dot = _mm512_set1_ps(acc.finish());
+            map_row(gp, op, n, |gv, i| {
+                let yv = if i + 16 <= n {
+                    S::load(yp.add(i))
+                } else {
+                    S::load_tail(yp.add(i), n - i, _mm512_setzero_ps())
+                };
+                _mm512_mul_ps(yv, _mm512_sub_ps(gv, dot))
+            });
+        }
+    }
+}
+
+/// The log-softmax gradient of each row: `g - exp(y) * sum(g)` (`exp` without fused
+/// multiply-adds, of `y - 0` as the portable kernel computes it).
+///
+/// # Safety
+/// As [`softmax_backward_rows`].
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+pub(crate) unsafe fn log_softmax_backward_rows<S: Lane>(g: &[S], y: &[S], out: &mut [S], n: usize) {
+    for ((gr, yr), or) in g
+        .chunks_exact(n)
+        .zip(y.chunks_exact(n))
+        .zip(out.chunks_exact_mut(n))
+    {
+        let (gp, yp, op) = (gr.as_ptr(), yr.as_ptr(), or.as_mut_ptr());
+        // SAFETY: every pointer covers `n` elements; the features are this function's.
+        unsafe {
+            let s = _mm512_set1_ps(sum16(gp, n, |v| v));
+            let zero = _mm512_setzero_ps();
+            map_row(gp, op, n, |gv, i| {
+                let yv = if i + 16 <= n {
+                    S::load(yp.add(i))
+                } else {
+                    S::load_tail(yp.add(i), n - i, zero)
+                };
+                let e = exp(_mm512_sub_ps(yv, zero));
+                _mm512_sub_ps(gv, _mm512_mul_ps(e, s))
+            });
+        }
+    }
+}
+
+/// Layer norm of each row of `n` elements: `mean = wide_sum(x) / n`,
+/// `var = wide_sum((x - mean)²) / n`, `rstd = 1 / sqrt(var + eps)`, then
+/// `y = (x - mean) * rstd`, times `w` and plus `b` when given (float32, `n` each),
+/// rounded once. The statistics of row `k` go to `mean[k]`, `rstd[k]`.
+///
+/// # Safety
+/// As [`softmax_rows`]; `mean` and `rstd` hold one value per row.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+pub(crate) unsafe fn layer_norm_rows<S: Lane>(
+    x: &[S],
+    out: &mut [S],
+    n: usize,
+    eps: f32,
+    w: Option<&[f32]>,
+    b: Option<&[f32]>,
+    mean: &mut [f32],
+    rstd: &mut [f32],
+) {
+    let nc = n as f32;
+    let wp = w.map(|w| w[..n].as_ptr());
+    let bp = b.map(|b| b[..n].as_ptr());
+    for (k, (xr, or)) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)).enumerate() {
+        let (xp, op) = (xr.as_ptr(), or.as_mut_ptr());
+        // SAFETY: every pointer covers `n` elements (`w` and `b` were cut to `n`); the
+        // features are this function's.
+        unsafe {
+            let mu = wide_sum(xp, n, |v| v) / nc;
+            let muv = _mm512_set1_ps(mu);
+            let var = wide_sum(xp, n, |v| {
+                let d = _mm512_sub_ps(v, muv);
+                _mm512_mul_ps(d, d)
+            }) / nc;
+            let rs = 1.0 / (var + eps).sqrt();
+            (mean[k], rstd[k]) = (mu, rs);
+            let rsv = _mm512_set1_ps(rs);
+            let param = |p: *const f32, i: usize| {
+                if i + 16 <= n {
+                    f32::load(p.add(i))
+                } else {
+                    f32::load_tail(p.add(i), n - i, _mm512_setzero_ps())
+                }
+            };
+            map_row(xp, op, n, |v, i| {
+                let y = _mm512_mul_ps(_mm512_sub_ps(v, muv), rsv);
+                match (wp, bp) {
+                    (Some(w), Some(b)) => _mm512_add_ps(_mm512_mul_ps(y, param(w, i)), param(b, i)),
+                    (Some(w), None) => _mm512_mul_ps(y, param(w, i)),
+                    (None, Some(b)) => _mm512_add_ps(y, param(b, i)),
+                    (None, None) => y,
+                }
+            });
+        }
+    }
+}
+
+// ----- drivers --------------------------------------------------------------------------
+
+/// The line ops [`line_rows`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RowOp {
+    /// [`softmax_rows`] (`ins = [x]`).
+    Softmax,
+    /// [`log_softmax_rows`] (`ins = [x]`).
+    LogSoftmax,
+    /// [`softmax_backward_rows`] (`ins = [g, y]`).
+    SoftmaxBackward,
+    /// [`log_softmax_backward_rows`] (`ins = [g, y]`).
+    LogSoftmaxBackward,
+}
+
+/// `op` over the `rows` contiguous rows of `n > 0` elements of `ins` (each
+/// `rows * n` long, as many as `op` takes), split into blocks of rows as
+/// [`crate::reduce::map_lines`] splits them.
+fn run_rows<S: Lane + Send + Sync>(op: RowOp, ins: &[&[S]], out: &mut [S], rows: usize, n: usize) {
+    let body = |r0: usize, block: &mut [S]| {
+        let lo = r0 * n;
+        let part = |k: usize| &ins[k][lo..lo + block.len()];
+        // SAFETY: `line_rows` checked `available()`; the parts and the block have the
+        // same length, a multiple of `n > 0`.
+        unsafe {
+            match op {
+                RowOp::Softmax => softmax_rows(part(0), block, n),
+                RowOp::LogSoftmax => log_softmax_rows(part(0), block, n),
+                RowOp::SoftmaxBackward => softmax_backward_rows(part(0), part(1), block, n),
+                RowOp::LogSoftmaxBackward => log_softmax_backward_rows(part(0), part(1), block, n),
+            }
+        }
+    };
+    for_row_blocks(out, rows, n, &body);
+}
+
+/// `op` over `rows` rows of `n` elements of float32, bfloat16 or float16 storage `T`
+/// (the inputs are `rows * n` long, contiguous), straight from and to the storage type;
+/// `None` (nothing done) for other types or when the CPU lacks the features.
+pub(crate) fn line_rows<T: Element>(
+    op: RowOp,
+    ins: &[&[T]],
+    rows: usize,
+    n: usize,
+) -> Option<Result<Vec<T>>> {
+    if n == 0 || rows == 0 || !available() {
+        return None;
+    }
+    let need = match op {
+        RowOp::Softmax | RowOp::LogSoftmax => 1,
+        RowOp::SoftmaxBackward | RowOp::LogSoftmaxBackward => 2,
+    };
+    assert!(
+        ins.len() == need && ins.iter().all(|s| s.len() == rows * n),
+        "line_rows: {op:?} takes {need} inputs of {rows}x{n}"
+    );
+    macro_rules! typed {
+        ($($S:ty),*) => {$(
+            if as_same::<T, $S>(&[]).is_some() {
+                let mut out = match amp_tensor::pool::try_recycled_vec::<T>(rows * n) {
+                    Ok(v) => v,
+                    Err(e) => return Some(Err(e)),
+                };
+                let a: [&[$S]; 2] = std::array::from_fn(|k| {
+                    as_same::<T, $S>(ins.get(k).copied().unwrap_or(&[])).expect("same type")
+                });
+                let o = as_same_mut::<T, $S>(&mut out).expect("same type");
+                run_rows::<$S>(op, &a[..need], o, rows, n);
+                return Some(Ok(out));
+            }
+        )*};
+    }
+    typed!(f32, bf16, f16);
+    None
+}
+
+/// A pointer the row blocks write their statistics through (each block its own rows).
+struct Stats(*mut f32);
+// SAFETY: the blocks write disjoint elements (see `layer_norm`).
+unsafe impl Sync for Stats {}
+
+impl Stats {
+    /// Row `r`'s element (a method, so closures capture the whole `Stats`).
+    fn at(&self, r: usize) -> *mut f32 {
+        self.0.wrapping_add(r)
+    }
+}
+
+/// A layer norm's output and per-row mean and rstd.
+type Normed<T> = (Vec<T>, Vec<f32>, Vec<f32>);
+
+/// Layer norm ([`layer_norm_rows`]) of `rows` contiguous rows of `n > 0` elements of
+/// float32, bfloat16 or float16 storage `T`, with float32 `w` and `b` of `n` elements:
+/// `(output, mean, rstd)`, the blocks of rows split as `norm.rs`'s `norm_rows` splits
+/// them. `None` (nothing done) for other types or when the CPU lacks the features.
+pub(crate) fn layer_norm<T: Element>(
+    x: &[T],
+    rows: usize,
+    n: usize,
+    eps: f32,
+    w: Option<&[f32]>,
+    b: Option<&[f32]>,
+) -> Option<Result<Normed<T>>> {
+    if n == 0 || rows == 0 || !available() {
+        return None;
+    }
+    assert_eq!(x.len(), rows * n, "layer_norm: {rows}x{n} rows");
+    let run = || -> Result<Normed<T>> {
+        let mut out = amp_tensor::pool::try_recycled_vec::<T>(rows * n)?;
+        let mut mean = amp_tensor::pool::try_zeroed::<f32>(rows)?;
+        let mut rstd = amp_tensor::pool::try_zeroed::<f32>(rows)?;
+        let (mp, rp) = (Stats(mean.as_mut_ptr()), Stats(rstd.as_mut_ptr()));
+        macro_rules! typed {
+            ($($S:ty),*) => {$(
+                if let (Some(xs), Some(o)) =
+                    (as_same::<T, $S>(x), as_same_mut::<T, $S>(&mut out))
+                {
+                    let body = |r0: usize, block: &mut [$S]| {
+                        let k = block.len() / n;
+                        let xb = &xs[r0 * n..r0 * n + block.len()];
+                        // SAFETY: rows `r0..r0 + k` are this block's alone (the blocks
+                        // are disjoint), within the `rows` statistics; `available()`
+                        // was checked and the slices hold `k` rows of `n`.
+                        unsafe {
+                            let m = std::slice::from_raw_parts_mut(mp.at(r0), k);
+                            let r = std::slice::from_raw_parts_mut(rp.at(r0), k);
+                            layer_norm_rows(xb, block, n, eps, w, b, m, r);
+                        }
+                    };
+                    for_row_blocks(o, rows, n, &body);
+                }
+            )*};
+        }
+        typed!(f32, bf16, f16);
+        Ok((out, mean, rstd))
+    };
+    if [
+        as_same::<T, f32>(&[]).is_some(),
+        as_same::<T, bf16>(&[]).is_some(),
+        as_same::<T, f16>(&[]).is_some(),
+    ]
+    .contains(&true)
+    {
+        Some(run())
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 16 lanes of `xs` through a lane function (the CPU has the kernels' features).
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+    fn lanes(xs: &[f32; 16], fma: bool) -> [f32; 16] {
+        let mut out = [0f32; 16];
+        // SAFETY: 16-element arrays; the features are this function's.
+        unsafe {
+            let v = _mm512_loadu_ps(xs.as_ptr());
+            let r = if fma { exp_fma(v) } else { exp(v) };
+            _mm512_storeu_ps(out.as_mut_ptr(), r);
+        }
+        out
+    }
+
+    #[test]
+    fn lane_exps_match_the_scalar_ones_bit_for_bit() {
+        if !available() {
+            eprintln!("skipped: no AVX-512");
+            return;
+        }
+        let mut xs: Vec<f32> = (0..200_000).map(|i| -100.0 + i as f32 * 0.001_01).collect();
+        xs.extend([
+            0.0,
+            -0.0,
+            f32::NAN,
+            -f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            EXP_LO,
+            EXP_HI,
+            f32::MIN_POSITIVE,
+            -1e-40,
+        ]);
+        xs.resize(xs.len().next_multiple_of(16), 0.5);
+        for c in xs.chunks_exact(16) {
+            let c: &[f32; 16] = c.try_into().expect("16");
+            for fma in [false, true] {
+                // SAFETY: `available()` checked the features.
+                let got = unsafe { lanes(c, fma) };
+                for (&x, g) in c.iter().zip(got) {
+                    let want = if fma {
+                        crate::vmath::exp_fma_checked(x)
+                    } else {
+                        crate::vmath::exp(x)
+                    };
+                    assert_eq!(g.to_bits(), want.to_bits(), "exp({x}) fma={fma}");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod same_as_portable {
+    //! The kernels against the portable line kernels they replace, bit for bit, on
+    //! rows of every length up to 70 and around the 256 and 1024 boundaries, with
+    //! zeros of both signs, infinities and NaNs sprinkled in.
+    use super::*;
+    use crate::reduce::map_lines;
+    use crate::softmax::{
+        log_softmax_backward_line, log_softmax_line, softmax_backward_line, softmax_line,
+    };
+
+    fn data(len: usize, seed: u32, specials: bool) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(12_345);
+        (0..len)
+            .map(|i| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                let u = (s >> 8) as f32 / (1u32 << 24) as f32;
+                match (specials, i % 97) {
+                    (true, 5) => f32::NAN,
+                    (true, 11) => -0.0,
+                    (true, 13) => 0.0,
+                    (true, 17) => f32::NEG_INFINITY,
+                    (true, 19) => f32::INFINITY,
+                    _ => (u - 0.5) * 12.0,
+                }
+            })
+            .collect()
+    }
+
+    /// The bits of each value, every NaN as one pattern: which NaN an operation on
+    /// NaNs gives depends on the operand order the compiler picks (LLVM treats `+` and
+    /// `*` as commutative), in the portable kernels as much as here.
+    fn bits<T: Element>(v: &[T]) -> Vec<u64> {
+        v.iter()
+            .map(|x| x.to_f64())
+            .map(|x| if x.is_nan() { u64::MAX } else { x.to_bits() })
+            .collect()
+    }
+
+    fn lengths() -> Vec<usize> {
+        let mut v: Vec<usize> = (1..=70).collect();
+        v.extend([127, 128, 129, 255, 256, 257, 300, 1023, 1024, 1025, 1100]);
+        v
+    }
+
+    fn check<T: Element>(from: fn(f32) -> T) {
+        let rows = 3;
+        for n in lengths() {
+            for specials in [false, true] {
+                let x: Vec<T> = data(rows * n, n as u32, specials)
+                    .into_iter()
+                    .map(from)
+                    .collect();
+                let g: Vec<T> = data(rows * n, 7 + n as u32, false)
+                    .into_iter()
+                    .map(from)
+                    .collect();
+                let geom = (rows, n, 1);
+                let want = |ins: &[&[T]], f: fn(&[&[f32]], &mut [f32])| {
+                    map_lines::<T, f32>(ins, geom, f).expect("portable")
+                };
+                let got =
+                    |op, ins: &[&[T]]| line_rows(op, ins, rows, n).expect("kernel").expect("alloc");
+                let y = want(&[&x], softmax_line::<f32>);
+                assert_eq!(bits(&got(RowOp::Softmax, &[&x])), bits(&y), "softmax n={n}");
+                let ly = want(&[&x], log_softmax_line::<f32>);
+                assert_eq!(
+                    bits(&got(RowOp::LogSoftmax, &[&x])),
+                    bits(&ly),
+                    "log_softmax n={n}"
+                );
+                assert_eq!(
+                    bits(&got(RowOp::SoftmaxBackward, &[&g, &y])),
+                    bits(&want(&[&g, &y], softmax_backward_line::<f32>)),
+                    "softmax_backward n={n}"
+                );
+                assert_eq!(
+                    bits(&got(RowOp::LogSoftmaxBackward, &[&g, &ly])),
+                    bits(&want(&[&g, &ly], log_softmax_backward_line::<f32>)),
+                    "log_softmax_backward n={n}"
+                );
+                let w: Vec<f32> = data(n, 3, false);
+                let b: Vec<f32> = data(n, 4, false);
+                let xt = amp_tensor::Tensor::from_vec(x.clone(), vec![rows, n]).expect("x");
+                let wt = amp_tensor::Tensor::from_vec(w.clone(), vec![n]).expect("w");
+                let bt = amp_tensor::Tensor::from_vec(b.clone(), vec![n]).expect("b");
+                for (wo, bo) in [
+                    (None, None),
+                    (Some(&wt), None),
+                    (None, Some(&bt)),
+                    (Some(&wt), Some(&bt)),
+                ] {
+                    let (o, m, r) = crate::norm::layer_norm_portable(&xt, &[n], wo, bo, 1e-5)
+                        .expect("portable");
+                    let (o2, m2, r2) =
+                        layer_norm::<T>(&x, rows, n, 1e-5, wo.map(|_| &w[..]), bo.map(|_| &b[..]))
+                            .expect("kernel")
+                            .expect("alloc");
+                    let tb = |t: &amp_tensor::Tensor| bits(&t.try_to_vec_as::<f64>().expect("vec"));
+                    assert_eq!(tb(&o), bits(&o2), "layer_norm n={n}");
+                    assert_eq!(tb(&m), bits(&m2), "layer_norm mean n={n}");
+                    assert_eq!(tb(&r), bits(&r2), "layer_norm rstd n={n}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_kernel_matches_the_portable_one() {
+        if !available() {
+            eprintln!("skipped: no AVX-512");
+            return;
+        }
+        check::<f32>(|v| v);
+        check::<bf16>(amp_tensor::round_to_bf16);
+        check::<f16>(f16::from_f32);
+    }
+}
