@@ -414,7 +414,7 @@ fn bad_shapes_and_dtypes_are_errors() {
 }
 
 /// The benchmark workload's kernels (forward, input grad, weight grad), timed.
-/// `cargo test -p amp-kernels --release --test conv -- --ignored --nocapture`
+/// `cargo test -p amp-kernels --release --test kernels conv:: -- --ignored --nocapture`
 #[test]
 #[ignore]
 fn timing_conv2d_64x64_3x3_batch32() {

@@ -1,5 +1,5 @@
 //! Timings of the hot kernels (ignored by default; run with
-//! `cargo test -p amp-kernels --release --test reduce_timing -- --ignored --nocapture`).
+//! `cargo test -p amp-kernels --release --test kernels reduce_timing:: -- --ignored --nocapture`).
 
 use std::time::Instant;
 

@@ -1,6 +1,6 @@
 //! CUDA kernels against the CPU kernels, on a real device. Skips (printing why) where
 //! no CUDA device is available, so it runs only on a GPU machine:
-//! `cargo test --release -p amp-kernels --features cuda --test cuda_device`.
+//! `cargo test --release -p amp-kernels --features cuda --test kernels cuda_device::`.
 #![cfg(feature = "cuda")]
 
 use amp_kernels::cuda as k;

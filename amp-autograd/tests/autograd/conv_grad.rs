@@ -219,7 +219,7 @@ proptest! {
 
 /// The benchmark workload: Conv2d 64→64, 3×3, padding 1, input 32×64×32×32, forward
 /// and backward of `.sum()`, in float32 and with bfloat16 casts (what cpu autocast
-/// does). `cargo test -p amp-autograd --release --test conv_grad -- --ignored --nocapture`
+/// does). `cargo test -p amp-autograd --release --test autograd conv_grad:: -- --ignored --nocapture`
 #[test]
 #[ignore]
 fn timing_conv2d_forward_backward() {

@@ -1,5 +1,5 @@
 //! Timing of the elementwise hot paths (ignored by default; run with
-//! `cargo test -p amp-kernels --release --test elementwise_perf -- --ignored --nocapture`).
+//! `cargo test -p amp-kernels --release --test kernels elementwise_perf:: -- --ignored --nocapture`).
 
 use std::hint::black_box;
 use std::time::Instant;
