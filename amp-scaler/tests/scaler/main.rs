@@ -1,0 +1,8 @@
+//! The integration tests of `amp-scaler`, one module per subject, in one test binary
+//! (one link instead of one per file; `cargo test -p amp-scaler --release --test scaler <module>::`
+//! runs one subject).
+
+mod api;
+mod identity;
+mod patterns;
+mod state_dict_fuzz;
