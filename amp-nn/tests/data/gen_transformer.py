@@ -1,5 +1,5 @@
 """Writes transformer_encoder_layer.json: PyTorch's nn.TransformerEncoderLayer in float64,
-forward and backward, for amp-nn/tests/transformer.rs.
+forward and backward, for amp-nn/tests/nn/transformer.rs.
 
 Each case builds a tiny layer (d_model 8, 2 heads, feed-forward 16, dropout 0, training
 mode), sets every parameter from a fixed-seed generator, runs it on a fixed-seed input

@@ -427,7 +427,7 @@ fn tensor(v: &Value) -> Tensor {
 #[test]
 fn encoder_layer_matches_pytorch() {
     let doc: Value =
-        serde_json::from_str(include_str!("data/transformer_encoder_layer.json")).unwrap();
+        serde_json::from_str(include_str!("../data/transformer_encoder_layer.json")).unwrap();
     let cases = doc["cases"].as_array().unwrap();
     assert_eq!(cases.len(), 2);
     for c in cases {

@@ -1,0 +1,7 @@
+//! The integration tests of `amp`, one module per subject, in one test binary
+//! (one link instead of one per file; `cargo test -p amp --release --test amp <module>::`
+//! runs one subject).
+
+mod checkpoint_atomic;
+mod checkpoint_resume;
+mod gradient_penalty;
