@@ -1,5 +1,6 @@
 //! Tidy tests: invariants of the repository itself, checked by `cargo test`.
 //!
+//! - Integration tests are modules of one test binary per crate (`tests/<crate>/main.rs`).
 //! - The repository stands alone: no file refers to material outside it (the sibling
 //!   folders it was developed beside, or their files by name). A user's clone has only
 //!   this tree, so such a reference would point nowhere.
@@ -83,5 +84,56 @@ fn no_file_refers_to_material_outside_the_repository() {
         found.is_empty(),
         "references to files outside the repository (a user's clone has none of them):\n{}",
         found.join("\n")
+    );
+}
+
+/// The workspace's member crates (folders with a `Cargo.toml` beside the root's).
+fn member_crates(root: &Path) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(root)
+        .expect("the workspace root is readable")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("Cargo.toml").is_file())
+        .collect();
+    out.sort();
+    out
+}
+
+/// A crate's integration tests are modules of one binary, `tests/<name>/main.rs`: a
+/// loose `tests/*.rs` file would be a test binary of its own (one more link per CI run).
+#[test]
+fn integration_tests_are_modules_of_one_binary_per_crate() {
+    let root = repo_root();
+    let crates = member_crates(&root);
+    assert!(
+        crates.iter().any(|c| c.ends_with("amp-kernels")),
+        "found the member crates ({} of them)",
+        crates.len()
+    );
+    let mut loose = Vec::new();
+    for c in &crates {
+        let Ok(entries) = std::fs::read_dir(c.join("tests")) else {
+            continue;
+        };
+        let mut binaries = 0;
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.extension().is_some_and(|x| x == "rs") {
+                loose.push(p.strip_prefix(&root).unwrap_or(&p).display().to_string());
+            } else if p.join("main.rs").is_file() {
+                binaries += 1;
+            }
+        }
+        assert!(
+            binaries <= 1,
+            "{} has {binaries} test binaries",
+            c.display()
+        );
+    }
+    assert!(
+        loose.is_empty(),
+        "integration test files outside tests/<crate>/ (make each a module of that crate's \
+         tests/<crate>/main.rs):\n{}",
+        loose.join("\n")
     );
 }
