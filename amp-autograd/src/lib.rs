@@ -36,6 +36,7 @@ mod error;
 mod function;
 mod grad_mode;
 mod graph;
+mod operators;
 pub mod ops;
 mod tensor;
 
