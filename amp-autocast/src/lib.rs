@@ -3,7 +3,7 @@
 //! dispatch point.
 //!
 //! ```
-//! use amp_autocast::{autocast, Autocast};
+//! use amp_autocast::{try_autocast, Autocast};
 //! use amp_autograd::{ops, Tensor};
 //! use amp_policy::DeviceType;
 //! use amp_tensor::DType;
@@ -12,11 +12,11 @@
 //! let a = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2])?;
 //! let w = Tensor::from_vec(vec![0.5f32, 0.25, -1.0, 2.0], [2, 2])?;
 //! w.requires_grad_(true)?;
-//! let (y, loss) = autocast(DeviceType::Cpu, DType::BF16, || -> amp_autograd::Result<_> {
+//! let (y, loss) = try_autocast(DeviceType::Cpu, DType::BF16, || -> amp_autograd::Result<_> {
 //!     let y = ops::mm(&a, &w)?;               // on the cpu lower-precision list: bfloat16
 //!     let loss = ops::mse_loss(&y, &a, Default::default())?; // fp32 list: float32
 //!     Ok((y, loss))
-//! })??;
+//! })?;
 //! assert_eq!(y.dtype(), DType::BF16);
 //! assert_eq!(loss.dtype(), DType::F32);
 //! loss.backward()?;
@@ -46,7 +46,7 @@ pub use decision::{
     check_dtype, decide, default_dtype, is_eligible, supported_dtypes, ArgInfo, CallFlags, CastPlan,
 };
 pub use error::AutocastError;
-pub use region::{autocast, traced, Autocast, AutocastGuard};
+pub use region::{autocast, traced, try_autocast, Autocast, AutocastGuard};
 pub use state::{
     autocast_depth, cache_len, clear_autocast_cache, current_profile, device_state,
     get_autocast_dtype, global_profile, is_autocast_cache_enabled, is_autocast_enabled,

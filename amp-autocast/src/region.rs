@@ -104,6 +104,19 @@ impl Autocast {
         Ok(f())
     }
 
+    /// Run `f`, whose own errors and the region's share one type: the
+    /// `Result`-returning form of [`Autocast::run`] (one `?` instead of two).
+    ///
+    /// # Errors
+    /// The region's refusal (converted into `E`), or `f`'s error.
+    pub fn try_run<T, E: From<AutocastError>>(
+        &self,
+        f: impl FnOnce() -> Result<T, E>,
+    ) -> Result<T, E> {
+        let _g = self.enter()?;
+        f()
+    }
+
     /// Wrap a function (a model's forward) so every call runs inside the region: the
     /// decorator form, `@torch.autocast(...) def forward(...)`.
     pub fn wrap<A, R>(self, f: impl Fn(A) -> R) -> impl Fn(A) -> Result<R, AutocastError> {
@@ -183,6 +196,35 @@ pub fn autocast<R>(
     f: impl FnOnce() -> R,
 ) -> Result<R, AutocastError> {
     Autocast::new(device).dtype(dtype).run(f)
+}
+
+/// [`autocast`] for a closure that returns a `Result`: the region's refusal and the
+/// closure's error come back as one error type (`amp_autograd::Error` takes both), so
+/// one `?` does.
+///
+/// ```
+/// use amp_autocast::try_autocast;
+/// use amp_autograd::{ops, Tensor};
+/// use amp_policy::DeviceType;
+/// use amp_tensor::DType;
+///
+/// let a = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2])?;
+/// let y = try_autocast(DeviceType::Cpu, DType::BF16, || ops::mm(&a, &a))?;
+/// assert_eq!(y.dtype(), DType::BF16);
+/// // A dtype the device cannot autocast to is the same error type as the ops' own.
+/// let e = try_autocast(DeviceType::Cpu, DType::F64, || ops::mm(&a, &a)).unwrap_err();
+/// assert!(matches!(e, amp_autograd::Error::Layer(_)));
+/// # Ok::<(), amp_autograd::Error>(())
+/// ```
+///
+/// # Errors
+/// The region's refusal (converted into `E`), or `f`'s error.
+pub fn try_autocast<T, E: From<AutocastError>>(
+    device: DeviceType,
+    dtype: DType,
+    f: impl FnOnce() -> Result<T, E>,
+) -> Result<T, E> {
+    Autocast::new(device).dtype(dtype).try_run(f)
 }
 
 /// Run `f` and return what autocast decided in it.

@@ -177,9 +177,9 @@ fn run(
                 bar.suspend(|| println!("autocast decisions for one step ({label}):\n{trace}\n"));
                 loss?
             } else {
-                region.run(|| {
+                region.try_run(|| {
                     ops::cross_entropy(&net.forward(x)?, y, None, -100, Reduction::Mean, 0.0)
-                })??
+                })?
             };
             scaler.scale(&loss)?.backward()?;
             scaler.step(&mut opt)?;
@@ -202,12 +202,12 @@ fn run(
     let (mut correct, mut total, mut loss_sum) = (0usize, 0usize, 0.0);
     for (x, y) in &data.test {
         let (logits, loss) = no_grad(|| {
-            region.run(|| -> amp::autograd::Result<(Tensor, Tensor)> {
+            region.try_run(|| -> amp::autograd::Result<(Tensor, Tensor)> {
                 let logits = net.forward(x)?;
                 let loss = ops::cross_entropy(&logits, y, None, -100, Reduction::Mean, 0.0)?;
                 Ok((logits, loss))
             })
-        })??;
+        })?;
         loss_sum += loss.item_f64()?;
         let pred = ops::argmax(&logits, Some(1), false)?.to_vec::<i64>()?;
         let truth = y.to_vec::<i64>()?;

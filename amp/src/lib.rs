@@ -17,10 +17,10 @@
 //! for _ in 0..3 {
 //!     opt.zero_grad();
 //!     // forward (and the loss) under autocast: linear runs in bfloat16 on the CPU
-//!     let loss = autocast(DeviceType::Cpu, DType::BF16, || {
+//!     let loss = try_autocast(DeviceType::Cpu, DType::BF16, || {
 //!         let out = model.forward(&x)?;
 //!         ops::mse_loss(&out, &y, Reduction::Mean)
-//!     })??;
+//!     })?;
 //!     // backward outside autocast, on the scaled loss
 //!     scaler.scale(&loss)?.backward()?;
 //!     scaler.step(&mut opt)?;   // unscales, skips the step on inf/NaN
@@ -44,7 +44,7 @@ pub use amp_tensor as tensor;
 
 /// Everything a training loop needs.
 pub mod prelude {
-    pub use amp_autocast::{autocast, custom_fwd, traced, Autocast, AutocastGuard};
+    pub use amp_autocast::{autocast, custom_fwd, traced, try_autocast, Autocast, AutocastGuard};
     pub use amp_autograd::{grad, no_grad, ops, GradOptions, Reduction, Tensor};
     pub use amp_nn::{
         square_subsequent_mask, Activation, BatchNorm1d, BatchNorm2d, CrossEntropyLoss, Dropout,

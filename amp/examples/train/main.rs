@@ -380,7 +380,7 @@ fn evaluate(model: &mut Gpt, val: &[(Tensor, Tensor)], p: Precision) -> Res<f64>
     let region = p.region();
     let mut sum = 0.0;
     for (x, y) in val {
-        let loss = no_grad(|| region.run(|| model.loss(x, y)))??;
+        let loss = no_grad(|| region.try_run(|| model.loss(x, y)))?;
         sum += loss.item_f64()?;
     }
     model.train(true);
@@ -421,7 +421,7 @@ fn train(s: &Settings, data: &Data, p: Precision, io: &RunIo) -> Res<Run> {
         let t = Instant::now();
         schedule.apply(&mut run.opt, step);
         run.opt.zero_grad();
-        let loss = region.run(|| run.model.loss(&x, &y))??;
+        let loss = region.try_run(|| run.model.loss(&x, &y))?;
         run.scaler.scale(&loss)?.backward()?;
         let outcome = run.scaler.step(&mut run.opt)?;
         run.scaler.update()?;
@@ -492,7 +492,7 @@ fn sample(
     for _ in 0..n {
         let window = &ids[ids.len().saturating_sub(ctx)..];
         let x = Tensor::from_vec(window.to_vec(), [1, window.len()])?;
-        let logits = no_grad(|| region.run(|| run.model.logits(&x)))??;
+        let logits = no_grad(|| region.try_run(|| run.model.logits(&x)))?;
         let last = logits.select(1, window.len() as i64 - 1)?.to_vec_f64();
         let m = last.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         let w: Vec<f64> = last.iter().map(|l| ((l - m) / 0.8).exp()).collect();
