@@ -277,16 +277,26 @@ impl Tensor {
         engine::backward(std::slice::from_ref(self), &[], false, false)
     }
 
-    /// Backpropagate with an explicit gradient (or `None` for a scalar output), keeping
-    /// the graph (`retain_graph`) and/or recording the backward pass (`create_graph`).
-    pub fn backward_with(
-        &self,
-        gradient: Option<&Tensor>,
-        retain_graph: bool,
-        create_graph: bool,
-    ) -> Result<()> {
-        let g: Vec<Option<Tensor>> = vec![gradient.cloned()];
-        engine::backward(std::slice::from_ref(self), &g, retain_graph, create_graph)
+    /// Backpropagate with options (PyTorch's `backward(gradient, retain_graph,
+    /// create_graph)`): an explicit gradient for a non-scalar output, keeping the graph,
+    /// recording the backward pass.
+    ///
+    /// ```
+    /// use amp_autograd::{ops, BackwardOptions, Tensor};
+    ///
+    /// let x = Tensor::from_vec(vec![1.0f32, 2.0], [2])?;
+    /// x.requires_grad_(true)?;
+    /// let y = ops::mul(&x, &x)?;
+    /// let g = Tensor::from_vec(vec![1.0f32, 0.5], [2])?;
+    /// y.backward_with(BackwardOptions { gradient: Some(&g), retain_graph: Some(true), ..Default::default() })?;
+    /// y.backward_with(BackwardOptions { gradient: Some(&g), ..Default::default() })?; // graph kept once
+    /// assert_eq!(x.grad().unwrap().to_vec_f64(), vec![4.0, 4.0]);
+    /// # Ok::<(), amp_autograd::Error>(())
+    /// ```
+    pub fn backward_with(&self, opts: BackwardOptions<'_>) -> Result<()> {
+        let g: Vec<Option<Tensor>> = vec![opts.gradient.cloned()];
+        let retain = opts.retain_graph.unwrap_or(opts.create_graph);
+        engine::backward(std::slice::from_ref(self), &g, retain, opts.create_graph)
     }
 
     /// The values as `T` (must be the element type).
@@ -329,4 +339,17 @@ impl fmt::Display for Tensor {
             None => write!(f, "{s})"),
         }
     }
+}
+
+/// Options of [`Tensor::backward_with`], PyTorch's defaults: no explicit gradient (the
+/// output must be a scalar), graph freed unless `retain_graph` (which defaults to
+/// `create_graph`), backward not recorded.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BackwardOptions<'a> {
+    /// The gradient of the output (its shape); `None` for a one-element output.
+    pub gradient: Option<&'a Tensor>,
+    /// Keep the graph for another backward (defaults to `create_graph`).
+    pub retain_graph: Option<bool>,
+    /// Record the backward pass so the accumulated gradients are differentiable.
+    pub create_graph: bool,
 }

@@ -45,7 +45,9 @@ pub use amp_tensor as tensor;
 /// Everything a training loop needs.
 pub mod prelude {
     pub use amp_autocast::{autocast, custom_fwd, traced, try_autocast, Autocast, AutocastGuard};
-    pub use amp_autograd::{grad, no_grad, ops, GradOptions, Reduction, Tensor};
+    pub use amp_autograd::{
+        apply, grad, no_grad, ops, BackwardOptions, Ctx, Function, GradOptions, Reduction, Tensor,
+    };
     pub use amp_nn::{
         square_subsequent_mask, Activation, BatchNorm1d, BatchNorm2d, CrossEntropyLoss, Dropout,
         Embedding, LayerNorm, Linear, MSELoss, Module, MultiheadAttention, ReLU, RecurrentConfig,

@@ -213,7 +213,11 @@ fn workloads(n: usize, gen: &mut Generator, keep: &dyn Fn(&str, &str) -> bool) -
                         p.set_grad(None).expect("zero_grad");
                     }
                     let y = region(auto, || ops::linear(&x, &w, Some(&bias))).expect("linear");
-                    y.backward_with(Some(&g), false, false).expect("backward");
+                    y.backward_with(BackwardOptions {
+                        gradient: Some(&g),
+                        ..Default::default()
+                    })
+                    .expect("backward");
                 }),
             );
         }

@@ -36,7 +36,10 @@ fn masked_gradients_are_exact_zeros() {
             .unwrap();
         ops::relu(&x)
             .unwrap()
-            .backward_with(Some(&g), false, false)
+            .backward_with(amp_autograd::BackwardOptions {
+                gradient: Some(&g),
+                ..Default::default()
+            })
             .unwrap();
         let got = x.grad().expect("grad");
         assert_eq!(got.dtype(), dtype);

@@ -261,7 +261,10 @@ fn multiple_models_losses_optimizers() {
         let (l0, l1) = run(&m0, &m1);
         s.scale(&l0)
             .unwrap()
-            .backward_with(None, true, false)
+            .backward_with(amp_autograd::BackwardOptions {
+                retain_graph: Some(true),
+                ..Default::default()
+            })
             .unwrap();
         s.scale(&l1).unwrap().backward().unwrap();
         if i == INF_AT {
@@ -273,7 +276,11 @@ fn multiple_models_losses_optimizers() {
         p0.zero_grad();
         p1.zero_grad();
         let (k0, k1) = run(&c0, &c1);
-        k0.backward_with(None, true, false).unwrap();
+        k0.backward_with(amp_autograd::BackwardOptions {
+            retain_graph: Some(true),
+            ..Default::default()
+        })
+        .unwrap();
         k1.backward().unwrap();
         p0.step().unwrap();
         if i != INF_AT {
