@@ -11,12 +11,24 @@ use crate::{Error, Result};
 /// every gradient is float64, else float32, in which the arithmetic is also done).
 /// As PyTorch: the coefficient is `max_norm / (total + 1e-6)` clamped to 1, and it is
 /// applied even when it is 1.
-pub fn clip_grad_norm_(
-    params: &[Tensor],
-    max_norm: f64,
-    norm_type: f64,
-    error_if_nonfinite: bool,
-) -> Result<Raw> {
+///
+/// ```
+/// use amp_autograd::Tensor;
+/// use amp_optim::{clip_grad_norm_, ClipGradNormOptions};
+///
+/// let w = Tensor::from_vec(vec![0.0f32, 0.0], [2])?;
+/// w.set_grad(Some(Tensor::from_vec(vec![3.0f32, 4.0], [2])?))?;
+/// let total = clip_grad_norm_(&[w.clone()], 1.0, ClipGradNormOptions::default())?;
+/// assert_eq!(total.item_f64()?, 5.0);
+/// let g = w.grad().unwrap().to_vec_f64();
+/// assert!((g[0] - 0.6).abs() < 1e-6 && (g[1] - 0.8).abs() < 1e-6);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn clip_grad_norm_(params: &[Tensor], max_norm: f64, opts: ClipGradNormOptions) -> Result<Raw> {
+    let ClipGradNormOptions {
+        norm_type,
+        error_if_nonfinite,
+    } = opts;
     let grads: Vec<Tensor> = params.iter().filter_map(|p| p.grad()).collect();
     if grads.is_empty() {
         return Ok(Raw::scalar(0.0f32));
@@ -25,6 +37,25 @@ pub fn clip_grad_norm_(
         clip_norm_in::<f64>(&grads, max_norm, norm_type, error_if_nonfinite)
     } else {
         clip_norm_in::<f32>(&grads, max_norm, norm_type, error_if_nonfinite)
+    }
+}
+
+/// Options of [`clip_grad_norm_`], PyTorch's defaults: the 2-norm, no error on a
+/// non-finite total.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ClipGradNormOptions {
+    /// The norm (`f64::INFINITY` for the max-norm).
+    pub norm_type: f64,
+    /// Fail with [`Error::NonFiniteNorm`] when the total norm is inf or NaN.
+    pub error_if_nonfinite: bool,
+}
+
+impl Default for ClipGradNormOptions {
+    fn default() -> Self {
+        ClipGradNormOptions {
+            norm_type: 2.0,
+            error_if_nonfinite: false,
+        }
     }
 }
 

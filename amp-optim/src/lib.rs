@@ -32,7 +32,7 @@ mod state_dict;
 mod update;
 
 pub use adam::{adamw, Adam, AdamOptions};
-pub use clip::{clip_grad_norm_, clip_grad_value_};
+pub use clip::{clip_grad_norm_, clip_grad_value_, ClipGradNormOptions};
 pub use error::{Error, Result};
 pub use optimizer::{IdSlot, Optimizer, OptimizerId, ParamGroup};
 pub use pyfloat::PyFloat;

@@ -55,8 +55,8 @@ pub mod prelude {
         GRU, LSTM,
     };
     pub use amp_optim::{
-        adamw, clip_grad_norm_, clip_grad_value_, Adam, AdamOptions, Optimizer, Sgd, SgdOptions,
-        WarmupCosine,
+        adamw, clip_grad_norm_, clip_grad_value_, Adam, AdamOptions, ClipGradNormOptions,
+        Optimizer, Sgd, SgdOptions, WarmupCosine,
     };
     pub use amp_policy::{CastPolicy, DeviceType, Profile};
     pub use amp_scaler::{GradScaler, GradScalerOptions, StepOutcome};

@@ -134,7 +134,7 @@ fn check(case: &TrainCase) -> Result<(), String> {
             scaler
                 .try_unscale_(&mut opt)
                 .map_err(ctx(format!("{at}: unscale_")))?;
-            clip_grad_norm_(&params, max_norm, 2.0, false)
+            clip_grad_norm_(&params, max_norm, Default::default())
                 .map_err(ctx(format!("{at}: clip_grad_norm_")))?;
         }
         let before: Vec<_> = params.iter().map(|p| p.data().copy()).collect();
