@@ -31,7 +31,8 @@
 //! # }
 //! ```
 
-pub mod checkpoint;
+#[cfg(feature = "checkpoint")]
+pub use amp_checkpoint as checkpoint;
 
 pub use amp_autocast as autocast;
 pub use amp_autograd as autograd;

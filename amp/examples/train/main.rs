@@ -40,8 +40,8 @@ const CORPUS: [(&str, &str); 13] = [
     ("ARCHITECTURE.md", include_str!("../../../ARCHITECTURE.md")),
     ("amp/src/lib.rs", include_str!("../../../amp/src/lib.rs")),
     (
-        "amp/src/checkpoint.rs",
-        include_str!("../../../amp/src/checkpoint.rs"),
+        "amp-checkpoint/src/lib.rs",
+        include_str!("../../../amp-checkpoint/src/lib.rs"),
     ),
     (
         "amp-scaler/src/scaler.rs",

@@ -2,6 +2,8 @@
 //! (one link instead of one per file; `cargo test -p amp --release --test amp <module>::`
 //! runs one subject).
 
+#[cfg(feature = "checkpoint")]
 mod checkpoint_atomic;
+#[cfg(feature = "checkpoint")]
 mod checkpoint_resume;
 mod gradient_penalty;

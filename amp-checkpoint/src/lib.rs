@@ -33,6 +33,36 @@
 //! ([`ScalerStateDict::from_json`]) before it changes any of them: a failed load leaves
 //! model, optimizer and scaler as they were. Every error names the file at fault.
 //! NaN and infinite values (a scale that overflowed, a moment gone NaN) round-trip.
+//!
+//! # Example
+//!
+//! ```
+//! use amp_autograd::amp_tensor::{DType, Generator};
+//! use amp_nn::{Linear, Module};
+//! use amp_optim::{Optimizer, Sgd, SgdOptions};
+//! use amp_scaler::GradScaler;
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let mut gen = Generator::new(0);
+//! let model = Linear::new(4, 2, &mut gen)?;
+//! let opt = Sgd::new(model.parameters(), 0.1, SgdOptions::default())?;
+//! let scaler = GradScaler::new();
+//! let dir = std::env::temp_dir().join(format!("amp-checkpoint-doc-{}", std::process::id()));
+//! amp_checkpoint::save(&dir, &model, &opt, &scaler)?;
+//!
+//! // Another model of the same shape takes the saved parameters back, bit for bit.
+//! let other = Linear::new(4, 2, &mut Generator::new(1))?;
+//! let mut opt2 = Sgd::new(other.parameters(), 0.1, SgdOptions::default())?;
+//! let mut scaler2 = GradScaler::new();
+//! amp_checkpoint::load(&dir, &other, &mut opt2, &mut scaler2)?;
+//! for (a, b) in model.parameters().iter().zip(other.parameters()) {
+//!     assert_eq!(a.to_vec_f64(), b.to_vec_f64());
+//! }
+//! assert_eq!(scaler2.get_scale(), scaler.get_scale());
+//! std::fs::remove_dir_all(&dir)?;
+//! # Ok(())
+//! # }
+//! ```
 
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
