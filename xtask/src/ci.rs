@@ -1,4 +1,6 @@
-//! `cargo xtask ci`: the checks CI runs, in order, stopping at the first failure.
+//! `cargo xtask ci`: the format check and clippy, then exactly the steps of `.ci/run`
+//! (the tests in release, the CUDA backend's compile check), then rustdoc; in order,
+//! stopping at the first failure.
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
@@ -30,13 +32,17 @@ const STEPS: &[Step] = &[
         env: &[],
     },
     Step {
+        args: &["check", "--workspace", "--features", "cuda"],
+        env: &[],
+    },
+    Step {
         args: &["doc", "--workspace", "--no-deps"],
         env: &[("RUSTDOCFLAGS", "-Dwarnings")],
     },
 ];
 
 /// The workspace root (the parent of this crate's folder).
-fn workspace_root() -> PathBuf {
+pub fn workspace_root() -> PathBuf {
     let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     here.parent().map_or(here.clone(), |p| p.to_path_buf())
 }

@@ -1,5 +1,5 @@
 """PyTorch (CPU) side of the side-by-side benchmarks: prints one JSON object.
-The workloads and keys are those of `cargo xtask bench` (xtask/src/bench.rs); run both
+The workloads and keys are those of `cargo xtask bench` (bench/src/bench.rs); run both
 in the same session and compare ratios, not absolute times:
 
     xtask/torch/torch-baseline > torch.json

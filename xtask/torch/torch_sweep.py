@@ -1,5 +1,5 @@
 """PyTorch (CPU) side of the size sweep: prints one JSON object whose entries have the keys,
-workloads and timing of `cargo xtask bench --sweep` (xtask/src/sweep.rs). Run both in the
+workloads and timing of `cargo xtask bench --sweep` (bench/src/sweep.rs). Run both in the
 same session and compare ratios, not absolute times:
 
     xtask/torch/torch-baseline --sweep > torch_sweep.json
