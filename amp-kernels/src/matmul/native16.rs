@@ -566,7 +566,12 @@ unsafe fn pack_pairs<const W: usize>(
             // SAFETY: lines `0..h`, pairs `16pb..16pb+16 ≤ k / 2` lie inside `x`;
             // `dst` holds pairs up to `kp`.
             unsafe {
-                x86::transpose_pairs::<W>(src.add(o + 32 * pb), ls, h, &mut dst[16 * pb * W..])
+                x86::transpose_words::<W, { x86::RAW }>(
+                    src.add(o + 32 * pb),
+                    ls,
+                    h,
+                    &mut dst[16 * pb * W..],
+                )
             };
         }
         for p in 16 * blocks..full {
@@ -643,7 +648,12 @@ unsafe fn pack_wide<const W: usize, const F16: bool>(
             // SAFETY: lines `0..h`, inner indices `16qb..16qb+16 ≤ k` lie inside `x`;
             // `dst` holds words up to `k`.
             unsafe {
-                x86::transpose_wide::<W, F16>(src.add(o + 16 * qb), ls, h, &mut dst[16 * qb * W..])
+                let (at, d) = (src.add(o + 16 * qb), &mut dst[16 * qb * W..]);
+                if F16 {
+                    x86::transpose_words::<W, { x86::FROM_F16 }>(at, ls, h, d)
+                } else {
+                    x86::transpose_words::<W, { x86::FROM_BF16 }>(at, ls, h, d)
+                }
             };
         }
         done = 16 * blocks;
@@ -869,13 +879,21 @@ mod x86 {
         lanes(h.saturating_sub(16 * c))
     }
 
-    /// 16 pairs of `h ≤ W` contiguous lines (line `r` at `src + r·ls`, 32 values) into
-    /// `dst[p·W + r]`, `p < 16`, lines `h..W` zero: per 16 lines, one register transpose.
+    /// How [`transpose_words`] reads a line's 16 words: raw (16 bfloat16 pairs, 32
+    /// values), or 16 values widened from bfloat16 or float16.
+    pub(super) const RAW: u8 = 0;
+    pub(super) const FROM_BF16: u8 = 1;
+    pub(super) const FROM_F16: u8 = 2;
+
+    /// 16 words of `h ≤ W` contiguous lines (line `r` at `src + r·ls`, read as `LOAD`
+    /// says) into `dst[p·W + r]`, `p < 16`, lines `h..W` zero: per 16 lines, one
+    /// register transpose.
     ///
     /// # Safety
-    /// The CPU has AVX-512 F; the lines are readable; `dst` holds `16·W` words.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn transpose_pairs<const W: usize>(
+    /// The CPU has AVX-512 F/BW/VL; the lines are readable (32 values each for [`RAW`],
+    /// 16 otherwise); `dst` holds `16·W` words.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) unsafe fn transpose_words<const W: usize, const LOAD: u8>(
         src: *const u16,
         ls: usize,
         h: usize,
@@ -885,8 +903,16 @@ mod x86 {
         for c in 0..W.div_ceil(16) {
             let mut l = [_mm512_setzero_si512(); 16];
             for (i, l) in l.iter_mut().enumerate().take(h.saturating_sub(16 * c)) {
-                // SAFETY: line `16c + i < h`, 32 values (the caller's contract).
-                *l = unsafe { _mm512_loadu_si512(src.add((16 * c + i) * ls).cast()) };
+                let line = src.wrapping_add((16 * c + i) * ls);
+                // SAFETY: line `16c + i < h`, readable as `LOAD` says (the caller's
+                // contract).
+                *l = unsafe {
+                    match LOAD {
+                        RAW => _mm512_loadu_si512(line.cast()),
+                        FROM_F16 => widen::<true>(_mm256_loadu_si256(line.cast())),
+                        _ => widen::<false>(_mm256_loadu_si256(line.cast())),
+                    }
+                };
             }
             // SAFETY: registers only.
             let t = unsafe { transpose16(l) };
@@ -952,38 +978,6 @@ mod x86 {
         }
     }
 
-    /// 16 inner indices of `h ≤ W` contiguous lines (line `r` at `src + r·ls`, 16
-    /// values) widened into `dst[q·W + r]`, `q < 16`, lines `h..W` zero: per 16 lines,
-    /// one register transpose.
-    ///
-    /// # Safety
-    /// The CPU has AVX-512 F/BW/VL; the lines are readable; `dst` holds `16·W` words.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    pub(super) unsafe fn transpose_wide<const W: usize, const F16: bool>(
-        src: *const u16,
-        ls: usize,
-        h: usize,
-        dst: &mut [u32],
-    ) {
-        assert!(dst.len() >= 16 * W && h <= W);
-        for c in 0..W.div_ceil(16) {
-            let mut l = [_mm512_setzero_si512(); 16];
-            for (i, l) in l.iter_mut().enumerate().take(h.saturating_sub(16 * c)) {
-                // SAFETY: line `16c + i < h`, 16 values (the caller's contract).
-                *l = unsafe { widen::<F16>(_mm256_loadu_si256(src.add((16 * c + i) * ls).cast())) };
-            }
-            // SAFETY: registers only.
-            let t = unsafe { transpose16(l) };
-            let store = lanes(W - 16 * c);
-            for (q, t) in t.iter().enumerate() {
-                // SAFETY: words `q·W + 16c ..` up to `q·W + W` of `dst` (asserted).
-                unsafe {
-                    _mm512_mask_storeu_epi32(dst.as_mut_ptr().add(q * W + 16 * c).cast(), store, *t)
-                };
-            }
-        }
-    }
-
     /// `k` inner indices of `h ≤ W` neighbouring lines (inner index `q` of line `r` at
     /// `src + q·qs + r`) widened into `dst[q·W + r]`, lines `h..W` zero: per 16 lines,
     /// one masked load.
@@ -1024,14 +1018,18 @@ mod x86 {
         unreachable!("AVX-512 BF16 kernel on a non-x86 CPU")
     }
 
+    pub(super) const RAW: u8 = 0;
+    pub(super) const FROM_BF16: u8 = 1;
+    pub(super) const FROM_F16: u8 = 2;
+
     /// Never called, as above.
-    pub(super) unsafe fn transpose_pairs<const W: usize>(
+    pub(super) unsafe fn transpose_words<const W: usize, const LOAD: u8>(
         _: *const u16,
         _: usize,
         _: usize,
         _: &mut [u32],
     ) {
-        unreachable!("AVX-512 BF16 kernel on a non-x86 CPU")
+        unreachable!("AVX-512 kernel on a non-x86 CPU")
     }
 
     /// Never called, as above.
@@ -1047,16 +1045,6 @@ mod x86 {
 
     /// Never called, as above.
     pub(super) unsafe fn micro_fma<const F16: bool>(_: usize, _: &[u32], _: &[u32], _: Tile) {
-        unreachable!("AVX-512 kernel on a non-x86 CPU")
-    }
-
-    /// Never called, as above.
-    pub(super) unsafe fn transpose_wide<const W: usize, const F16: bool>(
-        _: *const u16,
-        _: usize,
-        _: usize,
-        _: &mut [u32],
-    ) {
         unreachable!("AVX-512 kernel on a non-x86 CPU")
     }
 
