@@ -592,7 +592,7 @@ unsafe fn pack_pairs<const W: usize>(
         // (masked) load.
         // SAFETY: lines `0..h` at inner indices `0..2·full` lie inside `x`; `dst` holds
         // `full` pairs.
-        unsafe { x86::interleave_pairs::<W>(src.add(o), qs, h, full, dst) };
+        unsafe { x86::gather_words::<W, { x86::RAW }>(src.add(o), qs, h, full, dst) };
     } else {
         // Any strides: one value at a time.
         for p in 0..full {
@@ -662,7 +662,13 @@ unsafe fn pack_wide<const W: usize, const F16: bool>(
         // lines at one inner index are one (masked) load, widened.
         // SAFETY: lines `0..h` at inner indices `0..k` lie inside `x`; `dst` holds `k`
         // words per line.
-        unsafe { x86::widen_lines::<W, F16>(src.add(o), qs, h, k, dst) };
+        unsafe {
+            if F16 {
+                x86::gather_words::<W, { x86::FROM_F16 }>(src.add(o), qs, h, k, dst)
+            } else {
+                x86::gather_words::<W, { x86::FROM_BF16 }>(src.add(o), qs, h, k, dst)
+            }
+        };
         done = k;
     }
     // Any strides, and the last inner indices of the first case: one value at a time.
@@ -926,42 +932,6 @@ mod x86 {
         }
     }
 
-    /// `pairs` pairs of inner indices of `h ≤ W` neighbouring lines (inner index `q` of
-    /// line `r` at `src + q·qs + r`) as `dst[p·W + r] = (q = 2p, q = 2p+1)`, lines `h..W`
-    /// zero: per 16 lines, two masked loads widened into the two halves of the words.
-    ///
-    /// # Safety
-    /// The CPU has AVX-512 F/BW/VL; the first `h` lines at each inner index are
-    /// readable; `dst` holds `pairs·W` words.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    pub(super) unsafe fn interleave_pairs<const W: usize>(
-        src: *const u16,
-        qs: usize,
-        h: usize,
-        pairs: usize,
-        dst: &mut [u32],
-    ) {
-        assert!(dst.len() >= pairs * W && h <= W);
-        // SAFETY: the caller's contract; the masked loads read lines `< h`, the masked
-        // stores write words `< W` of pair `p`.
-        unsafe {
-            for p in 0..pairs {
-                let q0 = src.add(2 * p * qs);
-                for c in 0..W.div_ceil(16) {
-                    let load = chunk_lanes(h, c);
-                    let x = _mm256_maskz_loadu_epi16(load, q0.add(16 * c).cast());
-                    let y = _mm256_maskz_loadu_epi16(load, q0.add(qs + 16 * c).cast());
-                    let v = _mm512_or_si512(
-                        _mm512_cvtepu16_epi32(x),
-                        _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(y)),
-                    );
-                    let d = dst.as_mut_ptr().add(p * W + 16 * c);
-                    _mm512_mask_storeu_epi32(d.cast(), lanes(W - 16 * c), v);
-                }
-            }
-        }
-    }
-
     /// 16 float16 (`F16`) or bfloat16 values widened to float32.
     ///
     /// # Safety
@@ -978,31 +948,45 @@ mod x86 {
         }
     }
 
-    /// `k` inner indices of `h ≤ W` neighbouring lines (inner index `q` of line `r` at
-    /// `src + q·qs + r`) widened into `dst[q·W + r]`, lines `h..W` zero: per 16 lines,
-    /// one masked load.
+    /// `words` words of `h ≤ W` neighbouring lines (inner index `q` of line `r` at
+    /// `src + q·qs + r`) into `dst[p·W + r]`, lines `h..W` zero, per 16 lines with masked
+    /// loads: for [`RAW`] word `p` is the bfloat16 pair of inner indices `2p` (low half)
+    /// and `2p + 1`; otherwise inner index `p` widened from bfloat16 or float16.
     ///
     /// # Safety
-    /// The CPU has AVX-512 F/BW/VL; the first `h` lines at each inner index are
-    /// readable; `dst` holds `k·W` words.
+    /// The CPU has AVX-512 F/BW/VL; the first `h` lines at each inner index read are
+    /// readable; `dst` holds `words·W` words.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    pub(super) unsafe fn widen_lines<const W: usize, const F16: bool>(
+    pub(super) unsafe fn gather_words<const W: usize, const LOAD: u8>(
         src: *const u16,
         qs: usize,
         h: usize,
-        k: usize,
+        words: usize,
         dst: &mut [u32],
     ) {
-        assert!(dst.len() >= k * W && h <= W);
+        assert!(dst.len() >= words * W && h <= W);
+        let step = if LOAD == RAW { 2 } else { 1 };
         // SAFETY: the caller's contract; the masked loads read lines `< h`, the masked
-        // stores write words `< W` of inner index `q`.
+        // stores write words `< W` of word `p`.
         unsafe {
-            for q in 0..k {
-                let line = src.add(q * qs);
+            for p in 0..words {
+                let q0 = src.add(step * p * qs);
                 for c in 0..W.div_ceil(16) {
-                    let x = _mm256_maskz_loadu_epi16(chunk_lanes(h, c), line.add(16 * c).cast());
-                    let d = dst.as_mut_ptr().add(q * W + 16 * c);
-                    _mm512_mask_storeu_epi32(d.cast(), lanes(W - 16 * c), widen::<F16>(x));
+                    let load = chunk_lanes(h, c);
+                    let x = _mm256_maskz_loadu_epi16(load, q0.add(16 * c).cast());
+                    let v = match LOAD {
+                        RAW => {
+                            let y = _mm256_maskz_loadu_epi16(load, q0.add(qs + 16 * c).cast());
+                            _mm512_or_si512(
+                                _mm512_cvtepu16_epi32(x),
+                                _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(y)),
+                            )
+                        }
+                        FROM_F16 => widen::<true>(x),
+                        _ => widen::<false>(x),
+                    };
+                    let d = dst.as_mut_ptr().add(p * W + 16 * c);
+                    _mm512_mask_storeu_epi32(d.cast(), lanes(W - 16 * c), v);
                 }
             }
         }
@@ -1033,29 +1017,18 @@ mod x86 {
     }
 
     /// Never called, as above.
-    pub(super) unsafe fn interleave_pairs<const W: usize>(
+    pub(super) unsafe fn gather_words<const W: usize, const LOAD: u8>(
         _: *const u16,
         _: usize,
         _: usize,
         _: usize,
         _: &mut [u32],
     ) {
-        unreachable!("AVX-512 BF16 kernel on a non-x86 CPU")
-    }
-
-    /// Never called, as above.
-    pub(super) unsafe fn micro_fma<const F16: bool>(_: usize, _: &[u32], _: &[u32], _: Tile) {
         unreachable!("AVX-512 kernel on a non-x86 CPU")
     }
 
     /// Never called, as above.
-    pub(super) unsafe fn widen_lines<const W: usize, const F16: bool>(
-        _: *const u16,
-        _: usize,
-        _: usize,
-        _: usize,
-        _: &mut [u32],
-    ) {
+    pub(super) unsafe fn micro_fma<const F16: bool>(_: usize, _: &[u32], _: &[u32], _: Tile) {
         unreachable!("AVX-512 kernel on a non-x86 CPU")
     }
 }
