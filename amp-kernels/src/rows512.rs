@@ -118,32 +118,41 @@ unsafe fn widen_bf16(h: __m256i) -> __m512 {
     unsafe { _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h))) }
 }
 
-impl Lane for bf16 {
-    const F32: bool = false;
-    #[inline(always)]
-    unsafe fn load(p: *const bf16) -> __m512 {
-        // SAFETY: the trait's contract.
-        unsafe { widen_bf16(_mm256_loadu_si256(p.cast())) }
-    }
-    #[inline(always)]
-    unsafe fn load_tail(p: *const bf16, k: usize, fill: __m512) -> __m512 {
-        // SAFETY: the trait's contract; masked-off lanes are not read.
-        unsafe {
-            let v = widen_bf16(_mm256_maskz_loadu_epi16(low(k), p.cast()));
-            _mm512_mask_blend_ps(low(k), fill, v)
+/// [`Lane`] for a 16-bit type: 16 values widened by `$widen` on load, rounded by
+/// `$narrow` on store.
+macro_rules! half_lane {
+    ($T:ty, $widen:ident, $narrow:ident) => {
+        impl Lane for $T {
+            const F32: bool = false;
+            #[inline(always)]
+            unsafe fn load(p: *const $T) -> __m512 {
+                // SAFETY: the trait's contract.
+                unsafe { $widen(_mm256_loadu_si256(p.cast())) }
+            }
+            #[inline(always)]
+            unsafe fn load_tail(p: *const $T, k: usize, fill: __m512) -> __m512 {
+                // SAFETY: the trait's contract; masked-off lanes are not read.
+                unsafe {
+                    let v = $widen(_mm256_maskz_loadu_epi16(low(k), p.cast()));
+                    _mm512_mask_blend_ps(low(k), fill, v)
+                }
+            }
+            #[inline(always)]
+            unsafe fn store(p: *mut $T, v: __m512) {
+                // SAFETY: the trait's contract.
+                unsafe { _mm256_storeu_si256(p.cast(), $narrow(v)) }
+            }
+            #[inline(always)]
+            unsafe fn store_tail(p: *mut $T, k: usize, v: __m512) {
+                // SAFETY: the trait's contract; masked-off lanes are not written.
+                unsafe { _mm256_mask_storeu_epi16(p.cast(), low(k), $narrow(v)) }
+            }
         }
-    }
-    #[inline(always)]
-    unsafe fn store(p: *mut bf16, v: __m512) {
-        // SAFETY: the trait's contract.
-        unsafe { _mm256_storeu_si256(p.cast(), narrow_bf16(v)) }
-    }
-    #[inline(always)]
-    unsafe fn store_tail(p: *mut bf16, k: usize, v: __m512) {
-        // SAFETY: the trait's contract; masked-off lanes are not written.
-        unsafe { _mm256_mask_storeu_epi16(p.cast(), low(k), narrow_bf16(v)) }
-    }
+    };
 }
+
+half_lane!(bf16, widen_bf16, narrow_bf16);
+half_lane!(f16, widen_f16, narrow_f16);
 
 /// float16 bits of 16 float32 lanes (`vcvtps2ph`, nearest even, as `f16::from_f32`).
 ///
@@ -155,31 +164,14 @@ unsafe fn narrow_f16(v: __m512) -> __m256i {
     unsafe { _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v) }
 }
 
-impl Lane for f16 {
-    const F32: bool = false;
-    #[inline(always)]
-    unsafe fn load(p: *const f16) -> __m512 {
-        // SAFETY: the trait's contract.
-        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
-    }
-    #[inline(always)]
-    unsafe fn load_tail(p: *const f16, k: usize, fill: __m512) -> __m512 {
-        // SAFETY: the trait's contract; masked-off lanes are not read.
-        unsafe {
-            let v = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(low(k), p.cast()));
-            _mm512_mask_blend_ps(low(k), fill, v)
-        }
-    }
-    #[inline(always)]
-    unsafe fn store(p: *mut f16, v: __m512) {
-        // SAFETY: the trait's contract.
-        unsafe { _mm256_storeu_si256(p.cast(), narrow_f16(v)) }
-    }
-    #[inline(always)]
-    unsafe fn store_tail(p: *mut f16, k: usize, v: __m512) {
-        // SAFETY: the trait's contract; masked-off lanes are not written.
-        unsafe { _mm256_mask_storeu_epi16(p.cast(), low(k), narrow_f16(v)) }
-    }
+/// float32 lanes from 16 float16 bit patterns (`vcvtph2ps`, exact).
+///
+/// # Safety
+/// The caller runs with AVX-512F.
+#[inline(always)]
+unsafe fn widen_f16(h: __m256i) -> __m512 {
+    // SAFETY: register-only intrinsic; the feature is the caller's.
+    unsafe { _mm512_cvtph_ps(h) }
 }
 
 // ----- lane math ----------------------------------------------------------------------
