@@ -8,6 +8,8 @@ use amp_autograd::{grad, GradOptions, Reduction, Result, Tensor};
 use amp_tensor::{DType, Generator};
 use proptest::prelude::*;
 
+use super::common::{check_grad, check_second_order};
+
 fn randn(dims: &[usize], gen: &mut Generator) -> Tensor {
     let t = Tensor::randn(dims.to_vec(), DType::F64, gen).unwrap();
     t.requires_grad_(true).unwrap();
@@ -34,124 +36,12 @@ fn close(a: &[f64], b: &[f64], tol: f64, what: &str) {
     }
 }
 
-/// Copies of `inputs` (fresh leaves) with element `k` of input `i` shifted by `h`.
-fn shifted(inputs: &[Tensor], i: usize, k: usize, h: f64) -> Vec<Tensor> {
-    inputs
-        .iter()
-        .enumerate()
-        .map(|(j, t)| {
-            let mut v = vals(t);
-            if j == i {
-                v[k] += h;
-            }
-            leaf(v, t.dims())
-        })
-        .collect()
-}
-
-/// A scalar function of the inputs: `sum(f(inputs) * w)` with fixed weights `w`.
-fn scalar_fn<'a>(
-    f: &'a dyn Fn(&[Tensor]) -> Result<Tensor>,
-    w: &'a [f64],
-) -> impl Fn(&[Tensor]) -> Tensor + 'a {
-    move |xs| {
-        let y = f(xs).unwrap();
-        let w = Tensor::from_vec(w.to_vec(), y.dims().to_vec()).unwrap();
-        ops::sum_all(&ops::mul(&y, &w).unwrap()).unwrap()
-    }
-}
-
-/// `sum over i of sum(g_i * g_i)` for the first-order grads `g_i` of `s` (built with
-/// `create_graph` when `graph`).
-fn grad_norm(s: &dyn Fn(&[Tensor]) -> Tensor, xs: &[Tensor], graph: bool) -> Tensor {
-    let y = s(xs);
-    let gs = grad(
-        &[y],
-        xs,
-        &[],
-        GradOptions {
-            create_graph: graph,
-            allow_unused: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let mut acc = Tensor::scalar(0.0f64);
-    for g in gs.into_iter().flatten() {
-        acc = ops::add(&acc, &ops::sum_all(&ops::square(&g).unwrap()).unwrap()).unwrap();
-    }
-    acc
-}
-
 /// Checks the gradients (and, with `second`, the second-order gradients) of
-/// `sum(f(inputs) * w)` against central differences.
-fn check_grads(
-    f: &dyn Fn(&[Tensor]) -> Result<Tensor>,
-    inputs: &[Tensor],
-    second: bool,
-    seed: u64,
-) {
-    let mut gen = Generator::new(seed);
-    let out_n = f(inputs).unwrap().elem_count();
-    let w = vals(&Tensor::randn([out_n], DType::F64, &mut gen).unwrap());
-    let s = scalar_fn(f, &w);
-    let h = 1e-6;
-    let y = s(inputs);
-    let gs = grad(
-        &[y],
-        inputs,
-        &[],
-        GradOptions {
-            allow_unused: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    for (i, t) in inputs.iter().enumerate() {
-        let g = gs[i]
-            .as_ref()
-            .map(vals)
-            .unwrap_or(vec![0.0; t.elem_count()]);
-        let fd: Vec<f64> = (0..t.elem_count())
-            .map(|k| {
-                let p = s(&shifted(inputs, i, k, h)).item_f64().unwrap();
-                let m = s(&shifted(inputs, i, k, -h)).item_f64().unwrap();
-                (p - m) / (2.0 * h)
-            })
-            .collect();
-        close(&g, &fd, 1e-5, &format!("grad of input {i}"));
-    }
-    if !second {
-        return;
-    }
-    let y2 = grad_norm(&s, inputs, true);
-    let gg = grad(
-        &[y2],
-        inputs,
-        &[],
-        GradOptions {
-            allow_unused: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    for (i, t) in inputs.iter().enumerate() {
-        let g = gg[i]
-            .as_ref()
-            .map(vals)
-            .unwrap_or(vec![0.0; t.elem_count()]);
-        let fd: Vec<f64> = (0..t.elem_count())
-            .map(|k| {
-                let p = grad_norm(&s, &shifted(inputs, i, k, h), false)
-                    .item_f64()
-                    .unwrap();
-                let m = grad_norm(&s, &shifted(inputs, i, k, -h), false)
-                    .item_f64()
-                    .unwrap();
-                (p - m) / (2.0 * h)
-            })
-            .collect();
-        close(&g, &fd, 1e-4, &format!("second-order grad of input {i}"));
+/// `sum(f(inputs) * w)` against central differences (the binary's one checker).
+fn check_grads(f: &dyn Fn(&[Tensor]) -> Result<Tensor>, inputs: &[Tensor], second: bool) {
+    check_grad(inputs, f, 1e-5);
+    if second {
+        check_second_order(inputs, f, 1e-4);
     }
 }
 
@@ -328,14 +218,12 @@ fn cell_gradients_and_double_gradients() {
         &|v| ops::rnn_tanh_cell(&v[0], &v[1], &v[2], &v[3], Some(&v[4]), Some(&v[5])),
         &c.inputs(false),
         true,
-        10,
     );
     let c = cell_case(2, 3, 2, 3, 6);
     check_grads(
         &|v| ops::gru_cell(&v[0], &v[1], &v[2], &v[3], Some(&v[4]), Some(&v[5])),
         &c.inputs(false),
         true,
-        11,
     );
     let c = cell_case(2, 3, 2, 4, 7);
     check_grads(
@@ -352,7 +240,6 @@ fn cell_gradients_and_double_gradients() {
         },
         &c.inputs(true),
         true,
-        12,
     );
 }
 
@@ -366,16 +253,12 @@ proptest! {
         check_grads(
             &|v| ops::gru_cell(&v[0], &v[1], &v[2], &v[3], Some(&v[4]), Some(&v[5])),
             &c.inputs(false),
-            false,
-            seed,
-        );
+            false);
         let c = cell_case(n, input, hidden, 4, seed + 1);
         check_grads(
             &|v| Ok(ops::lstm_cell(&v[0], (&v[1], &v[2]), &v[3], &v[4], Some(&v[5]), Some(&v[6]))?.1),
             &c.inputs(true),
-            false,
-            seed,
-        );
+            false);
     }
 }
 
@@ -416,7 +299,6 @@ fn kl_div_values_and_gradients() {
         &|v| ops::kl_div(&v[0], &v[1], KlDivReduction::BatchMean, false),
         &[x, t],
         true,
-        22,
     );
 }
 
@@ -499,19 +381,16 @@ fn pointwise_losses_match_references() {
         &|v| ops::poisson_nll_loss(&v[0], &cnt, true, true, 1e-8, Reduction::Mean),
         std::slice::from_ref(&x),
         true,
-        31,
     );
     check_grads(
         &|v| ops::soft_margin_loss(&v[0], &y, Reduction::Mean),
         std::slice::from_ref(&x),
         true,
-        32,
     );
     check_grads(
         &|v| ops::margin_ranking_loss(&v[0], &v[1], &t, 0.1, Reduction::Mean),
         &[a, b],
         false,
-        33,
     );
 }
 
@@ -542,7 +421,6 @@ fn margin_losses_match_loops() {
         &|v| ops::multilabel_margin_loss(&v[0], &tgt, Reduction::Mean),
         std::slice::from_ref(&x),
         false,
-        41,
     );
 
     // multi_margin, p = 1 and 2, with weights
@@ -572,7 +450,6 @@ fn margin_losses_match_loops() {
             &|v| ops::multi_margin_loss(&v[0], &yt, p, 0.7, Some(&w), Reduction::Sum),
             std::slice::from_ref(&x),
             false,
-            42,
         );
     }
     assert!(ops::multi_margin_loss(&x, &yt, 3, 1.0, None, Reduction::Mean).is_err());
@@ -607,7 +484,6 @@ fn embedding_losses_match_references() {
         &|v| ops::cosine_embedding_loss(&v[0], &v[1], &t, -0.5, Reduction::Mean),
         &[a.clone(), b.clone()],
         true,
-        51,
     );
 
     let dist = |x: &[f64], y: &[f64], r: usize| -> f64 {
@@ -633,7 +509,6 @@ fn embedding_losses_match_references() {
         &|v| ops::triplet_margin_loss(&v[0], &v[1], &v[2], 2.0, 2.0, 1e-6, false, Reduction::Mean),
         &[a, b, n],
         true,
-        52,
     );
 }
 
@@ -698,7 +573,6 @@ fn ctc_loss_matches_brute_force() {
         },
         &[logits],
         false,
-        61,
     );
     // Concatenated targets give the same losses; an impossible alignment is inf (or 0).
     let flat = Tensor::from_vec(vec![1i64, 2, 1, 1], [4]).unwrap();
@@ -743,13 +617,11 @@ fn distances_match_references() {
         &|v| ops::cdist(&v[0], &v[1], 2.0, CdistMode::Direct),
         &[a.clone(), b.clone()],
         true,
-        71,
     );
     check_grads(
         &|v| ops::cdist(&v[0], &v[1], 2.0, CdistMode::Mm),
         &[a.clone(), b.clone()],
         true,
-        72,
     );
     // pdist: rows (0,1), (0,2), (1,2)
     let want: Vec<f64> = [(0, 1), (0, 2), (1, 2)]
@@ -764,12 +636,7 @@ fn distances_match_references() {
         })
         .collect();
     close(&vals(&ops::pdist(&a, 2.0).unwrap()), &want, 1e-12, "pdist");
-    check_grads(
-        &|v| ops::pdist(&v[0], 2.0),
-        std::slice::from_ref(&a),
-        true,
-        73,
-    );
+    check_grads(&|v| ops::pdist(&v[0], 2.0), std::slice::from_ref(&a), true);
     // dist
     let c = randn(&[3, 4], &mut g);
     let d: Vec<f64> = av.iter().zip(vals(&c)).map(|(x, y)| x - y).collect();
@@ -783,7 +650,6 @@ fn distances_match_references() {
         &|v| ops::dist(&v[0], &v[1], 2.0),
         &[a.clone(), c.clone()],
         true,
-        74,
     );
     // cosine_similarity and normalize along dim 1
     let cv = vals(&c);
@@ -805,7 +671,6 @@ fn distances_match_references() {
         &|v| ops::cosine_similarity(&v[0], &v[1], 1, 1e-8),
         &[a.clone(), c],
         true,
-        75,
     );
     let want: Vec<f64> = (0..12)
         .map(|i| av[i] / pn(&av[(i / 4) * 4..(i / 4) * 4 + 4], 2.0))
@@ -820,7 +685,6 @@ fn distances_match_references() {
         &|v| ops::normalize(&v[0], 3.0, 1, 1e-12),
         std::slice::from_ref(&a),
         true,
-        76,
     );
     // renorm along dim 0: rows with norm above 1.5 scaled to 1.5
     let want: Vec<f64> = (0..12)
@@ -843,7 +707,6 @@ fn distances_match_references() {
         &|v| ops::renorm(&v[0], 2.0, 0, 1.5),
         std::slice::from_ref(&a),
         true,
-        77,
     );
 }
 
@@ -863,7 +726,7 @@ fn prelu_bilinear_group_norm_match_references() {
         })
         .collect();
     close(&vals(&ops::prelu(&x, &w).unwrap()), &want, 1e-15, "prelu");
-    check_grads(&|v| ops::prelu(&v[0], &v[1]), &[x.clone(), w], true, 81);
+    check_grads(&|v| ops::prelu(&v[0], &v[1]), &[x.clone(), w], true);
 
     let x1 = randn(&[2, 3], &mut g);
     let x2 = randn(&[2, 4], &mut g);
@@ -892,7 +755,6 @@ fn prelu_bilinear_group_norm_match_references() {
         &|v| ops::bilinear(&v[0], &v[1], &v[2], Some(&v[3])),
         &[x1, x2, bw, bb],
         true,
-        82,
     );
 
     let gw = randn(&[4], &mut g);
@@ -921,7 +783,6 @@ fn prelu_bilinear_group_norm_match_references() {
         &|v| ops::group_norm(&v[0], 2, Some(&v[1]), Some(&v[2]), 1e-5),
         &[x, gw, gb],
         true,
-        83,
     );
 }
 
@@ -950,7 +811,7 @@ fn cross_index_put_tensordot_match_references() {
         1e-15,
         "cross default dim",
     );
-    check_grads(&|v| ops::cross(&v[0], &v[1], -1), &[a, b], true, 91);
+    check_grads(&|v| ops::cross(&v[0], &v[1], -1), &[a, b], true);
 
     let x = randn(&[5, 3], &mut g);
     let v = randn(&[2, 3], &mut g);
@@ -992,13 +853,11 @@ fn cross_index_put_tensordot_match_references() {
         &|t| ops::index_put(&t[0], &idxs, &t[1], false),
         &[x.clone(), v.clone()],
         false,
-        92,
     );
     check_grads(
         &|t| ops::index_put(&t[0], &idxs, &t[1], true),
         &[x, v],
         false,
-        93,
     );
 
     let a = randn(&[2, 3, 4], &mut g);
@@ -1027,7 +886,7 @@ fn cross_index_put_tensordot_match_references() {
         1e-12,
         "tensordot pairs",
     );
-    check_grads(&|v| ops::tensordot(&v[0], &v[1], &pairs), &[a, b], true, 94);
+    check_grads(&|v| ops::tensordot(&v[0], &v[1], &pairs), &[a, b], true);
 }
 
 /// Every op in every float dtype (16-bit ones refused where PyTorch's CPU kernel has no
