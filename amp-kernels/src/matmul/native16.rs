@@ -205,89 +205,6 @@ impl Half for f16 {
     }
 }
 
-/// How one kernel packs its operands and multiplies a tile.
-trait Format: Sync {
-    /// Inner indices per packed word.
-    const STEP: usize;
-
-    /// Pack `h ≤ W` lines of an operand panel (line `r`, inner index `q` at
-    /// `x[o + r·ls + q·qs]`) into `dst` (`k.div_ceil(STEP)·W` words): word `p` of line
-    /// `r` at `dst[p·W + r]`; lines `h..W` and the padding of a last word are zero. An
-    /// `A` panel's lines are its `MR` rows (`ls, qs = rs, cs`), a `B` strip's its `NR`
-    /// columns (`ls, qs = cs, rs`).
-    ///
-    /// # Safety
-    /// Every index `o + r·ls + q·qs` (`r < h`, `q < k`) lies inside `x`; the CPU has
-    /// what the kernel needs.
-    unsafe fn pack<const W: usize>(
-        x: &[u16],
-        o: usize,
-        ls: usize,
-        qs: usize,
-        k: usize,
-        h: usize,
-        dst: &mut [u32],
-    );
-
-    /// One output tile from `kp` words of an `A` panel and a `B` strip.
-    ///
-    /// # Safety
-    /// The CPU has what the kernel needs; `a` holds `kp·MR` words, `b` `kp·NR`; the
-    /// tile's rows and columns lie in the output (and the input) buffer.
-    unsafe fn micro(kp: usize, a: &[u32], b: &[u32], tile: Tile);
-}
-
-/// [`Kernel16::Avx512Bf16`]: bfloat16 pairs, `vdpbf16ps`.
-struct Pairs;
-
-impl Format for Pairs {
-    const STEP: usize = 2;
-
-    unsafe fn pack<const W: usize>(
-        x: &[u16],
-        o: usize,
-        ls: usize,
-        qs: usize,
-        k: usize,
-        h: usize,
-        dst: &mut [u32],
-    ) {
-        // SAFETY: the caller's contract.
-        unsafe { pack_pairs::<W>(x, o, ls, qs, k, h, dst) }
-    }
-
-    unsafe fn micro(kp: usize, a: &[u32], b: &[u32], tile: Tile) {
-        // SAFETY: the caller's contract.
-        unsafe { x86::micro(kp, a, b, tile) }
-    }
-}
-
-/// [`Kernel16::Avx512Fma`]: one float32 per word, widened from bfloat16 or (`F16`)
-/// float16; FMA tiles.
-struct Wide<const F16: bool>;
-
-impl<const F16: bool> Format for Wide<F16> {
-    const STEP: usize = 1;
-
-    unsafe fn pack<const W: usize>(
-        x: &[u16],
-        o: usize,
-        ls: usize,
-        qs: usize,
-        k: usize,
-        h: usize,
-        dst: &mut [u32],
-    ) {
-        // SAFETY: the caller's contract.
-        unsafe { pack_wide::<W, F16>(x, o, ls, qs, k, h, dst) }
-    }
-
-    unsafe fn micro(kp: usize, a: &[u32], b: &[u32], tile: Tile) {
-        // SAFETY: the caller's contract.
-        unsafe { x86::micro_fma::<F16>(kp, a, b, tile) }
-    }
-}
-
 // ----- the product ----------------------------------------------------------------------
 
 /// One 16-bit product job: `out[i] = beta · input[i] + alpha · A_i @ B_i` for each
@@ -328,15 +245,16 @@ pub(super) fn product<T: Half>(
         T::DTYPE
     );
     match (kernel, T::F16) {
-        (Kernel16::Avx512Bf16, _) => batched::<T, Pairs>(job, out),
-        (_, false) => batched::<T, Wide<false>>(job, out),
-        (_, true) => batched::<T, Wide<true>>(job, out),
+        (Kernel16::Avx512Bf16, _) => batched::<T, { x86::RAW }>(job, out),
+        (_, false) => batched::<T, { x86::FROM_BF16 }>(job, out),
+        (_, true) => batched::<T, { x86::FROM_F16 }>(job, out),
     }
 }
 
-/// [`product`] on the format `F`: the batch entries one after another (each split over
+/// [`product`] with packed words of kind `LOAD` ([`x86::RAW`]: bfloat16 pairs for
+/// `vdpbf16ps`; else one value widened to float32 for the FMA tiles): the batch entries one after another (each split over
 /// the threads), or spread over the threads when each is small.
-fn batched<T: Half, F: Format>(job: &Job<'_, T>, out: &mut [MaybeUninit<T>]) -> Result<()> {
+fn batched<T: Half, const LOAD: u8>(job: &Job<'_, T>, out: &mut [MaybeUninit<T>]) -> Result<()> {
     let (m, n, k) = (job.m, job.n, job.k);
     super::check_bounds(job.a, job.sa, m, k);
     super::check_bounds(job.b, job.sb, k, n);
@@ -345,7 +263,7 @@ fn batched<T: Half, F: Format>(job: &Job<'_, T>, out: &mut [MaybeUninit<T>]) -> 
     let segments = |i: usize| (job.sa.offsets[i], job.sb.offsets[i]);
     if job.reduce {
         let segs: Vec<_> = try_collect(batch, (0..batch).map(segments))?;
-        return single::<T, F>(job, &segs, out, job.input, true);
+        return single::<T, LOAD>(job, &segs, out, job.input, true);
     }
     let threads = rayon::current_num_threads();
     if batch == 1
@@ -355,13 +273,13 @@ fn batched<T: Half, F: Format>(job: &Job<'_, T>, out: &mut [MaybeUninit<T>]) -> 
     {
         for (i, o) in out.chunks_mut(mn).enumerate().take(batch) {
             let input = job.input.map(|v| &v[i * mn..(i + 1) * mn]);
-            single::<T, F>(job, &[segments(i)], o, input, true)?;
+            single::<T, LOAD>(job, &[segments(i)], o, input, true)?;
         }
     } else {
         let failed = FirstError::new();
         amp_tensor::parallel::for_each_chunk_mut(&mut out[..batch * mn], mn, &|i, o| {
             let input = job.input.map(|v| &v[i * mn..(i + 1) * mn]);
-            failed.record(single::<T, F>(job, &[segments(i)], o, input, false));
+            failed.record(single::<T, LOAD>(job, &[segments(i)], o, input, false));
         });
         failed.into_result()?;
     }
@@ -370,7 +288,7 @@ fn batched<T: Half, F: Format>(job: &Job<'_, T>, out: &mut [MaybeUninit<T>]) -> 
 
 /// One output matrix: `out = input + alpha · Σ_s A_s @ B_s` over the segments `s`
 /// (storage offsets of `A` and `B`), all sums in registers, rounded once.
-fn single<T: Half, F: Format>(
+fn single<T: Half, const LOAD: u8>(
     job: &Job<'_, T>,
     segs: &[(usize, usize)],
     out: &mut [MaybeUninit<T>],
@@ -381,7 +299,7 @@ fn single<T: Half, F: Format>(
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let kp_seg = k.div_ceil(F::STEP);
+    let kp_seg = k.div_ceil(step(LOAD));
     let kp = kp_seg * segs.len();
     let (xa, xb) = (T::bits(job.a), T::bits(job.b));
     let strips = n.div_ceil(NR);
@@ -410,7 +328,7 @@ fn single<T: Half, F: Format>(
         for (seg, d) in segs.iter().zip(dst.chunks_mut(kp_seg * NR)) {
             // SAFETY: the operands lie in their buffers (checked by `product`); the
             // strip reads columns `j0..j0+w` and inner rows `0..k` of matrix `seg`.
-            unsafe { F::pack::<NR>(xb, seg.1 + j0 * job.sb.cs, job.sb.cs, job.sb.rs, k, w, d) };
+            unsafe { pack::<NR, LOAD>(xb, seg.1 + j0 * job.sb.cs, job.sb.cs, job.sb.rs, k, w, d) };
         }
     })?;
     let dst = SendPtr(out.as_mut_ptr().cast::<u16>());
@@ -429,7 +347,9 @@ fn single<T: Half, F: Format>(
             let h = MR.min(m - r0);
             for (seg, d) in segs.iter().zip(d.chunks_mut(kp_seg * MR)) {
                 // SAFETY: as for the strips: rows `r0..r0+h`, inner columns `0..k`.
-                unsafe { F::pack::<MR>(xa, seg.0 + r0 * job.sa.rs, job.sa.rs, job.sa.cs, k, h, d) };
+                unsafe {
+                    pack::<MR, LOAD>(xa, seg.0 + r0 * job.sa.rs, job.sa.rs, job.sa.cs, k, h, d)
+                };
             }
         }
         // The group's strips, each row block starting at its own one, so that workers
@@ -457,7 +377,13 @@ fn single<T: Half, F: Format>(
                 // SAFETY: the CPU runs this format (asserted by `product`); both packs
                 // hold `kp` words of the tile's rows and columns; the tile lies in
                 // `out` (and `input`, same layout).
-                unsafe { F::micro(kp, ap, bs, tile) };
+                unsafe {
+                    match LOAD {
+                        x86::RAW => x86::micro(kp, ap, bs, tile),
+                        x86::FROM_F16 => x86::micro_fma::<true>(kp, ap, bs, tile),
+                        _ => x86::micro_fma::<false>(kp, ap, bs, tile),
+                    }
+                };
             }
         }
         give_pack(apack);
@@ -536,88 +462,27 @@ fn pair(lo: u16, hi: u16) -> u32 {
     lo as u32 | (hi as u32) << 16
 }
 
-/// [`Format::pack`] for [`Pairs`]: pair `p` of a line holds inner indices `2p`
-/// (low half) and `2p + 1`.
-///
-/// # Safety
-/// As [`Format::pack`]; the CPU has AVX-512 F/BW/VL.
-unsafe fn pack_pairs<const W: usize>(
-    x: &[u16],
-    o: usize,
-    ls: usize,
-    qs: usize,
-    k: usize,
-    h: usize,
-    dst: &mut [u32],
-) {
-    debug_assert!(h <= W);
-    let kp = k.div_ceil(2);
-    let dst = &mut dst[..kp * W];
-    let src = x.as_ptr();
-    // SAFETY: every (r, q) read below is inside `x` (the caller's contract).
-    let at = |r: usize, q: usize| unsafe { *src.add(o + r * ls + q * qs) };
-    let full = k / 2;
-    if qs == 1 {
-        // Lines contiguous (a row-major `A`, a column-major `B` such as `linear`'s
-        // weight): a pair is two neighbours of one line; blocks of 16 pairs of every
-        // line are transposed in registers, the rest one by one.
-        let blocks = full / 16;
-        for pb in 0..blocks {
-            // SAFETY: lines `0..h`, pairs `16pb..16pb+16 ≤ k / 2` lie inside `x`;
-            // `dst` holds pairs up to `kp`.
-            unsafe {
-                x86::transpose_words::<W, { x86::RAW }>(
-                    src.add(o + 32 * pb),
-                    ls,
-                    h,
-                    &mut dst[16 * pb * W..],
-                )
-            };
-        }
-        for p in 16 * blocks..full {
-            for r in 0..W {
-                dst[p * W + r] = if r < h {
-                    // SAFETY: the caller's contract (elements `2p`, `2p+1` of line `r`).
-                    u32::from_le(unsafe {
-                        src.add(o + r * ls + 2 * p).cast::<u32>().read_unaligned()
-                    })
-                } else {
-                    0
-                };
-            }
-        }
-    } else if ls == 1 {
-        // Neighbouring lines contiguous (a column-major `A`, a row-major `B`): the two
-        // halves of a pair are the same `h` lines at two inner indices, each one
-        // (masked) load.
-        // SAFETY: lines `0..h` at inner indices `0..2·full` lie inside `x`; `dst` holds
-        // `full` pairs.
-        unsafe { x86::gather_words::<W, { x86::RAW }>(src.add(o), qs, h, full, dst) };
+/// Inner indices per packed word of kind `LOAD` (a bfloat16 pair holds two).
+const fn step(load: u8) -> usize {
+    if load == x86::RAW {
+        2
     } else {
-        // Any strides: one value at a time.
-        for p in 0..full {
-            for r in 0..W {
-                dst[p * W + r] = if r < h {
-                    pair(at(r, 2 * p), at(r, 2 * p + 1))
-                } else {
-                    0
-                };
-            }
-        }
-    }
-    if k % 2 == 1 {
-        for r in 0..W {
-            dst[full * W + r] = if r < h { pair(at(r, k - 1), 0) } else { 0 };
-        }
+        1
     }
 }
 
-/// [`Format::pack`] for [`Wide`]: word `p` of a line is inner index `p` widened to
-/// float32 (from float16 when `F16`, else from bfloat16).
+/// Pack `h ≤ W` lines of an operand panel (line `r`, inner index `q` at
+/// `x[o + r·ls + q·qs]`) into `dst` (`k.div_ceil(step)·W` words): word `p` of line `r`
+/// at `dst[p·W + r]` — for [`x86::RAW`] the bfloat16 pair of inner indices `2p` (low
+/// half) and `2p + 1`, else inner index `p` widened to float32 from bfloat16
+/// ([`x86::FROM_BF16`]) or float16 ([`x86::FROM_F16`]). Lines `h..W` and the missing
+/// half of a last pair are zero. An `A` panel's lines are its `MR` rows
+/// (`ls, qs = rs, cs`), a `B` strip's its `NR` columns (`ls, qs = cs, rs`).
 ///
 /// # Safety
-/// As [`Format::pack`]; the CPU has AVX-512 F/BW/VL.
-unsafe fn pack_wide<const W: usize, const F16: bool>(
+/// Every index `o + r·ls + q·qs` (`r < h`, `q < k`) lies inside `x`; the CPU has
+/// AVX-512 F/BW/VL.
+unsafe fn pack<const W: usize, const LOAD: u8>(
     x: &[u16],
     o: usize,
     ls: usize,
@@ -627,54 +492,53 @@ unsafe fn pack_wide<const W: usize, const F16: bool>(
     dst: &mut [u32],
 ) {
     debug_assert!(h <= W);
-    let dst = &mut dst[..k * W];
+    let st = step(LOAD);
+    let (words, full) = (k.div_ceil(st), k / st);
+    let dst = &mut dst[..words * W];
     let src = x.as_ptr();
-    let widen = |b: u16| {
-        if F16 {
-            f16::from_bits(b).to_f32().to_bits()
-        } else {
-            (b as u32) << 16
-        }
-    };
     // SAFETY: every (r, q) read below is inside `x` (the caller's contract).
     let at = |r: usize, q: usize| unsafe { *src.add(o + r * ls + q * qs) };
+    let word = |r: usize, p: usize| -> u32 {
+        match LOAD {
+            x86::RAW => pair(
+                at(r, 2 * p),
+                if 2 * p + 1 < k { at(r, 2 * p + 1) } else { 0 },
+            ),
+            x86::FROM_F16 => f16::from_bits(at(r, p)).to_f32().to_bits(),
+            _ => (at(r, p) as u32) << 16,
+        }
+    };
     let mut done = 0;
     if qs == 1 {
-        // Lines contiguous along the inner index (a row-major `A`, a column-major `B`):
-        // blocks of 16 inner indices of every line are widened and transposed in
+        // Lines contiguous along the inner index (a row-major `A`, a column-major `B`
+        // such as `linear`'s weight): blocks of 16 words of every line are transposed in
         // registers.
-        let blocks = k / 16;
-        for qb in 0..blocks {
-            // SAFETY: lines `0..h`, inner indices `16qb..16qb+16 ≤ k` lie inside `x`;
-            // `dst` holds words up to `k`.
+        let blocks = full / 16;
+        for b in 0..blocks {
+            // SAFETY: lines `0..h`, inner indices of words `16b..16b+16 ≤ full` lie
+            // inside `x`; `dst` holds words up to `words`.
             unsafe {
-                let (at, d) = (src.add(o + 16 * qb), &mut dst[16 * qb * W..]);
-                if F16 {
-                    x86::transpose_words::<W, { x86::FROM_F16 }>(at, ls, h, d)
-                } else {
-                    x86::transpose_words::<W, { x86::FROM_BF16 }>(at, ls, h, d)
-                }
+                x86::transpose_words::<W, LOAD>(
+                    src.add(o + 16 * st * b),
+                    ls,
+                    h,
+                    &mut dst[16 * b * W..],
+                )
             };
         }
         done = 16 * blocks;
     } else if ls == 1 {
         // Neighbouring lines contiguous (a column-major `A`, a row-major `B`): the `h`
-        // lines at one inner index are one (masked) load, widened.
-        // SAFETY: lines `0..h` at inner indices `0..k` lie inside `x`; `dst` holds `k`
-        // words per line.
-        unsafe {
-            if F16 {
-                x86::gather_words::<W, { x86::FROM_F16 }>(src.add(o), qs, h, k, dst)
-            } else {
-                x86::gather_words::<W, { x86::FROM_BF16 }>(src.add(o), qs, h, k, dst)
-            }
-        };
-        done = k;
+        // lines at one inner index are one masked load.
+        // SAFETY: lines `0..h` at the inner indices of words `0..full` lie inside `x`;
+        // `dst` holds `full` words per line.
+        unsafe { x86::gather_words::<W, LOAD>(src.add(o), qs, h, full, dst) };
+        done = full;
     }
-    // Any strides, and the last inner indices of the first case: one value at a time.
-    for q in done..k {
+    // Any strides, the last words of the first case, a last odd pair: one at a time.
+    for p in done..words {
         for r in 0..W {
-            dst[q * W + r] = if r < h { widen(at(r, q)) } else { 0 };
+            dst[p * W + r] = if r < h { word(r, p) } else { 0 };
         }
     }
 }
