@@ -37,29 +37,9 @@ pub fn check_grad(inputs: &[Tensor], f: &dyn Fn(&[Tensor]) -> Result<Tensor>, to
         },
     )
     .unwrap();
-    let eps = 1e-6;
-    for (k, x) in inputs.iter().enumerate() {
-        let base = x.to_vec_f64();
-        let g = gs[k]
-            .as_ref()
-            .map(|g| g.to_vec_f64())
-            .unwrap_or(vec![0.0; base.len()]);
-        for i in 0..base.len() {
-            let at = |d: f64| {
-                let mut v = base.clone();
-                v[i] += d;
-                let mut ins = inputs.to_vec();
-                ins[k] = with_values(x, v);
-                dot(&f(&ins).unwrap(), &w)
-            };
-            let fd = (at(eps) - at(-eps)) / (2.0 * eps);
-            assert!(
-                (fd - g[i]).abs() <= tol * (1.0 + fd.abs()),
-                "input {k} element {i}: analytic {} vs numeric {fd}",
-                g[i]
-            );
-        }
-    }
+    compare(inputs, &gs, 1e-6, tol, "first order", |ins| {
+        dot(&f(ins).unwrap(), &w)
+    });
 }
 
 /// The gradient of `P(x) = sum_k sum(g_k * g_k)` (g the create_graph first-order grads
@@ -104,10 +84,25 @@ pub fn check_second_order(inputs: &[Tensor], f: &dyn Fn(&[Tensor]) -> Result<Ten
         },
     )
     .unwrap();
-    let eps = 1e-5;
+    compare(inputs, &g2, 1e-5, tol, "second order", |ins| {
+        penalty(ins, false).1
+    });
+}
+
+/// Each element of `analytic` (the gradients of `value` with respect to `inputs`; `None`
+/// for zero) against the central difference of `value` with step `eps`, within
+/// `tol · (1 + |numeric|)`.
+fn compare(
+    inputs: &[Tensor],
+    analytic: &[Option<Tensor>],
+    eps: f64,
+    tol: f64,
+    what: &str,
+    value: impl Fn(&[Tensor]) -> f64,
+) {
     for (k, x) in inputs.iter().enumerate() {
         let base = x.to_vec_f64();
-        let g = g2[k]
+        let g = analytic[k]
             .as_ref()
             .map(|g| g.to_vec_f64())
             .unwrap_or(vec![0.0; base.len()]);
@@ -117,12 +112,12 @@ pub fn check_second_order(inputs: &[Tensor], f: &dyn Fn(&[Tensor]) -> Result<Ten
                 v[i] += d;
                 let mut ins = inputs.to_vec();
                 ins[k] = with_values(x, v);
-                penalty(&ins, false).1
+                value(&ins)
             };
             let fd = (at(eps) - at(-eps)) / (2.0 * eps);
             assert!(
                 (fd - g[i]).abs() <= tol * (1.0 + fd.abs()),
-                "second order, input {k} element {i}: analytic {} vs numeric {fd}",
+                "{what}, input {k} element {i}: analytic {} vs numeric {fd}",
                 g[i]
             );
         }

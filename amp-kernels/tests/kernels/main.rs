@@ -3,6 +3,7 @@
 //! runs one subject).
 
 mod api;
+mod common;
 mod conv;
 mod cuda_device;
 mod elementwise;

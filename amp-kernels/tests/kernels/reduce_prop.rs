@@ -5,18 +5,9 @@ use amp_kernels::{mean, sum};
 use amp_tensor::{DType, Tensor};
 use proptest::prelude::*;
 
+/// Deterministic pseudo-random values in `[-1, 1)`.
 fn values(n: usize, seed: u64) -> Vec<f64> {
-    let mut s = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
-        })
-        .collect()
+    super::common::uniform(n, seed, 1.0)
 }
 
 fn reference(
