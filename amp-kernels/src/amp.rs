@@ -7,6 +7,7 @@
 //! in parallel (rayon), and each chunk is multiplied and checked by a branch-free,
 //! vectorisable loop (an OR of "not finite" bit tests, no per-element branch).
 
+use amp_tensor::ensure;
 use std::sync::RwLockWriteGuard;
 
 use amp_tensor::half::{bf16, f16};
@@ -25,12 +26,10 @@ const TASK: usize = 1 << 18;
 const BLOCK: usize = 1024;
 
 fn check_one_elem(op: &'static str, t: &Tensor, name: &str, dtype: DType) -> Result<()> {
-    if t.elem_count() != 1 {
-        return Err(Error::invalid(
-            op,
-            format!("{name} must be a 1-element tensor."),
-        ));
-    }
+    ensure!(
+        t.elem_count() == 1,
+        invalid(op, "{name} must be a 1-element tensor.")
+    );
     if t.dtype() != dtype {
         let kind = if dtype == DType::I32 {
             "an int"

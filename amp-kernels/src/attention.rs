@@ -11,6 +11,7 @@
 //! sees keys `0..=i`, PyTorch's top-left `tril`) and the scale. A row whose keys are
 //! all masked gives NaN, as `softmax` over `-inf` scores does.
 
+use amp_tensor::ensure;
 use std::sync::Mutex;
 
 use amp_tensor::{cast_into, Element, Error, Result, Tensor};
@@ -69,12 +70,13 @@ fn geometry(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(usize, usize, usize, 
 /// The bias as `(values, batch stride)` in the compute type.
 fn bias_of<C: Real>(t: &Tensor, b: usize, l: usize, s: usize) -> Result<(Vec<C>, usize)> {
     let d = t.dims();
-    if t.rank() != 3 || d[1..] != [l, s] || (d[0] != 1 && d[0] != b) {
-        return Err(Error::invalid(
+    ensure!(
+        !(t.rank() != 3 || d[1..] != [l, s] || (d[0] != 1 && d[0] != b)),
+        invalid(
             "scaled_dot_product_attention",
-            format!("flash attention: the bias {d:?} is not [1 or {b}, {l}, {s}]"),
-        ));
-    }
+            "flash attention: the bias {d:?} is not [1 or {b}, {l}, {s}]"
+        )
+    );
     let stride = if d[0] == 1 { 0 } else { l * s };
     Ok((t.try_contiguous()?.try_to_vec_as::<C>()?, stride))
 }
@@ -414,17 +416,7 @@ pub fn flash_attention_backward(
     opts: FlashOptions<'_>,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     let (b, l, s, e, ev) = geometry(q, k, v)?;
-    if out.dims() != [b, l, ev] || dout.dims() != [b, l, ev] || lse.dims() != [b, l] {
-        return Err(Error::invalid(
-            "scaled_dot_product_attention",
-            format!(
-                "flash attention backward: output {:?}, its gradient {:?} and log-sum-exp {:?} do not match [{b}, {l}, {ev}]",
-                out.dims(),
-                dout.dims(),
-                lse.dims()
-            ),
-        ));
-    }
+    ensure!(!(out.dims() != [b, l, ev] || dout.dims() != [b, l, ev] || lse.dims() != [b, l]), invalid("scaled_dot_product_attention", "flash attention backward: output {:?}, its gradient {:?} and log-sum-exp {:?} do not match [{b}, {l}, {ev}]", out.dims(), dout.dims(), lse.dims()));
     crate::float_kernel!(q.dtype(), "scaled_dot_product_attention", |T, C| {
         let inputs = Inputs::<C>::new::<T>(q, k, v, opts, (b, l, s, e, ev))?;
         let oc: Vec<C> = out.try_contiguous()?.try_to_vec_as()?;

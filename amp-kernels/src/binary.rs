@@ -15,6 +15,7 @@
 //! single-value operand is splatted, broadcasting walks coalesced runs (a bias add
 //! `[N, M] + [M]` is `N` runs of `M`), and large outputs are split over rayon.
 
+use amp_tensor::ensure;
 use amp_tensor::{
     broadcast_shapes, result_type, DType, Element, Error, Operand, Result, Scalar, Tensor,
 };
@@ -260,9 +261,7 @@ fn int_binary<T: Int>(job: &Job<'_>) -> Result<Vec<T>> {
         BinaryOp::Maximum => zip2(d, x, y, |p: T, q: T| p.max(q)),
         BinaryOp::Minimum => zip2(d, x, y, |p: T, q: T| p.min(q)),
         BinaryOp::Remainder => {
-            if ewise::any_zero(&y) {
-                return Err(Error::invalid(name, "ZeroDivisionError"));
-            }
+            ensure!(!ewise::any_zero(&y), invalid(name, "ZeroDivisionError"));
             zip2(d, x, y, |p: T, q: T| p.pymod(q))
         }
         // Promoted to float32 by `BinaryOp::out_dtype`; never integer here.
@@ -353,12 +352,10 @@ pub fn binary_scalar(op: BinaryOp, a: &Tensor, s: impl Into<Scalar>) -> Result<T
     check_sub(op, a.dtype() == DType::Bool, is_bool_scalar(s))?;
     if op == BinaryOp::Pow && !a.dtype().is_floating_point() {
         if let Scalar::Int(e) = s {
-            if e < 0 {
-                return Err(Error::invalid(
-                    name,
-                    "Integers to negative integer powers are not allowed.",
-                ));
-            }
+            ensure!(
+                e >= 0,
+                invalid(name, "Integers to negative integer powers are not allowed.")
+            );
         }
     }
     let promoted = result_type(&[meta(a), Operand::Scalar(s)]).unwrap_or(a.dtype());

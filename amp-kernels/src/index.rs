@@ -8,6 +8,7 @@
 //! `index_add`, `index_put` with `accumulate`, `embedding_backward`) add in the compute
 //! type (f32 for f16/bf16) and round once.
 
+use amp_tensor::ensure;
 use std::sync::RwLockReadGuard;
 
 use amp_tensor::{
@@ -88,15 +89,14 @@ pub fn cat(ts: &[Tensor], dim: i64) -> Result<Tensor> {
     let rank = first.rank();
     let d = wrap_dim(dim, rank)?;
     for &(k, t) in &parts {
-        if t.rank() != rank {
-            return Err(Error::invalid(
+        ensure!(
+            t.rank() == rank,
+            invalid(
                 "cat",
-                format!(
-                    "Tensors must have same number of dimensions: got {rank} and {}",
-                    t.rank()
-                ),
-            ));
-        }
+                "Tensors must have same number of dimensions: got {rank} and {}",
+                t.rank()
+            )
+        );
         if let Some(a) = (0..rank).find(|&a| a != d && t.dims()[a] != first.dims()[a]) {
             return Err(Error::invalid(
                 "cat",
@@ -181,23 +181,20 @@ fn take(op: &'static str, x: &Tensor, dim: i64, idx: &[i64], shape: Vec<usize>) 
 pub fn index_select(x: &Tensor, dim: i64, index: &Tensor) -> Result<Tensor> {
     let op = "index_select";
     let idx = index_values(op, index, true)?;
-    if index.rank() > 1 {
-        return Err(Error::invalid(
-            op,
-            "index_select(): Index is supposed to be a vector",
-        ));
-    }
+    ensure!(
+        index.rank() <= 1,
+        invalid(op, "index_select(): Index is supposed to be a vector")
+    );
     let mut shape = x.dims().to_vec();
     if x.rank() == 0 {
-        if idx.len() != 1 {
-            return Err(Error::invalid(
+        ensure!(
+            idx.len() == 1,
+            invalid(
                 op,
-                format!(
-                    "index_select(): Index to scalar can have only 1 value, got {} value(s)",
-                    idx.len()
-                ),
-            ));
-        }
+                "index_select(): Index to scalar can have only 1 value, got {} value(s)",
+                idx.len()
+            )
+        );
     } else {
         shape[wrap_dim(dim, x.rank())?] = idx.len();
     }
@@ -215,19 +212,21 @@ fn check_scatter_shapes(
 ) -> Result<()> {
     let rank = x.rank().max(1);
     let irank = index.rank().max(1);
-    if irank != rank {
-        return Err(Error::invalid(
+    ensure!(
+        irank == rank,
+        invalid(
             op,
-            "Index tensor must have the same number of dimensions as self tensor",
-        ));
-    }
+            "Index tensor must have the same number of dimensions as self tensor"
+        )
+    );
     if let Some(s) = src {
-        if s.rank().max(1) != rank {
-            return Err(Error::invalid(
+        ensure!(
+            s.rank().max(1) == rank,
+            invalid(
                 op,
-                "Index tensor must have the same number of dimensions as src tensor",
-            ));
-        }
+                "Index tensor must have the same number of dimensions as src tensor"
+            )
+        );
     }
     let dims = |t: &Tensor| {
         if t.rank() == 0 {
@@ -316,16 +315,15 @@ fn scatter_impl(
     accumulate: bool,
 ) -> Result<Tensor> {
     let idx = index_values(op, index, false)?;
-    if src.dtype() != x.dtype() {
-        return Err(Error::invalid(
+    ensure!(
+        src.dtype() == x.dtype(),
+        invalid(
             op,
-            format!(
-                "{op}(): Expected self.dtype to be equal to src.dtype (got {} and {})",
-                x.dtype(),
-                src.dtype()
-            ),
-        ));
-    }
+            "{op}(): Expected self.dtype to be equal to src.dtype (got {} and {})",
+            x.dtype(),
+            src.dtype()
+        )
+    );
     let d = wrap_dim(dim, x.rank())?;
     check_scatter_shapes(op, x, d, index, Some(src))?;
     let size = if x.rank() == 0 { 1 } else { x.dims()[d] };
@@ -375,22 +373,19 @@ fn check_index_src(
     src: &Tensor,
 ) -> Result<Vec<i64>> {
     let idx = index_values(op, index, true)?;
-    if index.rank() > 1 {
-        return Err(Error::invalid(
+    ensure!(
+        index.rank() <= 1,
+        invalid(op, "{op}(): Index is supposed to be a vector")
+    );
+    ensure!(
+        src.dtype() == x.dtype(),
+        invalid(
             op,
-            format!("{op}(): Index is supposed to be a vector"),
-        ));
-    }
-    if src.dtype() != x.dtype() {
-        return Err(Error::invalid(
-            op,
-            format!(
-                "{op}(): self ({}) and source ({}) must have the same scalar type",
-                x.dtype().scalar_type_name(),
-                src.dtype().scalar_type_name()
-            ),
-        ));
-    }
+            "{op}(): self ({}) and source ({}) must have the same scalar type",
+            x.dtype().scalar_type_name(),
+            src.dtype().scalar_type_name()
+        )
+    );
     let d = wrap_dim(dim, x.rank())?;
     let mut want = x.dims().to_vec();
     if x.rank() > 0 {
@@ -426,12 +421,13 @@ fn index_update(
 ) -> Result<Tensor> {
     let idx = check_index_src(op, x, dim, index, src)?;
     if let Some(a) = alpha {
-        if !x.dtype().is_floating_point() && a.fract() != 0.0 {
-            return Err(Error::invalid(
+        ensure!(
+            x.dtype().is_floating_point() || a.fract() == 0.0,
+            invalid(
                 op,
-                "For integral input tensors, argument alpha must not be a floating point number.",
-            ));
-        }
+                "For integral input tensors, argument alpha must not be a floating point number."
+            )
+        );
     }
     let (outer, n, inner) = line_geometry(x, dim)?;
     let k = idx.len();
@@ -481,39 +477,28 @@ pub fn index_put(
 ) -> Result<Tensor> {
     let op = "index_put";
     let rank = x.rank();
-    if indices.len() > rank {
-        return Err(Error::invalid(
+    ensure!(
+        indices.len() <= rank,
+        invalid(
             op,
-            format!(
-                "too many indices for tensor of dimension {rank} (got {})",
-                indices.len()
-            ),
-        ));
-    }
-    if values.dtype() != x.dtype() {
-        return Err(Error::invalid(
-            op,
-            format!(
-                "Index put requires the source and destination dtypes match, got {} for the destination and {} for the source.",
-                x.dtype().scalar_type_name(),
-                values.dtype().scalar_type_name()
-            ),
-        ));
-    }
+            "too many indices for tensor of dimension {rank} (got {})",
+            indices.len()
+        )
+    );
+    ensure!(values.dtype() == x.dtype(), invalid(op, "Index put requires the source and destination dtypes match, got {} for the destination and {} for the source.", x.dtype().scalar_type_name(), values.dtype().scalar_type_name()));
     let adv: Vec<usize> = (0..indices.len())
         .filter(|&k| indices[k].is_some())
         .collect();
     let mut bshape: Vec<usize> = Vec::new();
     for t in indices.iter().flatten() {
-        if !matches!(t.dtype(), DType::I64 | DType::I32) {
-            return Err(Error::invalid(
+        ensure!(
+            matches!(t.dtype(), DType::I64 | DType::I32),
+            invalid(
                 op,
-                format!(
-                    "tensors used as indices must be long or int tensors (got {})",
-                    t.dtype()
-                ),
-            ));
-        }
+                "tensors used as indices must be long or int tensors (got {})",
+                t.dtype()
+            )
+        );
         bshape = broadcast_shapes(op, &bshape, t.dims())?;
     }
     let xs = Layout::contiguous(x.dims().to_vec()).strides().to_vec();
@@ -587,15 +572,14 @@ pub fn index_put(
 /// shape) is true.
 pub fn masked_fill(x: &Tensor, mask: &Tensor, value: f64) -> Result<Tensor> {
     let op = "masked_fill";
-    if mask.dtype() != DType::Bool {
-        return Err(Error::invalid(
+    ensure!(
+        mask.dtype() == DType::Bool,
+        invalid(
             op,
-            format!(
-                "masked_fill_ only supports boolean masks, but got mask with dtype {}",
-                mask.dtype()
-            ),
-        ));
-    }
+            "masked_fill_ only supports boolean masks, but got mask with dtype {}",
+            mask.dtype()
+        )
+    );
     let ml = mask.layout().broadcast_as(x.dims())?;
     let guard = mask.storage();
     let ms = bool::slice(guard.cpu()).expect("bool storage");
@@ -616,9 +600,7 @@ pub fn masked_fill(x: &Tensor, mask: &Tensor, value: f64) -> Result<Tensor> {
 /// Rows `indices` of the 2-D `weight`: shape `indices.shape + [weight.size(1)]`.
 pub fn embedding(weight: &Tensor, indices: &Tensor) -> Result<Tensor> {
     let op = "embedding";
-    if weight.rank() != 2 {
-        return Err(Error::invalid(op, "'weight' must be 2-D"));
-    }
+    ensure!(weight.rank() == 2, invalid(op, "'weight' must be 2-D"));
     let idx = index_values(op, indices, true)?;
     let mut shape = indices.dims().to_vec();
     shape.push(weight.dims()[1]);
@@ -671,12 +653,13 @@ pub fn embedding_backward(
 /// `indices.shape + [num_classes]`; `num_classes = -1` infers `max + 1`.
 pub fn one_hot(indices: &Tensor, num_classes: i64) -> Result<Tensor> {
     let op = "one_hot";
-    if indices.dtype() != DType::I64 {
-        return Err(Error::invalid(
+    ensure!(
+        indices.dtype() == DType::I64,
+        invalid(
             op,
-            "one_hot is only applicable to index tensor of type LongTensor.",
-        ));
-    }
+            "one_hot is only applicable to index tensor of type LongTensor."
+        )
+    );
     let idx: Vec<i64> = indices.try_to_vec_as()?;
     let nc = match (num_classes, idx.iter().max()) {
         (-1, Some(&m)) => m + 1,
@@ -689,15 +672,14 @@ pub fn one_hot(indices: &Tensor, num_classes: i64) -> Result<Tensor> {
         (c, _) if c < 0 => return Err(Error::invalid(op, "num_classes should be positive")),
         (c, _) => c,
     };
-    if idx.iter().any(|&i| i < 0) {
-        return Err(Error::invalid(op, "Class values must be non-negative."));
-    }
-    if idx.iter().any(|&i| i >= nc) {
-        return Err(Error::invalid(
-            op,
-            "Class values must be smaller than num_classes.",
-        ));
-    }
+    ensure!(
+        idx.iter().all(|&i| i >= 0),
+        invalid(op, "Class values must be non-negative.")
+    );
+    ensure!(
+        idx.iter().all(|&i| i < nc),
+        invalid(op, "Class values must be smaller than num_classes.")
+    );
     let nc = nc as usize;
     let mut out = try_zeroed::<i64>(count(&[idx.len(), nc]))?;
     for (k, &i) in idx.iter().enumerate() {

@@ -7,6 +7,7 @@
 //! autocast these ops are on the float32 list, so they see float32). Batches run in
 //! parallel over the matrices (rayon) when the work is large.
 
+use amp_tensor::ensure;
 use amp_tensor::pool::{try_collect, try_with_capacity, try_zeroed};
 use amp_tensor::{DType, Element, Error, Result, Tensor};
 use faer::linalg::solvers::{DenseSolveCore, Solve};
@@ -59,15 +60,14 @@ struct Batch<C> {
 
 impl<C: LaReal> Batch<C> {
     fn of(op: &'static str, t: &Tensor) -> Result<Self> {
-        if t.rank() < 2 {
-            return Err(Error::invalid(
+        ensure!(
+            t.rank() >= 2,
+            invalid(
                 op,
-                format!(
-                    "The input tensor A must have at least 2 dimensions. Got {} dimensions",
-                    t.rank()
-                ),
-            ));
-        }
+                "The input tensor A must have at least 2 dimensions. Got {} dimensions",
+                t.rank()
+            )
+        );
         let r = t.rank();
         let (m, n) = (t.dims()[r - 2], t.dims()[r - 1]);
         Ok(Batch {
@@ -88,15 +88,15 @@ impl<C: LaReal> Batch<C> {
     }
 
     fn square(&self, op: &'static str) -> Result<()> {
-        if self.m != self.n {
-            return Err(Error::invalid(
+        ensure!(
+            self.m == self.n,
+            invalid(
                 op,
-                format!(
-                    "A must be batches of square matrices, but they are {} by {} matrices",
-                    self.m, self.n
-                ),
-            ));
-        }
+                "A must be batches of square matrices, but they are {} by {} matrices",
+                self.m,
+                self.n
+            )
+        );
         Ok(())
     }
 }
@@ -203,16 +203,15 @@ pub fn linalg_solve_ex(a: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor)> {
         let ab = Batch::<C>::of(OP, a)?;
         ab.square(OP)?;
         let bb = Batch::<C>::of(OP, b)?;
-        if ab.batch != bb.batch || bb.m != ab.n {
-            return Err(Error::invalid(
+        ensure!(
+            !(ab.batch != bb.batch || bb.m != ab.n),
+            invalid(
                 OP,
-                format!(
-                    "Incompatible shapes of A and B for the equation AX = B ({:?} and {:?})",
-                    a.dims(),
-                    b.dims()
-                ),
-            ));
-        }
+                "Incompatible shapes of A and B for the equation AX = B ({:?} and {:?})",
+                a.dims(),
+                b.dims()
+            )
+        );
         let (n, k) = (ab.n, bb.n);
         let res = per_matrix(ab.count(), work(n, n) + n * n * k, |i| {
             let lu = ab.mat(i).partial_piv_lu();
@@ -249,16 +248,15 @@ pub fn linalg_solve_triangular(
         let ab = Batch::<C>::of(OP, a)?;
         ab.square(OP)?;
         let bb = Batch::<C>::of(OP, b)?;
-        if ab.batch != bb.batch || bb.m != ab.n {
-            return Err(Error::invalid(
+        ensure!(
+            !(ab.batch != bb.batch || bb.m != ab.n),
+            invalid(
                 OP,
-                format!(
-                    "Incompatible shapes of A and B for the equation AX = B ({:?} and {:?})",
-                    a.dims(),
-                    b.dims()
-                ),
-            ));
-        }
+                "Incompatible shapes of A and B for the equation AX = B ({:?} and {:?})",
+                a.dims(),
+                b.dims()
+            )
+        );
         let (n, k) = (ab.n, bb.n);
         let res = per_matrix(ab.count(), n * n * k, |i| {
             let t = ab.mat(i);
@@ -488,12 +486,10 @@ pub fn linalg_lu_factor_ex(a: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
 /// `pivots` (1-based, `[..., k]`), so that `A = P L U`.
 pub fn lu_pivots_to_permutation(pivots: &Tensor, m: usize, dtype: DType) -> Result<Tensor> {
     const OP: &str = "lu_unpack";
-    if pivots.dtype().is_floating_point() || pivots.rank() < 1 {
-        return Err(Error::invalid(
-            OP,
-            "pivots must be an integer tensor of rank >= 1",
-        ));
-    }
+    ensure!(
+        !(pivots.dtype().is_floating_point() || pivots.rank() < 1),
+        invalid(OP, "pivots must be an integer tensor of rank >= 1")
+    );
     let r = pivots.rank();
     let k = pivots.dims()[r - 1];
     let batch = pivots.dims()[..r - 1].to_vec();
@@ -504,12 +500,10 @@ pub fn lu_pivots_to_permutation(pivots: &Tensor, m: usize, dtype: DType) -> Resu
         let mut perm: Vec<usize> = try_collect(m, 0..m)?;
         for i in 0..k {
             let p = piv[bi * k + i];
-            if p < 1 || p as usize > m {
-                return Err(Error::invalid(
-                    OP,
-                    format!("pivot {p} is out of range [1, {m}]"),
-                ));
-            }
+            ensure!(
+                !(p < 1 || p as usize > m),
+                invalid(OP, "pivot {p} is out of range [1, {m}]")
+            );
             perm.swap(i, p as usize - 1);
         }
         // (Pᵀ A)[i] = A[perm[i]], so P[perm[i], i] = 1.
@@ -533,12 +527,10 @@ pub fn linalg_matrix_rank(
 ) -> Result<Tensor> {
     const OP: &str = "linalg.matrix_rank";
     let r = a.rank();
-    if r < 2 {
-        return Err(Error::invalid(
-            OP,
-            "The input tensor A must have at least 2 dimensions.",
-        ));
-    }
+    ensure!(
+        r >= 2,
+        invalid(OP, "The input tensor A must have at least 2 dimensions.")
+    );
     let (m, n) = (a.dims()[r - 2], a.dims()[r - 1]);
     let s = if hermitian {
         let (w, _) = linalg_eigh(a, false, false)?;

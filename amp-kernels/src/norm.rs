@@ -7,6 +7,7 @@
 //! The saved statistics keep the compute type (float32 for 16-bit inputs, as PyTorch's
 //! accumulation type). Rows run in parallel when large.
 
+use amp_tensor::ensure;
 use amp_tensor::{cast_into, Element, Error, Result, Tensor};
 use rayon::prelude::*;
 
@@ -21,12 +22,7 @@ use crate::vmath::{self, Level};
 /// `normalized_shape`, with PyTorch's checks.
 fn ln_geometry(x: &Tensor, ns: &[usize]) -> Result<(usize, usize)> {
     let op = "layer_norm";
-    if ns.is_empty() {
-        return Err(Error::invalid(
-            op,
-            "Expected normalized_shape to be at least 1-dimensional, i.e., containing at least one element, but got normalized_shape = []",
-        ));
-    }
+    ensure!(!ns.is_empty(), invalid(op, "Expected normalized_shape to be at least 1-dimensional, i.e., containing at least one element, but got normalized_shape = []"));
     let (r, k) = (x.rank(), ns.len());
     if k > r || x.dims()[r - k..] != *ns {
         let inner: Vec<String> = ns.iter().map(|d| d.to_string()).collect();
@@ -57,12 +53,7 @@ fn check_param(
     what: &str,
 ) -> Result<()> {
     if let Some(p) = p {
-        if p.dims() != shape {
-            return Err(Error::invalid(
-                op,
-                format!("Expected {name} to be of same shape as {what}, but got {name} of shape {:?} and {what} = {shape:?}", p.dims()),
-            ));
-        }
+        ensure!(p.dims() == shape, invalid(op, "Expected {name} to be of same shape as {what}, but got {name} of shape {:?} and {what} = {shape:?}", p.dims()));
         if !p.dtype().is_floating_point() {
             return Err(Error::UnsupportedDType {
                 op,
@@ -386,15 +377,14 @@ pub fn layer_norm_backward(
         return Err(Error::shape_mismatch(op, grad_out.dims(), x.dims()));
     }
     for (name, t) in [("mean", mean), ("rstd", rstd)] {
-        if t.elem_count() != m {
-            return Err(Error::invalid(
+        ensure!(
+            t.elem_count() == m,
+            invalid(
                 op,
-                format!(
-                    "{name} must hold one value per normalized row ({m}), got shape {:?}",
-                    t.dims()
-                ),
-            ));
-        }
+                "{name} must hold one value per normalized row ({m}), got shape {:?}",
+                t.dims()
+            )
+        );
     }
     let param_dtype = weight.map_or(x.dtype(), |w| w.dtype());
     float_kernel!(x.dtype(), op, |_T, C| {
@@ -426,25 +416,16 @@ pub fn group_norm(
     eps: f64,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     let op = "group_norm";
-    if x.rank() < 2 {
-        return Err(Error::invalid(
+    ensure!(
+        x.rank() >= 2,
+        invalid(
             op,
-            format!(
-                "Expected at least 2 dimensions for input tensor but received {}",
-                x.rank()
-            ),
-        ));
-    }
+            "Expected at least 2 dimensions for input tensor but received {}",
+            x.rank()
+        )
+    );
     let (nb, c) = (x.dims()[0], x.dims()[1]);
-    if num_groups == 0 || c % num_groups != 0 {
-        return Err(Error::invalid(
-            op,
-            format!(
-                "Expected number of channels in input to be divisible by num_groups, but got input of shape {:?} and num_groups={num_groups}",
-                x.dims()
-            ),
-        ));
-    }
+    ensure!(!(num_groups == 0 || c % num_groups != 0), invalid(op, "Expected number of channels in input to be divisible by num_groups, but got input of shape {:?} and num_groups={num_groups}", x.dims()));
     if !x.dtype().is_floating_point() {
         return Err(Error::UnsupportedDType {
             op,

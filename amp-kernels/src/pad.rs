@@ -2,6 +2,7 @@
 //! `torch.nn.functional.pad`. A pad is a gather within each plane by an index map shared
 //! by all planes ([`pad_indices`]), so its gradient is the matching scatter-add.
 
+use amp_tensor::ensure;
 use std::str::FromStr;
 
 use amp_tensor::pool::{try_collect, try_with_capacity};
@@ -63,12 +64,10 @@ fn source(o: i64, size: i64, before: i64, mode: PadMode) -> Option<i64> {
 /// per spatial dim, first dim first), checked as PyTorch checks them.
 pub fn padded_sizes(input: &[usize], pads: &[(i64, i64)], mode: PadMode) -> Result<Vec<usize>> {
     let op = "pad";
-    if input.len() != pads.len() {
-        return Err(Error::invalid(
-            op,
-            "one (before, after) pair per padded dim is needed",
-        ));
-    }
+    ensure!(
+        input.len() == pads.len(),
+        invalid(op, "one (before, after) pair per padded dim is needed")
+    );
     let mut out = Vec::with_capacity(input.len());
     for (d, (&size, &(b, a))) in input.iter().zip(pads).enumerate() {
         let s = size as i64;
@@ -94,12 +93,7 @@ pub fn padded_sizes(input: &[usize], pads: &[(i64, i64)], mode: PadMode) -> Resu
             _ => {}
         }
         let o = s + b + a;
-        if o < 0 || (o == 0 && mode != PadMode::Constant) {
-            return Err(Error::invalid(
-                op,
-                format!("The input size {s}, plus negative padding {b} and {a} resulted in a negative output size, which is invalid. Check dimension {d} of your input."),
-            ));
-        }
+        ensure!(!(o < 0 || (o == 0 && mode != PadMode::Constant)), invalid(op, "The input size {s}, plus negative padding {b} and {a} resulted in a negative output size, which is invalid. Check dimension {d} of your input."));
         out.push(o as usize);
     }
     Ok(out)
@@ -133,16 +127,15 @@ pub fn pad_indices(input: &[usize], pads: &[(i64, i64)], mode: PadMode) -> Resul
 /// `value` fills constant padding.
 pub fn pad(x: &Tensor, pads: &[(i64, i64)], mode: PadMode, value: f64) -> Result<Tensor> {
     let n = pads.len();
-    if n == 0 || n > x.rank() {
-        return Err(Error::invalid(
+    ensure!(
+        !(n == 0 || n > x.rank()),
+        invalid(
             "pad",
-            format!(
-                "Padding length too large: {} dims padded of a {}-d input",
-                n,
-                x.rank()
-            ),
-        ));
-    }
+            "Padding length too large: {} dims padded of a {}-d input",
+            n,
+            x.rank()
+        )
+    );
     let idx = pad_indices(&x.dims()[x.rank() - n..], pads, mode)?;
     plane_gather(x, n, &idx, value)
 }

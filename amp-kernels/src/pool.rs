@@ -8,6 +8,7 @@
 //! `[N, C, ...]`). Planes run in parallel (rayon); f16/bf16 compute in f32 and round once.
 //! Max-pool indices are flat positions inside an input plane (int64), as PyTorch's.
 
+use amp_tensor::ensure;
 use amp_tensor::pool::{try_collect, try_filled, try_with_capacity, try_zeroed};
 use amp_tensor::{cast_into, cast_slice, Error, Result, Tensor};
 use num_traits::{Float, Zero};
@@ -67,23 +68,17 @@ pub fn split_spatial(
     dims: &[usize],
     n: usize,
 ) -> Result<(Vec<usize>, Vec<usize>)> {
-    if dims.len() != n + 1 && dims.len() != n + 2 {
-        return Err(Error::invalid(
+    ensure!(
+        !(dims.len() != n + 1 && dims.len() != n + 2),
+        invalid(
             op,
-            format!(
-                "{op}: Expected {}D or {}D input, but got input of size: {dims:?}",
-                n + 1,
-                n + 2
-            ),
-        ));
-    }
+            "{op}: Expected {}D or {}D input, but got input of size: {dims:?}",
+            n + 1,
+            n + 2
+        )
+    );
     let k = dims.len() - n;
-    if dims[dims.len() - n - 1..].contains(&0) {
-        return Err(Error::invalid(
-            op,
-            format!("{op}: Expected input's non-batch dimensions to have positive length, but input has a shape of {dims:?}"),
-        ));
-    }
+    ensure!(!dims[dims.len() - n - 1..].contains(&0), invalid(op, "{op}: Expected input's non-batch dimensions to have positive length, but input has a shape of {dims:?}"));
     Ok((dims[..k].to_vec(), dims[k..].to_vec()))
 }
 
@@ -139,31 +134,27 @@ pub struct PoolParams {
 impl PoolParams {
     fn check(&self, op: &'static str, n: usize) -> Result<()> {
         let all = [&self.kernel, &self.stride, &self.padding, &self.dilation];
-        if all.iter().any(|v| v.len() != n) {
-            return Err(Error::invalid(
+        ensure!(
+            all.iter().all(|v| v.len() == n),
+            invalid(
                 op,
-                format!("{op}: kernel_size, stride, padding and dilation must have {n} elements"),
-            ));
-        }
-        if self.kernel.contains(&0) {
-            return Err(Error::invalid(
-                op,
-                "kernel size should be greater than zero",
-            ));
-        }
-        if self.stride.contains(&0) {
-            return Err(Error::invalid(op, "stride should be greater than zero"));
-        }
-        if self.dilation.contains(&0) {
-            return Err(Error::invalid(op, "dilation should be greater than zero"));
-        }
+                "{op}: kernel_size, stride, padding and dilation must have {n} elements"
+            )
+        );
+        ensure!(
+            !self.kernel.contains(&0),
+            invalid(op, "kernel size should be greater than zero")
+        );
+        ensure!(
+            !self.stride.contains(&0),
+            invalid(op, "stride should be greater than zero")
+        );
+        ensure!(
+            !self.dilation.contains(&0),
+            invalid(op, "dilation should be greater than zero")
+        );
         for (k, p) in self.kernel.iter().zip(&self.padding) {
-            if *p > k / 2 {
-                return Err(Error::invalid(
-                    op,
-                    format!("pad should be at most half of effective kernel size, but got pad={p}, kernel_size={k}"),
-                ));
-            }
+            ensure!(*p <= k / 2, invalid(op, "pad should be at most half of effective kernel size, but got pad={p}, kernel_size={k}"));
         }
         Ok(())
     }
@@ -193,12 +184,7 @@ impl PoolParams {
                 dil as usize,
                 self.ceil_mode,
             );
-            if o <= 0 {
-                return Err(Error::invalid(
-                    op,
-                    format!("Given input size {input:?}, calculated output size is too small (non-positive)"),
-                ));
-            }
+            ensure!(o > 0, invalid(op, "Given input size {input:?}, calculated output size is too small (non-positive)"));
             let n = size as i64;
             let mut dw = DimWindows {
                 windows: try_with_capacity(o as usize)?,
@@ -347,18 +333,14 @@ fn window_positions(w: [Window; 3], s: [usize; 3], mut f: impl FnMut(usize)) {
 }
 
 fn check_geo(op: &'static str, geos: &[Vec<DimWindows>], planes: usize, n: usize) -> Result<()> {
-    if geos.is_empty() || (geos.len() != 1 && geos.len() != planes) {
-        return Err(Error::invalid(
-            op,
-            "one geometry, or one per plane, is needed",
-        ));
-    }
-    if geos.iter().any(|g| g.len() != n) {
-        return Err(Error::invalid(
-            op,
-            "the geometry must have one entry per spatial dim",
-        ));
-    }
+    ensure!(
+        !(geos.is_empty() || (geos.len() != 1 && geos.len() != planes)),
+        invalid(op, "one geometry, or one per plane, is needed")
+    );
+    ensure!(
+        geos.iter().all(|g| g.len() == n),
+        invalid(op, "the geometry must have one entry per spatial dim")
+    );
     let out: Vec<usize> = geos[0].iter().map(DimWindows::len).collect();
     if geos
         .iter()
@@ -382,9 +364,10 @@ pub fn max_pool_windows(
 ) -> Result<(Tensor, Tensor)> {
     crate::ensure_float(op, x)?;
     let n = geos.first().map_or(0, Vec::len);
-    if n == 0 || n > 3 || x.rank() < n {
-        return Err(Error::invalid(op, "1 to 3 spatial dims are supported"));
-    }
+    ensure!(
+        !(n == 0 || n > 3 || x.rank() < n),
+        invalid(op, "1 to 3 spatial dims are supported")
+    );
     let split = x.rank() - n;
     let (lead, spatial) = (x.dims()[..split].to_vec(), x.dims()[split..].to_vec());
     let planes = prod(&lead);
@@ -440,9 +423,10 @@ pub fn avg_pool_windows(
 ) -> Result<Tensor> {
     crate::ensure_float(op, x)?;
     let n = geo.len();
-    if n == 0 || n > 3 || x.rank() < n {
-        return Err(Error::invalid(op, "1 to 3 spatial dims are supported"));
-    }
+    ensure!(
+        !(n == 0 || n > 3 || x.rank() < n),
+        invalid(op, "1 to 3 spatial dims are supported")
+    );
     let split = x.rank() - n;
     let (lead, spatial) = (x.dims()[..split].to_vec(), x.dims()[split..].to_vec());
     let planes = prod(&lead);
@@ -518,12 +502,13 @@ pub fn avg_pool_windows_backward(
 
 /// The row of the index tensor plane `p` of `planes` uses, given `rows` index rows.
 fn check_rows(op: &'static str, planes: usize, rows: usize) -> Result<usize> {
-    if rows == 0 || !planes.is_multiple_of(rows) {
-        return Err(Error::invalid(
+    ensure!(
+        rows != 0 && planes.is_multiple_of(rows),
+        invalid(
             op,
-            format!("{op}: {rows} index planes do not divide {planes} planes"),
-        ));
-    }
+            "{op}: {rows} index planes do not divide {planes} planes"
+        )
+    );
     Ok(planes / rows)
 }
 
@@ -544,9 +529,10 @@ fn index_vec(op: &'static str, idx: &Tensor) -> Result<Vec<i64>> {
 pub fn plane_gather(x: &Tensor, spatial_rank: usize, idx: &Tensor, fill: f64) -> Result<Tensor> {
     let op = "plane_gather";
     crate::ensure_float(op, x)?;
-    if x.rank() < spatial_rank || idx.rank() < spatial_rank {
-        return Err(Error::invalid(op, "too few dims for the spatial rank"));
-    }
+    ensure!(
+        !(x.rank() < spatial_rank || idx.rank() < spatial_rank),
+        invalid(op, "too few dims for the spatial rank")
+    );
     let lead = &x.dims()[..x.rank() - spatial_rank];
     let in_len = prod(&x.dims()[x.rank() - spatial_rank..]);
     let out_sp = &idx.dims()[idx.rank() - spatial_rank..];
@@ -555,9 +541,10 @@ pub fn plane_gather(x: &Tensor, spatial_rank: usize, idx: &Tensor, fill: f64) ->
     let planes = prod(lead);
     let per = check_rows(op, planes, rows)?;
     let iv = index_vec(op, idx)?;
-    if iv.iter().any(|&i| i >= in_len as i64) {
-        return Err(Error::invalid(op, "index out of range in self"));
-    }
+    ensure!(
+        iv.iter().all(|&i| i < in_len as i64),
+        invalid(op, "index out of range in self")
+    );
     let mut out_dims = lead.to_vec();
     out_dims.extend(out_sp);
     float_kernel!(x.dtype(), op, |T, C| {
@@ -608,12 +595,13 @@ pub fn plane_scatter(
     let planes = prod(lead);
     let per = check_rows(op, planes, rows)?;
     let iv = index_vec(op, idx)?;
-    if iv.iter().any(|&i| i >= in_len as i64) {
-        return Err(Error::invalid(
+    ensure!(
+        iv.iter().all(|&i| i < in_len as i64),
+        invalid(
             op,
-            format!("Found an invalid max index (output volumes are of size {input:?})"),
-        ));
-    }
+            "Found an invalid max index (output volumes are of size {input:?})"
+        )
+    );
     let mut in_dims = lead.to_vec();
     in_dims.extend(input);
     float_kernel!(g.dtype(), op, |T, C| {

@@ -8,6 +8,7 @@
 //! returns where each result came from (the two source columns and the weight of the
 //! upper one) so the backward can route gradients without sorting again.
 
+use amp_tensor::ensure;
 use std::str::FromStr;
 
 use amp_tensor::pool::try_with_capacity;
@@ -85,9 +86,7 @@ pub fn quantile_rows(
     ignore_nan: bool,
 ) -> Result<QuantileRows> {
     const OP: &str = "quantile";
-    if x.rank() != 2 {
-        return Err(Error::invalid(OP, "expected a 2-D tensor of rows"));
-    }
+    ensure!(x.rank() == 2, invalid(OP, "expected a 2-D tensor of rows"));
     if let Some(bad) = q.iter().find(|v| !(0.0..=1.0).contains(*v)) {
         return Err(Error::invalid(
             OP,
@@ -95,12 +94,10 @@ pub fn quantile_rows(
         ));
     }
     let (rows, n) = (x.dims()[0], x.dims()[1]);
-    if n == 0 {
-        return Err(Error::invalid(
-            OP,
-            "quantile() input tensor must be non-empty",
-        ));
-    }
+    ensure!(
+        n != 0,
+        invalid(OP, "quantile() input tensor must be non-empty")
+    );
     match x.dtype() {
         DType::F32 => rows_impl::<f32>(x, q, interpolation, ignore_nan, rows, n),
         DType::F64 => rows_impl::<f64>(x, q, interpolation, ignore_nan, rows, n),
@@ -219,18 +216,20 @@ pub fn fake_quantize_per_tensor_affine(
     quant_max: i64,
 ) -> Result<(Tensor, Tensor)> {
     const OP: &str = "fake_quantize_per_tensor_affine";
-    if quant_min > quant_max {
-        return Err(Error::invalid(
+    ensure!(
+        quant_min <= quant_max,
+        invalid(
             OP,
-            "`quant_min` should be less than or equal to `quant_max`.",
-        ));
-    }
-    if zero_point < quant_min || zero_point > quant_max {
-        return Err(Error::invalid(
+            "`quant_min` should be less than or equal to `quant_max`."
+        )
+    );
+    ensure!(
+        !(zero_point < quant_min || zero_point > quant_max),
+        invalid(
             OP,
-            "`zero_point` must be between `quant_min` and `quant_max`.",
-        ));
-    }
+            "`zero_point` must be between `quant_min` and `quant_max`."
+        )
+    );
     fn run<C: Real>(
         x: &Tensor,
         scale: f64,

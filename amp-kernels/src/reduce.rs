@@ -16,6 +16,7 @@
 //! PyTorch). Results are deterministic: the split into blocks and tasks depends on the
 //! shape only, never on the number of threads.
 
+use amp_tensor::ensure;
 use std::any::TypeId;
 use std::ops::Range;
 
@@ -934,12 +935,10 @@ fn reduce_mask(op: &'static str, rank: usize, dims: &[i64]) -> Result<Vec<bool>>
     let mut mask = vec![false; rank];
     for &d in dims {
         let i = wrap_dim(d, rank)?;
-        if rank > 0 && std::mem::replace(&mut mask[i], true) {
-            return Err(Error::invalid(
-                op,
-                format!("dim {i} appears multiple times in the list of dims"),
-            ));
-        }
+        ensure!(
+            !(rank > 0 && std::mem::replace(&mut mask[i], true)),
+            invalid(op, "dim {i} appears multiple times in the list of dims")
+        );
     }
     Ok(mask)
 }
@@ -1114,12 +1113,7 @@ fn check_nonempty(op: &'static str, name: &str, x: &Tensor, dims: &[i64]) -> Res
     if x.elem_count() != 0 {
         return Ok(());
     }
-    if dims.is_empty() {
-        return Err(Error::invalid(
-            op,
-            format!("{name}(): Expected reduction dim to be specified for input.numel() == 0. Specify the reduction dim with the 'dim' argument."),
-        ));
-    }
+    ensure!(!dims.is_empty(), invalid(op, "{name}(): Expected reduction dim to be specified for input.numel() == 0. Specify the reduction dim with the 'dim' argument."));
     let mask = reduce_mask(op, x.rank(), dims)?;
     if let Some(d) = (0..x.rank()).find(|&a| mask[a] && x.dims()[a] == 0) {
         return Err(Error::invalid(
@@ -1156,15 +1150,7 @@ pub fn mean(x: &Tensor, dims: &[i64], keepdim: bool, dtype: Option<DType>) -> Re
         Some(d) => ("Optional", d),
         None => ("Input", x.dtype()),
     };
-    if !d.is_floating_point() {
-        return Err(Error::invalid(
-            "mean",
-            format!(
-                "mean(): could not infer output dtype. {what} dtype must be either a floating point or complex dtype. Got: {}",
-                d.scalar_type_name()
-            ),
-        ));
-    }
+    ensure!(d.is_floating_point(), invalid("mean", "mean(): could not infer output dtype. {what} dtype must be either a floating point or complex dtype. Got: {}", d.scalar_type_name()));
     let x = cast_opt(x, dtype)?;
     let plan = Plan::new("mean", &x, dims, keepdim)?;
     float_kernel!(x.dtype(), "mean", |T, C| {
@@ -1316,18 +1302,18 @@ pub(crate) fn vector_norm<C: BlueConst>(xs: &[C], p: f64) -> C {
 
 /// Check the arguments of a vector norm.
 pub(crate) fn check_norm(op: &'static str, x: &Tensor, p: f64) -> Result<()> {
-    if !x.dtype().is_floating_point() {
-        return Err(Error::invalid(
+    ensure!(
+        x.dtype().is_floating_point(),
+        invalid(
             op,
-            format!(
-                "linalg.vector_norm: Expected a floating point or complex tensor as input. Got {}",
-                x.dtype().scalar_type_name()
-            ),
-        ));
-    }
-    if p.is_nan() {
-        return Err(Error::invalid(op, "the order p of a norm must not be NaN"));
-    }
+            "linalg.vector_norm: Expected a floating point or complex tensor as input. Got {}",
+            x.dtype().scalar_type_name()
+        )
+    );
+    ensure!(
+        !p.is_nan(),
+        invalid(op, "the order p of a norm must not be NaN")
+    );
     Ok(())
 }
 
@@ -1338,12 +1324,7 @@ pub(crate) fn check_norm(op: &'static str, x: &Tensor, p: f64) -> Result<()> {
 pub fn norm(x: &Tensor, p: f64, dims: &[i64], keepdim: bool) -> Result<Tensor> {
     check_norm("norm", x, p)?;
     let plan = Plan::new("norm", x, dims, keepdim)?;
-    if p.is_infinite() && plan.reduced() == 0 && plan.outputs() > 0 {
-        return Err(Error::invalid(
-            "norm",
-            format!("linalg.vector_norm cannot compute the {p} norm on an empty tensor because the operation does not have an identity"),
-        ));
-    }
+    ensure!(!(p.is_infinite() && plan.reduced() == 0 && plan.outputs() > 0), invalid("norm", "linalg.vector_norm cannot compute the {p} norm on an empty tensor because the operation does not have an identity"));
     float_kernel!(x.dtype(), "norm", |T, C| {
         let v: Vec<C> = if p == 0.0 {
             plan.run::<T, C, _>(&MapSum(|v: C| if v != 0.0 { 1.0 } else { 0.0 }))?
@@ -1389,15 +1370,14 @@ fn moments(
     keepdim: bool,
     sqrt: bool,
 ) -> Result<Tensor> {
-    if !x.dtype().is_floating_point() {
-        return Err(Error::invalid(
+    ensure!(
+        x.dtype().is_floating_point(),
+        invalid(
             op,
-            format!(
-                "std and var only support floating point and complex dtypes (got {})",
-                x.dtype().scalar_type_name()
-            ),
-        ));
-    }
+            "std and var only support floating point and complex dtypes (got {})",
+            x.dtype().scalar_type_name()
+        )
+    );
     let plan = Plan::new(op, x, dims, keepdim)?;
     let f = VarFold { correction, sqrt };
     float_kernel!(x.dtype(), op, |T, C| plan

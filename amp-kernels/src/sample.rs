@@ -6,6 +6,7 @@
 //! derivatives with respect to the grid; [`grid_sample`] applies a plan to every channel.
 //! The autograd op builds its differentiable form from the same plan.
 
+use amp_tensor::ensure;
 use std::str::FromStr;
 
 use amp_tensor::pool::{try_filled, try_zeroed};
@@ -162,18 +163,8 @@ fn check(input: &[usize], grid: &Tensor) -> Result<(usize, usize, Vec<usize>)> {
             format!("grid_sampler(): expected 4D or 5D input and grid with same number of dimensions, and grid of shape [N, ..., {}], but got input with sizes {input:?} and grid with sizes {gd:?}", gd.len().saturating_sub(2)),
         ));
     }
-    if input[0] != gd[0] {
-        return Err(Error::invalid(
-            op,
-            format!("grid_sampler(): expected grid and input to have same batch size, but got input with sizes {input:?} and grid with sizes {gd:?}"),
-        ));
-    }
-    if input[2..].contains(&0) {
-        return Err(Error::invalid(
-            op,
-            format!("grid_sampler(): expected input to have non-empty spatial dimensions, but input has sizes {input:?}"),
-        ));
-    }
+    ensure!(input[0] == gd[0], invalid(op, "grid_sampler(): expected grid and input to have same batch size, but got input with sizes {input:?} and grid with sizes {gd:?}"));
+    ensure!(!input[2..].contains(&0), invalid(op, "grid_sampler(): expected input to have non-empty spatial dimensions, but input has sizes {input:?}"));
     let n = gd.len() - 2;
     Ok((gd[0], n, gd[1..=n].to_vec()))
 }
@@ -285,12 +276,7 @@ pub fn grid_sample(
 ) -> Result<Tensor> {
     let op = "grid_sample";
     crate::ensure_float(op, input)?;
-    if input.dtype() != grid.dtype() {
-        return Err(Error::invalid(
-            op,
-            format!("grid_sampler(): expected input and grid to have the same dtype, but input has {} and grid has {}", input.dtype(), grid.dtype()),
-        ));
-    }
+    ensure!(input.dtype() == grid.dtype(), invalid(op, "grid_sampler(): expected input and grid to have the same dtype, but input has {} and grid has {}", input.dtype(), grid.dtype()));
     let plan = grid_sample_plan(input.dims(), grid, mode, padding, align_corners)?;
     let (nb, ch) = (input.dims()[0], input.dims()[1]);
     let in_len: usize = input.dims()[2..].iter().product();

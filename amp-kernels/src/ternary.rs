@@ -2,6 +2,7 @@
 //! `addcmul`, `addcdiv`, `lerp` and `threshold_backward`, with PyTorch's broadcasting, promotion and NaN
 //! rules. 16-bit floats compute in float32 and round once.
 
+use amp_tensor::ensure;
 use amp_tensor::{
     broadcast_shapes, result_type, with_dtype, DType, Error, Operand, Result, Scalar, Tensor,
 };
@@ -29,15 +30,14 @@ fn broadcast_all(op: &'static str, shapes: &[&[usize]]) -> Result<Vec<usize>> {
 pub fn where_cond(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     const OP: &str = "where";
     ensure_cpu(OP, &[cond, a, b])?;
-    if cond.dtype() != DType::Bool {
-        return Err(Error::invalid(
+    ensure!(
+        cond.dtype() == DType::Bool,
+        invalid(
             OP,
-            format!(
-                "where expected condition to be a boolean tensor, but got a tensor with dtype {}",
-                cond.dtype()
-            ),
-        ));
-    }
+            "where expected condition to be a boolean tensor, but got a tensor with dtype {}",
+            cond.dtype()
+        )
+    );
     let dt = result_type(&[meta(a), meta(b)]).unwrap_or(a.dtype());
     let dims = broadcast_all(OP, &[cond.dims(), a.dims(), b.dims()])?;
     let (c, x, y) = (
@@ -245,12 +245,7 @@ fn addc(
 ) -> Result<Tensor> {
     ensure_cpu(op, &[input, t1, t2])?;
     let integral = |t: &Tensor| !t.dtype().is_floating_point();
-    if div && integral(t1) && integral(t2) {
-        return Err(Error::invalid(
-            op,
-            "Integer division with addcdiv is no longer supported, and in a future release addcdiv will perform a true division of tensor1 and tensor2. The historic addcdiv behavior can be implemented as (input + value * torch.trunc(tensor1 / tensor2)).to(input.dtype) for integer inputs and as (input + value * tensor1 / tensor2) for float inputs. The future addcdiv behavior is just the latter implementation: (input + value * tensor1 / tensor2), for all dtypes.",
-        ));
-    }
+    ensure!(!(div && integral(t1) && integral(t2)), invalid(op, "Integer division with addcdiv is no longer supported, and in a future release addcdiv will perform a true division of tensor1 and tensor2. The historic addcdiv behavior can be implemented as (input + value * torch.trunc(tensor1 / tensor2)).to(input.dtype) for integer inputs and as (input + value * tensor1 / tensor2) for float inputs. The future addcdiv behavior is just the latter implementation: (input + value * tensor1 / tensor2), for all dtypes."));
     let dt = result_type(&[meta(input), meta(t1), meta(t2)]).unwrap_or(input.dtype());
     let dims = broadcast_all(op, &[input.dims(), t1.dims(), t2.dims()])?;
     let (s, p, q) = (
@@ -311,16 +306,15 @@ pub fn addcdiv(input: &Tensor, t1: &Tensor, t2: &Tensor, value: f64) -> Result<T
 pub fn lerp(a: &Tensor, b: &Tensor, weight: f64) -> Result<Tensor> {
     const OP: &str = "lerp";
     ensure_cpu(OP, &[a, b])?;
-    if a.dtype() != b.dtype() {
-        return Err(Error::invalid(
+    ensure!(
+        a.dtype() == b.dtype(),
+        invalid(
             OP,
-            format!(
-                "expected dtype {} for `end` but got dtype {}",
-                a.dtype(),
-                b.dtype()
-            ),
-        ));
-    }
+            "expected dtype {} for `end` but got dtype {}",
+            a.dtype(),
+            b.dtype()
+        )
+    );
     let dt = a.dtype();
     let dims = broadcast_shapes(OP, a.dims(), b.dims())?;
     let (x, y) = (Src::of(a, dt, OP)?, Src::of(b, dt, OP)?);
@@ -349,16 +343,15 @@ pub fn lerp(a: &Tensor, b: &Tensor, weight: f64) -> Result<Tensor> {
 pub fn threshold_backward(grad: &Tensor, x: &Tensor, threshold: f64) -> Result<Tensor> {
     const OP: &str = "threshold_backward";
     ensure_cpu(OP, &[grad, x])?;
-    if grad.dtype() != x.dtype() {
-        return Err(Error::invalid(
+    ensure!(
+        grad.dtype() == x.dtype(),
+        invalid(
             OP,
-            format!(
-                "expected grad_output and self to have the same dtype, but got {} and {}",
-                grad.dtype(),
-                x.dtype()
-            ),
-        ));
-    }
+            "expected grad_output and self to have the same dtype, but got {} and {}",
+            grad.dtype(),
+            x.dtype()
+        )
+    );
     let dt = x.dtype();
     let dims = broadcast_shapes(OP, grad.dims(), x.dims())?;
     let (gs, xs) = (Src::of(grad, dt, OP)?, Src::of(x, dt, OP)?);

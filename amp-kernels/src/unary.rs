@@ -12,6 +12,7 @@
 //! strides are walked as coalesced runs, widened in chunks, and large outputs are
 //! split over rayon.
 
+use amp_tensor::ensure;
 use std::any::TypeId;
 use std::mem::MaybeUninit;
 
@@ -1308,16 +1309,15 @@ fn float_unary_simd<T: Element, C: 'static>(op: UnaryOp, x: &Tensor) -> Option<R
 pub fn gelu_backward(grad: &Tensor, x: &Tensor) -> Result<Tensor> {
     const OP: &str = "gelu_backward";
     ensure_cpu(OP, &[grad, x])?;
-    if grad.dims() != x.dims() {
-        return Err(Error::invalid(
+    ensure!(
+        grad.dims() == x.dims(),
+        invalid(
             OP,
-            format!(
-                "grad {:?} and self {:?} must have the same shape",
-                grad.dims(),
-                x.dims()
-            ),
-        ));
-    }
+            "grad {:?} and self {:?} must have the same shape",
+            grad.dims(),
+            x.dims()
+        )
+    );
     if grad.dtype() != x.dtype() {
         return Err(Error::DTypeMismatch {
             op: OP,

@@ -87,6 +87,32 @@ fn shape_mismatch_text(op: &str, lhs: &[usize], rhs: &[usize], hint: &Option<Str
     }
 }
 
+/// Return early with an [`Error`] made by one of its shorthands
+/// ([`Error::invalid`], [`Error::refused`]) unless `cond` holds, the message formatted
+/// as `format!` does; the error is converted with `From`, so crates with their own
+/// error type wrapping this one use it too. The one spelling of an argument check:
+///
+/// ```
+/// use amp_tensor::{ensure, Error};
+///
+/// fn take(n: usize) -> Result<usize, Error> {
+///     ensure!(n > 0, invalid("take", "expected a positive count, got {n}"));
+///     Ok(n)
+/// }
+/// assert_eq!(take(0).unwrap_err().to_string(), "take: expected a positive count, got 0");
+/// ```
+#[macro_export]
+macro_rules! ensure {
+    ($cond:expr, $kind:ident($op:expr, $($msg:tt)+)) => {
+        if !$cond {
+            return Err(::core::convert::From::from($crate::Error::$kind(
+                $op,
+                format!($($msg)+),
+            )));
+        }
+    };
+}
+
 impl Error {
     /// Shorthand for [`Error::InvalidArgument`].
     pub fn invalid(op: &'static str, msg: impl Into<String>) -> Self {

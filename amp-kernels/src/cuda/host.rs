@@ -1,6 +1,7 @@
 //! Host side: NVRTC compilation with a per-process cache, module loading per device,
 //! launch helpers and the launchers of every kernel family.
 
+use amp_tensor::ensure;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -172,15 +173,14 @@ impl StridedArg {
             .filter(|(&d, _)| d != 1)
             .map(|(&d, &s)| (d, s))
             .collect();
-        if kept.len() > 8 {
-            return Err(Error::invalid(
+        ensure!(
+            kept.len() <= 8,
+            invalid(
                 op,
-                format!(
-                    "CUDA kernels take at most 8 non-trivial dims, got {}",
-                    kept.len()
-                ),
-            ));
-        }
+                "CUDA kernels take at most 8 non-trivial dims, got {}",
+                kept.len()
+            )
+        );
         let mut a = StridedArg {
             ndim: kept.len() as i64,
             offset: l.offset() as i64,
@@ -225,12 +225,14 @@ fn check_len(op: &'static str, s: &CudaStorage, l: &Layout) -> Result<()> {
                 .sum::<usize>()
             + 1
     };
-    if need > s.len() {
-        return Err(Error::invalid(
+    ensure!(
+        need <= s.len(),
+        invalid(
             op,
-            format!("layout needs {need} elements, the buffer has {}", s.len()),
-        ));
-    }
+            "layout needs {need} elements, the buffer has {}",
+            s.len()
+        )
+    );
     Ok(())
 }
 
@@ -252,9 +254,10 @@ macro_rules! launch {
 /// Unknown op, non-float dtype, a layout outside the buffer, device errors.
 pub fn unary(op: &str, x: &CudaStorage, layout: &Layout) -> Result<CudaStorage> {
     const OP: &str = "cuda unary";
-    if !UNARY_OPS.contains(&op) {
-        return Err(Error::invalid(OP, format!("unknown unary op '{op}'")));
-    }
+    ensure!(
+        UNARY_OPS.contains(&op),
+        invalid(OP, "unknown unary op '{op}'")
+    );
     check_len(OP, x, layout)?;
     let dc = x.context().clone();
     let n = layout.elem_count();
@@ -290,9 +293,10 @@ pub fn binary(
     lb: &Layout,
 ) -> Result<CudaStorage> {
     const OP: &str = "cuda binary";
-    if !BINARY_OPS.contains(&op) {
-        return Err(Error::invalid(OP, format!("unknown binary op '{op}'")));
-    }
+    ensure!(
+        BINARY_OPS.contains(&op),
+        invalid(OP, "unknown binary op '{op}'")
+    );
     b.expect_dtype(OP, a.dtype())?;
     if la.dims() != lb.dims() {
         return Err(Error::shape_mismatch(OP, la.dims(), lb.dims()));
@@ -374,16 +378,18 @@ fn check_rows(op: &'static str, x: &CudaStorage, rows: usize, n: usize) -> Resul
 /// empty row (PyTorch's error), device errors.
 pub fn reduce_rows(op: &str, x: &CudaStorage, rows: usize, n: usize) -> Result<CudaStorage> {
     const OP: &str = "cuda reduce";
-    if !REDUCE_OPS.contains(&op) {
-        return Err(Error::invalid(OP, format!("unknown reduction '{op}'")));
-    }
+    ensure!(
+        REDUCE_OPS.contains(&op),
+        invalid(OP, "unknown reduction '{op}'")
+    );
     check_rows(OP, x, rows, n)?;
-    if n == 0 && (op == "max" || op == "min") {
-        return Err(Error::invalid(
+    ensure!(
+        !(n == 0 && (op == "max" || op == "min")),
+        invalid(
             OP,
-            "Expected reduction dim to be specified for input.numel() == 0.",
-        ));
-    }
+            "Expected reduction dim to be specified for input.numel() == 0."
+        )
+    );
     let dc = x.context().clone();
     let out = CudaStorage::uninit(dc.device, x.dtype(), rows)?;
     if rows > 0 {
@@ -547,17 +553,18 @@ pub fn non_finite_check_and_unscale_(
             DType::F64 => 3,
             dtype => return Err(Error::UnsupportedDType { op: OP, dtype }),
         };
-        if g.offset.checked_add(g.len).is_none_or(|end| end > s.len()) {
-            return Err(Error::invalid(
+        ensure!(
+            g.offset
+                .checked_add(g.len)
+                .is_some_and(|end| end <= s.len()),
+            invalid(
                 OP,
-                format!(
-                    "range {}..+{} outside a buffer of {}",
-                    g.offset,
-                    g.len,
-                    s.len()
-                ),
-            ));
-        }
+                "range {}..+{} outside a buffer of {}",
+                g.offset,
+                g.len,
+                s.len()
+            )
+        );
         let size = s.dtype().size_in_bytes() as u64;
         let base = s.device_ptr() + g.offset as u64 * size;
         let mut start = 0;
@@ -709,16 +716,15 @@ pub fn matmul(
 ) -> Result<CudaStorage> {
     const OP: &str = "cuda matmul";
     b.expect_dtype(OP, a.dtype())?;
-    if a.len() != batch * m * k || b.len() != batch * k * n {
-        return Err(Error::invalid(
+    ensure!(
+        !(a.len() != batch * m * k || b.len() != batch * k * n),
+        invalid(
             OP,
-            format!(
-                "buffers of {} and {} elements for batch {batch} of [{m}, {k}] @ [{k}, {n}]",
-                a.len(),
-                b.len()
-            ),
-        ));
-    }
+            "buffers of {} and {} elements for batch {batch} of [{m}, {k}] @ [{k}, {n}]",
+            a.len(),
+            b.len()
+        )
+    );
     let dc = device_context(a.device())?;
     let dtype = a.dtype();
     let out = CudaStorage::zeros(dc.device, dtype, batch * m * n)?;

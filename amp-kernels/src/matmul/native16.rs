@@ -46,13 +46,14 @@
 //! packed as one long inner dimension, each batch entry padded to whole words on its
 //! own.
 
+use amp_tensor::ensure;
 use std::cell::{Cell, RefCell};
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use amp_tensor::half::{bf16, f16};
 use amp_tensor::pool::try_collect;
-use amp_tensor::{DType, Error, Result};
+use amp_tensor::{DType, Result};
 
 use super::{SendPtr, Side};
 use crate::compute::FirstError;
@@ -154,12 +155,14 @@ pub fn kernel16(dtype: DType) -> Option<Kernel16> {
 /// # Errors
 /// When this CPU cannot run `kernel` at all (the test then counts it as skipped).
 pub fn with_kernel16<R>(kernel: Kernel16, f: impl FnOnce() -> R) -> Result<R> {
-    if !(kernel.supports(DType::BF16) || kernel.supports(DType::F16)) {
-        return Err(Error::invalid(
+    ensure!(
+        kernel.supports(DType::BF16) || kernel.supports(DType::F16),
+        invalid(
             "with_kernel16",
-            format!("this CPU cannot run the {} kernel", kernel.name()),
-        ));
-    }
+            "this CPU cannot run the {} kernel",
+            kernel.name()
+        )
+    );
     struct Restore(Option<Kernel16>);
     impl Drop for Restore {
         fn drop(&mut self) {
