@@ -117,11 +117,16 @@ pub(crate) mod lanes {
             transmute(_mm512_slli_epi32::<16>(w))
         }
     }
+    /// bfloat16 bits of 16 float32 lanes, one per 16-bit word: nearest even, NaN →
+    /// `0x7FC0`, as [`amp_tensor::round_to_bf16`] (the one 512-bit rounding: the
+    /// stores here, the packed products' tiles and the row kernels all narrow with it).
+    ///
+    /// # Safety
+    /// The caller runs with AVX-512F.
     #[inline(always)]
-    pub(crate) unsafe fn st_bf16_16(p: *mut MaybeUninit<bf16>, r: [f32; 16]) {
-        // SAFETY: the caller's contract (16 writable lanes, AVX-512F/BW enabled).
+    pub(crate) unsafe fn narrow_bf16_16(r: __m512) -> __m256i {
+        // SAFETY: register-only intrinsics; AVX-512F is the caller's.
         unsafe {
-            let r: __m512 = transmute(r);
             let t = round_bf16!(
                 r,
                 _mm512_castps_si512,
@@ -132,8 +137,13 @@ pub(crate) mod lanes {
             );
             let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(r, r);
             let t = _mm512_mask_mov_epi32(t, nan, _mm512_set1_epi32(0x7FC0));
-            _mm256_storeu_si256(p.cast(), _mm512_cvtepi32_epi16(t));
+            _mm512_cvtepi32_epi16(t)
         }
+    }
+    #[inline(always)]
+    pub(crate) unsafe fn st_bf16_16(p: *mut MaybeUninit<bf16>, r: [f32; 16]) {
+        // SAFETY: the caller's contract (16 writable lanes, AVX-512F/BW enabled).
+        unsafe { _mm256_storeu_si256(p.cast(), narrow_bf16_16(transmute(r))) }
     }
     /// [`st_bf16_16`] with `vcvtneps2bf16`, which rounds to nearest even like the
     /// integer lanes but flushes subnormal inputs to zero and keeps NaN payloads: a

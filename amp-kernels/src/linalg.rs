@@ -8,6 +8,8 @@
 //! parallel over the matrices (rayon) when the work is large.
 
 use amp_tensor::ensure;
+
+use crate::compute::Real;
 use amp_tensor::pool::{try_collect, try_with_capacity, try_zeroed};
 use amp_tensor::{DType, Element, Error, Result, Tensor};
 use faer::linalg::solvers::{DenseSolveCore, Solve};
@@ -17,21 +19,10 @@ use rayon::prelude::*;
 /// Batches whose total work (matrices × n³) is below this run on the calling thread.
 const PARALLEL_WORK: usize = 64 * 64 * 64;
 
-/// The element types the factorisations compute in (f32, f64).
-pub trait LaReal: Element + faer::traits::RealField + Copy + Send + Sync + 'static {
-    /// `v` rounded to this type.
-    fn lit(v: f64) -> Self;
-}
-impl LaReal for f32 {
-    fn lit(v: f64) -> Self {
-        v as f32
-    }
-}
-impl LaReal for f64 {
-    fn lit(v: f64) -> Self {
-        v
-    }
-}
+/// The element types the factorisations compute in (f32, f64): the kernels' compute
+/// type that `faer` also factorises.
+pub trait LaReal: Real + faer::traits::RealField + Copy {}
+impl<T: Real + faer::traits::RealField + Copy> LaReal for T {}
 
 /// Bind `$C` to the compute type of a float32 / float64 `$dtype`, or fail naming `$op`.
 macro_rules! la_kernel {
@@ -164,7 +155,7 @@ fn work(m: usize, n: usize) -> usize {
 fn lu_info<C: LaReal>(u: MatRef<'_, C>) -> i32 {
     let k = u.nrows().min(u.ncols());
     (0..k)
-        .find(|&i| u[(i, i)] == C::lit(0.0))
+        .find(|&i| u[(i, i)] == C::from_f64c(0.0))
         .map_or(0, |i| i as i32 + 1)
 }
 
@@ -289,13 +280,13 @@ pub fn linalg_cholesky_ex(a: &Tensor) -> Result<(Tensor, Tensor)> {
                 // Only the lower triangle is the factor.
                 for r in 0..n {
                     for c in r + 1..n {
-                        v[r * n + c] = C::lit(0.0);
+                        v[r * n + c] = C::from_f64c(0.0);
                     }
                 }
                 (v, 0)
             }
             Err(faer::linalg::cholesky::llt::factor::LltError::NonPositivePivot { index }) => {
-                (vec![C::lit(f64::NAN); n * n], index as i32 + 1)
+                (vec![C::from_f64c(f64::NAN); n * n], index as i32 + 1)
             }
         })?;
         let (l, info) = try_unzip(res)?;
@@ -412,7 +403,7 @@ pub fn linalg_qr(a: &Tensor, complete: bool) -> Result<(Tensor, Tensor)> {
                 let mut r = row_major(qr.thin_R());
                 for p in 0..k {
                     for c in 0..p.min(n) {
-                        r[p * n + c] = C::lit(0.0);
+                        r[p * n + c] = C::from_f64c(0.0);
                     }
                 }
                 (row_major(qr.compute_thin_Q().as_ref()), r)
@@ -440,7 +431,7 @@ pub fn linalg_lu_factor_ex(a: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
         let res = per_matrix(b.count(), work(m, n), |i| {
             let lu = b.mat(i).partial_piv_lu();
             let (l, u) = (lu.L(), lu.U());
-            let mut packed = vec![C::lit(0.0); m * n];
+            let mut packed = vec![C::from_f64c(0.0); m * n];
             for r in 0..m {
                 for c in 0..n {
                     packed[r * n + c] = if r > c { l[(r, c)] } else { u[(r, c)] };
@@ -599,7 +590,7 @@ pub fn geqrf(a: &Tensor) -> Result<(Tensor, Tensor)> {
             let tau: Vec<C> = (0..k)
                 .map(|j| {
                     let t = 1.0 / Element::to_f64(coeff[(0, j)]);
-                    C::lit(if t.is_finite() { t } else { 0.0 })
+                    C::from_f64c(if t.is_finite() { t } else { 0.0 })
                 })
                 .collect();
             (row_major(qr.as_ref()), tau)

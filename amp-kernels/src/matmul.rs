@@ -36,7 +36,7 @@ use amp_tensor::{
 };
 use gemm::Parallelism;
 
-use crate::compute::{ensure_same_device, FirstError};
+use crate::compute::{ensure_same_device, FirstError, Real};
 use amp_tensor::parallel::SendPtr;
 use amp_tensor::pool::{try_collect, try_vec_with_capacity, try_zeroed};
 
@@ -1196,24 +1196,9 @@ fn widen<T: Element>(
     Ok((buf, Side { offsets, rs, cs }))
 }
 
-/// The float types `gemm` multiplies natively.
-trait GemmFloat:
-    Element + num_traits::Float + std::ops::MulAssign + Send + Sync + faer::traits::RealField
-{
-    fn from_f64c(v: f64) -> Self;
-}
-
-impl GemmFloat for f32 {
-    fn from_f64c(v: f64) -> Self {
-        v as f32
-    }
-}
-
-impl GemmFloat for f64 {
-    fn from_f64c(v: f64) -> Self {
-        v
-    }
-}
+/// The float types `gemm` multiplies natively (the kernels' f32 / f64 compute types).
+trait GemmFloat: Real + std::ops::MulAssign + faer::traits::RealField {}
+impl<T: Real + std::ops::MulAssign + faer::traits::RealField> GemmFloat for T {}
 
 fn parallelism(work: usize) -> Parallelism {
     if work < PARALLEL_WORK || rayon::current_num_threads() <= 1 {

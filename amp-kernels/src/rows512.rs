@@ -31,6 +31,7 @@ use amp_tensor::{Element, Result};
 
 use crate::reduce::{as_same, as_same_mut, for_row_blocks};
 
+use crate::half16::lanes::narrow_bf16_16;
 #[cfg(doc)]
 use crate::vmath;
 
@@ -87,27 +88,6 @@ impl Lane for f32 {
     }
 }
 
-/// bfloat16 bits of 16 float32 lanes: nearest even, NaN → `0x7FC0`, as
-/// [`amp_tensor::round_to_bf16`] (and `half16`'s stores).
-///
-/// # Safety
-/// The caller runs with AVX-512 F/BW.
-#[inline(always)]
-unsafe fn narrow_bf16(r: __m512) -> __m256i {
-    // SAFETY: register-only intrinsics; the features are the caller's.
-    unsafe {
-        let bits = _mm512_castps_si512(r);
-        let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(bits), _mm512_set1_epi32(1));
-        let t = _mm512_srli_epi32::<16>(_mm512_add_epi32(
-            _mm512_add_epi32(bits, _mm512_set1_epi32(0x7FFF)),
-            lsb,
-        ));
-        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(r, r);
-        let t = _mm512_mask_mov_epi32(t, nan, _mm512_set1_epi32(0x7FC0));
-        _mm512_cvtepi32_epi16(t)
-    }
-}
-
 /// float32 lanes from 16 bfloat16 bit patterns (exact).
 ///
 /// # Safety
@@ -151,7 +131,7 @@ macro_rules! half_lane {
     };
 }
 
-half_lane!(bf16, widen_bf16, narrow_bf16);
+half_lane!(bf16, widen_bf16, narrow_bf16_16);
 half_lane!(f16, widen_f16, narrow_f16);
 
 /// float16 bits of 16 float32 lanes (`vcvtps2ph`, nearest even, as `f16::from_f32`).
@@ -589,13 +569,19 @@ pub(crate) unsafe fn log_softmax_rows<S: Lane>(x: &[S], out: &mut [S], n: usize)
     }
 }
 
-/// The softmax gradient of each row: `y * (g - sum(g * y))`, the sum in [`Sum16`]'s
-/// order.
+/// The gradient of each row of softmax (`LOG = false`: `y * (g - sum(g * y))`, the sum
+/// in [`Sum16`]'s order) or of log-softmax (`LOG = true`: `g - exp(y) * sum(g)`, `exp`
+/// without fused multiply-adds, of `y - 0` as the portable kernel computes it).
 ///
 /// # Safety
 /// As [`softmax_rows`], and `g.len() == y.len() == out.len()`.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
-pub(crate) unsafe fn softmax_backward_rows<S: Lane>(g: &[S], y: &[S], out: &mut [S], n: usize) {
+pub(crate) unsafe fn softmax_backward_rows<S: Lane, const LOG: bool>(
+    g: &[S],
+    y: &[S],
+    out: &mut [S],
+    n: usize,
+) {
     for ((gr, yr), or) in g
         .chunks_exact(n)
         .zip(y.chunks_exact(n))
@@ -604,56 +590,39 @@ pub(crate) unsafe fn softmax_backward_rows<S: Lane>(g: &[S], y: &[S], out: &mut 
         let (gp, yp, op) = (gr.as_ptr(), yr.as_ptr(), or.as_mut_ptr());
         // SAFETY: every pointer covers `n` elements; the features are this function's.
         unsafe {
-            // `g * y` lane by lane: the `y` row is loaded alongside.
-            let mut acc = Sum16::new();
-            let mut i = 0;
-            while i + 16 <= n {
-                acc.add(_mm512_mul_ps(S::load(gp.add(i)), S::load(yp.add(i))));
-                i += 16;
-            }
-            if i < n {
-                let (k, z) = (n - i, _mm512_setzero_ps());
-                let p = _mm512_mul_ps(S::load_tail(gp.add(i), k, z), S::load_tail(yp.add(i), k, z));
-                acc.add_tail(k, p);
-            }
-            let dot = _mm512_set1_ps(acc.finish());
-            map_row(gp, op, n, |gv, i| {
-                let yv = if i + 16 <= n {
-                    S::load(yp.add(i))
-                } else {
-                    S::load_tail(yp.add(i), n - i, _mm512_setzero_ps())
-                };
-                _mm512_mul_ps(yv, _mm512_sub_ps(gv, dot))
-            });
-        }
-    }
-}
-
-/// The log-softmax gradient of each row: `g - exp(y) * sum(g)` (`exp` without fused
-/// multiply-adds, of `y - 0` as the portable kernel computes it).
-///
-/// # Safety
-/// As [`softmax_backward_rows`].
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
-pub(crate) unsafe fn log_softmax_backward_rows<S: Lane>(g: &[S], y: &[S], out: &mut [S], n: usize) {
-    for ((gr, yr), or) in g
-        .chunks_exact(n)
-        .zip(y.chunks_exact(n))
-        .zip(out.chunks_exact_mut(n))
-    {
-        let (gp, yp, op) = (gr.as_ptr(), yr.as_ptr(), or.as_mut_ptr());
-        // SAFETY: every pointer covers `n` elements; the features are this function's.
-        unsafe {
-            let s = _mm512_set1_ps(sum16(gp, n, |v| v));
             let zero = _mm512_setzero_ps();
+            let s = if LOG {
+                sum16(gp, n, |v| v)
+            } else {
+                // `g * y` lane by lane: the `y` row is loaded alongside.
+                let mut acc = Sum16::new();
+                let mut i = 0;
+                while i + 16 <= n {
+                    acc.add(_mm512_mul_ps(S::load(gp.add(i)), S::load(yp.add(i))));
+                    i += 16;
+                }
+                if i < n {
+                    let k = n - i;
+                    let p = _mm512_mul_ps(
+                        S::load_tail(gp.add(i), k, zero),
+                        S::load_tail(yp.add(i), k, zero),
+                    );
+                    acc.add_tail(k, p);
+                }
+                acc.finish()
+            };
+            let s = _mm512_set1_ps(s);
             map_row(gp, op, n, |gv, i| {
                 let yv = if i + 16 <= n {
                     S::load(yp.add(i))
                 } else {
                     S::load_tail(yp.add(i), n - i, zero)
                 };
-                let e = exp(_mm512_sub_ps(yv, zero));
-                _mm512_sub_ps(gv, _mm512_mul_ps(e, s))
+                if LOG {
+                    _mm512_sub_ps(gv, _mm512_mul_ps(exp(_mm512_sub_ps(yv, zero)), s))
+                } else {
+                    _mm512_mul_ps(yv, _mm512_sub_ps(gv, s))
+                }
             });
         }
     }
@@ -726,7 +695,7 @@ pub(crate) enum RowOp {
     LogSoftmax,
     /// [`softmax_backward_rows`] (`ins = [g, y]`).
     SoftmaxBackward,
-    /// [`log_softmax_backward_rows`] (`ins = [g, y]`).
+    /// [`softmax_backward_rows`] with `LOG` (`ins = [g, y]`).
     LogSoftmaxBackward,
 }
 
@@ -743,8 +712,12 @@ fn run_rows<S: Lane + Send + Sync>(op: RowOp, ins: &[&[S]], out: &mut [S], rows:
             match op {
                 RowOp::Softmax => softmax_rows(part(0), block, n),
                 RowOp::LogSoftmax => log_softmax_rows(part(0), block, n),
-                RowOp::SoftmaxBackward => softmax_backward_rows(part(0), part(1), block, n),
-                RowOp::LogSoftmaxBackward => log_softmax_backward_rows(part(0), part(1), block, n),
+                RowOp::SoftmaxBackward => {
+                    softmax_backward_rows::<_, false>(part(0), part(1), block, n)
+                }
+                RowOp::LogSoftmaxBackward => {
+                    softmax_backward_rows::<_, true>(part(0), part(1), block, n)
+                }
             }
         }
     };

@@ -38,6 +38,13 @@ pub(crate) fn exp(x: f32) -> f32 {
     }
 }
 
+/// `c[0]·xⁿ⁻¹ + ... + c[n-1]` by Horner's rule with fused multiply-adds, highest
+/// coefficient first (unrolled: the callers pass constant arrays).
+#[inline(always)]
+fn horner<const N: usize>(x: f32, c: [f32; N]) -> f32 {
+    c[1..].iter().fold(c[0], |p, &k| p.mul_add(x, k))
+}
+
 /// `exp(x)` for finite `x` in `[-87, 88]` (no range checks), with fused multiply-adds:
 /// Cephes' `expf` polynomial, about 1 ulp. Only for callers compiled with FMA.
 #[inline(always)]
@@ -47,12 +54,17 @@ fn exp_fma(x: f32) -> f32 {
     let n = t - MAGIC;
     let r = n.mul_add(-0.693_359_4, x);
     let r = n.mul_add(2.121_944_4e-4, r);
-    let mut p = 1.987_569_1e-4f32;
-    p = p.mul_add(r, 1.398_199_9e-3);
-    p = p.mul_add(r, 8.333_452e-3);
-    p = p.mul_add(r, 4.166_579_6e-2);
-    p = p.mul_add(r, 1.666_666_5e-1);
-    p = p.mul_add(r, 0.5);
+    let p = horner(
+        r,
+        [
+            1.987_569_1e-4,
+            1.398_199_9e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            1.666_666_5e-1,
+            0.5,
+        ],
+    );
     let y = p.mul_add(r * r, r) + 1.0;
     // The low mantissa bits of `t` hold n; (n + 127) << 23 is 2^n.
     y * f32::from_bits(t.to_bits().wrapping_sub(0x4B40_0000 - 127) << 23)
@@ -83,12 +95,17 @@ pub(crate) fn exp_fma_checked(x: f32) -> f32 {
 pub(crate) fn erf(a: f32) -> f32 {
     let s = a * a;
     // |x| <= 0.927734375: an odd polynomial.
-    let mut p = -5.967_617e-4f32;
-    p = p.mul_add(s, 4.991_194_2e-3);
-    p = p.mul_add(s, -2.676_813_5e-2);
-    p = p.mul_add(s, 1.128_199_3e-1);
-    p = p.mul_add(s, -3.761_253_4e-1);
-    p = p.mul_add(s, 1.283_791_7e-1);
+    let p = horner(
+        s,
+        [
+            -5.967_617e-4,
+            4.991_194_2e-3,
+            -2.676_813_5e-2,
+            1.128_199_3e-1,
+            -3.761_253_4e-1,
+            1.283_791_7e-1,
+        ],
+    );
     let small = p.mul_add(a, a);
     // Larger |x|: 1 - exp(q(t)); past 4, erf rounds to ±1 (the clamp also keeps
     // infinities out of the polynomial).
@@ -125,11 +142,16 @@ pub(crate) fn tanh(u: f32) -> f32 {
     let large = (1.0 - 2.0 / (e + 1.0)).copysign(u);
     // Minimax for tanh(u)/u - 1 on |u| < 0.625 in u² (Cephes' tanhf).
     let s = u * u;
-    let mut p = -5.704_988_7e-3f32;
-    p = p.mul_add(s, 2.063_909e-2);
-    p = p.mul_add(s, -5.373_971_6e-2);
-    p = p.mul_add(s, 1.333_144_2e-1);
-    p = p.mul_add(s, -3.333_328e-1);
+    let p = horner(
+        s,
+        [
+            -5.704_988_7e-3,
+            2.063_909e-2,
+            -5.373_971_6e-2,
+            1.333_144_2e-1,
+            -3.333_328e-1,
+        ],
+    );
     let small = (p * s).mul_add(u, u);
     // NaN fails the comparison and takes the polynomial, which propagates it.
     if a >= 0.625 {

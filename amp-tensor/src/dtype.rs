@@ -206,31 +206,18 @@ impl Scalar {
     }
 }
 
-impl From<f64> for Scalar {
-    fn from(v: f64) -> Self {
-        Scalar::Float(v)
-    }
+/// `From` for each Rust scalar type, into the variant of its kind (exact: `f32`,
+/// `i32` widen losslessly).
+macro_rules! scalar_from {
+    ($($t:ty => $variant:ident($wide:ty)),* $(,)?) => {$(
+        impl From<$t> for Scalar {
+            fn from(v: $t) -> Self {
+                Scalar::$variant(<$wide>::from(v))
+            }
+        }
+    )*};
 }
-impl From<f32> for Scalar {
-    fn from(v: f32) -> Self {
-        Scalar::Float(v as f64)
-    }
-}
-impl From<i64> for Scalar {
-    fn from(v: i64) -> Self {
-        Scalar::Int(v)
-    }
-}
-impl From<i32> for Scalar {
-    fn from(v: i32) -> Self {
-        Scalar::Int(v as i64)
-    }
-}
-impl From<bool> for Scalar {
-    fn from(v: bool) -> Self {
-        Scalar::Bool(v)
-    }
-}
+scalar_from!(f64 => Float(f64), f32 => Float(f64), i64 => Int(i64), i32 => Int(i64), bool => Bool(bool));
 
 /// One operand of [`result_type`].
 #[derive(Debug, Clone, Copy, PartialEq)]

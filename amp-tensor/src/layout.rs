@@ -1,5 +1,6 @@
 //! Shape + strides + offset: how a tensor's elements sit in its storage.
 
+use crate::ensure;
 use crate::shape::{broadcast_shapes, Dim};
 use crate::{Error, Result, Shape};
 
@@ -95,23 +96,23 @@ impl Layout {
     /// Reorder dimensions: output dim `i` is input dim `perm[i]`.
     pub fn permute<D: Dim>(&self, perm: &[D]) -> Result<Layout> {
         let n = self.rank();
-        if perm.len() != n {
-            return Err(Error::invalid(
+        ensure!(
+            perm.len() == n,
+            invalid(
                 "permute",
-                format!(
-                    "number of dims don't match in permute: got {} for a tensor of {n} dims",
-                    perm.len()
-                ),
-            ));
-        }
+                "number of dims don't match in permute: got {} for a tensor of {n} dims",
+                perm.len()
+            )
+        );
         let mut seen = vec![false; n];
         let mut dims = Vec::with_capacity(n);
         let mut strides = Vec::with_capacity(n);
         for &p in perm {
             let p = p.to_index(n)?;
-            if std::mem::replace(&mut seen[p], true) {
-                return Err(Error::invalid("permute", "repeated dim in permute"));
-            }
+            ensure!(
+                !(std::mem::replace(&mut seen[p], true)),
+                invalid("permute", "repeated dim in permute")
+            );
             dims.push(self.dims()[p]);
             strides.push(self.strides[p]);
         }
@@ -122,12 +123,13 @@ impl Layout {
     pub fn narrow(&self, dim: impl Dim, start: usize, len: usize) -> Result<Layout> {
         let d = dim.to_index(self.rank())?;
         let size = self.dims()[d];
-        if start + len > size {
-            return Err(Error::invalid(
+        ensure!(
+            start + len <= size,
+            invalid(
                 "narrow",
-                format!("start ({start}) + length ({len}) exceeds dimension size ({size})."),
-            ));
-        }
+                "start ({start}) + length ({len}) exceeds dimension size ({size})."
+            )
+        );
         let mut dims = self.dims().to_vec();
         dims[d] = len;
         let offset = if len == 0 {
@@ -140,9 +142,7 @@ impl Layout {
 
     /// Every `step`-th entry of `dim` in `start..end` (Python's `x[start:end:step]`).
     pub fn slice(&self, dim: impl Dim, start: usize, end: usize, step: usize) -> Result<Layout> {
-        if step == 0 {
-            return Err(Error::invalid("slice", "slice step must be positive"));
-        }
+        ensure!(step != 0, invalid("slice", "slice step must be positive"));
         let d = dim.to_index(self.rank())?;
         let size = self.dims()[d];
         let end = end.min(size);
@@ -163,12 +163,10 @@ impl Layout {
     /// Pick entry `index` of `dim` and drop that dimension (negative counts from the end).
     pub fn select(&self, dim: impl Dim, index: i64) -> Result<Layout> {
         let d = dim.to_index(self.rank())?;
-        if self.rank() == 0 {
-            return Err(Error::invalid(
-                "select",
-                "select() cannot be applied to a 0-dim tensor.",
-            ));
-        }
+        ensure!(
+            self.rank() != 0,
+            invalid("select", "select() cannot be applied to a 0-dim tensor.")
+        );
         let size = self.dims()[d];
         let i = if index < 0 {
             index + size as i64
@@ -233,15 +231,7 @@ impl Layout {
     /// Broadcast to `shape` with zero strides (`expand`); `shape` must be reachable.
     pub fn broadcast_as(&self, shape: &[usize]) -> Result<Layout> {
         let n = shape.len();
-        if n < self.rank() {
-            return Err(Error::invalid(
-                "expand",
-                format!(
-                    "the number of sizes provided ({n}) must be greater or equal to the number of dimensions in the tensor ({})",
-                    self.rank()
-                ),
-            ));
-        }
+        ensure!(n >= self.rank(), invalid("expand", "the number of sizes provided ({n}) must be greater or equal to the number of dimensions in the tensor ({})", self.rank()));
         let lead = n - self.rank();
         let mut strides = vec![0; n];
         for i in 0..n {

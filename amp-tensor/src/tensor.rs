@@ -1,5 +1,6 @@
 //! The tensor value: shared storage + layout + dtype + device.
 
+use crate::ensure;
 use std::fmt;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -170,12 +171,10 @@ impl Tensor {
 
     /// `start, start + step, ...` up to (excluding) `end`, as PyTorch's `arange`.
     pub fn arange(start: f64, end: f64, step: f64, dtype: DType) -> Result<Tensor> {
-        if step == 0.0 || !step.is_finite() || !start.is_finite() || !end.is_finite() {
-            return Err(Error::invalid(
-                "arange",
-                format!("invalid step {step} or bounds {start}..{end}"),
-            ));
-        }
+        ensure!(
+            !(step == 0.0 || !step.is_finite() || !start.is_finite() || !end.is_finite()),
+            invalid("arange", "invalid step {step} or bounds {start}..{end}")
+        );
         if (end - start) * step < 0.0 {
             return Err(Error::invalid(
                 "arange",
@@ -372,12 +371,13 @@ impl Tensor {
 
     fn check_one(&self, op: &'static str) -> Result<()> {
         let n = self.elem_count();
-        if n != 1 {
-            return Err(Error::invalid(
+        ensure!(
+            n == 1,
+            invalid(
                 op,
-                format!("a Tensor with {n} elements cannot be converted to Scalar"),
-            ));
-        }
+                "a Tensor with {n} elements cannot be converted to Scalar"
+            )
+        );
         Ok(())
     }
 
@@ -571,12 +571,13 @@ impl Tensor {
         let mut dims = Vec::with_capacity(raw.len());
         for (i, &s) in raw.iter().enumerate() {
             if s == -1 {
-                if i < lead {
-                    return Err(Error::invalid(
+                ensure!(
+                    i >= lead,
+                    invalid(
                         "expand",
-                        "-1 is not allowed in a leading, non-existing dimension",
-                    ));
-                }
+                        "-1 is not allowed in a leading, non-existing dimension"
+                    )
+                );
                 dims.push(self.dims()[i - lead]);
             } else if s < 0 {
                 return Err(Error::invalid("expand", format!("invalid size {s}")));
@@ -601,12 +602,13 @@ impl Tensor {
             return self.reshape([1usize]);
         }
         let (s, e) = (start.to_index(self.rank())?, end.to_index(self.rank())?);
-        if s > e {
-            return Err(Error::invalid(
+        ensure!(
+            s <= e,
+            invalid(
                 "flatten",
-                "flatten() has invalid args: start_dim cannot come after end_dim",
-            ));
-        }
+                "flatten() has invalid args: start_dim cannot come after end_dim"
+            )
+        );
         let d = self.dims();
         let mut dims = d[..s].to_vec();
         dims.push(d[s..=e].iter().product());

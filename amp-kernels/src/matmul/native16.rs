@@ -676,7 +676,7 @@ mod x86 {
                     let bits = if F16 {
                         _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v)
                     } else {
-                        _mm512_cvtepi32_epi16(round(v))
+                        crate::half16::lanes::narrow_bf16_16(v)
                     };
                     _mm256_mask_storeu_epi16(tile.out.add(at).cast(), mask, bits);
                 }
@@ -691,24 +691,6 @@ mod x86 {
             0xFFFF
         } else {
             ((1u32 << n) - 1) as __mmask16
-        }
-    }
-
-    /// float32 → bfloat16 bits in the low half of each lane: round to nearest even,
-    /// NaN as PyTorch's canonical `0x7FC0` (as `amp_tensor`'s casts).
-    #[inline(always)]
-    unsafe fn round(v: __m512) -> __m512i {
-        // SAFETY: register-only AVX-512F intrinsics; the caller runs with AVX-512F
-        // enabled (this function's contract).
-        unsafe {
-            let b = _mm512_castps_si512(v);
-            let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
-            let r = _mm512_srli_epi32::<16>(_mm512_add_epi32(
-                b,
-                _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)),
-            ));
-            let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
-            _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0))
         }
     }
 
