@@ -7,11 +7,10 @@
 //! in parallel (rayon), and each chunk is multiplied and checked by a branch-free,
 //! vectorisable loop (an OR of "not finite" bit tests, no per-element branch).
 
-use amp_tensor::ensure;
 use std::sync::RwLockWriteGuard;
 
 use amp_tensor::half::{bf16, f16};
-use amp_tensor::{cast_into, DType, Element, Error, Layout, Result, Storage, Tensor};
+use amp_tensor::{cast_into, ensure, DType, Element, Error, Layout, Result, Storage, Tensor};
 use rayon::prelude::*;
 
 use crate::compute::ensure_same_device;

@@ -11,10 +11,9 @@
 //! sees keys `0..=i`, PyTorch's top-left `tril`) and the scale. A row whose keys are
 //! all masked gives NaN, as `softmax` over `-inf` scores does.
 
-use amp_tensor::ensure;
 use std::sync::Mutex;
 
-use amp_tensor::{cast_into, Element, Error, Result, Tensor};
+use amp_tensor::{cast_into, ensure, Element, Error, Result, Tensor};
 
 use crate::compute::{with_slice, Real};
 use crate::conv::{gemm_into, Mat};

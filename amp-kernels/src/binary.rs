@@ -15,9 +15,8 @@
 //! single-value operand is splatted, broadcasting walks coalesced runs (a bias add
 //! `[N, M] + [M]` is `N` runs of `M`), and large outputs are split over rayon.
 
-use amp_tensor::ensure;
 use amp_tensor::{
-    broadcast_shapes, result_type, DType, Element, Error, Operand, Result, Scalar, Tensor,
+    broadcast_shapes, ensure, result_type, DType, Element, Error, Operand, Result, Scalar, Tensor,
 };
 
 use crate::compute::Real;

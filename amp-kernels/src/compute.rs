@@ -86,6 +86,34 @@ macro_rules! float_kernel {
     }};
 }
 
+/// A mode chosen by name, as PyTorch's string arguments (`padding_mode="reflect"`): the
+/// enum and its `FromStr`, each variant with its one spelling; any other string is an
+/// [`Error::InvalidArgument`] naming `$op`, its message formatted with the string bound
+/// to `$other`.
+macro_rules! named_mode {
+    (
+        $(#[$m:meta])*
+        pub enum $E:ident { $($(#[$vm:meta])* $V:ident = $s:literal,)+ }
+        else |$other:ident| invalid($op:expr, $($msg:tt)+)
+    ) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum $E {
+            $($(#[$vm])* $V,)+
+        }
+
+        impl std::str::FromStr for $E {
+            type Err = amp_tensor::Error;
+            fn from_str($other: &str) -> amp_tensor::Result<Self> {
+                match $other {
+                    $($s => Ok(Self::$V),)+
+                    _ => Err(amp_tensor::Error::invalid($op, format!($($msg)+))),
+                }
+            }
+        }
+    };
+}
+
 /// Fail unless `t` has a floating dtype.
 pub fn ensure_float(op: &'static str, t: &Tensor) -> Result<()> {
     if t.dtype().is_floating_point() {

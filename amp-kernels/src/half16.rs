@@ -143,7 +143,7 @@ pub(crate) mod lanes {
     #[inline(always)]
     pub(crate) unsafe fn st_bf16_16(p: *mut MaybeUninit<bf16>, r: [f32; 16]) {
         // SAFETY: the caller's contract (16 writable lanes, AVX-512F/BW enabled).
-        unsafe { _mm256_storeu_si256(p.cast(), narrow_bf16_16(transmute(r))) }
+        unsafe { _mm256_storeu_si256(p.cast(), narrow_bf16_16(transmute::<[f32; 16], __m512>(r))) }
     }
     /// [`st_bf16_16`] with `vcvtneps2bf16`, which rounds to nearest even like the
     /// integer lanes but flushes subnormal inputs to zero and keeps NaN payloads: a

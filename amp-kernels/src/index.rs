@@ -8,12 +8,11 @@
 //! `index_add`, `index_put` with `accumulate`, `embedding_backward`) add in the compute
 //! type (f32 for f16/bf16) and round once.
 
-use amp_tensor::ensure;
 use std::sync::RwLockReadGuard;
 
 use amp_tensor::{
-    broadcast_shapes, cast_slice, promote_types, with_dtype, wrap_dim, DType, Element, Error,
-    Layout, Result, Storage, Tensor,
+    broadcast_shapes, cast_slice, ensure, promote_types, with_dtype, wrap_dim, DType, Element,
+    Error, Layout, Result, Storage, Tensor,
 };
 
 use amp_tensor::pool::{try_collect, try_with_capacity, try_zeroed};

@@ -7,11 +7,9 @@
 //! autocast these ops are on the float32 list, so they see float32). Batches run in
 //! parallel over the matrices (rayon) when the work is large.
 
-use amp_tensor::ensure;
-
 use crate::compute::Real;
 use amp_tensor::pool::{try_collect, try_with_capacity, try_zeroed};
-use amp_tensor::{DType, Element, Error, Result, Tensor};
+use amp_tensor::{ensure, DType, Element, Error, Result, Tensor};
 use faer::linalg::solvers::{DenseSolveCore, Solve};
 use faer::{Mat, MatRef, Side};
 use rayon::prelude::*;
@@ -90,6 +88,36 @@ impl<C: LaReal> Batch<C> {
         );
         Ok(())
     }
+
+    /// The square `A` and the right-hand sides `B` of `A X = B`: one batch shape, as
+    /// many rows in `B` as `A` has columns.
+    fn system(op: &'static str, a: &Tensor, b: &Tensor) -> Result<(Self, Self)> {
+        let ab = Batch::of(op, a)?;
+        ab.square(op)?;
+        let bb = Batch::of(op, b)?;
+        ensure!(
+            ab.batch == bb.batch && bb.m == ab.n,
+            invalid(
+                op,
+                "Incompatible shapes of A and B for the equation AX = B ({:?} and {:?})",
+                a.dims(),
+                b.dims()
+            )
+        );
+        Ok((ab, bb))
+    }
+}
+
+/// Fail unless `a` and `b` have one dtype.
+fn same_dtype(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
+    if a.dtype() == b.dtype() {
+        return Ok(());
+    }
+    Err(Error::DTypeMismatch {
+        op,
+        expected: a.dtype(),
+        got: b.dtype(),
+    })
 }
 
 /// Runs `f` for every matrix index, in parallel when `count * work` is large
@@ -183,26 +211,9 @@ pub fn linalg_inv_ex(a: &Tensor) -> Result<(Tensor, Tensor)> {
 /// the same batch shape, and LAPACK's `info` of the LU factorisation of `A`.
 pub fn linalg_solve_ex(a: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor)> {
     const OP: &str = "linalg.solve";
-    if a.dtype() != b.dtype() {
-        return Err(Error::DTypeMismatch {
-            op: OP,
-            expected: a.dtype(),
-            got: b.dtype(),
-        });
-    }
+    same_dtype(OP, a, b)?;
     la_kernel!(a.dtype(), OP, |C| {
-        let ab = Batch::<C>::of(OP, a)?;
-        ab.square(OP)?;
-        let bb = Batch::<C>::of(OP, b)?;
-        ensure!(
-            !(ab.batch != bb.batch || bb.m != ab.n),
-            invalid(
-                OP,
-                "Incompatible shapes of A and B for the equation AX = B ({:?} and {:?})",
-                a.dims(),
-                b.dims()
-            )
-        );
+        let (ab, bb) = Batch::<C>::system(OP, a, b)?;
         let (n, k) = (ab.n, bb.n);
         let res = per_matrix(ab.count(), work(n, n) + n * n * k, |i| {
             let lu = ab.mat(i).partial_piv_lu();
@@ -228,26 +239,9 @@ pub fn linalg_solve_triangular(
     unitriangular: bool,
 ) -> Result<Tensor> {
     const OP: &str = "linalg.solve_triangular";
-    if a.dtype() != b.dtype() {
-        return Err(Error::DTypeMismatch {
-            op: OP,
-            expected: a.dtype(),
-            got: b.dtype(),
-        });
-    }
+    same_dtype(OP, a, b)?;
     la_kernel!(a.dtype(), OP, |C| {
-        let ab = Batch::<C>::of(OP, a)?;
-        ab.square(OP)?;
-        let bb = Batch::<C>::of(OP, b)?;
-        ensure!(
-            !(ab.batch != bb.batch || bb.m != ab.n),
-            invalid(
-                OP,
-                "Incompatible shapes of A and B for the equation AX = B ({:?} and {:?})",
-                a.dims(),
-                b.dims()
-            )
-        );
+        let (ab, bb) = Batch::<C>::system(OP, a, b)?;
         let (n, k) = (ab.n, bb.n);
         let res = per_matrix(ab.count(), n * n * k, |i| {
             let t = ab.mat(i);

@@ -7,8 +7,7 @@
 //! The saved statistics keep the compute type (float32 for 16-bit inputs, as PyTorch's
 //! accumulation type). Rows run in parallel when large.
 
-use amp_tensor::ensure;
-use amp_tensor::{cast_into, Element, Error, Result, Tensor};
+use amp_tensor::{cast_into, ensure, Element, Error, Result, Tensor};
 use rayon::prelude::*;
 
 use crate::compute::{with_slice, Real};

@@ -2,43 +2,24 @@
 //! `torch.nn.functional.pad`. A pad is a gather within each plane by an index map shared
 //! by all planes ([`pad_indices`]), so its gradient is the matching scatter-add.
 
-use amp_tensor::ensure;
-use std::str::FromStr;
-
 use amp_tensor::pool::{try_collect, try_with_capacity};
-use amp_tensor::{Error, Result, Tensor};
+use amp_tensor::{ensure, Error, Result, Tensor};
 
 use crate::pool::{plane_gather, plane_scatter};
 
-/// How positions outside the input are filled.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PadMode {
-    /// A constant value.
-    Constant,
-    /// The mirror image, excluding the edge (`reflect`).
-    Reflect,
-    /// The edge value (`replicate`).
-    Replicate,
-    /// Wrap around (`circular`).
-    Circular,
-}
-
-impl FromStr for PadMode {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<PadMode> {
-        Ok(match s {
-            "constant" => PadMode::Constant,
-            "reflect" => PadMode::Reflect,
-            "replicate" => PadMode::Replicate,
-            "circular" => PadMode::Circular,
-            other => {
-                return Err(Error::invalid(
-                    "pad",
-                    format!("Unrecognised padding mode {other}"),
-                ))
-            }
-        })
+named_mode! {
+    /// How positions outside the input are filled.
+    pub enum PadMode {
+        /// A constant value.
+        Constant = "constant",
+        /// The mirror image, excluding the edge (`reflect`).
+        Reflect = "reflect",
+        /// The edge value (`replicate`).
+        Replicate = "replicate",
+        /// Wrap around (`circular`).
+        Circular = "circular",
     }
+    else |other| invalid("pad", "Unrecognised padding mode {other}")
 }
 
 /// The source position of output position `o` along a dim of `size` padded by `before`

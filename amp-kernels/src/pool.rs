@@ -8,9 +8,8 @@
 //! `[N, C, ...]`). Planes run in parallel (rayon); f16/bf16 compute in f32 and round once.
 //! Max-pool indices are flat positions inside an input plane (int64), as PyTorch's.
 
-use amp_tensor::ensure;
 use amp_tensor::pool::{try_collect, try_filled, try_with_capacity, try_zeroed};
-use amp_tensor::{cast_into, cast_slice, Error, Result, Tensor};
+use amp_tensor::{cast_into, cast_slice, ensure, Error, Result, Tensor};
 use num_traits::{Float, Zero};
 use rayon::prelude::*;
 

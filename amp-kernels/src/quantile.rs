@@ -8,49 +8,27 @@
 //! returns where each result came from (the two source columns and the weight of the
 //! upper one) so the backward can route gradients without sorting again.
 
-use amp_tensor::ensure;
-use std::str::FromStr;
-
 use amp_tensor::pool::try_with_capacity;
-use amp_tensor::{DType, Error, Result, Tensor};
+use amp_tensor::{ensure, DType, Error, Result, Tensor};
 use rayon::prelude::*;
 
 use crate::compute::Real;
 
-/// How a quantile between two order statistics is computed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QuantileInterpolation {
-    /// `below + (above - below) * frac`.
-    Linear,
-    /// The order statistic below.
-    Lower,
-    /// The order statistic above.
-    Higher,
-    /// The mean of the two.
-    Midpoint,
-    /// The nearer one (ties to the even rank).
-    Nearest,
-}
-
-impl FromStr for QuantileInterpolation {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        Ok(match s {
-            "linear" => Self::Linear,
-            "lower" => Self::Lower,
-            "higher" => Self::Higher,
-            "midpoint" => Self::Midpoint,
-            "nearest" => Self::Nearest,
-            other => {
-                return Err(Error::invalid(
-                    "quantile",
-                    format!(
-                        "interpolation must be one of linear, lower, higher, midpoint or nearest. Got {other}"
-                    ),
-                ))
-            }
-        })
+named_mode! {
+    /// How a quantile between two order statistics is computed.
+    pub enum QuantileInterpolation {
+        /// `below + (above - below) * frac`.
+        Linear = "linear",
+        /// The order statistic below.
+        Lower = "lower",
+        /// The order statistic above.
+        Higher = "higher",
+        /// The mean of the two.
+        Midpoint = "midpoint",
+        /// The nearer one (ties to the even rank).
+        Nearest = "nearest",
     }
+    else |other| invalid("quantile", "interpolation must be one of linear, lower, higher, midpoint or nearest. Got {other}")
 }
 
 /// The quantiles of each row of a `[rows, n]` tensor.

@@ -16,11 +16,12 @@
 //! PyTorch). Results are deterministic: the split into blocks and tasks depends on the
 //! shape only, never on the number of threads.
 
-use amp_tensor::ensure;
 use std::any::TypeId;
 use std::ops::Range;
 
-use amp_tensor::{cast_into, gather_cast, wrap_dim, DType, Element, Error, Layout, Result, Tensor};
+use amp_tensor::{
+    cast_into, ensure, gather_cast, wrap_dim, DType, Element, Error, Layout, Result, Tensor,
+};
 use rayon::prelude::*;
 
 use crate::compute::{with_slice, Real, CHUNK};

@@ -6,11 +6,8 @@
 //! derivatives with respect to the grid; [`grid_sample`] applies a plan to every channel.
 //! The autograd op builds its differentiable form from the same plan.
 
-use amp_tensor::ensure;
-use std::str::FromStr;
-
 use amp_tensor::pool::{try_filled, try_zeroed};
-use amp_tensor::{cast_into, cast_slice, Error, Result, Tensor};
+use amp_tensor::{cast_into, cast_slice, ensure, Error, Result, Tensor};
 
 /// The number of elements of `dims`, saturating: a buffer sized by a count that does not
 /// fit fails to allocate ([`Error::OutOfMemory`]) instead of wrapping.
@@ -22,53 +19,28 @@ use rayon::prelude::*;
 
 use crate::compute::{with_slice, Real};
 
-/// Interpolation mode.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GridMode {
-    /// (Tri)linear interpolation of the `2^n` corners.
-    Bilinear,
-    /// The nearest input position (ties to even).
-    Nearest,
-}
-
-/// What out-of-range coordinates read.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GridPadding {
-    /// Zero outside the input.
-    Zeros,
-    /// Coordinates clipped to the border.
-    Border,
-    /// Coordinates reflected at the border, then clipped.
-    Reflection,
-}
-
-impl FromStr for GridMode {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<GridMode> {
-        match s {
-            "bilinear" => Ok(GridMode::Bilinear),
-            "nearest" => Ok(GridMode::Nearest),
-            other => Err(Error::invalid(
-                "grid_sample",
-                format!("nn.functional.grid_sample(): mode '{other}' is not supported (bilinear, nearest)"),
-            )),
-        }
+named_mode! {
+    /// Interpolation mode.
+    pub enum GridMode {
+        /// (Tri)linear interpolation of the `2^n` corners.
+        Bilinear = "bilinear",
+        /// The nearest input position (ties to even).
+        Nearest = "nearest",
     }
+    else |other| invalid("grid_sample", "nn.functional.grid_sample(): mode '{other}' is not supported (bilinear, nearest)")
 }
 
-impl FromStr for GridPadding {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<GridPadding> {
-        match s {
-            "zeros" => Ok(GridPadding::Zeros),
-            "border" => Ok(GridPadding::Border),
-            "reflection" => Ok(GridPadding::Reflection),
-            other => Err(Error::invalid(
-                "grid_sample",
-                format!("nn.functional.grid_sample(): expected padding_mode to be 'zeros', 'border', or 'reflection', but got: '{other}'"),
-            )),
-        }
+named_mode! {
+    /// What out-of-range coordinates read.
+    pub enum GridPadding {
+        /// Zero outside the input.
+        Zeros = "zeros",
+        /// Coordinates clipped to the border.
+        Border = "border",
+        /// Coordinates reflected at the border, then clipped.
+        Reflection = "reflection",
     }
+    else |other| invalid("grid_sample", "nn.functional.grid_sample(): expected padding_mode to be 'zeros', 'border', or 'reflection', but got: '{other}'")
 }
 
 /// The sampling plan of a grid (see the module docs). `K` is `2^n` (bilinear) or 1.

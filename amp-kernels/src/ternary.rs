@@ -2,9 +2,9 @@
 //! `addcmul`, `addcdiv`, `lerp` and `threshold_backward`, with PyTorch's broadcasting, promotion and NaN
 //! rules. 16-bit floats compute in float32 and round once.
 
-use amp_tensor::ensure;
 use amp_tensor::{
-    broadcast_shapes, result_type, with_dtype, DType, Error, Operand, Result, Scalar, Tensor,
+    broadcast_shapes, ensure, result_type, with_dtype, DType, Error, Operand, Result, Scalar,
+    Tensor,
 };
 
 use crate::compute::Real;

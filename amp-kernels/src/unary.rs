@@ -12,11 +12,10 @@
 //! strides are walked as coalesced runs, widened in chunks, and large outputs are
 //! split over rayon.
 
-use amp_tensor::ensure;
 use std::any::TypeId;
 use std::mem::MaybeUninit;
 
-use amp_tensor::{cast_into, cast_into_uninit, DType, Element, Error, Result, Tensor};
+use amp_tensor::{cast_into, cast_into_uninit, ensure, DType, Element, Error, Result, Tensor};
 
 use self::ewise::{ensure_cpu, full_tensor, int_kernel, zip1, Arg, Guards, RoundEven, Src};
 use crate::compute::{with_slice, Real, CHUNK};

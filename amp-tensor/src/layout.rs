@@ -1,8 +1,7 @@
 //! Shape + strides + offset: how a tensor's elements sit in its storage.
 
-use crate::ensure;
 use crate::shape::{broadcast_shapes, Dim};
-use crate::{Error, Result, Shape};
+use crate::{ensure, Error, Result, Shape};
 
 /// A strided view into a flat storage. Strides are in elements and never negative.
 #[derive(Debug, Clone, PartialEq, Eq)]

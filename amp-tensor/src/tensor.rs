@@ -1,14 +1,13 @@
 //! The tensor value: shared storage + layout + dtype + device.
 
-use crate::ensure;
 use std::fmt;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::convert::{copy_cast, gather_cast, scatter_cast};
 use crate::shape::Dim;
 use crate::{
-    with_dtype, CpuStorage, DType, Device, Element, Error, Generator, Layout, Result, Scalar,
-    Shape, Storage,
+    ensure, with_dtype, CpuStorage, DType, Device, Element, Error, Generator, Layout, Result,
+    Scalar, Shape, Storage,
 };
 
 struct Inner {

@@ -1,7 +1,6 @@
 //! Host side: NVRTC compilation with a per-process cache, module loading per device,
 //! launch helpers and the launchers of every kernel family.
 
-use amp_tensor::ensure;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -12,7 +11,7 @@ use amp_tensor::cuda::cudarc::driver::{
 };
 use amp_tensor::cuda::cudarc::nvrtc::{self, CompileOptions, Ptx};
 use amp_tensor::cuda::{device_context, driver_error, CudaStorage, DeviceContext, Library};
-use amp_tensor::{CpuStorage, DType, Device, Error, Layout, Result, SharedError};
+use amp_tensor::{ensure, CpuStorage, DType, Device, Error, Layout, Result, SharedError};
 
 use super::sources::{Module, BINARY_OPS, MODULES, REDUCE_OPS, UNARY_OPS};
 

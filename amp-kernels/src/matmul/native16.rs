@@ -46,14 +46,13 @@
 //! packed as one long inner dimension, each batch entry padded to whole words on its
 //! own.
 
-use amp_tensor::ensure;
 use std::cell::{Cell, RefCell};
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use amp_tensor::half::{bf16, f16};
 use amp_tensor::pool::try_collect;
-use amp_tensor::{DType, Result};
+use amp_tensor::{ensure, DType, Result};
 
 use super::{SendPtr, Side};
 use crate::compute::FirstError;
