@@ -694,6 +694,17 @@ fn read(path: &Path) -> Result<Vec<u8>, CheckpointError> {
     })
 }
 
+/// The JSON file at `path` (read into `bytes`) as a `T`.
+fn from_json<T: serde::de::DeserializeOwned>(
+    bytes: &[u8],
+    path: &Path,
+) -> Result<T, CheckpointError> {
+    serde_json::from_slice(bytes).map_err(|source| CheckpointError::Json {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
 /// Read the file `entry` names and check its size and digest.
 fn read_verified(
     dir: &Path,
@@ -752,11 +763,7 @@ pub fn load_with_meta(
     scaler: &mut GradScaler,
 ) -> Result<Option<serde_json::Value>, CheckpointError> {
     let manifest_path = dir.join(MANIFEST);
-    let manifest: Manifest =
-        serde_json::from_slice(&read(&manifest_path)?).map_err(|source| CheckpointError::Json {
-            path: manifest_path.clone(),
-            source,
-        })?;
+    let manifest: Manifest = from_json(&read(&manifest_path)?, &manifest_path)?;
     if manifest.format != FORMAT {
         return Err(CheckpointError::UnknownFormat {
             path: manifest_path,
@@ -772,21 +779,13 @@ pub fn load_with_meta(
         path: model_path,
         source: Box::new(e),
     })?;
-    let opt_sd: OptimizerStateDict =
-        serde_json::from_slice(&opt_bytes).map_err(|source| CheckpointError::Json {
-            path: opt_path.clone(),
-            source,
-        })?;
+    let opt_sd: OptimizerStateDict = from_json(&opt_bytes, &opt_path)?;
     let opt_error = |e| CheckpointError::Optimizer {
         path: opt_path.clone(),
         source: Box::new(e),
     };
     opt.validate_state_dict(&opt_sd).map_err(opt_error)?;
-    let scaler_json: serde_json::Value =
-        serde_json::from_slice(&scaler_bytes).map_err(|source| CheckpointError::Json {
-            path: scaler_path.clone(),
-            source,
-        })?;
+    let scaler_json: serde_json::Value = from_json(&scaler_bytes, &scaler_path)?;
     let scaler_error = |e| CheckpointError::Scaler {
         path: scaler_path.clone(),
         source: Box::new(e),

@@ -151,20 +151,33 @@ fn check_alias(file: &str, name: &str, of: &str) -> Result<(OpId, OpId), PolicyE
     Ok((OpId::intern(name), OpId::intern(of)))
 }
 
+/// Parses one of the data files: JSON whose `format` field (read by `format_of`) must be
+/// `expect`.
+fn parse_versioned<T: serde::de::DeserializeOwned>(
+    file: &str,
+    json: &str,
+    expect: &str,
+    format_of: impl Fn(&T) -> &String,
+) -> Result<T, PolicyError> {
+    let parsed: T =
+        serde_json::from_str(json).map_err(|e| PolicyError::bad_data(file, e.to_string()))?;
+    let format = format_of(&parsed);
+    if format != expect {
+        return Err(PolicyError::bad_data(
+            file,
+            format!("format is `{format}`, expected `{expect}`"),
+        ));
+    }
+    Ok(parsed)
+}
+
 /// Parses a device table (`amp-policy-table/1`). `expect` is the device the caller wants.
 pub(crate) fn parse_table(
     file: &str,
     json: &str,
     expect: DeviceType,
 ) -> Result<Table, PolicyError> {
-    let parsed: TableFile =
-        serde_json::from_str(json).map_err(|e| PolicyError::bad_data(file, e.to_string()))?;
-    if parsed.format != TABLE_FORMAT {
-        return Err(PolicyError::bad_data(
-            file,
-            format!("format is `{}`, expected `{TABLE_FORMAT}`", parsed.format),
-        ));
-    }
+    let parsed: TableFile = parse_versioned(file, json, TABLE_FORMAT, |f: &TableFile| &f.format)?;
     if parsed.device != expect {
         return Err(PolicyError::bad_data(
             file,
@@ -238,13 +251,7 @@ pub(crate) fn apply_profile(
     base: &[Table; 2],
 ) -> Result<AppliedProfile, PolicyError> {
     let parsed: ProfileFile =
-        serde_json::from_str(json).map_err(|e| PolicyError::bad_data(file, e.to_string()))?;
-    if parsed.format != PROFILE_FORMAT {
-        return Err(PolicyError::bad_data(
-            file,
-            format!("format is `{}`, expected `{PROFILE_FORMAT}`", parsed.format),
-        ));
-    }
+        parse_versioned(file, json, PROFILE_FORMAT, |f: &ProfileFile| &f.format)?;
     if parsed.profile.is_empty() {
         return Err(PolicyError::bad_data(file, "empty profile name"));
     }

@@ -251,19 +251,13 @@ fn plot(
         .y_label_area_size(50)
         .build_cartesian_2d(0..n, 0.0..max_loss * 1.05)?;
     c.configure_mesh().x_desc("step").y_desc("loss").draw()?;
-    c.draw_series(LineSeries::new(
-        f32_h.loss.iter().enumerate().map(|(i, &l)| (i, l)),
-        &BLUE,
-    ))?
-    .label("float32")
-    .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
-    if let Some(h) = amp_h {
-        c.draw_series(LineSeries::new(
-            h.loss.iter().enumerate().map(|(i, &l)| (i, l)),
-            &RED,
-        ))?
-        .label("autocast + GradScaler")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
+    let runs = std::iter::once((f32_h, "float32", BLUE))
+        .chain(amp_h.map(|h| (h, "autocast + GradScaler", RED)));
+    for (h, label, color) in runs {
+        let points = h.loss.iter().enumerate().map(|(i, &l)| (i, l));
+        c.draw_series(LineSeries::new(points, &color))?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
     }
     c.configure_series_labels()
         .border_style(BLACK)
@@ -296,18 +290,17 @@ fn plot(
 }
 
 fn main() {
-    let args = match parse_args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("error: {e}");
-            std::process::exit(2);
-        }
+    // Errors are reported with their message (not `Debug`), as a command-line tool
+    // should: exit status 2 for bad arguments, 1 for a failed run.
+    let (status, err) = match parse_args() {
+        Err(e) => (2, e.to_string()),
+        Ok(args) => match train_both(args) {
+            Ok(()) => return,
+            Err(e) => (1, e.to_string()),
+        },
     };
-    // Errors are reported with their message (not `Debug`), as a command-line tool should.
-    if let Err(e) = train_both(args) {
-        eprintln!("error: {e}");
-        std::process::exit(1);
-    }
+    eprintln!("error: {err}");
+    std::process::exit(status);
 }
 
 fn train_both(args: Args) -> Result<(), Box<dyn std::error::Error>> {

@@ -41,28 +41,17 @@ def main():
     x = torch.randn(8, 8)
     k = 2000
 
-    def plain():
-        for _ in range(k):
-            torch.mm(x, x)
-
-    def auto():
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+    for name, op in (("mm", torch.mm), ("add", torch.add)):
+        def plain(op=op):
             for _ in range(k):
-                torch.mm(x, x)
+                op(x, x)
 
-    def add_plain():
-        for _ in range(k):
-            torch.add(x, x)
+        def auto(plain=plain):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                plain()
 
-    def add_auto():
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            for _ in range(k):
-                torch.add(x, x)
-
-    r["mm_8x8_us"] = median_time(plain) / k * 1e6
-    r["mm_8x8_autocast_us"] = median_time(auto) / k * 1e6
-    r["add_8x8_us"] = median_time(add_plain) / k * 1e6
-    r["add_8x8_autocast_us"] = median_time(add_auto) / k * 1e6
+        r[f"{name}_8x8_us"] = median_time(plain) / k * 1e6
+        r[f"{name}_8x8_autocast_us"] = median_time(auto) / k * 1e6
     grads = [torch.randn(1 << 20) for _ in range(64)]
     found, inv = torch.zeros(1), torch.full((1,), 1 / 65536.0)
     t = median_time(lambda: torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv), n=5)

@@ -155,9 +155,7 @@ impl Module for Gpt {
     }
     fn train(&mut self, mode: bool) {
         self.training = mode;
-        for l in &mut self.layers {
-            l.train(mode);
-        }
+        self.layers.iter_mut().for_each(|l| l.train(mode));
     }
     fn is_training(&self) -> bool {
         self.training
