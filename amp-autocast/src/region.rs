@@ -36,30 +36,17 @@ impl Autocast {
             trace: false,
         }
     }
-    /// The lower-precision dtype.
-    pub fn dtype(mut self, dtype: DType) -> Self {
-        self.dtype = Some(dtype);
-        self
-    }
-    /// Enable or disable autocast in the region (disabled regions nest in enabled ones).
-    pub fn enabled(mut self, enabled: bool) -> Self {
-        self.enabled = enabled;
-        self
-    }
-    /// Turn the weight-cast cache on or off in the region.
-    pub fn cache_enabled(mut self, cache_enabled: bool) -> Self {
-        self.cache_enabled = Some(cache_enabled);
-        self
-    }
-    /// Use another policy profile (or one with overrides) for the region.
-    pub fn profile(mut self, profile: Profile) -> Self {
-        self.profile = Some(profile);
-        self
-    }
-    /// Record every decision made in the region (read it with [`AutocastGuard::trace`]).
-    pub fn trace(mut self, on: bool) -> Self {
-        self.trace = on;
-        self
+    amp_tensor::setters! {
+        /// The lower-precision dtype.
+        dtype: DType => Some;
+        /// Enable or disable autocast in the region (disabled regions nest in enabled ones).
+        enabled: bool;
+        /// Turn the weight-cast cache on or off in the region.
+        cache_enabled: bool => Some;
+        /// Use another policy profile (or one with overrides) for the region.
+        profile: Profile => Some;
+        /// Record every decision made in the region (read it with [`AutocastGuard::trace`]).
+        trace: bool;
     }
 
     /// Enter the region until the guard drops. Fails for a dtype the device type cannot

@@ -47,35 +47,19 @@ impl ConvOptions {
             bias: true,
         }
     }
-    /// With a stride.
-    pub fn stride(mut self, s: &[usize]) -> Self {
-        self.stride = s.to_vec();
-        self
-    }
-    /// With zero padding.
-    pub fn padding(mut self, p: &[usize]) -> Self {
-        self.padding = p.to_vec();
-        self
-    }
-    /// With an output padding (transposed layers).
-    pub fn output_padding(mut self, p: &[usize]) -> Self {
-        self.output_padding = p.to_vec();
-        self
-    }
-    /// With a dilation.
-    pub fn dilation(mut self, d: &[usize]) -> Self {
-        self.dilation = d.to_vec();
-        self
-    }
-    /// With channel groups.
-    pub fn groups(mut self, g: usize) -> Self {
-        self.groups = g;
-        self
-    }
-    /// With or without a bias.
-    pub fn bias(mut self, b: bool) -> Self {
-        self.bias = b;
-        self
+    amp_tensor::setters! {
+        /// With a stride.
+        stride: &[usize] => <[usize]>::to_vec;
+        /// With zero padding.
+        padding: &[usize] => <[usize]>::to_vec;
+        /// With an output padding (transposed layers).
+        output_padding: &[usize] => <[usize]>::to_vec;
+        /// With a dilation.
+        dilation: &[usize] => <[usize]>::to_vec;
+        /// With channel groups.
+        groups: usize;
+        /// With or without a bias.
+        bias: bool;
     }
 
     fn kernel(&self, rank: usize) -> Result<Vec<usize>> {

@@ -40,40 +40,21 @@ impl Default for GradScalerOptions {
 }
 
 impl GradScalerOptions {
-    /// Set `init_scale`.
-    pub fn init_scale(mut self, v: f64) -> Self {
-        self.init_scale = v;
-        self
-    }
-    /// Set `growth_factor`.
-    pub fn growth_factor(mut self, v: f64) -> Self {
-        self.growth_factor = v;
-        self
-    }
-    /// Set `backoff_factor`.
-    pub fn backoff_factor(mut self, v: f64) -> Self {
-        self.backoff_factor = v;
-        self
-    }
-    /// Set `growth_interval`.
-    pub fn growth_interval(mut self, v: i64) -> Self {
-        self.growth_interval = v;
-        self
-    }
-    /// Set `enabled`.
-    pub fn enabled(mut self, v: bool) -> Self {
-        self.enabled = v;
-        self
-    }
-    /// Extra: a floor for the scale.
-    pub fn min_scale(mut self, v: f64) -> Self {
-        self.min_scale = Some(v);
-        self
-    }
-    /// Extra: a ceiling for the scale.
-    pub fn max_scale(mut self, v: f64) -> Self {
-        self.max_scale = Some(v);
-        self
+    amp_tensor::setters! {
+        /// Set `init_scale`.
+        init_scale: f64;
+        /// Set `growth_factor`.
+        growth_factor: f64;
+        /// Set `backoff_factor`.
+        backoff_factor: f64;
+        /// Set `growth_interval`.
+        growth_interval: i64;
+        /// Set `enabled`.
+        enabled: bool;
+        /// Extra: a floor for the scale.
+        min_scale: f64 => Some;
+        /// Extra: a ceiling for the scale.
+        max_scale: f64 => Some;
     }
     /// Extra: consecutive overflows needed before backing off.
     pub fn hysteresis(mut self, n: u32) -> Self {

@@ -178,3 +178,39 @@ impl PartialEq for SharedError {
         std::sync::Arc::ptr_eq(&self.0, &other.0) || self.0.to_string() == other.0.to_string()
     }
 }
+
+/// Builder setters for an options struct, inside its `impl` block: for each field
+/// `name: T` a `pub fn name(mut self, v: T) -> Self` that stores `v` (through `wrap`,
+/// e.g. `Some` for an optional field, when given) and returns `self`. The workspace's
+/// option structs (the scaler's, autocast's region, the layers' configs) spell their
+/// setters this way.
+///
+/// ```
+/// #[derive(Default)]
+/// struct Opts {
+///     scale: f64,
+///     floor: Option<f64>,
+/// }
+/// impl Opts {
+///     amp_tensor::setters! {
+///         /// Set the scale.
+///         scale: f64;
+///         /// Set a floor.
+///         floor: f64 => Some;
+///     }
+/// }
+/// let o = Opts::default().scale(2.0).floor(0.5);
+/// assert_eq!((o.scale, o.floor), (2.0, Some(0.5)));
+/// ```
+#[macro_export]
+macro_rules! setters {
+    ($($(#[$m:meta])* $name:ident: $t:ty $(=> $wrap:expr)?;)*) => {$(
+        $(#[$m])*
+        pub fn $name(mut self, v: $t) -> Self {
+            self.$name = $crate::setters!(@wrap v $(, $wrap)?);
+            self
+        }
+    )*};
+    (@wrap $v:ident) => { $v };
+    (@wrap $v:ident, $wrap:expr) => { ($wrap)($v) };
+}
