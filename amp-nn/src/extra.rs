@@ -5,7 +5,7 @@ use amp_autograd::{Error, Reduction, Result, Tensor};
 use amp_tensor::{DType, Generator, Tensor as Raw};
 
 use crate::init::uniform;
-use crate::module::Module;
+use crate::module::{named_present, Module};
 
 /// `nn.PReLU`: `x` where positive, `weight * x` elsewhere, one weight shared or one per
 /// channel, initialised to `0.25`.
@@ -86,11 +86,7 @@ impl Module for Bilinear {
         ))
     }
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        let mut v = vec![("weight".to_string(), self.weight.clone())];
-        if let Some(b) = &self.bias {
-            v.push(("bias".to_string(), b.clone()));
-        }
-        v
+        named_present([("weight", Some(&self.weight)), ("bias", self.bias.as_ref())])
     }
 }
 
@@ -136,14 +132,10 @@ impl Module for GroupNorm {
         )
     }
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        let mut v = Vec::new();
-        if let Some(w) = &self.weight {
-            v.push(("weight".to_string(), w.clone()));
-        }
-        if let Some(b) = &self.bias {
-            v.push(("bias".to_string(), b.clone()));
-        }
-        v
+        named_present([
+            ("weight", self.weight.as_ref()),
+            ("bias", self.bias.as_ref()),
+        ])
     }
 }
 

@@ -6,7 +6,7 @@ use amp_autograd::{ops, Result, Tensor};
 use amp_tensor::Generator;
 
 use crate::init::{kaiming_uniform_default, uniform};
-use crate::module::{prefix_names, Module};
+use crate::module::{named_present, prefix_names, Module};
 
 /// `y = x Wᵀ + b` with PyTorch's default initialisation.
 pub struct Linear {
@@ -49,11 +49,7 @@ impl Module for Linear {
         ops::linear(x, &self.weight, self.bias.as_ref())
     }
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        let mut v = vec![("weight".to_string(), self.weight.clone())];
-        if let Some(b) = &self.bias {
-            v.push(("bias".to_string(), b.clone()));
-        }
-        v
+        named_present([("weight", Some(&self.weight)), ("bias", self.bias.as_ref())])
     }
 }
 
@@ -194,14 +190,10 @@ impl Module for LayerNorm {
         )
     }
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        let mut v = Vec::new();
-        if let Some(w) = &self.weight {
-            v.push(("weight".to_string(), w.clone()));
-        }
-        if let Some(b) = &self.bias {
-            v.push(("bias".to_string(), b.clone()));
-        }
-        v
+        named_present([
+            ("weight", self.weight.as_ref()),
+            ("bias", self.bias.as_ref()),
+        ])
     }
 }
 

@@ -41,7 +41,7 @@ pub use extra::{
 pub use init::{kaiming_normal, kaiming_uniform_default, uniform, xavier_uniform};
 pub use layers::{Dropout, LayerNorm, Linear, ReLU, Sequential, Sigmoid, Tanh, GELU};
 pub use loss::{BCEWithLogitsLoss, CrossEntropyLoss, MSELoss};
-pub use module::{prefix_names, prefixed, Module};
+pub use module::{named_present, prefix_names, prefixed, Module};
 pub use norm::{BatchNorm1d, BatchNorm2d, BatchNorm3d};
 pub use pool::*;
 pub use rnn::{CellParams, GRUCell, LSTMCell, RNNCell, RecurrentConfig, GRU, LSTM};

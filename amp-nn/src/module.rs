@@ -97,6 +97,18 @@ pub fn prefix_names(prefix: &str, named: Vec<(String, Tensor)>) -> Vec<(String, 
         .collect()
 }
 
+/// The parameters that are present, by name, in order: an optional weight or bias that
+/// is `None` is not a parameter (PyTorch registers it as `None`, and `named_parameters`
+/// skips it).
+pub fn named_present<'a>(
+    params: impl IntoIterator<Item = (&'a str, Option<&'a Tensor>)>,
+) -> Vec<(String, Tensor)> {
+    params
+        .into_iter()
+        .filter_map(|(name, t)| Some((name.to_string(), t?.clone())))
+        .collect()
+}
+
 /// Prefix each parameter name of `m` with `prefix.`.
 pub fn prefixed(prefix: &str, m: &dyn Module) -> Vec<(String, Tensor)> {
     prefix_names(prefix, m.named_parameters())

@@ -1,12 +1,14 @@
 //! Recurrent cells: RNNCell, GRUCell, LSTMCell (PyTorch's parameters, names and default
 //! initialisation: every parameter uniform in `[-1/sqrt(hidden), 1/sqrt(hidden))`).
 
+use std::borrow::Cow;
+
 use amp_autograd::ops::{self, RnnNonlinearity};
 use amp_autograd::{Result, Tensor};
 use amp_tensor::Generator;
 
 use crate::init::uniform;
-use crate::module::Module;
+use crate::module::{named_present, Module};
 
 /// The parameters every cell has: `weight_ih` `[gates * hidden, input]`, `weight_hh`
 /// `[gates * hidden, hidden]` and optional `bias_ih`, `bias_hh` `[gates * hidden]`.
@@ -60,18 +62,18 @@ impl CellParams {
         Tensor::zeros(dims, x.dtype())
     }
 
+    /// `hx`, or zeros for the hidden state of `x` when `None`.
+    fn hidden<'h>(&self, x: &Tensor, hx: Option<&'h Tensor>) -> Cow<'h, Tensor> {
+        hx.map_or_else(|| Cow::Owned(self.zeros_for(x)), Cow::Borrowed)
+    }
+
     fn named(&self) -> Vec<(String, Tensor)> {
-        let mut v = vec![
-            ("weight_ih".to_string(), self.weight_ih.clone()),
-            ("weight_hh".to_string(), self.weight_hh.clone()),
-        ];
-        if let Some(b) = &self.bias_ih {
-            v.push(("bias_ih".to_string(), b.clone()));
-        }
-        if let Some(b) = &self.bias_hh {
-            v.push(("bias_hh".to_string(), b.clone()));
-        }
-        v
+        named_present([
+            ("weight_ih", Some(&self.weight_ih)),
+            ("weight_hh", Some(&self.weight_hh)),
+            ("bias_ih", self.bias_ih.as_ref()),
+            ("bias_hh", self.bias_hh.as_ref()),
+        ])
     }
 }
 
@@ -103,18 +105,11 @@ impl RNNCell {
     }
     /// One step from hidden state `hx` (zeros when `None`).
     pub fn step(&self, x: &Tensor, hx: Option<&Tensor>) -> Result<Tensor> {
-        let zeros;
-        let h = match hx {
-            Some(h) => h,
-            None => {
-                zeros = self.params.zeros_for(x);
-                &zeros
-            }
-        };
+        let h = self.params.hidden(x, hx);
         let p = &self.params;
         ops::rnn_cell(
             x,
-            h,
+            &h,
             &p.weight_ih,
             &p.weight_hh,
             p.bias_ih.as_ref(),
@@ -158,18 +153,11 @@ impl GRUCell {
     }
     /// One step from hidden state `hx` (zeros when `None`).
     pub fn step(&self, x: &Tensor, hx: Option<&Tensor>) -> Result<Tensor> {
-        let zeros;
-        let h = match hx {
-            Some(h) => h,
-            None => {
-                zeros = self.params.zeros_for(x);
-                &zeros
-            }
-        };
+        let h = self.params.hidden(x, hx);
         let p = &self.params;
         ops::gru_cell(
             x,
-            h,
+            &h,
             &p.weight_ih,
             &p.weight_hh,
             p.bias_ih.as_ref(),
