@@ -6,7 +6,7 @@ use amp_autograd::{ops, Error, Result, Tensor};
 use amp_tensor::Generator;
 
 use crate::init::{kaiming_uniform_default, uniform};
-use crate::module::Module;
+use crate::module::{named_present, Module};
 
 /// Shape and hyper-parameters shared by the convolution layers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,14 +116,6 @@ impl ConvOptions {
     }
 }
 
-fn named(weight: &Tensor, bias: &Option<Tensor>) -> Vec<(String, Tensor)> {
-    let mut v = vec![("weight".to_string(), weight.clone())];
-    if let Some(b) = bias {
-        v.push(("bias".to_string(), b.clone()));
-    }
-    v
-}
-
 /// A convolution layer `$name` of spatial rank `$rank`: weight and bias created by
 /// `ConvOptions::parameters` (transposed or not), `forward` calling `$call` with the
 /// input, the parameters and the options bound to the four names given.
@@ -166,7 +158,7 @@ macro_rules! conv_layer {
                 $call
             }
             fn named_parameters(&self) -> Vec<(String, Tensor)> {
-                named(&self.weight, &self.bias)
+                named_present([("weight", Some(&self.weight)), ("bias", self.bias.as_ref())])
             }
         }
     };
@@ -174,50 +166,42 @@ macro_rules! conv_layer {
 
 /// A convolution layer (`conv_layer!` with PyTorch's `conv{rank}d` call).
 macro_rules! conv {
-    ($(#[$doc:meta])* $name:ident, $rank:expr, $f:path) => {
+    ($($(#[$doc:meta])* $name:ident, $rank:expr, $f:path;)*) => {$(
         conv_layer!(
             $(#[$doc])* $name, $rank, transposed: false, weight: "`[out, in / groups, k...]`.",
             |x, w, b, o| $f(x, w, b, &o.stride, &o.padding, &o.dilation, o.groups)
         );
-    };
+    )*};
 }
 
 /// A transposed convolution layer (`conv_layer!` with `conv_transpose{rank}d`).
 macro_rules! conv_transpose {
-    ($(#[$doc:meta])* $name:ident, $rank:expr, $f:path) => {
+    ($($(#[$doc:meta])* $name:ident, $rank:expr, $f:path;)*) => {$(
         conv_layer!(
             $(#[$doc])* $name, $rank, transposed: true, weight: "`[in, out / groups, k...]`.",
             |x, w, b, o| $f(
                 x, w, b, &o.stride, &o.padding, &o.output_padding, o.groups, &o.dilation
             )
         );
-    };
+    )*};
 }
 
-conv!(
+conv! {
     /// 1-D convolution layer (`nn.Conv1d`): input `[N, C_in, L]`.
-    Conv1d, 1, ops::conv1d
-);
-conv!(
+    Conv1d, 1, ops::conv1d;
     /// 2-D convolution layer (`nn.Conv2d`): input `[N, C_in, H, W]`.
-    Conv2d, 2, ops::conv2d
-);
-conv!(
+    Conv2d, 2, ops::conv2d;
     /// 3-D convolution layer (`nn.Conv3d`): input `[N, C_in, D, H, W]`.
-    Conv3d, 3, ops::conv3d
-);
-conv_transpose!(
+    Conv3d, 3, ops::conv3d;
+}
+conv_transpose! {
     /// 1-D transposed convolution layer (`nn.ConvTranspose1d`).
-    ConvTranspose1d, 1, ops::conv_transpose1d
-);
-conv_transpose!(
+    ConvTranspose1d, 1, ops::conv_transpose1d;
     /// 2-D transposed convolution layer (`nn.ConvTranspose2d`).
-    ConvTranspose2d, 2, ops::conv_transpose2d
-);
-conv_transpose!(
+    ConvTranspose2d, 2, ops::conv_transpose2d;
     /// 3-D transposed convolution layer (`nn.ConvTranspose3d`).
-    ConvTranspose3d, 3, ops::conv_transpose3d
-);
+    ConvTranspose3d, 3, ops::conv_transpose3d;
+}
 
 #[cfg(test)]
 mod tests {

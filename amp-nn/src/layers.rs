@@ -132,9 +132,6 @@ macro_rules! activation {
             fn forward(&self, x: &Tensor) -> Result<Tensor> {
                 $f(x)
             }
-            fn named_parameters(&self) -> Vec<(String, Tensor)> {
-                Vec::new()
-            }
         }
     )*};
 }
@@ -219,9 +216,6 @@ impl Module for Dropout {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let mut g = self.gen.lock().unwrap_or_else(|e| e.into_inner());
         ops::dropout(x, self.p, self.training, &mut g)
-    }
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        Vec::new()
     }
     fn train(&mut self, mode: bool) {
         self.training = mode;

@@ -8,8 +8,10 @@ pub trait Module: Send + Sync {
     /// Apply the module.
     fn forward(&self, x: &Tensor) -> Result<Tensor>;
     /// Parameters with PyTorch-style dotted names (`0.weight`, `fc.bias`), in
-    /// registration order.
-    fn named_parameters(&self) -> Vec<(String, Tensor)>;
+    /// registration order. None by default (activations, pooling, dropout).
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        Vec::new()
+    }
     /// Switch training mode (dropout) on or off, recursively.
     fn train(&mut self, _mode: bool) {}
     /// Whether in training mode.

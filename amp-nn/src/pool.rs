@@ -5,6 +5,18 @@ use amp_tensor::{DType, Generator, Tensor as Raw};
 
 use crate::module::Module;
 
+/// `torch.nn.{Name}1d`/`2d`/`3d` as aliases of the layer generic over its rank.
+macro_rules! rank_aliases {
+    ($base:ident: $one:ident, $two:ident, $three:ident) => {
+        #[doc = concat!("`torch.nn.", stringify!($one), "`.")]
+        pub type $one = $base<1>;
+        #[doc = concat!("`torch.nn.", stringify!($two), "`.")]
+        pub type $two = $base<2>;
+        #[doc = concat!("`torch.nn.", stringify!($three), "`.")]
+        pub type $three = $base<3>;
+    };
+}
+
 /// Max pooling over `N` spatial dims (`MaxPool1d`/`2d`/`3d`), as `torch.nn.MaxPoolNd`.
 #[derive(Clone, Debug)]
 pub struct MaxPool<const N: usize> {
@@ -49,17 +61,9 @@ impl<const N: usize> Module for MaxPool<N> {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(self.forward_with_indices(x)?.0)
     }
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        Vec::new()
-    }
 }
 
-/// `torch.nn.MaxPool1d`.
-pub type MaxPool1d = MaxPool<1>;
-/// `torch.nn.MaxPool2d`.
-pub type MaxPool2d = MaxPool<2>;
-/// `torch.nn.MaxPool3d`.
-pub type MaxPool3d = MaxPool<3>;
+rank_aliases!(MaxPool: MaxPool1d, MaxPool2d, MaxPool3d);
 
 /// Average pooling over `N` spatial dims (`AvgPool1d`/`2d`/`3d`), as `torch.nn.AvgPoolNd`.
 #[derive(Clone, Debug)]
@@ -105,17 +109,9 @@ impl<const N: usize> Module for AvgPool<N> {
             self.divisor_override,
         )
     }
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        Vec::new()
-    }
 }
 
-/// `torch.nn.AvgPool1d`.
-pub type AvgPool1d = AvgPool<1>;
-/// `torch.nn.AvgPool2d`.
-pub type AvgPool2d = AvgPool<2>;
-/// `torch.nn.AvgPool3d`.
-pub type AvgPool3d = AvgPool<3>;
+rank_aliases!(AvgPool: AvgPool1d, AvgPool2d, AvgPool3d);
 
 /// Adaptive average pooling to a fixed output size (`None` keeps the input size).
 #[derive(Clone, Debug)]
@@ -137,17 +133,9 @@ impl<const N: usize> Module for AdaptiveAvgPool<N> {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         ops::adaptive_avg_pool_nd(x, N, &self.output_size)
     }
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        Vec::new()
-    }
 }
 
-/// `torch.nn.AdaptiveAvgPool1d`.
-pub type AdaptiveAvgPool1d = AdaptiveAvgPool<1>;
-/// `torch.nn.AdaptiveAvgPool2d`.
-pub type AdaptiveAvgPool2d = AdaptiveAvgPool<2>;
-/// `torch.nn.AdaptiveAvgPool3d`.
-pub type AdaptiveAvgPool3d = AdaptiveAvgPool<3>;
+rank_aliases!(AdaptiveAvgPool: AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveAvgPool3d);
 
 /// Adaptive max pooling to a fixed output size (`None` keeps the input size).
 #[derive(Clone, Debug)]
@@ -173,17 +161,9 @@ impl<const N: usize> Module for AdaptiveMaxPool<N> {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(self.forward_with_indices(x)?.0)
     }
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        Vec::new()
-    }
 }
 
-/// `torch.nn.AdaptiveMaxPool1d`.
-pub type AdaptiveMaxPool1d = AdaptiveMaxPool<1>;
-/// `torch.nn.AdaptiveMaxPool2d`.
-pub type AdaptiveMaxPool2d = AdaptiveMaxPool<2>;
-/// `torch.nn.AdaptiveMaxPool3d`.
-pub type AdaptiveMaxPool3d = AdaptiveMaxPool<3>;
+rank_aliases!(AdaptiveMaxPool: AdaptiveMaxPool1d, AdaptiveMaxPool2d, AdaptiveMaxPool3d);
 
 /// A lookup table of `num_embeddings` vectors of size `embedding_dim`
 /// (`torch.nn.Embedding`): `weight` starts N(0, 1), the `padding_idx` row at zero and

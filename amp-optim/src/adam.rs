@@ -147,10 +147,18 @@ impl Adam {
                     max_exp_avg_sq: o.amsgrad.then(|| zeros_state(p)),
                 });
                 s.step += 1.0;
+                let step = ParamStep {
+                    p,
+                    g: g.data(),
+                    s,
+                    o,
+                    lr: group.lr,
+                    grad_scale,
+                };
                 if computes_in_f64(p.dtype()) {
-                    adam_update::<f64>(p, g.data(), s, o, group.lr, grad_scale)?;
+                    adam_update::<f64>(step)?;
                 } else {
-                    adam_update::<f32>(p, g.data(), s, o, group.lr, grad_scale)?;
+                    adam_update::<f32>(step)?;
                 }
             }
         }
@@ -158,18 +166,31 @@ impl Adam {
     }
 }
 
-/// One parameter's Adam update (its `step` already counted) in the compute type `F`.
-fn adam_update<F: Real>(
-    p: &Tensor,
-    g: &Raw,
-    s: &ParamState,
+/// One parameter's update: the parameter, its gradient and state, the group's options
+/// and learning rate, and the scaler's gradient scale when it fuses the unscale.
+#[derive(Clone, Copy)]
+struct ParamStep<'a> {
+    p: &'a Tensor,
+    g: &'a Raw,
+    s: &'a ParamState,
     o: AdamOptions,
     lr: f64,
     grad_scale: Option<f64>,
-) -> Result<()> {
-    if let Some(done) = fused::<F>(p, g, s, o, lr, grad_scale) {
+}
+
+/// One parameter's Adam update (its `step` already counted) in the compute type `F`.
+fn adam_update<F: Real>(step: ParamStep<'_>) -> Result<()> {
+    if let Some(done) = fused::<F>(step) {
         return done;
     }
+    let ParamStep {
+        p,
+        g,
+        s,
+        o,
+        lr,
+        grad_scale,
+    } = step;
     let mut g = read::<F>(g);
     if let Some(scale) = grad_scale {
         let scale = F::of(scale);
@@ -226,14 +247,15 @@ fn adam_update<F: Real>(
 /// separate storage and `amsgrad` is off; `None` otherwise (the general path above then
 /// runs). Each element goes through exactly the operations of the general path, in the
 /// same order, so the results are the same bits.
-fn fused<F: Real>(
-    p: &Tensor,
-    g: &Raw,
-    s: &ParamState,
-    o: AdamOptions,
-    lr: f64,
-    grad_scale: Option<f64>,
-) -> Option<Result<()>> {
+fn fused<F: Real>(step: ParamStep<'_>) -> Option<Result<()>> {
+    let ParamStep {
+        p,
+        g,
+        s,
+        o,
+        lr,
+        grad_scale,
+    } = step;
     let fits = in_place::<F>;
     let separate = |t: &Raw| !t.same_storage(g) && !t.same_storage(p.data());
     let (m, v) = (&s.exp_avg, &s.exp_avg_sq);
