@@ -59,31 +59,14 @@ impl Real for f64 {
 /// return [`Error::UnsupportedDType`] naming `$op`.
 #[macro_export]
 macro_rules! float_kernel {
-    ($dtype:expr, $op:expr, |$T:ident, $C:ident| $body:expr) => {{
-        match $dtype {
-            $crate::amp_tensor::DType::F16 => {
-                type $T = $crate::amp_tensor::half::f16;
-                type $C = f32;
-                $body
-            }
-            $crate::amp_tensor::DType::BF16 => {
-                type $T = $crate::amp_tensor::half::bf16;
-                type $C = f32;
-                $body
-            }
-            $crate::amp_tensor::DType::F32 => {
-                type $T = f32;
-                type $C = f32;
-                $body
-            }
-            $crate::amp_tensor::DType::F64 => {
-                type $T = f64;
-                type $C = f64;
-                $body
-            }
-            d => return Err($crate::amp_tensor::Error::UnsupportedDType { op: $op, dtype: d }),
-        }
-    }};
+    ($dtype:expr, $op:expr, |$T:ident, $C:ident| $body:expr) => {
+        $crate::amp_tensor::bind_dtypes!($dtype, $body, [
+            F16 => {$T = $crate::amp_tensor::half::f16, $C = f32}
+            BF16 => {$T = $crate::amp_tensor::half::bf16, $C = f32}
+            F32 => {$T = f32, $C = f32}
+            F64 => {$T = f64, $C = f64}
+        ], _ => return Err($crate::amp_tensor::Error::UnsupportedDType { op: $op, dtype: $dtype }))
+    };
 }
 
 /// A mode chosen by name, as PyTorch's string arguments (`padding_mode="reflect"`): the

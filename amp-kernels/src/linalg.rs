@@ -24,19 +24,10 @@ impl<T: Real + faer::traits::RealField + Copy> LaReal for T {}
 
 /// Bind `$C` to the compute type of a float32 / float64 `$dtype`, or fail naming `$op`.
 macro_rules! la_kernel {
-    ($dtype:expr, $op:expr, |$C:ident| $body:expr) => {{
-        match $dtype {
-            DType::F32 => {
-                type $C = f32;
-                $body
-            }
-            DType::F64 => {
-                type $C = f64;
-                $body
-            }
-            d => return Err(Error::UnsupportedDType { op: $op, dtype: d }),
-        }
-    }};
+    ($dtype:expr, $op:expr, |$C:ident| $body:expr) => {
+        amp_tensor::bind_dtypes!($dtype, $body, [F32 => {$C = f32} F64 => {$C = f64}],
+            _ => return Err(Error::UnsupportedDType { op: $op, dtype: $dtype }))
+    };
 }
 
 /// A batch of row-major matrices read from a tensor `[..., m, n]`.

@@ -184,46 +184,17 @@ impl Num for i64 {
 /// Bind `$T` (storage element) and `$N` (accumulation type: f32 for the 16-bit floats
 /// and f32, f64 for f64, i64 for the integer types and bool) for any `$dtype`.
 macro_rules! num_kernel {
-    ($dtype:expr, |$T:ident, $N:ident| $body:expr) => {{
-        use $crate::amp_tensor::DType as D;
-        match $dtype {
-            D::F16 => {
-                type $T = $crate::amp_tensor::half::f16;
-                type $N = f32;
-                $body
-            }
-            D::BF16 => {
-                type $T = $crate::amp_tensor::half::bf16;
-                type $N = f32;
-                $body
-            }
-            D::F32 => {
-                type $T = f32;
-                type $N = f32;
-                $body
-            }
-            D::F64 => {
-                type $T = f64;
-                type $N = f64;
-                $body
-            }
-            D::I64 => {
-                type $T = i64;
-                type $N = i64;
-                $body
-            }
-            D::I32 => {
-                type $T = i32;
-                type $N = i64;
-                $body
-            }
-            D::Bool => {
-                type $T = bool;
-                type $N = i64;
-                $body
-            }
-        }
-    }};
+    ($dtype:expr, |$T:ident, $N:ident| $body:expr) => {
+        $crate::amp_tensor::bind_dtypes!($dtype, $body, [
+            F16 => {$T = $crate::amp_tensor::half::f16, $N = f32}
+            BF16 => {$T = $crate::amp_tensor::half::bf16, $N = f32}
+            F32 => {$T = f32, $N = f32}
+            F64 => {$T = f64, $N = f64}
+            I64 => {$T = i64, $N = i64}
+            I32 => {$T = i32, $N = i64}
+            Bool => {$T = bool, $N = i64}
+        ])
+    };
 }
 pub(crate) use num_kernel;
 

@@ -168,64 +168,27 @@ pub(crate) mod ewise {
     /// Bind `$T` (storage) and `$C` (compute) for any dtype: float16/bfloat16 compute
     /// in float32, the other types in themselves.
     macro_rules! any_kernel {
-        ($dtype:expr, |$T:ident, $C:ident| $body:expr) => {{
-            match $dtype {
-                amp_tensor::DType::F16 => {
-                    type $T = amp_tensor::half::f16;
-                    type $C = f32;
-                    $body
-                }
-                amp_tensor::DType::BF16 => {
-                    type $T = amp_tensor::half::bf16;
-                    type $C = f32;
-                    $body
-                }
-                amp_tensor::DType::F32 => {
-                    type $T = f32;
-                    type $C = f32;
-                    $body
-                }
-                amp_tensor::DType::F64 => {
-                    type $T = f64;
-                    type $C = f64;
-                    $body
-                }
-                amp_tensor::DType::I32 => {
-                    type $T = i32;
-                    type $C = i32;
-                    $body
-                }
-                amp_tensor::DType::I64 => {
-                    type $T = i64;
-                    type $C = i64;
-                    $body
-                }
-                amp_tensor::DType::Bool => {
-                    type $T = bool;
-                    type $C = bool;
-                    $body
-                }
-            }
-        }};
+        ($dtype:expr, |$T:ident, $C:ident| $body:expr) => {
+            amp_tensor::bind_dtypes!($dtype, $body, [
+                F16 => {$T = amp_tensor::half::f16, $C = f32}
+                BF16 => {$T = amp_tensor::half::bf16, $C = f32}
+                F32 => {$T = f32, $C = f32}
+                F64 => {$T = f64, $C = f64}
+                I32 => {$T = i32, $C = i32}
+                I64 => {$T = i64, $C = i64}
+                Bool => {$T = bool, $C = bool}
+            ])
+        };
     }
     pub(crate) use any_kernel;
 
     /// Bind `$T` to the integer element type of `$dtype` (int32 / int64), else
     /// evaluate `$other`.
     macro_rules! int_kernel {
-        ($dtype:expr, |$T:ident| $body:expr, _ => $other:expr) => {{
-            match $dtype {
-                amp_tensor::DType::I32 => {
-                    type $T = i32;
-                    $body
-                }
-                amp_tensor::DType::I64 => {
-                    type $T = i64;
-                    $body
-                }
-                _ => $other,
-            }
-        }};
+        ($dtype:expr, |$T:ident| $body:expr, _ => $other:expr) => {
+            amp_tensor::bind_dtypes!($dtype, $body, [I32 => {$T = i32} I64 => {$T = i64}],
+                _ => $other)
+        };
     }
     pub(crate) use int_kernel;
 

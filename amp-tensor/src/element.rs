@@ -344,70 +344,48 @@ impl Element for bool {
     storage_access!(bool, Bool);
 }
 
+/// The one `match` behind the dtype-binding macros ([`with_dtype!`],
+/// [`with_float_dtype!`], and the kernels' `float_kernel!` and kin): each listed dtype is
+/// an arm that binds the listed type aliases and evaluates `$body`; the other dtypes
+/// evaluate `$other` (none left: the list must be exhaustive).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! bind_dtypes {
+    ($dtype:expr, $body:expr, [$($D:ident => {$($A:ident = $ty:ty),+})+] $(, _ => $other:expr)?) => {{
+        match $dtype {
+            $($crate::DType::$D => {
+                $(type $A = $ty;)+
+                $body
+            })+
+            $(_ => $other,)?
+        }
+    }};
+}
+
 /// Run `$body` with the type alias `$T` bound to the Rust element type of `$dtype`.
 ///
 /// This is how code that holds a runtime [`DType`] reaches a generic function once,
 /// instead of matching on every dtype by hand.
 #[macro_export]
 macro_rules! with_dtype {
-    ($dtype:expr, $T:ident => $body:expr) => {{
-        match $dtype {
-            $crate::DType::F16 => {
-                type $T = $crate::half::f16;
-                $body
-            }
-            $crate::DType::BF16 => {
-                type $T = $crate::half::bf16;
-                $body
-            }
-            $crate::DType::F32 => {
-                type $T = f32;
-                $body
-            }
-            $crate::DType::F64 => {
-                type $T = f64;
-                $body
-            }
-            $crate::DType::I64 => {
-                type $T = i64;
-                $body
-            }
-            $crate::DType::I32 => {
-                type $T = i32;
-                $body
-            }
-            $crate::DType::Bool => {
-                type $T = bool;
-                $body
-            }
-        }
-    }};
+    ($dtype:expr, $T:ident => $body:expr) => {
+        $crate::bind_dtypes!($dtype, $body, [
+            F16 => {$T = $crate::half::f16} BF16 => {$T = $crate::half::bf16}
+            F32 => {$T = f32} F64 => {$T = f64}
+            I64 => {$T = i64} I32 => {$T = i32} Bool => {$T = bool}
+        ])
+    };
 }
 
 /// Like [`with_dtype!`] for the floating dtypes only; `$other` is evaluated otherwise.
 #[macro_export]
 macro_rules! with_float_dtype {
-    ($dtype:expr, $T:ident => $body:expr, _ => $other:expr) => {{
-        match $dtype {
-            $crate::DType::F16 => {
-                type $T = $crate::half::f16;
-                $body
-            }
-            $crate::DType::BF16 => {
-                type $T = $crate::half::bf16;
-                $body
-            }
-            $crate::DType::F32 => {
-                type $T = f32;
-                $body
-            }
-            $crate::DType::F64 => {
-                type $T = f64;
-                $body
-            }
-            _ => $other,
-        }
-    }};
+    ($dtype:expr, $T:ident => $body:expr, _ => $other:expr) => {
+        $crate::bind_dtypes!($dtype, $body, [
+            F16 => {$T = $crate::half::f16} BF16 => {$T = $crate::half::bf16}
+            F32 => {$T = f32} F64 => {$T = f64}
+        ], _ => $other)
+    };
 }
 
 #[cfg(test)]
