@@ -91,7 +91,7 @@ pub fn non_finite_check_and_unscale_(
             ));
         }
     }
-    let inv = inv_scale.item::<f32>()?;
+    let inv = inv_scale.operand::<f32>()?;
     let found = unscale_all(grads, inv);
     if found {
         write_one(found_inf, 1.0f32);
@@ -460,9 +460,9 @@ pub fn update_scale_(
     check_one_elem(UPDATE_OP, scale, "current_scale", DType::F32)?;
     check_one_elem(UPDATE_OP, found_inf, "found_inf", DType::F32)?;
     ensure_same_device(UPDATE_OP, &[scale, growth_tracker, found_inf])?;
-    let s = scale.item::<f32>()?;
-    let t = growth_tracker.item::<i32>()?;
-    let f = found_inf.item::<f32>()?;
+    let s = scale.operand::<f32>()?;
+    let t = growth_tracker.operand::<i32>()?;
+    let f = found_inf.operand::<f32>()?;
     let (new_s, new_t) = if f != 0.0 {
         ((s as f64 * backoff_factor) as f32, 0)
     } else {

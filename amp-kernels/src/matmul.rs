@@ -25,6 +25,22 @@
 //! strided matrix, each matrix found at a per-batch storage offset (so broadcast batch
 //! dimensions cost nothing), optionally summed over the batch (`addbmm`) and added to
 //! `beta * input`.
+//!
+//! # Which path a size takes (the cost model, calibrated by `cargo xtask bench --sweep`)
+//! - Up to `SMALL_WORK` (16³) multiply-adds, a direct FMA loop (four rows at a time,
+//!   four independent multiply-add chains): `gemm` allocates and zeroes 4 KiB per call,
+//!   more than such a product costs.
+//! - Products under `PARALLEL_WORK` (96³) and batches under `BATCH_PARALLEL_WORK`
+//!   (256K multiply-adds in all) stay on the calling thread: below that a wake-up costs
+//!   more than the second core gives.
+//! - A larger single product is cut into 2 or 2×threads blocks of output columns (or
+//!   rows), one `parallel::for_each` task each running faer sequentially — faster here
+//!   than faer's own barrier-synchronised split, which is never used; a batch of small
+//!   products is one parallel loop over the batch.
+//! - The 16-bit packing kernels start at 16³ (`native16::chosen`): a 8×32 tile with the
+//!   A panel packed in 8 rows and B in 32-column strips straight from their strides
+//!   (16×16 register transposes for row-major A and column-major B), strips packed
+//!   lazily by the first task that needs them, tasks taken from a shared counter.
 
 use amp_tensor::half::{bf16, f16};
 use std::cell::RefCell;

@@ -323,11 +323,12 @@ impl Optimizer for Adam {
     /// `found_inf != 0`, else each gradient is divided by `grad_scale` inside the
     /// update (the `.grad` tensors are left as they are).
     fn step_with_scaling(&mut self, grad_scale: Option<&Raw>, found_inf: &Raw) -> Result<()> {
-        if found_inf.item_f64()? != 0.0 {
+        // Operands of the update (a device kernel would read them on the device).
+        if found_inf.operand::<f64>()? != 0.0 {
             return Ok(());
         }
         let s = match grad_scale {
-            Some(s) => Some(s.item_f64()?),
+            Some(s) => Some(s.operand::<f64>()?),
             None => None,
         };
         self.update(s)

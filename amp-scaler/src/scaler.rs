@@ -23,6 +23,8 @@ pub enum Stage {
 struct OptState {
     stage: Stage,
     found_inf_per_device: BTreeMap<DeviceKey, Raw>,
+    /// Whether `step` skipped: the flag it read, so that `update` need not read it again.
+    skipped: Option<bool>,
 }
 
 impl Default for OptState {
@@ -30,6 +32,7 @@ impl Default for OptState {
         OptState {
             stage: Stage::Ready,
             found_inf_per_device: BTreeMap::new(),
+            skipped: None,
         }
     }
 }
@@ -194,8 +197,10 @@ impl GradScaler {
             Stage::Stepped => return Err(ScalerError::UnscaleAfterStep),
             Stage::Ready => {}
         }
-        let inv = (1.0 / scale.item_f64()?) as f32;
-        let inv_scale = Raw::full([1usize], inv, DType::F32);
+        // PyTorch's `self._scale.double().reciprocal().float()`, on the scale's device
+        // (no host read).
+        let inv_scale =
+            amp_kernels::reciprocal(&scale.to_dtype(DType::F64)?)?.to_dtype(DType::F32)?;
         let found = unscale_grads(opt, &inv_scale, false)?;
         let st = self.opt_state(opt);
         st.found_inf_per_device = found;
@@ -251,7 +256,9 @@ impl GradScaler {
                 StepOutcome::Stepped
             }
         };
-        self.opt_state(opt).stage = Stage::Stepped;
+        let st = self.opt_state(opt);
+        st.stage = Stage::Stepped;
+        st.skipped = Some(outcome.is_skipped());
         self.stats.record_step(outcome.is_skipped());
         Ok(outcome)
     }
@@ -315,7 +322,14 @@ impl GradScaler {
                 for f in &founds[1..] {
                     combined = amp_kernels::add(&combined, f)?;
                 }
-                let overflow = combined.item_f64()? != 0.0;
+                // The step already read each optimizer's flag; read the sum only when an
+                // optimizer was unscaled but not stepped.
+                let stepped: Option<Vec<bool>> =
+                    self.per_optimizer.values().map(|s| s.skipped).collect();
+                let overflow = match stepped {
+                    Some(skipped) => skipped.contains(&true),
+                    None => combined.item_f64()? != 0.0,
+                };
                 self.stats.last_found_inf = overflow;
                 let effective = if overflow {
                     self.consecutive_overflows += 1;
@@ -348,6 +362,9 @@ impl GradScaler {
     }
 
     fn clamp_scale(&self, scale: &Raw) -> Result<()> {
+        if self.opts.min_scale.is_none() && self.opts.max_scale.is_none() {
+            return Ok(());
+        }
         let v = scale.item_f64()?;
         let mut c = v;
         if let Some(lo) = self.opts.min_scale {

@@ -1,6 +1,9 @@
 //! Dtype conversion of whole buffers: generic element casts, with vectorised
 //! f32↔f16 (F16C via `half`, chosen at run time) and f32↔bf16 (AVX2 when present)
-//! fast paths, parallel (rayon) for large buffers.
+//! fast paths (bf16 loops compiled for AVX-512 and AVX2, picked at run time), tiled
+//! copies of transposed matrices, parallel (rayon) above 256K elements. float32 →
+//! float16/bfloat16 outputs of `STREAM_BYTES` (64 MB) and more are written with AVX-512
+//! streaming stores, bit-identical to the ordinary loops.
 
 use std::mem::MaybeUninit;
 

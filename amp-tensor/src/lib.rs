@@ -50,7 +50,7 @@ pub use layout::{Layout, StridedOffsets};
 pub use random::Generator;
 pub use shape::{broadcast_shapes, wrap_dim, Dim, Shape};
 pub use storage::{CpuStorage, Storage};
-pub use tensor::{IntoDims, Tensor};
+pub use tensor::{host_reads, IntoDims, Tensor};
 
 /// Re-exported so users and the macros name the same 16-bit types.
 pub use half;

@@ -356,15 +356,28 @@ impl Tensor {
         self.to_vec_as()
     }
 
-    /// The value of a one-element tensor as `T` (must be its element type).
+    /// The value of a one-element tensor as `T` (must be its element type). Counted by
+    /// [`host_reads`].
     pub fn item<T: Element>(&self) -> Result<T> {
         self.check_one("item")?;
+        count_host_read();
         Ok(self.to_vec::<T>()?[0])
     }
 
-    /// The value of a one-element tensor as f64.
+    /// The value of a one-element tensor (converted to `T`) read as an operand of a
+    /// host kernel: the inverse scale of the unscale kernel, the inputs of the scale
+    /// update, the gradient scale and inf flag of a fused optimizer update. Not counted
+    /// by [`host_reads`]: a device kernel reads such an operand on the device, where no
+    /// decision on the host waits for it.
+    pub fn operand<T: Element>(&self) -> Result<T> {
+        self.check_one("item")?;
+        Ok(self.try_to_vec_as::<T>()?[0])
+    }
+
+    /// The value of a one-element tensor as f64. Counted by [`host_reads`].
     pub fn item_f64(&self) -> Result<f64> {
         self.check_one("item")?;
+        count_host_read();
         Ok(self.to_vec_f64()[0])
     }
 
@@ -752,4 +765,20 @@ impl fmt::Display for Tensor {
         }
         f.write_str(")")
     }
+}
+
+thread_local! {
+    static HOST_READS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+fn count_host_read() {
+    HOST_READS.with(|c| c.set(c.get() + 1));
+}
+
+/// How many single values this thread has read back with [`Tensor::item`] or
+/// [`Tensor::item_f64`]. For a device tensor each is a synchronisation with the device,
+/// which a training step should make at most once (`GradScaler` reads one flag per
+/// step: the skip decision); tests pin such counts with it.
+pub fn host_reads() -> u64 {
+    HOST_READS.with(|c| c.get())
 }

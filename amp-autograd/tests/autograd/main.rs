@@ -7,6 +7,7 @@ mod conv_grad;
 mod deep_graph;
 mod extra;
 mod gradcheck;
+mod gradient_layout;
 mod linalg;
 mod nesting;
 mod out_of_memory;

@@ -3,6 +3,7 @@
 //! runs one subject).
 
 mod api;
+mod host_reads;
 mod identity;
 mod patterns;
 mod state_dict_fuzz;
