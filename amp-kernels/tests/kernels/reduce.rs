@@ -9,7 +9,7 @@ const FLOATS: [DType; 4] = [DType::F16, DType::BF16, DType::F32, DType::F64];
 
 /// Deterministic pseudo-random values in `[-1, 1)`.
 fn values(n: usize, seed: u64) -> Vec<f64> {
-    super::common::uniform(n, seed, 1.0)
+    amp_testing::tensors::uniform(n, seed, 1.0)
 }
 
 /// Relative tolerance of one result rounded to `dtype` (plus accumulation slack).

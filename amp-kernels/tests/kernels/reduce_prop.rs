@@ -7,7 +7,7 @@ use proptest::prelude::*;
 
 /// Deterministic pseudo-random values in `[-1, 1)`.
 fn values(n: usize, seed: u64) -> Vec<f64> {
-    super::common::uniform(n, seed, 1.0)
+    amp_testing::tensors::uniform(n, seed, 1.0)
 }
 
 fn reference(
