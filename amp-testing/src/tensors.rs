@@ -2,9 +2,10 @@
 //!
 //! `uniform` needs nothing; with the `tensor` feature come seeded standard-normal values
 //! and raw tensors (the workspace's ChaCha8 generator, so a seed names the same values
-//! everywhere), `FLOAT_DTYPES`, `tolerance` and `assert_close_as` (one tolerance per
-//! floating dtype), and the `each_dtype!` macro's dtype type; with the `autograd` feature
-//! the leaves of autograd tests (`leaf`, `randn_leaf`, `uniform_leaf`).
+//! everywhere), `tolerance`, `Tolerances` and `assert_close_as` (one tolerance per
+//! floating dtype; `DType::FLOATS` lists the dtypes) and the dtype type of
+//! `each_dtype!`; with the `autograd` feature the leaves of autograd tests (`leaf`,
+//! `randn_leaf`, `uniform_leaf`).
 
 /// `n` deterministic pseudo-random values, uniform in `[-w, w)`: a 64-bit LCG from
 /// `seed`, its top 53 bits as the fraction (no generator crate, the same on every
@@ -37,9 +38,6 @@ mod raw {
     use amp_tensor::Tensor as Raw;
     pub use amp_tensor::{DType, Generator};
 
-    /// The floating dtypes, widest first.
-    pub const FLOAT_DTYPES: [DType; 4] = [DType::F64, DType::F32, DType::BF16, DType::F16];
-
     /// A standard-normal raw tensor of `dtype` from `seed`.
     pub fn raw_randn(dims: &[usize], dtype: DType, seed: u64) -> Raw {
         Raw::randn(dims.to_vec(), dtype, &mut Generator::new(seed)).unwrap()
@@ -51,16 +49,45 @@ mod raw {
         raw_randn(dims, DType::F64, seed).to_vec_f64()
     }
 
-    /// The relative tolerance of a result computed in `dtype` against a float64 (or
-    /// float32, for the 16-bit types) reference of a short computation: a few roundings
-    /// of the type's epsilon (bf16 2⁻⁸, f16 2⁻¹¹, f32 2⁻²⁴).
-    pub fn tolerance(dtype: DType) -> f64 {
-        match dtype {
-            DType::F16 => 4e-3,
-            DType::BF16 => 3e-2,
-            DType::F32 => 1e-5,
-            _ => 1e-12,
+    /// One tolerance per floating dtype: a test's own table where [`tolerance`]'s does
+    /// not fit (a longer computation, a tighter kernel).
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    pub struct Tolerances {
+        /// float16.
+        pub f16: f64,
+        /// bfloat16.
+        pub bf16: f64,
+        /// float32.
+        pub f32: f64,
+        /// float64 (and any other dtype).
+        pub f64: f64,
+    }
+
+    impl Tolerances {
+        /// The tolerance of `dtype`.
+        pub fn of(&self, dtype: DType) -> f64 {
+            match dtype {
+                DType::F16 => self.f16,
+                DType::BF16 => self.bf16,
+                DType::F32 => self.f32,
+                _ => self.f64,
+            }
         }
+    }
+
+    /// The kit's default table: a few roundings of each type's epsilon (bf16 2⁻⁸, f16
+    /// 2⁻¹¹, f32 2⁻²⁴), for a short computation against a float64 (or, for the 16-bit
+    /// types, float32) reference.
+    pub const TOLERANCES: Tolerances = Tolerances {
+        f16: 4e-3,
+        bf16: 3e-2,
+        f32: 1e-5,
+        f64: 1e-12,
+    };
+
+    /// The relative tolerance of a result computed in `dtype`: [`TOLERANCES`]`.of(dtype)`.
+    pub fn tolerance(dtype: DType) -> f64 {
+        TOLERANCES.of(dtype)
     }
 
     /// Assert `|got - want| <= tolerance(dtype)·max(|want|, 1)` elementwise (a NaN

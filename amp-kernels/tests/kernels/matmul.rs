@@ -33,6 +33,17 @@ struct Ref {
     mag: Vec<f64>,
 }
 
+/// `f(a, b)` (a product kernel) against the float64 reference product.
+fn check_product(
+    f: fn(&Tensor, &Tensor) -> amp_tensor::Result<Tensor>,
+    a: &Tensor,
+    b: &Tensor,
+    dtype: DType,
+    what: &str,
+) {
+    assert_close(&f(a, b).unwrap(), &ref_matmul(a, b), dtype, what);
+}
+
 fn assert_close(got: &Tensor, r: &Ref, dtype: DType, what: &str) {
     assert_eq!(got.dims(), &r.dims[..], "{what}: shape");
     assert_eq!(got.dtype(), dtype, "{what}: dtype");
@@ -217,21 +228,11 @@ fn transposed_sliced_and_offset_operands() {
             .narrow(1usize, 3, 5)
             .unwrap();
         let c = randn(&[5, 4], dtype, 10);
-        assert_close(
-            &mm(&s, &c).unwrap(),
-            &ref_matmul(&s, &c),
-            dtype,
-            "mm(sparse)",
-        );
+        check_product(mm, &s, &c, dtype, "mm(sparse)");
         // the same storage on both sides
         let x = randn(&[9, 6], dtype, 11);
         let xt = x.t().unwrap();
-        assert_close(
-            &mm(&x, &xt).unwrap(),
-            &ref_matmul(&x, &xt),
-            dtype,
-            "x @ x.T",
-        );
+        check_product(mm, &x, &xt, dtype, "x @ x.T");
     }
 }
 
@@ -255,12 +256,7 @@ fn bmm_and_batched_paths() {
         let b = randn(&[5, 3, 2], dtype, 15)
             .permute(&[1usize, 0, 2])
             .unwrap(); // [3,5,2]
-        assert_close(
-            &bmm(&a, &b).unwrap(),
-            &ref_matmul(&a, &b),
-            dtype,
-            "bmm permuted",
-        );
+        check_product(bmm, &a, &b, dtype, "bmm permuted");
     }
 }
 
@@ -294,19 +290,9 @@ fn matmul_broadcasting_cases() {
             .transpose(0usize, 1usize)
             .unwrap();
         let b = randn(&[4, 5], dtype, 301);
-        assert_close(
-            &matmul(&a, &b).unwrap(),
-            &ref_matmul(&a, &b),
-            dtype,
-            "unfoldable",
-        );
+        check_product(matmul, &a, &b, dtype, "unfoldable");
         let v = randn(&[4], dtype, 302);
-        assert_close(
-            &matmul(&a, &v).unwrap(),
-            &ref_matmul(&a, &v),
-            dtype,
-            "unfoldable mv",
-        );
+        check_product(matmul, &a, &v, dtype, "unfoldable mv");
     }
 }
 
@@ -315,15 +301,10 @@ fn mv_dot_outer() {
     for dtype in FLOATS {
         let m = randn(&[6, 9], dtype, 30);
         let v = randn(&[9], dtype, 31);
-        assert_close(&mv(&m, &v).unwrap(), &ref_matmul(&m, &v), dtype, "mv");
+        check_product(mv, &m, &v, dtype, "mv");
         let mt = randn(&[9, 6], dtype, 32).t().unwrap();
         let vs = randn(&[18], dtype, 33).slice(0usize, 0, 18, 2).unwrap();
-        assert_close(
-            &mv(&mt, &vs).unwrap(),
-            &ref_matmul(&mt, &vs),
-            dtype,
-            "mv strided",
-        );
+        check_product(mv, &mt, &vs, dtype, "mv strided");
 
         let x = randn(&[1000], dtype, 34);
         let y = randn(&[2000], dtype, 35).slice(0usize, 1, 2000, 2).unwrap();
@@ -774,23 +755,13 @@ fn large_products_in_blocks() {
         let b = randn(&[200, 620], dtype, 75)
             .slice(1usize, 0, 620, 2)
             .unwrap();
-        assert_close(
-            &mm(&x, &b).unwrap(),
-            &ref_matmul(&x, &b),
-            dtype,
-            "blocks: sliced rhs",
-        );
+        check_product(mm, &x, &b, dtype, "blocks: sliced rhs");
         // Taller than wide: row blocks of a column-major left operand (a weight
         // gradient's `g.T @ x`).
         let g = randn(&[80, 330], dtype, 76);
         let h = randn(&[80, 150], dtype, 77);
         let gt = g.t().unwrap();
-        assert_close(
-            &mm(&gt, &h).unwrap(),
-            &ref_matmul(&gt, &h),
-            dtype,
-            "blocks: g.T @ h",
-        );
+        check_product(mm, &gt, &h, dtype, "blocks: g.T @ h");
         // A tall matrix-vector product: row blocks, one column.
         let a = randn(&[700, 400], dtype, 78);
         let v = randn(&[400], dtype, 79);

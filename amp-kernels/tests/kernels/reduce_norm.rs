@@ -6,8 +6,6 @@ use amp_tensor::{DType, Tensor};
 use amp_testing::gradcheck::numeric_grad;
 use amp_testing::tensors::{assert_close_within, tolerance as tol};
 
-const FLOATS: [DType; 4] = [DType::F16, DType::BF16, DType::F32, DType::F64];
-
 /// Deterministic pseudo-random values in `[-2, 2)`.
 fn values(n: usize, seed: u64) -> Vec<f64> {
     amp_testing::tensors::uniform(n, seed, 2.0)
@@ -50,7 +48,7 @@ fn ref_ln(
 
 #[test]
 fn layer_norm_forward() {
-    for dtype in FLOATS {
+    for dtype in DType::FLOATS {
         for (ns, affine) in [(vec![8usize], true), (vec![3, 8], true), (vec![8], false)] {
             let base = t(&values(2 * 8 * 3, 1), &[2, 8, 3], dtype);
             let x = base.transpose(1usize, 2usize).unwrap(); // [2, 3, 8], strided
@@ -268,7 +266,7 @@ fn layer_norm_backward_low_precision() {
 
 #[test]
 fn group_norm_forward() {
-    for dtype in FLOATS {
+    for dtype in DType::FLOATS {
         let (nb, c, hw, g) = (2usize, 6usize, 5usize, 3usize);
         let x = t(&values(nb * c * hw, 31), &[nb, c, hw], dtype);
         let xv = x.to_vec_f64();
@@ -335,7 +333,7 @@ fn group_norm_forward() {
 
 #[test]
 fn normalize_lines() {
-    for dtype in FLOATS {
+    for dtype in DType::FLOATS {
         let base = t(&values(4 * 7, 41), &[7, 4], dtype);
         let x = base.t().unwrap(); // [4, 7] strided
         let xv = x.to_vec_f64();
