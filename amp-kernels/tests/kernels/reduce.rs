@@ -314,7 +314,8 @@ fn max_min_dim_and_arg() {
                     let what = format!("{dtype} {label} dim={dim} keepdim={keepdim}");
                     type Pick = fn(&Tensor, i64, bool) -> amp_tensor::Result<(Tensor, Tensor)>;
                     type Arg = fn(&Tensor, Option<i64>, bool) -> amp_tensor::Result<Tensor>;
-                    let cases: [(&str, Pick, Arg, f64, fn(f64, f64) -> f64); 2] = [
+                    type Fold = fn(f64, f64) -> f64;
+                    let cases: [(&str, Pick, Arg, f64, Fold); 2] = [
                         ("max", max_dim, argmax, f64::NEG_INFINITY, f64::max),
                         ("min", min_dim, argmin, f64::INFINITY, f64::min),
                     ];
