@@ -161,6 +161,11 @@ fn table() -> Vec<Op> {
     const POS: &[In] = &[P(&[2, 3])];
     const UNIT: &[In] = &[U(&[2, 3])];
     const SQ: &[In] = &[N(&[3, 3])];
+    // input, w_ih, w_hh, b_ih, b_hh, initial state
+    const SEQ: In = N(&[3, 1, 2]);
+    const H0: In = N(&[1, 1, 2]);
+    const LSTM: &[In] = &[SEQ, N(&[8, 2]), N(&[8, 2]), N(&[8]), N(&[8]), H0];
+    const GRU: &[In] = &[SEQ, N(&[6, 2]), N(&[6, 2]), N(&[6]), N(&[6]), H0];
     vec![
         // ----- unary pointwise
         op("neg", A, |v| ops::neg(&v[0])),
@@ -606,37 +611,15 @@ fn table() -> Vec<Op> {
                 total(&[h1, c1])
             },
         ),
-        op(
-            "lstm",
-            &[
-                N(&[3, 1, 2]),
-                N(&[8, 2]),
-                N(&[8, 2]),
-                N(&[8]),
-                N(&[8]),
-                N(&[1, 1, 2]),
-            ],
-            |v| {
-                let (y, h, c) = ops::lstm(&v[0], (&v[5], &v[5]), &v[1..5], Recurrent::default())?;
-                total(&[y, h, c])
-            },
-        )
+        op("lstm", LSTM, |v| {
+            let (y, h, c) = ops::lstm(&v[0], (&v[5], &v[5]), &v[1..5], Recurrent::default())?;
+            total(&[y, h, c])
+        })
         .tol(1e-5),
-        op(
-            "gru",
-            &[
-                N(&[3, 1, 2]),
-                N(&[6, 2]),
-                N(&[6, 2]),
-                N(&[6]),
-                N(&[6]),
-                N(&[1, 1, 2]),
-            ],
-            |v| {
-                let (y, h) = ops::gru(&v[0], &v[5], &v[1..5], Recurrent::default())?;
-                total(&[y, h])
-            },
-        )
+        op("gru", GRU, |v| {
+            let (y, h) = ops::gru(&v[0], &v[5], &v[1..5], Recurrent::default())?;
+            total(&[y, h])
+        })
         .tol(1e-5),
         op(
             "scaled_dot_product_attention",
