@@ -33,6 +33,20 @@ struct Ref {
     mag: Vec<f64>,
 }
 
+/// `addmm(input, a, b, beta, alpha)` against `beta·input + alpha·prod` (`prod` the
+/// reference `a @ b`).
+fn check_addmm(
+    input: &Tensor,
+    (a, b): (&Tensor, &Tensor),
+    prod: &Ref,
+    (beta, alpha): (f64, f64),
+    dtype: DType,
+    what: &str,
+) {
+    let got = addmm(input, a, b, beta, alpha).unwrap();
+    assert_close(&got, &with_input(prod, input, beta, alpha), dtype, what);
+}
+
 /// `f(a, b)` (a product kernel) against the float64 reference product.
 fn check_product(
     f: fn(&Tensor, &Tensor) -> amp_tensor::Result<Tensor>,
@@ -376,30 +390,12 @@ fn fused_ops() {
             randn(&[3], dtype, 43),
             randn(&[5, 1], dtype, 44),
         ] {
-            let got = addmm(&input, &m1, &m2, beta, alpha).unwrap();
-            assert_close(
-                &got,
-                &with_input(&prod, &input, beta, alpha),
-                dtype,
-                "addmm",
-            );
-            let got = addmm(&input, &m1, &m2, 1.0, 1.0).unwrap();
-            assert_close(
-                &got,
-                &with_input(&prod, &input, 1.0, 1.0),
-                dtype,
-                "addmm 1,1",
-            );
+            check_addmm(&input, (&m1, &m2), &prod, (beta, alpha), dtype, "addmm");
+            check_addmm(&input, (&m1, &m2), &prod, (1.0, 1.0), dtype, "addmm 1,1");
         }
         // beta == 0 ignores the input, NaN and inf included
         let nan = Tensor::full([5, 3], f64::NAN, dtype);
-        let got = addmm(&nan, &m1, &m2, 0.0, 2.0).unwrap();
-        assert_close(
-            &got,
-            &with_input(&prod, &nan, 0.0, 2.0),
-            dtype,
-            "addmm beta=0",
-        );
+        check_addmm(&nan, (&m1, &m2), &prod, (0.0, 2.0), dtype, "addmm beta=0");
         let inf = Tensor::full([3], f64::INFINITY, dtype);
         assert!(addmm(&inf, &m1, &m2, 0.0, 1.0)
             .unwrap()
@@ -663,13 +659,7 @@ fn large_products_on_the_faer_path() {
         let got = addmm(&input, &m1, &m2, 0.5, -1.5).unwrap();
         assert_close(&got, &with_input(&prod, &input, 0.5, -1.5), dtype, "addmm");
         let nan = Tensor::full([70, 80], f64::NAN, dtype);
-        let got = addmm(&nan, &m1, &m2, 0.0, 2.0).unwrap();
-        assert_close(
-            &got,
-            &with_input(&prod, &nan, 0.0, 2.0),
-            dtype,
-            "addmm beta=0",
-        );
+        check_addmm(&nan, (&m1, &m2), &prod, (0.0, 2.0), dtype, "addmm beta=0");
 
         let b1 = randn(&[2, 64, 60], dtype, 54);
         let b2 = randn(&[2, 70, 60], dtype, 55)
@@ -720,37 +710,34 @@ fn large_products_in_blocks() {
         let prod = ref_matmul(&x, &wt);
         assert_close(&mm(&x, &wt).unwrap(), &prod, dtype, "blocks: x @ w.T");
         let bias = randn(&[300], dtype, 72);
-        let got = addmm(&bias, &x, &wt, 1.0, 1.0).unwrap();
-        assert_close(
-            &got,
-            &with_input(&prod, &bias, 1.0, 1.0),
+        check_addmm(
+            &bias,
+            (&x, &wt),
+            &prod,
+            (1.0, 1.0),
             dtype,
             "blocks: addmm row bias",
         );
         let col = randn(&[96, 1], dtype, 73);
-        let got = addmm(&col, &x, &wt, -0.5, 2.0).unwrap();
-        assert_close(
-            &got,
-            &with_input(&prod, &col, -0.5, 2.0),
+        check_addmm(
+            &col,
+            (&x, &wt),
+            &prod,
+            (-0.5, 2.0),
             dtype,
             "blocks: column input",
         );
         let full_t = randn(&[300, 96], dtype, 74).t().unwrap();
-        let got = addmm(&full_t, &x, &wt, 0.25, 1.0).unwrap();
-        assert_close(
-            &got,
-            &with_input(&prod, &full_t, 0.25, 1.0),
+        check_addmm(
+            &full_t,
+            (&x, &wt),
+            &prod,
+            (0.25, 1.0),
             dtype,
             "blocks: transposed input",
         );
         let nan = Tensor::full([96, 300], f64::NAN, dtype);
-        let got = addmm(&nan, &x, &wt, 0.0, 1.0).unwrap();
-        assert_close(
-            &got,
-            &with_input(&prod, &nan, 0.0, 1.0),
-            dtype,
-            "blocks: beta=0",
-        );
+        check_addmm(&nan, (&x, &wt), &prod, (0.0, 1.0), dtype, "blocks: beta=0");
         // A row-major, sliced right operand (its column blocks are strided).
         let b = randn(&[200, 620], dtype, 75)
             .slice(1usize, 0, 620, 2)
