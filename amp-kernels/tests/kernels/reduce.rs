@@ -302,6 +302,14 @@ fn logsumexp_var_std_all_layouts() {
 
 #[test]
 fn max_min_dim_and_arg() {
+    type Pick = fn(&Tensor, i64, bool) -> amp_tensor::Result<(Tensor, Tensor)>;
+    type Arg = fn(&Tensor, Option<i64>, bool) -> amp_tensor::Result<Tensor>;
+    type All = fn(&Tensor) -> amp_tensor::Result<Tensor>;
+    type Fold = fn(f64, f64) -> f64;
+    let cases: [(&str, Pick, Arg, All, f64, Fold); 2] = [
+        ("max", max_dim, argmax, max_all, f64::NEG_INFINITY, f64::max),
+        ("min", min_dim, argmin, min_all, f64::INFINITY, f64::min),
+    ];
     for dtype in DType::FLOATS {
         for (label, x) in layouts(dtype, 3) {
             let xv = x.to_vec_f64();
@@ -312,14 +320,7 @@ fn max_min_dim_and_arg() {
                 for keepdim in [false, true] {
                     let mask = mask_of(x.rank(), &[dim]);
                     let what = format!("{dtype} {label} dim={dim} keepdim={keepdim}");
-                    type Pick = fn(&Tensor, i64, bool) -> amp_tensor::Result<(Tensor, Tensor)>;
-                    type Arg = fn(&Tensor, Option<i64>, bool) -> amp_tensor::Result<Tensor>;
-                    type Fold = fn(f64, f64) -> f64;
-                    let cases: [(&str, Pick, Arg, f64, Fold); 2] = [
-                        ("max", max_dim, argmax, f64::NEG_INFINITY, f64::max),
-                        ("min", min_dim, argmin, f64::INFINITY, f64::min),
-                    ];
-                    for (name, pick, arg, start, better) in cases {
+                    for (name, pick, arg, _, start, better) in cases {
                         let best = |v: &[f64]| v.iter().cloned().fold(start, better);
                         let at_best = |v: &[f64]| {
                             let m = best(v);
@@ -337,45 +338,18 @@ fn max_min_dim_and_arg() {
                     }
                 }
             }
-            // flattened argmax/argmin index into the logical row-major order
-            let m = xv.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let am = xv.iter().position(|&v| v == m).unwrap() as f64;
-            check(
-                &argmax(&x, None, false).unwrap(),
-                &[am],
-                &[],
-                DType::I64,
-                0.0,
-                label,
-            );
+            // flattened argmax/argmin index into the logical row-major order, and the
+            // value of the whole-tensor reduction
             let ones = vec![1; x.rank()];
-            check(
-                &argmax(&x, None, true).unwrap(),
-                &[am],
-                &ones,
-                DType::I64,
-                0.0,
-                label,
-            );
-            let m = xv.iter().cloned().fold(f64::INFINITY, f64::min);
-            let am = xv.iter().position(|&v| v == m).unwrap() as f64;
-            check(
-                &argmin(&x, None, false).unwrap(),
-                &[am],
-                &[],
-                DType::I64,
-                0.0,
-                label,
-            );
-            check(
-                &max_all(&x).unwrap(),
-                &[xv.iter().cloned().fold(f64::NEG_INFINITY, f64::max)],
-                &[],
-                dtype,
-                0.0,
-                label,
-            );
-            check(&min_all(&x).unwrap(), &[m], &[], dtype, 0.0, label);
+            for (_, _, arg, all, start, better) in cases {
+                let m = xv.iter().cloned().fold(start, better);
+                let am = xv.iter().position(|&v| v == m).unwrap() as f64;
+                let flat = arg(&x, None, false).unwrap();
+                check(&flat, &[am], &[], DType::I64, 0.0, label);
+                let kept = arg(&x, None, true).unwrap();
+                check(&kept, &[am], &ones, DType::I64, 0.0, label);
+                check(&all(&x).unwrap(), &[m], &[], dtype, 0.0, label);
+            }
         }
     }
 }
