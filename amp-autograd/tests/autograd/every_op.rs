@@ -647,7 +647,8 @@ fn table() -> Vec<Op> {
             },
         )
         .tol(1e-5),
-        // ----- linear algebra (PyTorch's CPU linalg refuses 16-bit inputs)
+        // ----- linear algebra (PyTorch's CPU kernels refuse 16-bit inputs; trace and the
+        // Frobenius norm are composites that take them)
         op("trace", SQ, |v| ops::trace(&v[0])),
         op("linalg_inv", SQ, |v| ops::linalg_inv(&wc(&v[0])?)).refuses_half(LINALG),
         op("inverse", SQ, |v| ops::inverse(&wc(&v[0])?)).refuses_half(LINALG),
