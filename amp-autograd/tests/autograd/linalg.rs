@@ -9,7 +9,10 @@ use amp_testing::gradcheck::{assert_near as assert_close, GradCheck, SecondOrder
 use amp_testing::tensors::{leaf, randn_vec as randn};
 use proptest::prelude::*;
 
-type F = dyn Fn(&Tensor) -> amp_autograd::Result<Tensor>;
+/// A function under check (it may borrow locals).
+type Checked<'a> = &'a dyn Fn(&Tensor) -> amp_autograd::Result<Tensor>;
+/// A function, its input's values and shape, and the directions to check it along.
+type Case<'a> = (Checked<'a>, &'a [f64], [usize; 2], Vec<Vec<f64>>);
 
 fn vals(t: &Tensor) -> Vec<f64> {
     t.data().to_vec_f64()
@@ -64,7 +67,7 @@ fn matmul_vals(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
 /// first-order gradient, built with `create_graph`) the same way, step 1e-5 within 1e-4:
 /// double backward. Directions keep constrained inputs (symmetric, triangular) inside
 /// their subspace.
-fn check_grads(f: &F, x: &[f64], shape: &[usize], dirs: &[Vec<f64>], second: bool) {
+fn check_grads(f: Checked<'_>, x: &[f64], shape: &[usize], dirs: &[Vec<f64>], second: bool) {
     let g = |v: &[Tensor]| f(&v[0]);
     let dirs: Vec<Vec<Vec<f64>>> = dirs.iter().map(|d| vec![d.clone()]).collect();
     let x = leaf(x.to_vec(), shape);
@@ -318,36 +321,28 @@ fn float32_matches_float64() {
 fn inverse_and_solve_gradients() {
     let n = 3;
     let a = well_conditioned(n, 1, 21);
-    check_grads(
-        &|x| ops::linalg_inv(x),
-        &a,
-        &[n, n],
-        &random_dirs(9, 3, 1),
-        true,
-    );
-    check_grads(
-        &|x| ops::inverse(x),
-        &a,
-        &[n, n],
-        &random_dirs(9, 2, 2),
-        true,
-    );
     let b = Tensor::from_vec(randn(&[n, 2], 22), [n, 2]).unwrap();
-    check_grads(
-        &move |x| ops::linalg_solve(x, &b, true),
-        &a,
-        &[n, n],
-        &random_dirs(9, 3, 3),
-        true,
-    );
     let at = Tensor::from_vec(a.clone(), [n, n]).unwrap();
-    check_grads(
-        &move |x| ops::linalg_solve(&at, x, true),
-        &randn(&[n, 2], 23),
-        &[n, 2],
-        &random_dirs(6, 2, 4),
-        true,
-    );
+    let bv = randn(&[n, 2], 23);
+    let cases: [Case<'_>; 4] = [
+        (&|x| ops::linalg_inv(x), &a, [n, n], random_dirs(9, 3, 1)),
+        (&|x| ops::inverse(x), &a, [n, n], random_dirs(9, 2, 2)),
+        (
+            &|x| ops::linalg_solve(x, &b, true),
+            &a,
+            [n, n],
+            random_dirs(9, 3, 3),
+        ),
+        (
+            &|x| ops::linalg_solve(&at, x, true),
+            &bv,
+            [n, 2],
+            random_dirs(6, 2, 4),
+        ),
+    ];
+    for (f, x, shape, dirs) in cases {
+        check_grads(f, x, &shape, &dirs, true);
+    }
 }
 
 #[test]
@@ -363,37 +358,21 @@ fn triangular_and_cholesky_solve_gradients() {
         v
     };
     let b = Tensor::from_vec(randn(&[n, 2], 32), [n, 2]).unwrap();
-    let b2 = b.clone();
-    check_grads(
-        &move |x| ops::linalg_solve_triangular(x, &b2, false, true, false),
-        &l,
-        &[n, n],
-        &lower_dirs(n, 3, 5),
-        true,
-    );
-    let b3 = b.clone();
-    check_grads(
-        &move |x| Ok(ops::triangular_solve(&b3, x, false, true, false)?.0),
-        &l,
-        &[n, n],
-        &lower_dirs(n, 2, 6),
-        true,
-    );
-    let b4 = b.clone();
-    check_grads(
-        &move |x| ops::cholesky_solve(&b4, x, false),
-        &l,
-        &[n, n],
-        &lower_dirs(n, 3, 7),
-        true,
-    );
-    check_grads(
-        &|x| ops::cholesky_inverse(x, false),
-        &l,
-        &[n, n],
-        &lower_dirs(n, 3, 8),
-        true,
-    );
+    let cases: [(Checked<'_>, Vec<Vec<f64>>); 4] = [
+        (
+            &|x| ops::linalg_solve_triangular(x, &b, false, true, false),
+            lower_dirs(n, 3, 5),
+        ),
+        (
+            &|x| Ok(ops::triangular_solve(&b, x, false, true, false)?.0),
+            lower_dirs(n, 2, 6),
+        ),
+        (&|x| ops::cholesky_solve(&b, x, false), lower_dirs(n, 3, 7)),
+        (&|x| ops::cholesky_inverse(x, false), lower_dirs(n, 3, 8)),
+    ];
+    for (f, dirs) in cases {
+        check_grads(f, &l, &[n, n], &dirs, true);
+    }
     // Values: cholesky_solve(B, L) = (L Lᵀ)⁻¹ B.
     let lt = Tensor::from_vec(l.clone(), [n, n]).unwrap();
     let a = ops::matmul(&lt, &lt.t().unwrap()).unwrap();
