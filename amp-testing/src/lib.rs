@@ -1,7 +1,9 @@
 //! The workspace's dev-only test kit.
 //!
-//! [`gradcheck`] is the gradient checker (autograd against central finite differences);
-//! [`json`] the strategies for fuzzing loaders.
+//! [`gradcheck`] is the workspace's one gradient checker (central differences in
+//! float64, first and second order; on autograd tensors with the `autograd` feature);
+//! [`tensors`] the seeded test data, per-dtype tolerances and the [`each_dtype!`] macro
+//! (with the `tensor` feature); [`json`] the strategies for fuzzing loaders.
 //!
 //! Every property test in the workspace takes its configuration from [`proptest_config`],
 //! so that a test run is a pure function of the code: the same cases are drawn on every
@@ -32,6 +34,7 @@ use proptest::test_runner::{Config, FileFailurePersistence, RngSeed};
 
 pub mod gradcheck;
 pub mod json;
+pub mod tensors;
 
 /// The seed every property test starts from unless [`SEED_VAR`] says otherwise.
 pub const SEED: u64 = 0x5eed_a3b0_0017_2026;

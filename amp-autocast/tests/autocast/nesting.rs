@@ -31,6 +31,11 @@ fn randn(g: &mut Generator, dt: DType, dims: &[usize]) -> Tensor {
         .unwrap()
 }
 
+/// One [`randn`] tensor per shape.
+fn randn_all(g: &mut Generator, dt: DType, shapes: &[&[usize]]) -> Vec<Tensor> {
+    shapes.iter().map(|s| randn(g, dt, s)).collect()
+}
+
 /// Uniform in `[lo, lo + width)`.
 fn uniform(g: &mut Generator, dt: DType, dims: &[usize], lo: f64, width: f64) -> Tensor {
     let u = Tensor::rand(dims.to_vec(), DType::F32, g).unwrap();
@@ -132,13 +137,7 @@ fn cases() -> Vec<Case> {
         // mask inside keep the autocast dtype.
         case(
             "scaled_dot_product_attention",
-            |g, d| {
-                vec![
-                    randn(g, d, &[2, 3, 4]),
-                    randn(g, d, &[2, 5, 4]),
-                    randn(g, d, &[2, 5, 6]),
-                ]
-            },
+            |g, d| randn_all(g, d, &[&[2, 3, 4], &[2, 5, 4], &[2, 5, 6]]),
             |t| {
                 let causal = ops::Attention {
                     is_causal: true,
@@ -152,24 +151,12 @@ fn cases() -> Vec<Case> {
         // The matmul family.
         case(
             "addbmm",
-            |g, d| {
-                vec![
-                    randn(g, d, &[2, 3]),
-                    randn(g, d, &[4, 2, 5]),
-                    randn(g, d, &[4, 5, 3]),
-                ]
-            },
+            |g, d| randn_all(g, d, &[&[2, 3], &[4, 2, 5], &[4, 5, 3]]),
             |t| one(ops::addbmm(&t[0], &t[1], &t[2], 0.5, 2.0)),
         ),
         case(
             "baddbmm",
-            |g, d| {
-                vec![
-                    randn(g, d, &[4, 2, 3]),
-                    randn(g, d, &[4, 2, 5]),
-                    randn(g, d, &[4, 5, 3]),
-                ]
-            },
+            |g, d| randn_all(g, d, &[&[4, 2, 3], &[4, 2, 5], &[4, 5, 3]]),
             |t| one(ops::baddbmm(&t[0], &t[1], &t[2], 0.5, 2.0)),
         ),
         case(
@@ -184,13 +171,7 @@ fn cases() -> Vec<Case> {
         ),
         case(
             "chain_matmul",
-            |g, d| {
-                vec![
-                    randn(g, d, &[2, 3]),
-                    randn(g, d, &[3, 4]),
-                    randn(g, d, &[4, 2]),
-                ]
-            },
+            |g, d| randn_all(g, d, &[&[2, 3], &[3, 4], &[4, 2]]),
             |t| one(ops::chain_matmul(t)),
         ),
         case(
@@ -215,24 +196,12 @@ fn cases() -> Vec<Case> {
         ),
         case(
             "linear",
-            |g, d| {
-                vec![
-                    randn(g, d, &[2, 3, 4]),
-                    randn(g, d, &[5, 4]),
-                    randn(g, d, &[5]),
-                ]
-            },
+            |g, d| randn_all(g, d, &[&[2, 3, 4], &[5, 4], &[5]]),
             |t| one(ops::linear(&t[0], &t[1], Some(&t[2]))),
         ),
         case(
             "linear",
-            |g, d| {
-                vec![
-                    randn(g, d, &[2, 4]),
-                    randn(g, d, &[5, 4]),
-                    randn(g, d, &[5]),
-                ]
-            },
+            |g, d| randn_all(g, d, &[&[2, 4], &[5, 4], &[5]]),
             |t| one(ops::linear(&t[0], &t[1], Some(&t[2]))),
         ),
         case(
@@ -248,29 +217,13 @@ fn cases() -> Vec<Case> {
         ),
         case(
             "bilinear",
-            |g, d| {
-                vec![
-                    randn(g, d, &[2, 3]),
-                    randn(g, d, &[2, 4]),
-                    randn(g, d, &[5, 3, 4]),
-                    randn(g, d, &[5]),
-                ]
-            },
+            |g, d| randn_all(g, d, &[&[2, 3], &[2, 4], &[5, 3, 4], &[5]]),
             |t| one(ops::bilinear(&t[0], &t[1], &t[2], Some(&t[3]))),
         ),
         // Recurrent cells.
         case(
             "RNNCell",
-            |g, d| {
-                vec![
-                    randn(g, d, &[2, 4]),
-                    randn(g, d, &[2, 3]),
-                    randn(g, d, &[3, 4]),
-                    randn(g, d, &[3, 3]),
-                    randn(g, d, &[3]),
-                    randn(g, d, &[3]),
-                ]
-            },
+            |g, d| randn_all(g, d, &[&[2, 4], &[2, 3], &[3, 4], &[3, 3], &[3], &[3]]),
             |t| {
                 one(ops::rnn_cell(
                     &t[0],
@@ -285,28 +238,17 @@ fn cases() -> Vec<Case> {
         ),
         case(
             "GRUCell",
-            |g, d| {
-                vec![
-                    randn(g, d, &[2, 4]),
-                    randn(g, d, &[2, 3]),
-                    randn(g, d, &[9, 4]),
-                    randn(g, d, &[9, 3]),
-                ]
-            },
+            |g, d| randn_all(g, d, &[&[2, 4], &[2, 3], &[9, 4], &[9, 3]]),
             |t| one(ops::gru_cell(&t[0], &t[1], &t[2], &t[3], None, None)),
         ),
         case(
             "LSTMCell",
             |g, d| {
-                vec![
-                    randn(g, d, &[2, 4]),
-                    randn(g, d, &[2, 3]),
-                    randn(g, d, &[2, 3]),
-                    randn(g, d, &[12, 4]),
-                    randn(g, d, &[12, 3]),
-                    randn(g, d, &[12]),
-                    randn(g, d, &[12]),
-                ]
+                randn_all(
+                    g,
+                    d,
+                    &[&[2, 4], &[2, 3], &[2, 3], &[12, 4], &[12, 3], &[12], &[12]],
+                )
             },
             |t| {
                 two(ops::lstm_cell(
@@ -322,24 +264,12 @@ fn cases() -> Vec<Case> {
         // Convolutions.
         case(
             "conv2d",
-            |g, d| {
-                vec![
-                    randn(g, d, &[1, 2, 5, 5]),
-                    randn(g, d, &[3, 2, 3, 3]),
-                    randn(g, d, &[3]),
-                ]
-            },
+            |g, d| randn_all(g, d, &[&[1, 2, 5, 5], &[3, 2, 3, 3], &[3]]),
             |t| one(ops::conv2d(&t[0], &t[1], Some(&t[2]), &[1], &[1], &[1], 1)),
         ),
         case(
             "conv_transpose2d",
-            |g, d| {
-                vec![
-                    randn(g, d, &[1, 2, 4, 4]),
-                    randn(g, d, &[2, 3, 3, 3]),
-                    randn(g, d, &[3]),
-                ]
-            },
+            |g, d| randn_all(g, d, &[&[1, 2, 4, 4], &[2, 3, 3, 3], &[3]]),
             |t| {
                 one(ops::conv_transpose2d(
                     &t[0],
@@ -356,24 +286,12 @@ fn cases() -> Vec<Case> {
         // Normalisation, activations, pointwise composites.
         case(
             "layer_norm",
-            |g, d| {
-                vec![
-                    randn(g, d, &[2, 3, 4]),
-                    randn(g, d, &[4]),
-                    randn(g, d, &[4]),
-                ]
-            },
+            |g, d| randn_all(g, d, &[&[2, 3, 4], &[4], &[4]]),
             |t| one(ops::layer_norm(&t[0], &[4], Some(&t[1]), Some(&t[2]), 1e-5)),
         ),
         case(
             "group_norm",
-            |g, d| {
-                vec![
-                    randn(g, d, &[2, 4, 3]),
-                    randn(g, d, &[4]),
-                    randn(g, d, &[4]),
-                ]
-            },
+            |g, d| randn_all(g, d, &[&[2, 4, 3], &[4], &[4]]),
             |t| one(ops::group_norm(&t[0], 2, Some(&t[1]), Some(&t[2]), 1e-5)),
         ),
         case(
@@ -414,13 +332,7 @@ fn cases() -> Vec<Case> {
         ),
         case(
             "addcmul",
-            |g, d| {
-                vec![
-                    randn(g, d, &[2, 3]),
-                    randn(g, d, &[2, 3]),
-                    randn(g, d, &[3]),
-                ]
-            },
+            |g, d| randn_all(g, d, &[&[2, 3], &[2, 3], &[3]]),
             |t| one(ops::addcmul(&t[0], &t[1], &t[2], 0.5)),
         ),
         case(
@@ -689,13 +601,7 @@ fn cases() -> Vec<Case> {
         ),
         case(
             "triplet_margin_loss",
-            |g, d| {
-                vec![
-                    randn(g, d, &[3, 4]),
-                    randn(g, d, &[3, 4]),
-                    randn(g, d, &[3, 4]),
-                ]
-            },
+            |g, d| randn_all(g, d, &[&[3, 4], &[3, 4], &[3, 4]]),
             |t| {
                 one(ops::triplet_margin_loss(
                     &t[0],

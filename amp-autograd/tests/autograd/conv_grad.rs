@@ -1,8 +1,10 @@
 //! Finite-difference checks (float64) of the convolution ops' first- and second-order
 //! gradients, for random strides, padding, dilation, groups, transposed or not.
 
-use amp_autograd::{grad, ops, GradOptions, Tensor};
+use amp_autograd::{ops, Tensor};
 use amp_tensor::{DType, Generator, Tensor as Raw};
+use amp_testing::gradcheck::{GradCheck, SecondOrder};
+use amp_testing::tensors::randn_leaf;
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
@@ -88,78 +90,6 @@ impl Case {
     }
 }
 
-fn leaf(dims: &[usize], gen: &mut Generator) -> Tensor {
-    let t = Tensor::from_raw(Raw::randn(dims.to_vec(), DType::F64, gen).unwrap());
-    t.requires_grad_(true).unwrap();
-    t
-}
-
-fn with_delta(t: &Tensor, i: usize, h: f64) -> Tensor {
-    let mut v = t.to_vec_f64();
-    v[i] += h;
-    let n = Tensor::from_vec(v, t.dims().to_vec()).unwrap();
-    n.requires_grad_(true).unwrap();
-    n
-}
-
-/// `sum(conv(params) * r)` and its gradients in every parameter (with `create_graph`).
-fn first_order(c: &Case, params: &[Tensor], r: &Tensor, create: bool) -> (Tensor, Vec<Tensor>) {
-    let y = c.run(&params[0], &params[1], params.get(2)).unwrap();
-    let loss = ops::sum_all(&ops::mul(&y, r).unwrap()).unwrap();
-    let g = grad(
-        std::slice::from_ref(&loss),
-        params,
-        &[None],
-        GradOptions {
-            create_graph: create,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    (loss, g.into_iter().map(|g| g.unwrap()).collect())
-}
-
-/// `Σ_k sum(g_k * v_k)` over the first-order gradients.
-fn second_loss(
-    c: &Case,
-    params: &[Tensor],
-    r: &Tensor,
-    v: &[Tensor],
-    create: bool,
-) -> (Tensor, Vec<Tensor>) {
-    let (_, g) = first_order(c, params, r, true);
-    let mut total: Option<Tensor> = None;
-    for (gk, vk) in g.iter().zip(v) {
-        let s = ops::sum_all(&ops::mul(gk, vk).unwrap()).unwrap();
-        total = Some(match total {
-            None => s,
-            Some(t) => ops::add(&t, &s).unwrap(),
-        });
-    }
-    let l2 = total.unwrap();
-    let opts = GradOptions {
-        create_graph: create,
-        allow_unused: true,
-        ..Default::default()
-    };
-    let g2 = grad(std::slice::from_ref(&l2), params, &[None], opts).unwrap();
-    let g2 = g2
-        .into_iter()
-        .zip(params)
-        .map(|(g, p)| g.unwrap_or_else(|| Tensor::zeros(p.dims().to_vec(), DType::F64)))
-        .collect();
-    (l2, g2)
-}
-
-fn check(got: &[f64], num: &[f64], what: &str) {
-    for (i, (a, b)) in got.iter().zip(num).enumerate() {
-        assert!(
-            (a - b).abs() <= 1e-6 * (1.0 + b.abs()),
-            "{what}[{i}]: analytic {a}, numeric {b}"
-        );
-    }
-}
-
 proptest! {
     #![proptest_config(amp_testing::proptest_config(16))]
 
@@ -167,12 +97,12 @@ proptest! {
     fn conv_gradients_match_finite_differences(c in case(), seed in 0u64..1000) {
         let mut gen = Generator::new(seed);
         let (xd, wd) = c.dims();
-        let x = leaf(&xd, &mut gen);
-        let w = leaf(&wd, &mut gen);
+        let x = randn_leaf(&xd, &mut gen);
+        let w = randn_leaf(&wd, &mut gen);
         let mut params = vec![x, w];
         if c.bias {
             let outc = c.groups * c.og;
-            params.push(leaf(&[outc], &mut gen));
+            params.push(randn_leaf(&[outc], &mut gen));
         }
         let y = c.run(&params[0], &params[1], params.get(2)).unwrap();
         let r = Tensor::from_raw(Raw::randn(y.dims().to_vec(), DType::F64, &mut gen).unwrap());
@@ -180,40 +110,12 @@ proptest! {
             .iter()
             .map(|p| Tensor::from_raw(Raw::randn(p.dims().to_vec(), DType::F64, &mut gen).unwrap()))
             .collect();
-        let h = 1e-5;
-        // First order: d loss / d p by central differences.
-        let (_, g1) = first_order(&c, &params, &r, false);
-        for k in 0..params.len() {
-            let mut num = Vec::new();
-            for i in 0..params[k].elem_count() {
-                let f = |s: f64| {
-                    let mut ps = params.clone();
-                    ps[k] = with_delta(&params[k], i, s * h);
-                    let y = c.run(&ps[0], &ps[1], ps.get(2)).unwrap();
-                    ops::sum_all(&ops::mul(&y, &r).unwrap()).unwrap().item_f64().unwrap()
-                };
-                num.push((f(1.0) - f(-1.0)) / (2.0 * h));
-            }
-            check(&g1[k].to_vec_f64(), &num, "first order");
-        }
-        // Second order: d/dp Σ sum(g_k · v_k), against differences of the first-order grads.
-        let (_, g2) = second_loss(&c, &params, &r, &v, false);
-        for k in 0..params.len() {
-            let mut num = Vec::new();
-            for i in 0..params[k].elem_count() {
-                let f = |s: f64| {
-                    let mut ps = params.clone();
-                    ps[k] = with_delta(&params[k], i, s * h);
-                    let (_, g) = first_order(&c, &ps, &r, false);
-                    g.iter()
-                        .zip(&v)
-                        .map(|(g, v)| g.to_vec_f64().iter().zip(v.to_vec_f64()).map(|(a, b)| a * b).sum::<f64>())
-                        .sum::<f64>()
-                };
-                num.push((f(1.0) - f(-1.0)) / (2.0 * h));
-            }
-            check(&g2[k].to_vec_f64(), &num, "second order");
-        }
+        // First order: d sum(y · r) / d p; second order: d/dp Σ sum(g_k · v_k) over the
+        // first-order grads g_k, both by central differences (step 1e-5, within 1e-6).
+        let f = |p: &[Tensor]| c.run(&p[0], &p[1], p.get(2));
+        let check = GradCheck::new(&f).weights(&r).eps(1e-5).tol(1e-6);
+        check.first(&params);
+        check.second(&params, SecondOrder::Vectors(&v));
     }
 }
 
@@ -225,7 +127,7 @@ proptest! {
 fn timing_conv2d_forward_backward() {
     let mut gen = Generator::new(0);
     let x = Tensor::from_raw(Raw::randn([32, 64, 32, 32], DType::F32, &mut gen).unwrap());
-    let w = leaf(&[64, 64, 3, 3], &mut gen)
+    let w = randn_leaf(&[64, 64, 3, 3], &mut gen)
         .to_dtype(DType::F32)
         .unwrap()
         .detach();

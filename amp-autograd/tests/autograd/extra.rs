@@ -1,39 +1,18 @@
 //! Recurrent cells, the remaining losses, norms/distances and promote-list ops: forward
 //! values against references written here (plain loops in f64), first-order gradients
-//! against central finite differences, and second-order gradients (of `sum(g * g)` over
-//! the first-order grads) against finite differences of the first-order grads.
+//! by the workspace's gradient checker, and second-order gradients (of `sum(g * g)` over
+//! the first-order grads) by the same checker on the first-order grads.
 
 use amp_autograd::ops::{self, CdistMode, KlDivReduction, RnnNonlinearity, TensordotDims};
 use amp_autograd::{grad, GradOptions, Reduction, Result, Tensor};
 use amp_tensor::{DType, Generator};
 use proptest::prelude::*;
 
-use super::common::{check_grad, check_second_order};
-
-fn randn(dims: &[usize], gen: &mut Generator) -> Tensor {
-    let t = Tensor::randn(dims.to_vec(), DType::F64, gen).unwrap();
-    t.requires_grad_(true).unwrap();
-    t
-}
-
-fn leaf(v: Vec<f64>, dims: &[usize]) -> Tensor {
-    let t = Tensor::from_vec(v, dims.to_vec()).unwrap();
-    t.requires_grad_(true).unwrap();
-    t
-}
+use amp_testing::gradcheck::{assert_near, check_grad, check_second_order};
+use amp_testing::tensors::{leaf, randn_leaf};
 
 fn vals(t: &Tensor) -> Vec<f64> {
     t.to_vec_f64()
-}
-
-fn close(a: &[f64], b: &[f64], tol: f64, what: &str) {
-    assert_eq!(a.len(), b.len(), "{what}: lengths differ");
-    for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        assert!(
-            (x - y).abs() <= tol * (1.0 + y.abs()),
-            "{what}[{i}]: {x} vs {y}"
-        );
-    }
 }
 
 /// Checks the gradients (and, with `second`, the second-order gradients) of
@@ -85,13 +64,13 @@ fn cell_case(n: usize, input: usize, hidden: usize, gates: usize, seed: u64) -> 
         n,
         input,
         hidden,
-        x: randn(&[n, input], &mut g),
-        h: randn(&[n, hidden], &mut g),
-        c: randn(&[n, hidden], &mut g),
-        w_ih: randn(&[gates * hidden, input], &mut g),
-        w_hh: randn(&[gates * hidden, hidden], &mut g),
-        b_ih: randn(&[gates * hidden], &mut g),
-        b_hh: randn(&[gates * hidden], &mut g),
+        x: randn_leaf(&[n, input], &mut g),
+        h: randn_leaf(&[n, hidden], &mut g),
+        c: randn_leaf(&[n, hidden], &mut g),
+        w_ih: randn_leaf(&[gates * hidden, input], &mut g),
+        w_hh: randn_leaf(&[gates * hidden, hidden], &mut g),
+        b_ih: randn_leaf(&[gates * hidden], &mut g),
+        b_hh: randn_leaf(&[gates * hidden], &mut g),
     }
 }
 
@@ -138,11 +117,11 @@ fn rnn_cells_match_references() {
     let want: Vec<f64> = gi.iter().zip(&gh).map(|(a, b)| (a + b).tanh()).collect();
     let got =
         ops::rnn_tanh_cell(&c.x, &c.h, &c.w_ih, &c.w_hh, Some(&c.b_ih), Some(&c.b_hh)).unwrap();
-    close(&vals(&got), &want, 1e-12, "rnn_tanh_cell");
+    assert_near(&vals(&got), &want, 1e-12, "rnn_tanh_cell");
     let want: Vec<f64> = gi.iter().zip(&gh).map(|(a, b)| (a + b).max(0.0)).collect();
     let got =
         ops::rnn_relu_cell(&c.x, &c.h, &c.w_ih, &c.w_hh, Some(&c.b_ih), Some(&c.b_hh)).unwrap();
-    close(&vals(&got), &want, 1e-12, "rnn_relu_cell");
+    assert_near(&vals(&got), &want, 1e-12, "rnn_relu_cell");
 
     let c = cell_case(2, 4, 3, 3, 2);
     let (gi, gh) = c.gates(9);
@@ -158,7 +137,7 @@ fn rnn_cells_match_references() {
         }
     }
     let got = ops::gru_cell(&c.x, &c.h, &c.w_ih, &c.w_hh, Some(&c.b_ih), Some(&c.b_hh)).unwrap();
-    close(&vals(&got), &want, 1e-12, "gru_cell");
+    assert_near(&vals(&got), &want, 1e-12, "gru_cell");
 
     let c = cell_case(2, 4, 3, 4, 3);
     let (gi, gh) = c.gates(12);
@@ -181,8 +160,8 @@ fn rnn_cells_match_references() {
         Some(&c.b_hh),
     )
     .unwrap();
-    close(&vals(&h), &wh, 1e-12, "lstm_cell h");
-    close(&vals(&cy), &wc, 1e-12, "lstm_cell c");
+    assert_near(&vals(&h), &wh, 1e-12, "lstm_cell h");
+    assert_near(&vals(&cy), &wc, 1e-12, "lstm_cell c");
 }
 
 #[test]
@@ -275,7 +254,7 @@ fn probs(n: usize, c: usize, seed: u64) -> Tensor {
 #[test]
 fn kl_div_values_and_gradients() {
     let mut g = Generator::new(20);
-    let x = ops::log_softmax(&randn(&[3, 4], &mut g), 1, None)
+    let x = ops::log_softmax(&randn_leaf(&[3, 4], &mut g), 1, None)
         .unwrap()
         .detach();
     x.requires_grad_(true).unwrap();
@@ -284,17 +263,17 @@ fn kl_div_values_and_gradients() {
     let pointwise: Vec<f64> = xv.iter().zip(&tv).map(|(x, t)| t * (t.ln() - x)).collect();
     let total: f64 = pointwise.iter().sum();
     let got = ops::kl_div(&x, &t, KlDivReduction::BatchMean, false).unwrap();
-    close(&vals(&got), &[total / 3.0], 1e-12, "kl_div batchmean");
+    assert_near(&vals(&got), &[total / 3.0], 1e-12, "kl_div batchmean");
     let got = ops::kl_div(&x, &t, KlDivReduction::Mean, false).unwrap();
-    close(&vals(&got), &[total / 12.0], 1e-12, "kl_div mean");
+    assert_near(&vals(&got), &[total / 12.0], 1e-12, "kl_div mean");
     let lt = ops::log(&t).unwrap();
     let got = ops::kl_div(&x, &lt, KlDivReduction::None, true).unwrap();
-    close(&vals(&got), &pointwise, 1e-12, "kl_div log_target");
+    assert_near(&vals(&got), &pointwise, 1e-12, "kl_div log_target");
     // A zero target contributes 0, not NaN.
     let z = Tensor::from_vec(vec![0.0f64, 1.0], [2]).unwrap();
     let xz = Tensor::from_vec(vec![-1.0f64, -2.0], [2]).unwrap();
     let got = ops::kl_div(&xz, &z, KlDivReduction::None, false).unwrap();
-    close(&vals(&got), &[0.0, 2.0], 1e-12, "kl_div zero target");
+    assert_near(&vals(&got), &[0.0, 2.0], 1e-12, "kl_div zero target");
     check_grads(
         &|v| ops::kl_div(&v[0], &v[1], KlDivReduction::BatchMean, false),
         &[x, t],
@@ -305,7 +284,7 @@ fn kl_div_values_and_gradients() {
 #[test]
 fn pointwise_losses_match_references() {
     let mut g = Generator::new(30);
-    let x = randn(&[3, 4], &mut g);
+    let x = randn_leaf(&[3, 4], &mut g);
     let xv = vals(&x);
     let sign: Vec<f64> = (0..12)
         .map(|i| if i % 3 == 0 { -1.0 } else { 1.0 })
@@ -321,7 +300,7 @@ fn pointwise_losses_match_references() {
         .map(|(x, t)| x.exp() - t * x)
         .collect();
     let got = ops::poisson_nll_loss(&x, &cnt, true, false, 1e-8, Reduction::None).unwrap();
-    close(&vals(&got), &want, 1e-12, "poisson_nll_loss");
+    assert_near(&vals(&got), &want, 1e-12, "poisson_nll_loss");
     let full: Vec<f64> = want
         .iter()
         .zip(&counts)
@@ -334,7 +313,7 @@ fn pointwise_losses_match_references() {
         })
         .collect();
     let got = ops::poisson_nll_loss(&x, &cnt, true, true, 1e-8, Reduction::None).unwrap();
-    close(&vals(&got), &full, 1e-12, "poisson_nll_loss full");
+    assert_near(&vals(&got), &full, 1e-12, "poisson_nll_loss full");
     let pos = ops::exp(&x).unwrap();
     let pv = vals(&pos);
     let want: Vec<f64> = pv
@@ -343,7 +322,7 @@ fn pointwise_losses_match_references() {
         .map(|(x, t)| x - t * (x + 1e-8).ln())
         .collect();
     let got = ops::poisson_nll_loss(&pos, &cnt, false, false, 1e-8, Reduction::None).unwrap();
-    close(&vals(&got), &want, 1e-12, "poisson_nll_loss rate input");
+    assert_near(&vals(&got), &want, 1e-12, "poisson_nll_loss rate input");
 
     // hinge_embedding_loss
     let want: Vec<f64> = xv
@@ -352,7 +331,7 @@ fn pointwise_losses_match_references() {
         .map(|(x, &t)| if t == 1.0 { *x } else { (1.5 - x).max(0.0) })
         .collect();
     let got = ops::hinge_embedding_loss(&x, &y, 1.5, Reduction::None).unwrap();
-    close(&vals(&got), &want, 1e-12, "hinge_embedding_loss");
+    assert_near(&vals(&got), &want, 1e-12, "hinge_embedding_loss");
 
     // soft_margin_loss
     let want: f64 = xv
@@ -362,11 +341,11 @@ fn pointwise_losses_match_references() {
         .sum::<f64>()
         / 12.0;
     let got = ops::soft_margin_loss(&x, &y, Reduction::Mean).unwrap();
-    close(&vals(&got), &[want], 1e-12, "soft_margin_loss");
+    assert_near(&vals(&got), &[want], 1e-12, "soft_margin_loss");
 
     // margin_ranking_loss
-    let a = randn(&[5], &mut g);
-    let b = randn(&[5], &mut g);
+    let a = randn_leaf(&[5], &mut g);
+    let b = randn_leaf(&[5], &mut g);
     let t = Tensor::from_vec(vec![1.0f64, -1.0, 1.0, -1.0, 1.0], [5]).unwrap();
     let want: f64 = vals(&a)
         .iter()
@@ -375,7 +354,7 @@ fn pointwise_losses_match_references() {
         .map(|((a, b), t)| (-t * (a - b) + 0.1).max(0.0))
         .sum();
     let got = ops::margin_ranking_loss(&a, &b, &t, 0.1, Reduction::Sum).unwrap();
-    close(&vals(&got), &[want], 1e-12, "margin_ranking_loss");
+    assert_near(&vals(&got), &[want], 1e-12, "margin_ranking_loss");
 
     check_grads(
         &|v| ops::poisson_nll_loss(&v[0], &cnt, true, true, 1e-8, Reduction::Mean),
@@ -397,7 +376,7 @@ fn pointwise_losses_match_references() {
 #[test]
 fn margin_losses_match_loops() {
     let mut g = Generator::new(40);
-    let x = randn(&[2, 4], &mut g);
+    let x = randn_leaf(&[2, 4], &mut g);
     let xv = vals(&x);
     // multilabel: sample 0 targets {3, 0}, sample 1 targets {1, 2, 3}
     let tgt = Tensor::from_vec(vec![3i64, 0, -1, 1, 1, 2, 3, -1], [2, 4]).unwrap();
@@ -414,7 +393,7 @@ fn margin_losses_match_loops() {
         want[s] /= 4.0;
     }
     let got = ops::multilabel_margin_loss(&x, &tgt, Reduction::None).unwrap();
-    close(&vals(&got), &want, 1e-12, "multilabel_margin_loss");
+    assert_near(&vals(&got), &want, 1e-12, "multilabel_margin_loss");
     let (_, is_t) = ops::multilabel_margin_loss_forward(&x, &tgt, Reduction::Mean).unwrap();
     assert_eq!(vals(&is_t), [1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0]);
     check_grads(
@@ -424,7 +403,7 @@ fn margin_losses_match_loops() {
     );
 
     // multi_margin, p = 1 and 2, with weights
-    let x = randn(&[3, 4], &mut g);
+    let x = randn_leaf(&[3, 4], &mut g);
     let xv = vals(&x);
     let y = [1usize, 3, 0];
     let yt = Tensor::from_vec(y.iter().map(|&v| v as i64).collect::<Vec<_>>(), [3]).unwrap();
@@ -445,7 +424,7 @@ fn margin_losses_match_loops() {
             total += l / 4.0;
         }
         let got = ops::multi_margin_loss(&x, &yt, p, 0.7, Some(&w), Reduction::Mean).unwrap();
-        close(&vals(&got), &[total / 3.0], 1e-12, "multi_margin_loss");
+        assert_near(&vals(&got), &[total / 3.0], 1e-12, "multi_margin_loss");
         check_grads(
             &|v| ops::multi_margin_loss(&v[0], &yt, p, 0.7, Some(&w), Reduction::Sum),
             std::slice::from_ref(&x),
@@ -458,9 +437,9 @@ fn margin_losses_match_loops() {
 #[test]
 fn embedding_losses_match_references() {
     let mut g = Generator::new(50);
-    let a = randn(&[3, 4], &mut g);
-    let b = randn(&[3, 4], &mut g);
-    let n = randn(&[3, 4], &mut g);
+    let a = randn_leaf(&[3, 4], &mut g);
+    let b = randn_leaf(&[3, 4], &mut g);
+    let n = randn_leaf(&[3, 4], &mut g);
     let t = Tensor::from_vec(vec![1.0f64, -1.0, -1.0], [3]).unwrap();
     let (av, bv, nv) = (vals(&a), vals(&b), vals(&n));
     let mut want = 0.0;
@@ -479,7 +458,7 @@ fn embedding_losses_match_references() {
         };
     }
     let got = ops::cosine_embedding_loss(&a, &b, &t, 0.1, Reduction::Sum).unwrap();
-    close(&vals(&got), &[want], 1e-12, "cosine_embedding_loss");
+    assert_near(&vals(&got), &[want], 1e-12, "cosine_embedding_loss");
     check_grads(
         &|v| ops::cosine_embedding_loss(&v[0], &v[1], &t, -0.5, Reduction::Mean),
         &[a.clone(), b.clone()],
@@ -503,7 +482,7 @@ fn embedding_losses_match_references() {
         }
         let got =
             ops::triplet_margin_loss(&a, &b, &n, 2.0, 2.0, 1e-6, swap, Reduction::Mean).unwrap();
-        close(&vals(&got), &[want / 3.0], 1e-12, "triplet_margin_loss");
+        assert_near(&vals(&got), &[want / 3.0], 1e-12, "triplet_margin_loss");
     }
     check_grads(
         &|v| ops::triplet_margin_loss(&v[0], &v[1], &v[2], 2.0, 2.0, 1e-6, false, Reduction::Mean),
@@ -548,7 +527,7 @@ fn ctc_brute(lp: &[f64], t: usize, c: usize, target: &[usize], blank: usize) -> 
 fn ctc_loss_matches_brute_force() {
     let mut g = Generator::new(60);
     let (t, n, c) = (4usize, 2usize, 3usize);
-    let logits = randn(&[t, n, c], &mut g);
+    let logits = randn_leaf(&[t, n, c], &mut g);
     let lp = ops::log_softmax(&logits, 2, None).unwrap();
     let targets = Tensor::from_vec(vec![1i64, 2, 1, 1], [2, 2]).unwrap();
     let (il, tl) = ([4usize, 3], [2usize, 2]);
@@ -564,7 +543,7 @@ fn ctc_loss_matches_brute_force() {
         ctc_brute(&sample(0, 4), 4, c, &[1, 2], 0),
         ctc_brute(&sample(1, 3), 3, c, &[1, 1], 0),
     ];
-    close(&vals(&got), &want, 1e-10, "ctc_loss");
+    assert_near(&vals(&got), &want, 1e-10, "ctc_loss");
     // Through log_softmax the gradient is the exact one.
     check_grads(
         &|v| {
@@ -577,7 +556,7 @@ fn ctc_loss_matches_brute_force() {
     // Concatenated targets give the same losses; an impossible alignment is inf (or 0).
     let flat = Tensor::from_vec(vec![1i64, 2, 1, 1], [4]).unwrap();
     let got2 = ops::ctc_loss(&lp, &flat, &il, &tl, 0, Reduction::None, false).unwrap();
-    close(&vals(&got2), &want, 1e-10, "ctc_loss concatenated");
+    assert_near(&vals(&got2), &want, 1e-10, "ctc_loss concatenated");
     let got3 = ops::ctc_loss(&lp, &flat, &[4, 2], &tl, 0, Reduction::None, true).unwrap();
     assert_eq!(vals(&got3)[1], 0.0);
 }
@@ -587,8 +566,8 @@ fn ctc_loss_matches_brute_force() {
 #[test]
 fn distances_match_references() {
     let mut g = Generator::new(70);
-    let a = randn(&[3, 4], &mut g);
-    let b = randn(&[2, 4], &mut g);
+    let a = randn_leaf(&[3, 4], &mut g);
+    let b = randn_leaf(&[2, 4], &mut g);
     let (av, bv) = (vals(&a), vals(&b));
     let pn = |x: &[f64], p: f64| -> f64 {
         if p.is_infinite() {
@@ -610,7 +589,7 @@ fn distances_match_references() {
                 continue;
             }
             let got = ops::cdist(&a, &b, p, mode).unwrap();
-            close(&vals(&got), &want, 1e-10, "cdist");
+            assert_near(&vals(&got), &want, 1e-10, "cdist");
         }
     }
     check_grads(
@@ -635,12 +614,12 @@ fn distances_match_references() {
             )
         })
         .collect();
-    close(&vals(&ops::pdist(&a, 2.0).unwrap()), &want, 1e-12, "pdist");
+    assert_near(&vals(&ops::pdist(&a, 2.0).unwrap()), &want, 1e-12, "pdist");
     check_grads(&|v| ops::pdist(&v[0], 2.0), std::slice::from_ref(&a), true);
     // dist
-    let c = randn(&[3, 4], &mut g);
+    let c = randn_leaf(&[3, 4], &mut g);
     let d: Vec<f64> = av.iter().zip(vals(&c)).map(|(x, y)| x - y).collect();
-    close(
+    assert_near(
         &vals(&ops::dist(&a, &c, 3.0).unwrap()),
         &[pn(&d, 3.0)],
         1e-12,
@@ -661,7 +640,7 @@ fn distances_match_references() {
             dot / (pn(x, 2.0) * pn(y, 2.0))
         })
         .collect();
-    close(
+    assert_near(
         &vals(&ops::cosine_similarity(&a, &c, 1, 1e-8).unwrap()),
         &want,
         1e-12,
@@ -675,7 +654,7 @@ fn distances_match_references() {
     let want: Vec<f64> = (0..12)
         .map(|i| av[i] / pn(&av[(i / 4) * 4..(i / 4) * 4 + 4], 2.0))
         .collect();
-    close(
+    assert_near(
         &vals(&ops::normalize(&a, 2.0, 1, 1e-12).unwrap()),
         &want,
         1e-12,
@@ -697,7 +676,7 @@ fn distances_match_references() {
             }
         })
         .collect();
-    close(
+    assert_near(
         &vals(&ops::renorm(&a, 2.0, 0, 1.5).unwrap()),
         &want,
         1e-12,
@@ -713,7 +692,7 @@ fn distances_match_references() {
 #[test]
 fn prelu_bilinear_group_norm_match_references() {
     let mut g = Generator::new(80);
-    let x = randn(&[2, 3, 4], &mut g);
+    let x = randn_leaf(&[2, 3, 4], &mut g);
     let w = leaf(vec![0.25, -0.5, 2.0], &[3]);
     let (xv, wv) = (vals(&x), vals(&w));
     let want: Vec<f64> = (0..24)
@@ -725,13 +704,13 @@ fn prelu_bilinear_group_norm_match_references() {
             }
         })
         .collect();
-    close(&vals(&ops::prelu(&x, &w).unwrap()), &want, 1e-15, "prelu");
+    assert_near(&vals(&ops::prelu(&x, &w).unwrap()), &want, 1e-15, "prelu");
     check_grads(&|v| ops::prelu(&v[0], &v[1]), &[x.clone(), w], true);
 
-    let x1 = randn(&[2, 3], &mut g);
-    let x2 = randn(&[2, 4], &mut g);
-    let bw = randn(&[5, 3, 4], &mut g);
-    let bb = randn(&[5], &mut g);
+    let x1 = randn_leaf(&[2, 3], &mut g);
+    let x2 = randn_leaf(&[2, 4], &mut g);
+    let bw = randn_leaf(&[5, 3, 4], &mut g);
+    let bb = randn_leaf(&[5], &mut g);
     let (v1, v2, vw, vb) = (vals(&x1), vals(&x2), vals(&bw), vals(&bb));
     let mut want = vec![0.0; 10];
     for n in 0..2 {
@@ -745,7 +724,7 @@ fn prelu_bilinear_group_norm_match_references() {
             want[n * 5 + o] = s;
         }
     }
-    close(
+    assert_near(
         &vals(&ops::bilinear(&x1, &x2, &bw, Some(&bb)).unwrap()),
         &want,
         1e-12,
@@ -757,9 +736,9 @@ fn prelu_bilinear_group_norm_match_references() {
         true,
     );
 
-    let gw = randn(&[4], &mut g);
-    let gb = randn(&[4], &mut g);
-    let x = randn(&[2, 4, 3], &mut g);
+    let gw = randn_leaf(&[4], &mut g);
+    let gb = randn_leaf(&[4], &mut g);
+    let x = randn_leaf(&[2, 4, 3], &mut g);
     let (xv, gwv, gbv) = (vals(&x), vals(&gw), vals(&gb));
     let mut want = vec![0.0; 24];
     for n in 0..2 {
@@ -773,7 +752,7 @@ fn prelu_bilinear_group_norm_match_references() {
             }
         }
     }
-    close(
+    assert_near(
         &vals(&ops::group_norm(&x, 2, Some(&gw), Some(&gb), 1e-5).unwrap()),
         &want,
         1e-10,
@@ -789,8 +768,8 @@ fn prelu_bilinear_group_norm_match_references() {
 #[test]
 fn cross_index_put_tensordot_match_references() {
     let mut g = Generator::new(90);
-    let a = randn(&[2, 3], &mut g);
-    let b = randn(&[2, 3], &mut g);
+    let a = randn_leaf(&[2, 3], &mut g);
+    let b = randn_leaf(&[2, 3], &mut g);
     let (av, bv) = (vals(&a), vals(&b));
     let mut want = vec![0.0; 6];
     for r in 0..2 {
@@ -799,13 +778,13 @@ fn cross_index_put_tensordot_match_references() {
         want[r * 3 + 1] = x[2] * y[0] - x[0] * y[2];
         want[r * 3 + 2] = x[0] * y[1] - x[1] * y[0];
     }
-    close(
+    assert_near(
         &vals(&ops::cross(&a, &b, 1).unwrap()),
         &want,
         1e-15,
         "cross",
     );
-    close(
+    assert_near(
         &vals(&ops::cross_default(&a, &b, None).unwrap()),
         &want,
         1e-15,
@@ -813,8 +792,8 @@ fn cross_index_put_tensordot_match_references() {
     );
     check_grads(&|v| ops::cross(&v[0], &v[1], -1), &[a, b], true);
 
-    let x = randn(&[5, 3], &mut g);
-    let v = randn(&[2, 3], &mut g);
+    let x = randn_leaf(&[5, 3], &mut g);
+    let v = randn_leaf(&[2, 3], &mut g);
     let idx = Tensor::from_vec(vec![4i64, -4], [2]).unwrap();
     let (xv, vv) = (vals(&x), vals(&v));
     let mut want = xv.clone();
@@ -826,13 +805,13 @@ fn cross_index_put_tensordot_match_references() {
         }
     }
     let idxs = [idx.clone()];
-    close(
+    assert_near(
         &vals(&ops::index_put(&x, &idxs, &v, false).unwrap()),
         &want,
         0.0,
         "index_put",
     );
-    close(
+    assert_near(
         &vals(&ops::index_put(&x, &idxs, &v, true).unwrap()),
         &acc,
         1e-15,
@@ -860,8 +839,8 @@ fn cross_index_put_tensordot_match_references() {
         false,
     );
 
-    let a = randn(&[2, 3, 4], &mut g);
-    let b = randn(&[3, 4, 5], &mut g);
+    let a = randn_leaf(&[2, 3, 4], &mut g);
+    let b = randn_leaf(&[3, 4, 5], &mut g);
     let (av, bv) = (vals(&a), vals(&b));
     let mut want = vec![0.0; 10];
     for i in 0..2 {
@@ -873,14 +852,14 @@ fn cross_index_put_tensordot_match_references() {
             }
         }
     }
-    close(
+    assert_near(
         &vals(&ops::tensordot(&a, &b, &TensordotDims::Count(2)).unwrap()),
         &want,
         1e-12,
         "tensordot",
     );
     let pairs = TensordotDims::Pairs(vec![1, 2], vec![0, 1]);
-    close(
+    assert_near(
         &vals(&ops::tensordot(&a, &b, &pairs).unwrap()),
         &want,
         1e-12,
@@ -897,8 +876,8 @@ fn cross_index_put_tensordot_match_references() {
 fn every_float_dtype() {
     type Op = Box<dyn Fn(&[Tensor]) -> Result<Tensor>>;
     let mut g = Generator::new(100);
-    let a = randn(&[3, 4], &mut g);
-    let b = randn(&[3, 4], &mut g);
+    let a = randn_leaf(&[3, 4], &mut g);
+    let b = randn_leaf(&[3, 4], &mut g);
     let p = probs(3, 4, 101);
     let sign = Tensor::from_vec(vec![1.0f64, -1.0, 1.0], [3]).unwrap();
     let cls = Tensor::from_vec(vec![1i64, 0, 3], [3]).unwrap();
@@ -974,8 +953,8 @@ fn every_float_dtype() {
             vec![
                 a.clone(),
                 ops::narrow(&b, 1, 0, 3).unwrap(),
-                randn(&[3, 4], &mut g),
-                randn(&[3, 3], &mut g),
+                randn_leaf(&[3, 4], &mut g),
+                randn_leaf(&[3, 3], &mut g),
             ],
             Box::new(|v| ops::rnn_tanh_cell(&v[0], &v[1], &v[2], &v[3], None, None)),
         ),
@@ -1000,7 +979,7 @@ fn every_float_dtype() {
             }
             let y = f(&xs).unwrap();
             assert_eq!(y.dtype(), dt, "{name} {dt}");
-            close(&vals(&y), &want, tol, &format!("{name} {dt}"));
+            assert_near(&vals(&y), &want, tol, &format!("{name} {dt}"));
             ops::sum_all(&y).unwrap().backward().unwrap();
             assert_eq!(xs[0].grad().unwrap().dtype(), dt, "{name} {dt} grad");
         }
@@ -1036,14 +1015,14 @@ fn batch_norm_running_statistics_eval_and_refusals() {
         .iter()
         .map(|&(c, x): &(usize, f64)| (x - m[c]) / (v[c] + 1e-5).sqrt())
         .collect();
-    close(&vals(&y), &want, 1e-12, "training output");
-    close(
+    assert_near(&vals(&y), &want, 1e-12, "training output");
+    assert_near(
         &vals(&rm),
         &[0.75 * 1.0 + 0.25 * 3.0, -0.75 + 0.25 * 2.0],
         1e-12,
         "running_mean",
     );
-    close(
+    assert_near(
         &vals(&rv),
         &[
             0.75 * 2.0 + 0.25 * 14.0 / 3.0,
@@ -1072,7 +1051,7 @@ fn batch_norm_running_statistics_eval_and_refusals() {
             (x - rm0[c]) / (rv0[c] + 1e-5).sqrt() * [2.0, 3.0][c] + [0.5, -0.5][c]
         })
         .collect();
-    close(&vals(&y), &want, 1e-12, "eval output");
+    assert_near(&vals(&y), &want, 1e-12, "eval output");
     assert_eq!(
         (vals(&rm), vals(&rv)),
         (rm0, rv0),
@@ -1101,9 +1080,9 @@ fn attention_matches_a_reference_and_refuses_bad_options() {
     let mut gen = Generator::new(7);
     let (l, s, e, ev) = (3, 4, 2, 3);
     let (q, k, v) = (
-        randn(&[l, e], &mut gen),
-        randn(&[s, e], &mut gen),
-        randn(&[s, ev], &mut gen),
+        randn_leaf(&[l, e], &mut gen),
+        randn_leaf(&[s, e], &mut gen),
+        randn_leaf(&[s, ev], &mut gen),
     );
     // Key 1 is hidden from query 0.
     let mask: Vec<bool> = (0..l * s).map(|i| i != 1).collect();
@@ -1133,7 +1112,7 @@ fn attention_matches_a_reference_and_refuses_bad_options() {
             want.push((0..s).map(|j| w[j] / z * vv[j * ev + c]).sum::<f64>());
         }
     }
-    close(&vals(&y), &want, 1e-12, "attention");
+    assert_near(&vals(&y), &want, 1e-12, "attention");
     let both = ops::Attention {
         attn_mask: Some(&mask),
         is_causal: true,
@@ -1173,7 +1152,7 @@ fn blocked_attention_matches_the_composite_formula() {
     let (l, s, e, ev) = (70, 130, 8, 5);
     for dtype in [DType::F64, DType::F32, DType::BF16] {
         let mk = |dims: &[usize], gen: &mut Generator| {
-            let t = randn(dims, gen).to_dtype(dtype).unwrap().detach();
+            let t = randn_leaf(dims, gen).to_dtype(dtype).unwrap().detach();
             t.requires_grad_(true).unwrap();
             t
         };
@@ -1184,7 +1163,7 @@ fn blocked_attention_matches_the_composite_formula() {
         );
         let keep: Vec<bool> = (0..l * s).map(|i| (i * 7919) % 5 != 0).collect();
         let keep = Tensor::from_vec(keep, [l, s]).unwrap();
-        let bias = randn(&[2, 3, l, s], &mut gen)
+        let bias = randn_leaf(&[2, 3, l, s], &mut gen)
             .to_dtype(dtype)
             .unwrap()
             .detach();
@@ -1239,8 +1218,11 @@ fn blocked_attention_matches_the_composite_formula() {
                 "{dtype:?} mask {:?} causal {causal}",
                 mask.map(|m| m.dtype())
             );
-            close(&vals(&y), &vals(&want), tol, &format!("forward, {what}"));
-            let g = randn(y.dims(), &mut gen).to_dtype(dtype).unwrap().detach();
+            assert_near(&vals(&y), &vals(&want), tol, &format!("forward, {what}"));
+            let g = randn_leaf(y.dims(), &mut gen)
+                .to_dtype(dtype)
+                .unwrap()
+                .detach();
             let got = grad(
                 std::slice::from_ref(&y),
                 &[q.clone(), k.clone(), v.clone()],
@@ -1261,7 +1243,7 @@ fn blocked_attention_matches_the_composite_formula() {
                 assert_eq!(a.dims(), b.dims(), "gradient {n} shape, {what}");
                 assert_eq!(a.dtype(), dtype, "gradient {n} dtype, {what}");
                 let scale_tol = vals(b).iter().fold(1.0f64, |m, x| m.max(x.abs()));
-                close(
+                assert_near(
                     &vals(a),
                     &vals(b),
                     tol * scale_tol * 4.0,
@@ -1273,9 +1255,9 @@ fn blocked_attention_matches_the_composite_formula() {
     // Double backward through the blocked path: d/dq of sum(dL/dq * c) exists and
     // matches the composite's.
     let (q, k, v) = (
-        randn(&[1, 6, 4], &mut gen),
-        randn(&[1, 9, 4], &mut gen),
-        randn(&[1, 9, 3], &mut gen),
+        randn_leaf(&[1, 6, 4], &mut gen),
+        randn_leaf(&[1, 9, 4], &mut gen),
+        randn_leaf(&[1, 9, 3], &mut gen),
     );
     let y = ops::scaled_dot_product_attention(
         &q,
@@ -1390,7 +1372,7 @@ fn gelu_backward_in_one_pass_matches_the_formula() {
                 want[i]
             );
         }
-        close(
+        assert_near(
             &got,
             &vals(&twice),
             tol * 4.0,

@@ -1,23 +1,19 @@
-//! Gradients against central finite differences, in float64:
+//! Gradients against the workspace's gradient checker (`amp_testing::gradcheck`), in
+//! float64:
 //!
 //! - random compositions of differentiable ops (pointwise, broadcasting binary, matmul,
 //!   reductions, softmax-family, views), first order;
 //! - double backward: the gradient of `sum(grad(f)²)` (taken with `create_graph`) against
-//!   finite differences of the first-order gradient.
+//!   central differences of the first-order gradient.
 //!
 //! Seed 001's gradient-penalty loop is checked in `amp/tests/gradient_penalty.rs`.
 
 use amp_autograd::{grad, ops, GradOptions, Tensor};
 use amp_testing::gradcheck::{assert_close, numeric_grad};
+use amp_testing::tensors::leaf;
 use proptest::prelude::*;
 
 type Res<T> = amp_autograd::Result<T>;
-
-fn leaf(v: &[f64], dims: &[usize]) -> Tensor {
-    let t = Tensor::from_vec(v.to_vec(), dims.to_vec()).unwrap();
-    t.requires_grad_(true).unwrap();
-    t
-}
 
 /// One step of a composition: a unary map of the running value.
 #[derive(Debug, Clone, Copy)]
@@ -115,12 +111,15 @@ fn values() -> impl Strategy<Value = Vec<Vec<f64>>> {
 }
 
 fn leaves(vals: &[Vec<f64>]) -> Vec<Tensor> {
-    vals.iter().zip(DIMS).map(|(v, d)| leaf(v, d)).collect()
+    vals.iter()
+        .zip(DIMS)
+        .map(|(v, d)| leaf(v.clone(), d))
+        .collect()
 }
 
 /// The largest magnitude the running value reaches along the composition.
 ///
-/// Finite differences only mean something where the function is of moderate size: a
+/// Central differences only mean something where the function is of moderate size: a
 /// composition such as `[LogSoftmax, SubYSquare, SubYSquare, Exp]` can reach 1e84, where
 /// the rounding error of `f(x ± eps)` alone exceeds any gradient tolerance. The property
 /// tests draw compositions whose values stay below [`PEAK_MAX`].
@@ -163,7 +162,7 @@ fn first_order(
         },
     )
     .unwrap();
-    // An input no step uses (`y`) has a zero gradient, as finite differences say.
+    // An input no step uses (`y`) has a zero gradient, as central differences say.
     let g = g
         .into_iter()
         .zip(&t)
@@ -173,7 +172,7 @@ fn first_order(
 }
 
 /// The composition that failed at random before the property tests had a fixed seed:
-/// it leaves the domain where finite differences can check it.
+/// it leaves the domain where central differences can check it.
 #[test]
 fn runaway_compositions_are_outside_the_checked_domain() {
     let steps = [

@@ -3,28 +3,19 @@
 //! float64, and the dtype rules.
 
 use amp_autograd::ops::{self, MatrixNormOrd, QrMode, QuantileQ};
-use amp_autograd::{grad, GradOptions, Tensor};
-use amp_tensor::{DType, Generator};
+use amp_autograd::Tensor;
+use amp_tensor::DType;
+use amp_testing::gradcheck::{assert_near as assert_close, GradCheck, SecondOrder};
+use amp_testing::tensors::{leaf, randn_vec as randn};
 use proptest::prelude::*;
 
-type F = dyn Fn(&Tensor) -> amp_autograd::Result<Tensor>;
-
-fn leaf(v: &[f64], shape: &[usize]) -> Tensor {
-    let t = Tensor::from_vec(v.to_vec(), shape.to_vec()).unwrap();
-    t.requires_grad_(true).unwrap();
-    t
-}
+/// A function under check (it may borrow locals).
+type Checked<'a> = &'a dyn Fn(&Tensor) -> amp_autograd::Result<Tensor>;
+/// A function, its input's values and shape, and the directions to check it along.
+type Case<'a> = (Checked<'a>, &'a [f64], [usize; 2], Vec<Vec<f64>>);
 
 fn vals(t: &Tensor) -> Vec<f64> {
     t.data().to_vec_f64()
-}
-
-fn randn(shape: &[usize], seed: u64) -> Vec<f64> {
-    let mut g = Generator::new(seed);
-    Tensor::randn(shape.to_vec(), DType::F64, &mut g)
-        .unwrap()
-        .data()
-        .to_vec_f64()
 }
 
 /// A well-conditioned square matrix: random plus `n` on the diagonal.
@@ -71,101 +62,19 @@ fn matmul_vals(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
     c
 }
 
-fn assert_close(got: &[f64], want: &[f64], tol: f64, what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: lengths");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!(
-            (g - w).abs() <= tol * (1.0 + w.abs()),
-            "{what}: element {i}: got {g}, want {w}"
-        );
-    }
-}
-
-/// A scalar loss `sum(f(x) * w)` for fixed random weights (a tuple output's parts are
-/// reduced by `f` itself).
-fn loss_of(f: &F, x: &Tensor, seed: u64) -> Tensor {
-    let y = f(x).unwrap();
-    let w = Tensor::from_vec(randn(y.dims(), seed), y.dims().to_vec()).unwrap();
-    ops::sum_all(&ops::mul(&y, &w).unwrap()).unwrap()
-}
-
-fn value_at(f: &F, x: &[f64], shape: &[usize], seed: u64) -> f64 {
-    let t = Tensor::from_vec(x.to_vec(), shape.to_vec()).unwrap();
-    loss_of(f, &t, seed).data().item_f64().unwrap()
-}
-
-/// Directional derivative of the loss at `x` along `dir` by central differences.
-fn numeric_dir(f: &F, x: &[f64], shape: &[usize], dir: &[f64], seed: u64) -> f64 {
-    let h = 1e-6;
-    let plus: Vec<f64> = x.iter().zip(dir).map(|(a, d)| a + h * d).collect();
-    let minus: Vec<f64> = x.iter().zip(dir).map(|(a, d)| a - h * d).collect();
-    (value_at(f, &plus, shape, seed) - value_at(f, &minus, shape, seed)) / (2.0 * h)
-}
-
-fn dot(a: &[f64], b: &[f64]) -> f64 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
-}
-
-/// Checks the gradient of `sum(f(x) * w)` along `dirs` against finite differences, and
-/// the gradient of `sum(g * g)` (g the first-order gradient, built with
-/// `create_graph`) the same way: double backward.
-fn check_grads(f: &F, x: &[f64], shape: &[usize], dirs: &[Vec<f64>], second: bool) {
-    let seed = 7;
-    let t = leaf(x, shape);
-    let l = loss_of(f, &t, seed);
-    let g = grad(
-        &[l],
-        std::slice::from_ref(&t),
-        &[],
-        GradOptions {
-            create_graph: second,
-            ..Default::default()
-        },
-    )
-    .unwrap()[0]
-        .clone()
-        .unwrap();
-    let gv = vals(&g);
-    for d in dirs {
-        let num = numeric_dir(f, x, shape, d, seed);
-        let ana = dot(&gv, d);
-        assert!(
-            (num - ana).abs() <= 1e-5 * (1.0 + num.abs()),
-            "first order: numeric {num}, analytic {ana}"
-        );
-    }
-    if !second {
-        return;
-    }
-    let gg = ops::sum_all(&ops::mul(&g, &g).unwrap()).unwrap();
-    // A first-order gradient that does not depend on x (linear in x) has no graph.
-    let hv = if gg.requires_grad() {
-        let h = grad(&[gg], std::slice::from_ref(&t), &[], GradOptions::default()).unwrap()[0]
-            .clone()
-            .unwrap();
-        vals(&h)
-    } else {
-        vec![0.0; x.len()]
-    };
-    // sum(g·g) as a function of x, from first-order gradients only.
-    let gsq = |xs: &[f64]| -> f64 {
-        let t = leaf(xs, shape);
-        let l = loss_of(f, &t, seed);
-        let g = grad(&[l], &[t], &[], GradOptions::default()).unwrap()[0]
-            .clone()
-            .unwrap();
-        vals(&g).iter().map(|v| v * v).sum()
-    };
-    for d in dirs {
-        let e = 1e-5;
-        let p: Vec<f64> = x.iter().zip(d).map(|(a, b)| a + e * b).collect();
-        let m: Vec<f64> = x.iter().zip(d).map(|(a, b)| a - e * b).collect();
-        let num = (gsq(&p) - gsq(&m)) / (2.0 * e);
-        let ana = dot(&hv, d);
-        assert!(
-            (num - ana).abs() <= 1e-4 * (1.0 + num.abs()),
-            "second order: numeric {num}, analytic {ana}"
-        );
+/// The workspace's gradient checker on `sum(f(x) * w)` (weights from seed 7) along
+/// `dirs`, step 1e-6 within 1e-5, and with `second` the gradient of `sum(g * g)` (g the
+/// first-order gradient, built with `create_graph`) the same way, step 1e-5 within 1e-4:
+/// double backward. Directions keep constrained inputs (symmetric, triangular) inside
+/// their subspace.
+fn check_grads(f: Checked<'_>, x: &[f64], shape: &[usize], dirs: &[Vec<f64>], second: bool) {
+    let g = |v: &[Tensor]| f(&v[0]);
+    let dirs: Vec<Vec<Vec<f64>>> = dirs.iter().map(|d| vec![d.clone()]).collect();
+    let x = leaf(x.to_vec(), shape);
+    let check = GradCheck::new(&g).seed(7).along(&dirs);
+    check.tol(1e-5).first(std::slice::from_ref(&x));
+    if second {
+        check.eps(1e-5).tol(1e-4).second(&[x], SecondOrder::Squares);
     }
 }
 
@@ -412,36 +321,28 @@ fn float32_matches_float64() {
 fn inverse_and_solve_gradients() {
     let n = 3;
     let a = well_conditioned(n, 1, 21);
-    check_grads(
-        &|x| ops::linalg_inv(x),
-        &a,
-        &[n, n],
-        &random_dirs(9, 3, 1),
-        true,
-    );
-    check_grads(
-        &|x| ops::inverse(x),
-        &a,
-        &[n, n],
-        &random_dirs(9, 2, 2),
-        true,
-    );
     let b = Tensor::from_vec(randn(&[n, 2], 22), [n, 2]).unwrap();
-    check_grads(
-        &move |x| ops::linalg_solve(x, &b, true),
-        &a,
-        &[n, n],
-        &random_dirs(9, 3, 3),
-        true,
-    );
     let at = Tensor::from_vec(a.clone(), [n, n]).unwrap();
-    check_grads(
-        &move |x| ops::linalg_solve(&at, x, true),
-        &randn(&[n, 2], 23),
-        &[n, 2],
-        &random_dirs(6, 2, 4),
-        true,
-    );
+    let bv = randn(&[n, 2], 23);
+    let cases: [Case<'_>; 4] = [
+        (&|x| ops::linalg_inv(x), &a, [n, n], random_dirs(9, 3, 1)),
+        (&|x| ops::inverse(x), &a, [n, n], random_dirs(9, 2, 2)),
+        (
+            &|x| ops::linalg_solve(x, &b, true),
+            &a,
+            [n, n],
+            random_dirs(9, 3, 3),
+        ),
+        (
+            &|x| ops::linalg_solve(&at, x, true),
+            &bv,
+            [n, 2],
+            random_dirs(6, 2, 4),
+        ),
+    ];
+    for (f, x, shape, dirs) in cases {
+        check_grads(f, x, &shape, &dirs, true);
+    }
 }
 
 #[test]
@@ -457,37 +358,21 @@ fn triangular_and_cholesky_solve_gradients() {
         v
     };
     let b = Tensor::from_vec(randn(&[n, 2], 32), [n, 2]).unwrap();
-    let b2 = b.clone();
-    check_grads(
-        &move |x| ops::linalg_solve_triangular(x, &b2, false, true, false),
-        &l,
-        &[n, n],
-        &lower_dirs(n, 3, 5),
-        true,
-    );
-    let b3 = b.clone();
-    check_grads(
-        &move |x| Ok(ops::triangular_solve(&b3, x, false, true, false)?.0),
-        &l,
-        &[n, n],
-        &lower_dirs(n, 2, 6),
-        true,
-    );
-    let b4 = b.clone();
-    check_grads(
-        &move |x| ops::cholesky_solve(&b4, x, false),
-        &l,
-        &[n, n],
-        &lower_dirs(n, 3, 7),
-        true,
-    );
-    check_grads(
-        &|x| ops::cholesky_inverse(x, false),
-        &l,
-        &[n, n],
-        &lower_dirs(n, 3, 8),
-        true,
-    );
+    let cases: [(Checked<'_>, Vec<Vec<f64>>); 4] = [
+        (
+            &|x| ops::linalg_solve_triangular(x, &b, false, true, false),
+            lower_dirs(n, 3, 5),
+        ),
+        (
+            &|x| Ok(ops::triangular_solve(&b, x, false, true, false)?.0),
+            lower_dirs(n, 2, 6),
+        ),
+        (&|x| ops::cholesky_solve(&b, x, false), lower_dirs(n, 3, 7)),
+        (&|x| ops::cholesky_inverse(x, false), lower_dirs(n, 3, 8)),
+    ];
+    for (f, dirs) in cases {
+        check_grads(f, &l, &[n, n], &dirs, true);
+    }
     // Values: cholesky_solve(B, L) = (L Lᵀ)⁻¹ B.
     let lt = Tensor::from_vec(l.clone(), [n, n]).unwrap();
     let a = ops::matmul(&lt, &lt.t().unwrap()).unwrap();

@@ -2,9 +2,9 @@
 //! (one link instead of one per file; `cargo test -p amp-autograd --release --test autograd <module>::`
 //! runs one subject).
 
-mod common;
 mod conv_grad;
 mod deep_graph;
+mod every_op;
 mod extra;
 mod gradcheck;
 mod gradient_layout;

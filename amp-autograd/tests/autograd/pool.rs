@@ -1,35 +1,30 @@
 //! Gradients of the pooling, padding, unpooling, grid-sampling and embedding ops checked
-//! against central finite differences in f64, first and second order.
+//! by the workspace's gradient checker (`amp_testing::gradcheck`) in f64, first and
+//! second order.
 
 use amp_autograd::amp_tensor::{DType, Generator, Tensor as Raw};
 use amp_autograd::ops::{self, GridMode, GridPadding};
 use amp_autograd::{grad, GradOptions, Tensor};
 
-use super::common::{check_grad, check_second_order};
+use amp_testing::gradcheck::{check_grad, check_second_order};
+use amp_testing::tensors::uniform_leaf;
 use proptest::prelude::*;
-
-fn leaf(dims: &[usize], seed: u64, lo: f64, hi: f64) -> Tensor {
-    let r = Raw::uniform(dims.to_vec(), lo, hi, DType::F64, &mut Generator::new(seed)).unwrap();
-    let t = Tensor::from_raw(r);
-    t.requires_grad_(true).unwrap();
-    t
-}
 
 #[test]
 fn max_pool_gradients() {
-    let x = leaf(&[2, 2, 5, 6], 1, -1.0, 1.0);
+    let x = uniform_leaf(&[2, 2, 5, 6], 1, -1.0, 1.0);
     check_grad(
         std::slice::from_ref(&x),
         &|v| ops::max_pool2d(&v[0], &[3, 2], &[2, 1], &[1, 1], &[1, 2], true),
         1e-6,
     );
-    let x3 = leaf(&[1, 1, 4, 3, 5], 2, -1.0, 1.0);
+    let x3 = uniform_leaf(&[1, 1, 4, 3, 5], 2, -1.0, 1.0);
     check_grad(
         &[x3],
         &|v| ops::max_pool3d(&v[0], &[2], &[], &[1], &[1], false),
         1e-6,
     );
-    let x1 = leaf(&[3, 7], 3, -1.0, 1.0);
+    let x1 = uniform_leaf(&[3, 7], 3, -1.0, 1.0);
     check_grad(
         &[x1],
         &|v| ops::max_pool1d(&v[0], &[3], &[2], &[1], &[1], true),
@@ -45,7 +40,7 @@ fn max_pool_gradients() {
 
 #[test]
 fn avg_and_adaptive_pool_gradients() {
-    let x = leaf(&[1, 2, 5, 4], 4, -1.0, 1.0);
+    let x = uniform_leaf(&[1, 2, 5, 4], 4, -1.0, 1.0);
     check_grad(
         std::slice::from_ref(&x),
         &|v| ops::avg_pool2d(&v[0], &[3, 2], &[2, 2], &[1, 1], true, false, None),
@@ -56,7 +51,7 @@ fn avg_and_adaptive_pool_gradients() {
         &|v| ops::avg_pool2d(&v[0], &[2], &[1], &[1], false, true, Some(3)),
         1e-6,
     );
-    let x3 = leaf(&[2, 3, 4, 5], 5, -1.0, 1.0);
+    let x3 = uniform_leaf(&[2, 3, 4, 5], 5, -1.0, 1.0);
     check_grad(
         std::slice::from_ref(&x3),
         &|v| ops::avg_pool3d(&v[0], &[2, 3, 2], &[1, 2, 2], &[1, 1, 0], true, true, None),
@@ -81,7 +76,7 @@ fn avg_and_adaptive_pool_gradients() {
 
 #[test]
 fn pad_gradients_every_mode() {
-    let x = leaf(&[2, 4, 5], 6, -1.0, 1.0);
+    let x = uniform_leaf(&[2, 4, 5], 6, -1.0, 1.0);
     for mode in ["constant", "reflect", "replicate", "circular"] {
         check_grad(
             std::slice::from_ref(&x),
@@ -89,7 +84,7 @@ fn pad_gradients_every_mode() {
             1e-6,
         );
     }
-    let x3 = leaf(&[1, 2, 3, 3, 3], 7, -1.0, 1.0);
+    let x3 = uniform_leaf(&[1, 2, 3, 3, 3], 7, -1.0, 1.0);
     check_grad(
         std::slice::from_ref(&x3),
         &|v| ops::pad(&v[0], &[1, 1, 0, 2, 1, 0], "replicate", None),
@@ -110,7 +105,7 @@ fn pad_gradients_every_mode() {
 
 #[test]
 fn unpool_and_fractional_gradients() {
-    let x = leaf(&[1, 2, 6, 5], 8, -1.0, 1.0);
+    let x = uniform_leaf(&[1, 2, 6, 5], 8, -1.0, 1.0);
     let (v, idx) = ops::max_pool2d_with_indices(&x, &[2], &[], &[0], &[1], false).unwrap();
     // The default unpooled size (6, 4) cannot hold indices of a 6x5 plane.
     assert!(ops::max_unpool_nd(&v, &idx, 2, &[2], &[], &[0], None).is_err());
@@ -124,14 +119,14 @@ fn unpool_and_fractional_gradients() {
         assert_eq!(uv[at], m);
         assert_eq!(xv[at], m);
     }
-    let vleaf = leaf(v.dims(), 9, -1.0, 1.0);
+    let vleaf = uniform_leaf(v.dims(), 9, -1.0, 1.0);
     check_grad(
         std::slice::from_ref(&vleaf),
         &|t| ops::max_unpool_nd(&t[0], &idx, 2, &[2], &[], &[0], Some(&[6, 5])),
         1e-6,
     );
     // Double backward through the grad output: unpool(gather) is linear in it.
-    let w = leaf(&[1, 2, 6, 5], 15, -1.0, 1.0);
+    let w = uniform_leaf(&[1, 2, 6, 5], 15, -1.0, 1.0);
     check_grad(
         &[w],
         &|t| {
@@ -206,8 +201,8 @@ fn fractional_intervals_follow_pytorch() {
 
 #[test]
 fn grid_sample_gradients_input_and_grid_first_and_second_order() {
-    let x = leaf(&[1, 2, 3, 4], 10, -1.0, 1.0);
-    let g = leaf(&[1, 2, 3, 2], 11, -1.2, 1.2);
+    let x = uniform_leaf(&[1, 2, 3, 4], 10, -1.0, 1.0);
+    let g = uniform_leaf(&[1, 2, 3, 2], 11, -1.2, 1.2);
     for pm in [
         GridPadding::Zeros,
         GridPadding::Border,
@@ -231,8 +226,8 @@ fn grid_sample_gradients_input_and_grid_first_and_second_order() {
         &|v| ops::grid_sample(&v[0], &g, GridMode::Nearest, GridPadding::Border, false),
         1e-6,
     );
-    let x3 = leaf(&[1, 2, 3, 2, 3], 12, -1.0, 1.0);
-    let g3 = leaf(&[1, 2, 2, 1, 3], 13, -1.0, 1.0);
+    let x3 = uniform_leaf(&[1, 2, 3, 2, 3], 12, -1.0, 1.0);
+    let g3 = uniform_leaf(&[1, 2, 2, 1, 3], 13, -1.0, 1.0);
     check_grad(
         &[x3.clone(), g3.clone()],
         &|v| {
@@ -259,7 +254,7 @@ fn grid_sample_gradients_input_and_grid_first_and_second_order() {
 
 #[test]
 fn embedding_padding_idx_gets_no_gradient() {
-    let w = leaf(&[5, 3], 14, -1.0, 1.0);
+    let w = uniform_leaf(&[5, 3], 14, -1.0, 1.0);
     let idx = Tensor::from_vec(vec![0i64, 2, 4, 2, 0, 1], [2, 3]).unwrap();
     let out = ops::embedding_padded(&w, &idx, Some(-5)).unwrap();
     assert_eq!(out.dims(), &[2, 3, 3]);
@@ -315,14 +310,14 @@ proptest! {
         inc in any::<bool>(), seed in 0u64..1000,
     ) {
         let p = k / 2;
-        let x = leaf(&[2, l], seed, -1.0, 1.0);
+        let x = uniform_leaf(&[2, l], seed, -1.0, 1.0);
         check_grad(&[x], &|v| ops::avg_pool1d(&v[0], &[k], &[s], &[p], ceil, inc), 1e-6);
     }
 
     #[test]
     fn grid_sample_grid_gradient_random(seed in 0u64..1000, align in any::<bool>()) {
-        let x = leaf(&[1, 1, 3, 3], seed, -1.0, 1.0);
-        let g = leaf(&[1, 2, 2, 2], seed + 1, -0.95, 0.95);
+        let x = uniform_leaf(&[1, 1, 3, 3], seed, -1.0, 1.0);
+        let g = uniform_leaf(&[1, 2, 2, 2], seed + 1, -0.95, 0.95);
         check_grad(
             &[x, g],
             &|v| ops::grid_sample(&v[0], &v[1], GridMode::Bilinear, GridPadding::Border, align),

@@ -3,7 +3,6 @@
 //! runs one subject).
 
 mod api;
-mod common;
 mod conv;
 mod cuda_device;
 mod elementwise;

@@ -33,6 +33,31 @@ struct Ref {
     mag: Vec<f64>,
 }
 
+/// `addmm(input, a, b, beta, alpha)` against `beta·input + alpha·prod` (`prod` the
+/// reference `a @ b`).
+fn check_addmm(
+    input: &Tensor,
+    (a, b): (&Tensor, &Tensor),
+    prod: &Ref,
+    (beta, alpha): (f64, f64),
+    dtype: DType,
+    what: &str,
+) {
+    let got = addmm(input, a, b, beta, alpha).unwrap();
+    assert_close(&got, &with_input(prod, input, beta, alpha), dtype, what);
+}
+
+/// `f(a, b)` (a product kernel) against the float64 reference product.
+fn check_product(
+    f: fn(&Tensor, &Tensor) -> amp_tensor::Result<Tensor>,
+    a: &Tensor,
+    b: &Tensor,
+    dtype: DType,
+    what: &str,
+) {
+    assert_close(&f(a, b).unwrap(), &ref_matmul(a, b), dtype, what);
+}
+
 fn assert_close(got: &Tensor, r: &Ref, dtype: DType, what: &str) {
     assert_eq!(got.dims(), &r.dims[..], "{what}: shape");
     assert_eq!(got.dtype(), dtype, "{what}: dtype");
@@ -217,21 +242,11 @@ fn transposed_sliced_and_offset_operands() {
             .narrow(1usize, 3, 5)
             .unwrap();
         let c = randn(&[5, 4], dtype, 10);
-        assert_close(
-            &mm(&s, &c).unwrap(),
-            &ref_matmul(&s, &c),
-            dtype,
-            "mm(sparse)",
-        );
+        check_product(mm, &s, &c, dtype, "mm(sparse)");
         // the same storage on both sides
         let x = randn(&[9, 6], dtype, 11);
         let xt = x.t().unwrap();
-        assert_close(
-            &mm(&x, &xt).unwrap(),
-            &ref_matmul(&x, &xt),
-            dtype,
-            "x @ x.T",
-        );
+        check_product(mm, &x, &xt, dtype, "x @ x.T");
     }
 }
 
@@ -255,12 +270,7 @@ fn bmm_and_batched_paths() {
         let b = randn(&[5, 3, 2], dtype, 15)
             .permute(&[1usize, 0, 2])
             .unwrap(); // [3,5,2]
-        assert_close(
-            &bmm(&a, &b).unwrap(),
-            &ref_matmul(&a, &b),
-            dtype,
-            "bmm permuted",
-        );
+        check_product(bmm, &a, &b, dtype, "bmm permuted");
     }
 }
 
@@ -294,19 +304,9 @@ fn matmul_broadcasting_cases() {
             .transpose(0usize, 1usize)
             .unwrap();
         let b = randn(&[4, 5], dtype, 301);
-        assert_close(
-            &matmul(&a, &b).unwrap(),
-            &ref_matmul(&a, &b),
-            dtype,
-            "unfoldable",
-        );
+        check_product(matmul, &a, &b, dtype, "unfoldable");
         let v = randn(&[4], dtype, 302);
-        assert_close(
-            &matmul(&a, &v).unwrap(),
-            &ref_matmul(&a, &v),
-            dtype,
-            "unfoldable mv",
-        );
+        check_product(matmul, &a, &v, dtype, "unfoldable mv");
     }
 }
 
@@ -315,15 +315,10 @@ fn mv_dot_outer() {
     for dtype in FLOATS {
         let m = randn(&[6, 9], dtype, 30);
         let v = randn(&[9], dtype, 31);
-        assert_close(&mv(&m, &v).unwrap(), &ref_matmul(&m, &v), dtype, "mv");
+        check_product(mv, &m, &v, dtype, "mv");
         let mt = randn(&[9, 6], dtype, 32).t().unwrap();
         let vs = randn(&[18], dtype, 33).slice(0usize, 0, 18, 2).unwrap();
-        assert_close(
-            &mv(&mt, &vs).unwrap(),
-            &ref_matmul(&mt, &vs),
-            dtype,
-            "mv strided",
-        );
+        check_product(mv, &mt, &vs, dtype, "mv strided");
 
         let x = randn(&[1000], dtype, 34);
         let y = randn(&[2000], dtype, 35).slice(0usize, 1, 2000, 2).unwrap();
@@ -395,30 +390,12 @@ fn fused_ops() {
             randn(&[3], dtype, 43),
             randn(&[5, 1], dtype, 44),
         ] {
-            let got = addmm(&input, &m1, &m2, beta, alpha).unwrap();
-            assert_close(
-                &got,
-                &with_input(&prod, &input, beta, alpha),
-                dtype,
-                "addmm",
-            );
-            let got = addmm(&input, &m1, &m2, 1.0, 1.0).unwrap();
-            assert_close(
-                &got,
-                &with_input(&prod, &input, 1.0, 1.0),
-                dtype,
-                "addmm 1,1",
-            );
+            check_addmm(&input, (&m1, &m2), &prod, (beta, alpha), dtype, "addmm");
+            check_addmm(&input, (&m1, &m2), &prod, (1.0, 1.0), dtype, "addmm 1,1");
         }
         // beta == 0 ignores the input, NaN and inf included
         let nan = Tensor::full([5, 3], f64::NAN, dtype);
-        let got = addmm(&nan, &m1, &m2, 0.0, 2.0).unwrap();
-        assert_close(
-            &got,
-            &with_input(&prod, &nan, 0.0, 2.0),
-            dtype,
-            "addmm beta=0",
-        );
+        check_addmm(&nan, (&m1, &m2), &prod, (0.0, 2.0), dtype, "addmm beta=0");
         let inf = Tensor::full([3], f64::INFINITY, dtype);
         assert!(addmm(&inf, &m1, &m2, 0.0, 1.0)
             .unwrap()
@@ -682,13 +659,7 @@ fn large_products_on_the_faer_path() {
         let got = addmm(&input, &m1, &m2, 0.5, -1.5).unwrap();
         assert_close(&got, &with_input(&prod, &input, 0.5, -1.5), dtype, "addmm");
         let nan = Tensor::full([70, 80], f64::NAN, dtype);
-        let got = addmm(&nan, &m1, &m2, 0.0, 2.0).unwrap();
-        assert_close(
-            &got,
-            &with_input(&prod, &nan, 0.0, 2.0),
-            dtype,
-            "addmm beta=0",
-        );
+        check_addmm(&nan, (&m1, &m2), &prod, (0.0, 2.0), dtype, "addmm beta=0");
 
         let b1 = randn(&[2, 64, 60], dtype, 54);
         let b2 = randn(&[2, 70, 60], dtype, 55)
@@ -739,58 +710,45 @@ fn large_products_in_blocks() {
         let prod = ref_matmul(&x, &wt);
         assert_close(&mm(&x, &wt).unwrap(), &prod, dtype, "blocks: x @ w.T");
         let bias = randn(&[300], dtype, 72);
-        let got = addmm(&bias, &x, &wt, 1.0, 1.0).unwrap();
-        assert_close(
-            &got,
-            &with_input(&prod, &bias, 1.0, 1.0),
+        check_addmm(
+            &bias,
+            (&x, &wt),
+            &prod,
+            (1.0, 1.0),
             dtype,
             "blocks: addmm row bias",
         );
         let col = randn(&[96, 1], dtype, 73);
-        let got = addmm(&col, &x, &wt, -0.5, 2.0).unwrap();
-        assert_close(
-            &got,
-            &with_input(&prod, &col, -0.5, 2.0),
+        check_addmm(
+            &col,
+            (&x, &wt),
+            &prod,
+            (-0.5, 2.0),
             dtype,
             "blocks: column input",
         );
         let full_t = randn(&[300, 96], dtype, 74).t().unwrap();
-        let got = addmm(&full_t, &x, &wt, 0.25, 1.0).unwrap();
-        assert_close(
-            &got,
-            &with_input(&prod, &full_t, 0.25, 1.0),
+        check_addmm(
+            &full_t,
+            (&x, &wt),
+            &prod,
+            (0.25, 1.0),
             dtype,
             "blocks: transposed input",
         );
         let nan = Tensor::full([96, 300], f64::NAN, dtype);
-        let got = addmm(&nan, &x, &wt, 0.0, 1.0).unwrap();
-        assert_close(
-            &got,
-            &with_input(&prod, &nan, 0.0, 1.0),
-            dtype,
-            "blocks: beta=0",
-        );
+        check_addmm(&nan, (&x, &wt), &prod, (0.0, 1.0), dtype, "blocks: beta=0");
         // A row-major, sliced right operand (its column blocks are strided).
         let b = randn(&[200, 620], dtype, 75)
             .slice(1usize, 0, 620, 2)
             .unwrap();
-        assert_close(
-            &mm(&x, &b).unwrap(),
-            &ref_matmul(&x, &b),
-            dtype,
-            "blocks: sliced rhs",
-        );
+        check_product(mm, &x, &b, dtype, "blocks: sliced rhs");
         // Taller than wide: row blocks of a column-major left operand (a weight
         // gradient's `g.T @ x`).
         let g = randn(&[80, 330], dtype, 76);
         let h = randn(&[80, 150], dtype, 77);
         let gt = g.t().unwrap();
-        assert_close(
-            &mm(&gt, &h).unwrap(),
-            &ref_matmul(&gt, &h),
-            dtype,
-            "blocks: g.T @ h",
-        );
+        check_product(mm, &gt, &h, dtype, "blocks: g.T @ h");
         // A tall matrix-vector product: row blocks, one column.
         let a = randn(&[700, 400], dtype, 78);
         let v = randn(&[400], dtype, 79);

@@ -21,6 +21,17 @@ fn close(a: &[f64], b: &[f64], tol: f64) {
     }
 }
 
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// `<A x, g> == <x, Aᵀ g>` within `tol`: `ax` is `A x`, `atg` the backward's `Aᵀ g`.
+fn assert_adjoint(ax: &Tensor, g: &Tensor, x: &[f64], atg: &Tensor, tol: f64) {
+    let lhs = dot(&ax.to_vec_f64(), &g.to_vec_f64());
+    let rhs = dot(x, &atg.to_vec_f64());
+    assert!((lhs - rhs).abs() < tol, "{lhs} vs {rhs}");
+}
+
 /// PyTorch's output-size rule, written out.
 fn out_size(i: i64, k: i64, s: i64, p: i64, d: i64, ceil: bool) -> i64 {
     let eff = d * (k - 1) + 1;
@@ -210,14 +221,7 @@ fn avg_pool2d_matches_reference_and_backward_is_adjoint() {
         // <A x, g> == <x, A^T g>.
         let g = randn(out.dims(), 9);
         let at = avg_pool_windows_backward("avg_pool2d", &g, &[6, 5], &geo, div).unwrap();
-        let lhs: f64 = out
-            .to_vec_f64()
-            .iter()
-            .zip(g.to_vec_f64())
-            .map(|(a, b)| a * b)
-            .sum();
-        let rhs: f64 = xv.iter().zip(at.to_vec_f64()).map(|(a, b)| a * b).sum();
-        assert!((lhs - rhs).abs() < 1e-10, "{lhs} vs {rhs}");
+        assert_adjoint(&out, &g, &xv, &at, 1e-10);
     }
 }
 
@@ -312,14 +316,7 @@ fn pad2d_matches_reference_for_every_mode() {
         let g = randn(out.dims(), 5);
         let gi = pad_backward(&g, &[h, w], &pads, mode).unwrap();
         let out0 = pad(&x, &pads, mode, 0.0).unwrap();
-        let lhs: f64 = out0
-            .to_vec_f64()
-            .iter()
-            .zip(g.to_vec_f64())
-            .map(|(a, b)| a * b)
-            .sum();
-        let rhs: f64 = xv.iter().zip(gi.to_vec_f64()).map(|(a, b)| a * b).sum();
-        assert!((lhs - rhs).abs() < 1e-10);
+        assert_adjoint(&out0, &g, &xv, &gi, 1e-10);
     }
     assert!(pad(&x, &[(0, 0), (5, 0)], PadMode::Reflect, 0.0).is_err());
 }
@@ -508,14 +505,7 @@ fn plane_gather_and_scatter_are_adjoint_and_unpool_writes() {
     let g = randn(&[2, 3, 3], 12);
     let s = plane_scatter(&g, &idx, &[4], true).unwrap();
     let v0 = plane_gather(&x, 1, &idx, 0.0).unwrap();
-    let lhs: f64 = v0
-        .to_vec_f64()
-        .iter()
-        .zip(g.to_vec_f64())
-        .map(|(a, b)| a * b)
-        .sum();
-    let rhs: f64 = xv.iter().zip(s.to_vec_f64()).map(|(a, b)| a * b).sum();
-    assert!((lhs - rhs).abs() < 1e-12);
+    assert_adjoint(&v0, &g, &xv, &s, 1e-12);
     let set = plane_scatter(&g, &idx, &[4], false).unwrap().to_vec_f64();
     let gv = g.to_vec_f64();
     assert_eq!(set[(3 + 1) * 4 + 2], gv[(3 + 1) * 3 + 2]); // last write wins

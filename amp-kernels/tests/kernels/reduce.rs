@@ -5,21 +5,22 @@
 use amp_kernels::*;
 use amp_tensor::{DType, Tensor};
 
-const FLOATS: [DType; 4] = [DType::F16, DType::BF16, DType::F32, DType::F64];
+use amp_testing::tensors::Tolerances;
 
 /// Deterministic pseudo-random values in `[-1, 1)`.
 fn values(n: usize, seed: u64) -> Vec<f64> {
-    super::common::uniform(n, seed, 1.0)
+    amp_testing::tensors::uniform(n, seed, 1.0)
 }
 
 /// Relative tolerance of one result rounded to `dtype` (plus accumulation slack).
 fn tol(dtype: DType) -> f64 {
-    match dtype {
-        DType::F16 => 2e-3,
-        DType::BF16 => 1.6e-2,
-        DType::F32 => 2e-5,
-        _ => 1e-11,
+    Tolerances {
+        f16: 2e-3,
+        bf16: 1.6e-2,
+        f32: 2e-5,
+        f64: 1e-11,
     }
+    .of(dtype)
 }
 
 /// Assert `got` has `shape`, `dtype` and values within `rtol` (relative to
@@ -50,7 +51,7 @@ fn check(got: &Tensor, want: &[f64], shape: &[usize], dtype: DType, rtol: f64, w
 
 /// Reference reduction of row-major `x` of `shape` over the `mask`ed dims: each output
 /// sees its reduced elements in row-major order.
-fn reference(
+pub(super) fn reference(
     x: &[f64],
     shape: &[usize],
     mask: &[bool],
@@ -154,7 +155,7 @@ type Kernel = fn(&Tensor, &[i64], bool) -> amp_tensor::Result<Tensor>;
 
 /// Run `kernel` over every dtype, layout, dim set and keepdim against `f`.
 fn sweep(name: &str, kernel: Kernel, f: &dyn Fn(&[f64]) -> f64, rtol_scale: f64) {
-    for dtype in FLOATS {
+    for dtype in DType::FLOATS {
         for (label, x) in layouts(dtype, 7) {
             let xv = x.to_vec_f64();
             for dims in DIM_SETS {
@@ -202,7 +203,7 @@ fn sum_mean_all_layouts() {
 #[test]
 fn prod_all_layouts() {
     // prod over one dim (or all); values are scaled away from 0 to keep products sane
-    for dtype in FLOATS {
+    for dtype in DType::FLOATS {
         for (label, x) in layouts(dtype, 11) {
             let x = amp_kernels::amp_tensor::Tensor::from_vec(
                 x.to_vec_f64()
@@ -301,7 +302,15 @@ fn logsumexp_var_std_all_layouts() {
 
 #[test]
 fn max_min_dim_and_arg() {
-    for dtype in FLOATS {
+    type Pick = fn(&Tensor, i64, bool) -> amp_tensor::Result<(Tensor, Tensor)>;
+    type Arg = fn(&Tensor, Option<i64>, bool) -> amp_tensor::Result<Tensor>;
+    type All = fn(&Tensor) -> amp_tensor::Result<Tensor>;
+    type Fold = fn(f64, f64) -> f64;
+    let cases: [(&str, Pick, Arg, All, f64, Fold); 2] = [
+        ("max", max_dim, argmax, max_all, f64::NEG_INFINITY, f64::max),
+        ("min", min_dim, argmin, min_all, f64::INFINITY, f64::min),
+    ];
+    for dtype in DType::FLOATS {
         for (label, x) in layouts(dtype, 3) {
             let xv = x.to_vec_f64();
             for dim in [0i64, -1, 1] {
@@ -310,112 +319,37 @@ fn max_min_dim_and_arg() {
                 }
                 for keepdim in [false, true] {
                     let mask = mask_of(x.rank(), &[dim]);
-                    let argmax_ref = |v: &[f64]| {
-                        let m = v.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                        v.iter().position(|&x| x == m).unwrap() as f64
-                    };
-                    let argmin_ref = |v: &[f64]| {
-                        let m = v.iter().cloned().fold(f64::INFINITY, f64::min);
-                        v.iter().position(|&x| x == m).unwrap() as f64
-                    };
-                    let max = |v: &[f64]| v.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                    let min = |v: &[f64]| v.iter().cloned().fold(f64::INFINITY, f64::min);
                     let what = format!("{dtype} {label} dim={dim} keepdim={keepdim}");
-                    let (v, i) = max_dim(&x, dim, keepdim).unwrap();
-                    let (wv, shape) = reference(&xv, x.dims(), &mask, keepdim, &max);
-                    let (wi, _) = reference(&xv, x.dims(), &mask, keepdim, &argmax_ref);
-                    check(
-                        &v,
-                        &wv,
-                        &shape,
-                        dtype,
-                        0.0,
-                        &format!("max_dim values {what}"),
-                    );
-                    check(
-                        &i,
-                        &wi,
-                        &shape,
-                        DType::I64,
-                        0.0,
-                        &format!("max_dim indices {what}"),
-                    );
-                    check(
-                        &argmax(&x, Some(dim), keepdim).unwrap(),
-                        &wi,
-                        &shape,
-                        DType::I64,
-                        0.0,
-                        &what,
-                    );
-                    let (v, i) = min_dim(&x, dim, keepdim).unwrap();
-                    let (wv, _) = reference(&xv, x.dims(), &mask, keepdim, &min);
-                    let (wi, _) = reference(&xv, x.dims(), &mask, keepdim, &argmin_ref);
-                    check(
-                        &v,
-                        &wv,
-                        &shape,
-                        dtype,
-                        0.0,
-                        &format!("min_dim values {what}"),
-                    );
-                    check(
-                        &i,
-                        &wi,
-                        &shape,
-                        DType::I64,
-                        0.0,
-                        &format!("min_dim indices {what}"),
-                    );
-                    check(
-                        &argmin(&x, Some(dim), keepdim).unwrap(),
-                        &wi,
-                        &shape,
-                        DType::I64,
-                        0.0,
-                        &what,
-                    );
+                    for (name, pick, arg, _, start, better) in cases {
+                        let best = |v: &[f64]| v.iter().cloned().fold(start, better);
+                        let at_best = |v: &[f64]| {
+                            let m = best(v);
+                            v.iter().position(|&x| x == m).unwrap() as f64
+                        };
+                        let (v, i) = pick(&x, dim, keepdim).unwrap();
+                        let (wv, shape) = reference(&xv, x.dims(), &mask, keepdim, &best);
+                        let (wi, _) = reference(&xv, x.dims(), &mask, keepdim, &at_best);
+                        let values = format!("{name}_dim values {what}");
+                        check(&v, &wv, &shape, dtype, 0.0, &values);
+                        let indices = format!("{name}_dim indices {what}");
+                        check(&i, &wi, &shape, DType::I64, 0.0, &indices);
+                        let a = arg(&x, Some(dim), keepdim).unwrap();
+                        check(&a, &wi, &shape, DType::I64, 0.0, &what);
+                    }
                 }
             }
-            // flattened argmax/argmin index into the logical row-major order
-            let m = xv.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let am = xv.iter().position(|&v| v == m).unwrap() as f64;
-            check(
-                &argmax(&x, None, false).unwrap(),
-                &[am],
-                &[],
-                DType::I64,
-                0.0,
-                label,
-            );
+            // flattened argmax/argmin index into the logical row-major order, and the
+            // value of the whole-tensor reduction
             let ones = vec![1; x.rank()];
-            check(
-                &argmax(&x, None, true).unwrap(),
-                &[am],
-                &ones,
-                DType::I64,
-                0.0,
-                label,
-            );
-            let m = xv.iter().cloned().fold(f64::INFINITY, f64::min);
-            let am = xv.iter().position(|&v| v == m).unwrap() as f64;
-            check(
-                &argmin(&x, None, false).unwrap(),
-                &[am],
-                &[],
-                DType::I64,
-                0.0,
-                label,
-            );
-            check(
-                &max_all(&x).unwrap(),
-                &[xv.iter().cloned().fold(f64::NEG_INFINITY, f64::max)],
-                &[],
-                dtype,
-                0.0,
-                label,
-            );
-            check(&min_all(&x).unwrap(), &[m], &[], dtype, 0.0, label);
+            for (_, _, arg, all, start, better) in cases {
+                let m = xv.iter().cloned().fold(start, better);
+                let am = xv.iter().position(|&v| v == m).unwrap() as f64;
+                let flat = arg(&x, None, false).unwrap();
+                check(&flat, &[am], &[], DType::I64, 0.0, label);
+                let kept = arg(&x, None, true).unwrap();
+                check(&kept, &[am], &ones, DType::I64, 0.0, label);
+                check(&all(&x).unwrap(), &[m], &[], dtype, 0.0, label);
+            }
         }
     }
 }
@@ -441,7 +375,7 @@ fn ties_take_first_index() {
 #[test]
 fn nan_propagation() {
     let nan = f64::NAN;
-    for dtype in FLOATS {
+    for dtype in DType::FLOATS {
         let x = Tensor::from_vec(vec![1.0, nan, 5.0, nan, 2.0, 3.0, -1.0, 0.5, 4.0], [3, 3])
             .unwrap()
             .to_dtype(dtype)
@@ -503,30 +437,14 @@ fn nan_propagation() {
             0.0,
             &what,
         );
-        check(
-            &logsumexp(&x, &[1], false)
-                .unwrap()
-                .narrow(0usize, 0, 2)
-                .unwrap()
-                .contiguous(),
-            &[nan, nan],
-            &[2],
-            dtype,
-            0.0,
-            &what,
-        );
-        check(
-            &var(&x, &[1], 1.0, false)
-                .unwrap()
-                .narrow(0usize, 0, 2)
-                .unwrap()
-                .contiguous(),
-            &[nan, nan],
-            &[2],
-            dtype,
-            0.0,
-            &what,
-        );
+        // the first two rows (the ones holding a NaN) of logsumexp and var
+        for r in [
+            logsumexp(&x, &[1], false).unwrap(),
+            var(&x, &[1], 1.0, false).unwrap(),
+        ] {
+            let rows = r.narrow(0usize, 0, 2).unwrap().contiguous();
+            check(&rows, &[nan, nan], &[2], dtype, 0.0, &what);
+        }
         // long rows (lane kernels) and long columns (column kernels) too
         let mut big = values(5000, 1);
         big[3777] = nan;
@@ -707,7 +625,7 @@ fn dtype_argument_casts_input_first() {
 
 #[test]
 fn scans_all_layouts() {
-    for dtype in FLOATS {
+    for dtype in DType::FLOATS {
         for (label, x) in layouts(dtype, 5) {
             let xv = x.to_vec_f64();
             let shape = x.dims().to_vec();
@@ -765,7 +683,7 @@ fn large_inputs_take_parallel_paths() {
     let n = 1 << 20;
     let v = values(n, 99);
     let want: f64 = v.iter().sum();
-    for dtype in FLOATS {
+    for dtype in DType::FLOATS {
         let x = Tensor::from_vec(v.clone(), [n])
             .unwrap()
             .to_dtype(dtype)

@@ -1,14 +1,14 @@
-//! layer_norm (+ backward checked against central finite differences in f64),
+//! layer_norm (+ backward checked by the workspace's gradient checker in f64),
 //! group_norm and normalize against references written here.
 
 use amp_kernels::*;
 use amp_tensor::{DType, Tensor};
-
-const FLOATS: [DType; 4] = [DType::F16, DType::BF16, DType::F32, DType::F64];
+use amp_testing::gradcheck::numeric_grad;
+use amp_testing::tensors::{assert_close_within, tolerance as tol};
 
 /// Deterministic pseudo-random values in `[-2, 2)`.
 fn values(n: usize, seed: u64) -> Vec<f64> {
-    super::common::uniform(n, seed, 2.0)
+    amp_testing::tensors::uniform(n, seed, 2.0)
 }
 
 fn t(v: &[f64], shape: &[usize], dtype: DType) -> Tensor {
@@ -18,26 +18,10 @@ fn t(v: &[f64], shape: &[usize], dtype: DType) -> Tensor {
         .unwrap()
 }
 
-fn tol(dtype: DType) -> f64 {
-    match dtype {
-        DType::F16 => 4e-3,
-        DType::BF16 => 3e-2,
-        DType::F32 => 1e-5,
-        _ => 1e-12,
-    }
-}
-
 fn check(got: &Tensor, want: &[f64], shape: &[usize], dtype: DType, rtol: f64, what: &str) {
     assert_eq!(got.dims(), shape, "{what}: shape");
     assert_eq!(got.dtype(), dtype, "{what}: dtype");
-    for (i, (a, b)) in got.to_vec_f64().into_iter().zip(want).enumerate() {
-        let ok = if b.is_nan() {
-            a.is_nan()
-        } else {
-            (a - b).abs() <= rtol * b.abs().max(1.0)
-        };
-        assert!(ok, "{what}: element {i}: got {a}, want {b}");
-    }
+    assert_close_within(&got.to_vec_f64(), want, rtol, what);
 }
 
 /// Reference layer norm over rows of `n`: (out, mean, rstd).
@@ -64,7 +48,7 @@ fn ref_ln(
 
 #[test]
 fn layer_norm_forward() {
-    for dtype in FLOATS {
+    for dtype in DType::FLOATS {
         for (ns, affine) in [(vec![8usize], true), (vec![3, 8], true), (vec![8], false)] {
             let base = t(&values(2 * 8 * 3, 1), &[2, 8, 3], dtype);
             let x = base.transpose(1usize, 2usize).unwrap(); // [2, 3, 8], strided
@@ -188,21 +172,13 @@ fn layer_norm_backward_matches_finite_differences() {
         )
         .unwrap();
         let h = 1e-6;
-        let fd = |which: usize, k: usize| {
-            let bump = |d: f64| {
-                let (mut x, mut w, mut b) = (x.clone(), w.clone(), b.clone());
-                match which {
-                    0 => x[k] += d,
-                    1 => w[k] += d,
-                    _ => b[k] += d,
-                }
-                loss(&x, &w, &b, &r, &shape, &ns)
-            };
-            (bump(h) - bump(-h)) / (2.0 * h)
+        let xwb = [x.clone(), w, b];
+        let fd = |which: usize| {
+            numeric_grad(&xwb, which, h, |v| {
+                loss(&v[0], &v[1], &v[2], &r, &shape, &ns)
+            })
         };
-        let want_gi: Vec<f64> = (0..numel).map(|k| fd(0, k)).collect();
-        let want_gw: Vec<f64> = (0..n).map(|k| fd(1, k)).collect();
-        let want_gb: Vec<f64> = (0..n).map(|k| fd(2, k)).collect();
+        let (want_gi, want_gw, want_gb) = (fd(0), fd(1), fd(2));
         check(&gi, &want_gi, &shape, DType::F64, 1e-6, "grad_input");
         check(
             gw.as_ref().unwrap(),
@@ -224,18 +200,9 @@ fn layer_norm_backward_matches_finite_differences() {
         let (gi, gw, gb) =
             layer_norm_backward(&t(&r, &shape, DType::F64), &xt, &ns, &mean, &rstd, None).unwrap();
         assert!(gw.is_none() && gb.is_some());
-        let ones = vec![1.0; n];
-        let zeros = vec![0.0; n];
-        let want: Vec<f64> = (0..numel)
-            .map(|k| {
-                let bump = |d: f64| {
-                    let mut x = x.clone();
-                    x[k] += d;
-                    loss(&x, &ones, &zeros, &r, &shape, &ns)
-                };
-                (bump(h) - bump(-h)) / (2.0 * h)
-            })
-            .collect();
+        let want = numeric_grad(&[x, vec![1.0; n], vec![0.0; n]], 0, h, |v| {
+            loss(&v[0], &v[1], &v[2], &r, &shape, &ns)
+        });
         check(
             &gi,
             &want,
@@ -299,7 +266,7 @@ fn layer_norm_backward_low_precision() {
 
 #[test]
 fn group_norm_forward() {
-    for dtype in FLOATS {
+    for dtype in DType::FLOATS {
         let (nb, c, hw, g) = (2usize, 6usize, 5usize, 3usize);
         let x = t(&values(nb * c * hw, 31), &[nb, c, hw], dtype);
         let xv = x.to_vec_f64();
@@ -366,7 +333,7 @@ fn group_norm_forward() {
 
 #[test]
 fn normalize_lines() {
-    for dtype in FLOATS {
+    for dtype in DType::FLOATS {
         let base = t(&values(4 * 7, 41), &[7, 4], dtype);
         let x = base.t().unwrap(); // [4, 7] strided
         let xv = x.to_vec_f64();

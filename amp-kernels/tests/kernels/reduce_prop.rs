@@ -7,9 +7,10 @@ use proptest::prelude::*;
 
 /// Deterministic pseudo-random values in `[-1, 1)`.
 fn values(n: usize, seed: u64) -> Vec<f64> {
-    super::common::uniform(n, seed, 1.0)
+    amp_testing::tensors::uniform(n, seed, 1.0)
 }
 
+/// `sum` (or with `avg` `mean`) over the `mask`ed dims: the reduction module's reference.
 fn reference(
     x: &[f64],
     shape: &[usize],
@@ -17,40 +18,14 @@ fn reference(
     keepdim: bool,
     avg: bool,
 ) -> (Vec<f64>, Vec<usize>) {
-    let full: Vec<usize> = shape
-        .iter()
-        .zip(mask)
-        .map(|(&d, &m)| if m { 1 } else { d })
-        .collect();
-    let mut acc = vec![(0.0, 0usize); full.iter().product()];
-    for (flat, &v) in x.iter().enumerate() {
-        let (mut rem, mut o, mut mult) = (flat, 0, 1);
-        for a in (0..shape.len()).rev() {
-            let i = rem % shape[a];
-            rem /= shape[a];
-            if !mask[a] {
-                o += i * mult;
-                mult *= shape[a];
-            }
+    super::reduce::reference(x, shape, mask, keepdim, &|g| {
+        let s = g.iter().fold(0.0, |a, v| a + v);
+        if avg {
+            s / g.len() as f64
+        } else {
+            s
         }
-        acc[o].0 += v;
-        acc[o].1 += 1;
-    }
-    let out = acc
-        .iter()
-        .map(|&(s, n)| if avg { s / n as f64 } else { s })
-        .collect();
-    let shape = if keepdim {
-        full
-    } else {
-        shape
-            .iter()
-            .zip(mask)
-            .filter(|(_, &m)| !m)
-            .map(|(&d, _)| d)
-            .collect()
-    };
-    (out, shape)
+    })
 }
 
 #[derive(Debug, Clone)]

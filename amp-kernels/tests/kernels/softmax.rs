@@ -5,20 +5,21 @@
 use amp_kernels::*;
 use amp_tensor::{DType, Tensor};
 
-const FLOATS: [DType; 4] = [DType::F16, DType::BF16, DType::F32, DType::F64];
+use amp_testing::tensors::Tolerances;
 
 /// Deterministic pseudo-random values in `[-4, 4)`.
 fn values(n: usize, seed: u64) -> Vec<f64> {
-    super::common::uniform(n, seed, 4.0)
+    amp_testing::tensors::uniform(n, seed, 4.0)
 }
 
 fn tol(dtype: DType) -> f64 {
-    match dtype {
-        DType::F16 => 2e-3,
-        DType::BF16 => 1.6e-2,
-        DType::F32 => 1e-6,
-        _ => 1e-13,
+    Tolerances {
+        f16: 2e-3,
+        bf16: 1.6e-2,
+        f32: 1e-6,
+        f64: 1e-13,
     }
+    .of(dtype)
 }
 
 /// Assert shape, dtype and values (NaN and infinities exactly, else within `atol +
@@ -101,7 +102,7 @@ fn inputs(dtype: DType) -> Vec<(&'static str, Tensor)> {
 
 #[test]
 fn softmax_and_log_softmax_match_reference() {
-    for dtype in FLOATS {
+    for dtype in DType::FLOATS {
         for (label, x) in inputs(dtype) {
             let xv = x.to_vec_f64();
             for dim in -(x.rank() as i64)..x.rank() as i64 {
@@ -173,7 +174,7 @@ fn dtype_argument_casts_first() {
 #[test]
 fn masking_stability_and_specials() {
     let ninf = f64::NEG_INFINITY;
-    for dtype in FLOATS {
+    for dtype in DType::FLOATS {
         let x = Tensor::from_vec(
             vec![0.5, ninf, 2.0, ninf, ninf, ninf, 1e4, 1e4 - 1.0, ninf],
             [3, 3],
@@ -245,7 +246,7 @@ fn masking_stability_and_specials() {
 
 #[test]
 fn backward_helpers_match_formulas() {
-    for dtype in FLOATS {
+    for dtype in DType::FLOATS {
         for (label, x) in inputs(dtype) {
             let g = Tensor::from_vec(values(x.elem_count(), 77), x.dims().to_vec())
                 .unwrap()

@@ -72,6 +72,34 @@ fn assert_params_eq(a: &Sequential, b: &Sequential, tol: f64) {
     }
 }
 
+/// The scaled model's half of iteration `i`: zeroed grads, the scaled `loss`'s backward,
+/// and an inf in the grads at `INF_AT`.
+fn scaled_backward(
+    i: usize,
+    s: &mut GradScaler,
+    m: &Sequential,
+    opt: &mut Sgd,
+    loss: impl FnOnce(&mut GradScaler) -> Tensor,
+) {
+    opt.zero_grad();
+    let l = loss(s);
+    s.scale(&l).unwrap().backward().unwrap();
+    if i == INF_AT {
+        inject_inf(m);
+    }
+}
+
+/// The control's iteration `i`: zeroed grads, `loss`'s backward, `before_step`, and the
+/// step skipped where the scaled one is (`INF_AT`).
+fn control_step(i: usize, copt: &mut Sgd, loss: Tensor, before_step: impl FnOnce()) {
+    copt.zero_grad();
+    loss.backward().unwrap();
+    before_step();
+    if i != INF_AT {
+        copt.step().unwrap();
+    }
+}
+
 fn expected_scale(skipped: usize) -> f64 {
     128.0 * 2f64.powi((ITERS - skipped) as i32) * 0.5f64.powi(skipped as i32)
 }
@@ -82,19 +110,11 @@ fn typical_use() {
     let (mut opt, mut copt) = (sgd(&m), sgd(&c));
     let mut s = scaler();
     for (i, (x, y)) in data(ITERS).iter().enumerate() {
-        opt.zero_grad();
-        s.scale(&loss_of(&m, x, y)).unwrap().backward().unwrap();
-        if i == INF_AT {
-            inject_inf(&m);
-        }
+        scaled_backward(i, &mut s, &m, &mut opt, |_| loss_of(&m, x, y));
         let out = s.step(&mut opt).unwrap();
         assert_eq!(out.is_skipped(), i == INF_AT);
         s.update().unwrap();
-        copt.zero_grad();
-        loss_of(&c, x, y).backward().unwrap();
-        if i != INF_AT {
-            copt.step().unwrap();
-        }
+        control_step(i, &mut copt, loss_of(&c, x, y), || ());
     }
     assert_eq!(s.get_scale(), expected_scale(1));
     assert_params_eq(&m, &c, 0.0);
@@ -108,21 +128,14 @@ fn clipping_after_unscale() {
     let (mut opt, mut copt) = (sgd(&m), sgd(&c));
     let mut s = scaler();
     for (i, (x, y)) in data(ITERS).iter().enumerate() {
-        opt.zero_grad();
-        s.scale(&loss_of(&m, x, y)).unwrap().backward().unwrap();
-        if i == INF_AT {
-            inject_inf(&m);
-        }
+        scaled_backward(i, &mut s, &m, &mut opt, |_| loss_of(&m, x, y));
         s.unscale_(&mut opt);
         clip_grad_norm_(&m.parameters(), 0.1, Default::default()).unwrap();
         s.step(&mut opt).unwrap();
         s.update().unwrap();
-        copt.zero_grad();
-        loss_of(&c, x, y).backward().unwrap();
-        clip_grad_norm_(&c.parameters(), 0.1, Default::default()).unwrap();
-        if i != INF_AT {
-            copt.step().unwrap();
-        }
+        control_step(i, &mut copt, loss_of(&c, x, y), || {
+            clip_grad_norm_(&c.parameters(), 0.1, Default::default()).unwrap();
+        });
     }
     assert_eq!(s.get_scale(), expected_scale(1));
     assert_params_eq(&m, &c, 1e-6);
@@ -134,20 +147,13 @@ fn clipping_scaled_gradients() {
     let (mut opt, mut copt) = (sgd(&m), sgd(&c));
     let mut s = scaler();
     for (i, (x, y)) in data(ITERS).iter().enumerate() {
-        opt.zero_grad();
-        s.scale(&loss_of(&m, x, y)).unwrap().backward().unwrap();
-        if i == INF_AT {
-            inject_inf(&m);
-        }
+        scaled_backward(i, &mut s, &m, &mut opt, |_| loss_of(&m, x, y));
         clip_grad_norm_(&m.parameters(), 0.1 * s.get_scale(), Default::default()).unwrap();
         s.step(&mut opt).unwrap();
         s.update().unwrap();
-        copt.zero_grad();
-        loss_of(&c, x, y).backward().unwrap();
-        clip_grad_norm_(&c.parameters(), 0.1, Default::default()).unwrap();
-        if i != INF_AT {
-            copt.step().unwrap();
-        }
+        control_step(i, &mut copt, loss_of(&c, x, y), || {
+            clip_grad_norm_(&c.parameters(), 0.1, Default::default()).unwrap();
+        });
     }
     assert_eq!(s.get_scale(), expected_scale(1));
     assert_params_eq(&m, &c, 1e-5);
@@ -216,19 +222,10 @@ fn gradient_penalty() {
             ops::add(&loss, &ops::sqrt(&norm).unwrap()).unwrap()
         };
     for (i, (x, y)) in data(ITERS).iter().enumerate() {
-        opt.zero_grad();
-        let l = penalty_loss(&m, x, y, Some(&mut s));
-        s.scale(&l).unwrap().backward().unwrap();
-        if i == INF_AT {
-            inject_inf(&m);
-        }
+        scaled_backward(i, &mut s, &m, &mut opt, |s| penalty_loss(&m, x, y, Some(s)));
         s.step(&mut opt).unwrap();
         s.update().unwrap();
-        copt.zero_grad();
-        penalty_loss(&c, x, y, None).backward().unwrap();
-        if i != INF_AT {
-            copt.step().unwrap();
-        }
+        control_step(i, &mut copt, penalty_loss(&c, x, y, None), || ());
     }
     assert_eq!(s.get_scale(), expected_scale(1));
     assert_params_eq(&m, &c, 1e-5);
@@ -362,12 +359,9 @@ fn autocast_training_keeps_float32_params_and_skips_cleanly() {
     let (mut opt, mut copt) = (sgd(&m), sgd(&c));
     let mut s = scaler();
     for (i, (x, y)) in data(ITERS).iter().enumerate() {
-        opt.zero_grad();
-        let l = autocast(DeviceType::Cpu, DType::BF16, || loss_of(&m, x, y)).unwrap();
-        s.scale(&l).unwrap().backward().unwrap();
-        if i == INF_AT {
-            inject_inf(&m);
-        }
+        scaled_backward(i, &mut s, &m, &mut opt, |_| {
+            autocast(DeviceType::Cpu, DType::BF16, || loss_of(&m, x, y)).unwrap()
+        });
         let before: Vec<Vec<f64>> = m.parameters().iter().map(|p| p.to_vec_f64()).collect();
         let out = s.step(&mut opt).unwrap();
         if out.is_skipped() {
@@ -375,12 +369,8 @@ fn autocast_training_keeps_float32_params_and_skips_cleanly() {
             assert_eq!(before, after, "a skipped step leaves parameters untouched");
         }
         s.update().unwrap();
-        copt.zero_grad();
         let lc = autocast(DeviceType::Cpu, DType::BF16, || loss_of(&c, x, y)).unwrap();
-        lc.backward().unwrap();
-        if i != INF_AT {
-            copt.step().unwrap();
-        }
+        control_step(i, &mut copt, lc, || ());
     }
     assert!(m.parameters().iter().all(|p| p.dtype() == DType::F32));
     assert_eq!(s.get_scale(), expected_scale(1));

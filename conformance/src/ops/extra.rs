@@ -652,34 +652,8 @@ pub(super) fn register(t: &mut OpTable<BuiltinTensor>) {
 #[cfg(test)]
 mod tests {
     use super::super::table;
+    use super::super::test_util::*;
     use super::*;
-    use crate::args::Kwargs;
-
-    fn t(v: &[f64], shape: &[usize]) -> A {
-        Arg::Tensor(Tensor::from_vec(v.to_vec(), shape.to_vec()).unwrap())
-    }
-
-    fn kw(entries: Vec<(&str, A)>) -> K {
-        Kwargs::new(
-            entries
-                .into_iter()
-                .map(|(k, v)| (k.to_owned(), v))
-                .collect(),
-        )
-    }
-
-    fn run(call: &str, op: &str, args: &[A], kwargs: &K) -> R {
-        table()
-            .call(op, call, args, kwargs)
-            .expect("the call has an entry")
-    }
-
-    fn values(r: R) -> Vec<f64> {
-        match r.unwrap() {
-            Output::Tensor(t) => t.to_vec_f64(),
-            Output::Tensors(ts) => ts.iter().flat_map(|t| t.to_vec_f64()).collect(),
-        }
-    }
 
     #[test]
     fn every_area_op_and_aten_name_is_served() {
@@ -718,7 +692,7 @@ mod tests {
         .unwrap_err();
         assert_eq!(e, "`reduce=false` is not supported");
         // batchmean of a 1-D input divides by its first size.
-        let y = values(run(
+        let y = flat_values(run(
             "torch.nn.functional.kl_div",
             "kl_div",
             &[x.clone(), p.clone()],
@@ -736,7 +710,7 @@ mod tests {
         assert!(e.contains("avg is not a valid value for reduction"), "{e}");
         // margin is the third positional parameter of hinge_embedding_loss.
         let s = t(&[1.0, -1.0], &[2]);
-        let y = values(run(
+        let y = flat_values(run(
             "torch.nn.functional.hinge_embedding_loss",
             "hinge_embedding_loss",
             &[x.clone(), s, Arg::Float(0.5)],
@@ -782,13 +756,13 @@ mod tests {
             Arg::List(vec![Arg::Int(1)]),
             Arg::List(vec![Arg::Int(0)]),
         ]);
-        let y1 = values(run(
+        let y1 = flat_values(run(
             "torch.tensordot",
             "tensordot",
             &[a.clone(), b.clone()],
             &kw(vec![("dims", Arg::Int(1))]),
         ));
-        let y2 = values(run(
+        let y2 = flat_values(run(
             "torch.tensordot",
             "tensordot",
             &[a.clone(), b.clone()],

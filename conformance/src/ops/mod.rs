@@ -982,34 +982,12 @@ pub const CALLS_WITHOUT_VECTORS: &[(&str, &str)] = &[
 ];
 
 #[cfg(test)]
+mod test_util;
+
+#[cfg(test)]
 mod tests {
+    use super::test_util::*;
     use super::*;
-
-    fn t(v: &[f64], shape: &[usize]) -> A {
-        Arg::Tensor(Tensor::from_vec(v.to_vec(), shape.to_vec()).unwrap())
-    }
-
-    fn kw(entries: Vec<(&str, A)>) -> K {
-        Kwargs::new(
-            entries
-                .into_iter()
-                .map(|(k, v)| (k.to_owned(), v))
-                .collect(),
-        )
-    }
-
-    fn run(call: &str, op: &str, args: &[A], kwargs: &K) -> R {
-        table()
-            .call(op, call, args, kwargs)
-            .expect("the call has an entry")
-    }
-
-    fn values(r: R) -> Vec<f64> {
-        match r.unwrap() {
-            Output::Tensor(t) => t.to_vec_f64(),
-            Output::Tensors(_) => panic!("one tensor expected"),
-        }
-    }
 
     #[test]
     fn binding_follows_python() {

@@ -283,34 +283,16 @@ pub(super) fn register(t: &mut OpTable<BuiltinTensor>) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::table;
+    use super::super::test_util::*;
     use super::*;
-    use crate::args::Kwargs;
-
-    fn t(v: Vec<f64>, shape: &[usize]) -> A {
-        Arg::Tensor(Tensor::from_vec(v, shape.to_vec()).unwrap())
-    }
-
-    fn kw(entries: Vec<(&str, A)>) -> K {
-        Kwargs::new(
-            entries
-                .into_iter()
-                .map(|(k, v)| (k.to_owned(), v))
-                .collect(),
-        )
-    }
-
-    fn run(op: &str, call: &str, args: &[A], kwargs: &K) -> R {
-        table().call(op, call, args, kwargs).expect("an entry")
-    }
 
     #[test]
     fn ops_without_vectors_run_through_their_calls() {
-        let x = t((0..16).map(f64::from).collect(), &[1, 1, 4, 4]);
+        let x = t(&(0..16).map(f64::from).collect::<Vec<_>>(), &[1, 1, 4, 4]);
         // max_pool2d with indices, then max_unpool2d puts the maxima back.
         let out = run(
-            "max_pool2d",
             "torch.nn.functional.max_pool2d",
+            "max_pool2d",
             &[x.clone(), Arg::Int(2)],
             &kw(vec![("return_indices", Arg::Bool(true))]),
         )
@@ -319,8 +301,8 @@ mod tests {
         assert_eq!(out[0].to_vec_f64(), [5.0, 7.0, 13.0, 15.0]);
         assert_eq!(out[1].to_vec::<i64>().unwrap(), [5, 7, 13, 15]);
         let un = run(
-            "max_unpool2d",
             "torch.nn.functional.max_unpool2d",
+            "max_unpool2d",
             &[
                 Arg::Tensor(out[0].clone()),
                 Arg::Tensor(out[1].clone()),
@@ -336,10 +318,10 @@ mod tests {
         }
         assert_eq!(un[0].to_vec_f64(), want);
         // fractional_max_pool2d with explicit samples: deterministic windows.
-        let samples = t(vec![0.5, 0.5], &[1, 1, 2]);
+        let samples = t(&[0.5, 0.5], &[1, 1, 2]);
         let fr = run(
-            "fractional_max_pool2d",
             "torch.nn.functional.fractional_max_pool2d",
+            "fractional_max_pool2d",
             &[x.clone(), Arg::Int(2)],
             &kw(vec![
                 ("output_size", Arg::Int(2)),
@@ -352,18 +334,18 @@ mod tests {
         // alpha = 2, starts int((i + .5) * 2) - 1 = 0 and the last 2 → windows at 0 and 2.
         assert_eq!(fr[0].to_vec_f64(), [5.0, 7.0, 13.0, 15.0]);
         let fr3 = run(
-            "fractional_max_pool3d",
             "torch.nn.functional.fractional_max_pool3d",
-            &[t(vec![1.0; 27], &[1, 1, 3, 3, 3]), Arg::Int(2)],
+            "fractional_max_pool3d",
+            &[t(&[1.0; 27], &[1, 1, 3, 3, 3]), Arg::Int(2)],
             &kw(vec![("output_ratio", Arg::Float(0.5))]),
         )
         .unwrap()
         .into_tensors();
         assert_eq!(fr3[0].dims(), &[1, 1, 1, 1, 1]);
         let am = run(
-            "adaptive_max_pool3d",
             "torch.nn.functional.adaptive_max_pool3d",
-            &[t((0..8).map(f64::from).collect(), &[1, 2, 2, 2])],
+            "adaptive_max_pool3d",
+            &[t(&(0..8).map(f64::from).collect::<Vec<_>>(), &[1, 2, 2, 2])],
             &kw(vec![(
                 "output_size",
                 Arg::List(vec![Arg::Int(1), Arg::None, Arg::Int(1)]),
@@ -374,17 +356,17 @@ mod tests {
         assert_eq!(am[0].to_vec_f64(), [5.0, 7.0]);
         // grid_sample: the identity grid with align_corners reproduces the input.
         let grid = t(
-            vec![
+            &[
                 -1.0, -1.0, 1.0, -1.0, //
                 -1.0, 1.0, 1.0, 1.0,
             ],
             &[1, 2, 2, 2],
         );
-        let img = t(vec![1.0, 2.0, 3.0, 4.0], &[1, 1, 2, 2]);
+        let img = t(&[1.0, 2.0, 3.0, 4.0], &[1, 1, 2, 2]);
         for mode in ["bilinear", "nearest"] {
             let g = run(
-                "grid_sampler_2d",
                 "torch.nn.functional.grid_sample",
+                "grid_sampler_2d",
                 &[img.clone(), grid.clone()],
                 &kw(vec![
                     ("mode", Arg::Str(mode.into())),
@@ -397,8 +379,8 @@ mod tests {
             assert_eq!(g[0].to_vec_f64(), [1.0, 2.0, 3.0, 4.0]);
         }
         let e = run(
-            "grid_sample",
             "torch.nn.functional.grid_sample",
+            "grid_sample",
             &[img.clone(), grid],
             &kw(vec![("mode", Arg::Str("bicubic".into()))]),
         )
@@ -406,8 +388,8 @@ mod tests {
         assert!(e.contains("bicubic"), "{e}");
         // Constant pad with a value.
         let p = run(
-            "constant_pad_nd",
             "torch.nn.functional.pad",
+            "constant_pad_nd",
             &[img, Arg::List(vec![Arg::Int(1), Arg::Int(0)])],
             &kw(vec![("value", Arg::Float(9.0))]),
         )
