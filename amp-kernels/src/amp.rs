@@ -312,40 +312,38 @@ macro_rules! dispatch_avx2 {
     };
 }
 
-#[inline(always)]
-fn f32_body(s: &mut [f32], inv: f32) -> bool {
-    let mut bad = 0u32;
-    if inv == 1.0 {
-        for v in s.iter() {
-            bad |= ((v.to_bits() & 0x7FFF_FFFF) >= 0x7F80_0000) as u32;
+/// The unscale loop of one float type `$t` (bits `$bits`): OR together "exponent all
+/// ones" over the buffer (integer compares, which vectorise, where `is_finite` would not)
+/// and, unless `inv` is 1, multiply each value by `inv` in `$t`.
+macro_rules! unscale_body {
+    ($name:ident, $t:ty, $bits:ty, $abs:expr, $inf:expr) => {
+        #[inline(always)]
+        fn $name(s: &mut [$t], inv: f32) -> bool {
+            let mut bad: $bits = 0;
+            let inv = inv as $t;
+            if inv == 1.0 {
+                for v in s.iter() {
+                    bad |= ((v.to_bits() & $abs) >= $inf) as $bits;
+                }
+            } else {
+                for v in s.iter_mut() {
+                    let x = *v;
+                    bad |= ((x.to_bits() & $abs) >= $inf) as $bits;
+                    *v = x * inv;
+                }
+            }
+            bad != 0
         }
-    } else {
-        for v in s.iter_mut() {
-            let x = *v;
-            bad |= ((x.to_bits() & 0x7FFF_FFFF) >= 0x7F80_0000) as u32;
-            *v = x * inv;
-        }
-    }
-    bad != 0
+    };
 }
-
-#[inline(always)]
-fn f64_body(s: &mut [f64], inv: f32) -> bool {
-    let mut bad = 0u64;
-    let inv = inv as f64;
-    if inv == 1.0 {
-        for v in s.iter() {
-            bad |= ((v.to_bits() & 0x7FFF_FFFF_FFFF_FFFF) >= 0x7FF0_0000_0000_0000) as u64;
-        }
-    } else {
-        for v in s.iter_mut() {
-            let x = *v;
-            bad |= ((x.to_bits() & 0x7FFF_FFFF_FFFF_FFFF) >= 0x7FF0_0000_0000_0000) as u64;
-            *v = x * inv;
-        }
-    }
-    bad != 0
-}
+unscale_body!(f32_body, f32, u32, 0x7FFF_FFFF, 0x7F80_0000);
+unscale_body!(
+    f64_body,
+    f64,
+    u64,
+    0x7FFF_FFFF_FFFF_FFFF,
+    0x7FF0_0000_0000_0000
+);
 
 /// Non-finite test on 16-bit patterns: exponent all ones (`inf_bits` is the
 /// positive-infinity pattern).

@@ -34,6 +34,7 @@ use crate::reduce::{as_same, as_same_mut, for_row_blocks};
 use crate::half16::lanes::narrow_bf16_16;
 #[cfg(doc)]
 use crate::vmath;
+use crate::vmath::EXP_POLY;
 
 /// Whether the CPU has the features the kernels are compiled with.
 pub(crate) fn available() -> bool {
@@ -223,15 +224,9 @@ unsafe fn exp(x: __m512) -> __m512 {
         let t = add(mul(xc, s(std::f32::consts::LOG2_E)), s(MAGIC));
         let n = sub(t, s(MAGIC));
         let r = sub(sub(xc, mul(n, s(0.693_359_4))), mul(n, s(-2.121_944_4e-4)));
-        let mut p = s(1.987_569_1e-4);
-        for c in [
-            1.398_199_9e-3,
-            8.333_452e-3,
-            4.166_579_6e-2,
-            1.666_666_5e-1,
-            0.5,
-        ] {
-            p = add(mul(p, r), s(c));
+        let mut p = s(EXP_POLY[0]);
+        for c in &EXP_POLY[1..] {
+            p = add(mul(p, r), s(*c));
         }
         let y = add(add(mul(p, mul(r, r)), r), s(1.0));
         exp_range(x, mul(y, pow2(t)), EXP_LO, EXP_HI)
@@ -253,15 +248,9 @@ unsafe fn exp_fma(x: __m512) -> __m512 {
         let n = _mm512_sub_ps(t, s(MAGIC));
         let r = fma(n, s(-0.693_359_4), xc);
         let r = fma(n, s(2.121_944_4e-4), r);
-        let mut p = s(1.987_569_1e-4);
-        for c in [
-            1.398_199_9e-3,
-            8.333_452e-3,
-            4.166_579_6e-2,
-            1.666_666_5e-1,
-            0.5,
-        ] {
-            p = fma(p, r, s(c));
+        let mut p = s(EXP_POLY[0]);
+        for c in &EXP_POLY[1..] {
+            p = fma(p, r, s(*c));
         }
         let y = _mm512_add_ps(fma(p, _mm512_mul_ps(r, r), r), s(1.0));
         exp_range(x, _mm512_mul_ps(y, pow2(t)), EXP_LO, EXP_HI)

@@ -6,7 +6,7 @@
 //! about 1 ulp; AVX2 when the CPU has it). Rows run in parallel when large; lines along
 //! other dims are transposed in small tiles (see `map_lines`).
 
-use amp_tensor::{promote_types, DType, Error, Result, Tensor};
+use amp_tensor::{promote_types, DType, Element, Error, Result, Tensor};
 
 use crate::compute::{with_slice, Real};
 use crate::reduce::{
@@ -236,25 +236,34 @@ fn unary_lines(
     let xc = x.try_contiguous()?;
     float_kernel!(x.dtype(), op, |T, C| {
         let out = with_slice::<T, _>(&xc, |s| {
-            #[cfg(target_arch = "x86_64")]
-            if geom.2 == 1 && geom.1 <= ROWS512_MAX {
-                let k = if log {
-                    RowOp::LogSoftmax
-                } else {
-                    RowOp::Softmax
-                };
-                if let Some(out) = rows512::line_rows::<T>(k, &[s], geom.0, geom.1) {
-                    return out;
-                }
-            }
             if log {
-                map_lines::<T, C>(&[s], geom, log_softmax_line::<C>)
+                lines::<T, C>(RowOp::LogSoftmax, &[s], geom, log_softmax_line::<C>)
             } else {
-                map_lines::<T, C>(&[s], geom, softmax_line::<C>)
+                lines::<T, C>(RowOp::Softmax, &[s], geom, softmax_line::<C>)
             }
         })??;
         Tensor::from_vec(out, x.dims().to_vec())
     })
+}
+
+/// The lines of `ins` (`geom`: outer, length, inner) through the AVX-512 row kernel `k`
+/// where it applies (contiguous rows of at most `ROWS512_MAX`, a CPU that has it), else
+/// through the portable `line` kernel: both give the same bits.
+fn lines<T: Element, C: Real>(
+    k: RowOp,
+    ins: &[&[T]],
+    geom: (usize, usize, usize),
+    line: impl Fn(&[&[C]], &mut [C]) + Sync + Send,
+) -> Result<Vec<T>> {
+    #[cfg(target_arch = "x86_64")]
+    if geom.2 == 1 && geom.1 <= ROWS512_MAX {
+        if let Some(out) = rows512::line_rows::<T>(k, ins, geom.0, geom.1) {
+            return out;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = k;
+    map_lines::<T, C>(ins, geom, line)
 }
 
 /// Run a (grad, output) line op; both are promoted to their common floating dtype.
@@ -278,21 +287,17 @@ fn backward_lines(
     float_kernel!(dtype, op, |T, C| {
         let res = with_slice::<T, _>(&g, |gs| {
             with_slice::<T, _>(&y, |ys| {
-                #[cfg(target_arch = "x86_64")]
-                if geom.2 == 1 && geom.1 <= ROWS512_MAX {
-                    let k = if log {
-                        RowOp::LogSoftmaxBackward
-                    } else {
-                        RowOp::SoftmaxBackward
-                    };
-                    if let Some(out) = rows512::line_rows::<T>(k, &[gs, ys], geom.0, geom.1) {
-                        return out;
-                    }
-                }
+                let ins = [gs, ys];
                 if log {
-                    map_lines::<T, C>(&[gs, ys], geom, log_softmax_backward_line::<C>)
+                    let line = log_softmax_backward_line::<C>;
+                    lines::<T, C>(RowOp::LogSoftmaxBackward, &ins, geom, line)
                 } else {
-                    map_lines::<T, C>(&[gs, ys], geom, softmax_backward_line::<C>)
+                    lines::<T, C>(
+                        RowOp::SoftmaxBackward,
+                        &ins,
+                        geom,
+                        softmax_backward_line::<C>,
+                    )
                 }
             })
         })???;

@@ -27,10 +27,8 @@ pub(crate) fn exp(x: f32) -> f32 {
     let t = xc * std::f32::consts::LOG2_E + MAGIC;
     let n = t - MAGIC;
     let r = xc - n * 0.693_359_4 - n * -2.121_944_4e-4;
-    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
-        + 1.666_666_5e-1)
-        * r
-        + 0.5;
+    // Horner without fused multiply-adds.
+    let p = EXP_POLY[1..].iter().fold(EXP_POLY[0], |p, &c| p * r + c);
     let y = p * (r * r) + r + 1.0;
     // The low mantissa bits of `t` hold n; (n + 127) << 23 is 2^n.
     let pow2 = f32::from_bits(t.to_bits().wrapping_sub(0x4B40_0000 - 127) << 23);
@@ -50,6 +48,17 @@ fn horner<const N: usize>(x: f32, c: [f32; N]) -> f32 {
     c[1..].iter().fold(c[0], |p, &k| p.mul_add(x, k))
 }
 
+/// Cephes' `expf` polynomial in the reduced argument `r` (highest coefficient first):
+/// `exp(r) ≈ 1 + r + r²·p(r)`. The vector kernels (`rows512`) evaluate the same one.
+pub(crate) const EXP_POLY: [f32; 6] = [
+    1.987_569_1e-4,
+    1.398_199_9e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    1.666_666_5e-1,
+    0.5,
+];
+
 /// `exp(x)` for finite `x` in `[-87, 88]` (no range checks), with fused multiply-adds:
 /// Cephes' `expf` polynomial, about 1 ulp. Only for callers compiled with FMA.
 #[inline(always)]
@@ -59,17 +68,7 @@ fn exp_fma(x: f32) -> f32 {
     let n = t - MAGIC;
     let r = n.mul_add(-0.693_359_4, x);
     let r = n.mul_add(2.121_944_4e-4, r);
-    let p = horner(
-        r,
-        [
-            1.987_569_1e-4,
-            1.398_199_9e-3,
-            8.333_452e-3,
-            4.166_579_6e-2,
-            1.666_666_5e-1,
-            0.5,
-        ],
-    );
+    let p = horner(r, EXP_POLY);
     let y = p.mul_add(r * r, r) + 1.0;
     // The low mantissa bits of `t` hold n; (n + 127) << 23 is 2^n.
     y * f32::from_bits(t.to_bits().wrapping_sub(0x4B40_0000 - 127) << 23)
