@@ -381,22 +381,10 @@ fn nan_propagation() {
             .to_dtype(dtype)
             .unwrap();
         let what = format!("{dtype}");
-        check(
-            &amax(&x, &[1], false).unwrap(),
-            &[nan, nan, 4.0],
-            &[3],
-            dtype,
-            0.0,
-            &what,
-        );
-        check(
-            &amin(&x, &[0], false).unwrap(),
-            &[nan, nan, 3.0],
-            &[3],
-            dtype,
-            0.0,
-            &what,
-        );
+        let amax_rows = amax(&x, &[1], false).unwrap();
+        check(&amax_rows, &[nan, nan, 4.0], &[3], dtype, 0.0, &what);
+        let amin_cols = amin(&x, &[0], false).unwrap();
+        check(&amin_cols, &[nan, nan, 3.0], &[3], dtype, 0.0, &what);
         check(&max_all(&x).unwrap(), &[nan], &[], dtype, 0.0, &what);
         check(&min_all(&x).unwrap(), &[nan], &[], dtype, 0.0, &what);
         let (v, i) = max_dim(&x, 1, false).unwrap();
