@@ -79,26 +79,22 @@ fn sgd_options_get_pytorchs_texts() {
         f(&mut o);
         o
     };
-    assert_eq!(
-        sgd_err(0.1, with(|o| o.momentum = -0.5)),
-        "Invalid momentum value: -0.5"
-    );
-    assert_eq!(
-        sgd_err(0.1, with(|o| o.momentum = f64::NAN)),
-        "Invalid momentum value: nan"
-    );
-    assert_eq!(
-        sgd_err(0.1, with(|o| o.weight_decay = -1.0)),
-        "Invalid weight_decay value: -1.0"
-    );
-    assert_eq!(
-        sgd_err(0.1, with(|o| o.weight_decay = f64::NAN)),
-        "Invalid weight_decay value: nan"
-    );
-    assert_eq!(
-        sgd_err(0.1, with(|o| o.dampening = f64::NAN)),
-        "Invalid dampening value: nan"
-    );
+    let cases: [(fn(&mut SgdOptions), &str); 5] = [
+        (|o| o.momentum = -0.5, "Invalid momentum value: -0.5"),
+        (|o| o.momentum = f64::NAN, "Invalid momentum value: nan"),
+        (
+            |o| o.weight_decay = -1.0,
+            "Invalid weight_decay value: -1.0",
+        ),
+        (
+            |o| o.weight_decay = f64::NAN,
+            "Invalid weight_decay value: nan",
+        ),
+        (|o| o.dampening = f64::NAN, "Invalid dampening value: nan"),
+    ];
+    for (set, text) in cases {
+        assert_eq!(sgd_err(0.1, with(set)), text);
+    }
     let nesterov = "Nesterov momentum requires a momentum and zero dampening";
     assert_eq!(sgd_err(0.1, with(|o| o.nesterov = true)), nesterov);
     assert_eq!(

@@ -171,17 +171,17 @@ fn torch_2_15_profile() {
     let t = Profile::torch_2_15();
     assert_eq!(t.name(), "torch-2.15");
     assert!(Profile::by_name("torch-2.15").unwrap().ptr_eq(&t));
+    let lower = CastPolicy::LowerPrecisionFp;
     for op in [
         "conv_transpose1d",
         "conv_transpose2d",
         "conv_transpose3d",
         "prelu",
+        "scaled_dot_product_attention",
+        "linalg_vecdot",
+        "conv_tbc",
     ] {
-        assert_eq!(
-            t.policy_by_name(CPU, op),
-            CastPolicy::LowerPrecisionFp,
-            "{op}"
-        );
+        assert_eq!(t.policy_by_name(CPU, op), lower, "{op}");
     }
     for op in [
         "l1_loss",
@@ -199,13 +199,6 @@ fn torch_2_15_profile() {
         "triplet_margin_loss",
     ] {
         assert_eq!(t.policy_by_name(CPU, op), CastPolicy::Fp32, "{op}");
-    }
-    for op in ["scaled_dot_product_attention", "linalg_vecdot", "conv_tbc"] {
-        assert_eq!(
-            t.policy_by_name(CPU, op),
-            CastPolicy::LowerPrecisionFp,
-            "{op}"
-        );
     }
     for op in [
         "rms_norm",

@@ -3,61 +3,61 @@
 use amp_tensor::half::{bf16, f16};
 use amp_tensor::{DType, Tensor};
 
-fn all_f16() -> Vec<f16> {
-    (0..=u16::MAX).map(f16::from_bits).collect()
-}
-fn all_bf16() -> Vec<bf16> {
-    (0..=u16::MAX).map(bf16::from_bits).collect()
+/// Every 16-bit pattern of `T` widened to float32 (checked by `widened`) and narrowed
+/// back: the same bits, NaN as `nan` says.
+fn round_trip<T: amp_tensor::Element>(
+    dtype: DType,
+    from_bits: fn(u16) -> T,
+    to_bits: fn(T) -> u16,
+    widened: impl Fn(u16, f32),
+    nan: impl Fn(u16, T),
+) {
+    let all: Vec<T> = (0..=u16::MAX).map(from_bits).collect();
+    let h = Tensor::from_vec(all, [1 << 16]).unwrap();
+    let f = h.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+    for (i, &v) in f.iter().enumerate() {
+        widened(i as u16, v);
+    }
+    let back = Tensor::from_vec(f, [1 << 16])
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap();
+    for (i, &b) in back.to_vec::<T>().unwrap().iter().enumerate() {
+        let orig = from_bits(i as u16);
+        if orig.to_f64().is_nan() {
+            nan(i as u16, b);
+        } else {
+            assert_eq!(to_bits(b), to_bits(orig), "pattern {i:#06x}");
+        }
+    }
 }
 
 #[test]
 fn every_f16_pattern_widens_exactly_and_round_trips() {
-    let h = Tensor::from_vec(all_f16(), [1 << 16]).unwrap();
-    let f = h.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
-    for (i, &v) in f.iter().enumerate() {
-        let want = f16::from_bits(i as u16).to_f32();
-        assert!(
-            v == want || (v.is_nan() && want.is_nan()),
-            "pattern {i:#06x}"
-        );
-    }
-    let back = Tensor::from_vec(f, [1 << 16])
-        .unwrap()
-        .to_dtype(DType::F16)
-        .unwrap()
-        .to_vec::<f16>()
-        .unwrap();
-    for (i, b) in back.iter().enumerate() {
-        let orig = f16::from_bits(i as u16);
-        if orig.is_nan() {
-            assert!(b.is_nan());
-        } else {
-            assert_eq!(b.to_bits(), orig.to_bits(), "pattern {i:#06x}");
-        }
-    }
+    round_trip(
+        DType::F16,
+        f16::from_bits,
+        f16::to_bits,
+        |i, v| {
+            let want = f16::from_bits(i).to_f32();
+            assert!(
+                v == want || (v.is_nan() && want.is_nan()),
+                "pattern {i:#06x}"
+            );
+        },
+        |_, b| assert!(b.is_nan()),
+    );
 }
 
 #[test]
 fn every_bf16_pattern_widens_exactly_and_round_trips() {
-    let h = Tensor::from_vec(all_bf16(), [1 << 16]).unwrap();
-    let f = h.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
-    for (i, &v) in f.iter().enumerate() {
-        assert_eq!(v.to_bits(), (i as u32) << 16, "pattern {i:#06x}");
-    }
-    let back = Tensor::from_vec(f, [1 << 16])
-        .unwrap()
-        .to_dtype(DType::BF16)
-        .unwrap()
-        .to_vec::<bf16>()
-        .unwrap();
-    for (i, b) in back.iter().enumerate() {
-        let orig = bf16::from_bits(i as u16);
-        if orig.is_nan() {
-            assert_eq!(b.to_bits(), 0x7FC0, "NaN is PyTorch's canonical NaN");
-        } else {
-            assert_eq!(b.to_bits(), orig.to_bits(), "pattern {i:#06x}");
-        }
-    }
+    round_trip(
+        DType::BF16,
+        bf16::from_bits,
+        bf16::to_bits,
+        |i, v| assert_eq!(v.to_bits(), (i as u32) << 16, "pattern {i:#06x}"),
+        |_, b| assert_eq!(b.to_bits(), 0x7FC0, "NaN is PyTorch's canonical NaN"),
+    );
 }
 
 /// Every f32 whose upper 16 bits are any pattern and whose lower bits sit at and around
@@ -157,7 +157,7 @@ fn float16_conversions_match_half_bit_for_bit() {
             );
         }
     }
-    let all = all_f16();
+    let all: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
     for len in [all.len(), 1, 9, 16, 31] {
         let s = &all[all.len() - len..];
         let mut f = vec![0f32; len];
