@@ -40,7 +40,7 @@ impl DispatchLayer for AutocastLayer {
             if !ds.enabled {
                 return Ok(BodyMode::Layered);
             }
-            let id = OpId::from_u32(call.op.cached_id(|n| OpId::intern(n).as_u32()));
+            let id = call.op.id();
             let policy = st.profile.policy(device, id);
             let flags = CallFlags {
                 inplace: call.kind == CallKind::InPlace,

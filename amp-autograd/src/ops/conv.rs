@@ -20,20 +20,15 @@
 use amp_kernels::ConvParams;
 
 use super::enter_vec;
+use super::names::{
+    CONV1D, CONV2D, CONV3D, CONVOLUTION, CONV_TRANSPOSE1D, CONV_TRANSPOSE2D, CONV_TRANSPOSE3D,
+};
 use super::reduce::sum;
 use super::shape::contiguous;
 use crate::dispatch::{BodyGuard, OpName};
 use crate::grad_mode::is_grad_enabled;
 use crate::graph::{record_multi, BackwardFn};
 use crate::{Error, Result, Tensor};
-
-static CONV1D: OpName = OpName::new("conv1d");
-static CONV2D: OpName = OpName::new("conv2d");
-static CONV3D: OpName = OpName::new("conv3d");
-static CONV_TRANSPOSE1D: OpName = OpName::new("conv_transpose1d");
-static CONV_TRANSPOSE2D: OpName = OpName::new("conv_transpose2d");
-static CONV_TRANSPOSE3D: OpName = OpName::new("conv_transpose3d");
-static CONVOLUTION: OpName = OpName::new("_convolution");
 
 fn check_rank(op: &'static str, x: &Tensor, w: &Tensor, spatial: usize) -> Result<()> {
     if w.rank() != spatial + 2 {

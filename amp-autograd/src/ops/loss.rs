@@ -6,12 +6,12 @@ use std::str::FromStr;
 
 use amp_tensor::DType;
 
+use super::names::{BCE, BCE_LOGITS, CROSS_ENTROPY, HUBER, L1, MSE, NLL, SMOOTH_L1};
 use super::nn::{class_dim, log_softmax};
 use super::pointwise::*;
 use super::reduce::{mean_all, sum, sum_all};
 use super::shape::{gather, index_select, permute, reshape, squeeze, unsqueeze};
 use super::{enter, enter_vec};
-use crate::dispatch::OpName;
 use crate::{Error, Result, Tensor};
 
 /// How a loss reduces over elements.
@@ -58,15 +58,6 @@ fn reduce(l: Tensor, r: Reduction) -> Result<Tensor> {
         Reduction::Sum => sum_all(&l),
     }
 }
-
-static MSE: OpName = OpName::new("mse_loss");
-static L1: OpName = OpName::new("l1_loss");
-static SMOOTH_L1: OpName = OpName::new("smooth_l1_loss");
-static HUBER: OpName = OpName::new("huber_loss");
-static NLL: OpName = OpName::new("nll_loss");
-static CROSS_ENTROPY: OpName = OpName::new("cross_entropy");
-static BCE: OpName = OpName::new("binary_cross_entropy");
-static BCE_LOGITS: OpName = OpName::new("binary_cross_entropy_with_logits");
 
 /// Mean squared error.
 pub fn mse_loss(input: &Tensor, target: &Tensor, reduction: Reduction) -> Result<Tensor> {

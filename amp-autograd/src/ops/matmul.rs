@@ -1,29 +1,16 @@
 //! The matmul family: mm, bmm, matmul (every broadcasting case), mv, dot, outer,
 //! addmm, addbmm, baddbmm, addmv, addr, linear, chain_matmul / multi_dot.
 
+use super::names::{
+    ADDBMM, ADDMM, ADDMV, ADDR, BADDBMM, BMM, CHAIN_MATMUL, DOT, DUNDER_MATMUL, LINEAR, MATMUL, MM,
+    MULTI_DOT, MV, OUTER,
+};
 use super::pointwise::{add, mul, mul_scalar};
 use super::reduce::sum;
 use super::shape::{expand, reshape, squeeze, transpose, unsqueeze};
 use super::{check, enter, enter_vec, sum_to};
-use crate::dispatch::OpName;
 use crate::graph::record;
 use crate::{Error, Result, Tensor};
-
-static MM: OpName = OpName::new("mm");
-static BMM: OpName = OpName::new("bmm");
-static MATMUL: OpName = OpName::new("matmul");
-static DUNDER_MATMUL: OpName = OpName::new("__matmul__");
-static MV: OpName = OpName::new("mv");
-static DOT: OpName = OpName::new("dot");
-static OUTER: OpName = OpName::new("outer");
-static ADDMM: OpName = OpName::new("addmm");
-static ADDBMM: OpName = OpName::new("addbmm");
-static BADDBMM: OpName = OpName::new("baddbmm");
-static ADDMV: OpName = OpName::new("addmv");
-static ADDR: OpName = OpName::new("addr");
-static LINEAR: OpName = OpName::new("linear");
-static CHAIN_MATMUL: OpName = OpName::new("chain_matmul");
-static MULTI_DOT: OpName = OpName::new("multi_dot");
 
 fn tr(x: &Tensor) -> Result<Tensor> {
     transpose(x, -2, -1)

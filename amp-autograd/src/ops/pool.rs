@@ -14,54 +14,14 @@ pub use amp_kernels::{GridMode, GridPadding};
 use amp_tensor::{DType, Generator, Tensor as Raw};
 
 use super::enter;
+use super::names::{
+    ADAPTIVE_AVG_POOL, ADAPTIVE_MAX_POOL, AVG_POOL, CIRCULAR_PAD, CONSTANT_PAD, EMBEDDING,
+    FRACTIONAL_MAX_POOL, GRID_SAMPLE, MAX_POOL, MAX_UNPOOL, REFLECTION_PAD, REPLICATION_PAD,
+};
 use super::pointwise::{add, link_zero, mul, sub};
 use super::shape::{select, unsqueeze};
-use crate::dispatch::OpName;
 use crate::graph::{needs_grad, record};
 use crate::{Error, Result, Tensor};
-
-static MAX_POOL: [OpName; 3] = [
-    OpName::new("max_pool1d"),
-    OpName::new("max_pool2d"),
-    OpName::new("max_pool3d"),
-];
-static AVG_POOL: [OpName; 3] = [
-    OpName::new("avg_pool1d"),
-    OpName::new("avg_pool2d"),
-    OpName::new("avg_pool3d"),
-];
-static ADAPTIVE_AVG_POOL: [OpName; 3] = [
-    OpName::new("adaptive_avg_pool1d"),
-    OpName::new("adaptive_avg_pool2d"),
-    OpName::new("adaptive_avg_pool3d"),
-];
-static ADAPTIVE_MAX_POOL: [OpName; 3] = [
-    OpName::new("adaptive_max_pool1d"),
-    OpName::new("adaptive_max_pool2d"),
-    OpName::new("adaptive_max_pool3d"),
-];
-static FRACTIONAL_MAX_POOL: [OpName; 2] = [
-    OpName::new("fractional_max_pool2d"),
-    OpName::new("fractional_max_pool3d"),
-];
-static MAX_UNPOOL: [OpName; 3] = [
-    OpName::new("max_unpool1d"),
-    OpName::new("max_unpool2d"),
-    OpName::new("max_unpool3d"),
-];
-static REFLECTION_PAD: [OpName; 3] = [
-    OpName::new("reflection_pad1d"),
-    OpName::new("reflection_pad2d"),
-    OpName::new("reflection_pad3d"),
-];
-static REPLICATION_PAD: [OpName; 3] = [
-    OpName::new("replication_pad1d"),
-    OpName::new("replication_pad2d"),
-    OpName::new("replication_pad3d"),
-];
-static CONSTANT_PAD: OpName = OpName::new("constant_pad_nd");
-static CIRCULAR_PAD: OpName = OpName::new("_pad_circular");
-static GRID_SAMPLE: OpName = OpName::new("grid_sample");
 
 // ----- differentiable building blocks ----------------------------------------------------
 
@@ -753,8 +713,6 @@ pub fn grid_sample(
 }
 
 // ----- embedding with padding_idx ---------------------------------------------------------
-
-static EMBEDDING: OpName = OpName::new("embedding");
 
 /// `torch.nn.functional.embedding(indices, weight, padding_idx)`: rows of `weight`; the
 /// `padding_idx` row (negative counts from the end) gets no gradient.

@@ -10,14 +10,11 @@
 use super::check::{refused, size};
 use super::enter_vec;
 use super::matmul::linear;
+use super::names::{GRU_CELL, LSTM_CELL, RNN_CELL};
 use super::pointwise::{add, mul, relu, sigmoid, sub, tanh};
 use super::shape::narrow;
 use crate::dispatch::{BodyGuard, OpName};
 use crate::{Result, Tensor};
-
-static RNN_CELL: OpName = OpName::opaque("RNNCell");
-static GRU_CELL: OpName = OpName::opaque("GRUCell");
-static LSTM_CELL: OpName = OpName::opaque("LSTMCell");
 
 /// The nonlinearity of a plain RNN cell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -4,21 +4,13 @@
 
 use amp_tensor::{wrap_dim, Tensor as Raw};
 
+use super::names::{
+    CAT, CONTIGUOUS, EMBEDDING, EXPAND, GATHER, INDEX_ADD, INDEX_COPY, INDEX_SELECT, NARROW,
+    PERMUTE, RESHAPE, SCATTER_ADD, SELECT, SQUEEZE, STACK, TRANSPOSE, UNSQUEEZE, VIEW,
+};
 use super::{enter, enter_vec, sum_to};
-use crate::dispatch::OpName;
 use crate::graph::{record, record_multi};
 use crate::{Result, Tensor};
-
-static RESHAPE: OpName = OpName::new("reshape");
-static VIEW: OpName = OpName::new("view");
-static TRANSPOSE: OpName = OpName::new("transpose");
-static PERMUTE: OpName = OpName::new("permute");
-static EXPAND: OpName = OpName::new("expand");
-static NARROW: OpName = OpName::new("narrow");
-static SELECT: OpName = OpName::new("select");
-static UNSQUEEZE: OpName = OpName::new("unsqueeze");
-static SQUEEZE: OpName = OpName::new("squeeze");
-static CONTIGUOUS: OpName = OpName::new("contiguous");
 
 fn same_shape_back(out: Raw, name: &'static str, x: &Tensor) -> Tensor {
     let dims = x.dims().to_vec();
@@ -161,9 +153,6 @@ pub fn contiguous(x: &Tensor) -> Result<Tensor> {
     }))
 }
 
-static CAT: OpName = OpName::new("cat");
-static STACK: OpName = OpName::new("stack");
-
 /// Concatenate along `dim` (promoting to a common dtype).
 pub fn cat(ts: &[Tensor], dim: i64) -> Result<Tensor> {
     let refs: Vec<&Tensor> = ts.iter().collect();
@@ -212,13 +201,6 @@ pub fn stack(ts: &[Tensor], dim: i64) -> Result<Tensor> {
         .collect::<Result<Vec<_>>>()?;
     cat(&us, d)
 }
-
-static GATHER: OpName = OpName::new("gather");
-static SCATTER_ADD: OpName = OpName::new("scatter_add");
-static INDEX_SELECT: OpName = OpName::new("index_select");
-static INDEX_ADD: OpName = OpName::new("index_add");
-static INDEX_COPY: OpName = OpName::new("index_copy");
-static EMBEDDING: OpName = OpName::new("embedding");
 
 /// `out[i][j] = x[index[i][j]][j]` for `dim = 0` (PyTorch's `gather`).
 pub fn gather(x: &Tensor, dim: i64, index: &Tensor) -> Result<Tensor> {
