@@ -9,7 +9,7 @@
 //! and `out=` calls are not wrapped in PyTorch and keep their bodies dispatched.
 
 use amp_autograd::{BodyMode, CallKind, DispatchLayer, OpCall, Tensor};
-use amp_policy::{CastPolicy, OpId};
+use amp_policy::CastPolicy;
 use amp_tensor::DType;
 
 use crate::decision::{decide, ArgInfo, CallFlags};

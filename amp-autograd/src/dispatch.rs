@@ -190,34 +190,27 @@ pub fn dispatch(
     if !ACTIVE.get() {
         return Ok((dtype, BodyGuard::none()));
     }
-    dispatch_slow(op, args, dtype, accepts_dtype, kind)
-}
-
-#[inline(never)]
-fn dispatch_slow(
-    op: &'static OpName,
-    args: &mut [Tensor],
-    dtype: Option<DType>,
-    accepts_dtype: bool,
-    kind: CallKind,
-) -> Result<(Option<DType>, BodyGuard)> {
-    let Some(layer) = current_layer() else {
-        return Ok((dtype, BodyGuard::none()));
-    };
-    let mut call = OpCall {
+    dispatch_slow(OpCall {
         op,
         args,
         dtype,
         explicit_dtype: dtype.is_some(),
         accepts_dtype,
         kind,
+    })
+}
+
+#[inline(never)]
+fn dispatch_slow(mut call: OpCall<'_>) -> Result<(Option<DType>, BodyGuard)> {
+    let Some(layer) = current_layer() else {
+        return Ok((call.dtype, BodyGuard::none()));
     };
     let mode = {
         // The layer's own ops (casts) are not dispatched to it again.
         let _layer = BodyGuard::exclude();
         layer.on_call(&mut call)?
     };
-    let body = if mode == BodyMode::Excluded || op.is_opaque() {
+    let body = if mode == BodyMode::Excluded || call.op.is_opaque() {
         BodyGuard::exclude()
     } else {
         BodyGuard::none()

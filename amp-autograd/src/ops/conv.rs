@@ -27,7 +27,7 @@ use super::reduce::sum;
 use super::shape::contiguous;
 use crate::dispatch::{BodyGuard, OpName};
 use crate::grad_mode::is_grad_enabled;
-use crate::graph::{record_multi, BackwardFn};
+use crate::graph::{grad_if, record_multi, BackwardFn};
 use crate::{Error, Result, Tensor};
 
 fn check_rank(op: &'static str, x: &Tensor, w: &Tensor, spatial: usize) -> Result<()> {
@@ -250,16 +250,12 @@ fn conv_prim(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: &ConvParams) -> Resu
             // One contiguous copy shared by the three gradients (as PyTorch's
             // `convolution_backward` does), not one per kernel.
             let g = &contiguous(g)?;
-            let gx = if xs.requires_grad() {
-                Some(input_grad_prim(g, &ws, None, xs.dims(), &p)?)
-            } else {
-                None
-            };
-            let gw = if ws.requires_grad() {
-                Some(weight_grad_prim(&xs, g, ws.dims(), &p)?)
-            } else {
-                None
-            };
+            let gx = grad_if(xs.requires_grad(), || {
+                input_grad_prim(g, &ws, None, xs.dims(), &p)
+            })?;
+            let gw = grad_if(ws.requires_grad(), || {
+                weight_grad_prim(&xs, g, ws.dims(), &p)
+            })?;
             let mut v = vec![gx, gw];
             if has_b {
                 v.push(Some(bias_grad(g)?));
@@ -300,16 +296,10 @@ fn input_grad_prim(
         &inputs_of(g, w, b),
         move |up| {
             let up = &contiguous(up)?;
-            let dg = if gs.requires_grad() {
-                Some(conv_prim(up, &ws, None, &p)?)
-            } else {
-                None
-            };
-            let dw = if ws.requires_grad() {
-                Some(weight_grad_prim(up, &gs, ws.dims(), &p)?)
-            } else {
-                None
-            };
+            let dg = grad_if(gs.requires_grad(), || conv_prim(up, &ws, None, &p))?;
+            let dw = grad_if(ws.requires_grad(), || {
+                weight_grad_prim(up, &gs, ws.dims(), &p)
+            })?;
             let mut v = vec![dg, dw];
             if has_b {
                 v.push(Some(bias_grad(up)?));
@@ -340,16 +330,10 @@ fn weight_grad_prim(x: &Tensor, g: &Tensor, w_dims: &[usize], p: &ConvParams) ->
         "ConvolutionBackwardBackward0",
         &[x, g],
         move |up| {
-            let dx = if xs.requires_grad() {
-                Some(input_grad_prim(&gs, up, None, xs.dims(), &p)?)
-            } else {
-                None
-            };
-            let dg = if gs.requires_grad() {
-                Some(conv_prim(&xs, up, None, &p)?)
-            } else {
-                None
-            };
+            let dx = grad_if(xs.requires_grad(), || {
+                input_grad_prim(&gs, up, None, xs.dims(), &p)
+            })?;
+            let dg = grad_if(gs.requires_grad(), || conv_prim(&xs, up, None, &p))?;
             Ok(vec![dx, dg])
         },
     ))

@@ -18,7 +18,7 @@ use super::reduce::{norm, sum};
 use super::shape::{cat, expand, index_select, transpose, unsqueeze};
 use super::{enter, sum_to};
 use crate::grad_mode::is_grad_enabled;
-use crate::graph::record;
+use crate::graph::{grad_if, record};
 use crate::{Error, Result, Tensor};
 
 /// `x / max(‖x‖_p, eps)` with the norm taken along `dim` (`F.normalize`).
@@ -209,24 +209,20 @@ fn euclidean_dist(a: &Tensor, b: &Tensor) -> Result<Tensor> {
             };
             let zero = eq_scalar(&res, 0.0)?;
             let ratio = where_(&zero, &zeros_like(g), &div(g, &res)?)?;
-            let ga = if sa.requires_grad() {
+            let ga = grad_if(sa.requires_grad(), || {
                 let ga = sub(
                     &mul(&sa, &sum(&ratio, &[-1], true, None)?)?,
                     &matmul(&ratio, &sb)?,
                 )?;
-                Some(sum_to(&ga, &da)?)
-            } else {
-                None
-            };
-            let gb = if sb.requires_grad() {
+                sum_to(&ga, &da)
+            })?;
+            let gb = grad_if(sb.requires_grad(), || {
                 let gb = sub(
                     &mul(&sb, &unsqueeze(&sum(&ratio, &[-2], false, None)?, -1)?)?,
                     &matmul(&transpose(&ratio, -2, -1)?, &sa)?,
                 )?;
-                Some(sum_to(&gb, &db)?)
-            } else {
-                None
-            };
+                sum_to(&gb, &db)
+            })?;
             Ok(vec![ga, gb])
         },
     ))

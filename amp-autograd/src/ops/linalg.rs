@@ -29,7 +29,7 @@ use super::shape::{expand, narrow, permute, reshape, scatter_add, squeeze, trans
 use super::{cat, enter, enter_vec};
 use crate::dispatch::OpName;
 use crate::grad_mode::is_grad_enabled;
-use crate::graph::{needs_grad, record, record_multi, BackwardFn};
+use crate::graph::{grad_if, needs_grad, record, record_multi, BackwardFn};
 use crate::{Error, Result, Tensor};
 
 // ----- helpers ---------------------------------------------------------------------------
@@ -221,12 +221,10 @@ fn solve_core(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let (saved, sa, sb) = (x.clone(), a.clone(), b.clone());
     Ok(record(x, "LinalgSolveExBackward0", &[a, b], move |g| {
         let gb = solve_core(&mt(&sa)?, g)?;
-        let ga = if sa.requires_grad() {
+        let ga = grad_if(sa.requires_grad(), || {
             let x = again(raw(&saved), || solve_core(&sa, &sb))?;
-            Some(neg(&matmul(&gb, &mt(&x)?)?)?)
-        } else {
-            None
-        };
+            neg(&matmul(&gb, &mt(&x)?)?)
+        })?;
         Ok(vec![ga, sb.requires_grad().then_some(gb)])
     }))
 }
@@ -298,14 +296,12 @@ fn tri_core(a: &Tensor, b: &Tensor, upper: bool, unit: bool) -> Result<Tensor> {
         &[a, b],
         move |g| {
             let gb = tri_core(&mt(&sa)?, g, !upper, unit)?;
-            let ga = if sa.requires_grad() {
+            let ga = grad_if(sa.requires_grad(), || {
                 let x = again(raw(&saved), || tri_core(&sa, &sb, upper, unit))?;
                 let p = neg(&matmul(&gb, &mt(&x)?)?)?;
                 let k = i64::from(unit);
-                Some(if upper { triu(&p, k)? } else { tril(&p, -k)? })
-            } else {
-                None
-            };
+                Ok(if upper { triu(&p, k)? } else { tril(&p, -k)? })
+            })?;
             Ok(vec![ga, sb.requires_grad().then_some(gb)])
         },
     ))
@@ -434,18 +430,16 @@ fn chol_solve_core(b: &Tensor, l: &Tensor, upper: bool) -> Result<Tensor> {
     let (saved, sb, sl) = (x.clone(), b.clone(), l.clone());
     Ok(record(x, "CholeskySolveBackward0", &[b, l], move |g| {
         let gb = chol_solve_core(g, &sl, upper)?;
-        let gl = if sl.requires_grad() {
+        let gl = grad_if(sl.requires_grad(), || {
             let x = again(raw(&saved), || chol_solve_core(&sb, &sl, upper))?;
             let c = matmul(&gb, &mt(&x)?)?;
             let c = add(&c, &mt(&c)?)?;
-            Some(neg(&if upper {
+            neg(&if upper {
                 matmul(&sl, &c)?
             } else {
                 matmul(&c, &sl)?
-            })?)
-        } else {
-            None
-        };
+            })
+        })?;
         Ok(vec![sb.requires_grad().then_some(gb), gl])
     }))
 }

@@ -9,7 +9,7 @@ use super::pointwise::{add, mul, mul_scalar};
 use super::reduce::sum;
 use super::shape::{expand, reshape, squeeze, transpose, unsqueeze};
 use super::{check, enter, enter_vec, sum_to};
-use crate::graph::record;
+use crate::graph::{grad_if, record};
 use crate::{Error, Result, Tensor};
 
 fn tr(x: &Tensor) -> Result<Tensor> {
@@ -61,16 +61,8 @@ pub fn mm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let (sa, sb) = (a.clone(), b.clone());
     Ok(record(out, "MmBackward0", &[&a, &b], move |g| {
         Ok(vec![
-            if sa.requires_grad() {
-                Some(mm_mat1_grad(g, &sa, &sb)?)
-            } else {
-                None
-            },
-            if sb.requires_grad() {
-                Some(mm_mat2_grad(g, &sa, &sb)?)
-            } else {
-                None
-            },
+            grad_if(sa.requires_grad(), || mm_mat1_grad(g, &sa, &sb))?,
+            grad_if(sb.requires_grad(), || mm_mat2_grad(g, &sa, &sb))?,
         ])
     }))
 }
@@ -82,16 +74,8 @@ pub fn bmm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let (sa, sb) = (a.clone(), b.clone());
     Ok(record(out, "BmmBackward0", &[&a, &b], move |g| {
         Ok(vec![
-            if sa.requires_grad() {
-                Some(bmm(g, &tr(&sb)?)?)
-            } else {
-                None
-            },
-            if sb.requires_grad() {
-                Some(bmm(&tr(&sa)?, g)?)
-            } else {
-                None
-            },
+            grad_if(sa.requires_grad(), || bmm(g, &tr(&sb)?))?,
+            grad_if(sb.requires_grad(), || bmm(&tr(&sa)?, g))?,
         ])
     }))
 }
@@ -103,16 +87,8 @@ pub fn mv(m: &Tensor, v: &Tensor) -> Result<Tensor> {
     let (sm, sv) = (m.clone(), v.clone());
     Ok(record(out, "MvBackward0", &[&m, &v], move |g| {
         Ok(vec![
-            if sm.requires_grad() {
-                Some(outer(g, &sv)?)
-            } else {
-                None
-            },
-            if sv.requires_grad() {
-                Some(mv(&tr(&sm)?, g)?)
-            } else {
-                None
-            },
+            grad_if(sm.requires_grad(), || outer(g, &sv))?,
+            grad_if(sv.requires_grad(), || mv(&tr(&sm)?, g))?,
         ])
     }))
 }
@@ -124,16 +100,8 @@ pub fn dot(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let (sa, sb) = (a.clone(), b.clone());
     Ok(record(out, "DotBackward0", &[&a, &b], move |g| {
         Ok(vec![
-            if sa.requires_grad() {
-                Some(mul(g, &sb)?)
-            } else {
-                None
-            },
-            if sb.requires_grad() {
-                Some(mul(g, &sa)?)
-            } else {
-                None
-            },
+            grad_if(sa.requires_grad(), || mul(g, &sb))?,
+            grad_if(sb.requires_grad(), || mul(g, &sa))?,
         ])
     }))
 }
@@ -145,16 +113,8 @@ pub fn outer(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let (sa, sb) = (a.clone(), b.clone());
     Ok(record(out, "OuterBackward0", &[&a, &b], move |g| {
         Ok(vec![
-            if sa.requires_grad() {
-                Some(mv(g, &sb)?)
-            } else {
-                None
-            },
-            if sb.requires_grad() {
-                Some(mv(&tr(g)?, &sa)?)
-            } else {
-                None
-            },
+            grad_if(sa.requires_grad(), || mv(g, &sb))?,
+            grad_if(sb.requires_grad(), || mv(&tr(g)?, &sa))?,
         ])
     }))
 }
@@ -170,21 +130,15 @@ pub fn addmm(input: &Tensor, m1: &Tensor, m2: &Tensor, beta: f64, alpha: f64) ->
         &[&input, &m1, &m2],
         move |g| {
             Ok(vec![
-                if si.requires_grad() && beta != 0.0 {
-                    Some(sum_to(&maybe_mul(g.clone(), beta)?, si.dims())?)
-                } else {
-                    None
-                },
-                if s1.requires_grad() {
-                    Some(maybe_mul(mm_mat1_grad(g, &s1, &s2)?, alpha)?)
-                } else {
-                    None
-                },
-                if s2.requires_grad() {
-                    Some(maybe_mul(mm_mat2_grad(g, &s1, &s2)?, alpha)?)
-                } else {
-                    None
-                },
+                grad_if(si.requires_grad() && beta != 0.0, || {
+                    sum_to(&maybe_mul(g.clone(), beta)?, si.dims())
+                })?,
+                grad_if(s1.requires_grad(), || {
+                    maybe_mul(mm_mat1_grad(g, &s1, &s2)?, alpha)
+                })?,
+                grad_if(s2.requires_grad(), || {
+                    maybe_mul(mm_mat2_grad(g, &s1, &s2)?, alpha)
+                })?,
             ])
         },
     ))

@@ -7,7 +7,7 @@ use amp_tensor::{Scalar, Tensor as Raw};
 use super::names::{self, ADDCDIV, ADDCMUL, CLAMP, SOFTPLUS, WHERE};
 use super::{enter, sum_to};
 use crate::grad_mode::is_grad_enabled;
-use crate::graph::record;
+use crate::graph::{grad_if, record};
 use crate::{Result, Tensor};
 
 /// The forward output inside a backward closure: the saved values when no graph is
@@ -186,8 +186,8 @@ macro_rules! binary_ops {
                 let ($a, $b) = (&sa, &sb);
                 #[allow(unused_variables)]
                 let $out = || -> Result<Tensor> { if is_grad_enabled() { $fname(&sa, &sb) } else { Ok(Tensor::from_raw(saved.clone())) } };
-                let ga = if sa.requires_grad() { Some(sum_to(&$ga, sa.dims())?) } else { None };
-                let gb = if sb.requires_grad() { Some(sum_to(&$gb, sb.dims())?) } else { None };
+                let ga = grad_if(sa.requires_grad(), || sum_to(&$ga, sa.dims()))?;
+                let gb = grad_if(sb.requires_grad(), || sum_to(&$gb, sb.dims()))?;
                 Ok(vec![ga, gb])
             }))
         }
@@ -240,12 +240,8 @@ pub fn add_scaled(a: &Tensor, b: &Tensor, alpha: f64) -> Result<Tensor> {
     let (ra, rb) = (a.requires_grad(), b.requires_grad());
     Ok(record(out, "AddBackward0", &[&a, &b], move |g| {
         Ok(vec![
-            if ra { Some(sum_to(g, &da)?) } else { None },
-            if rb {
-                Some(sum_to(&mul_scalar(g, alpha)?, &db)?)
-            } else {
-                None
-            },
+            grad_if(ra, || sum_to(g, &da))?,
+            grad_if(rb, || sum_to(&mul_scalar(g, alpha)?, &db))?,
         ])
     }))
 }
@@ -350,16 +346,8 @@ pub fn where_(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     Ok(record(out, "WhereBackward0", &[&a, &b], move |g| {
         let z = zeros_like(g);
         Ok(vec![
-            if ra {
-                Some(sum_to(&where_(&c2, g, &z)?, &da)?)
-            } else {
-                None
-            },
-            if rb {
-                Some(sum_to(&where_(&c2, &z, g)?, &db)?)
-            } else {
-                None
-            },
+            grad_if(ra, || sum_to(&where_(&c2, g, &z)?, &da))?,
+            grad_if(rb, || sum_to(&where_(&c2, &z, g)?, &db))?,
         ])
     }))
 }

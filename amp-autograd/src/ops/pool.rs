@@ -272,48 +272,25 @@ pub fn avg_pool1d(
     )
 }
 
-/// `torch.nn.functional.avg_pool2d`.
-pub fn avg_pool2d(
-    x: &Tensor,
-    kernel_size: &[usize],
-    stride: &[usize],
-    padding: &[usize],
-    ceil_mode: bool,
-    count_include_pad: bool,
-    divisor_override: Option<i64>,
-) -> Result<Tensor> {
-    avg_pool_nd(
-        x,
-        2,
-        kernel_size,
-        stride,
-        padding,
-        ceil_mode,
-        count_include_pad,
-        divisor_override,
-    )
+/// The 2-d and 3-d average poolings: [`avg_pool_nd`] in a fixed number of dimensions.
+macro_rules! avg_pool_fns {
+    ($($(#[$doc:meta])* $fname:ident = $n:literal;)*) => {$(
+        $(#[$doc])*
+        pub fn $fname(
+            x: &Tensor, kernel_size: &[usize], stride: &[usize], padding: &[usize],
+            ceil_mode: bool, count_include_pad: bool, divisor_override: Option<i64>,
+        ) -> Result<Tensor> {
+            let (k, s, p, d) = (kernel_size, stride, padding, divisor_override);
+            avg_pool_nd(x, $n, k, s, p, ceil_mode, count_include_pad, d)
+        }
+    )*};
 }
 
-/// `torch.nn.functional.avg_pool3d`.
-pub fn avg_pool3d(
-    x: &Tensor,
-    kernel_size: &[usize],
-    stride: &[usize],
-    padding: &[usize],
-    ceil_mode: bool,
-    count_include_pad: bool,
-    divisor_override: Option<i64>,
-) -> Result<Tensor> {
-    avg_pool_nd(
-        x,
-        3,
-        kernel_size,
-        stride,
-        padding,
-        ceil_mode,
-        count_include_pad,
-        divisor_override,
-    )
+avg_pool_fns! {
+    /// `torch.nn.functional.avg_pool2d`.
+    avg_pool2d = 2;
+    /// `torch.nn.functional.avg_pool3d`.
+    avg_pool3d = 3;
 }
 
 // ----- adaptive pooling ------------------------------------------------------------------

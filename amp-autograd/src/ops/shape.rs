@@ -9,7 +9,7 @@ use super::names::{
     PERMUTE, RESHAPE, SCATTER_ADD, SELECT, SQUEEZE, STACK, TRANSPOSE, UNSQUEEZE, VIEW,
 };
 use super::{enter, enter_vec, sum_to};
-use crate::graph::{record, record_multi};
+use crate::graph::{grad_if, record, record_multi};
 use crate::{Result, Tensor};
 
 fn same_shape_back(out: Raw, name: &'static str, x: &Tensor) -> Tensor {
@@ -224,12 +224,8 @@ pub fn scatter_add(x: &Tensor, dim: i64, index: &Tensor, src: &Tensor) -> Result
     let (rx, rs) = (x.requires_grad(), src.requires_grad());
     Ok(record(out, "ScatterAddBackward0", &[&x, &src], move |g| {
         Ok(vec![
-            if rx { Some(g.clone()) } else { None },
-            if rs {
-                Some(gather(g, dim, &index)?)
-            } else {
-                None
-            },
+            grad_if(rx, || Ok(g.clone()))?,
+            grad_if(rs, || gather(g, dim, &index))?,
         ])
     }))
 }
@@ -252,15 +248,10 @@ pub fn index_add(x: &Tensor, dim: i64, index: &Tensor, src: &Tensor, alpha: f64)
     let (rx, rs) = (x.requires_grad(), src.requires_grad());
     Ok(record(out, "IndexAddBackward0", &[&x, &src], move |g| {
         Ok(vec![
-            if rx { Some(g.clone()) } else { None },
-            if rs {
-                Some(super::pointwise::mul_scalar(
-                    &index_select(g, dim, &index)?,
-                    alpha,
-                )?)
-            } else {
-                None
-            },
+            grad_if(rx, || Ok(g.clone()))?,
+            grad_if(rs, || {
+                super::pointwise::mul_scalar(&index_select(g, dim, &index)?, alpha)
+            })?,
         ])
     }))
 }
@@ -273,21 +264,10 @@ pub fn index_copy(x: &Tensor, dim: i64, index: &Tensor, src: &Tensor) -> Result<
     let sd = src.dims().to_vec();
     Ok(record(out, "IndexCopyBackward0", &[&x, &src], move |g| {
         Ok(vec![
-            if rx {
-                Some(index_copy(
-                    g,
-                    dim,
-                    &index,
-                    &Tensor::zeros(sd.clone(), g.dtype()),
-                )?)
-            } else {
-                None
-            },
-            if rs {
-                Some(index_select(g, dim, &index)?)
-            } else {
-                None
-            },
+            grad_if(rx, || {
+                index_copy(g, dim, &index, &Tensor::zeros(sd.clone(), g.dtype()))
+            })?,
+            grad_if(rs, || index_select(g, dim, &index))?,
         ])
     }))
 }
