@@ -9,7 +9,7 @@
 //! and `out=` calls are not wrapped in PyTorch and keep their bodies dispatched.
 
 use amp_autograd::{BodyMode, CallKind, DispatchLayer, OpCall, Tensor};
-use amp_policy::{CastPolicy, OpId};
+use amp_policy::CastPolicy;
 use amp_tensor::DType;
 
 use crate::decision::{decide, ArgInfo, CallFlags};
@@ -40,7 +40,7 @@ impl DispatchLayer for AutocastLayer {
             if !ds.enabled {
                 return Ok(BodyMode::Layered);
             }
-            let id = OpId::from_u32(call.op.cached_id(|n| OpId::intern(n).as_u32()));
+            let id = call.op.id();
             let policy = st.profile.policy(device, id);
             let flags = CallFlags {
                 inplace: call.kind == CallKind::InPlace,

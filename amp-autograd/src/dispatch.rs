@@ -18,71 +18,16 @@
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use amp_tensor::DType;
 
 use crate::{Result, Tensor};
 
-/// An op's name as the documented op lists spell it, with a slot a layer may use to
-/// cache its own numeric id for the name (so lookups need no string hashing).
-///
-/// An op is *transparent* ([`OpName::new`]) or *opaque* ([`OpName::opaque`]). The ops a
-/// transparent op's body calls are dispatched to the layer again whenever the layer left
-/// the op itself alone, as PyTorch re-dispatches the ops of a composite that has no
-/// autocast policy (`tensordot` on CPU inherits the casts of its products). An opaque op
-/// stands for one PyTorch kernel that happens to be written here from other ops
-/// (`cosine_similarity`, the recurrent cells, `lu_solve`, ...): autocast never sees its
-/// body, whatever the layer did with the op itself.
-#[derive(Debug)]
-pub struct OpName {
-    name: &'static str,
-    opaque: bool,
-    slot: AtomicU32,
-}
-
-impl OpName {
-    /// A transparent op's name, for a `static`.
-    pub const fn new(name: &'static str) -> Self {
-        OpName {
-            name,
-            opaque: false,
-            slot: AtomicU32::new(u32::MAX),
-        }
-    }
-    /// An opaque op's name, for a `static`: the op's body always runs with the layer
-    /// excluded (see the type's documentation).
-    pub const fn opaque(name: &'static str) -> Self {
-        OpName {
-            name,
-            opaque: true,
-            slot: AtomicU32::new(u32::MAX),
-        }
-    }
-    /// The name.
-    #[inline]
-    pub fn name(&self) -> &'static str {
-        self.name
-    }
-    /// Whether the op's body is hidden from the layer even when the layer left the op
-    /// alone.
-    #[inline]
-    pub fn is_opaque(&self) -> bool {
-        self.opaque
-    }
-    /// The id a layer associated with this name, computing it once with `init`.
-    /// (Only one layer kind uses the slot in a process; autocast does.)
-    #[inline]
-    pub fn cached_id(&self, init: impl FnOnce(&'static str) -> u32) -> u32 {
-        let v = self.slot.load(Ordering::Relaxed);
-        if v != u32::MAX {
-            return v;
-        }
-        let id = init(self.name);
-        self.slot.store(id, Ordering::Relaxed);
-        id
-    }
-}
+/// An op's name (and whether it is opaque), as the documented op lists spell it: the
+/// workspace's one op-name type, from `amp-policy`'s interner, so a layer reads the op's
+/// interned id straight from it. Every op of this crate declares its name once, in
+/// [`crate::ops::names`].
+pub use amp_policy::OpName;
 
 /// How an op was called: autocast leaves in-place and `out=` calls alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -245,45 +190,30 @@ pub fn dispatch(
     if !ACTIVE.get() {
         return Ok((dtype, BodyGuard::none()));
     }
-    dispatch_slow(op, args, dtype, accepts_dtype, kind)
-}
-
-#[inline(never)]
-fn dispatch_slow(
-    op: &'static OpName,
-    args: &mut [Tensor],
-    dtype: Option<DType>,
-    accepts_dtype: bool,
-    kind: CallKind,
-) -> Result<(Option<DType>, BodyGuard)> {
-    let Some(layer) = current_layer() else {
-        return Ok((dtype, BodyGuard::none()));
-    };
-    let mut call = OpCall {
+    dispatch_slow(OpCall {
         op,
         args,
         dtype,
         explicit_dtype: dtype.is_some(),
         accepts_dtype,
         kind,
+    })
+}
+
+#[inline(never)]
+fn dispatch_slow(mut call: OpCall<'_>) -> Result<(Option<DType>, BodyGuard)> {
+    let Some(layer) = current_layer() else {
+        return Ok((call.dtype, BodyGuard::none()));
     };
     let mode = {
         // The layer's own ops (casts) are not dispatched to it again.
         let _layer = BodyGuard::exclude();
         layer.on_call(&mut call)?
     };
-    let body = if mode == BodyMode::Excluded || op.is_opaque() {
+    let body = if mode == BodyMode::Excluded || call.op.is_opaque() {
         BodyGuard::exclude()
     } else {
         BodyGuard::none()
     };
     Ok((call.dtype, body))
-}
-
-/// Declare a `static` [`OpName`] and dispatch a functional call through it.
-#[macro_export]
-macro_rules! op_name {
-    ($vis:vis $id:ident = $name:literal) => {
-        $vis static $id: $crate::OpName = $crate::OpName::new($name);
-    };
 }

@@ -89,6 +89,18 @@ pub fn needs_grad(inputs: &[&Tensor]) -> bool {
     is_grad_enabled() && inputs.iter().any(|t| t.requires_grad())
 }
 
+/// One input's gradient in a backward closure: `f()` when the input needs one (`needed`:
+/// its `requires_grad`, or that and a condition of the op), else `None` without running
+/// `f`, so a backward computes only the gradients its inputs ask for.
+#[inline]
+pub(crate) fn grad_if(needed: bool, f: impl FnOnce() -> Result<Tensor>) -> Result<Option<Tensor>> {
+    if needed {
+        f().map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
 /// Wrap op outputs, recording a node when grad mode is on and an input requires grad.
 /// `differentiable[i]` says whether output `i` carries gradients (indices do not).
 pub fn record_multi(

@@ -926,145 +926,112 @@ pub(crate) mod ewise {
     }
 }
 
-/// The unary elementwise ops, named as in PyTorch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum UnaryOp {
-    /// `-x`.
-    Neg,
-    /// `|x|`.
-    Abs,
-    /// `e^x`.
-    Exp,
-    /// `e^x - 1`, accurate near 0.
-    Expm1,
-    /// Natural logarithm.
-    Log,
-    /// `log(1 + x)`, accurate near 0.
-    Log1p,
-    /// Base-2 logarithm.
-    Log2,
-    /// Base-10 logarithm.
-    Log10,
-    /// Square root.
-    Sqrt,
-    /// `1 / sqrt(x)`.
-    Rsqrt,
-    /// `1 / x`.
-    Reciprocal,
-    /// Sine.
-    Sin,
-    /// Cosine.
-    Cos,
-    /// Tangent.
-    Tan,
-    /// Arcsine.
-    Asin,
-    /// Arccosine.
-    Acos,
-    /// Arctangent.
-    Atan,
-    /// Hyperbolic sine.
-    Sinh,
-    /// Hyperbolic cosine.
-    Cosh,
-    /// Hyperbolic tangent.
-    Tanh,
-    /// Logistic sigmoid `1 / (1 + e^-x)`, evaluated without overflow.
-    Sigmoid,
-    /// `max(x, 0)` (NaN propagates).
-    Relu,
-    /// Exact GELU, `x * Φ(x) = x/2 * (1 + erf(x/√2))`.
-    Gelu,
-    /// GELU with PyTorch's tanh approximation (`approximate='tanh'`).
-    GeluTanh,
-    /// The error function.
-    Erf,
-    /// The inverse error function (PyTorch's `calc_erfinv`).
-    Erfinv,
-    /// -1, 0 or 1 (0 for NaN, as PyTorch).
-    Sign,
-    /// Round toward -∞.
-    Floor,
-    /// Round toward +∞.
-    Ceil,
-    /// Round half to even (`torch.round`).
-    Round,
-    /// `x * x`.
-    Square,
+/// The one list of the unary elementwise ops: each op's variant, its PyTorch name and,
+/// for the ops with a CUDA kernel, the kernel's body (a C++ expression of `x` in the
+/// compute type `A`). `$then!` receives the list; [`UnaryOp`] (the enum, [`UnaryOp::ALL`],
+/// [`UnaryOp::name`]) and the CUDA unary module (`cuda::sources::UNARY` and
+/// `UNARY_OPS`) are both generated from it, so a name is written once. The entries after
+/// `@device_only` are CUDA kernels with no CPU op (`silu`, which the CPU writes from
+/// `sigmoid` and `mul`).
+macro_rules! with_unary_ops {
+    ($then:path) => {
+        $then! {
+            /// `-x`.
+            Neg = "neg", cuda "-x";
+            /// `|x|`.
+            Abs = "abs", cuda "amp_abs(x)";
+            /// `e^x`.
+            Exp = "exp", cuda "amp_exp(x)";
+            /// `e^x - 1`, accurate near 0.
+            Expm1 = "expm1";
+            /// Natural logarithm.
+            Log = "log", cuda "amp_log(x)";
+            /// `log(1 + x)`, accurate near 0.
+            Log1p = "log1p";
+            /// Base-2 logarithm.
+            Log2 = "log2";
+            /// Base-10 logarithm.
+            Log10 = "log10";
+            /// Square root.
+            Sqrt = "sqrt", cuda "amp_sqrt(x)";
+            /// `1 / sqrt(x)`.
+            Rsqrt = "rsqrt", cuda "A(1) / amp_sqrt(x)";
+            /// `1 / x`.
+            Reciprocal = "reciprocal", cuda "A(1) / x";
+            /// Sine.
+            Sin = "sin", cuda "amp_sin(x)";
+            /// Cosine.
+            Cos = "cos", cuda "amp_cos(x)";
+            /// Tangent.
+            Tan = "tan";
+            /// Arcsine.
+            Asin = "asin";
+            /// Arccosine.
+            Acos = "acos";
+            /// Arctangent.
+            Atan = "atan";
+            /// Hyperbolic sine.
+            Sinh = "sinh";
+            /// Hyperbolic cosine.
+            Cosh = "cosh";
+            /// Hyperbolic tangent.
+            Tanh = "tanh", cuda "amp_tanh(x)";
+            /// Logistic sigmoid `1 / (1 + e^-x)`, evaluated without overflow.
+            Sigmoid = "sigmoid", cuda "A(1) / (A(1) + amp_exp(-x))";
+            /// `max(x, 0)` (NaN propagates).
+            Relu = "relu", cuda "(x != x || x > A(0)) ? x : A(0)";
+            /// Exact GELU, `x * Φ(x) = x/2 * (1 + erf(x/√2))`.
+            Gelu = "gelu", cuda "A(0.5) * x * (A(1) + amp_erf(x * A(0.70710678118654752440)))";
+            /// GELU with PyTorch's tanh approximation (`approximate='tanh'`).
+            GeluTanh = "gelu";
+            /// The error function.
+            Erf = "erf";
+            /// The inverse error function (PyTorch's `calc_erfinv`).
+            Erfinv = "erfinv";
+            /// -1, 0 or 1 (0 for NaN, as PyTorch).
+            Sign = "sign";
+            /// Round toward -∞.
+            Floor = "floor";
+            /// Round toward +∞.
+            Ceil = "ceil";
+            /// Round half to even (`torch.round`).
+            Round = "round";
+            /// `x * x`.
+            Square = "square", cuda "x * x";
+            @device_only:
+            silu = "x / (A(1) + amp_exp(-x))";
+        }
+    };
 }
+pub(crate) use with_unary_ops;
+
+macro_rules! declare_unary_ops {
+    (
+        $($(#[$doc:meta])* $variant:ident = $name:literal $(, cuda $body:literal)?;)*
+        @device_only: $($dev_name:ident = $dev_body:literal;)*
+    ) => {
+        /// The unary elementwise ops, named as in PyTorch.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum UnaryOp {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl UnaryOp {
+            /// Every unary op.
+            pub const ALL: [UnaryOp; [$(UnaryOp::$variant),*].len()] = [$(UnaryOp::$variant),*];
+
+            /// PyTorch's name of the op (`GeluTanh` is `gelu` with `approximate='tanh'`).
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(UnaryOp::$variant => $name,)*
+                }
+            }
+        }
+    };
+}
+with_unary_ops!(declare_unary_ops);
 
 impl UnaryOp {
-    /// Every unary op.
-    pub const ALL: [UnaryOp; 31] = [
-        UnaryOp::Neg,
-        UnaryOp::Abs,
-        UnaryOp::Exp,
-        UnaryOp::Expm1,
-        UnaryOp::Log,
-        UnaryOp::Log1p,
-        UnaryOp::Log2,
-        UnaryOp::Log10,
-        UnaryOp::Sqrt,
-        UnaryOp::Rsqrt,
-        UnaryOp::Reciprocal,
-        UnaryOp::Sin,
-        UnaryOp::Cos,
-        UnaryOp::Tan,
-        UnaryOp::Asin,
-        UnaryOp::Acos,
-        UnaryOp::Atan,
-        UnaryOp::Sinh,
-        UnaryOp::Cosh,
-        UnaryOp::Tanh,
-        UnaryOp::Sigmoid,
-        UnaryOp::Relu,
-        UnaryOp::Gelu,
-        UnaryOp::GeluTanh,
-        UnaryOp::Erf,
-        UnaryOp::Erfinv,
-        UnaryOp::Sign,
-        UnaryOp::Floor,
-        UnaryOp::Ceil,
-        UnaryOp::Round,
-        UnaryOp::Square,
-    ];
-
-    /// PyTorch's name of the op (`GeluTanh` is `gelu` with `approximate='tanh'`).
-    pub const fn name(self) -> &'static str {
-        match self {
-            UnaryOp::Neg => "neg",
-            UnaryOp::Abs => "abs",
-            UnaryOp::Exp => "exp",
-            UnaryOp::Expm1 => "expm1",
-            UnaryOp::Log => "log",
-            UnaryOp::Log1p => "log1p",
-            UnaryOp::Log2 => "log2",
-            UnaryOp::Log10 => "log10",
-            UnaryOp::Sqrt => "sqrt",
-            UnaryOp::Rsqrt => "rsqrt",
-            UnaryOp::Reciprocal => "reciprocal",
-            UnaryOp::Sin => "sin",
-            UnaryOp::Cos => "cos",
-            UnaryOp::Tan => "tan",
-            UnaryOp::Asin => "asin",
-            UnaryOp::Acos => "acos",
-            UnaryOp::Atan => "atan",
-            UnaryOp::Sinh => "sinh",
-            UnaryOp::Cosh => "cosh",
-            UnaryOp::Tanh => "tanh",
-            UnaryOp::Sigmoid => "sigmoid",
-            UnaryOp::Relu => "relu",
-            UnaryOp::Gelu | UnaryOp::GeluTanh => "gelu",
-            UnaryOp::Erf => "erf",
-            UnaryOp::Erfinv => "erfinv",
-            UnaryOp::Sign => "sign",
-            UnaryOp::Floor => "floor",
-            UnaryOp::Ceil => "ceil",
-            UnaryOp::Round => "round",
-            UnaryOp::Square => "square",
-        }
-    }
-
     /// `true` for the ops that keep an integer dtype (the rest compute in float).
     pub const fn keeps_integers(self) -> bool {
         matches!(

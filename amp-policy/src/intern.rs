@@ -107,8 +107,19 @@ impl fmt::Display for OpId {
     }
 }
 
-/// An op name with a lazily interned id, for a `static` at a dispatch point: the first call
-/// to [`OpName::id`] interns the name, every later call is one atomic load.
+/// An op's name as the documented op lists spell it, with a lazily interned id, for a
+/// `static` at a dispatch point: the first call to [`OpName::id`] interns the name, every
+/// later call is one atomic load. This is the workspace's one op-name type: the
+/// differentiable ops declare theirs in one table (`amp_autograd::ops::names`) and a
+/// dispatch layer reads the id from it.
+///
+/// An op is *transparent* ([`OpName::new`]) or *opaque* ([`OpName::opaque`]). The ops a
+/// transparent op's body calls are dispatched to a layer again whenever the layer left
+/// the op itself alone, as PyTorch re-dispatches the ops of a composite that has no
+/// autocast policy (`tensordot` on CPU inherits the casts of its products). An opaque op
+/// stands for one PyTorch kernel that happens to be written from other ops
+/// (`cosine_similarity`, the recurrent cells, `lu_solve`, ...): a layer never sees its
+/// body, whatever it did with the op itself.
 ///
 /// ```
 /// use amp_policy::{CastPolicy, DeviceType, OpName, Profile};
@@ -118,17 +129,29 @@ impl fmt::Display for OpId {
 /// let profile = Profile::docs();
 /// assert_eq!(profile.policy(DeviceType::Cuda, MM.id()), CastPolicy::LowerPrecisionFp);
 /// assert_eq!(MM.name(), "mm");
+/// assert!(!MM.is_opaque());
 /// ```
 pub struct OpName {
     name: &'static str,
+    opaque: bool,
     id: OnceLock<OpId>,
 }
 
 impl OpName {
-    /// A name whose id is interned on first use.
+    /// A transparent op's name, its id interned on first use.
     pub const fn new(name: &'static str) -> Self {
         OpName {
             name,
+            opaque: false,
+            id: OnceLock::new(),
+        }
+    }
+
+    /// An opaque op's name (see the type's documentation), its id interned on first use.
+    pub const fn opaque(name: &'static str) -> Self {
+        OpName {
+            name,
+            opaque: true,
             id: OnceLock::new(),
         }
     }
@@ -137,6 +160,13 @@ impl OpName {
     #[inline]
     pub const fn name(&self) -> &'static str {
         self.name
+    }
+
+    /// Whether the op's body is hidden from a dispatch layer even when the layer left the
+    /// op alone.
+    #[inline]
+    pub const fn is_opaque(&self) -> bool {
+        self.opaque
     }
 
     /// The interned id (interned on the first call).
@@ -153,6 +183,7 @@ impl fmt::Debug for OpName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OpName")
             .field("name", &self.name)
+            .field("opaque", &self.opaque)
             .field("id", &self.id.get().map(|id| id.0))
             .finish()
     }

@@ -16,17 +16,15 @@
 use amp_tensor::{DType, Generator};
 
 use super::matmul::matmul;
+use super::names::SDPA;
 use super::nn::{dropout, softmax};
 use super::pointwise::*;
 use super::reduce::sum;
 use super::shape::transpose;
 use super::{check::refused, enter_vec, sum_to};
-use crate::dispatch::OpName;
 use crate::grad_mode::is_grad_enabled;
 use crate::graph::record;
 use crate::{Error, Result, Tensor};
-
-static SDPA: OpName = OpName::opaque("scaled_dot_product_attention");
 
 /// The optional arguments of [`scaled_dot_product_attention`], PyTorch's defaults by
 /// `Default`: no mask, no dropout, not causal, scale `1 / sqrt(E)`.

@@ -12,14 +12,12 @@
 use super::check::{self, refused};
 use super::enter_vec;
 use super::loss_extra::{acc, back};
+use super::names::BATCH_NORM;
 use super::pointwise::*;
 use super::reduce::mean;
 use super::shape::reshape;
-use crate::dispatch::OpName;
 use crate::grad_mode::no_grad;
 use crate::{Error, Result, Tensor};
-
-static BATCH_NORM: OpName = OpName::opaque("batch_norm");
 
 /// `(x - mean) / sqrt(var + eps) * weight + bias` per channel (dim 1 of `x`).
 ///

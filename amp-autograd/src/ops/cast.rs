@@ -2,10 +2,9 @@
 
 use amp_tensor::DType;
 
+use super::names::TO;
 use crate::graph::record;
-use crate::{op_name, Result, Tensor};
-
-op_name!(TO = "to");
+use crate::{Result, Tensor};
 
 /// `x.to(dtype)`: a copy in `dtype` (or `x` itself if it has it). Differentiable: the
 /// gradient is cast back to `x`'s dtype, so a float32 leaf gets a float32 grad.

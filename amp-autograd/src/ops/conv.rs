@@ -20,20 +20,15 @@
 use amp_kernels::ConvParams;
 
 use super::enter_vec;
+use super::names::{
+    CONV1D, CONV2D, CONV3D, CONVOLUTION, CONV_TRANSPOSE1D, CONV_TRANSPOSE2D, CONV_TRANSPOSE3D,
+};
 use super::reduce::sum;
 use super::shape::contiguous;
 use crate::dispatch::{BodyGuard, OpName};
 use crate::grad_mode::is_grad_enabled;
-use crate::graph::{record_multi, BackwardFn};
+use crate::graph::{grad_if, record_multi, BackwardFn};
 use crate::{Error, Result, Tensor};
-
-static CONV1D: OpName = OpName::new("conv1d");
-static CONV2D: OpName = OpName::new("conv2d");
-static CONV3D: OpName = OpName::new("conv3d");
-static CONV_TRANSPOSE1D: OpName = OpName::new("conv_transpose1d");
-static CONV_TRANSPOSE2D: OpName = OpName::new("conv_transpose2d");
-static CONV_TRANSPOSE3D: OpName = OpName::new("conv_transpose3d");
-static CONVOLUTION: OpName = OpName::new("_convolution");
 
 fn check_rank(op: &'static str, x: &Tensor, w: &Tensor, spatial: usize) -> Result<()> {
     if w.rank() != spatial + 2 {
@@ -255,16 +250,12 @@ fn conv_prim(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: &ConvParams) -> Resu
             // One contiguous copy shared by the three gradients (as PyTorch's
             // `convolution_backward` does), not one per kernel.
             let g = &contiguous(g)?;
-            let gx = if xs.requires_grad() {
-                Some(input_grad_prim(g, &ws, None, xs.dims(), &p)?)
-            } else {
-                None
-            };
-            let gw = if ws.requires_grad() {
-                Some(weight_grad_prim(&xs, g, ws.dims(), &p)?)
-            } else {
-                None
-            };
+            let gx = grad_if(xs.requires_grad(), || {
+                input_grad_prim(g, &ws, None, xs.dims(), &p)
+            })?;
+            let gw = grad_if(ws.requires_grad(), || {
+                weight_grad_prim(&xs, g, ws.dims(), &p)
+            })?;
             let mut v = vec![gx, gw];
             if has_b {
                 v.push(Some(bias_grad(g)?));
@@ -305,16 +296,10 @@ fn input_grad_prim(
         &inputs_of(g, w, b),
         move |up| {
             let up = &contiguous(up)?;
-            let dg = if gs.requires_grad() {
-                Some(conv_prim(up, &ws, None, &p)?)
-            } else {
-                None
-            };
-            let dw = if ws.requires_grad() {
-                Some(weight_grad_prim(up, &gs, ws.dims(), &p)?)
-            } else {
-                None
-            };
+            let dg = grad_if(gs.requires_grad(), || conv_prim(up, &ws, None, &p))?;
+            let dw = grad_if(ws.requires_grad(), || {
+                weight_grad_prim(up, &gs, ws.dims(), &p)
+            })?;
             let mut v = vec![dg, dw];
             if has_b {
                 v.push(Some(bias_grad(up)?));
@@ -345,16 +330,10 @@ fn weight_grad_prim(x: &Tensor, g: &Tensor, w_dims: &[usize], p: &ConvParams) ->
         "ConvolutionBackwardBackward0",
         &[x, g],
         move |up| {
-            let dx = if xs.requires_grad() {
-                Some(input_grad_prim(&gs, up, None, xs.dims(), &p)?)
-            } else {
-                None
-            };
-            let dg = if gs.requires_grad() {
-                Some(conv_prim(&xs, up, None, &p)?)
-            } else {
-                None
-            };
+            let dx = grad_if(xs.requires_grad(), || {
+                input_grad_prim(&gs, up, None, xs.dims(), &p)
+            })?;
+            let dg = grad_if(gs.requires_grad(), || conv_prim(&xs, up, None, &p))?;
             Ok(vec![dx, dg])
         },
     ))

@@ -2,7 +2,7 @@
 //! pdist, dist.
 //!
 //! Each enters the dispatch point once under its documented name and computes its value
-//! from differentiable ops; they are opaque ops ([`OpName::opaque`]), so the body runs with
+//! from differentiable ops; they are [opaque](crate::OpName::opaque) ops, so the body runs with
 //! the layer excluded. 16-bit inputs are computed in float32 and the result rounded once
 //! (PyTorch accumulates norms in float32).
 
@@ -12,22 +12,14 @@ use amp_tensor::{broadcast_shapes, promote_types, wrap_dim};
 
 use super::loss_extra::{acc, back};
 use super::matmul::matmul;
+use super::names::{CDIST, COSINE_SIMILARITY, DIST, NORMALIZE, PAIRWISE_DISTANCE, PDIST, RENORM};
 use super::pointwise::*;
 use super::reduce::{norm, sum};
 use super::shape::{cat, expand, index_select, transpose, unsqueeze};
 use super::{enter, sum_to};
-use crate::dispatch::OpName;
 use crate::grad_mode::is_grad_enabled;
-use crate::graph::record;
+use crate::graph::{grad_if, record};
 use crate::{Error, Result, Tensor};
-
-static NORMALIZE: OpName = OpName::opaque("normalize");
-static RENORM: OpName = OpName::opaque("renorm");
-static COSINE_SIMILARITY: OpName = OpName::opaque("cosine_similarity");
-static PAIRWISE_DISTANCE: OpName = OpName::opaque("pairwise_distance");
-static CDIST: OpName = OpName::opaque("cdist");
-static PDIST: OpName = OpName::opaque("pdist");
-static DIST: OpName = OpName::opaque("dist");
 
 /// `x / max(‖x‖_p, eps)` with the norm taken along `dim` (`F.normalize`).
 pub fn normalize(x: &Tensor, p: f64, dim: i64, eps: f64) -> Result<Tensor> {
@@ -217,24 +209,20 @@ fn euclidean_dist(a: &Tensor, b: &Tensor) -> Result<Tensor> {
             };
             let zero = eq_scalar(&res, 0.0)?;
             let ratio = where_(&zero, &zeros_like(g), &div(g, &res)?)?;
-            let ga = if sa.requires_grad() {
+            let ga = grad_if(sa.requires_grad(), || {
                 let ga = sub(
                     &mul(&sa, &sum(&ratio, &[-1], true, None)?)?,
                     &matmul(&ratio, &sb)?,
                 )?;
-                Some(sum_to(&ga, &da)?)
-            } else {
-                None
-            };
-            let gb = if sb.requires_grad() {
+                sum_to(&ga, &da)
+            })?;
+            let gb = grad_if(sb.requires_grad(), || {
                 let gb = sub(
                     &mul(&sb, &unsqueeze(&sum(&ratio, &[-2], false, None)?, -1)?)?,
                     &matmul(&transpose(&ratio, -2, -1)?, &sa)?,
                 )?;
-                Some(sum_to(&gb, &db)?)
-            } else {
-                None
-            };
+                sum_to(&gb, &db)
+            })?;
             Ok(vec![ga, gb])
         },
     ))

@@ -15,53 +15,22 @@ use amp_kernels::QuantileInterpolation;
 use amp_tensor::{broadcast_shapes, DType, Tensor as Raw};
 
 use super::matmul::matmul;
+use super::names::{
+    CHOLESKY, CHOLESKY_INVERSE, CHOLESKY_SOLVE, FAKE_QUANTIZE, GEQRF, INVERSE, LINALG_CHOLESKY,
+    LINALG_CHOLESKY_EX, LINALG_COND, LINALG_EIGH, LINALG_EIGVALSH, LINALG_HOUSEHOLDER_PRODUCT,
+    LINALG_INV, LINALG_INV_EX, LINALG_LSTSQ, LINALG_MATRIX_NORM, LINALG_MATRIX_RANK, LINALG_QR,
+    LINALG_SOLVE, LINALG_SOLVE_TRIANGULAR, LINALG_SVD, LINALG_SVDVALS, LINALG_TENSORINV,
+    LINALG_TENSORSOLVE, LSTSQ, LU_SOLVE, LU_WITH_INFO, NANQUANTILE, ORGQR, ORMQR, PINVERSE, QR,
+    QUANTILE, SOLVE, SVD, SYMEIG, TRACE, TRIANGULAR_SOLVE,
+};
 use super::pointwise::{add, div, mul, mul_scalar, neg, sub, where_};
 use super::reduce::{amax, amin, sum};
 use super::shape::{expand, narrow, permute, reshape, scatter_add, squeeze, transpose, unsqueeze};
 use super::{cat, enter, enter_vec};
 use crate::dispatch::OpName;
 use crate::grad_mode::is_grad_enabled;
-use crate::graph::{needs_grad, record, record_multi, BackwardFn};
+use crate::graph::{grad_if, needs_grad, record, record_multi, BackwardFn};
 use crate::{Error, Result, Tensor};
-
-static TRACE: OpName = OpName::opaque("trace");
-static INVERSE: OpName = OpName::new("inverse");
-static LINALG_INV: OpName = OpName::new("linalg_inv");
-static LINALG_INV_EX: OpName = OpName::new("linalg_inv_ex");
-static LINALG_SOLVE: OpName = OpName::new("linalg_solve");
-static SOLVE: OpName = OpName::new("solve");
-static LINALG_SOLVE_TRIANGULAR: OpName = OpName::new("linalg_solve_triangular");
-static TRIANGULAR_SOLVE: OpName = OpName::new("triangular_solve");
-static LINALG_CHOLESKY: OpName = OpName::new("linalg_cholesky");
-static LINALG_CHOLESKY_EX: OpName = OpName::new("linalg_cholesky_ex");
-static CHOLESKY: OpName = OpName::new("cholesky");
-static CHOLESKY_SOLVE: OpName = OpName::new("cholesky_solve");
-static CHOLESKY_INVERSE: OpName = OpName::new("cholesky_inverse");
-static LINALG_EIGH: OpName = OpName::new("linalg_eigh");
-static LINALG_EIGVALSH: OpName = OpName::new("linalg_eigvalsh");
-static SYMEIG: OpName = OpName::new("symeig");
-static LINALG_SVD: OpName = OpName::new("linalg_svd");
-static LINALG_SVDVALS: OpName = OpName::new("linalg_svdvals");
-static SVD: OpName = OpName::new("svd");
-static PINVERSE: OpName = OpName::new("pinverse");
-static LINALG_QR: OpName = OpName::new("linalg_qr");
-static QR: OpName = OpName::new("qr");
-static LU_WITH_INFO: OpName = OpName::new("_lu_with_info");
-static LU_SOLVE: OpName = OpName::opaque("lu_solve");
-static LINALG_LSTSQ: OpName = OpName::opaque("linalg_lstsq");
-static LSTSQ: OpName = OpName::opaque("lstsq");
-static LINALG_MATRIX_NORM: OpName = OpName::opaque("linalg_matrix_norm");
-static LINALG_COND: OpName = OpName::opaque("linalg_cond");
-static LINALG_MATRIX_RANK: OpName = OpName::new("linalg_matrix_rank");
-static LINALG_TENSORINV: OpName = OpName::opaque("linalg_tensorinv");
-static LINALG_TENSORSOLVE: OpName = OpName::opaque("linalg_tensorsolve");
-static QUANTILE: OpName = OpName::new("quantile");
-static NANQUANTILE: OpName = OpName::new("nanquantile");
-static GEQRF: OpName = OpName::new("geqrf");
-static LINALG_HOUSEHOLDER_PRODUCT: OpName = OpName::opaque("linalg_householder_product");
-static ORGQR: OpName = OpName::opaque("orgqr");
-static ORMQR: OpName = OpName::opaque("ormqr");
-static FAKE_QUANTIZE: OpName = OpName::new("fake_quantize_per_tensor_affine");
 
 // ----- helpers ---------------------------------------------------------------------------
 
@@ -252,12 +221,10 @@ fn solve_core(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let (saved, sa, sb) = (x.clone(), a.clone(), b.clone());
     Ok(record(x, "LinalgSolveExBackward0", &[a, b], move |g| {
         let gb = solve_core(&mt(&sa)?, g)?;
-        let ga = if sa.requires_grad() {
+        let ga = grad_if(sa.requires_grad(), || {
             let x = again(raw(&saved), || solve_core(&sa, &sb))?;
-            Some(neg(&matmul(&gb, &mt(&x)?)?)?)
-        } else {
-            None
-        };
+            neg(&matmul(&gb, &mt(&x)?)?)
+        })?;
         Ok(vec![ga, sb.requires_grad().then_some(gb)])
     }))
 }
@@ -329,14 +296,12 @@ fn tri_core(a: &Tensor, b: &Tensor, upper: bool, unit: bool) -> Result<Tensor> {
         &[a, b],
         move |g| {
             let gb = tri_core(&mt(&sa)?, g, !upper, unit)?;
-            let ga = if sa.requires_grad() {
+            let ga = grad_if(sa.requires_grad(), || {
                 let x = again(raw(&saved), || tri_core(&sa, &sb, upper, unit))?;
                 let p = neg(&matmul(&gb, &mt(&x)?)?)?;
                 let k = i64::from(unit);
-                Some(if upper { triu(&p, k)? } else { tril(&p, -k)? })
-            } else {
-                None
-            };
+                Ok(if upper { triu(&p, k)? } else { tril(&p, -k)? })
+            })?;
             Ok(vec![ga, sb.requires_grad().then_some(gb)])
         },
     ))
@@ -465,18 +430,16 @@ fn chol_solve_core(b: &Tensor, l: &Tensor, upper: bool) -> Result<Tensor> {
     let (saved, sb, sl) = (x.clone(), b.clone(), l.clone());
     Ok(record(x, "CholeskySolveBackward0", &[b, l], move |g| {
         let gb = chol_solve_core(g, &sl, upper)?;
-        let gl = if sl.requires_grad() {
+        let gl = grad_if(sl.requires_grad(), || {
             let x = again(raw(&saved), || chol_solve_core(&sb, &sl, upper))?;
             let c = matmul(&gb, &mt(&x)?)?;
             let c = add(&c, &mt(&c)?)?;
-            Some(neg(&if upper {
+            neg(&if upper {
                 matmul(&sl, &c)?
             } else {
                 matmul(&c, &sl)?
-            })?)
-        } else {
-            None
-        };
+            })
+        })?;
         Ok(vec![sb.requires_grad().then_some(gb), gl])
     }))
 }

@@ -6,12 +6,13 @@ use std::str::FromStr;
 
 use amp_tensor::DType;
 
+use super::names::{BCE, BCE_LOGITS, CROSS_ENTROPY, HUBER, L1, MSE, NLL, SMOOTH_L1};
 use super::nn::{class_dim, log_softmax};
 use super::pointwise::*;
 use super::reduce::{mean_all, sum, sum_all};
 use super::shape::{gather, index_select, permute, reshape, squeeze, unsqueeze};
 use super::{enter, enter_vec};
-use crate::dispatch::OpName;
+use crate::dispatch::{BodyGuard, OpName};
 use crate::{Error, Result, Tensor};
 
 /// How a loss reduces over elements.
@@ -59,14 +60,22 @@ fn reduce(l: Tensor, r: Reduction) -> Result<Tensor> {
     }
 }
 
-static MSE: OpName = OpName::new("mse_loss");
-static L1: OpName = OpName::new("l1_loss");
-static SMOOTH_L1: OpName = OpName::new("smooth_l1_loss");
-static HUBER: OpName = OpName::new("huber_loss");
-static NLL: OpName = OpName::new("nll_loss");
-static CROSS_ENTROPY: OpName = OpName::new("cross_entropy");
-static BCE: OpName = OpName::new("binary_cross_entropy");
-static BCE_LOGITS: OpName = OpName::new("binary_cross_entropy_with_logits");
+/// `|input - target|` for the regression loss `op`, with the guard its body keeps.
+fn abs_error(op: &'static OpName, input: &Tensor, target: &Tensor) -> Result<(Tensor, BodyGuard)> {
+    let ([input, target], body) = enter(op, [input, target])?;
+    Ok((abs(&sub(&input, &target)?)?, body))
+}
+
+/// The reduced piecewise loss: `quad` where `d < threshold`, `lin` elsewhere.
+fn below_or(
+    d: &Tensor,
+    threshold: f64,
+    quad: &Tensor,
+    lin: &Tensor,
+    reduction: Reduction,
+) -> Result<Tensor> {
+    reduce(where_(&lt_scalar(d, threshold)?, quad, lin)?, reduction)
+}
 
 /// Mean squared error.
 pub fn mse_loss(input: &Tensor, target: &Tensor, reduction: Reduction) -> Result<Tensor> {
@@ -76,8 +85,8 @@ pub fn mse_loss(input: &Tensor, target: &Tensor, reduction: Reduction) -> Result
 
 /// Mean absolute error.
 pub fn l1_loss(input: &Tensor, target: &Tensor, reduction: Reduction) -> Result<Tensor> {
-    let ([input, target], _body) = enter(&L1, [input, target])?;
-    reduce(abs(&sub(&input, &target)?)?, reduction)
+    let (d, _body) = abs_error(&L1, input, target)?;
+    reduce(d, reduction)
 }
 
 /// Smooth L1: quadratic below `beta`, linear above.
@@ -87,14 +96,13 @@ pub fn smooth_l1_loss(
     reduction: Reduction,
     beta: f64,
 ) -> Result<Tensor> {
-    let ([input, target], _body) = enter(&SMOOTH_L1, [input, target])?;
-    let d = abs(&sub(&input, &target)?)?;
+    let (d, _body) = abs_error(&SMOOTH_L1, input, target)?;
     if beta == 0.0 {
         return reduce(d, reduction);
     }
     let quad = div_scalar(&mul_scalar(&square(&d)?, 0.5)?, beta)?;
     let lin = sub_scalar(&d, 0.5 * beta)?;
-    reduce(where_(&lt_scalar(&d, beta)?, &quad, &lin)?, reduction)
+    below_or(&d, beta, &quad, &lin, reduction)
 }
 
 /// Huber loss with threshold `delta`.
@@ -104,11 +112,10 @@ pub fn huber_loss(
     reduction: Reduction,
     delta: f64,
 ) -> Result<Tensor> {
-    let ([input, target], _body) = enter(&HUBER, [input, target])?;
-    let d = abs(&sub(&input, &target)?)?;
+    let (d, _body) = abs_error(&HUBER, input, target)?;
     let quad = mul_scalar(&square(&d)?, 0.5)?;
     let lin = mul_scalar(&sub_scalar(&d, 0.5 * delta)?, delta)?;
-    reduce(where_(&lt_scalar(&d, delta)?, &quad, &lin)?, reduction)
+    below_or(&d, delta, &quad, &lin, reduction)
 }
 
 /// Negative log-likelihood of class indices `target` under log-probabilities `input`

@@ -4,7 +4,7 @@
 //! triplet_margin_loss, ctc_loss.
 //!
 //! Each enters the dispatch point once under its documented name and computes its value
-//! from differentiable ops as an opaque op ([`OpName::opaque`]: the body runs with the
+//! from differentiable ops as an [opaque](crate::OpName::opaque) op (the body runs with the
 //! layer excluded, so the op's policy alone decides its dtypes); 16-bit inputs are
 //! computed in float32 and the result rounded once, as PyTorch's kernels accumulate in
 //! float32.
@@ -16,24 +16,15 @@ use amp_tensor::{promote_types, DType};
 
 use super::distance::pairwise_distance;
 use super::loss::Reduction;
+use super::names::{
+    COSINE_EMBEDDING, CTC, HINGE_EMBEDDING, KL_DIV, MARGIN_RANKING, MULTILABEL_MARGIN,
+    MULTILABEL_MARGIN_FORWARD, MULTI_MARGIN, POISSON_NLL, SOFT_MARGIN, TRIPLET_MARGIN,
+};
 use super::pointwise::*;
 use super::reduce::{logsumexp, mean_all, sum, sum_all};
 use super::shape::{cat, gather, index_select, reshape, select, squeeze, stack, unsqueeze};
 use super::{check, enter, enter_vec};
-use crate::dispatch::OpName;
 use crate::{Error, Result, Tensor};
-
-static KL_DIV: OpName = OpName::opaque("kl_div");
-static POISSON_NLL: OpName = OpName::opaque("poisson_nll_loss");
-static HINGE_EMBEDDING: OpName = OpName::opaque("hinge_embedding_loss");
-static MARGIN_RANKING: OpName = OpName::opaque("margin_ranking_loss");
-static SOFT_MARGIN: OpName = OpName::opaque("soft_margin_loss");
-static MULTILABEL_MARGIN: OpName = OpName::new("multilabel_margin_loss");
-static MULTILABEL_MARGIN_FORWARD: OpName = OpName::opaque("multilabel_margin_loss_forward");
-static MULTI_MARGIN: OpName = OpName::opaque("multi_margin_loss");
-static COSINE_EMBEDDING: OpName = OpName::opaque("cosine_embedding_loss");
-static TRIPLET_MARGIN: OpName = OpName::opaque("triplet_margin_loss");
-static CTC: OpName = OpName::opaque("ctc_loss");
 
 /// `x` in float32 when it is a 16-bit float (differentiably), else itself.
 pub(super) fn acc(x: &Tensor) -> Result<Tensor> {

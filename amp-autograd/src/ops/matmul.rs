@@ -1,29 +1,16 @@
 //! The matmul family: mm, bmm, matmul (every broadcasting case), mv, dot, outer,
 //! addmm, addbmm, baddbmm, addmv, addr, linear, chain_matmul / multi_dot.
 
+use super::names::{
+    ADDBMM, ADDMM, ADDMV, ADDR, BADDBMM, BMM, CHAIN_MATMUL, DOT, DUNDER_MATMUL, LINEAR, MATMUL, MM,
+    MULTI_DOT, MV, OUTER,
+};
 use super::pointwise::{add, mul, mul_scalar};
 use super::reduce::sum;
 use super::shape::{expand, reshape, squeeze, transpose, unsqueeze};
 use super::{check, enter, enter_vec, sum_to};
-use crate::dispatch::OpName;
-use crate::graph::record;
+use crate::graph::{grad_if, record};
 use crate::{Error, Result, Tensor};
-
-static MM: OpName = OpName::new("mm");
-static BMM: OpName = OpName::new("bmm");
-static MATMUL: OpName = OpName::new("matmul");
-static DUNDER_MATMUL: OpName = OpName::new("__matmul__");
-static MV: OpName = OpName::new("mv");
-static DOT: OpName = OpName::new("dot");
-static OUTER: OpName = OpName::new("outer");
-static ADDMM: OpName = OpName::new("addmm");
-static ADDBMM: OpName = OpName::new("addbmm");
-static BADDBMM: OpName = OpName::new("baddbmm");
-static ADDMV: OpName = OpName::new("addmv");
-static ADDR: OpName = OpName::new("addr");
-static LINEAR: OpName = OpName::new("linear");
-static CHAIN_MATMUL: OpName = OpName::new("chain_matmul");
-static MULTI_DOT: OpName = OpName::new("multi_dot");
 
 fn tr(x: &Tensor) -> Result<Tensor> {
     transpose(x, -2, -1)
@@ -74,16 +61,8 @@ pub fn mm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let (sa, sb) = (a.clone(), b.clone());
     Ok(record(out, "MmBackward0", &[&a, &b], move |g| {
         Ok(vec![
-            if sa.requires_grad() {
-                Some(mm_mat1_grad(g, &sa, &sb)?)
-            } else {
-                None
-            },
-            if sb.requires_grad() {
-                Some(mm_mat2_grad(g, &sa, &sb)?)
-            } else {
-                None
-            },
+            grad_if(sa.requires_grad(), || mm_mat1_grad(g, &sa, &sb))?,
+            grad_if(sb.requires_grad(), || mm_mat2_grad(g, &sa, &sb))?,
         ])
     }))
 }
@@ -95,16 +74,8 @@ pub fn bmm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let (sa, sb) = (a.clone(), b.clone());
     Ok(record(out, "BmmBackward0", &[&a, &b], move |g| {
         Ok(vec![
-            if sa.requires_grad() {
-                Some(bmm(g, &tr(&sb)?)?)
-            } else {
-                None
-            },
-            if sb.requires_grad() {
-                Some(bmm(&tr(&sa)?, g)?)
-            } else {
-                None
-            },
+            grad_if(sa.requires_grad(), || bmm(g, &tr(&sb)?))?,
+            grad_if(sb.requires_grad(), || bmm(&tr(&sa)?, g))?,
         ])
     }))
 }
@@ -116,16 +87,8 @@ pub fn mv(m: &Tensor, v: &Tensor) -> Result<Tensor> {
     let (sm, sv) = (m.clone(), v.clone());
     Ok(record(out, "MvBackward0", &[&m, &v], move |g| {
         Ok(vec![
-            if sm.requires_grad() {
-                Some(outer(g, &sv)?)
-            } else {
-                None
-            },
-            if sv.requires_grad() {
-                Some(mv(&tr(&sm)?, g)?)
-            } else {
-                None
-            },
+            grad_if(sm.requires_grad(), || outer(g, &sv))?,
+            grad_if(sv.requires_grad(), || mv(&tr(&sm)?, g))?,
         ])
     }))
 }
@@ -137,16 +100,8 @@ pub fn dot(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let (sa, sb) = (a.clone(), b.clone());
     Ok(record(out, "DotBackward0", &[&a, &b], move |g| {
         Ok(vec![
-            if sa.requires_grad() {
-                Some(mul(g, &sb)?)
-            } else {
-                None
-            },
-            if sb.requires_grad() {
-                Some(mul(g, &sa)?)
-            } else {
-                None
-            },
+            grad_if(sa.requires_grad(), || mul(g, &sb))?,
+            grad_if(sb.requires_grad(), || mul(g, &sa))?,
         ])
     }))
 }
@@ -158,16 +113,8 @@ pub fn outer(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let (sa, sb) = (a.clone(), b.clone());
     Ok(record(out, "OuterBackward0", &[&a, &b], move |g| {
         Ok(vec![
-            if sa.requires_grad() {
-                Some(mv(g, &sb)?)
-            } else {
-                None
-            },
-            if sb.requires_grad() {
-                Some(mv(&tr(g)?, &sa)?)
-            } else {
-                None
-            },
+            grad_if(sa.requires_grad(), || mv(g, &sb))?,
+            grad_if(sb.requires_grad(), || mv(&tr(g)?, &sa))?,
         ])
     }))
 }
@@ -183,21 +130,15 @@ pub fn addmm(input: &Tensor, m1: &Tensor, m2: &Tensor, beta: f64, alpha: f64) ->
         &[&input, &m1, &m2],
         move |g| {
             Ok(vec![
-                if si.requires_grad() && beta != 0.0 {
-                    Some(sum_to(&maybe_mul(g.clone(), beta)?, si.dims())?)
-                } else {
-                    None
-                },
-                if s1.requires_grad() {
-                    Some(maybe_mul(mm_mat1_grad(g, &s1, &s2)?, alpha)?)
-                } else {
-                    None
-                },
-                if s2.requires_grad() {
-                    Some(maybe_mul(mm_mat2_grad(g, &s1, &s2)?, alpha)?)
-                } else {
-                    None
-                },
+                grad_if(si.requires_grad() && beta != 0.0, || {
+                    sum_to(&maybe_mul(g.clone(), beta)?, si.dims())
+                })?,
+                grad_if(s1.requires_grad(), || {
+                    maybe_mul(mm_mat1_grad(g, &s1, &s2)?, alpha)
+                })?,
+                grad_if(s2.requires_grad(), || {
+                    maybe_mul(mm_mat2_grad(g, &s1, &s2)?, alpha)
+                })?,
             ])
         },
     ))

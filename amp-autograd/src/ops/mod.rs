@@ -12,6 +12,7 @@ mod linalg;
 mod loss;
 mod loss_extra;
 mod matmul;
+pub mod names;
 mod nn;
 mod nn_extra;
 mod pointwise;

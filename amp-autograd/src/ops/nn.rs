@@ -2,19 +2,13 @@
 
 use amp_tensor::{DType, Generator};
 
+use super::names::{DROPOUT, LAYER_NORM, LOG_SOFTMAX, SOFTMAX, SOFTMIN};
 use super::pointwise::*;
 use super::reduce::{mean, sum};
 use super::{enter, enter_dtype};
-use crate::dispatch::OpName;
 use crate::grad_mode::is_grad_enabled;
 use crate::graph::{record, record_multi};
 use crate::{Error, Result, Tensor};
-
-static SOFTMAX: OpName = OpName::new("softmax");
-static LOG_SOFTMAX: OpName = OpName::new("log_softmax");
-static SOFTMIN: OpName = OpName::new("softmin");
-static LAYER_NORM: OpName = OpName::new("layer_norm");
-static DROPOUT: OpName = OpName::new("dropout");
 
 fn cast_opt(x: Tensor, dtype: Option<DType>) -> Result<Tensor> {
     match dtype {

@@ -2,7 +2,7 @@
 //! index_put and tensordot.
 //!
 //! Each enters the dispatch point once under its documented name. prelu, group_norm,
-//! cross and index_put are opaque ops ([`OpName::opaque`]): their body runs with the layer
+//! cross and index_put are [opaque](crate::OpName::opaque) ops: their body runs with the layer
 //! excluded (their own policy alone decides their dtypes); bilinear and tensordot are composites of `mm`/`bmm`,
 //! whose casts they inherit, as PyTorch's `_trilinear` and `tensordot` do on CPU.
 
@@ -10,21 +10,14 @@ use amp_tensor::{broadcast_shapes, promote_types, wrap_dim, DType};
 
 use super::loss_extra::{acc, back};
 use super::matmul::{bmm, mm};
+use super::names::{BILINEAR, CROSS, GROUP_NORM, INDEX_PUT, PRELU, TENSORDOT};
 use super::pointwise::*;
 use super::reduce::{mean, sum};
 use super::shape::{expand, index_add, index_copy, index_select, permute, reshape};
 use super::{check, enter, enter_vec};
-use crate::dispatch::OpName;
 use crate::grad_mode::{is_grad_enabled, no_grad};
 use crate::graph::record_multi;
 use crate::{Error, Result, Tensor};
-
-static PRELU: OpName = OpName::opaque("prelu");
-static BILINEAR: OpName = OpName::new("bilinear");
-static GROUP_NORM: OpName = OpName::opaque("group_norm");
-static CROSS: OpName = OpName::opaque("cross");
-static INDEX_PUT: OpName = OpName::opaque("index_put");
-static TENSORDOT: OpName = OpName::new("tensordot");
 
 /// Parametric ReLU: `x` where `x > 0`, `weight * x` elsewhere; `weight` has one element
 /// or one per channel (dim 1 of `x`).

@@ -4,10 +4,10 @@
 use amp_kernels::{BinaryOp, CmpOp, UnaryOp};
 use amp_tensor::{Scalar, Tensor as Raw};
 
+use super::names::{self, ADDCDIV, ADDCMUL, CLAMP, SOFTPLUS, WHERE};
 use super::{enter, sum_to};
-use crate::dispatch::OpName;
 use crate::grad_mode::is_grad_enabled;
-use crate::graph::record;
+use crate::graph::{grad_if, record};
 use crate::{Result, Tensor};
 
 /// The forward output inside a backward closure: the saved values when no graph is
@@ -22,11 +22,10 @@ fn output_of(saved: &Raw, x: &Tensor, f: fn(&Tensor) -> Result<Tensor>) -> Resul
 }
 
 macro_rules! unary_ops {
-    ($($(#[$doc:meta])* $fname:ident = $opname:literal, $kop:ident, $node:literal, |$g:ident, $x:ident, $out:ident| $bw:expr;)*) => {$(
+    ($($(#[$doc:meta])* $fname:ident = $op:ident, $kop:ident, $node:literal, |$g:ident, $x:ident, $out:ident| $bw:expr;)*) => {$(
         $(#[$doc])*
         pub fn $fname(x: &Tensor) -> Result<Tensor> {
-            static OP: OpName = OpName::new($opname);
-            let ([x], _body) = enter(&OP, [x])?;
+            let ([x], _body) = enter(&names::$op, [x])?;
             let out = amp_kernels::unary(UnaryOp::$kop, x.data())?;
             let saved = out.clone();
             let xs = x.clone();
@@ -43,51 +42,51 @@ macro_rules! unary_ops {
 
 unary_ops! {
     /// `-x`.
-    neg = "neg", Neg, "NegBackward0", |g, x, out| neg(g)?;
+    neg = NEG, Neg, "NegBackward0", |g, x, out| neg(g)?;
     /// `|x|` (gradient `sign(x)`, 0 at 0).
-    abs = "abs", Abs, "AbsBackward0", |g, x, out| mul(g, &sign(x)?)?;
+    abs = ABS, Abs, "AbsBackward0", |g, x, out| mul(g, &sign(x)?)?;
     /// `e^x`.
-    exp = "exp", Exp, "ExpBackward0", |g, x, out| mul(g, &out()?)?;
+    exp = EXP, Exp, "ExpBackward0", |g, x, out| mul(g, &out()?)?;
     /// `e^x - 1`.
-    expm1 = "expm1", Expm1, "Expm1Backward0", |g, x, out| mul(g, &add_scalar(&out()?, 1.0)?)?;
+    expm1 = EXPM1, Expm1, "Expm1Backward0", |g, x, out| mul(g, &add_scalar(&out()?, 1.0)?)?;
     /// Natural log.
-    log = "log", Log, "LogBackward0", |g, x, out| div(g, x)?;
+    log = LOG, Log, "LogBackward0", |g, x, out| div(g, x)?;
     /// `log(1 + x)`.
-    log1p = "log1p", Log1p, "Log1PBackward0", |g, x, out| div(g, &add_scalar(x, 1.0)?)?;
+    log1p = LOG1P, Log1p, "Log1PBackward0", |g, x, out| div(g, &add_scalar(x, 1.0)?)?;
     /// Base-2 log.
-    log2 = "log2", Log2, "Log2Backward0", |g, x, out| div(g, &mul_scalar(x, std::f64::consts::LN_2)?)?;
+    log2 = LOG2, Log2, "Log2Backward0", |g, x, out| div(g, &mul_scalar(x, std::f64::consts::LN_2)?)?;
     /// Base-10 log.
-    log10 = "log10", Log10, "Log10Backward0", |g, x, out| div(g, &mul_scalar(x, std::f64::consts::LN_10)?)?;
+    log10 = LOG10, Log10, "Log10Backward0", |g, x, out| div(g, &mul_scalar(x, std::f64::consts::LN_10)?)?;
     /// Square root.
-    sqrt = "sqrt", Sqrt, "SqrtBackward0", |g, x, out| div(g, &mul_scalar(&out()?, 2.0)?)?;
+    sqrt = SQRT, Sqrt, "SqrtBackward0", |g, x, out| div(g, &mul_scalar(&out()?, 2.0)?)?;
     /// `1 / sqrt(x)`.
-    rsqrt = "rsqrt", Rsqrt, "RsqrtBackward0", |g, x, out| mul(g, &mul_scalar(&pow_scalar(&out()?, 3.0)?, -0.5)?)?;
+    rsqrt = RSQRT, Rsqrt, "RsqrtBackward0", |g, x, out| mul(g, &mul_scalar(&pow_scalar(&out()?, 3.0)?, -0.5)?)?;
     /// `1 / x`.
-    reciprocal = "reciprocal", Reciprocal, "ReciprocalBackward0", |g, x, out| mul(g, &neg(&square(&out()?)?)?)?;
+    reciprocal = RECIPROCAL, Reciprocal, "ReciprocalBackward0", |g, x, out| mul(g, &neg(&square(&out()?)?)?)?;
     /// Sine.
-    sin = "sin", Sin, "SinBackward0", |g, x, out| mul(g, &cos(x)?)?;
+    sin = SIN, Sin, "SinBackward0", |g, x, out| mul(g, &cos(x)?)?;
     /// Cosine.
-    cos = "cos", Cos, "CosBackward0", |g, x, out| mul(g, &neg(&sin(x)?)?)?;
+    cos = COS, Cos, "CosBackward0", |g, x, out| mul(g, &neg(&sin(x)?)?)?;
     /// Tangent.
-    tan = "tan", Tan, "TanBackward0", |g, x, out| mul(g, &add_scalar(&square(&out()?)?, 1.0)?)?;
+    tan = TAN, Tan, "TanBackward0", |g, x, out| mul(g, &add_scalar(&square(&out()?)?, 1.0)?)?;
     /// Arcsine.
-    asin = "asin", Asin, "AsinBackward0", |g, x, out| div(g, &sqrt(&rsub_scalar(&square(x)?, 1.0)?)?)?;
+    asin = ASIN, Asin, "AsinBackward0", |g, x, out| div(g, &sqrt(&rsub_scalar(&square(x)?, 1.0)?)?)?;
     /// Arccosine.
-    acos = "acos", Acos, "AcosBackward0", |g, x, out| neg(&div(g, &sqrt(&rsub_scalar(&square(x)?, 1.0)?)?)?)?;
+    acos = ACOS, Acos, "AcosBackward0", |g, x, out| neg(&div(g, &sqrt(&rsub_scalar(&square(x)?, 1.0)?)?)?)?;
     /// Arctangent.
-    atan = "atan", Atan, "AtanBackward0", |g, x, out| div(g, &add_scalar(&square(x)?, 1.0)?)?;
+    atan = ATAN, Atan, "AtanBackward0", |g, x, out| div(g, &add_scalar(&square(x)?, 1.0)?)?;
     /// Hyperbolic sine.
-    sinh = "sinh", Sinh, "SinhBackward0", |g, x, out| mul(g, &cosh(x)?)?;
+    sinh = SINH, Sinh, "SinhBackward0", |g, x, out| mul(g, &cosh(x)?)?;
     /// Hyperbolic cosine.
-    cosh = "cosh", Cosh, "CoshBackward0", |g, x, out| mul(g, &sinh(x)?)?;
+    cosh = COSH, Cosh, "CoshBackward0", |g, x, out| mul(g, &sinh(x)?)?;
     /// Hyperbolic tangent.
-    tanh = "tanh", Tanh, "TanhBackward0", |g, x, out| mul(g, &rsub_scalar(&square(&out()?)?, 1.0)?)?;
+    tanh = TANH, Tanh, "TanhBackward0", |g, x, out| mul(g, &rsub_scalar(&square(&out()?)?, 1.0)?)?;
     /// Logistic sigmoid.
-    sigmoid = "sigmoid", Sigmoid, "SigmoidBackward0", |g, x, out| { let y = out()?; mul(g, &mul(&y, &rsub_scalar(&y, 1.0)?)?)? };
+    sigmoid = SIGMOID, Sigmoid, "SigmoidBackward0", |g, x, out| { let y = out()?; mul(g, &mul(&y, &rsub_scalar(&y, 1.0)?)?)? };
     /// `max(x, 0)`.
-    relu = "relu", Relu, "ReluBackward0", |g, x, out| threshold_backward(g, x, 0.0)?;
+    relu = RELU, Relu, "ReluBackward0", |g, x, out| threshold_backward(g, x, 0.0)?;
     /// Exact GELU, `x * Φ(x)`.
-    gelu = "gelu", Gelu, "GeluBackward0", |g, x, out| if !is_grad_enabled()
+    gelu = GELU, Gelu, "GeluBackward0", |g, x, out| if !is_grad_enabled()
         && g.dtype() == x.dtype()
         && g.dims() == x.dims()
         && x.device() == amp_tensor::Device::Cpu
@@ -100,19 +99,19 @@ unary_ops! {
         mul(g, &add(&cdf, &mul(x, &pdf)?)?)?
     };
     /// Error function.
-    erf = "erf", Erf, "ErfBackward0", |g, x, out| mul(g, &mul_scalar(&exp(&neg(&square(x)?)?)?, std::f64::consts::FRAC_2_SQRT_PI)?)?;
+    erf = ERF, Erf, "ErfBackward0", |g, x, out| mul(g, &mul_scalar(&exp(&neg(&square(x)?)?)?, std::f64::consts::FRAC_2_SQRT_PI)?)?;
     /// Inverse error function.
-    erfinv = "erfinv", Erfinv, "ErfinvBackward0", |g, x, out| mul(g, &mul_scalar(&exp(&square(&out()?)?)?, std::f64::consts::PI.sqrt() / 2.0)?)?;
+    erfinv = ERFINV, Erfinv, "ErfinvBackward0", |g, x, out| mul(g, &mul_scalar(&exp(&square(&out()?)?)?, std::f64::consts::PI.sqrt() / 2.0)?)?;
     /// `x * x`.
-    square = "square", Square, "PowBackward0", |g, x, out| mul(g, &mul_scalar(x, 2.0)?)?;
+    square = SQUARE, Square, "PowBackward0", |g, x, out| mul(g, &mul_scalar(x, 2.0)?)?;
     /// Sign (-1, 0, 1); gradient zero.
-    sign = "sign", Sign, "SignBackward0", |g, x, out| zeros_like(g);
+    sign = SIGN, Sign, "SignBackward0", |g, x, out| zeros_like(g);
     /// Floor; gradient zero.
-    floor = "floor", Floor, "FloorBackward0", |g, x, out| zeros_like(g);
+    floor = FLOOR, Floor, "FloorBackward0", |g, x, out| zeros_like(g);
     /// Ceil; gradient zero.
-    ceil = "ceil", Ceil, "CeilBackward0", |g, x, out| zeros_like(g);
+    ceil = CEIL, Ceil, "CeilBackward0", |g, x, out| zeros_like(g);
     /// Round half to even; gradient zero.
-    round = "round", Round, "RoundBackward0", |g, x, out| zeros_like(g);
+    round = ROUND, Round, "RoundBackward0", |g, x, out| zeros_like(g);
 }
 
 /// `t` itself, recorded as also depending on `x` with a zero derivative. Backward
@@ -161,8 +160,6 @@ pub fn ones_like(t: &Tensor) -> Tensor {
     Tensor::from_raw(t.data().ones_like())
 }
 
-static SOFTPLUS: OpName = OpName::new("softplus");
-
 /// `log(1 + exp(beta x)) / beta`, linear above `threshold`.
 pub fn softplus(x: &Tensor, beta: f64, threshold: f64) -> Result<Tensor> {
     let ([x], _body) = enter(&SOFTPLUS, [x])?;
@@ -177,11 +174,10 @@ pub fn softplus(x: &Tensor, beta: f64, threshold: f64) -> Result<Tensor> {
 }
 
 macro_rules! binary_ops {
-    ($($(#[$doc:meta])* $fname:ident = $opname:literal, $kop:ident, $node:literal, |$g:ident, $a:ident, $b:ident, $out:ident| ga: $ga:expr, gb: $gb:expr;)*) => {$(
+    ($($(#[$doc:meta])* $fname:ident = $op:ident, $kop:ident, $node:literal, |$g:ident, $a:ident, $b:ident, $out:ident| ga: $ga:expr, gb: $gb:expr;)*) => {$(
         $(#[$doc])*
         pub fn $fname(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-            static OP: OpName = OpName::new($opname);
-            let ([a, b], _body) = enter(&OP, [a, b])?;
+            let ([a, b], _body) = enter(&names::$op, [a, b])?;
             let out = amp_kernels::binary(BinaryOp::$kop, a.data(), b.data())?;
             let saved = out.clone();
             let (sa, sb) = (a.clone(), b.clone());
@@ -190,8 +186,8 @@ macro_rules! binary_ops {
                 let ($a, $b) = (&sa, &sb);
                 #[allow(unused_variables)]
                 let $out = || -> Result<Tensor> { if is_grad_enabled() { $fname(&sa, &sb) } else { Ok(Tensor::from_raw(saved.clone())) } };
-                let ga = if sa.requires_grad() { Some(sum_to(&$ga, sa.dims())?) } else { None };
-                let gb = if sb.requires_grad() { Some(sum_to(&$gb, sb.dims())?) } else { None };
+                let ga = grad_if(sa.requires_grad(), || sum_to(&$ga, sa.dims()))?;
+                let gb = grad_if(sb.requires_grad(), || sum_to(&$gb, sb.dims()))?;
                 Ok(vec![ga, gb])
             }))
         }
@@ -200,27 +196,27 @@ macro_rules! binary_ops {
 
 binary_ops! {
     /// `a + b` with broadcasting and type promotion.
-    add = "add", Add, "AddBackward0", |g, a, b, out| ga: g.clone(), gb: g.clone();
+    add = ADD, Add, "AddBackward0", |g, a, b, out| ga: g.clone(), gb: g.clone();
     /// `a - b`.
-    sub = "sub", Sub, "SubBackward0", |g, a, b, out| ga: g.clone(), gb: neg(g)?;
+    sub = SUB, Sub, "SubBackward0", |g, a, b, out| ga: g.clone(), gb: neg(g)?;
     /// `a * b`.
-    mul = "mul", Mul, "MulBackward0", |g, a, b, out| ga: mul(g, b)?, gb: mul(g, a)?;
+    mul = MUL, Mul, "MulBackward0", |g, a, b, out| ga: mul(g, b)?, gb: mul(g, a)?;
     /// `a / b` (true division).
-    div = "div", Div, "DivBackward0", |g, a, b, out| ga: div(g, b)?, gb: neg(&div(&mul(g, a)?, &square(b)?)?)?;
+    div = DIV, Div, "DivBackward0", |g, a, b, out| ga: div(g, b)?, gb: neg(&div(&mul(g, a)?, &square(b)?)?)?;
     /// `a ** b` (elementwise).
-    pow = "pow", Pow, "PowBackward1", |g, a, b, out|
+    pow = POW, Pow, "PowBackward1", |g, a, b, out|
         ga: mul(g, &mul(b, &pow(a, &sub_scalar(b, 1.0)?)?)?)?,
         gb: mul(g, &mul(&out()?, &log(a)?)?)?;
     /// `atan2(a, b)`.
-    atan2 = "atan2", Atan2, "Atan2Backward0", |g, a, b, out|
+    atan2 = ATAN2, Atan2, "Atan2Backward0", |g, a, b, out|
         ga: mul(g, &div(b, &add(&square(a)?, &square(b)?)?)?)?,
         gb: mul(g, &div(&neg(a)?, &add(&square(a)?, &square(b)?)?)?)?;
     /// Elementwise maximum (NaN propagates; ties split the gradient).
-    maximum = "maximum", Maximum, "MaximumBackward0", |g, a, b, out|
+    maximum = MAXIMUM, Maximum, "MaximumBackward0", |g, a, b, out|
         ga: mul(g, &tie_weights(a, b, CmpOp::Gt)?.0)?,
         gb: mul(g, &tie_weights(a, b, CmpOp::Gt)?.1)?;
     /// Elementwise minimum.
-    minimum = "minimum", Minimum, "MinimumBackward0", |g, a, b, out|
+    minimum = MINIMUM, Minimum, "MinimumBackward0", |g, a, b, out|
         ga: mul(g, &tie_weights(a, b, CmpOp::Lt)?.0)?,
         gb: mul(g, &tie_weights(a, b, CmpOp::Lt)?.1)?;
 }
@@ -236,40 +232,32 @@ fn tie_weights(a: &Tensor, b: &Tensor, cmp: CmpOp) -> Result<(Tensor, Tensor)> {
     Ok((wa, wb))
 }
 
-static ADD_ALPHA: OpName = OpName::new("add");
-static SUB_ALPHA: OpName = OpName::new("sub");
-
 /// `a + alpha * b` (`torch.add(a, b, alpha=alpha)`).
 pub fn add_scaled(a: &Tensor, b: &Tensor, alpha: f64) -> Result<Tensor> {
-    let ([a, b], _body) = enter(&ADD_ALPHA, [a, b])?;
+    let ([a, b], _body) = enter(&names::ADD, [a, b])?;
     let out = amp_kernels::add_scaled(a.data(), b.data(), alpha)?;
     let (da, db) = (a.dims().to_vec(), b.dims().to_vec());
     let (ra, rb) = (a.requires_grad(), b.requires_grad());
     Ok(record(out, "AddBackward0", &[&a, &b], move |g| {
         Ok(vec![
-            if ra { Some(sum_to(g, &da)?) } else { None },
-            if rb {
-                Some(sum_to(&mul_scalar(g, alpha)?, &db)?)
-            } else {
-                None
-            },
+            grad_if(ra, || sum_to(g, &da))?,
+            grad_if(rb, || sum_to(&mul_scalar(g, alpha)?, &db))?,
         ])
     }))
 }
 
 /// `a - alpha * b`.
 pub fn sub_scaled(a: &Tensor, b: &Tensor, alpha: f64) -> Result<Tensor> {
-    let ([a, b], _body) = enter(&SUB_ALPHA, [a, b])?;
+    let ([a, b], _body) = enter(&names::SUB, [a, b])?;
     add_scaled(&a, &b, -alpha)
 }
 
 macro_rules! scalar_ops {
-    ($($(#[$doc:meta])* $fname:ident = $opname:literal, $node:literal, |$x:ident, $s:ident| $fwd:expr, |$g:ident, $xx:ident, $ss:ident, $out:ident| $bw:expr;)*) => {$(
+    ($($(#[$doc:meta])* $fname:ident = $op:ident, $node:literal, |$x:ident, $s:ident| $fwd:expr, |$g:ident, $xx:ident, $ss:ident, $out:ident| $bw:expr;)*) => {$(
         $(#[$doc])*
         pub fn $fname(x: &Tensor, s: impl Into<Scalar>) -> Result<Tensor> {
-            static OP: OpName = OpName::new($opname);
             let s: Scalar = s.into();
-            let ([x], _body) = enter(&OP, [x])?;
+            let ([x], _body) = enter(&names::$op, [x])?;
             let out = { let $x = x.data(); let $s = s; $fwd? };
             let saved = out.clone();
             let xs = x.clone();
@@ -286,24 +274,24 @@ macro_rules! scalar_ops {
 
 scalar_ops! {
     /// `x + s`.
-    add_scalar = "add", "AddBackward1", |x, s| amp_kernels::binary_scalar(BinaryOp::Add, x, s), |g, x, s, out| g.clone();
+    add_scalar = ADD, "AddBackward1", |x, s| amp_kernels::binary_scalar(BinaryOp::Add, x, s), |g, x, s, out| g.clone();
     /// `x - s`.
-    sub_scalar = "sub", "SubBackward1", |x, s| amp_kernels::binary_scalar(BinaryOp::Sub, x, s), |g, x, s, out| g.clone();
+    sub_scalar = SUB, "SubBackward1", |x, s| amp_kernels::binary_scalar(BinaryOp::Sub, x, s), |g, x, s, out| g.clone();
     /// `s - x` (`__rsub__`).
-    rsub_scalar = "rsub", "RsubBackward1", |x, s| amp_kernels::scalar_binary(BinaryOp::Sub, s, x), |g, x, s, out| neg(g)?;
+    rsub_scalar = RSUB, "RsubBackward1", |x, s| amp_kernels::scalar_binary(BinaryOp::Sub, s, x), |g, x, s, out| neg(g)?;
     /// `x * s`.
-    mul_scalar = "mul", "MulBackward1", |x, s| amp_kernels::binary_scalar(BinaryOp::Mul, x, s), |g, x, s, out| mul_scalar(g, s)?;
+    mul_scalar = MUL, "MulBackward1", |x, s| amp_kernels::binary_scalar(BinaryOp::Mul, x, s), |g, x, s, out| mul_scalar(g, s)?;
     /// `x / s`.
-    div_scalar = "div", "DivBackward1", |x, s| amp_kernels::binary_scalar(BinaryOp::Div, x, s), |g, x, s, out| div_scalar(g, s)?;
+    div_scalar = DIV, "DivBackward1", |x, s| amp_kernels::binary_scalar(BinaryOp::Div, x, s), |g, x, s, out| div_scalar(g, s)?;
     /// `s / x` (`__rdiv__` / `__rtruediv__`).
-    rdiv_scalar = "__rdiv__", "DivBackward1", |x, s| amp_kernels::scalar_binary(BinaryOp::Div, s, x), |g, x, s, out| neg(&div(&mul_scalar(g, s)?, &square(x)?)?)?;
+    rdiv_scalar = DUNDER_RDIV, "DivBackward1", |x, s| amp_kernels::scalar_binary(BinaryOp::Div, s, x), |g, x, s, out| neg(&div(&mul_scalar(g, s)?, &square(x)?)?)?;
     /// `x ** s` (`__pow__` with a number).
-    pow_scalar = "pow", "PowBackward0", |x, s| amp_kernels::binary_scalar(BinaryOp::Pow, x, s), |g, x, s, out| {
+    pow_scalar = POW, "PowBackward0", |x, s| amp_kernels::binary_scalar(BinaryOp::Pow, x, s), |g, x, s, out| {
         let e = s.to_f64();
         if e == 0.0 { zeros_like(g) } else { mul(g, &mul_scalar(&pow_scalar(x, e - 1.0)?, e)?)? }
     };
     /// `s ** x` (`__rpow__`).
-    rpow_scalar = "__rpow__", "PowBackward2", |x, s| amp_kernels::scalar_binary(BinaryOp::Pow, s, x), |g, x, s, out| {
+    rpow_scalar = DUNDER_RPOW, "PowBackward2", |x, s| amp_kernels::scalar_binary(BinaryOp::Pow, s, x), |g, x, s, out| {
         let base = s.to_f64();
         if base == 0.0 { zeros_like(g) } else { mul(g, &mul_scalar(&out()?, base.ln())?)? }
     };
@@ -311,15 +299,13 @@ scalar_ops! {
 
 /// `s / x` under the name `__rtruediv__` (Python's `2 / x`).
 pub fn rtruediv_scalar(x: &Tensor, s: impl Into<Scalar>) -> Result<Tensor> {
-    static OP: OpName = OpName::new("__rtruediv__");
-    let ([x], _body) = enter(&OP, [x])?;
+    let ([x], _body) = enter(&names::DUNDER_RTRUEDIV, [x])?;
     rdiv_scalar(&x, s)
 }
 
 /// `x ** s` under the name `__pow__`.
 pub fn dunder_pow(x: &Tensor, s: impl Into<Scalar>) -> Result<Tensor> {
-    static OP: OpName = OpName::new("__pow__");
-    let ([x], _body) = enter(&OP, [x])?;
+    let ([x], _body) = enter(&names::DUNDER_POW, [x])?;
     pow_scalar(&x, s)
 }
 
@@ -351,8 +337,6 @@ comparisons! {
     ge, ge_scalar, Ge;
 }
 
-static WHERE: OpName = OpName::new("where");
-
 /// `cond ? a : b` elementwise (cond a bool tensor), broadcasting all three.
 pub fn where_(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let ([cond, a, b], _body) = enter(&WHERE, [cond, a, b])?;
@@ -362,21 +346,11 @@ pub fn where_(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     Ok(record(out, "WhereBackward0", &[&a, &b], move |g| {
         let z = zeros_like(g);
         Ok(vec![
-            if ra {
-                Some(sum_to(&where_(&c2, g, &z)?, &da)?)
-            } else {
-                None
-            },
-            if rb {
-                Some(sum_to(&where_(&c2, &z, g)?, &db)?)
-            } else {
-                None
-            },
+            grad_if(ra, || sum_to(&where_(&c2, g, &z)?, &da))?,
+            grad_if(rb, || sum_to(&where_(&c2, &z, g)?, &db))?,
         ])
     }))
 }
-
-static CLAMP: OpName = OpName::new("clamp");
 
 /// Clamp into `[min, max]` (either bound optional); gradient passes where unclamped.
 pub fn clamp(x: &Tensor, min: Option<f64>, max: Option<f64>) -> Result<Tensor> {
@@ -394,9 +368,6 @@ pub fn clamp(x: &Tensor, min: Option<f64>, max: Option<f64>) -> Result<Tensor> {
         Ok(vec![Some(mul(g, &keep)?)])
     }))
 }
-
-static ADDCMUL: OpName = OpName::new("addcmul");
-static ADDCDIV: OpName = OpName::new("addcdiv");
 
 /// `input + value * t1 * t2`.
 pub fn addcmul(input: &Tensor, t1: &Tensor, t2: &Tensor, value: f64) -> Result<Tensor> {

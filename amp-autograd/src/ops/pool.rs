@@ -14,54 +14,14 @@ pub use amp_kernels::{GridMode, GridPadding};
 use amp_tensor::{DType, Generator, Tensor as Raw};
 
 use super::enter;
+use super::names::{
+    ADAPTIVE_AVG_POOL, ADAPTIVE_MAX_POOL, AVG_POOL, CIRCULAR_PAD, CONSTANT_PAD, EMBEDDING,
+    FRACTIONAL_MAX_POOL, GRID_SAMPLE, MAX_POOL, MAX_UNPOOL, REFLECTION_PAD, REPLICATION_PAD,
+};
 use super::pointwise::{add, link_zero, mul, sub};
 use super::shape::{select, unsqueeze};
-use crate::dispatch::OpName;
 use crate::graph::{needs_grad, record};
 use crate::{Error, Result, Tensor};
-
-static MAX_POOL: [OpName; 3] = [
-    OpName::new("max_pool1d"),
-    OpName::new("max_pool2d"),
-    OpName::new("max_pool3d"),
-];
-static AVG_POOL: [OpName; 3] = [
-    OpName::new("avg_pool1d"),
-    OpName::new("avg_pool2d"),
-    OpName::new("avg_pool3d"),
-];
-static ADAPTIVE_AVG_POOL: [OpName; 3] = [
-    OpName::new("adaptive_avg_pool1d"),
-    OpName::new("adaptive_avg_pool2d"),
-    OpName::new("adaptive_avg_pool3d"),
-];
-static ADAPTIVE_MAX_POOL: [OpName; 3] = [
-    OpName::new("adaptive_max_pool1d"),
-    OpName::new("adaptive_max_pool2d"),
-    OpName::new("adaptive_max_pool3d"),
-];
-static FRACTIONAL_MAX_POOL: [OpName; 2] = [
-    OpName::new("fractional_max_pool2d"),
-    OpName::new("fractional_max_pool3d"),
-];
-static MAX_UNPOOL: [OpName; 3] = [
-    OpName::new("max_unpool1d"),
-    OpName::new("max_unpool2d"),
-    OpName::new("max_unpool3d"),
-];
-static REFLECTION_PAD: [OpName; 3] = [
-    OpName::new("reflection_pad1d"),
-    OpName::new("reflection_pad2d"),
-    OpName::new("reflection_pad3d"),
-];
-static REPLICATION_PAD: [OpName; 3] = [
-    OpName::new("replication_pad1d"),
-    OpName::new("replication_pad2d"),
-    OpName::new("replication_pad3d"),
-];
-static CONSTANT_PAD: OpName = OpName::new("constant_pad_nd");
-static CIRCULAR_PAD: OpName = OpName::new("_pad_circular");
-static GRID_SAMPLE: OpName = OpName::new("grid_sample");
 
 // ----- differentiable building blocks ----------------------------------------------------
 
@@ -312,48 +272,25 @@ pub fn avg_pool1d(
     )
 }
 
-/// `torch.nn.functional.avg_pool2d`.
-pub fn avg_pool2d(
-    x: &Tensor,
-    kernel_size: &[usize],
-    stride: &[usize],
-    padding: &[usize],
-    ceil_mode: bool,
-    count_include_pad: bool,
-    divisor_override: Option<i64>,
-) -> Result<Tensor> {
-    avg_pool_nd(
-        x,
-        2,
-        kernel_size,
-        stride,
-        padding,
-        ceil_mode,
-        count_include_pad,
-        divisor_override,
-    )
+/// The 2-d and 3-d average poolings: [`avg_pool_nd`] in a fixed number of dimensions.
+macro_rules! avg_pool_fns {
+    ($($(#[$doc:meta])* $fname:ident = $n:literal;)*) => {$(
+        $(#[$doc])*
+        pub fn $fname(
+            x: &Tensor, kernel_size: &[usize], stride: &[usize], padding: &[usize],
+            ceil_mode: bool, count_include_pad: bool, divisor_override: Option<i64>,
+        ) -> Result<Tensor> {
+            let (k, s, p, d) = (kernel_size, stride, padding, divisor_override);
+            avg_pool_nd(x, $n, k, s, p, ceil_mode, count_include_pad, d)
+        }
+    )*};
 }
 
-/// `torch.nn.functional.avg_pool3d`.
-pub fn avg_pool3d(
-    x: &Tensor,
-    kernel_size: &[usize],
-    stride: &[usize],
-    padding: &[usize],
-    ceil_mode: bool,
-    count_include_pad: bool,
-    divisor_override: Option<i64>,
-) -> Result<Tensor> {
-    avg_pool_nd(
-        x,
-        3,
-        kernel_size,
-        stride,
-        padding,
-        ceil_mode,
-        count_include_pad,
-        divisor_override,
-    )
+avg_pool_fns! {
+    /// `torch.nn.functional.avg_pool2d`.
+    avg_pool2d = 2;
+    /// `torch.nn.functional.avg_pool3d`.
+    avg_pool3d = 3;
 }
 
 // ----- adaptive pooling ------------------------------------------------------------------
@@ -753,8 +690,6 @@ pub fn grid_sample(
 }
 
 // ----- embedding with padding_idx ---------------------------------------------------------
-
-static EMBEDDING: OpName = OpName::new("embedding");
 
 /// `torch.nn.functional.embedding(indices, weight, padding_idx)`: rows of `weight`; the
 /// `padding_idx` row (negative counts from the end) gets no gradient.

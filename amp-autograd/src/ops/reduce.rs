@@ -3,10 +3,12 @@
 
 use amp_tensor::{wrap_dim, DType};
 
+use super::names::{
+    AMAX, AMIN, CUMPROD, CUMSUM, LOGSUMEXP, MAX, MEAN, MIN, NORM, PROD, STD, SUM, VAR,
+};
 use super::pointwise::*;
 use super::shape::{expand, scatter_add, unsqueeze};
 use super::{enter, enter_dtype};
-use crate::dispatch::OpName;
 use crate::graph::{record, record_multi};
 use crate::{Result, Tensor};
 
@@ -45,10 +47,6 @@ pub(crate) fn expand_back(
 fn count(dims: &[usize], reduced: &[usize]) -> usize {
     reduced.iter().map(|&d| dims[d]).product()
 }
-
-static SUM: OpName = OpName::new("sum");
-static MEAN: OpName = OpName::new("mean");
-static PROD: OpName = OpName::new("prod");
 
 /// Sum over `dims` (all when empty), optionally keeping them as size 1, optionally in
 /// `dtype` (the input is cast first, as PyTorch does).
@@ -149,9 +147,6 @@ fn prod_keep(x: &Tensor, dims: &[i64]) -> Result<Tensor> {
     Ok(p)
 }
 
-static AMAX: OpName = OpName::new("amax");
-static AMIN: OpName = OpName::new("amin");
-
 fn extreme(x: &Tensor, dims: &[i64], keepdim: bool, max: bool) -> Result<Tensor> {
     let out = if max {
         amp_kernels::amax(x.data(), dims, keepdim)?
@@ -194,9 +189,6 @@ pub fn amin(x: &Tensor, dims: &[i64], keepdim: bool) -> Result<Tensor> {
     let ([x], _body) = enter(&AMIN, [x])?;
     extreme(&x, dims, keepdim, false)
 }
-
-static MAX: OpName = OpName::new("max");
-static MIN: OpName = OpName::new("min");
 
 fn extreme_dim(x: &Tensor, dim: i64, keepdim: bool, max: bool) -> Result<(Tensor, Tensor)> {
     let (v, i) = if max {
@@ -251,8 +243,6 @@ pub fn argmax(x: &Tensor, dim: Option<i64>, keepdim: bool) -> Result<Tensor> {
     )?))
 }
 
-static NORM: OpName = OpName::new("norm");
-
 /// Vector p-norm over `dims` (all when empty); `p` may be `f64::INFINITY`.
 pub fn norm(x: &Tensor, p: f64, dims: &[i64], keepdim: bool) -> Result<Tensor> {
     let ([x], _body) = enter(&NORM, [x])?;
@@ -292,8 +282,6 @@ pub fn norm(x: &Tensor, p: f64, dims: &[i64], keepdim: bool) -> Result<Tensor> {
     }))
 }
 
-static LOGSUMEXP: OpName = OpName::new("logsumexp");
-
 /// `log(sum(exp(x)))` over `dims`, computed stably.
 pub fn logsumexp(x: &Tensor, dims: &[i64], keepdim: bool) -> Result<Tensor> {
     let ([x], _body) = enter(&LOGSUMEXP, [x])?;
@@ -317,9 +305,6 @@ pub fn logsumexp(x: &Tensor, dims: &[i64], keepdim: bool) -> Result<Tensor> {
     }))
 }
 
-static VAR: OpName = OpName::new("var");
-static STD: OpName = OpName::new("std");
-
 /// Variance over `dims` with Bessel-style `correction` (PyTorch's default is 1).
 pub fn var(x: &Tensor, dims: &[i64], correction: f64, keepdim: bool) -> Result<Tensor> {
     let ([x], _body) = enter(&VAR, [x])?;
@@ -339,9 +324,6 @@ pub fn std(x: &Tensor, dims: &[i64], correction: f64, keepdim: bool) -> Result<T
     let ([x], _body) = enter(&STD, [x])?;
     sqrt(&var(&x, dims, correction, keepdim)?)
 }
-
-static CUMSUM: OpName = OpName::new("cumsum");
-static CUMPROD: OpName = OpName::new("cumprod");
 
 /// Running sum along `dim`.
 pub fn cumsum(x: &Tensor, dim: i64, dtype: Option<DType>) -> Result<Tensor> {

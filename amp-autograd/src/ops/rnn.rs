@@ -10,14 +10,11 @@
 use super::check::{refused, size};
 use super::enter_vec;
 use super::matmul::linear;
+use super::names::{GRU_CELL, LSTM_CELL, RNN_CELL};
 use super::pointwise::{add, mul, relu, sigmoid, sub, tanh};
 use super::shape::narrow;
 use crate::dispatch::{BodyGuard, OpName};
 use crate::{Result, Tensor};
-
-static RNN_CELL: OpName = OpName::opaque("RNNCell");
-static GRU_CELL: OpName = OpName::opaque("GRUCell");
-static LSTM_CELL: OpName = OpName::opaque("LSTMCell");
 
 /// The nonlinearity of a plain RNN cell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -229,28 +226,24 @@ pub fn rnn_cell(
     }
 }
 
-/// `torch.rnn_tanh_cell`: [`rnn_cell`] with tanh.
-pub fn rnn_tanh_cell(
-    input: &Tensor,
-    hx: &Tensor,
-    w_ih: &Tensor,
-    w_hh: &Tensor,
-    b_ih: Option<&Tensor>,
-    b_hh: Option<&Tensor>,
-) -> Result<Tensor> {
-    rnn_cell(input, hx, w_ih, w_hh, b_ih, b_hh, RnnNonlinearity::Tanh)
+/// `torch.rnn_tanh_cell` and `torch.rnn_relu_cell`: [`rnn_cell`] with one nonlinearity.
+macro_rules! rnn_cell_fns {
+    ($($(#[$doc:meta])* $fname:ident = $nonlinearity:ident;)*) => {$(
+        $(#[$doc])*
+        pub fn $fname(
+            input: &Tensor, hx: &Tensor, w_ih: &Tensor, w_hh: &Tensor,
+            b_ih: Option<&Tensor>, b_hh: Option<&Tensor>,
+        ) -> Result<Tensor> {
+            rnn_cell(input, hx, w_ih, w_hh, b_ih, b_hh, RnnNonlinearity::$nonlinearity)
+        }
+    )*};
 }
 
-/// `torch.rnn_relu_cell`: [`rnn_cell`] with relu.
-pub fn rnn_relu_cell(
-    input: &Tensor,
-    hx: &Tensor,
-    w_ih: &Tensor,
-    w_hh: &Tensor,
-    b_ih: Option<&Tensor>,
-    b_hh: Option<&Tensor>,
-) -> Result<Tensor> {
-    rnn_cell(input, hx, w_ih, w_hh, b_ih, b_hh, RnnNonlinearity::Relu)
+rnn_cell_fns! {
+    /// `torch.rnn_tanh_cell`: [`rnn_cell`] with tanh.
+    rnn_tanh_cell = Tanh;
+    /// `torch.rnn_relu_cell`: [`rnn_cell`] with relu.
+    rnn_relu_cell = Relu;
 }
 
 /// One GRU step (`torch.gru_cell`, listed as `GRUCell`), gates ordered r, z, n as in

@@ -4,21 +4,13 @@
 
 use amp_tensor::{wrap_dim, Tensor as Raw};
 
+use super::names::{
+    CAT, CONTIGUOUS, EMBEDDING, EXPAND, GATHER, INDEX_ADD, INDEX_COPY, INDEX_SELECT, NARROW,
+    PERMUTE, RESHAPE, SCATTER_ADD, SELECT, SQUEEZE, STACK, TRANSPOSE, UNSQUEEZE, VIEW,
+};
 use super::{enter, enter_vec, sum_to};
-use crate::dispatch::OpName;
-use crate::graph::{record, record_multi};
+use crate::graph::{grad_if, record, record_multi};
 use crate::{Result, Tensor};
-
-static RESHAPE: OpName = OpName::new("reshape");
-static VIEW: OpName = OpName::new("view");
-static TRANSPOSE: OpName = OpName::new("transpose");
-static PERMUTE: OpName = OpName::new("permute");
-static EXPAND: OpName = OpName::new("expand");
-static NARROW: OpName = OpName::new("narrow");
-static SELECT: OpName = OpName::new("select");
-static UNSQUEEZE: OpName = OpName::new("unsqueeze");
-static SQUEEZE: OpName = OpName::new("squeeze");
-static CONTIGUOUS: OpName = OpName::new("contiguous");
 
 fn same_shape_back(out: Raw, name: &'static str, x: &Tensor) -> Tensor {
     let dims = x.dims().to_vec();
@@ -161,9 +153,6 @@ pub fn contiguous(x: &Tensor) -> Result<Tensor> {
     }))
 }
 
-static CAT: OpName = OpName::new("cat");
-static STACK: OpName = OpName::new("stack");
-
 /// Concatenate along `dim` (promoting to a common dtype).
 pub fn cat(ts: &[Tensor], dim: i64) -> Result<Tensor> {
     let refs: Vec<&Tensor> = ts.iter().collect();
@@ -213,13 +202,6 @@ pub fn stack(ts: &[Tensor], dim: i64) -> Result<Tensor> {
     cat(&us, d)
 }
 
-static GATHER: OpName = OpName::new("gather");
-static SCATTER_ADD: OpName = OpName::new("scatter_add");
-static INDEX_SELECT: OpName = OpName::new("index_select");
-static INDEX_ADD: OpName = OpName::new("index_add");
-static INDEX_COPY: OpName = OpName::new("index_copy");
-static EMBEDDING: OpName = OpName::new("embedding");
-
 /// `out[i][j] = x[index[i][j]][j]` for `dim = 0` (PyTorch's `gather`).
 pub fn gather(x: &Tensor, dim: i64, index: &Tensor) -> Result<Tensor> {
     let ([x, index], _body) = enter(&GATHER, [x, index])?;
@@ -242,12 +224,8 @@ pub fn scatter_add(x: &Tensor, dim: i64, index: &Tensor, src: &Tensor) -> Result
     let (rx, rs) = (x.requires_grad(), src.requires_grad());
     Ok(record(out, "ScatterAddBackward0", &[&x, &src], move |g| {
         Ok(vec![
-            if rx { Some(g.clone()) } else { None },
-            if rs {
-                Some(gather(g, dim, &index)?)
-            } else {
-                None
-            },
+            grad_if(rx, || Ok(g.clone()))?,
+            grad_if(rs, || gather(g, dim, &index))?,
         ])
     }))
 }
@@ -270,15 +248,10 @@ pub fn index_add(x: &Tensor, dim: i64, index: &Tensor, src: &Tensor, alpha: f64)
     let (rx, rs) = (x.requires_grad(), src.requires_grad());
     Ok(record(out, "IndexAddBackward0", &[&x, &src], move |g| {
         Ok(vec![
-            if rx { Some(g.clone()) } else { None },
-            if rs {
-                Some(super::pointwise::mul_scalar(
-                    &index_select(g, dim, &index)?,
-                    alpha,
-                )?)
-            } else {
-                None
-            },
+            grad_if(rx, || Ok(g.clone()))?,
+            grad_if(rs, || {
+                super::pointwise::mul_scalar(&index_select(g, dim, &index)?, alpha)
+            })?,
         ])
     }))
 }
@@ -291,21 +264,10 @@ pub fn index_copy(x: &Tensor, dim: i64, index: &Tensor, src: &Tensor) -> Result<
     let sd = src.dims().to_vec();
     Ok(record(out, "IndexCopyBackward0", &[&x, &src], move |g| {
         Ok(vec![
-            if rx {
-                Some(index_copy(
-                    g,
-                    dim,
-                    &index,
-                    &Tensor::zeros(sd.clone(), g.dtype()),
-                )?)
-            } else {
-                None
-            },
-            if rs {
-                Some(index_select(g, dim, &index)?)
-            } else {
-                None
-            },
+            grad_if(rx, || {
+                index_copy(g, dim, &index, &Tensor::zeros(sd.clone(), g.dtype()))
+            })?,
+            grad_if(rs, || index_select(g, dim, &index))?,
         ])
     }))
 }

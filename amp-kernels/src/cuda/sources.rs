@@ -25,25 +25,6 @@ pub const ALL_TYPES: [(&str, &str); 7] = [
     ("bool", "unsigned char"),
 ];
 
-/// Unary elementwise ops of [`UNARY`].
-pub const UNARY_OPS: [&str; 15] = [
-    "neg",
-    "abs",
-    "exp",
-    "log",
-    "sqrt",
-    "rsqrt",
-    "sin",
-    "cos",
-    "tanh",
-    "sigmoid",
-    "relu",
-    "gelu",
-    "silu",
-    "reciprocal",
-    "square",
-];
-
 /// Binary elementwise ops of [`BINARY`].
 pub const BINARY_OPS: [&str; 7] = ["add", "sub", "mul", "div", "maximum", "minimum", "pow"];
 
@@ -186,25 +167,35 @@ __device__ A block_reduce(A v) {
     M(amp_half, f16, __VA_ARGS__) M(amp_bf16, bf16, __VA_ARGS__) M(float, f32, __VA_ARGS__) M(double, f64, __VA_ARGS__)
 "#;
 
-/// Unary elementwise family: a strided input (any view) to a contiguous output.
-pub const UNARY: &str = r#"
-struct Op_neg { template <typename A> static __device__ A apply(A x) { return -x; } };
-struct Op_abs { template <typename A> static __device__ A apply(A x) { return amp_abs(x); } };
-struct Op_exp { template <typename A> static __device__ A apply(A x) { return amp_exp(x); } };
-struct Op_log { template <typename A> static __device__ A apply(A x) { return amp_log(x); } };
-struct Op_sqrt { template <typename A> static __device__ A apply(A x) { return amp_sqrt(x); } };
-struct Op_rsqrt { template <typename A> static __device__ A apply(A x) { return A(1) / amp_sqrt(x); } };
-struct Op_sin { template <typename A> static __device__ A apply(A x) { return amp_sin(x); } };
-struct Op_cos { template <typename A> static __device__ A apply(A x) { return amp_cos(x); } };
-struct Op_tanh { template <typename A> static __device__ A apply(A x) { return amp_tanh(x); } };
-struct Op_sigmoid { template <typename A> static __device__ A apply(A x) { return A(1) / (A(1) + amp_exp(-x)); } };
-struct Op_relu { template <typename A> static __device__ A apply(A x) { return (x != x || x > A(0)) ? x : A(0); } };
-struct Op_gelu { template <typename A> static __device__ A apply(A x) {
-    return A(0.5) * x * (A(1) + amp_erf(x * A(0.70710678118654752440))); } };
-struct Op_silu { template <typename A> static __device__ A apply(A x) { return x / (A(1) + amp_exp(-x)); } };
-struct Op_reciprocal { template <typename A> static __device__ A apply(A x) { return A(1) / x; } };
-struct Op_square { template <typename A> static __device__ A apply(A x) { return x * x; } };
+/// The CUDA unary module and its op list from the crate's one list of unary ops
+/// (`unary::with_unary_ops`): an `Op_<name>` struct and the four float instantiations
+/// of each op that has a kernel body, in the list's order.
+macro_rules! cuda_unary {
+    // The first of two literals: repeats an op's name once per kernel body it has.
+    (@name $name:literal $body:literal) => {
+        $name
+    };
+    (
+        $($(#[$doc:meta])* $variant:ident = $name:literal $(, cuda $body:literal)?;)*
+        @device_only: $($dev_name:ident = $dev_body:literal;)*
+    ) => {
+        /// Unary elementwise ops of [`UNARY`].
+        pub const UNARY_OPS: &[&str] = &[$($(cuda_unary!(@name $name $body),)?)* $(stringify!($dev_name),)*];
 
+        /// Unary elementwise family: a strided input (any view) to a contiguous output.
+        pub const UNARY: &str = concat!(
+            "\n",
+            $($(
+                "struct Op_", $name,
+                " { template <typename A> static __device__ A apply(A x) { return ",
+                $body, "; } };\n",
+            )?)*
+            $(
+                "struct Op_", stringify!($dev_name),
+                " { template <typename A> static __device__ A apply(A x) { return ",
+                $dev_body, "; } };\n",
+            )*
+            r#"
 template <typename T, typename Op>
 __device__ void unary_impl(const T* __restrict__ x, StridedArg xs, T* __restrict__ out, i64 n) {
     AMP_GRID_STRIDE(i, n) {
@@ -214,12 +205,13 @@ __device__ void unary_impl(const T* __restrict__ x, StridedArg xs, T* __restrict
 #define AMP_UNARY(T, SUF, OP) \
     extern "C" __global__ void unary_##OP##_##SUF(const T* x, StridedArg xs, T* out, i64 n) { \
         unary_impl<T, Op_##OP>(x, xs, out, n); }
-AMP_FOR_FLOATS(AMP_UNARY, neg) AMP_FOR_FLOATS(AMP_UNARY, abs) AMP_FOR_FLOATS(AMP_UNARY, exp)
-AMP_FOR_FLOATS(AMP_UNARY, log) AMP_FOR_FLOATS(AMP_UNARY, sqrt) AMP_FOR_FLOATS(AMP_UNARY, rsqrt)
-AMP_FOR_FLOATS(AMP_UNARY, sin) AMP_FOR_FLOATS(AMP_UNARY, cos) AMP_FOR_FLOATS(AMP_UNARY, tanh)
-AMP_FOR_FLOATS(AMP_UNARY, sigmoid) AMP_FOR_FLOATS(AMP_UNARY, relu) AMP_FOR_FLOATS(AMP_UNARY, gelu)
-AMP_FOR_FLOATS(AMP_UNARY, silu) AMP_FOR_FLOATS(AMP_UNARY, reciprocal) AMP_FOR_FLOATS(AMP_UNARY, square)
-"#;
+"#,
+            $($("AMP_FOR_FLOATS(AMP_UNARY, ", cuda_unary!(@name $name $body), ")\n",)?)*
+            $("AMP_FOR_FLOATS(AMP_UNARY, ", stringify!($dev_name), ")\n",)*
+        );
+    };
+}
+crate::unary::with_unary_ops!(cuda_unary);
 
 /// Binary elementwise family: two strided inputs (broadcast = stride 0) of one dtype
 /// (the host casts to the promoted dtype first) to a contiguous output.

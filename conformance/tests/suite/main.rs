@@ -5,6 +5,7 @@
 mod compare;
 mod grad_runner;
 mod messages;
+mod op_names;
 mod policy_tables;
 mod run_dir;
 mod scaler_train;
