@@ -79,7 +79,8 @@ fn sgd_options_get_pytorchs_texts() {
         f(&mut o);
         o
     };
-    let cases: [(fn(&mut SgdOptions), &str); 5] = [
+    type Set = fn(&mut SgdOptions);
+    let cases: [(Set, &str); 5] = [
         (|o| o.momentum = -0.5, "Invalid momentum value: -0.5"),
         (|o| o.momentum = f64::NAN, "Invalid momentum value: nan"),
         (
