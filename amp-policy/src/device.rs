@@ -1,8 +1,5 @@
 //! The device types autocast distinguishes.
 
-use std::fmt;
-use std::str::FromStr;
-
 use serde::{Deserialize, Serialize};
 
 use crate::PolicyError;
@@ -52,20 +49,4 @@ impl DeviceType {
     }
 }
 
-impl fmt::Display for DeviceType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for DeviceType {
-    type Err = PolicyError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "cpu" => Ok(DeviceType::Cpu),
-            "cuda" => Ok(DeviceType::Cuda),
-            other => Err(PolicyError::UnknownDevice(other.to_owned())),
-        }
-    }
-}
+named_by_as_str!(DeviceType, PolicyError::UnknownDevice);

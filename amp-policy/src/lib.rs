@@ -52,6 +52,30 @@
 
 #![deny(missing_docs)]
 
+/// `Display` and `FromStr` for an enum named by its `as_str`, over its `ALL` list: the
+/// name prints padded as a string does (`{:>8}` works), and any other string is the
+/// error `$unknown(string)`.
+macro_rules! named_by_as_str {
+    ($t:ty, $unknown:path) => {
+        impl std::fmt::Display for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.pad(self.as_str())
+            }
+        }
+
+        impl std::str::FromStr for $t {
+            type Err = PolicyError;
+
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                Self::ALL
+                    .into_iter()
+                    .find(|v| v.as_str() == s)
+                    .ok_or_else(|| $unknown(s.to_owned()))
+            }
+        }
+    };
+}
+
 mod data;
 mod device;
 mod diff;

@@ -1,8 +1,5 @@
 //! The cast policies an op can have under autocast.
 
-use std::fmt;
-use std::str::FromStr;
-
 use serde::{Deserialize, Serialize};
 
 use crate::PolicyError;
@@ -88,19 +85,4 @@ impl CastPolicy {
     }
 }
 
-impl fmt::Display for CastPolicy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for CastPolicy {
-    type Err = PolicyError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        CastPolicy::ALL
-            .into_iter()
-            .find(|p| p.as_str() == s)
-            .ok_or_else(|| PolicyError::UnknownPolicy(s.to_owned()))
-    }
-}
+named_by_as_str!(CastPolicy, PolicyError::UnknownPolicy);

@@ -132,8 +132,9 @@ impl DType {
 }
 
 impl fmt::Display for DType {
+    /// The name, padded as a string is (`{:>8}` aligns it).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        f.pad(self.as_str())
     }
 }
 
