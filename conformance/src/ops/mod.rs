@@ -5,7 +5,8 @@
 //! user (`amp::autograd::ops::mm(a, b)`, a layer's functional form, ...), never a private
 //! shortcut, so ops reached through the dispatch point get autocast applied.
 //!
-//! Arguments are bound to the call's PyTorch signature first ([`bind`]: which parameters
+//! Arguments are bound to the call's PyTorch signature first ([`bind`], written as the
+//! signature's parameter names, `*` before the keyword-only ones: which parameters
 //! may be given positionally, which only by keyword), so too many positional arguments, an
 //! unknown keyword or a parameter given twice fail the case, as they fail in Python. An
 //! entry then reads every parameter of the signature: a parameter the workspace does not
@@ -13,8 +14,7 @@
 //! it is given a value other than PyTorch's default, never silently ignored:
 //!
 //! ```text
-//! t.insert("torch.mm", |args, kwargs| {
-//!     let b = bind(args, kwargs, &["input", "mat2"], &["out"])?;
+//! t.bound("torch.mm", "input, mat2, *, out", |b| {
 //!     b.unsupported_unless_none("out")?;
 //!     one(ops::mm(b.tensor("input")?, b.tensor("mat2")?))
 //! });
@@ -91,6 +91,39 @@ pub fn bind<'a>(
         values[i] = Some(v);
     }
     Ok(Bound { names, values })
+}
+
+/// An op entry for a call with the PyTorch signature `signature`: its parameter names,
+/// comma-separated, with a `*` before the keyword-only ones (`"input, dim, *, out"`). The
+/// entry binds the call's arguments to it ([`bind`]) and runs `f` on them.
+fn sig(
+    signature: &'static str,
+    f: impl for<'b> Fn(&Bound<'b>) -> R + Send + Sync + 'static,
+) -> impl Fn(&[A], &K) -> R + Send + Sync + 'static {
+    let names = |s: &'static str| -> Vec<&'static str> {
+        s.split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .collect()
+    };
+    let (positional, keyword_only) = match signature.split_once('*') {
+        Some((p, k)) => (names(p), names(k)),
+        None => (names(signature), Vec::new()),
+    };
+    move |args, kwargs| f(&bind(args, kwargs, &positional, &keyword_only)?)
+}
+
+impl OpTable<Tensor> {
+    /// Registers `f` for `call`, whose PyTorch signature is `signature` (see [`sig`]): `f`
+    /// reads the bound arguments.
+    fn bound(
+        &mut self,
+        call: &str,
+        signature: &'static str,
+        f: impl for<'b> Fn(&Bound<'b>) -> R + Send + Sync + 'static,
+    ) -> &mut Self {
+        self.insert(call, sig(signature, f))
+    }
 }
 
 impl<'a> Bound<'a> {
@@ -257,11 +290,10 @@ type Unary = fn(&Tensor) -> amp::autograd::Result<Tensor>;
 
 /// `torch.NAME(input, *, out=None)`.
 fn unary(f: Unary) -> impl Fn(&[A], &K) -> R + Send + Sync + 'static {
-    move |args, kwargs| {
-        let b = bind(args, kwargs, &["input"], &["out"])?;
+    sig("input, *, out", move |b| {
         b.unsupported_unless_none("out")?;
         one(f(b.tensor("input")?))
-    }
+    })
 }
 
 type Binary = fn(&Tensor, &Tensor) -> amp::autograd::Result<Tensor>;
@@ -270,8 +302,7 @@ type Binary = fn(&Tensor, &Tensor) -> amp::autograd::Result<Tensor>;
 fn dunder_scalar(
     f: fn(&Tensor, Scalar) -> amp::autograd::Result<Tensor>,
 ) -> impl Fn(&[A], &K) -> R + Send + Sync + 'static {
-    move |args, kwargs| {
-        let b = bind(args, kwargs, &["self", "other"], &[])?;
+    sig("self, other", move |b| {
         let x = b.tensor("self")?;
         match b.req("other")? {
             Arg::Tensor(_) => {
@@ -279,7 +310,7 @@ fn dunder_scalar(
             }
             _ => one(f(x, b.scalar("other")?)),
         }
-    }
+    })
 }
 
 /// `torch.NAME(a, b, *, out=None)` of two tensors named `names`.
@@ -314,8 +345,7 @@ fn beta_alpha(
 /// `torch.add` / `torch.sub`: `(input, other, *, alpha=1, out=None)` with a tensor or
 /// number `other`.
 fn add_sub(sub: bool) -> impl Fn(&[A], &K) -> R + Send + Sync + 'static {
-    move |args, kwargs| {
-        let b = bind(args, kwargs, &["input", "other"], &["alpha", "out"])?;
+    sig("input, other, *, alpha, out", move |b| {
         b.unsupported_unless_none("out")?;
         let x = b.tensor("input")?;
         let alpha = b.get("alpha");
@@ -343,7 +373,7 @@ fn add_sub(sub: bool) -> impl Fn(&[A], &K) -> R + Send + Sync + 'static {
                 }
             }
         }
-    }
+    })
 }
 
 /// `torch.mul` / `torch.div`: `(input, other, *, out=None)` with a tensor or number
@@ -374,13 +404,7 @@ type Reduce = fn(&Tensor, &[i64], bool, Option<DType>) -> amp::autograd::Result<
 
 /// `torch.sum` / `torch.mean`: `(input, dim=None, keepdim=False, *, dtype=None, out=None)`.
 fn reduce_dims(f: Reduce) -> impl Fn(&[A], &K) -> R + Send + Sync + 'static {
-    move |args, kwargs| {
-        let b = bind(
-            args,
-            kwargs,
-            &["input", "dim", "keepdim"],
-            &["dtype", "out"],
-        )?;
+    sig("input, dim, keepdim, *, dtype, out", move |b| {
         b.unsupported_unless_none("out")?;
         one(f(
             b.tensor("input")?,
@@ -388,18 +412,17 @@ fn reduce_dims(f: Reduce) -> impl Fn(&[A], &K) -> R + Send + Sync + 'static {
             b.bool_or("keepdim", false)?,
             b.dtype("dtype")?,
         ))
-    }
+    })
 }
 
 type Scan = fn(&Tensor, i64, Option<DType>) -> amp::autograd::Result<Tensor>;
 
 /// `torch.cumsum` / `torch.cumprod`: `(input, dim, *, dtype=None, out=None)`.
 fn scan(f: Scan) -> impl Fn(&[A], &K) -> R + Send + Sync + 'static {
-    move |args, kwargs| {
-        let b = bind(args, kwargs, &["input", "dim"], &["dtype", "out"])?;
+    sig("input, dim, *, dtype, out", move |b| {
         b.unsupported_unless_none("out")?;
         one(f(b.tensor("input")?, b.int("dim")?, b.dtype("dtype")?))
-    }
+    })
 }
 
 type Softmax = fn(&Tensor, i64, Option<DType>) -> amp::autograd::Result<Tensor>;
@@ -465,8 +488,7 @@ pub fn table() -> OpTable<BuiltinTensor> {
     t.insert("torch.mul", mul_div(false));
     t.insert("torch.div", mul_div(true));
     t.insert("torch.atan2", binary(ops::atan2, ["input", "other"]));
-    t.insert("torch.pow", |args, kwargs| {
-        let b = bind(args, kwargs, &["input", "exponent"], &["out"])?;
+    t.bound("torch.pow", "input, exponent, *, out", |b| {
         b.unsupported_unless_none("out")?;
         let x = match b.req("input")? {
             Arg::Tensor(x) => x,
@@ -481,21 +503,18 @@ pub fn table() -> OpTable<BuiltinTensor> {
         ("torch.addcmul", ops::addcmul as Addcx),
         ("torch.addcdiv", ops::addcdiv as Addcx),
     ] {
-        t.insert(call, move |args, kwargs| {
-            let b = bind(
-                args,
-                kwargs,
-                &["input", "tensor1", "tensor2"],
-                &["value", "out"],
-            )?;
-            b.unsupported_unless_none("out")?;
-            one(f(
-                b.tensor("input")?,
-                b.tensor("tensor1")?,
-                b.tensor("tensor2")?,
-                b.f64_or("value", 1.0)?,
-            ))
-        });
+        t.insert(
+            call,
+            sig("input, tensor1, tensor2, *, value, out", move |b| {
+                b.unsupported_unless_none("out")?;
+                one(f(
+                    b.tensor("input")?,
+                    b.tensor("tensor1")?,
+                    b.tensor("tensor2")?,
+                    b.f64_or("value", 1.0)?,
+                ))
+            }),
+        );
     }
     t.insert("torch.Tensor.__pow__", dunder_scalar(ops::dunder_pow));
     t.insert("torch.Tensor.__rpow__", dunder_scalar(ops::rpow_scalar));
@@ -511,8 +530,7 @@ pub fn table() -> OpTable<BuiltinTensor> {
     t.insert("torch.matmul", binary(ops::matmul, ["input", "other"]));
     t.insert("torch.mv", binary(ops::mv, ["input", "vec"]));
     t.insert("torch.dot", binary(ops::dot, ["input", "tensor"]));
-    t.insert("torch.Tensor.__matmul__", |args, kwargs| {
-        let b = bind(args, kwargs, &["self", "other"], &[])?;
+    t.bound("torch.Tensor.__matmul__", "self, other", |b| {
         one(ops::dunder_matmul(b.tensor("self")?, b.tensor("other")?))
     });
     t.insert(
@@ -535,8 +553,7 @@ pub fn table() -> OpTable<BuiltinTensor> {
         "torch.addr",
         beta_alpha(ops::addr, ["input", "vec1", "vec2"]),
     );
-    t.insert("torch.nn.functional.linear", |args, kwargs| {
-        let b = bind(args, kwargs, &["input", "weight", "bias"], &[])?;
+    t.bound("torch.nn.functional.linear", "input, weight, bias", |b| {
         one(ops::linear(
             b.tensor("input")?,
             b.tensor("weight")?,
@@ -549,28 +566,24 @@ pub fn table() -> OpTable<BuiltinTensor> {
     t.insert_for(
         "torch.linalg.multi_dot",
         &["chain_matmul"],
-        |args, kwargs| {
-            let b = bind(args, kwargs, &["tensors"], &["out"])?;
+        sig("tensors, *, out", |b| {
             b.unsupported_unless_none("out")?;
             one(ops::chain_matmul(&b.tensors("tensors")?))
-        },
+        }),
     );
-    t.insert_for("torch.linalg.multi_dot", &["multi_dot"], |args, kwargs| {
-        let b = bind(args, kwargs, &["tensors"], &["out"])?;
-        b.unsupported_unless_none("out")?;
-        one(ops::multi_dot(&b.tensors("tensors")?))
-    });
+    t.insert_for(
+        "torch.linalg.multi_dot",
+        &["multi_dot"],
+        sig("tensors, *, out", |b| {
+            b.unsupported_unless_none("out")?;
+            one(ops::multi_dot(&b.tensors("tensors")?))
+        }),
+    );
 
     // ----- reductions ---------------------------------------------------------------------
     t.insert("torch.sum", reduce_dims(ops::sum));
     t.insert("torch.mean", reduce_dims(ops::mean));
-    t.insert("torch.prod", |args, kwargs| {
-        let b = bind(
-            args,
-            kwargs,
-            &["input", "dim", "keepdim"],
-            &["dtype", "out"],
-        )?;
+    t.bound("torch.prod", "input, dim, keepdim, *, dtype, out", |b| {
         b.unsupported_unless_none("out")?;
         let dim = b
             .get("dim")
@@ -587,13 +600,7 @@ pub fn table() -> OpTable<BuiltinTensor> {
     t.insert("torch.cumprod", scan(ops::cumprod));
     // torch.norm(input, p='fro', dim=None, keepdim=False, out=None, dtype=None): a number
     // `p` (or 'fro' over at most two dims) is the vector norm over `dim`.
-    t.insert("torch.norm", |args, kwargs| {
-        let b = bind(
-            args,
-            kwargs,
-            &["input", "p", "dim", "keepdim", "out", "dtype"],
-            &[],
-        )?;
+    t.bound("torch.norm", "input, p, dim, keepdim, out, dtype", |b| {
         b.unsupported_unless_none("out")?;
         b.unsupported_unless_none("dtype")?;
         let dims = b.dims("dim")?;
@@ -618,65 +625,61 @@ pub fn table() -> OpTable<BuiltinTensor> {
         "torch.nn.functional.softmin",
         softmax_like(ops::softmin, true),
     );
-    t.insert("torch.nn.functional.layer_norm", |args, kwargs| {
-        let b = bind(
-            args,
-            kwargs,
-            &["input", "normalized_shape", "weight", "bias", "eps"],
-            &[],
-        )?;
-        let shape = b
-            .req("normalized_shape")?
-            .ints()
-            .map_err(|e| format!("`normalized_shape`: {e}"))?;
-        one(ops::layer_norm(
-            b.tensor("input")?,
-            &usizes(shape, "normalized_shape")?,
-            b.opt_tensor("weight")?,
-            b.opt_tensor("bias")?,
-            b.f64_or("eps", 1e-5)?,
-        ))
-    });
+    t.bound(
+        "torch.nn.functional.layer_norm",
+        "input, normalized_shape, weight, bias, eps",
+        |b| {
+            let shape = b
+                .req("normalized_shape")?
+                .ints()
+                .map_err(|e| format!("`normalized_shape`: {e}"))?;
+            one(ops::layer_norm(
+                b.tensor("input")?,
+                &usizes(shape, "normalized_shape")?,
+                b.opt_tensor("weight")?,
+                b.opt_tensor("bias")?,
+                b.f64_or("eps", 1e-5)?,
+            ))
+        },
+    );
 
     // ----- views and data movement ------------------------------------------------------------
-    t.insert("torch.reshape", |args, kwargs| {
-        let b = bind(args, kwargs, &["input", "shape"], &[])?;
+    t.bound("torch.reshape", "input, shape", |b| {
         let shape = b
             .req("shape")?
             .ints()
             .map_err(|e| format!("`shape`: {e}"))?;
         one(ops::reshape(b.tensor("input")?, shape))
     });
-    t.insert("torch.transpose", |args, kwargs| {
-        let b = bind(args, kwargs, &["input", "dim0", "dim1"], &[])?;
+    t.bound("torch.transpose", "input, dim0, dim1", |b| {
         one(ops::transpose(
             b.tensor("input")?,
             b.int("dim0")?,
             b.int("dim1")?,
         ))
     });
-    t.insert("torch.cat", |args, kwargs| {
-        let b = bind(args, kwargs, &["tensors", "dim"], &["out"])?;
+    t.bound("torch.cat", "tensors, dim, *, out", |b| {
         b.unsupported_unless_none("out")?;
         one(ops::cat(&b.tensors("tensors")?, b.int_or("dim", 0)?))
     });
-    t.insert("torch.stack", |args, kwargs| {
-        let b = bind(args, kwargs, &["tensors", "dim"], &["out"])?;
+    t.bound("torch.stack", "tensors, dim, *, out", |b| {
         b.unsupported_unless_none("out")?;
         one(ops::stack(&b.tensors("tensors")?, b.int_or("dim", 0)?))
     });
-    t.insert("torch.index_copy", |args, kwargs| {
-        let b = bind(args, kwargs, &["input", "dim", "index", "source"], &["out"])?;
-        b.unsupported_unless_none("out")?;
-        one(ops::index_copy(
-            b.tensor("input")?,
-            b.int("dim")?,
-            b.tensor("index")?,
-            b.tensor("source")?,
-        ))
-    });
-    t.insert("torch.scatter_add", |args, kwargs| {
-        let b = bind(args, kwargs, &["input", "dim", "index", "src"], &["out"])?;
+    t.bound(
+        "torch.index_copy",
+        "input, dim, index, source, *, out",
+        |b| {
+            b.unsupported_unless_none("out")?;
+            one(ops::index_copy(
+                b.tensor("input")?,
+                b.int("dim")?,
+                b.tensor("index")?,
+                b.tensor("source")?,
+            ))
+        },
+    );
+    t.bound("torch.scatter_add", "input, dim, index, src, *, out", |b| {
         b.unsupported_unless_none("out")?;
         one(ops::scatter_add(
             b.tensor("input")?,
@@ -685,52 +688,46 @@ pub fn table() -> OpTable<BuiltinTensor> {
             b.tensor("src")?,
         ))
     });
-    t.insert("torch.nn.functional.embedding", |args, kwargs| {
-        let b = bind(
-            args,
-            kwargs,
-            &[
-                "input",
-                "weight",
-                "padding_idx",
-                "max_norm",
-                "norm_type",
-                "scale_grad_by_freq",
-                "sparse",
-            ],
-            &[],
-        )?;
-        b.unsupported_unless_none("max_norm")?;
-        b.unsupported_unless("norm_type", &Arg::Float(2.0))?;
-        b.unsupported_unless("scale_grad_by_freq", &Arg::Bool(false))?;
-        b.unsupported_unless("sparse", &Arg::Bool(false))?;
-        let padding_idx = b
-            .get("padding_idx")
-            .map(|a| a.int().map_err(|e| format!("`padding_idx`: {e}")))
-            .transpose()?;
-        one(ops::embedding_padded(
-            b.tensor("weight")?,
-            b.tensor("input")?,
-            padding_idx,
-        ))
-    });
+    t.bound(
+        "torch.nn.functional.embedding",
+        "input, weight, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse",
+        |b| {
+            b.unsupported_unless_none("max_norm")?;
+            b.unsupported_unless("norm_type", &Arg::Float(2.0))?;
+            b.unsupported_unless("scale_grad_by_freq", &Arg::Bool(false))?;
+            b.unsupported_unless("sparse", &Arg::Bool(false))?;
+            let padding_idx = b
+                .get("padding_idx")
+                .map(|a| a.int().map_err(|e| format!("`padding_idx`: {e}")))
+                .transpose()?;
+            one(ops::embedding_padded(
+                b.tensor("weight")?,
+                b.tensor("input")?,
+                padding_idx,
+            ))
+        },
+    );
 
     // ----- activations ------------------------------------------------------------------------
-    t.insert("torch.nn.functional.gelu", |args, kwargs| {
-        let b = bind(args, kwargs, &["input"], &["approximate"])?;
-        match b.str_or("approximate", "none")? {
+    t.bound(
+        "torch.nn.functional.gelu",
+        "input, *, approximate",
+        |b| match b.str_or("approximate", "none")? {
             "none" => one(ops::gelu(b.tensor("input")?)),
             other => Err(format!("`approximate={other:?}` is not supported")),
-        }
-    });
-    t.insert("torch.nn.functional.softplus", |args, kwargs| {
-        let b = bind(args, kwargs, &["input", "beta", "threshold"], &[])?;
-        one(ops::softplus(
-            b.tensor("input")?,
-            b.f64_or("beta", 1.0)?,
-            b.f64_or("threshold", 20.0)?,
-        ))
-    });
+        },
+    );
+    t.bound(
+        "torch.nn.functional.softplus",
+        "input, beta, threshold",
+        |b| {
+            one(ops::softplus(
+                b.tensor("input")?,
+                b.f64_or("beta", 1.0)?,
+                b.f64_or("threshold", 20.0)?,
+            ))
+        },
+    );
 
     // ----- losses -------------------------------------------------------------------------------
     type Pair = fn(&Tensor, &Tensor, Reduction) -> amp::autograd::Result<Tensor>;
@@ -738,117 +735,68 @@ pub fn table() -> OpTable<BuiltinTensor> {
         ("torch.nn.functional.mse_loss", ops::mse_loss as Pair),
         ("torch.nn.functional.l1_loss", ops::l1_loss as Pair),
     ] {
-        t.insert(call, move |args, kwargs| {
-            let b = bind(
-                args,
-                kwargs,
-                &[
-                    "input",
-                    "target",
-                    "size_average",
-                    "reduce",
-                    "reduction",
-                    "weight",
-                ],
-                &[],
-            )?;
+        t.insert(
+            call,
+            sig(
+                "input, target, size_average, reduce, reduction, weight",
+                move |b| {
+                    legacy_reduction(&b)?;
+                    b.unsupported_unless_none("weight")?;
+                    one(f(
+                        b.tensor("input")?,
+                        b.tensor("target")?,
+                        b.reduction("reduction")?,
+                    ))
+                },
+            ),
+        );
+    }
+    t.bound(
+        "torch.nn.functional.smooth_l1_loss",
+        "input, target, size_average, reduce, reduction, beta",
+        |b| {
             legacy_reduction(&b)?;
-            b.unsupported_unless_none("weight")?;
-            one(f(
+            one(ops::smooth_l1_loss(
                 b.tensor("input")?,
                 b.tensor("target")?,
                 b.reduction("reduction")?,
+                b.f64_or("beta", 1.0)?,
             ))
-        });
-    }
-    t.insert("torch.nn.functional.smooth_l1_loss", |args, kwargs| {
-        let b = bind(
-            args,
-            kwargs,
-            &[
-                "input",
-                "target",
-                "size_average",
-                "reduce",
-                "reduction",
-                "beta",
-            ],
-            &[],
-        )?;
-        legacy_reduction(&b)?;
-        one(ops::smooth_l1_loss(
-            b.tensor("input")?,
-            b.tensor("target")?,
-            b.reduction("reduction")?,
-            b.f64_or("beta", 1.0)?,
-        ))
-    });
-    t.insert("torch.nn.functional.nll_loss", |args, kwargs| {
-        let b = bind(
-            args,
-            kwargs,
-            &[
-                "input",
-                "target",
-                "weight",
-                "size_average",
-                "ignore_index",
-                "reduce",
-                "reduction",
-            ],
-            &[],
-        )?;
-        legacy_reduction(&b)?;
-        one(ops::nll_loss(
-            b.tensor("input")?,
-            b.tensor("target")?,
-            b.opt_tensor("weight")?,
-            b.int_or("ignore_index", -100)?,
-            b.reduction("reduction")?,
-        ))
-    });
-    t.insert("torch.nn.functional.cross_entropy", |args, kwargs| {
-        let b = bind(
-            args,
-            kwargs,
-            &[
-                "input",
-                "target",
-                "weight",
-                "size_average",
-                "ignore_index",
-                "reduce",
-                "reduction",
-                "label_smoothing",
-            ],
-            &[],
-        )?;
-        legacy_reduction(&b)?;
-        one(ops::cross_entropy(
-            b.tensor("input")?,
-            b.tensor("target")?,
-            b.opt_tensor("weight")?,
-            b.int_or("ignore_index", -100)?,
-            b.reduction("reduction")?,
-            b.f64_or("label_smoothing", 0.0)?,
-        ))
-    });
-    t.insert(
+        },
+    );
+    t.bound(
+        "torch.nn.functional.nll_loss",
+        "input, target, weight, size_average, ignore_index, reduce, reduction",
+        |b| {
+            legacy_reduction(&b)?;
+            one(ops::nll_loss(
+                b.tensor("input")?,
+                b.tensor("target")?,
+                b.opt_tensor("weight")?,
+                b.int_or("ignore_index", -100)?,
+                b.reduction("reduction")?,
+            ))
+        },
+    );
+    t.bound(
+        "torch.nn.functional.cross_entropy",
+        "input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing",
+        |b| {
+            legacy_reduction(&b)?;
+            one(ops::cross_entropy(
+                b.tensor("input")?,
+                b.tensor("target")?,
+                b.opt_tensor("weight")?,
+                b.int_or("ignore_index", -100)?,
+                b.reduction("reduction")?,
+                b.f64_or("label_smoothing", 0.0)?,
+            ))
+        },
+    );
+    t.bound(
         "torch.nn.functional.binary_cross_entropy",
-        |args, kwargs| {
-            let b = bind(
-                args,
-                kwargs,
-                &[
-                    "input",
-                    "target",
-                    "weight",
-                    "size_average",
-                    "reduce",
-                    "reduction",
-                ],
-                &[],
-            )?;
+        "input, target, weight, size_average, reduce, reduction",
+        |b| {
             legacy_reduction(&b)?;
             one(ops::binary_cross_entropy(
                 b.tensor("input")?,
@@ -858,23 +806,10 @@ pub fn table() -> OpTable<BuiltinTensor> {
             ))
         },
     );
-    t.insert(
+    t.bound(
         "torch.nn.functional.binary_cross_entropy_with_logits",
-        |args, kwargs| {
-            let b = bind(
-                args,
-                kwargs,
-                &[
-                    "input",
-                    "target",
-                    "weight",
-                    "size_average",
-                    "reduce",
-                    "reduction",
-                    "pos_weight",
-                ],
-                &[],
-            )?;
+        "input, target, weight, size_average, reduce, reduction, pos_weight",
+        |b| {
             legacy_reduction(&b)?;
             one(ops::binary_cross_entropy_with_logits(
                 b.tensor("input")?,
