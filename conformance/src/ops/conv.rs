@@ -10,7 +10,7 @@ pub(super) fn register(t: &mut OpTable<BuiltinTensor>) {
 
 /// `torch.nn.functional.conv{1,2,3}d` and `conv_transpose{1,2,3}d`.
 mod convolutions {
-    use super::super::{one, sig, usizes, Bound, A, K, R};
+    use super::super::{bind, one, usizes, Bound, A, K, R};
     use super::BuiltinTensor;
     use crate::args::Arg;
     use crate::optable::OpTable;
@@ -87,46 +87,63 @@ mod convolutions {
 
     /// `conv{N}d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1)`.
     fn conv(f: ConvFn) -> impl Fn(&[A], &K) -> R + Send + Sync + 'static {
-        sig(
-            "input, weight, bias, stride, padding, dilation, groups",
-            move |b| {
-                let w = b.tensor("weight")?;
-                let stride = sizes(&b, "stride", 1)?;
-                let dilation = sizes(&b, "dilation", 1)?;
-                let padding = conv_padding(&b, w.dims(), &stride, &dilation)?;
-                let groups = usizes(vec![b.int_or("groups", 1)?], "groups")?[0];
-                one(f(
-                    b.tensor("input")?,
-                    w,
-                    b.opt_tensor("bias")?,
-                    &stride,
-                    &padding,
-                    &dilation,
-                    groups,
-                ))
-            },
-        )
+        move |args, kwargs| {
+            let b = bind(
+                args,
+                kwargs,
+                &[
+                    "input", "weight", "bias", "stride", "padding", "dilation", "groups",
+                ],
+                &[],
+            )?;
+            let w = b.tensor("weight")?;
+            let stride = sizes(&b, "stride", 1)?;
+            let dilation = sizes(&b, "dilation", 1)?;
+            let padding = conv_padding(&b, w.dims(), &stride, &dilation)?;
+            let groups = usizes(vec![b.int_or("groups", 1)?], "groups")?[0];
+            one(f(
+                b.tensor("input")?,
+                w,
+                b.opt_tensor("bias")?,
+                &stride,
+                &padding,
+                &dilation,
+                groups,
+            ))
+        }
     }
 
     /// `conv_transpose{N}d(input, weight, bias=None, stride=1, padding=0,
     /// output_padding=0, groups=1, dilation=1)`.
     fn conv_t(f: ConvTFn) -> impl Fn(&[A], &K) -> R + Send + Sync + 'static {
-        sig(
-            "input, weight, bias, stride, padding, output_padding, groups, dilation",
-            move |b| {
-                let groups = usizes(vec![b.int_or("groups", 1)?], "groups")?[0];
-                one(f(
-                    b.tensor("input")?,
-                    b.tensor("weight")?,
-                    b.opt_tensor("bias")?,
-                    &sizes(&b, "stride", 1)?,
-                    &sizes(&b, "padding", 0)?,
-                    &sizes(&b, "output_padding", 0)?,
-                    groups,
-                    &sizes(&b, "dilation", 1)?,
-                ))
-            },
-        )
+        move |args, kwargs| {
+            let b = bind(
+                args,
+                kwargs,
+                &[
+                    "input",
+                    "weight",
+                    "bias",
+                    "stride",
+                    "padding",
+                    "output_padding",
+                    "groups",
+                    "dilation",
+                ],
+                &[],
+            )?;
+            let groups = usizes(vec![b.int_or("groups", 1)?], "groups")?[0];
+            one(f(
+                b.tensor("input")?,
+                b.tensor("weight")?,
+                b.opt_tensor("bias")?,
+                &sizes(&b, "stride", 1)?,
+                &sizes(&b, "padding", 0)?,
+                &sizes(&b, "output_padding", 0)?,
+                groups,
+                &sizes(&b, "dilation", 1)?,
+            ))
+        }
     }
 
     pub(super) fn register(t: &mut OpTable<BuiltinTensor>) {

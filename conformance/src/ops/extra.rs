@@ -147,35 +147,55 @@ pub(super) fn register(t: &mut OpTable<BuiltinTensor>) {
     });
 
     // ----- losses -------------------------------------------------------------------------
-    t.bound(
-        "torch.nn.functional.kl_div",
-        "input, target, size_average, reduce, reduction, log_target",
-        |b| {
-            legacy_reduction(&b)?;
-            let reduction: KlDivReduction = b.str_or("reduction", "mean")?.parse().map_err(err)?;
-            one(ops::kl_div(
-                b.tensor("input")?,
-                b.tensor("target")?,
-                reduction,
-                b.bool_or("log_target", false)?,
-            ))
-        },
-    );
-    t.bound(
-        "torch.nn.functional.poisson_nll_loss",
-        "input, target, log_input, full, size_average, eps, reduce, reduction",
-        |b| {
-            legacy_reduction(&b)?;
-            one(ops::poisson_nll_loss(
-                b.tensor("input")?,
-                b.tensor("target")?,
-                b.bool_or("log_input", true)?,
-                b.bool_or("full", false)?,
-                b.f64_or("eps", 1e-8)?,
-                b.reduction("reduction")?,
-            ))
-        },
-    );
+    t.insert("torch.nn.functional.kl_div", |args, kwargs| {
+        let b = bind(
+            args,
+            kwargs,
+            &[
+                "input",
+                "target",
+                "size_average",
+                "reduce",
+                "reduction",
+                "log_target",
+            ],
+            &[],
+        )?;
+        legacy_reduction(&b)?;
+        let reduction: KlDivReduction = b.str_or("reduction", "mean")?.parse().map_err(err)?;
+        one(ops::kl_div(
+            b.tensor("input")?,
+            b.tensor("target")?,
+            reduction,
+            b.bool_or("log_target", false)?,
+        ))
+    });
+    t.insert("torch.nn.functional.poisson_nll_loss", |args, kwargs| {
+        let b = bind(
+            args,
+            kwargs,
+            &[
+                "input",
+                "target",
+                "log_input",
+                "full",
+                "size_average",
+                "eps",
+                "reduce",
+                "reduction",
+            ],
+            &[],
+        )?;
+        legacy_reduction(&b)?;
+        one(ops::poisson_nll_loss(
+            b.tensor("input")?,
+            b.tensor("target")?,
+            b.bool_or("log_input", true)?,
+            b.bool_or("full", false)?,
+            b.f64_or("eps", 1e-8)?,
+            b.reduction("reduction")?,
+        ))
+    });
     t.insert(
         "torch.nn.functional.hinge_embedding_loss",
         |args, kwargs| {
@@ -290,59 +310,82 @@ pub(super) fn register(t: &mut OpTable<BuiltinTensor>) {
             b.reduction("reduction")?,
         ))
     });
-    t.bound(
-        "torch.nn.functional.ctc_loss",
-        "log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity",
-        |b| {
-            let blank = b.int_or("blank", 0)?;
-            let blank = usize::try_from(blank).map_err(|_| format!("`blank`: negative {blank}"))?;
-            one(ops::ctc_loss(
-                b.tensor("log_probs")?,
-                b.tensor("targets")?,
-                &lengths(&b, "input_lengths")?,
-                &lengths(&b, "target_lengths")?,
-                blank,
-                b.reduction("reduction")?,
-                b.bool_or("zero_infinity", false)?,
-            ))
-        },
-    );
+    t.insert("torch.nn.functional.ctc_loss", |args, kwargs| {
+        let b = bind(
+            args,
+            kwargs,
+            &[
+                "log_probs",
+                "targets",
+                "input_lengths",
+                "target_lengths",
+                "blank",
+                "reduction",
+                "zero_infinity",
+            ],
+            &[],
+        )?;
+        let blank = b.int_or("blank", 0)?;
+        let blank = usize::try_from(blank).map_err(|_| format!("`blank`: negative {blank}"))?;
+        one(ops::ctc_loss(
+            b.tensor("log_probs")?,
+            b.tensor("targets")?,
+            &lengths(&b, "input_lengths")?,
+            &lengths(&b, "target_lengths")?,
+            blank,
+            b.reduction("reduction")?,
+            b.bool_or("zero_infinity", false)?,
+        ))
+    });
 
     // ----- norms, distances, other nn functions ---------------------------------------------
-    t.bound("torch.nn.functional.prelu", "input, weight", |b| {
+    t.insert("torch.nn.functional.prelu", |args, kwargs| {
+        let b = bind(args, kwargs, &["input", "weight"], &[])?;
         one(ops::prelu(b.tensor("input")?, b.tensor("weight")?))
     });
-    t.bound(
-        "torch.nn.functional.bilinear",
-        "input1, input2, weight, bias",
-        |b| {
-            one(ops::bilinear(
-                b.tensor("input1")?,
-                b.tensor("input2")?,
-                b.tensor("weight")?,
-                b.opt_tensor("bias")?,
-            ))
-        },
-    );
-    t.bound(
-        "torch.nn.functional.group_norm",
-        "input, num_groups, weight, bias, eps",
-        |b| {
-            let g = b.int("num_groups")?;
-            let g = usize::try_from(g).map_err(|_| format!("`num_groups`: negative {g}"))?;
-            one(ops::group_norm(
-                b.tensor("input")?,
-                g,
-                b.opt_tensor("weight")?,
-                b.opt_tensor("bias")?,
-                b.f64_or("eps", 1e-5)?,
-            ))
-        },
-    );
-    t.bound(
+    t.insert("torch.nn.functional.bilinear", |args, kwargs| {
+        let b = bind(args, kwargs, &["input1", "input2", "weight", "bias"], &[])?;
+        one(ops::bilinear(
+            b.tensor("input1")?,
+            b.tensor("input2")?,
+            b.tensor("weight")?,
+            b.opt_tensor("bias")?,
+        ))
+    });
+    t.insert("torch.nn.functional.group_norm", |args, kwargs| {
+        let b = bind(
+            args,
+            kwargs,
+            &["input", "num_groups", "weight", "bias", "eps"],
+            &[],
+        )?;
+        let g = b.int("num_groups")?;
+        let g = usize::try_from(g).map_err(|_| format!("`num_groups`: negative {g}"))?;
+        one(ops::group_norm(
+            b.tensor("input")?,
+            g,
+            b.opt_tensor("weight")?,
+            b.opt_tensor("bias")?,
+            b.f64_or("eps", 1e-5)?,
+        ))
+    });
+    t.insert(
         "torch.nn.functional.scaled_dot_product_attention",
-        "query, key, value, attn_mask, dropout_p, is_causal, scale",
-        |b| {
+        |args, kwargs| {
+            let b = bind(
+                args,
+                kwargs,
+                &[
+                    "query",
+                    "key",
+                    "value",
+                    "attn_mask",
+                    "dropout_p",
+                    "is_causal",
+                    "scale",
+                ],
+                &[],
+            )?;
             let dropout_p = b.f64_or("dropout_p", 0.0)?;
             if dropout_p != 0.0 {
                 return Err("dropout_p other than 0 is random in PyTorch".to_string());
@@ -363,10 +406,42 @@ pub(super) fn register(t: &mut OpTable<BuiltinTensor>) {
             ))
         },
     );
-    t.bound(
+    t.insert(
         "torch.nn.functional.multi_head_attention_forward",
-        "query, key, value, embed_dim_to_check, num_heads, in_proj_weight, in_proj_bias, bias_k, bias_v, add_zero_attn, dropout_p, out_proj_weight, out_proj_bias, training, key_padding_mask, need_weights, attn_mask, use_separate_proj_weight, q_proj_weight, k_proj_weight, v_proj_weight, static_k, static_v, average_attn_weights, is_causal", |b| {
-for name in [
+        |args, kwargs| {
+            let b = bind(
+                args,
+                kwargs,
+                &[
+                    "query",
+                    "key",
+                    "value",
+                    "embed_dim_to_check",
+                    "num_heads",
+                    "in_proj_weight",
+                    "in_proj_bias",
+                    "bias_k",
+                    "bias_v",
+                    "add_zero_attn",
+                    "dropout_p",
+                    "out_proj_weight",
+                    "out_proj_bias",
+                    "training",
+                    "key_padding_mask",
+                    "need_weights",
+                    "attn_mask",
+                    "use_separate_proj_weight",
+                    "q_proj_weight",
+                    "k_proj_weight",
+                    "v_proj_weight",
+                    "static_k",
+                    "static_v",
+                    "average_attn_weights",
+                    "is_causal",
+                ],
+                &[],
+            )?;
+            for name in [
                 "bias_k",
                 "bias_v",
                 "key_padding_mask",
@@ -421,61 +496,64 @@ for name in [
             Ok(Output::Tensors(vec![out]))
         },
     );
-    t.bound(
-        "torch.nn.functional.batch_norm",
-        "input, running_mean, running_var, weight, bias, training, momentum, eps",
-        |b| {
-            one(ops::batch_norm(
-                b.tensor("input")?,
-                b.opt_tensor("running_mean")?,
-                b.opt_tensor("running_var")?,
-                b.opt_tensor("weight")?,
-                b.opt_tensor("bias")?,
-                b.bool_or("training", false)?,
-                b.f64_or("momentum", 0.1)?,
-                b.f64_or("eps", 1e-5)?,
-            ))
-        },
-    );
-    t.bound(
-        "torch.nn.functional.normalize",
-        "input, p, dim, eps, out",
-        |b| {
-            b.unsupported_unless_none("out")?;
-            one(ops::normalize(
-                b.tensor("input")?,
-                b.f64_or("p", 2.0)?,
-                b.int_or("dim", 1)?,
-                b.f64_or("eps", 1e-12)?,
-            ))
-        },
-    );
-    t.bound(
-        "torch.nn.functional.cosine_similarity",
-        "x1, x2, dim, eps",
-        |b| {
-            one(ops::cosine_similarity(
-                b.tensor("x1")?,
-                b.tensor("x2")?,
-                b.int_or("dim", 1)?,
-                b.f64_or("eps", 1e-8)?,
-            ))
-        },
-    );
-    t.bound(
-        "torch.nn.functional.pairwise_distance",
-        "x1, x2, p, eps, keepdim",
-        |b| {
-            one(ops::pairwise_distance(
-                b.tensor("x1")?,
-                b.tensor("x2")?,
-                b.f64_or("p", 2.0)?,
-                b.f64_or("eps", 1e-6)?,
-                b.bool_or("keepdim", false)?,
-            ))
-        },
-    );
-    t.bound("torch.cdist", "x1, x2, p, compute_mode", |b| {
+    t.insert("torch.nn.functional.batch_norm", |args, kwargs| {
+        let b = bind(
+            args,
+            kwargs,
+            &[
+                "input",
+                "running_mean",
+                "running_var",
+                "weight",
+                "bias",
+                "training",
+                "momentum",
+                "eps",
+            ],
+            &[],
+        )?;
+        one(ops::batch_norm(
+            b.tensor("input")?,
+            b.opt_tensor("running_mean")?,
+            b.opt_tensor("running_var")?,
+            b.opt_tensor("weight")?,
+            b.opt_tensor("bias")?,
+            b.bool_or("training", false)?,
+            b.f64_or("momentum", 0.1)?,
+            b.f64_or("eps", 1e-5)?,
+        ))
+    });
+    t.insert("torch.nn.functional.normalize", |args, kwargs| {
+        let b = bind(args, kwargs, &["input", "p", "dim", "eps", "out"], &[])?;
+        b.unsupported_unless_none("out")?;
+        one(ops::normalize(
+            b.tensor("input")?,
+            b.f64_or("p", 2.0)?,
+            b.int_or("dim", 1)?,
+            b.f64_or("eps", 1e-12)?,
+        ))
+    });
+    t.insert("torch.nn.functional.cosine_similarity", |args, kwargs| {
+        let b = bind(args, kwargs, &["x1", "x2", "dim", "eps"], &[])?;
+        one(ops::cosine_similarity(
+            b.tensor("x1")?,
+            b.tensor("x2")?,
+            b.int_or("dim", 1)?,
+            b.f64_or("eps", 1e-8)?,
+        ))
+    });
+    t.insert("torch.nn.functional.pairwise_distance", |args, kwargs| {
+        let b = bind(args, kwargs, &["x1", "x2", "p", "eps", "keepdim"], &[])?;
+        one(ops::pairwise_distance(
+            b.tensor("x1")?,
+            b.tensor("x2")?,
+            b.f64_or("p", 2.0)?,
+            b.f64_or("eps", 1e-6)?,
+            b.bool_or("keepdim", false)?,
+        ))
+    });
+    t.insert("torch.cdist", |args, kwargs| {
+        let b = bind(args, kwargs, &["x1", "x2", "p", "compute_mode"], &[])?;
         let mode: CdistMode = b
             .str_or("compute_mode", "use_mm_for_euclid_dist_if_necessary")?
             .parse()
@@ -487,17 +565,20 @@ for name in [
             mode,
         ))
     });
-    t.bound("torch.nn.functional.pdist", "input, p", |b| {
+    t.insert("torch.nn.functional.pdist", |args, kwargs| {
+        let b = bind(args, kwargs, &["input", "p"], &[])?;
         one(ops::pdist(b.tensor("input")?, b.f64_or("p", 2.0)?))
     });
-    t.bound("torch.dist", "input, other, p", |b| {
+    t.insert("torch.dist", |args, kwargs| {
+        let b = bind(args, kwargs, &["input", "other", "p"], &[])?;
         one(ops::dist(
             b.tensor("input")?,
             b.tensor("other")?,
             b.f64_or("p", 2.0)?,
         ))
     });
-    t.bound("torch.renorm", "input, p, dim, maxnorm, *, out", |b| {
+    t.insert("torch.renorm", |args, kwargs| {
+        let b = bind(args, kwargs, &["input", "p", "dim", "maxnorm"], &["out"])?;
         b.unsupported_unless_none("out")?;
         let p = b.req("p")?.float().map_err(|e| format!("`p`: {e}"))?;
         let maxnorm = b
@@ -508,7 +589,8 @@ for name in [
     });
 
     // ----- promote-list ops ------------------------------------------------------------------
-    t.bound("torch.linalg.cross", "input, other, *, dim, out", |b| {
+    t.insert("torch.linalg.cross", |args, kwargs| {
+        let b = bind(args, kwargs, &["input", "other"], &["dim", "out"])?;
         b.unsupported_unless_none("out")?;
         one(ops::cross(
             b.tensor("input")?,
@@ -516,7 +598,8 @@ for name in [
             b.int_or("dim", -1)?,
         ))
     });
-    t.bound("torch.cross", "input, other, dim, *, out", |b| {
+    t.insert("torch.cross", |args, kwargs| {
+        let b = bind(args, kwargs, &["input", "other", "dim"], &["out"])?;
         b.unsupported_unless_none("out")?;
         let dim = b
             .get("dim")
@@ -528,19 +611,22 @@ for name in [
             dim,
         ))
     });
-    t.bound(
-        "torch.index_put",
-        "input, indices, values, accumulate",
-        |b| {
-            one(ops::index_put(
-                b.tensor("input")?,
-                &b.tensors("indices")?,
-                b.tensor("values")?,
-                b.bool_or("accumulate", false)?,
-            ))
-        },
-    );
-    t.bound("torch.tensordot", "a, b, dims, out", |b| {
+    t.insert("torch.index_put", |args, kwargs| {
+        let b = bind(
+            args,
+            kwargs,
+            &["input", "indices", "values", "accumulate"],
+            &[],
+        )?;
+        one(ops::index_put(
+            b.tensor("input")?,
+            &b.tensors("indices")?,
+            b.tensor("values")?,
+            b.bool_or("accumulate", false)?,
+        ))
+    });
+    t.insert("torch.tensordot", |args, kwargs| {
+        let b = bind(args, kwargs, &["a", "b", "dims", "out"], &[])?;
         b.unsupported_unless_none("out")?;
         let dims = match b.get("dims") {
             None => TensordotDims::Count(2),

@@ -6,7 +6,7 @@
 use amp::autograd::ops::{self, MatrixNormOrd, QrMode, QuantileQ};
 use amp::autograd::Tensor;
 
-use super::{err, one, sig, Bound, BuiltinTensor, R};
+use super::{bind, err, one, Bound, BuiltinTensor, R};
 use crate::args::{Arg, Output};
 use crate::optable::OpTable;
 
@@ -45,7 +45,13 @@ fn opt_f64(b: &Bound<'_>, name: &str) -> Result<Option<f64>, String> {
 fn quantile_entry(
     nan: bool,
 ) -> impl Fn(&[Arg<Tensor>], &crate::args::Kwargs<Tensor>) -> R + Send + Sync {
-    sig("input, q, dim, keepdim, *, interpolation, out", move |b| {
+    move |args, kwargs| {
+        let b = bind(
+            args,
+            kwargs,
+            &["input", "q", "dim", "keepdim"],
+            &["interpolation", "out"],
+        )?;
         b.unsupported_unless_none("out")?;
         let x = b.tensor("input")?;
         let q = match b.req("q")? {
@@ -63,30 +69,35 @@ fn quantile_entry(
         } else {
             one(ops::quantile(x, q, dim, keepdim, interp))
         }
-    })
+    }
 }
 
 /// Adds this area's entries to the table.
 pub(super) fn register(t: &mut OpTable<BuiltinTensor>) {
-    t.bound("torch.trace", "input", |b| {
+    t.insert("torch.trace", |args, kwargs| {
+        let b = bind(args, kwargs, &["input"], &[])?;
         one(ops::trace(b.tensor("input")?))
     });
-    t.bound("torch.inverse", "input, *, out", |b| {
+    t.insert("torch.inverse", |args, kwargs| {
+        let b = bind(args, kwargs, &["input"], &["out"])?;
         b.unsupported_unless_none("out")?;
         one(ops::inverse(b.tensor("input")?))
     });
-    t.bound("torch.linalg.inv", "A, *, out", |b| {
+    t.insert("torch.linalg.inv", |args, kwargs| {
+        let b = bind(args, kwargs, &["A"], &["out"])?;
         b.unsupported_unless_none("out")?;
         one(ops::linalg_inv(b.tensor("A")?))
     });
-    t.bound("torch.linalg.inv_ex", "A, *, check_errors, out", |b| {
+    t.insert("torch.linalg.inv_ex", |args, kwargs| {
+        let b = bind(args, kwargs, &["A"], &["check_errors", "out"])?;
         b.unsupported_unless_none("out")?;
         pair(ops::linalg_inv_ex(
             b.tensor("A")?,
             b.bool_or("check_errors", false)?,
         ))
     });
-    t.bound("torch.linalg.solve", "A, B, *, left, out", |b| {
+    t.insert("torch.linalg.solve", |args, kwargs| {
+        let b = bind(args, kwargs, &["A", "B"], &["left", "out"])?;
         b.unsupported_unless_none("out")?;
         one(ops::linalg_solve(
             b.tensor("A")?,
@@ -95,51 +106,54 @@ pub(super) fn register(t: &mut OpTable<BuiltinTensor>) {
         ))
     });
     // Removed in PyTorch 2: torch.solve(input, A, *, out=None) -> (solution, LU).
-    t.bound("torch.solve", "input, A, *, out", |b| {
+    t.insert("torch.solve", |args, kwargs| {
+        let b = bind(args, kwargs, &["input", "A"], &["out"])?;
         b.unsupported_unless_none("out")?;
         pair(ops::solve(b.tensor("input")?, b.tensor("A")?))
     });
-    t.bound(
-        "torch.triangular_solve",
-        "b, A, upper, transpose, unitriangular, *, out",
-        |b| {
-            b.unsupported_unless_none("out")?;
-            pair(ops::triangular_solve(
-                b.tensor("b")?,
-                b.tensor("A")?,
-                b.bool_or("upper", true)?,
-                b.bool_or("transpose", false)?,
-                b.bool_or("unitriangular", false)?,
-            ))
-        },
-    );
-    t.bound("torch.linalg.cholesky", "A, *, upper, out", |b| {
+    t.insert("torch.triangular_solve", |args, kwargs| {
+        let b = bind(
+            args,
+            kwargs,
+            &["b", "A", "upper", "transpose", "unitriangular"],
+            &["out"],
+        )?;
+        b.unsupported_unless_none("out")?;
+        pair(ops::triangular_solve(
+            b.tensor("b")?,
+            b.tensor("A")?,
+            b.bool_or("upper", true)?,
+            b.bool_or("transpose", false)?,
+            b.bool_or("unitriangular", false)?,
+        ))
+    });
+    t.insert("torch.linalg.cholesky", |args, kwargs| {
+        let b = bind(args, kwargs, &["A"], &["upper", "out"])?;
         b.unsupported_unless_none("out")?;
         one(ops::linalg_cholesky(
             b.tensor("A")?,
             b.bool_or("upper", false)?,
         ))
     });
-    t.bound(
-        "torch.linalg.cholesky_ex",
-        "A, *, upper, check_errors, out",
-        |b| {
-            b.unsupported_unless_none("out")?;
-            pair(ops::linalg_cholesky_ex(
-                b.tensor("A")?,
-                b.bool_or("upper", false)?,
-                b.bool_or("check_errors", false)?,
-            ))
-        },
-    );
-    t.bound("torch.cholesky", "input, upper, *, out", |b| {
+    t.insert("torch.linalg.cholesky_ex", |args, kwargs| {
+        let b = bind(args, kwargs, &["A"], &["upper", "check_errors", "out"])?;
+        b.unsupported_unless_none("out")?;
+        pair(ops::linalg_cholesky_ex(
+            b.tensor("A")?,
+            b.bool_or("upper", false)?,
+            b.bool_or("check_errors", false)?,
+        ))
+    });
+    t.insert("torch.cholesky", |args, kwargs| {
+        let b = bind(args, kwargs, &["input", "upper"], &["out"])?;
         b.unsupported_unless_none("out")?;
         one(ops::cholesky(
             b.tensor("input")?,
             b.bool_or("upper", false)?,
         ))
     });
-    t.bound("torch.cholesky_solve", "B, L, upper, *, out", |b| {
+    t.insert("torch.cholesky_solve", |args, kwargs| {
+        let b = bind(args, kwargs, &["B", "L", "upper"], &["out"])?;
         b.unsupported_unless_none("out")?;
         one(ops::cholesky_solve(
             b.tensor("B")?,
@@ -147,23 +161,27 @@ pub(super) fn register(t: &mut OpTable<BuiltinTensor>) {
             b.bool_or("upper", false)?,
         ))
     });
-    t.bound("torch.cholesky_inverse", "L, upper, *, out", |b| {
+    t.insert("torch.cholesky_inverse", |args, kwargs| {
+        let b = bind(args, kwargs, &["L", "upper"], &["out"])?;
         b.unsupported_unless_none("out")?;
         one(ops::cholesky_inverse(
             b.tensor("L")?,
             b.bool_or("upper", false)?,
         ))
     });
-    t.bound("torch.linalg.eigh", "A, UPLO, *, out", |b| {
+    t.insert("torch.linalg.eigh", |args, kwargs| {
+        let b = bind(args, kwargs, &["A", "UPLO"], &["out"])?;
         b.unsupported_unless_none("out")?;
         pair(ops::linalg_eigh(b.tensor("A")?, b.str_or("UPLO", "L")?))
     });
-    t.bound("torch.linalg.eigvalsh", "A, UPLO, *, out", |b| {
+    t.insert("torch.linalg.eigvalsh", |args, kwargs| {
+        let b = bind(args, kwargs, &["A", "UPLO"], &["out"])?;
         b.unsupported_unless_none("out")?;
         one(ops::linalg_eigvalsh(b.tensor("A")?, b.str_or("UPLO", "L")?))
     });
     // Removed in PyTorch 2: torch.symeig(input, eigenvectors=False, upper=True, *, out=None).
-    t.bound("torch.symeig", "input, eigenvectors, upper, *, out", |b| {
+    t.insert("torch.symeig", |args, kwargs| {
+        let b = bind(args, kwargs, &["input", "eigenvectors", "upper"], &["out"])?;
         b.unsupported_unless_none("out")?;
         pair(ops::symeig(
             b.tensor("input")?,
@@ -171,25 +189,24 @@ pub(super) fn register(t: &mut OpTable<BuiltinTensor>) {
             b.bool_or("upper", true)?,
         ))
     });
-    t.bound(
-        "torch.linalg.svd",
-        "A, full_matrices, *, driver, out",
-        |b| {
-            b.unsupported_unless_none("out")?;
-            // `driver=` is for CUDA (cuSOLVER) only.
-            b.unsupported_unless_none("driver")?;
-            triple(ops::linalg_svd(
-                b.tensor("A")?,
-                b.bool_or("full_matrices", true)?,
-            ))
-        },
-    );
-    t.bound("torch.linalg.svdvals", "A, *, driver, out", |b| {
+    t.insert("torch.linalg.svd", |args, kwargs| {
+        let b = bind(args, kwargs, &["A", "full_matrices"], &["driver", "out"])?;
+        b.unsupported_unless_none("out")?;
+        // `driver=` is for CUDA (cuSOLVER) only.
+        b.unsupported_unless_none("driver")?;
+        triple(ops::linalg_svd(
+            b.tensor("A")?,
+            b.bool_or("full_matrices", true)?,
+        ))
+    });
+    t.insert("torch.linalg.svdvals", |args, kwargs| {
+        let b = bind(args, kwargs, &["A"], &["driver", "out"])?;
         b.unsupported_unless_none("out")?;
         b.unsupported_unless_none("driver")?;
         one(ops::linalg_svdvals(b.tensor("A")?))
     });
-    t.bound("torch.svd", "input, some, compute_uv, *, out", |b| {
+    t.insert("torch.svd", |args, kwargs| {
+        let b = bind(args, kwargs, &["input", "some", "compute_uv"], &["out"])?;
         b.unsupported_unless_none("out")?;
         triple(ops::svd(
             b.tensor("input")?,
@@ -197,19 +214,23 @@ pub(super) fn register(t: &mut OpTable<BuiltinTensor>) {
             b.bool_or("compute_uv", true)?,
         ))
     });
-    t.bound("torch.pinverse", "input, rcond", |b| {
+    t.insert("torch.pinverse", |args, kwargs| {
+        let b = bind(args, kwargs, &["input", "rcond"], &[])?;
         one(ops::pinverse(b.tensor("input")?, b.f64_or("rcond", 1e-15)?))
     });
-    t.bound("torch.linalg.qr", "A, mode, *, out", |b| {
+    t.insert("torch.linalg.qr", |args, kwargs| {
+        let b = bind(args, kwargs, &["A", "mode"], &["out"])?;
         b.unsupported_unless_none("out")?;
         let mode: QrMode = b.str_or("mode", "reduced")?.parse().map_err(err)?;
         pair(ops::linalg_qr(b.tensor("A")?, mode))
     });
-    t.bound("torch.qr", "input, some, *, out", |b| {
+    t.insert("torch.qr", |args, kwargs| {
+        let b = bind(args, kwargs, &["input", "some"], &["out"])?;
         b.unsupported_unless_none("out")?;
         pair(ops::qr(b.tensor("input")?, b.bool_or("some", true)?))
     });
-    t.bound("torch.lu", "A, pivot, get_infos, out", |b| {
+    t.insert("torch.lu", |args, kwargs| {
+        let b = bind(args, kwargs, &["A", "pivot", "get_infos", "out"], &[])?;
         b.unsupported_unless_none("out")?;
         many(ops::lu(
             b.tensor("A")?,
@@ -217,7 +238,8 @@ pub(super) fn register(t: &mut OpTable<BuiltinTensor>) {
             b.bool_or("get_infos", false)?,
         ))
     });
-    t.bound("torch.lu_solve", "b, LU_data, LU_pivots, *, out", |b| {
+    t.insert("torch.lu_solve", |args, kwargs| {
+        let b = bind(args, kwargs, &["b", "LU_data", "LU_pivots"], &["out"])?;
         b.unsupported_unless_none("out")?;
         one(ops::lu_solve(
             b.tensor("b")?,
@@ -225,7 +247,8 @@ pub(super) fn register(t: &mut OpTable<BuiltinTensor>) {
             b.tensor("LU_pivots")?,
         ))
     });
-    t.bound("torch.linalg.lstsq", "A, B, rcond, *, driver", |b| {
+    t.insert("torch.linalg.lstsq", |args, kwargs| {
+        let b = bind(args, kwargs, &["A", "B", "rcond"], &["driver"])?;
         let driver = match b.get("driver") {
             Some(d) => Some(d.str().map_err(|e| format!("`driver`: {e}"))?),
             None => None,
@@ -237,71 +260,78 @@ pub(super) fn register(t: &mut OpTable<BuiltinTensor>) {
             driver,
         ))
     });
-    t.bound(
-        "torch.linalg.matrix_norm",
-        "A, ord, dim, keepdim, *, dtype, out",
-        |b| {
-            b.unsupported_unless_none("out")?;
-            let ord = match b.get("ord") {
-                None => MatrixNormOrd::Fro,
-                Some(a) => norm_ord(a)?,
-            };
-            let dims = match b.get("dim") {
-                None => [-2, -1],
-                Some(a) => {
-                    let v = a.ints().map_err(|e| format!("`dim`: {e}"))?;
-                    <[i64; 2]>::try_from(v.as_slice())
-                        .map_err(|_| "`dim` must be a 2-tuple of ints".to_string())?
-                }
-            };
-            one(ops::linalg_matrix_norm(
-                b.tensor("A")?,
-                ord,
-                dims,
-                b.bool_or("keepdim", false)?,
-                b.dtype("dtype")?,
-            ))
-        },
-    );
-    t.bound("torch.linalg.cond", "A, p, *, out", |b| {
+    t.insert("torch.linalg.matrix_norm", |args, kwargs| {
+        let b = bind(
+            args,
+            kwargs,
+            &["A", "ord", "dim", "keepdim"],
+            &["dtype", "out"],
+        )?;
+        b.unsupported_unless_none("out")?;
+        let ord = match b.get("ord") {
+            None => MatrixNormOrd::Fro,
+            Some(a) => norm_ord(a)?,
+        };
+        let dims = match b.get("dim") {
+            None => [-2, -1],
+            Some(a) => {
+                let v = a.ints().map_err(|e| format!("`dim`: {e}"))?;
+                <[i64; 2]>::try_from(v.as_slice())
+                    .map_err(|_| "`dim` must be a 2-tuple of ints".to_string())?
+            }
+        };
+        one(ops::linalg_matrix_norm(
+            b.tensor("A")?,
+            ord,
+            dims,
+            b.bool_or("keepdim", false)?,
+            b.dtype("dtype")?,
+        ))
+    });
+    t.insert("torch.linalg.cond", |args, kwargs| {
+        let b = bind(args, kwargs, &["A", "p"], &["out"])?;
         b.unsupported_unless_none("out")?;
         let p = b.get("p").map(norm_ord).transpose()?;
         one(ops::linalg_cond(b.tensor("A")?, p))
     });
     // matrix_rank(A, *, atol=None, rtol=None, hermitian=False, out=None) and the older
     // overload matrix_rank(A, tol=None, hermitian=False, *, out=None).
-    t.bound(
-        "torch.linalg.matrix_rank",
-        "A, tol, hermitian, *, atol, rtol, out",
-        |b| {
-            b.unsupported_unless_none("out")?;
-            let tol = opt_f64(&b, "tol")?;
-            let (atol, rtol) = (opt_f64(&b, "atol")?, opt_f64(&b, "rtol")?);
-            let (atol, rtol) = match tol {
-                Some(t) if atol.is_some() || rtol.is_some() => {
-                    return Err(format!(
-                        "`tol={t}` cannot be given together with `atol` or `rtol`"
-                    ))
-                }
-                Some(t) => (Some(t), Some(0.0)),
-                None => (atol, rtol),
-            };
-            one(ops::linalg_matrix_rank(
-                b.tensor("A")?,
-                atol,
-                rtol,
-                b.bool_or("hermitian", false)?,
-            ))
-        },
-    );
-    t.bound("torch.linalg.tensorinv", "A, ind, *, out", |b| {
+    t.insert("torch.linalg.matrix_rank", |args, kwargs| {
+        let b = bind(
+            args,
+            kwargs,
+            &["A", "tol", "hermitian"],
+            &["atol", "rtol", "out"],
+        )?;
+        b.unsupported_unless_none("out")?;
+        let tol = opt_f64(&b, "tol")?;
+        let (atol, rtol) = (opt_f64(&b, "atol")?, opt_f64(&b, "rtol")?);
+        let (atol, rtol) = match tol {
+            Some(t) if atol.is_some() || rtol.is_some() => {
+                return Err(format!(
+                    "`tol={t}` cannot be given together with `atol` or `rtol`"
+                ))
+            }
+            Some(t) => (Some(t), Some(0.0)),
+            None => (atol, rtol),
+        };
+        one(ops::linalg_matrix_rank(
+            b.tensor("A")?,
+            atol,
+            rtol,
+            b.bool_or("hermitian", false)?,
+        ))
+    });
+    t.insert("torch.linalg.tensorinv", |args, kwargs| {
+        let b = bind(args, kwargs, &["A", "ind"], &["out"])?;
         b.unsupported_unless_none("out")?;
         let ind = b.int_or("ind", 2)?;
         let ind = usize::try_from(ind)
             .map_err(|_| "Expected a strictly positive integer for 'ind'".to_string())?;
         one(ops::linalg_tensorinv(b.tensor("A")?, ind))
     });
-    t.bound("torch.linalg.tensorsolve", "A, B, dims, *, out", |b| {
+    t.insert("torch.linalg.tensorsolve", |args, kwargs| {
+        let b = bind(args, kwargs, &["A", "B", "dims"], &["out"])?;
         b.unsupported_unless_none("out")?;
         let dims = b.get("dims").map(|a| a.ints()).transpose()?;
         one(ops::linalg_tensorsolve(
@@ -310,61 +340,69 @@ pub(super) fn register(t: &mut OpTable<BuiltinTensor>) {
             dims.as_deref(),
         ))
     });
-    t.bound("torch.lstsq", "input, A, *, out", |b| {
+    t.insert("torch.lstsq", |args, kwargs| {
+        let b = bind(args, kwargs, &["input", "A"], &["out"])?;
         b.unsupported_unless_none("out")?;
         pair(ops::lstsq(b.tensor("input")?, b.tensor("A")?))
     });
-    t.bound("torch.geqrf", "input, *, out", |b| {
+    t.insert("torch.geqrf", |args, kwargs| {
+        let b = bind(args, kwargs, &["input"], &["out"])?;
         b.unsupported_unless_none("out")?;
         pair(ops::geqrf(b.tensor("input")?))
     });
-    t.bound("torch.linalg.householder_product", "A, tau, *, out", |b| {
+    t.insert("torch.linalg.householder_product", |args, kwargs| {
+        let b = bind(args, kwargs, &["A", "tau"], &["out"])?;
         b.unsupported_unless_none("out")?;
         one(ops::linalg_householder_product(
             b.tensor("A")?,
             b.tensor("tau")?,
         ))
     });
-    t.bound("torch.orgqr", "input, tau", |b| {
+    t.insert("torch.orgqr", |args, kwargs| {
+        let b = bind(args, kwargs, &["input", "tau"], &[])?;
         one(ops::orgqr(b.tensor("input")?, b.tensor("tau")?))
     });
-    t.bound(
-        "torch.ormqr",
-        "input, tau, other, left, transpose, *, out",
-        |b| {
-            b.unsupported_unless_none("out")?;
-            one(ops::ormqr(
-                b.tensor("input")?,
-                b.tensor("tau")?,
-                b.tensor("other")?,
-                b.bool_or("left", true)?,
-                b.bool_or("transpose", false)?,
-            ))
-        },
-    );
+    t.insert("torch.ormqr", |args, kwargs| {
+        let b = bind(
+            args,
+            kwargs,
+            &["input", "tau", "other", "left", "transpose"],
+            &["out"],
+        )?;
+        b.unsupported_unless_none("out")?;
+        one(ops::ormqr(
+            b.tensor("input")?,
+            b.tensor("tau")?,
+            b.tensor("other")?,
+            b.bool_or("left", true)?,
+            b.bool_or("transpose", false)?,
+        ))
+    });
     t.insert("torch.quantile", quantile_entry(false));
     t.insert("torch.nanquantile", quantile_entry(true));
     // fake_quantize_per_tensor_affine(input, scale, zero_point, quant_min, quant_max),
     // with `scale` / `zero_point` Python numbers or 0-D tensors.
-    t.bound(
-        "torch.fake_quantize_per_tensor_affine",
-        "input, scale, zero_point, quant_min, quant_max",
-        |b| {
-            let scale = match b.req("scale")? {
-                Arg::Tensor(t) => t.data().item_f64().map_err(|e| e.to_string())?,
-                a => a.float().map_err(|e| format!("`scale`: {e}"))?,
-            };
-            let zp = match b.req("zero_point")? {
-                Arg::Tensor(t) => t.data().item_f64().map_err(|e| e.to_string())? as i64,
-                a => a.int().map_err(|e| format!("`zero_point`: {e}"))?,
-            };
-            one(ops::fake_quantize_per_tensor_affine(
-                b.tensor("input")?,
-                scale,
-                zp,
-                b.int("quant_min")?,
-                b.int("quant_max")?,
-            ))
-        },
-    );
+    t.insert("torch.fake_quantize_per_tensor_affine", |args, kwargs| {
+        let b = bind(
+            args,
+            kwargs,
+            &["input", "scale", "zero_point", "quant_min", "quant_max"],
+            &[],
+        )?;
+        let scale = match b.req("scale")? {
+            Arg::Tensor(t) => t.data().item_f64().map_err(|e| e.to_string())?,
+            a => a.float().map_err(|e| format!("`scale`: {e}"))?,
+        };
+        let zp = match b.req("zero_point")? {
+            Arg::Tensor(t) => t.data().item_f64().map_err(|e| e.to_string())? as i64,
+            a => a.int().map_err(|e| format!("`zero_point`: {e}"))?,
+        };
+        one(ops::fake_quantize_per_tensor_affine(
+            b.tensor("input")?,
+            scale,
+            zp,
+            b.int("quant_min")?,
+            b.int("quant_max")?,
+        ))
+    });
 }

@@ -5,8 +5,7 @@
 //! user (`amp::autograd::ops::mm(a, b)`, a layer's functional form, ...), never a private
 //! shortcut, so ops reached through the dispatch point get autocast applied.
 //!
-//! Arguments are bound to the call's PyTorch signature first ([`bind`], written as the
-//! signature's parameter names, `*` before the keyword-only ones: which parameters
+//! Arguments are bound to the call's PyTorch signature first ([`bind`]: which parameters
 //! may be given positionally, which only by keyword), so too many positional arguments, an
 //! unknown keyword or a parameter given twice fail the case, as they fail in Python. An
 //! entry then reads every parameter of the signature: a parameter the workspace does not
@@ -14,7 +13,8 @@
 //! it is given a value other than PyTorch's default, never silently ignored:
 //!
 //! ```text
-//! t.bound("torch.mm", "input, mat2, *, out", |b| {
+//! t.insert("torch.mm", |args, kwargs| {
+//!     let b = bind(args, kwargs, &["input", "mat2"], &["out"])?;
 //!     b.unsupported_unless_none("out")?;
 //!     one(ops::mm(b.tensor("input")?, b.tensor("mat2")?))
 //! });
@@ -91,39 +91,6 @@ pub fn bind<'a>(
         values[i] = Some(v);
     }
     Ok(Bound { names, values })
-}
-
-/// An op entry for a call with the PyTorch signature `signature`: its parameter names,
-/// comma-separated, with a `*` before the keyword-only ones (`"input, dim, *, out"`). The
-/// entry binds the call's arguments to it ([`bind`]) and runs `f` on them.
-fn sig(
-    signature: &'static str,
-    f: impl for<'b> Fn(&Bound<'b>) -> R + Send + Sync + 'static,
-) -> impl Fn(&[A], &K) -> R + Send + Sync + 'static {
-    let names = |s: &'static str| -> Vec<&'static str> {
-        s.split(',')
-            .map(str::trim)
-            .filter(|n| !n.is_empty())
-            .collect()
-    };
-    let (positional, keyword_only) = match signature.split_once('*') {
-        Some((p, k)) => (names(p), names(k)),
-        None => (names(signature), Vec::new()),
-    };
-    move |args, kwargs| f(&bind(args, kwargs, &positional, &keyword_only)?)
-}
-
-impl OpTable<Tensor> {
-    /// Registers `f` for `call`, whose PyTorch signature is `signature` (see [`sig`]): `f`
-    /// reads the bound arguments.
-    fn bound(
-        &mut self,
-        call: &str,
-        signature: &'static str,
-        f: impl for<'b> Fn(&Bound<'b>) -> R + Send + Sync + 'static,
-    ) -> &mut Self {
-        self.insert(call, sig(signature, f))
-    }
 }
 
 impl<'a> Bound<'a> {
@@ -290,10 +257,11 @@ type Unary = fn(&Tensor) -> amp::autograd::Result<Tensor>;
 
 /// `torch.NAME(input, *, out=None)`.
 fn unary(f: Unary) -> impl Fn(&[A], &K) -> R + Send + Sync + 'static {
-    sig("input, *, out", move |b| {
+    move |args, kwargs| {
+        let b = bind(args, kwargs, &["input"], &["out"])?;
         b.unsupported_unless_none("out")?;
         one(f(b.tensor("input")?))
-    })
+    }
 }
 
 type Binary = fn(&Tensor, &Tensor) -> amp::autograd::Result<Tensor>;
@@ -302,7 +270,8 @@ type Binary = fn(&Tensor, &Tensor) -> amp::autograd::Result<Tensor>;
 fn dunder_scalar(
     f: fn(&Tensor, Scalar) -> amp::autograd::Result<Tensor>,
 ) -> impl Fn(&[A], &K) -> R + Send + Sync + 'static {
-    sig("self, other", move |b| {
+    move |args, kwargs| {
+        let b = bind(args, kwargs, &["self", "other"], &[])?;
         let x = b.tensor("self")?;
         match b.req("other")? {
             Arg::Tensor(_) => {
@@ -310,7 +279,7 @@ fn dunder_scalar(
             }
             _ => one(f(x, b.scalar("other")?)),
         }
-    })
+    }
 }
 
 /// `torch.NAME(a, b, *, out=None)` of two tensors named `names`.
@@ -345,7 +314,8 @@ fn beta_alpha(
 /// `torch.add` / `torch.sub`: `(input, other, *, alpha=1, out=None)` with a tensor or
 /// number `other`.
 fn add_sub(sub: bool) -> impl Fn(&[A], &K) -> R + Send + Sync + 'static {
-    sig("input, other, *, alpha, out", move |b| {
+    move |args, kwargs| {
+        let b = bind(args, kwargs, &["input", "other"], &["alpha", "out"])?;
         b.unsupported_unless_none("out")?;
         let x = b.tensor("input")?;
         let alpha = b.get("alpha");
@@ -373,7 +343,7 @@ fn add_sub(sub: bool) -> impl Fn(&[A], &K) -> R + Send + Sync + 'static {
                 }
             }
         }
-    })
+    }
 }
 
 /// `torch.mul` / `torch.div`: `(input, other, *, out=None)` with a tensor or number
@@ -404,7 +374,13 @@ type Reduce = fn(&Tensor, &[i64], bool, Option<DType>) -> amp::autograd::Result<
 
 /// `torch.sum` / `torch.mean`: `(input, dim=None, keepdim=False, *, dtype=None, out=None)`.
 fn reduce_dims(f: Reduce) -> impl Fn(&[A], &K) -> R + Send + Sync + 'static {
-    sig("input, dim, keepdim, *, dtype, out", move |b| {
+    move |args, kwargs| {
+        let b = bind(
+            args,
+            kwargs,
+            &["input", "dim", "keepdim"],
+            &["dtype", "out"],
+        )?;
         b.unsupported_unless_none("out")?;
         one(f(
             b.tensor("input")?,
@@ -412,17 +388,18 @@ fn reduce_dims(f: Reduce) -> impl Fn(&[A], &K) -> R + Send + Sync + 'static {
             b.bool_or("keepdim", false)?,
             b.dtype("dtype")?,
         ))
-    })
+    }
 }
 
 type Scan = fn(&Tensor, i64, Option<DType>) -> amp::autograd::Result<Tensor>;
 
 /// `torch.cumsum` / `torch.cumprod`: `(input, dim, *, dtype=None, out=None)`.
 fn scan(f: Scan) -> impl Fn(&[A], &K) -> R + Send + Sync + 'static {
-    sig("input, dim, *, dtype, out", move |b| {
+    move |args, kwargs| {
+        let b = bind(args, kwargs, &["input", "dim"], &["dtype", "out"])?;
         b.unsupported_unless_none("out")?;
         one(f(b.tensor("input")?, b.int("dim")?, b.dtype("dtype")?))
-    })
+    }
 }
 
 type Softmax = fn(&Tensor, i64, Option<DType>) -> amp::autograd::Result<Tensor>;
@@ -488,7 +465,8 @@ pub fn table() -> OpTable<BuiltinTensor> {
     t.insert("torch.mul", mul_div(false));
     t.insert("torch.div", mul_div(true));
     t.insert("torch.atan2", binary(ops::atan2, ["input", "other"]));
-    t.bound("torch.pow", "input, exponent, *, out", |b| {
+    t.insert("torch.pow", |args, kwargs| {
+        let b = bind(args, kwargs, &["input", "exponent"], &["out"])?;
         b.unsupported_unless_none("out")?;
         let x = match b.req("input")? {
             Arg::Tensor(x) => x,
@@ -503,18 +481,21 @@ pub fn table() -> OpTable<BuiltinTensor> {
         ("torch.addcmul", ops::addcmul as Addcx),
         ("torch.addcdiv", ops::addcdiv as Addcx),
     ] {
-        t.insert(
-            call,
-            sig("input, tensor1, tensor2, *, value, out", move |b| {
-                b.unsupported_unless_none("out")?;
-                one(f(
-                    b.tensor("input")?,
-                    b.tensor("tensor1")?,
-                    b.tensor("tensor2")?,
-                    b.f64_or("value", 1.0)?,
-                ))
-            }),
-        );
+        t.insert(call, move |args, kwargs| {
+            let b = bind(
+                args,
+                kwargs,
+                &["input", "tensor1", "tensor2"],
+                &["value", "out"],
+            )?;
+            b.unsupported_unless_none("out")?;
+            one(f(
+                b.tensor("input")?,
+                b.tensor("tensor1")?,
+                b.tensor("tensor2")?,
+                b.f64_or("value", 1.0)?,
+            ))
+        });
     }
     t.insert("torch.Tensor.__pow__", dunder_scalar(ops::dunder_pow));
     t.insert("torch.Tensor.__rpow__", dunder_scalar(ops::rpow_scalar));
@@ -530,7 +511,8 @@ pub fn table() -> OpTable<BuiltinTensor> {
     t.insert("torch.matmul", binary(ops::matmul, ["input", "other"]));
     t.insert("torch.mv", binary(ops::mv, ["input", "vec"]));
     t.insert("torch.dot", binary(ops::dot, ["input", "tensor"]));
-    t.bound("torch.Tensor.__matmul__", "self, other", |b| {
+    t.insert("torch.Tensor.__matmul__", |args, kwargs| {
+        let b = bind(args, kwargs, &["self", "other"], &[])?;
         one(ops::dunder_matmul(b.tensor("self")?, b.tensor("other")?))
     });
     t.insert(
@@ -553,7 +535,8 @@ pub fn table() -> OpTable<BuiltinTensor> {
         "torch.addr",
         beta_alpha(ops::addr, ["input", "vec1", "vec2"]),
     );
-    t.bound("torch.nn.functional.linear", "input, weight, bias", |b| {
+    t.insert("torch.nn.functional.linear", |args, kwargs| {
+        let b = bind(args, kwargs, &["input", "weight", "bias"], &[])?;
         one(ops::linear(
             b.tensor("input")?,
             b.tensor("weight")?,
@@ -566,24 +549,28 @@ pub fn table() -> OpTable<BuiltinTensor> {
     t.insert_for(
         "torch.linalg.multi_dot",
         &["chain_matmul"],
-        sig("tensors, *, out", |b| {
+        |args, kwargs| {
+            let b = bind(args, kwargs, &["tensors"], &["out"])?;
             b.unsupported_unless_none("out")?;
             one(ops::chain_matmul(&b.tensors("tensors")?))
-        }),
+        },
     );
-    t.insert_for(
-        "torch.linalg.multi_dot",
-        &["multi_dot"],
-        sig("tensors, *, out", |b| {
-            b.unsupported_unless_none("out")?;
-            one(ops::multi_dot(&b.tensors("tensors")?))
-        }),
-    );
+    t.insert_for("torch.linalg.multi_dot", &["multi_dot"], |args, kwargs| {
+        let b = bind(args, kwargs, &["tensors"], &["out"])?;
+        b.unsupported_unless_none("out")?;
+        one(ops::multi_dot(&b.tensors("tensors")?))
+    });
 
     // ----- reductions ---------------------------------------------------------------------
     t.insert("torch.sum", reduce_dims(ops::sum));
     t.insert("torch.mean", reduce_dims(ops::mean));
-    t.bound("torch.prod", "input, dim, keepdim, *, dtype, out", |b| {
+    t.insert("torch.prod", |args, kwargs| {
+        let b = bind(
+            args,
+            kwargs,
+            &["input", "dim", "keepdim"],
+            &["dtype", "out"],
+        )?;
         b.unsupported_unless_none("out")?;
         let dim = b
             .get("dim")
@@ -600,7 +587,13 @@ pub fn table() -> OpTable<BuiltinTensor> {
     t.insert("torch.cumprod", scan(ops::cumprod));
     // torch.norm(input, p='fro', dim=None, keepdim=False, out=None, dtype=None): a number
     // `p` (or 'fro' over at most two dims) is the vector norm over `dim`.
-    t.bound("torch.norm", "input, p, dim, keepdim, out, dtype", |b| {
+    t.insert("torch.norm", |args, kwargs| {
+        let b = bind(
+            args,
+            kwargs,
+            &["input", "p", "dim", "keepdim", "out", "dtype"],
+            &[],
+        )?;
         b.unsupported_unless_none("out")?;
         b.unsupported_unless_none("dtype")?;
         let dims = b.dims("dim")?;
@@ -625,61 +618,65 @@ pub fn table() -> OpTable<BuiltinTensor> {
         "torch.nn.functional.softmin",
         softmax_like(ops::softmin, true),
     );
-    t.bound(
-        "torch.nn.functional.layer_norm",
-        "input, normalized_shape, weight, bias, eps",
-        |b| {
-            let shape = b
-                .req("normalized_shape")?
-                .ints()
-                .map_err(|e| format!("`normalized_shape`: {e}"))?;
-            one(ops::layer_norm(
-                b.tensor("input")?,
-                &usizes(shape, "normalized_shape")?,
-                b.opt_tensor("weight")?,
-                b.opt_tensor("bias")?,
-                b.f64_or("eps", 1e-5)?,
-            ))
-        },
-    );
+    t.insert("torch.nn.functional.layer_norm", |args, kwargs| {
+        let b = bind(
+            args,
+            kwargs,
+            &["input", "normalized_shape", "weight", "bias", "eps"],
+            &[],
+        )?;
+        let shape = b
+            .req("normalized_shape")?
+            .ints()
+            .map_err(|e| format!("`normalized_shape`: {e}"))?;
+        one(ops::layer_norm(
+            b.tensor("input")?,
+            &usizes(shape, "normalized_shape")?,
+            b.opt_tensor("weight")?,
+            b.opt_tensor("bias")?,
+            b.f64_or("eps", 1e-5)?,
+        ))
+    });
 
     // ----- views and data movement ------------------------------------------------------------
-    t.bound("torch.reshape", "input, shape", |b| {
+    t.insert("torch.reshape", |args, kwargs| {
+        let b = bind(args, kwargs, &["input", "shape"], &[])?;
         let shape = b
             .req("shape")?
             .ints()
             .map_err(|e| format!("`shape`: {e}"))?;
         one(ops::reshape(b.tensor("input")?, shape))
     });
-    t.bound("torch.transpose", "input, dim0, dim1", |b| {
+    t.insert("torch.transpose", |args, kwargs| {
+        let b = bind(args, kwargs, &["input", "dim0", "dim1"], &[])?;
         one(ops::transpose(
             b.tensor("input")?,
             b.int("dim0")?,
             b.int("dim1")?,
         ))
     });
-    t.bound("torch.cat", "tensors, dim, *, out", |b| {
+    t.insert("torch.cat", |args, kwargs| {
+        let b = bind(args, kwargs, &["tensors", "dim"], &["out"])?;
         b.unsupported_unless_none("out")?;
         one(ops::cat(&b.tensors("tensors")?, b.int_or("dim", 0)?))
     });
-    t.bound("torch.stack", "tensors, dim, *, out", |b| {
+    t.insert("torch.stack", |args, kwargs| {
+        let b = bind(args, kwargs, &["tensors", "dim"], &["out"])?;
         b.unsupported_unless_none("out")?;
         one(ops::stack(&b.tensors("tensors")?, b.int_or("dim", 0)?))
     });
-    t.bound(
-        "torch.index_copy",
-        "input, dim, index, source, *, out",
-        |b| {
-            b.unsupported_unless_none("out")?;
-            one(ops::index_copy(
-                b.tensor("input")?,
-                b.int("dim")?,
-                b.tensor("index")?,
-                b.tensor("source")?,
-            ))
-        },
-    );
-    t.bound("torch.scatter_add", "input, dim, index, src, *, out", |b| {
+    t.insert("torch.index_copy", |args, kwargs| {
+        let b = bind(args, kwargs, &["input", "dim", "index", "source"], &["out"])?;
+        b.unsupported_unless_none("out")?;
+        one(ops::index_copy(
+            b.tensor("input")?,
+            b.int("dim")?,
+            b.tensor("index")?,
+            b.tensor("source")?,
+        ))
+    });
+    t.insert("torch.scatter_add", |args, kwargs| {
+        let b = bind(args, kwargs, &["input", "dim", "index", "src"], &["out"])?;
         b.unsupported_unless_none("out")?;
         one(ops::scatter_add(
             b.tensor("input")?,
@@ -688,46 +685,52 @@ pub fn table() -> OpTable<BuiltinTensor> {
             b.tensor("src")?,
         ))
     });
-    t.bound(
-        "torch.nn.functional.embedding",
-        "input, weight, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse",
-        |b| {
-            b.unsupported_unless_none("max_norm")?;
-            b.unsupported_unless("norm_type", &Arg::Float(2.0))?;
-            b.unsupported_unless("scale_grad_by_freq", &Arg::Bool(false))?;
-            b.unsupported_unless("sparse", &Arg::Bool(false))?;
-            let padding_idx = b
-                .get("padding_idx")
-                .map(|a| a.int().map_err(|e| format!("`padding_idx`: {e}")))
-                .transpose()?;
-            one(ops::embedding_padded(
-                b.tensor("weight")?,
-                b.tensor("input")?,
-                padding_idx,
-            ))
-        },
-    );
+    t.insert("torch.nn.functional.embedding", |args, kwargs| {
+        let b = bind(
+            args,
+            kwargs,
+            &[
+                "input",
+                "weight",
+                "padding_idx",
+                "max_norm",
+                "norm_type",
+                "scale_grad_by_freq",
+                "sparse",
+            ],
+            &[],
+        )?;
+        b.unsupported_unless_none("max_norm")?;
+        b.unsupported_unless("norm_type", &Arg::Float(2.0))?;
+        b.unsupported_unless("scale_grad_by_freq", &Arg::Bool(false))?;
+        b.unsupported_unless("sparse", &Arg::Bool(false))?;
+        let padding_idx = b
+            .get("padding_idx")
+            .map(|a| a.int().map_err(|e| format!("`padding_idx`: {e}")))
+            .transpose()?;
+        one(ops::embedding_padded(
+            b.tensor("weight")?,
+            b.tensor("input")?,
+            padding_idx,
+        ))
+    });
 
     // ----- activations ------------------------------------------------------------------------
-    t.bound(
-        "torch.nn.functional.gelu",
-        "input, *, approximate",
-        |b| match b.str_or("approximate", "none")? {
+    t.insert("torch.nn.functional.gelu", |args, kwargs| {
+        let b = bind(args, kwargs, &["input"], &["approximate"])?;
+        match b.str_or("approximate", "none")? {
             "none" => one(ops::gelu(b.tensor("input")?)),
             other => Err(format!("`approximate={other:?}` is not supported")),
-        },
-    );
-    t.bound(
-        "torch.nn.functional.softplus",
-        "input, beta, threshold",
-        |b| {
-            one(ops::softplus(
-                b.tensor("input")?,
-                b.f64_or("beta", 1.0)?,
-                b.f64_or("threshold", 20.0)?,
-            ))
-        },
-    );
+        }
+    });
+    t.insert("torch.nn.functional.softplus", |args, kwargs| {
+        let b = bind(args, kwargs, &["input", "beta", "threshold"], &[])?;
+        one(ops::softplus(
+            b.tensor("input")?,
+            b.f64_or("beta", 1.0)?,
+            b.f64_or("threshold", 20.0)?,
+        ))
+    });
 
     // ----- losses -------------------------------------------------------------------------------
     type Pair = fn(&Tensor, &Tensor, Reduction) -> amp::autograd::Result<Tensor>;
@@ -735,68 +738,117 @@ pub fn table() -> OpTable<BuiltinTensor> {
         ("torch.nn.functional.mse_loss", ops::mse_loss as Pair),
         ("torch.nn.functional.l1_loss", ops::l1_loss as Pair),
     ] {
-        t.insert(
-            call,
-            sig(
-                "input, target, size_average, reduce, reduction, weight",
-                move |b| {
-                    legacy_reduction(&b)?;
-                    b.unsupported_unless_none("weight")?;
-                    one(f(
-                        b.tensor("input")?,
-                        b.tensor("target")?,
-                        b.reduction("reduction")?,
-                    ))
-                },
-            ),
-        );
+        t.insert(call, move |args, kwargs| {
+            let b = bind(
+                args,
+                kwargs,
+                &[
+                    "input",
+                    "target",
+                    "size_average",
+                    "reduce",
+                    "reduction",
+                    "weight",
+                ],
+                &[],
+            )?;
+            legacy_reduction(&b)?;
+            b.unsupported_unless_none("weight")?;
+            one(f(
+                b.tensor("input")?,
+                b.tensor("target")?,
+                b.reduction("reduction")?,
+            ))
+        });
     }
-    t.bound(
-        "torch.nn.functional.smooth_l1_loss",
-        "input, target, size_average, reduce, reduction, beta",
-        |b| {
-            legacy_reduction(&b)?;
-            one(ops::smooth_l1_loss(
-                b.tensor("input")?,
-                b.tensor("target")?,
-                b.reduction("reduction")?,
-                b.f64_or("beta", 1.0)?,
-            ))
-        },
-    );
-    t.bound(
-        "torch.nn.functional.nll_loss",
-        "input, target, weight, size_average, ignore_index, reduce, reduction",
-        |b| {
-            legacy_reduction(&b)?;
-            one(ops::nll_loss(
-                b.tensor("input")?,
-                b.tensor("target")?,
-                b.opt_tensor("weight")?,
-                b.int_or("ignore_index", -100)?,
-                b.reduction("reduction")?,
-            ))
-        },
-    );
-    t.bound(
-        "torch.nn.functional.cross_entropy",
-        "input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing",
-        |b| {
-            legacy_reduction(&b)?;
-            one(ops::cross_entropy(
-                b.tensor("input")?,
-                b.tensor("target")?,
-                b.opt_tensor("weight")?,
-                b.int_or("ignore_index", -100)?,
-                b.reduction("reduction")?,
-                b.f64_or("label_smoothing", 0.0)?,
-            ))
-        },
-    );
-    t.bound(
+    t.insert("torch.nn.functional.smooth_l1_loss", |args, kwargs| {
+        let b = bind(
+            args,
+            kwargs,
+            &[
+                "input",
+                "target",
+                "size_average",
+                "reduce",
+                "reduction",
+                "beta",
+            ],
+            &[],
+        )?;
+        legacy_reduction(&b)?;
+        one(ops::smooth_l1_loss(
+            b.tensor("input")?,
+            b.tensor("target")?,
+            b.reduction("reduction")?,
+            b.f64_or("beta", 1.0)?,
+        ))
+    });
+    t.insert("torch.nn.functional.nll_loss", |args, kwargs| {
+        let b = bind(
+            args,
+            kwargs,
+            &[
+                "input",
+                "target",
+                "weight",
+                "size_average",
+                "ignore_index",
+                "reduce",
+                "reduction",
+            ],
+            &[],
+        )?;
+        legacy_reduction(&b)?;
+        one(ops::nll_loss(
+            b.tensor("input")?,
+            b.tensor("target")?,
+            b.opt_tensor("weight")?,
+            b.int_or("ignore_index", -100)?,
+            b.reduction("reduction")?,
+        ))
+    });
+    t.insert("torch.nn.functional.cross_entropy", |args, kwargs| {
+        let b = bind(
+            args,
+            kwargs,
+            &[
+                "input",
+                "target",
+                "weight",
+                "size_average",
+                "ignore_index",
+                "reduce",
+                "reduction",
+                "label_smoothing",
+            ],
+            &[],
+        )?;
+        legacy_reduction(&b)?;
+        one(ops::cross_entropy(
+            b.tensor("input")?,
+            b.tensor("target")?,
+            b.opt_tensor("weight")?,
+            b.int_or("ignore_index", -100)?,
+            b.reduction("reduction")?,
+            b.f64_or("label_smoothing", 0.0)?,
+        ))
+    });
+    t.insert(
         "torch.nn.functional.binary_cross_entropy",
-        "input, target, weight, size_average, reduce, reduction",
-        |b| {
+        |args, kwargs| {
+            let b = bind(
+                args,
+                kwargs,
+                &[
+                    "input",
+                    "target",
+                    "weight",
+                    "size_average",
+                    "reduce",
+                    "reduction",
+                ],
+                &[],
+            )?;
             legacy_reduction(&b)?;
             one(ops::binary_cross_entropy(
                 b.tensor("input")?,
@@ -806,10 +858,23 @@ pub fn table() -> OpTable<BuiltinTensor> {
             ))
         },
     );
-    t.bound(
+    t.insert(
         "torch.nn.functional.binary_cross_entropy_with_logits",
-        "input, target, weight, size_average, reduce, reduction, pos_weight",
-        |b| {
+        |args, kwargs| {
+            let b = bind(
+                args,
+                kwargs,
+                &[
+                    "input",
+                    "target",
+                    "weight",
+                    "size_average",
+                    "reduce",
+                    "reduction",
+                    "pos_weight",
+                ],
+                &[],
+            )?;
             legacy_reduction(&b)?;
             one(ops::binary_cross_entropy_with_logits(
                 b.tensor("input")?,

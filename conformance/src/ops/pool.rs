@@ -5,7 +5,7 @@ use amp::autograd::{ops, Tensor};
 use amp::kernels::{GridMode, GridPadding};
 use amp::tensor::Generator;
 
-use super::{bind, one, sig, Bound, BuiltinTensor, A, K, R};
+use super::{bind, one, Bound, BuiltinTensor, A, K, R};
 use crate::args::{Arg, Output};
 use crate::optable::OpTable;
 
@@ -49,23 +49,34 @@ fn pair(r: amp::autograd::Result<(Tensor, Tensor)>, with_indices: bool) -> R {
 }
 
 fn max_pool(n: usize) -> impl Fn(&[A], &K) -> R + Send + Sync + 'static {
-    sig(
-        "input, kernel_size, stride, padding, dilation, ceil_mode, return_indices",
-        move |b| {
-            pair(
-                ops::max_pool_nd_with_indices(
-                    b.tensor("input")?,
-                    n,
-                    &sizes(&b, "kernel_size", &[])?,
-                    &sizes(&b, "stride", &[])?,
-                    &sizes(&b, "padding", &[0])?,
-                    &sizes(&b, "dilation", &[1])?,
-                    b.bool_or("ceil_mode", false)?,
-                ),
-                b.bool_or("return_indices", false)?,
-            )
-        },
-    )
+    move |args, kwargs| {
+        let b = bind(
+            args,
+            kwargs,
+            &[
+                "input",
+                "kernel_size",
+                "stride",
+                "padding",
+                "dilation",
+                "ceil_mode",
+                "return_indices",
+            ],
+            &[],
+        )?;
+        pair(
+            ops::max_pool_nd_with_indices(
+                b.tensor("input")?,
+                n,
+                &sizes(&b, "kernel_size", &[])?,
+                &sizes(&b, "stride", &[])?,
+                &sizes(&b, "padding", &[0])?,
+                &sizes(&b, "dilation", &[1])?,
+                b.bool_or("ceil_mode", false)?,
+            ),
+            b.bool_or("return_indices", false)?,
+        )
+    }
 }
 
 fn avg_pool(n: usize) -> impl Fn(&[A], &K) -> R + Send + Sync + 'static {
@@ -103,81 +114,108 @@ fn avg_pool(n: usize) -> impl Fn(&[A], &K) -> R + Send + Sync + 'static {
 }
 
 fn adaptive_avg(n: usize) -> impl Fn(&[A], &K) -> R + Send + Sync + 'static {
-    sig("input, output_size", move |b| {
+    move |args, kwargs| {
+        let b = bind(args, kwargs, &["input", "output_size"], &[])?;
         one(ops::adaptive_avg_pool_nd(
             b.tensor("input")?,
             n,
             &adaptive_size(&b)?,
         ))
-    })
+    }
 }
 
 fn adaptive_max(n: usize) -> impl Fn(&[A], &K) -> R + Send + Sync + 'static {
-    sig("input, output_size, return_indices", move |b| {
+    move |args, kwargs| {
+        let b = bind(
+            args,
+            kwargs,
+            &["input", "output_size", "return_indices"],
+            &[],
+        )?;
         pair(
             ops::adaptive_max_pool_nd(b.tensor("input")?, n, &adaptive_size(&b)?),
             b.bool_or("return_indices", false)?,
         )
-    })
+    }
 }
 
 fn max_unpool(n: usize) -> impl Fn(&[A], &K) -> R + Send + Sync + 'static {
-    sig(
-        "input, indices, kernel_size, stride, padding, output_size",
-        move |b| {
-            let out = match b.get("output_size") {
-                None => None,
-                Some(_) => Some(sizes(&b, "output_size", &[])?),
-            };
-            one(ops::max_unpool_nd(
-                b.tensor("input")?,
-                b.tensor("indices")?,
-                n,
-                &sizes(&b, "kernel_size", &[])?,
-                &sizes(&b, "stride", &[])?,
-                &sizes(&b, "padding", &[0])?,
-                out.as_deref(),
-            ))
-        },
-    )
+    move |args, kwargs| {
+        let b = bind(
+            args,
+            kwargs,
+            &[
+                "input",
+                "indices",
+                "kernel_size",
+                "stride",
+                "padding",
+                "output_size",
+            ],
+            &[],
+        )?;
+        let out = match b.get("output_size") {
+            None => None,
+            Some(_) => Some(sizes(&b, "output_size", &[])?),
+        };
+        one(ops::max_unpool_nd(
+            b.tensor("input")?,
+            b.tensor("indices")?,
+            n,
+            &sizes(&b, "kernel_size", &[])?,
+            &sizes(&b, "stride", &[])?,
+            &sizes(&b, "padding", &[0])?,
+            out.as_deref(),
+        ))
+    }
 }
 
 fn fractional(n: usize) -> impl Fn(&[A], &K) -> R + Send + Sync + 'static {
-    sig(
-        "input, kernel_size, output_size, output_ratio, return_indices, _random_samples",
-        move |b| {
-            let out = match b.get("output_size") {
-                None => None,
-                Some(_) => Some(sizes(&b, "output_size", &[])?),
-            };
-            let ratio = match b.get("output_ratio") {
-                None => None,
-                Some(Arg::List(items)) => Some(
-                    items
-                        .iter()
-                        .map(|a| a.float().map_err(|e| format!("`output_ratio`: {e}")))
-                        .collect::<Result<Vec<f64>, String>>()?,
-                ),
-                Some(a) => Some(vec![a
-                    .float()
-                    .map_err(|e| format!("`output_ratio`: {e}"))?]),
-            };
-            // Without `_random_samples` the windows come from the workspace's seeded generator.
-            let mut gen = Generator::new(0);
-            pair(
-                ops::fractional_max_pool_nd(
-                    b.tensor("input")?,
-                    n,
-                    &sizes(&b, "kernel_size", &[])?,
-                    out.as_deref(),
-                    ratio.as_deref(),
-                    b.opt_tensor("_random_samples")?,
-                    &mut gen,
-                ),
-                b.bool_or("return_indices", false)?,
-            )
-        },
-    )
+    move |args, kwargs| {
+        let b = bind(
+            args,
+            kwargs,
+            &[
+                "input",
+                "kernel_size",
+                "output_size",
+                "output_ratio",
+                "return_indices",
+                "_random_samples",
+            ],
+            &[],
+        )?;
+        let out = match b.get("output_size") {
+            None => None,
+            Some(_) => Some(sizes(&b, "output_size", &[])?),
+        };
+        let ratio = match b.get("output_ratio") {
+            None => None,
+            Some(Arg::List(items)) => Some(
+                items
+                    .iter()
+                    .map(|a| a.float().map_err(|e| format!("`output_ratio`: {e}")))
+                    .collect::<Result<Vec<f64>, String>>()?,
+            ),
+            Some(a) => Some(vec![a
+                .float()
+                .map_err(|e| format!("`output_ratio`: {e}"))?]),
+        };
+        // Without `_random_samples` the windows come from the workspace's seeded generator.
+        let mut gen = Generator::new(0);
+        pair(
+            ops::fractional_max_pool_nd(
+                b.tensor("input")?,
+                n,
+                &sizes(&b, "kernel_size", &[])?,
+                out.as_deref(),
+                ratio.as_deref(),
+                b.opt_tensor("_random_samples")?,
+                &mut gen,
+            ),
+            b.bool_or("return_indices", false)?,
+        )
+    }
 }
 
 /// Adds this area's entries to the table.
@@ -204,7 +242,8 @@ pub(super) fn register(t: &mut OpTable<BuiltinTensor>) {
             fractional(n),
         );
     }
-    t.bound("torch.nn.functional.pad", "input, pad, mode, value", |b| {
+    t.insert("torch.nn.functional.pad", |args, kwargs| {
+        let b = bind(args, kwargs, &["input", "pad", "mode", "value"], &[])?;
         let pad = b.req("pad")?.ints().map_err(|e| format!("`pad`: {e}"))?;
         let value = b
             .get("value")
@@ -217,27 +256,29 @@ pub(super) fn register(t: &mut OpTable<BuiltinTensor>) {
             value,
         ))
     });
-    t.bound(
-        "torch.nn.functional.grid_sample",
-        "input, grid, mode, padding_mode, align_corners",
-        |b| {
-            let mode: GridMode = b
-                .str_or("mode", "bilinear")?
-                .parse()
-                .map_err(|e: amp::tensor::Error| e.to_string())?;
-            let padding: GridPadding = b
-                .str_or("padding_mode", "zeros")?
-                .parse()
-                .map_err(|e: amp::tensor::Error| e.to_string())?;
-            one(ops::grid_sample(
-                b.tensor("input")?,
-                b.tensor("grid")?,
-                mode,
-                padding,
-                b.bool_or("align_corners", false)?,
-            ))
-        },
-    );
+    t.insert("torch.nn.functional.grid_sample", |args, kwargs| {
+        let b = bind(
+            args,
+            kwargs,
+            &["input", "grid", "mode", "padding_mode", "align_corners"],
+            &[],
+        )?;
+        let mode: GridMode = b
+            .str_or("mode", "bilinear")?
+            .parse()
+            .map_err(|e: amp::tensor::Error| e.to_string())?;
+        let padding: GridPadding = b
+            .str_or("padding_mode", "zeros")?
+            .parse()
+            .map_err(|e: amp::tensor::Error| e.to_string())?;
+        one(ops::grid_sample(
+            b.tensor("input")?,
+            b.tensor("grid")?,
+            mode,
+            padding,
+            b.bool_or("align_corners", false)?,
+        ))
+    });
 }
 
 #[cfg(test)]
