@@ -31,6 +31,11 @@ impl Drop for TempDir {
     }
 }
 
+/// Asserts that `msg` mentions every one of `parts`.
+fn assert_mentions(msg: &str, parts: &[&str]) {
+    assert!(parts.iter().all(|p| msg.contains(p)), "{msg}");
+}
+
 fn policy_file(cases: &str) -> String {
     format!(
         r#"{{"format": "amp-vectors/1", "suite": "policy", "source": "test", "cases": [{cases}]}}"#
@@ -50,10 +55,7 @@ fn unknown_suite_is_an_error_naming_the_file() {
         "{err:?}"
     );
     let msg = err.to_string();
-    assert!(
-        msg.contains("odd.json") && msg.contains("unknown suite `nope`"),
-        "{msg}"
-    );
+    assert_mentions(&msg, &["odd.json", "unknown suite `nope`"]);
 }
 
 #[test]
@@ -64,10 +66,7 @@ fn unknown_format_is_an_error() {
         r#"{"format": "amp-vectors/2", "suite": "policy", "cases": []}"#,
     );
     let msg = run_dir(dir.path()).unwrap_err().to_string();
-    assert!(
-        msg.contains("v2.json") && msg.contains("unknown format `amp-vectors/2`"),
-        "{msg}"
-    );
+    assert_mentions(&msg, &["v2.json", "unknown format `amp-vectors/2`"]);
 }
 
 #[test]
@@ -131,16 +130,13 @@ fn duplicate_ids_are_an_error() {
     let dir = TempDir::new("dup-in-file");
     dir.write("p.json", &policy_file(&format!("{case}, {case}")));
     let msg = run_dir(dir.path()).unwrap_err().to_string();
-    assert!(msg.contains("p.json") && msg.contains("`same`"), "{msg}");
+    assert_mentions(&msg, &["p.json", "`same`"]);
 
     let dir = TempDir::new("dup-across-files");
     dir.write("p.json", &policy_file(case))
         .write("q.json", &policy_file(case));
     let msg = run_dir(dir.path()).unwrap_err().to_string();
-    assert!(
-        msg.contains("p.json") && msg.contains("q.json") && msg.contains("`same`"),
-        "{msg}"
-    );
+    assert_mentions(&msg, &["p.json", "q.json", "`same`"]);
 }
 
 #[test]
@@ -151,10 +147,7 @@ fn a_malformed_case_is_an_error_naming_file_and_case() {
         &policy_file(r#"{"id": "x/1", "device": "tpu", "op": "mm", "policy": "fp32"}"#),
     );
     let msg = run_dir(dir.path()).unwrap_err().to_string();
-    assert!(
-        msg.contains("p.json") && msg.contains("case 0 (`x/1`)") && msg.contains("tpu"),
-        "{msg}"
-    );
+    assert_mentions(&msg, &["p.json", "case 0 (`x/1`)", "tpu"]);
 
     let dir = TempDir::new("bad-tensor");
     dir.write(
@@ -165,10 +158,7 @@ fn a_malformed_case_is_an_error_naming_file_and_case() {
             "expect": {"output": {"dtype": "float32", "shape": [2], "data": [1.0, 1.0]}, "grads": []}}]}"#,
     );
     let msg = run_dir(dir.path()).unwrap_err().to_string();
-    assert!(
-        msg.contains("g.json") && msg.contains("g/1") && msg.contains("holds 2 elements"),
-        "{msg}"
-    );
+    assert_mentions(&msg, &["g.json", "g/1", "holds 2 elements"]);
 }
 
 #[test]
