@@ -209,22 +209,13 @@ fn fp32_policy_and_promote_and_unlisted() {
 fn cuda_policies_via_the_pure_decision() {
     let cuda = DeviceType::Cuda;
     let p = Profile::docs();
-    let f32a = ArgInfo {
-        dtype: DType::F32,
-        device: cuda,
-    };
-    let f16a = ArgInfo {
-        dtype: DType::F16,
-        device: cuda,
-    };
-    let f64a = ArgInfo {
-        dtype: DType::F64,
-        device: cuda,
-    };
-    let cpu32 = ArgInfo {
-        dtype: DType::F32,
-        device: CPU,
-    };
+    let arg = |dtype, device| ArgInfo { dtype, device };
+    let (f32a, f16a, f64a) = (
+        arg(DType::F32, cuda),
+        arg(DType::F16, cuda),
+        arg(DType::F64, cuda),
+    );
+    let cpu32 = arg(DType::F32, CPU);
     let plain = CallFlags::default();
     let inplace = CallFlags {
         inplace: true,

@@ -31,6 +31,13 @@ impl Drop for TempDir {
     }
 }
 
+/// The error of running a fresh directory (named after `tag`) holding only `file`.
+fn error_of(tag: &str, file: &str, text: &str) -> ConformanceError {
+    let dir = TempDir::new(tag);
+    dir.write(file, text);
+    run_dir(dir.path()).unwrap_err()
+}
+
 /// Asserts that `msg` mentions every one of `parts`.
 fn assert_mentions(msg: &str, parts: &[&str]) {
     assert!(parts.iter().all(|p| msg.contains(p)), "{msg}");
@@ -60,12 +67,12 @@ fn unknown_suite_is_an_error_naming_the_file() {
 
 #[test]
 fn unknown_format_is_an_error() {
-    let dir = TempDir::new("unknown-format");
-    dir.write(
+    let msg = error_of(
+        "unknown-format",
         "v2.json",
         r#"{"format": "amp-vectors/2", "suite": "policy", "cases": []}"#,
-    );
-    let msg = run_dir(dir.path()).unwrap_err().to_string();
+    )
+    .to_string();
     assert_mentions(&msg, &["v2.json", "unknown format `amp-vectors/2`"]);
 }
 
@@ -141,23 +148,23 @@ fn duplicate_ids_are_an_error() {
 
 #[test]
 fn a_malformed_case_is_an_error_naming_file_and_case() {
-    let dir = TempDir::new("bad-case");
-    dir.write(
+    let msg = error_of(
+        "bad-case",
         "p.json",
         &policy_file(r#"{"id": "x/1", "device": "tpu", "op": "mm", "policy": "fp32"}"#),
-    );
-    let msg = run_dir(dir.path()).unwrap_err().to_string();
+    )
+    .to_string();
     assert_mentions(&msg, &["p.json", "case 0 (`x/1`)", "tpu"]);
 
-    let dir = TempDir::new("bad-tensor");
-    dir.write(
+    let msg = error_of(
+        "bad-tensor",
         "g.json",
         r#"{"format": "amp-vectors/1", "suite": "grad", "cases": [{"id": "g/1", "op": "neg", "call": "torch.neg",
             "args": [{"dtype": "float32", "shape": [2], "data": [1.0]}], "kwargs": {},
             "grad_output": {"dtype": "float32", "shape": [2], "data": [1.0, 1.0]},
             "expect": {"output": {"dtype": "float32", "shape": [2], "data": [1.0, 1.0]}, "grads": []}}]}"#,
-    );
-    let msg = run_dir(dir.path()).unwrap_err().to_string();
+    )
+    .to_string();
     assert_mentions(&msg, &["g.json", "g/1", "holds 2 elements"]);
 }
 
