@@ -96,36 +96,19 @@ fn same(a: &Var, b: &Var) -> Result<(), String> {
     Ok(())
 }
 
-fn mul(a: &Var, b: &Var) -> Result<Var, String> {
+/// The elementwise `f` of two same-shaped variables, recorded as `op`.
+fn elementwise(a: &Var, b: &Var, f: fn(f64, f64) -> f64, op: Op) -> Result<Var, String> {
     same(a, b)?;
-    let v =
-        a.0.value
-            .iter()
-            .zip(&b.0.value)
-            .map(|(x, y)| x * y)
-            .collect();
-    Ok(Var::derived(
-        v,
-        a.0.shape.clone(),
-        a.0.dtype,
-        Op::Mul(a.clone(), b.clone()),
-    ))
+    let v = a.0.value.iter().zip(&b.0.value).map(|(x, y)| f(*x, *y));
+    Ok(Var::derived(v.collect(), a.0.shape.clone(), a.0.dtype, op))
+}
+
+fn mul(a: &Var, b: &Var) -> Result<Var, String> {
+    elementwise(a, b, |x, y| x * y, Op::Mul(a.clone(), b.clone()))
 }
 
 fn add(a: &Var, b: &Var) -> Result<Var, String> {
-    same(a, b)?;
-    let v =
-        a.0.value
-            .iter()
-            .zip(&b.0.value)
-            .map(|(x, y)| x + y)
-            .collect();
-    Ok(Var::derived(
-        v,
-        a.0.shape.clone(),
-        a.0.dtype,
-        Op::Add(a.clone(), b.clone()),
-    ))
+    elementwise(a, b, |x, y| x + y, Op::Add(a.clone(), b.clone()))
 }
 
 fn sum(a: &Var) -> Var {
