@@ -168,8 +168,7 @@ fn float32_leaves_get_float32_grads() {
     })
     .unwrap();
     loss.backward().unwrap();
-    assert_eq!(w.grad().unwrap().dtype(), DType::F32);
-    assert_eq!(b.grad().unwrap().dtype(), DType::F32);
+    crate::assert_f32_grads(&[&w, &b]);
 }
 
 #[test]
