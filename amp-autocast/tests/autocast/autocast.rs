@@ -168,8 +168,7 @@ fn float32_leaves_get_float32_grads() {
     })
     .unwrap();
     loss.backward().unwrap();
-    assert_eq!(w.grad().unwrap().dtype(), DType::F32);
-    assert_eq!(b.grad().unwrap().dtype(), DType::F32);
+    crate::assert_f32_grads(&[&w, &b]);
 }
 
 #[test]
@@ -209,117 +208,53 @@ fn fp32_policy_and_promote_and_unlisted() {
 fn cuda_policies_via_the_pure_decision() {
     let cuda = DeviceType::Cuda;
     let p = Profile::docs();
-    let f32a = ArgInfo {
-        dtype: DType::F32,
-        device: cuda,
+    let arg = |dtype, device| ArgInfo { dtype, device };
+    let (f32a, f16a, f64a) = (
+        arg(DType::F32, cuda),
+        arg(DType::F16, cuda),
+        arg(DType::F64, cuda),
+    );
+    let cpu32 = arg(DType::F32, CPU);
+    let plain = CallFlags::default();
+    let inplace = CallFlags {
+        inplace: true,
+        ..Default::default()
     };
-    let f16a = ArgInfo {
-        dtype: DType::F16,
-        device: cuda,
+    let out = CallFlags {
+        out: true,
+        ..Default::default()
     };
-    let f64a = ArgInfo {
-        dtype: DType::F64,
-        device: cuda,
-    };
-    let cpu32 = ArgInfo {
-        dtype: DType::F32,
-        device: CPU,
-    };
-    let check = |op: &str,
-                 args: &[ArgInfo],
-                 flags: CallFlags,
-                 expect: Vec<Option<DType>>,
-                 set: Option<DType>| {
-        let plan = decide(
-            p.policy_by_name(cuda, op),
-            p.banned_message(cuda, op),
+    let (h, f) = (Some(DType::F16), Some(DType::F32));
+    // (op, argument infos, flags, the cast of each argument); none sets a dtype.
+    type Case<'a> = (&'a str, &'a [ArgInfo], CallFlags, Vec<Option<DType>>);
+    let cases: [Case<'_>; 9] = [
+        ("mm", &[f32a, f32a], plain, vec![h; 2]),
+        ("mm", &[f32a, f64a], plain, vec![h, None]),
+        ("mm", &[f32a, cpu32], plain, vec![h, None]),
+        ("exp", &[f16a], plain, vec![f]),
+        ("atan2", &[f16a, f32a], plain, vec![f, None]),
+        ("atan2", &[f16a, f64a], plain, vec![None, None]),
+        ("cat", &[f16a, f32a], plain, vec![None, None]),
+        ("mm", &[f32a, f32a], inplace, vec![None, None]),
+        ("mm", &[f32a, f32a], out, vec![None, None]),
+    ];
+    // A float16 CUDA region's plan for `op` under `profile`.
+    let plan = |profile: &Profile, op: &str, args: &[ArgInfo], flags: CallFlags| {
+        decide(
+            profile.policy_by_name(cuda, op),
+            profile.banned_message(cuda, op),
             cuda,
             DType::F16,
             args,
             flags,
         )
-        .unwrap();
-        assert_eq!(plan.casts, expect, "{op}");
-        assert_eq!(plan.set_dtype, set, "{op}");
     };
-    check(
-        "mm",
-        &[f32a, f32a],
-        CallFlags::default(),
-        vec![Some(DType::F16); 2],
-        None,
-    );
-    check(
-        "mm",
-        &[f32a, f64a],
-        CallFlags::default(),
-        vec![Some(DType::F16), None],
-        None,
-    );
-    check(
-        "mm",
-        &[f32a, cpu32],
-        CallFlags::default(),
-        vec![Some(DType::F16), None],
-        None,
-    );
-    check(
-        "exp",
-        &[f16a],
-        CallFlags::default(),
-        vec![Some(DType::F32)],
-        None,
-    );
-    check(
-        "atan2",
-        &[f16a, f32a],
-        CallFlags::default(),
-        vec![Some(DType::F32), None],
-        None,
-    );
-    check(
-        "atan2",
-        &[f16a, f64a],
-        CallFlags::default(),
-        vec![None, None],
-        None,
-    );
-    check(
-        "cat",
-        &[f16a, f32a],
-        CallFlags::default(),
-        vec![None, None],
-        None,
-    );
-    check(
-        "mm",
-        &[f32a, f32a],
-        CallFlags {
-            inplace: true,
-            ..Default::default()
-        },
-        vec![None, None],
-        None,
-    );
-    check(
-        "mm",
-        &[f32a, f32a],
-        CallFlags {
-            out: true,
-            ..Default::default()
-        },
-        vec![None, None],
-        None,
-    );
-    let e = decide(
-        p.policy_by_name(cuda, "binary_cross_entropy"),
-        p.banned_message(cuda, "binary_cross_entropy"),
-        cuda,
-        DType::F16,
-        &[f16a, f16a],
-        CallFlags::default(),
-    )
-    .unwrap_err();
+    for (op, args, flags, expect) in cases {
+        let plan = plan(&p, op, args, flags).unwrap();
+        assert_eq!(plan.casts, expect, "{op}");
+        assert_eq!(plan.set_dtype, None, "{op}");
+    }
+    let e = plan(&p, "binary_cross_entropy", &[f16a, f16a], plain).unwrap_err();
     assert!(e.to_string().starts_with(
         "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast."
     ));
@@ -332,33 +267,19 @@ fn cuda_policies_via_the_pure_decision() {
     assert_eq!(layer.downcast_ref::<AutocastError>(), Some(&e));
     // fp32_set_opt_dtype (torch-2.15's cuda sum): no cast, but dtype=float32 unless given
     let t = Profile::torch_2_15();
-    let plan = decide(
-        t.policy_by_name(cuda, "sum"),
-        None,
-        cuda,
-        DType::F16,
-        &[f16a],
-        CallFlags {
+    for (explicit_dtype, set) in [(false, Some(DType::F32)), (true, None)] {
+        let flags = CallFlags {
             accepts_dtype: true,
+            explicit_dtype,
             ..Default::default()
-        },
-    )
-    .unwrap();
-    assert_eq!((plan.casts, plan.set_dtype), (vec![None], Some(DType::F32)));
-    let plan = decide(
-        t.policy_by_name(cuda, "sum"),
-        None,
-        cuda,
-        DType::F16,
-        &[f16a],
-        CallFlags {
-            accepts_dtype: true,
-            explicit_dtype: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    assert_eq!(plan.set_dtype, None);
+        };
+        let plan = plan(&t, "sum", &[f16a], flags).unwrap();
+        assert_eq!(
+            (plan.casts, plan.set_dtype),
+            (vec![None], set),
+            "{explicit_dtype}"
+        );
+    }
     // cpu runs binary_cross_entropy in float32
     assert_eq!(
         p.policy_by_name(CPU, "binary_cross_entropy"),

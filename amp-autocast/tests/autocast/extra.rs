@@ -141,6 +141,5 @@ fn float32_leaves_of_the_new_ops_get_float32_grads() {
     })
     .unwrap();
     y.backward().unwrap();
-    assert_eq!(x.grad().unwrap().dtype(), DType::F32);
-    assert_eq!(w.grad().unwrap().dtype(), DType::F32);
+    crate::assert_f32_grads(&[&x, &w]);
 }

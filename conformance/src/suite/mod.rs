@@ -83,6 +83,18 @@ pub(crate) fn guarded(f: impl FnOnce() -> Outcome) -> Outcome {
     }
 }
 
+/// `got` tensors where `expected` were expected: a [`Mismatch::Count`] unless equal.
+fn same_count(what: &str, got: usize, expected: usize) -> Result<(), Mismatch> {
+    if got == expected {
+        return Ok(());
+    }
+    Err(Mismatch::Count {
+        what: what.to_owned(),
+        got,
+        expected,
+    })
+}
+
 /// Compares an op's output tensors with the expected output (one tensor, labelled `what`,
 /// or a list, labelled `what[i]`).
 pub(crate) fn check_output<B: Backend>(
@@ -93,13 +105,7 @@ pub(crate) fn check_output<B: Backend>(
     tol: Option<Tolerance>,
 ) -> Result<(), Mismatch> {
     let want = expected.tensors();
-    if got.len() != want.len() {
-        return Err(Mismatch::Count {
-            what: what.to_owned(),
-            got: got.len(),
-            expected: want.len(),
-        });
-    }
+    same_count(what, got.len(), want.len())?;
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         let label = if expected.is_list() {
             format!("{what}[{i}]")
@@ -120,13 +126,7 @@ pub(crate) fn check_optional<B: Backend>(
     expected: &[Option<TensorLit>],
     tol: Option<Tolerance>,
 ) -> Result<(), Mismatch> {
-    if got.len() != expected.len() {
-        return Err(Mismatch::Count {
-            what: what.to_owned(),
-            got: got.len(),
-            expected: expected.len(),
-        });
-    }
+    same_count(what, got.len(), expected.len())?;
     for (i, (g, w)) in got.iter().zip(expected).enumerate() {
         let label = format!("{what}[{i}]");
         match (g, w) {

@@ -96,36 +96,19 @@ fn same(a: &Var, b: &Var) -> Result<(), String> {
     Ok(())
 }
 
-fn mul(a: &Var, b: &Var) -> Result<Var, String> {
+/// The elementwise `f` of two same-shaped variables, recorded as `op`.
+fn elementwise(a: &Var, b: &Var, f: fn(f64, f64) -> f64, op: Op) -> Result<Var, String> {
     same(a, b)?;
-    let v =
-        a.0.value
-            .iter()
-            .zip(&b.0.value)
-            .map(|(x, y)| x * y)
-            .collect();
-    Ok(Var::derived(
-        v,
-        a.0.shape.clone(),
-        a.0.dtype,
-        Op::Mul(a.clone(), b.clone()),
-    ))
+    let v = a.0.value.iter().zip(&b.0.value).map(|(x, y)| f(*x, *y));
+    Ok(Var::derived(v.collect(), a.0.shape.clone(), a.0.dtype, op))
+}
+
+fn mul(a: &Var, b: &Var) -> Result<Var, String> {
+    elementwise(a, b, |x, y| x * y, Op::Mul(a.clone(), b.clone()))
 }
 
 fn add(a: &Var, b: &Var) -> Result<Var, String> {
-    same(a, b)?;
-    let v =
-        a.0.value
-            .iter()
-            .zip(&b.0.value)
-            .map(|(x, y)| x + y)
-            .collect();
-    Ok(Var::derived(
-        v,
-        a.0.shape.clone(),
-        a.0.dtype,
-        Op::Add(a.clone(), b.clone()),
-    ))
+    elementwise(a, b, |x, y| x + y, Op::Add(a.clone(), b.clone()))
 }
 
 fn sum(a: &Var) -> Var {
@@ -346,6 +329,13 @@ fn grad_file(cases: serde_json::Value) -> VectorFile {
 }
 
 /// Runs the cases and returns the outcome of each: `"pass"`, `"skip: ..."` or `"fail: ..."`.
+/// Asserts the failed and skipped grad cases of `file`, as [`outcomes`] lists them.
+fn assert_outcomes(file: VectorFile, expected: &[(&str, &str)]) {
+    let got = outcomes(file);
+    let got: Vec<(&str, &str)> = got.iter().map(|(i, m)| (i.as_str(), m.as_str())).collect();
+    assert_eq!(got, expected);
+}
+
 fn outcomes(file: VectorFile) -> Vec<(String, String)> {
     let report = run_files(&tape(), &[file]);
     let grad = report.suite(Suite::Grad);
@@ -404,7 +394,7 @@ fn real_torch_dot_vectors_pass_and_the_rest_is_skipped() {
 
 #[test]
 fn hand_computed_dot_passes_with_second_order_grads() {
-    assert_eq!(outcomes(grad_file(json!([dot_case("dot/1")]))), []);
+    assert_outcomes(grad_file(json!([dot_case("dot/1")])), &[]);
 }
 
 #[test]
@@ -419,17 +409,14 @@ fn wrong_values_fail_with_the_first_mismatch() {
     t["expect"]["second_order_grads"][0] = f64s(&[8.0, 16.0, 25.0]);
     t["expect"]["rtol"] = json!(0.05);
     t["expect"]["atol"] = json!(0.0);
-    assert_eq!(
-        outcomes(grad_file(json!([c, g, s, t]))),
-        [
-            ("dot/wrong-output".into(), "fail: element 0 of output: got 32.0 (float64), expected 31.0 (exact)".into()),
-            ("dot/wrong-grad".into(), "fail: element 2 of grads[1]: got 6.0 (float64), expected 7.0 (exact)".into()),
+    assert_outcomes(grad_file(json!([c, g, s, t])), &[
+            ("dot/wrong-output", "fail: element 0 of output: got 32.0 (float64), expected 31.0 (exact)"),
+            ("dot/wrong-grad", "fail: element 2 of grads[1]: got 6.0 (float64), expected 7.0 (exact)"),
             (
-                "dot/wrong-second".into(),
-                "fail: element 2 of second_order_grads[0]: got 24.0 (float64), expected 25.0 (exact)".into()
+                "dot/wrong-second",
+                "fail: element 2 of second_order_grads[0]: got 24.0 (float64), expected 25.0 (exact)"
             ),
-        ]
-    );
+        ]);
 }
 
 #[test]
@@ -444,12 +431,12 @@ fn list_arguments_give_inputs_in_depth_first_order() {
     };
     let ok = case("list/in-order", [f64s(&[3.0, 4.0]), f64s(&[1.0, 2.0])]);
     let swapped = case("list/swapped", [f64s(&[1.0, 2.0]), f64s(&[3.0, 4.0])]);
-    assert_eq!(
-        outcomes(grad_file(json!([ok, swapped]))),
-        [(
-            "list/swapped".into(),
-            "fail: element 0 of grads[0]: got 3.0 (float64), expected 1.0 (exact)".into()
-        )]
+    assert_outcomes(
+        grad_file(json!([ok, swapped])),
+        &[(
+            "list/swapped",
+            "fail: element 0 of grads[0]: got 3.0 (float64), expected 1.0 (exact)",
+        )],
     );
 }
 
@@ -477,18 +464,18 @@ fn null_gradients_accept_none_or_zeros_but_not_values() {
         ),
         case("null/but-nonzero", "test.first", json!([null, null])),
     ]);
-    assert_eq!(
-        outcomes(grad_file(cases)),
-        [
+    assert_outcomes(
+        grad_file(cases),
+        &[
             (
-                "null/expected-but-none".into(),
-                "fail: grads[1]: missing, expected a tensor".into()
+                "null/expected-but-none",
+                "fail: grads[1]: missing, expected a tensor",
             ),
             (
-                "null/but-nonzero".into(),
-                "fail: grads[0]: expected no gradient (null or zeros), got 1.0 at element 0".into()
+                "null/but-nonzero",
+                "fail: grads[0]: expected no gradient (null or zeros), got 1.0 at element 0",
             ),
-        ]
+        ],
     );
 }
 
@@ -504,15 +491,11 @@ fn second_order_grads_need_a_first_order_grad_that_depends_on_an_input() {
     let mut present = base.clone();
     present["id"] = json!("identity/present");
     present["expect"]["second_order_grads"] = json!([null, null]);
-    assert_eq!(
-        outcomes(grad_file(json!([base, present]))),
-        [(
-            "identity/present".into(),
+    assert_outcomes(grad_file(json!([base, present])), &[(
+            "identity/present",
             "fail: second_order_grads are expected, but no first-order gradient depends on an input \
              (computed with create_graph, none requires grad)"
-                .into()
-        )]
-    );
+        )]);
 }
 
 #[test]
@@ -527,12 +510,12 @@ fn tuple_outputs_take_a_list_of_grad_outputs() {
     one["id"] = json!("pair/expects-one");
     one["expect"]["output"] = f64s(&[1.0]);
     one["grad_output"] = f64s(&[5.0]);
-    assert_eq!(
-        outcomes(grad_file(json!([case, one]))),
-        [(
-            "pair/expects-one".into(),
-            "fail: number of tensors of output: got 2, expected 1".into()
-        )]
+    assert_outcomes(
+        grad_file(json!([case, one])),
+        &[(
+            "pair/expects-one",
+            "fail: number of tensors of output: got 2, expected 1",
+        )],
     );
 }
 
@@ -551,16 +534,13 @@ fn an_existing_op_that_errs_or_panics_fails_and_a_missing_op_is_skipped() {
         case("panics/1", "panics", "test.panics"),
         case("missing/1", "erfinv", "torch.erfinv"),
     ]);
-    assert_eq!(
-        outcomes(grad_file(cases)),
-        [
-            ("errs/1".into(), "fail: test.fails failed: boom".into()),
-            ("panics/1".into(), "fail: panicked: kaboom".into()),
-            (
-                "missing/1".into(),
-                "skip: op `erfinv` not implemented yet".into()
-            ),
-        ]
+    assert_outcomes(
+        grad_file(cases),
+        &[
+            ("errs/1", "fail: test.fails failed: boom"),
+            ("panics/1", "fail: panicked: kaboom"),
+            ("missing/1", "skip: op `erfinv` not implemented yet"),
+        ],
     );
 }
 
@@ -568,12 +548,12 @@ fn an_existing_op_that_errs_or_panics_fails_and_a_missing_op_is_skipped() {
 fn a_keyword_the_op_does_not_handle_fails_the_case() {
     let mut c = dot_case("dot/extra-kwarg");
     c["kwargs"] = json!({"out": null});
-    assert_eq!(
-        outcomes(grad_file(json!([c]))),
-        [(
-            "dot/extra-kwarg".into(),
-            "fail: torch.dot failed: unexpected keyword argument `out`".into()
-        )]
+    assert_outcomes(
+        grad_file(json!([c])),
+        &[(
+            "dot/extra-kwarg",
+            "fail: torch.dot failed: unexpected keyword argument `out`",
+        )],
     );
 }
 

@@ -153,18 +153,25 @@ fn grad_scaler_state_dict_json() {
 
 #[test]
 fn autocast_unsupported_dtype() {
-    let cpu = Autocast::new(DeviceType::Cpu)
-        .dtype(DType::F64)
-        .enter()
-        .err()
-        .expect("float64 is not a cpu autocast dtype")
-        .to_string();
-    insta::assert_snapshot!("autocast_unsupported_dtype_cpu", cpu);
-    let cuda = Autocast::new(DeviceType::Cuda)
-        .dtype(DType::F32)
-        .enter()
-        .err()
-        .expect("float32 is not a cuda autocast dtype")
-        .to_string();
-    insta::assert_snapshot!("autocast_unsupported_dtype_cuda", cuda);
+    let cases = [
+        (
+            DeviceType::Cpu,
+            DType::F64,
+            "autocast_unsupported_dtype_cpu",
+        ),
+        (
+            DeviceType::Cuda,
+            DType::F32,
+            "autocast_unsupported_dtype_cuda",
+        ),
+    ];
+    for (device, dtype, snapshot) in cases {
+        let msg = Autocast::new(device)
+            .dtype(dtype)
+            .enter()
+            .err()
+            .unwrap_or_else(|| panic!("{dtype:?} is not a {device:?} autocast dtype"))
+            .to_string();
+        insta::assert_snapshot!(snapshot, msg);
+    }
 }

@@ -31,6 +31,18 @@ impl Drop for TempDir {
     }
 }
 
+/// The error of running a fresh directory (named after `tag`) holding only `file`.
+fn error_of(tag: &str, file: &str, text: &str) -> ConformanceError {
+    let dir = TempDir::new(tag);
+    dir.write(file, text);
+    run_dir(dir.path()).unwrap_err()
+}
+
+/// Asserts that `msg` mentions every one of `parts`.
+fn assert_mentions(msg: &str, parts: &[&str]) {
+    assert!(parts.iter().all(|p| msg.contains(p)), "{msg}");
+}
+
 fn policy_file(cases: &str) -> String {
     format!(
         r#"{{"format": "amp-vectors/1", "suite": "policy", "source": "test", "cases": [{cases}]}}"#
@@ -50,24 +62,18 @@ fn unknown_suite_is_an_error_naming_the_file() {
         "{err:?}"
     );
     let msg = err.to_string();
-    assert!(
-        msg.contains("odd.json") && msg.contains("unknown suite `nope`"),
-        "{msg}"
-    );
+    assert_mentions(&msg, &["odd.json", "unknown suite `nope`"]);
 }
 
 #[test]
 fn unknown_format_is_an_error() {
-    let dir = TempDir::new("unknown-format");
-    dir.write(
+    let msg = error_of(
+        "unknown-format",
         "v2.json",
         r#"{"format": "amp-vectors/2", "suite": "policy", "cases": []}"#,
-    );
-    let msg = run_dir(dir.path()).unwrap_err().to_string();
-    assert!(
-        msg.contains("v2.json") && msg.contains("unknown format `amp-vectors/2`"),
-        "{msg}"
-    );
+    )
+    .to_string();
+    assert_mentions(&msg, &["v2.json", "unknown format `amp-vectors/2`"]);
 }
 
 #[test]
@@ -131,44 +137,35 @@ fn duplicate_ids_are_an_error() {
     let dir = TempDir::new("dup-in-file");
     dir.write("p.json", &policy_file(&format!("{case}, {case}")));
     let msg = run_dir(dir.path()).unwrap_err().to_string();
-    assert!(msg.contains("p.json") && msg.contains("`same`"), "{msg}");
+    assert_mentions(&msg, &["p.json", "`same`"]);
 
     let dir = TempDir::new("dup-across-files");
     dir.write("p.json", &policy_file(case))
         .write("q.json", &policy_file(case));
     let msg = run_dir(dir.path()).unwrap_err().to_string();
-    assert!(
-        msg.contains("p.json") && msg.contains("q.json") && msg.contains("`same`"),
-        "{msg}"
-    );
+    assert_mentions(&msg, &["p.json", "q.json", "`same`"]);
 }
 
 #[test]
 fn a_malformed_case_is_an_error_naming_file_and_case() {
-    let dir = TempDir::new("bad-case");
-    dir.write(
+    let msg = error_of(
+        "bad-case",
         "p.json",
         &policy_file(r#"{"id": "x/1", "device": "tpu", "op": "mm", "policy": "fp32"}"#),
-    );
-    let msg = run_dir(dir.path()).unwrap_err().to_string();
-    assert!(
-        msg.contains("p.json") && msg.contains("case 0 (`x/1`)") && msg.contains("tpu"),
-        "{msg}"
-    );
+    )
+    .to_string();
+    assert_mentions(&msg, &["p.json", "case 0 (`x/1`)", "tpu"]);
 
-    let dir = TempDir::new("bad-tensor");
-    dir.write(
+    let msg = error_of(
+        "bad-tensor",
         "g.json",
         r#"{"format": "amp-vectors/1", "suite": "grad", "cases": [{"id": "g/1", "op": "neg", "call": "torch.neg",
             "args": [{"dtype": "float32", "shape": [2], "data": [1.0]}], "kwargs": {},
             "grad_output": {"dtype": "float32", "shape": [2], "data": [1.0, 1.0]},
             "expect": {"output": {"dtype": "float32", "shape": [2], "data": [1.0, 1.0]}, "grads": []}}]}"#,
-    );
-    let msg = run_dir(dir.path()).unwrap_err().to_string();
-    assert!(
-        msg.contains("g.json") && msg.contains("g/1") && msg.contains("holds 2 elements"),
-        "{msg}"
-    );
+    )
+    .to_string();
+    assert_mentions(&msg, &["g.json", "g/1", "holds 2 elements"]);
 }
 
 #[test]

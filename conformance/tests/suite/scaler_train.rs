@@ -44,6 +44,11 @@ fn train(id: &str, edit: impl FnOnce(&mut Value)) -> Result<(), String> {
 }
 
 /// Index of the `n`-th action named `action` of a case.
+/// Asserts that `msg` begins with `prefix`.
+fn assert_starts(msg: &str, prefix: &str) {
+    assert!(msg.starts_with(prefix), "{msg}");
+}
+
 fn nth_action(case: &Value, action: &str, n: usize) -> usize {
     case["actions"]
         .as_array()
@@ -98,9 +103,9 @@ fn a_wrong_skip_or_param_fails() {
         c["actions"][i]["expect_params"][0]["data"][1] = json!(0.5);
     })
     .unwrap_err();
-    assert!(
-        msg.starts_with("action 2 (step): element 1 of params[0]: got 0.3629664480686188 (float32), expected 0.5"),
-        "{msg}"
+    assert_starts(
+        &msg,
+        "action 2 (step): element 1 of params[0]: got 0.3629664480686188 (float32), expected 0.5",
     );
 }
 
@@ -110,16 +115,13 @@ fn a_wrong_scaled_value_or_unscaled_grad_fails() {
         c["actions"][0]["expect"]["data"][0] = json!(1.0);
     })
     .unwrap_err();
-    assert!(msg.starts_with("action 0 (scale): element 0 of scaled: got -16447.876953125 (float32), expected 1.0 (exact)"), "{msg}");
+    assert_starts(&msg, "action 0 (scale): element 0 of scaled: got -16447.876953125 (float32), expected 1.0 (exact)");
     let msg = scaler("trajectory/0/1", |c| {
         let i = nth_action(c, "unscale_", 0);
         c["actions"][i]["expect_grads"][1] = Value::Null;
     })
     .unwrap_err();
-    assert!(
-        msg.starts_with("action 2 (unscale_): grads[1]: expected no gradient"),
-        "{msg}"
-    );
+    assert_starts(&msg, "action 2 (unscale_): grads[1]: expected no gradient");
 }
 
 #[test]
@@ -136,7 +138,7 @@ fn state_dicts_compare_keys_in_order_and_value_types() {
         c["actions"][i]["expect"] = Value::Object(reordered);
     })
     .unwrap_err();
-    assert!(swapped.starts_with("action 23 (state_dict): state dict keys: got [\"scale\", \"growth_factor\", \"backoff_factor\""), "{swapped}");
+    assert_starts(&swapped, "action 23 (state_dict): state dict keys: got [\"scale\", \"growth_factor\", \"backoff_factor\"");
     // growth_interval is an int in PyTorch's dict; a float is a different value type.
     let float = scaler("manual_update/1", |c| {
         let i = nth_action(c, "state_dict", 0);
@@ -197,25 +199,22 @@ fn a_wrong_train_expectation_fails() {
         c["expect"]["scales"][0] = json!(128.0);
     })
     .unwrap_err();
-    assert!(msg.starts_with("scales: got [256.0, 512.0, 256.0"), "{msg}");
+    assert_starts(&msg, "scales: got [256.0, 512.0, 256.0");
     let msg = train("scaler_only/1", |c| {
         c["expect"]["skipped"][2] = json!(false);
     })
     .unwrap_err();
-    assert!(msg.starts_with("skipped: got [false, false, true"), "{msg}");
+    assert_starts(&msg, "skipped: got [false, false, true");
     let msg = train("scaler_only/1", |c| {
         c["expect"]["losses"][4] = json!(1.5);
     })
     .unwrap_err();
-    assert!(msg.starts_with("loss 4: got 1.762"), "{msg}");
+    assert_starts(&msg, "loss 4: got 1.762");
     let msg = train("scaler_only/1", |c| {
         c["expect"]["final_params"][3]["data"][0] = json!(10.0);
     })
     .unwrap_err();
-    assert!(
-        msg.starts_with("element 0 of final_params[3]: got"),
-        "{msg}"
-    );
+    assert_starts(&msg, "element 0 of final_params[3]: got");
 }
 
 #[test]
@@ -226,9 +225,9 @@ fn train_inject_inf_and_accumulate_change_the_run() {
         c["inject_inf"] = json!([]);
     })
     .unwrap_err();
-    assert!(
-        msg.starts_with("loss 3: got 1.0090829133987427, expected 1.0007716417312622"),
-        "{msg}"
+    assert_starts(
+        &msg,
+        "loss 3: got 1.0090829133987427, expected 1.0007716417312622",
     );
     // Another accumulation count gives another number of optimizer steps.
     let msg = train("autocast_bf16_accumulate/1", |c| {
