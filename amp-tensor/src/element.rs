@@ -344,8 +344,8 @@ impl Element for bool {
     storage_access!(bool, Bool);
 }
 
-/// The one `match` behind the dtype-binding macros ([`with_dtype!`],
-/// [`with_float_dtype!`], and the kernels' `float_kernel!` and kin): each listed dtype is
+/// The one `match` behind the dtype-binding macros ([`with_dtype!`](crate::with_dtype!),
+/// [`with_float_dtype!`](crate::with_float_dtype!), and the kernels' `float_kernel!` and kin): each listed dtype is
 /// an arm that binds the listed type aliases and evaluates `$body`; the other dtypes
 /// evaluate `$other` (none left: the list must be exhaustive).
 #[doc(hidden)]
@@ -377,7 +377,7 @@ macro_rules! with_dtype {
     };
 }
 
-/// Like [`with_dtype!`] for the floating dtypes only; `$other` is evaluated otherwise.
+/// Like [`with_dtype!`](crate::with_dtype!) for the floating dtypes only; `$other` is evaluated otherwise.
 #[macro_export]
 macro_rules! with_float_dtype {
     ($dtype:expr, $T:ident => $body:expr, _ => $other:expr) => {
