@@ -69,15 +69,17 @@ macro_rules! float_kernel {
     };
 }
 
-/// A mode chosen by name, as PyTorch's string arguments (`padding_mode="reflect"`): the
-/// enum and its `FromStr`, each variant with its one spelling; any other string is an
-/// [`Error::InvalidArgument`] naming `$op`, its message formatted with the string bound
-/// to `$other`.
+/// A mode chosen by name, as PyTorch's string arguments (`padding_mode="reflect"`,
+/// `reduction="sum"`): the enum, `as_str`, `Display` (padded as a string) and
+/// `FromStr`, each variant with its one spelling. Any other string is the error the
+/// `else` closure makes of it (`|other| -> ErrorType { ... }`).
+#[doc(hidden)]
+#[macro_export]
 macro_rules! named_mode {
     (
         $(#[$m:meta])*
         pub enum $E:ident { $($(#[$vm:meta])* $V:ident = $s:literal,)+ }
-        else |$other:ident| invalid($op:expr, $($msg:tt)+)
+        else |$other:ident| -> $Err:ty { $err:expr }
     ) => {
         $(#[$m])*
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,12 +87,27 @@ macro_rules! named_mode {
             $($(#[$vm])* $V,)+
         }
 
-        impl std::str::FromStr for $E {
-            type Err = amp_tensor::Error;
-            fn from_str($other: &str) -> amp_tensor::Result<Self> {
+        impl $E {
+            /// The name PyTorch spells the mode with.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$V => $s,)+
+                }
+            }
+        }
+
+        impl ::std::fmt::Display for $E {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.pad(self.as_str())
+            }
+        }
+
+        impl ::std::str::FromStr for $E {
+            type Err = $Err;
+            fn from_str($other: &str) -> ::std::result::Result<Self, $Err> {
                 match $other {
                     $($s => Ok(Self::$V),)+
-                    _ => Err(amp_tensor::Error::invalid($op, format!($($msg)+))),
+                    _ => Err($err),
                 }
             }
         }

@@ -19,7 +19,7 @@ named_mode! {
         /// Wrap around (`circular`).
         Circular = "circular",
     }
-    else |other| invalid("pad", "Unrecognised padding mode {other}")
+    else |other| -> Error { Error::invalid("pad", format!("Unrecognised padding mode {other}")) }
 }
 
 /// The source position of output position `o` along a dim of `size` padded by `before`

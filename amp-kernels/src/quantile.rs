@@ -28,7 +28,7 @@ named_mode! {
         /// The nearer one (ties to the even rank).
         Nearest = "nearest",
     }
-    else |other| invalid("quantile", "interpolation must be one of linear, lower, higher, midpoint or nearest. Got {other}")
+    else |other| -> Error { Error::invalid("quantile", format!("interpolation must be one of linear, lower, higher, midpoint or nearest. Got {other}")) }
 }
 
 /// The quantiles of each row of a `[rows, n]` tensor.

@@ -27,7 +27,7 @@ named_mode! {
         /// The nearest input position (ties to even).
         Nearest = "nearest",
     }
-    else |other| invalid("grid_sample", "nn.functional.grid_sample(): mode '{other}' is not supported (bilinear, nearest)")
+    else |other| -> Error { Error::invalid("grid_sample", format!("nn.functional.grid_sample(): mode '{other}' is not supported (bilinear, nearest)")) }
 }
 
 named_mode! {
@@ -40,7 +40,7 @@ named_mode! {
         /// Coordinates reflected at the border, then clipped.
         Reflection = "reflection",
     }
-    else |other| invalid("grid_sample", "nn.functional.grid_sample(): expected padding_mode to be 'zeros', 'border', or 'reflection', but got: '{other}'")
+    else |other| -> Error { Error::invalid("grid_sample", format!("nn.functional.grid_sample(): expected padding_mode to be 'zeros', 'border', or 'reflection', but got: '{other}'")) }
 }
 
 /// The sampling plan of a grid (see the module docs). `K` is `2^n` (bilinear) or 1.

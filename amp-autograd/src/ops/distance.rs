@@ -6,8 +6,6 @@
 //! the layer excluded. 16-bit inputs are computed in float32 and the result rounded once
 //! (PyTorch accumulates norms in float32).
 
-use std::str::FromStr;
-
 use amp_tensor::{broadcast_shapes, promote_types, wrap_dim};
 
 use super::loss_extra::{acc, back};
@@ -105,32 +103,20 @@ pub fn pairwise_distance(
     back(norm(&d, p, &dims, keepdim && d.rank() > 0)?, dt)
 }
 
-/// How [`cdist`] computes Euclidean (`p = 2`) distances.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum CdistMode {
-    /// Through a matrix product when either set has more than 25 rows (PyTorch's default
-    /// `use_mm_for_euclid_dist_if_necessary`).
-    #[default]
-    MmIfNecessary,
-    /// Always through a matrix product (`use_mm_for_euclid_dist`): faster, less exact.
-    Mm,
-    /// Never through a matrix product (`donot_use_mm_for_euclid_dist`).
-    Direct,
-}
-
-impl FromStr for CdistMode {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "use_mm_for_euclid_dist_if_necessary" => Ok(CdistMode::MmIfNecessary),
-            "use_mm_for_euclid_dist" => Ok(CdistMode::Mm),
-            "donot_use_mm_for_euclid_dist" => Ok(CdistMode::Direct),
-            _ => Err(Error::invalid(
-                "cdist",
-                format!("{s} is not a valid value for compute_mode"),
-            )),
-        }
+amp_kernels::named_mode! {
+    /// How [`cdist`] computes Euclidean (`p = 2`) distances.
+    #[derive(Default)]
+    pub enum CdistMode {
+        /// Through a matrix product when either set has more than 25 rows (PyTorch's default
+        /// `use_mm_for_euclid_dist_if_necessary`).
+        #[default]
+        MmIfNecessary = "use_mm_for_euclid_dist_if_necessary",
+        /// Always through a matrix product (`use_mm_for_euclid_dist`): faster, less exact.
+        Mm = "use_mm_for_euclid_dist",
+        /// Never through a matrix product (`donot_use_mm_for_euclid_dist`).
+        Direct = "donot_use_mm_for_euclid_dist",
     }
+    else |other| -> Error { Error::invalid("cdist", format!("{other} is not a valid value for compute_mode")) }
 }
 
 /// `p`-norm distances between each row of `x1` (`[..., P, M]`) and each row of `x2`

@@ -798,30 +798,17 @@ pub fn pinverse(a: &Tensor, rcond: f64) -> Result<Tensor> {
 
 // ----- QR ---------------------------------------------------------------------------------
 
-/// The modes of `torch.linalg.qr`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QrMode {
-    /// `Q` `[m, k]`, `R` `[k, n]`.
-    Reduced,
-    /// `Q` `[m, m]`, `R` `[m, n]`.
-    Complete,
-    /// Only `R` (`Q` is empty); not differentiable.
-    R,
-}
-
-impl std::str::FromStr for QrMode {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "reduced" => Ok(QrMode::Reduced),
-            "complete" => Ok(QrMode::Complete),
-            "r" => Ok(QrMode::R),
-            other => Err(Error::invalid(
-                "linalg.qr",
-                format!("qr received unrecognized mode '{other}' but expected one of 'reduced' (default), 'r', or 'complete'"),
-            )),
-        }
+amp_kernels::named_mode! {
+    /// The modes of `torch.linalg.qr`.
+    pub enum QrMode {
+        /// `Q` `[m, k]`, `R` `[k, n]`.
+        Reduced = "reduced",
+        /// `Q` `[m, m]`, `R` `[m, n]`.
+        Complete = "complete",
+        /// Only `R` (`Q` is empty); not differentiable.
+        R = "r",
     }
+    else |other| -> Error { Error::invalid("linalg.qr", format!("qr received unrecognized mode '{other}' but expected one of 'reduced' (default), 'r', or 'complete'")) }
 }
 
 fn qr_core(a: &Tensor, mode: QrMode) -> Result<(Tensor, Tensor)> {

@@ -1,9 +1,6 @@
 //! Losses: mse, l1, smooth_l1, huber, nll, cross_entropy, binary_cross_entropy (with
 //! logits). Each enters the dispatch point under its documented name.
 
-use std::fmt;
-use std::str::FromStr;
-
 use amp_tensor::DType;
 
 use super::names::{BCE, BCE_LOGITS, CROSS_ENTROPY, HUBER, L1, MSE, NLL, SMOOTH_L1};
@@ -15,41 +12,19 @@ use super::{enter, enter_vec};
 use crate::dispatch::{BodyGuard, OpName};
 use crate::{Error, Result, Tensor};
 
-/// How a loss reduces over elements.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Reduction {
-    /// Keep per-element losses.
-    None,
-    /// Average (the default).
-    #[default]
-    Mean,
-    /// Sum.
-    Sum,
-}
-
-impl FromStr for Reduction {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "none" => Ok(Reduction::None),
-            "mean" => Ok(Reduction::Mean),
-            "sum" => Ok(Reduction::Sum),
-            _ => Err(Error::invalid(
-                "reduction",
-                format!("{s} is not a valid value for reduction"),
-            )),
-        }
+amp_kernels::named_mode! {
+    /// How a loss reduces over elements.
+    #[derive(Default)]
+    pub enum Reduction {
+        /// Keep per-element losses.
+        None = "none",
+        /// Average (the default).
+        #[default]
+        Mean = "mean",
+        /// Sum.
+        Sum = "sum",
     }
-}
-
-impl fmt::Display for Reduction {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Reduction::None => "none",
-            Reduction::Mean => "mean",
-            Reduction::Sum => "sum",
-        })
-    }
+    else |other| -> Error { Error::invalid("reduction", format!("{other} is not a valid value for reduction")) }
 }
 
 fn reduce(l: Tensor, r: Reduction) -> Result<Tensor> {

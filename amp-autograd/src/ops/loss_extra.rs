@@ -9,9 +9,6 @@
 //! computed in float32 and the result rounded once, as PyTorch's kernels accumulate in
 //! float32.
 
-use std::fmt;
-use std::str::FromStr;
-
 use amp_tensor::{promote_types, DType};
 
 use super::distance::pairwise_distance;
@@ -53,46 +50,22 @@ fn reduce(l: Tensor, r: Reduction) -> Result<Tensor> {
     }
 }
 
-/// How [`kl_div`] reduces: [`Reduction`]'s three and `batchmean` (the sum divided by
-/// the batch size, the mathematically correct KL divergence).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum KlDivReduction {
-    /// Per-element losses.
-    None,
-    /// Mean over every element (the default; PyTorch warns it is not the KL divergence).
-    #[default]
-    Mean,
-    /// Sum.
-    Sum,
-    /// Sum divided by `input.size(0)`.
-    BatchMean,
-}
-
-impl FromStr for KlDivReduction {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "none" => Ok(KlDivReduction::None),
-            "mean" => Ok(KlDivReduction::Mean),
-            "sum" => Ok(KlDivReduction::Sum),
-            "batchmean" => Ok(KlDivReduction::BatchMean),
-            _ => Err(Error::invalid(
-                "kl_div",
-                format!("{s} is not a valid value for reduction"),
-            )),
-        }
+amp_kernels::named_mode! {
+    /// How [`kl_div`] reduces: [`Reduction`]'s three and `batchmean` (the sum divided by
+    /// the batch size, the mathematically correct KL divergence).
+    #[derive(Default)]
+    pub enum KlDivReduction {
+        /// Per-element losses.
+        None = "none",
+        /// Mean over every element (the default; PyTorch warns it is not the KL divergence).
+        #[default]
+        Mean = "mean",
+        /// Sum.
+        Sum = "sum",
+        /// Sum divided by `input.size(0)`.
+        BatchMean = "batchmean",
     }
-}
-
-impl fmt::Display for KlDivReduction {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            KlDivReduction::None => "none",
-            KlDivReduction::Mean => "mean",
-            KlDivReduction::Sum => "sum",
-            KlDivReduction::BatchMean => "batchmean",
-        })
-    }
+    else |other| -> Error { Error::invalid("kl_div", format!("{other} is not a valid value for reduction")) }
 }
 
 /// `x * log(x)`, 0 where `x == 0` (PyTorch's `xlogy(x, x)`).
