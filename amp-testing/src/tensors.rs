@@ -108,11 +108,39 @@ mod raw {
         for (i, (a, b)) in got.iter().zip(want).enumerate() {
             let ok = if b.is_nan() {
                 a.is_nan()
+            } else if b.is_infinite() {
+                a == b
             } else {
                 (a - b).abs() <= rtol * b.abs().max(1.0)
             };
             assert!(ok, "{what}: element {i}: got {a}, want {b}");
         }
+    }
+
+    /// Assert that the raw tensor `got` is contiguous with `shape` and `dtype`, and holds
+    /// `want` (exact float64 values) rounded to `dtype`, as [`assert_close_within`]
+    /// compares: a NaN wants a NaN, an infinity (an overflow of the rounding included)
+    /// the same infinity, anything else `rtol`·max(|want|, 1).
+    ///
+    /// # Panics
+    /// When any of these differs.
+    pub fn assert_tensor_close(
+        got: &Raw,
+        want: &[f64],
+        shape: &[usize],
+        dtype: DType,
+        rtol: f64,
+        what: &str,
+    ) {
+        assert_eq!(got.dims(), shape, "{what}: shape");
+        assert_eq!(got.dtype(), dtype, "{what}: dtype");
+        assert!(got.is_contiguous(), "{what}: contiguous");
+        let rounded = Raw::from_vec(want.to_vec(), [want.len()])
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap()
+            .to_vec_f64();
+        assert_close_within(&got.to_vec_f64(), &rounded, rtol, what);
     }
 }
 

@@ -5,7 +5,8 @@
 use amp_kernels::*;
 use amp_tensor::{DType, Tensor};
 
-use amp_testing::tensors::Tolerances;
+// Shape, dtype, contiguity, and the values rounded to the dtype within a tolerance.
+use amp_testing::tensors::{assert_tensor_close as check, Tolerances};
 
 /// Deterministic pseudo-random values in `[-1, 1)`.
 fn values(n: usize, seed: u64) -> Vec<f64> {
@@ -21,32 +22,6 @@ fn tol(dtype: DType) -> f64 {
         f64: 1e-11,
     }
     .of(dtype)
-}
-
-/// Assert `got` has `shape`, `dtype` and values within `rtol` (relative to
-/// max(1, |want|)) of `want`; NaNs and infinities must match exactly.
-fn check(got: &Tensor, want: &[f64], shape: &[usize], dtype: DType, rtol: f64, what: &str) {
-    assert_eq!(got.dims(), shape, "{what}: shape");
-    assert_eq!(got.dtype(), dtype, "{what}: dtype");
-    assert!(got.is_contiguous(), "{what}: contiguous");
-    let g = got.to_vec_f64();
-    assert_eq!(g.len(), want.len(), "{what}: length");
-    // the exact result rounded to the output dtype (overflow to inf included)
-    let want = Tensor::from_vec(want.to_vec(), [want.len()])
-        .unwrap()
-        .to_dtype(dtype)
-        .unwrap()
-        .to_vec_f64();
-    for (i, (&a, &b)) in g.iter().zip(&want).enumerate() {
-        let ok = if b.is_nan() {
-            a.is_nan()
-        } else if b.is_infinite() {
-            a == b
-        } else {
-            (a - b).abs() <= rtol * b.abs().max(1.0)
-        };
-        assert!(ok, "{what}: element {i}: got {a}, want {b} (all: {g:?})");
-    }
 }
 
 /// Reference reduction of row-major `x` of `shape` over the `mask`ed dims: each output

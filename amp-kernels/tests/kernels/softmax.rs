@@ -5,7 +5,8 @@
 use amp_kernels::*;
 use amp_tensor::{DType, Tensor};
 
-use amp_testing::tensors::Tolerances;
+// Shape, dtype, contiguity, and the values rounded to the dtype within a tolerance.
+use amp_testing::tensors::{assert_tensor_close as check, Tolerances};
 
 /// Deterministic pseudo-random values in `[-4, 4)`.
 fn values(n: usize, seed: u64) -> Vec<f64> {
@@ -20,28 +21,6 @@ fn tol(dtype: DType) -> f64 {
         f64: 1e-13,
     }
     .of(dtype)
-}
-
-/// Assert shape, dtype and values (NaN and infinities exactly, else within `atol +
-/// rtol * |want|` of the reference rounded to `dtype`).
-fn check(got: &Tensor, want: &[f64], shape: &[usize], dtype: DType, rtol: f64, what: &str) {
-    assert_eq!(got.dims(), shape, "{what}: shape");
-    assert_eq!(got.dtype(), dtype, "{what}: dtype");
-    let want = Tensor::from_vec(want.to_vec(), [want.len()])
-        .unwrap()
-        .to_dtype(dtype)
-        .unwrap()
-        .to_vec_f64();
-    for (i, (a, b)) in got.to_vec_f64().into_iter().zip(want).enumerate() {
-        let ok = if b.is_nan() {
-            a.is_nan()
-        } else if b.is_infinite() {
-            a == b
-        } else {
-            (a - b).abs() <= rtol * b.abs().max(1.0)
-        };
-        assert!(ok, "{what}: element {i}: got {a}, want {b}");
-    }
 }
 
 /// Apply `f` to every line along `dim` of row-major `x` of `shape`.
