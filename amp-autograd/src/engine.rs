@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::grad_mode::GradModeGuard;
-use crate::graph::{Edge, Node};
+use crate::graph::{run_backward, Edge, Node};
 use crate::{ops, Error, Result, Tensor};
 
 fn node_key(n: &Arc<Node>) -> usize {
@@ -141,7 +141,7 @@ fn run(
         } else {
             let mut guard = node.backward.lock().unwrap_or_else(|e| e.into_inner());
             let f = guard.as_ref().ok_or(Error::GraphFreed)?;
-            let r = f(&grads)?;
+            let r = run_backward(&node, f, &grads)?;
             if !retain_graph {
                 *guard = None;
             }

@@ -1,5 +1,6 @@
 //! Graph nodes and how ops record themselves.
 
+use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
 
 use amp_tensor::{DType, Tensor as Raw};
@@ -98,6 +99,85 @@ pub(crate) fn grad_if(needed: bool, f: impl FnOnce() -> Result<Tensor>) -> Resul
         f().map(Some)
     } else {
         Ok(None)
+    }
+}
+
+thread_local! {
+    /// The nodes whose backward closure is running on this thread, innermost last (a
+    /// backward may run another one: `grad()` inside a custom function's backward).
+    static RUNNING: RefCell<Vec<Arc<Node>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `node`'s backward closure `f` on `grads` with `node` known as the running one,
+/// so that a [`SavedOutput`] read inside it can hand out the node's own output.
+pub(crate) fn run_backward(
+    node: &Arc<Node>,
+    f: &BackwardFn,
+    grads: &[Option<Tensor>],
+) -> Result<Vec<Option<Tensor>>> {
+    struct Pop;
+    impl Drop for Pop {
+        fn drop(&mut self) {
+            RUNNING.with(|r| r.borrow_mut().pop());
+        }
+    }
+    RUNNING.with(|r| r.borrow_mut().push(node.clone()));
+    let _pop = Pop;
+    f(grads)
+}
+
+/// An input a backward formula reads, kept only when a gradient that reads it will be
+/// computed: `mul(a, b)` keeps `b` only when `a` needs a gradient, and `a` only when `b`
+/// does (burn's `binary()`; PyTorch's generated `should_compute_output` tests). An input
+/// that no side reads is never kept, so the graph does not hold its buffer alive.
+pub(crate) struct Kept(Option<Tensor>);
+
+impl Kept {
+    /// Keeps `t` when `needed`.
+    pub(crate) fn new(t: &Tensor, needed: bool) -> Kept {
+        Kept(needed.then(|| t.clone()))
+    }
+
+    /// The kept tensor.
+    ///
+    /// # Panics
+    /// When it was not kept: a formula read an input its op did not declare it reads
+    /// (a bug in the op, caught by the gradient tests that turn each input's
+    /// `requires_grad` off in turn).
+    pub(crate) fn get(&self) -> &Tensor {
+        self.0
+            .as_ref()
+            .expect("a backward formula read an input its op did not keep")
+    }
+}
+
+/// An op's output kept for its backward (PyTorch's `SavedVariable` of an output): its
+/// values, handed out under `create_graph` as the output itself again, with the running
+/// node as its `grad_fn`, so that a formula reading it (`exp`'s `g * out`) is
+/// differentiated through that node. The op's inputs need not be kept to recompute it.
+pub(crate) struct SavedOutput {
+    data: Raw,
+    nr: usize,
+}
+
+impl SavedOutput {
+    /// Keeps output `nr` of an op (0 for a single-output op).
+    pub(crate) fn new(data: &Raw, nr: usize) -> SavedOutput {
+        SavedOutput {
+            data: data.clone(),
+            nr,
+        }
+    }
+
+    /// The output: differentiable when a graph is being recorded, plain values otherwise.
+    pub(crate) fn get(&self) -> Tensor {
+        let node = is_grad_enabled()
+            .then(|| RUNNING.with(|r| r.borrow().last().cloned()))
+            .flatten();
+        match node {
+            Some(node) => Tensor::make(self.data.clone(), true, Some(node), self.nr),
+            None => Tensor::from_raw(self.data.clone()),
+        }
     }
 }
 

@@ -1,6 +1,8 @@
 //! The matmul family: mm, bmm, matmul (every broadcasting case), mv, dot, outer,
 //! addmm, addbmm, baddbmm, addmv, addr, linear, chain_matmul / multi_dot.
 
+use amp_tensor::Tensor as Raw;
+
 use super::names::{
     ADDBMM, ADDMM, ADDMV, ADDR, BADDBMM, BMM, CHAIN_MATMUL, DOT, DUNDER_MATMUL, LINEAR, MATMUL, MM,
     MULTI_DOT, MV, OUTER,
@@ -9,7 +11,7 @@ use super::pointwise::{add, mul, mul_scalar};
 use super::reduce::sum;
 use super::shape::{expand, reshape, squeeze, transpose, unsqueeze};
 use super::{check, enter, enter_vec, sum_to};
-use crate::graph::{grad_if, record};
+use crate::graph::{grad_if, record, Kept};
 use crate::{Error, Result, Tensor};
 
 fn tr(x: &Tensor) -> Result<Tensor> {
@@ -33,10 +35,10 @@ fn maybe_mul(t: Tensor, s: f64) -> Result<Tensor> {
 }
 
 /// Gradient of `mat1 @ mat2` for `mat1`: `g @ mat2ᵀ`, computed as `(mat2 @ gᵀ)ᵀ` when
-/// mat1 is column-major so that the gradient has mat1's strides (PyTorch's
-/// `mm_mat1_backward`).
-fn mm_mat1_grad(g: &Tensor, mat1: &Tensor, mat2: &Tensor) -> Result<Tensor> {
-    if column_major(mat1) {
+/// mat1 is column-major (`mat1_col`) so that the gradient has mat1's strides (PyTorch's
+/// `mm_mat1_backward`, which likewise keeps only mat1's layout, not mat1).
+fn mm_mat1_grad(g: &Tensor, mat1_col: bool, mat2: &Tensor) -> Result<Tensor> {
+    if mat1_col {
         tr(&mm(mat2, &tr(g)?)?)
     } else {
         mm(g, &tr(mat2)?)
@@ -44,101 +46,99 @@ fn mm_mat1_grad(g: &Tensor, mat1: &Tensor, mat2: &Tensor) -> Result<Tensor> {
 }
 
 /// Gradient of `mat1 @ mat2` for `mat2`: `mat1ᵀ @ g`, computed as `(gᵀ @ mat1)ᵀ` when
-/// mat2 is column-major (`linear`'s `weight.t()`): the weight's gradient then comes out
-/// contiguous, with no transposing copy (PyTorch's `mm_mat2_backward`).
-fn mm_mat2_grad(g: &Tensor, mat1: &Tensor, mat2: &Tensor) -> Result<Tensor> {
-    if column_major(mat2) {
+/// mat2 is column-major (`mat2_col`: `linear`'s `weight.t()`): the weight's gradient then
+/// comes out contiguous, with no transposing copy (PyTorch's `mm_mat2_backward`).
+fn mm_mat2_grad(g: &Tensor, mat1: &Tensor, mat2_col: bool) -> Result<Tensor> {
+    if mat2_col {
         tr(&mm(&tr(g)?, mat1)?)
     } else {
         mm(&tr(mat1)?, g)
     }
 }
 
+/// A side's gradient from the output gradient and the other side.
+type SideGrad = Box<dyn Fn(&Tensor, &Tensor) -> Result<Tensor> + Send + Sync>;
+
+/// Records a product of `a` and `b` whose gradient for each side reads only the other
+/// side (every product here): `a` is kept only when `b` needs a gradient and `b` only
+/// when `a` does, so a weight cast by autocast is not held by the graph of a first layer
+/// whose input needs no gradient. `ga(g, b)` and `gb(g, a)` are the two gradients.
+fn product(out: Raw, name: &'static str, a: &Tensor, b: &Tensor, ga: SideGrad, gb: SideGrad) -> Tensor {
+    let (ra, rb) = (a.requires_grad(), b.requires_grad());
+    let (ka, kb) = (Kept::new(a, rb), Kept::new(b, ra));
+    record(out, name, &[a, b], move |g| {
+        Ok(vec![
+            grad_if(ra, || ga(g, kb.get()))?,
+            grad_if(rb, || gb(g, ka.get()))?,
+        ])
+    })
+}
+
 /// Matrix product of two 2-D tensors.
 pub fn mm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let ([a, b], _body) = enter(&MM, [a, b])?;
     let out = amp_kernels::mm(a.data(), b.data())?;
-    let (sa, sb) = (a.clone(), b.clone());
-    Ok(record(out, "MmBackward0", &[&a, &b], move |g| {
-        Ok(vec![
-            grad_if(sa.requires_grad(), || mm_mat1_grad(g, &sa, &sb))?,
-            grad_if(sb.requires_grad(), || mm_mat2_grad(g, &sa, &sb))?,
-        ])
-    }))
+    let (a_col, b_col) = (column_major(&a), column_major(&b));
+    Ok(product(
+        out,
+        "MmBackward0",
+        &a,
+        &b,
+        Box::new(move |g, b| mm_mat1_grad(g, a_col, b)),
+        Box::new(move |g, a| mm_mat2_grad(g, a, b_col)),
+    ))
 }
 
 /// Batched matrix product of two 3-D tensors.
 pub fn bmm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let ([a, b], _body) = enter(&BMM, [a, b])?;
     let out = amp_kernels::bmm(a.data(), b.data())?;
-    let (sa, sb) = (a.clone(), b.clone());
-    Ok(record(out, "BmmBackward0", &[&a, &b], move |g| {
-        Ok(vec![
-            grad_if(sa.requires_grad(), || bmm(g, &tr(&sb)?))?,
-            grad_if(sb.requires_grad(), || bmm(&tr(&sa)?, g))?,
-        ])
-    }))
+    let ga: SideGrad = Box::new(|g, b| bmm(g, &tr(b)?));
+    Ok(product(out, "BmmBackward0", &a, &b, ga, Box::new(|g, a| bmm(&tr(a)?, g))))
 }
 
 /// Matrix × vector.
 pub fn mv(m: &Tensor, v: &Tensor) -> Result<Tensor> {
     let ([m, v], _body) = enter(&MV, [m, v])?;
     let out = amp_kernels::mv(m.data(), v.data())?;
-    let (sm, sv) = (m.clone(), v.clone());
-    Ok(record(out, "MvBackward0", &[&m, &v], move |g| {
-        Ok(vec![
-            grad_if(sm.requires_grad(), || outer(g, &sv))?,
-            grad_if(sv.requires_grad(), || mv(&tr(&sm)?, g))?,
-        ])
-    }))
+    let gm: SideGrad = Box::new(|g, v| outer(g, v));
+    Ok(product(out, "MvBackward0", &m, &v, gm, Box::new(|g, m| mv(&tr(m)?, g))))
 }
 
 /// Inner product of two 1-D tensors.
 pub fn dot(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let ([a, b], _body) = enter(&DOT, [a, b])?;
     let out = amp_kernels::dot(a.data(), b.data())?;
-    let (sa, sb) = (a.clone(), b.clone());
-    Ok(record(out, "DotBackward0", &[&a, &b], move |g| {
-        Ok(vec![
-            grad_if(sa.requires_grad(), || mul(g, &sb))?,
-            grad_if(sb.requires_grad(), || mul(g, &sa))?,
-        ])
-    }))
+    let ga: SideGrad = Box::new(|g, b| mul(g, b));
+    Ok(product(out, "DotBackward0", &a, &b, ga, Box::new(|g, a| mul(g, a))))
 }
 
 /// Outer product of two 1-D tensors.
 pub fn outer(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let ([a, b], _body) = enter(&OUTER, [a, b])?;
     let out = amp_kernels::outer(a.data(), b.data())?;
-    let (sa, sb) = (a.clone(), b.clone());
-    Ok(record(out, "OuterBackward0", &[&a, &b], move |g| {
-        Ok(vec![
-            grad_if(sa.requires_grad(), || mv(g, &sb))?,
-            grad_if(sb.requires_grad(), || mv(&tr(g)?, &sa))?,
-        ])
-    }))
+    let ga: SideGrad = Box::new(|g, b| mv(g, b));
+    Ok(product(out, "OuterBackward0", &a, &b, ga, Box::new(|g, a| mv(&tr(g)?, a))))
 }
 
 /// `beta * input + alpha * (m1 @ m2)`; with `beta == 0` the input is ignored (NaN too).
+/// Keeps `m1` only when `m2` needs a gradient and `m2` only when `m1` does; never `input`.
 pub fn addmm(input: &Tensor, m1: &Tensor, m2: &Tensor, beta: f64, alpha: f64) -> Result<Tensor> {
     let ([input, m1, m2], _body) = enter(&ADDMM, [input, m1, m2])?;
     let out = amp_kernels::addmm(input.data(), m1.data(), m2.data(), beta, alpha)?;
-    let (si, s1, s2) = (input.clone(), m1.clone(), m2.clone());
+    let (ri, r1, r2) = (input.requires_grad(), m1.requires_grad(), m2.requires_grad());
+    let (k1, k2) = (Kept::new(&m1, r2), Kept::new(&m2, r1));
+    let (c1, c2) = (column_major(&m1), column_major(&m2));
+    let di = input.dims().to_vec();
     Ok(record(
         out,
         "AddmmBackward0",
         &[&input, &m1, &m2],
         move |g| {
             Ok(vec![
-                grad_if(si.requires_grad() && beta != 0.0, || {
-                    sum_to(&maybe_mul(g.clone(), beta)?, si.dims())
-                })?,
-                grad_if(s1.requires_grad(), || {
-                    maybe_mul(mm_mat1_grad(g, &s1, &s2)?, alpha)
-                })?,
-                grad_if(s2.requires_grad(), || {
-                    maybe_mul(mm_mat2_grad(g, &s1, &s2)?, alpha)
-                })?,
+                grad_if(ri && beta != 0.0, || sum_to(&maybe_mul(g.clone(), beta)?, &di))?,
+                grad_if(r1, || maybe_mul(mm_mat1_grad(g, c1, k2.get())?, alpha))?,
+                grad_if(r2, || maybe_mul(mm_mat2_grad(g, k1.get(), c2)?, alpha))?,
             ])
         },
     ))

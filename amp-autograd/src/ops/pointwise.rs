@@ -2,38 +2,53 @@
 //! scalar forms (`__rpow__`, `__rtruediv__`, ...), comparisons, `where`, `clamp`.
 
 use amp_kernels::{BinaryOp, CmpOp, UnaryOp};
-use amp_tensor::{Scalar, Tensor as Raw};
+use amp_tensor::Scalar;
 
 use super::names::{self, ADDCDIV, ADDCMUL, CLAMP, SOFTPLUS, WHERE};
 use super::{enter, sum_to};
 use crate::grad_mode::is_grad_enabled;
-use crate::graph::{grad_if, record};
+use crate::graph::{grad_if, record, Kept, SavedOutput};
 use crate::{Result, Tensor};
 
-/// The forward output inside a backward closure: the saved values when no graph is
-/// being built, or the op recomputed differentiably from its input under
-/// `create_graph` (so double backward sees the dependency on the input).
-fn output_of(saved: &Raw, x: &Tensor, f: fn(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
-    if is_grad_enabled() {
-        f(x)
-    } else {
-        Ok(Tensor::from_raw(saved.clone()))
-    }
+/// Whether a backward formula's declared reads (`|g, x, out|`) name `$name`.
+macro_rules! reads {
+    ($name:ident in $($r:ident)*) => {
+        [$(stringify!($r)),*].contains(&stringify!($name))
+    };
+}
+
+/// One declared read of a formula, bound from what its op kept: an input (`Kept`) or the
+/// output (`SavedOutput`).
+macro_rules! bind_read {
+    (out, $inputs:tt, $out:ident) => {
+        &$out.as_ref().expect("the output is kept when a formula reads it").get()
+    };
+    ($name:ident, {$($input:ident => $kept:ident),*}, $out:ident) => {
+        bind_read!(@find $name, $($input => $kept),*)
+    };
+    (@find $name:ident, $input:ident => $kept:ident $(, $rest:ident => $rk:ident)*) => {{
+        if stringify!($name) == stringify!($input) {
+            $kept.get()
+        } else {
+            bind_read!(@find $name, $($rest => $rk),*)
+        }
+    }};
+    (@find $name:ident,) => {
+        unreachable!("a formula reads an operand its op does not have")
+    };
 }
 
 macro_rules! unary_ops {
-    ($($(#[$doc:meta])* $fname:ident = $op:ident, $kop:ident, $node:literal, |$g:ident, $x:ident, $out:ident| $bw:expr;)*) => {$(
+    ($($(#[$doc:meta])* $fname:ident = $op:ident, $kop:ident, $node:literal, |$g:ident $(, $r:ident)*| $bw:expr;)*) => {$(
         $(#[$doc])*
         pub fn $fname(x: &Tensor) -> Result<Tensor> {
             let ([x], _body) = enter(&names::$op, [x])?;
             let out = amp_kernels::unary(UnaryOp::$kop, x.data())?;
-            let saved = out.clone();
-            let xs = x.clone();
+            // Only what the formula reads: the input, the output, or nothing.
+            let _kx = Kept::new(&x, reads!(x in $($r)*));
+            let _ko = reads!(out in $($r)*).then(|| SavedOutput::new(&out, 0));
             Ok(record(out, $node, &[&x], move |$g| {
-                #[allow(unused_variables)]
-                let $x = &xs;
-                #[allow(unused_variables)]
-                let $out = || output_of(&saved, &xs, $fname);
+                $(let $r = bind_read!($r, {x => _kx}, _ko);)*
                 Ok(vec![Some($bw)])
             }))
         }
@@ -42,51 +57,51 @@ macro_rules! unary_ops {
 
 unary_ops! {
     /// `-x`.
-    neg = NEG, Neg, "NegBackward0", |g, x, out| neg(g)?;
+    neg = NEG, Neg, "NegBackward0", |g| neg(g)?;
     /// `|x|` (gradient `sign(x)`, 0 at 0).
-    abs = ABS, Abs, "AbsBackward0", |g, x, out| mul(g, &sign(x)?)?;
+    abs = ABS, Abs, "AbsBackward0", |g, x| mul(g, &sign(x)?)?;
     /// `e^x`.
-    exp = EXP, Exp, "ExpBackward0", |g, x, out| mul(g, &out()?)?;
+    exp = EXP, Exp, "ExpBackward0", |g, out| mul(g, out)?;
     /// `e^x - 1`.
-    expm1 = EXPM1, Expm1, "Expm1Backward0", |g, x, out| mul(g, &add_scalar(&out()?, 1.0)?)?;
+    expm1 = EXPM1, Expm1, "Expm1Backward0", |g, out| mul(g, &add_scalar(out, 1.0)?)?;
     /// Natural log.
-    log = LOG, Log, "LogBackward0", |g, x, out| div(g, x)?;
+    log = LOG, Log, "LogBackward0", |g, x| div(g, x)?;
     /// `log(1 + x)`.
-    log1p = LOG1P, Log1p, "Log1PBackward0", |g, x, out| div(g, &add_scalar(x, 1.0)?)?;
+    log1p = LOG1P, Log1p, "Log1PBackward0", |g, x| div(g, &add_scalar(x, 1.0)?)?;
     /// Base-2 log.
-    log2 = LOG2, Log2, "Log2Backward0", |g, x, out| div(g, &mul_scalar(x, std::f64::consts::LN_2)?)?;
+    log2 = LOG2, Log2, "Log2Backward0", |g, x| div(g, &mul_scalar(x, std::f64::consts::LN_2)?)?;
     /// Base-10 log.
-    log10 = LOG10, Log10, "Log10Backward0", |g, x, out| div(g, &mul_scalar(x, std::f64::consts::LN_10)?)?;
+    log10 = LOG10, Log10, "Log10Backward0", |g, x| div(g, &mul_scalar(x, std::f64::consts::LN_10)?)?;
     /// Square root.
-    sqrt = SQRT, Sqrt, "SqrtBackward0", |g, x, out| div(g, &mul_scalar(&out()?, 2.0)?)?;
+    sqrt = SQRT, Sqrt, "SqrtBackward0", |g, out| div(g, &mul_scalar(out, 2.0)?)?;
     /// `1 / sqrt(x)`.
-    rsqrt = RSQRT, Rsqrt, "RsqrtBackward0", |g, x, out| mul(g, &mul_scalar(&pow_scalar(&out()?, 3.0)?, -0.5)?)?;
+    rsqrt = RSQRT, Rsqrt, "RsqrtBackward0", |g, out| mul(g, &mul_scalar(&pow_scalar(out, 3.0)?, -0.5)?)?;
     /// `1 / x`.
-    reciprocal = RECIPROCAL, Reciprocal, "ReciprocalBackward0", |g, x, out| mul(g, &neg(&square(&out()?)?)?)?;
+    reciprocal = RECIPROCAL, Reciprocal, "ReciprocalBackward0", |g, out| mul(g, &neg(&square(out)?)?)?;
     /// Sine.
-    sin = SIN, Sin, "SinBackward0", |g, x, out| mul(g, &cos(x)?)?;
+    sin = SIN, Sin, "SinBackward0", |g, x| mul(g, &cos(x)?)?;
     /// Cosine.
-    cos = COS, Cos, "CosBackward0", |g, x, out| mul(g, &neg(&sin(x)?)?)?;
+    cos = COS, Cos, "CosBackward0", |g, x| mul(g, &neg(&sin(x)?)?)?;
     /// Tangent.
-    tan = TAN, Tan, "TanBackward0", |g, x, out| mul(g, &add_scalar(&square(&out()?)?, 1.0)?)?;
+    tan = TAN, Tan, "TanBackward0", |g, out| mul(g, &add_scalar(&square(out)?, 1.0)?)?;
     /// Arcsine.
-    asin = ASIN, Asin, "AsinBackward0", |g, x, out| div(g, &sqrt(&rsub_scalar(&square(x)?, 1.0)?)?)?;
+    asin = ASIN, Asin, "AsinBackward0", |g, x| div(g, &sqrt(&rsub_scalar(&square(x)?, 1.0)?)?)?;
     /// Arccosine.
-    acos = ACOS, Acos, "AcosBackward0", |g, x, out| neg(&div(g, &sqrt(&rsub_scalar(&square(x)?, 1.0)?)?)?)?;
+    acos = ACOS, Acos, "AcosBackward0", |g, x| neg(&div(g, &sqrt(&rsub_scalar(&square(x)?, 1.0)?)?)?)?;
     /// Arctangent.
-    atan = ATAN, Atan, "AtanBackward0", |g, x, out| div(g, &add_scalar(&square(x)?, 1.0)?)?;
+    atan = ATAN, Atan, "AtanBackward0", |g, x| div(g, &add_scalar(&square(x)?, 1.0)?)?;
     /// Hyperbolic sine.
-    sinh = SINH, Sinh, "SinhBackward0", |g, x, out| mul(g, &cosh(x)?)?;
+    sinh = SINH, Sinh, "SinhBackward0", |g, x| mul(g, &cosh(x)?)?;
     /// Hyperbolic cosine.
-    cosh = COSH, Cosh, "CoshBackward0", |g, x, out| mul(g, &sinh(x)?)?;
+    cosh = COSH, Cosh, "CoshBackward0", |g, x| mul(g, &sinh(x)?)?;
     /// Hyperbolic tangent.
-    tanh = TANH, Tanh, "TanhBackward0", |g, x, out| mul(g, &rsub_scalar(&square(&out()?)?, 1.0)?)?;
+    tanh = TANH, Tanh, "TanhBackward0", |g, out| mul(g, &rsub_scalar(&square(out)?, 1.0)?)?;
     /// Logistic sigmoid.
-    sigmoid = SIGMOID, Sigmoid, "SigmoidBackward0", |g, x, out| { let y = out()?; mul(g, &mul(&y, &rsub_scalar(&y, 1.0)?)?)? };
+    sigmoid = SIGMOID, Sigmoid, "SigmoidBackward0", |g, out| mul(g, &mul(out, &rsub_scalar(out, 1.0)?)?)?;
     /// `max(x, 0)`.
-    relu = RELU, Relu, "ReluBackward0", |g, x, out| threshold_backward(g, x, 0.0)?;
+    relu = RELU, Relu, "ReluBackward0", |g, x| threshold_backward(g, x, 0.0)?;
     /// Exact GELU, `x * Φ(x)`.
-    gelu = GELU, Gelu, "GeluBackward0", |g, x, out| if !is_grad_enabled()
+    gelu = GELU, Gelu, "GeluBackward0", |g, x| if !is_grad_enabled()
         && g.dtype() == x.dtype()
         && g.dims() == x.dims()
         && x.device() == amp_tensor::Device::Cpu
@@ -99,19 +114,19 @@ unary_ops! {
         mul(g, &add(&cdf, &mul(x, &pdf)?)?)?
     };
     /// Error function.
-    erf = ERF, Erf, "ErfBackward0", |g, x, out| mul(g, &mul_scalar(&exp(&neg(&square(x)?)?)?, std::f64::consts::FRAC_2_SQRT_PI)?)?;
+    erf = ERF, Erf, "ErfBackward0", |g, x| mul(g, &mul_scalar(&exp(&neg(&square(x)?)?)?, std::f64::consts::FRAC_2_SQRT_PI)?)?;
     /// Inverse error function.
-    erfinv = ERFINV, Erfinv, "ErfinvBackward0", |g, x, out| mul(g, &mul_scalar(&exp(&square(&out()?)?)?, std::f64::consts::PI.sqrt() / 2.0)?)?;
+    erfinv = ERFINV, Erfinv, "ErfinvBackward0", |g, out| mul(g, &mul_scalar(&exp(&square(out)?)?, std::f64::consts::PI.sqrt() / 2.0)?)?;
     /// `x * x`.
-    square = SQUARE, Square, "PowBackward0", |g, x, out| mul(g, &mul_scalar(x, 2.0)?)?;
+    square = SQUARE, Square, "PowBackward0", |g, x| mul(g, &mul_scalar(x, 2.0)?)?;
     /// Sign (-1, 0, 1); gradient zero.
-    sign = SIGN, Sign, "SignBackward0", |g, x, out| zeros_like(g);
+    sign = SIGN, Sign, "SignBackward0", |g| zeros_like(g);
     /// Floor; gradient zero.
-    floor = FLOOR, Floor, "FloorBackward0", |g, x, out| zeros_like(g);
+    floor = FLOOR, Floor, "FloorBackward0", |g| zeros_like(g);
     /// Ceil; gradient zero.
-    ceil = CEIL, Ceil, "CeilBackward0", |g, x, out| zeros_like(g);
+    ceil = CEIL, Ceil, "CeilBackward0", |g| zeros_like(g);
     /// Round half to even; gradient zero.
-    round = ROUND, Round, "RoundBackward0", |g, x, out| zeros_like(g);
+    round = ROUND, Round, "RoundBackward0", |g| zeros_like(g);
 }
 
 /// `t` itself, recorded as also depending on `x` with a zero derivative. Backward
@@ -174,20 +189,31 @@ pub fn softplus(x: &Tensor, beta: f64, threshold: f64) -> Result<Tensor> {
 }
 
 macro_rules! binary_ops {
-    ($($(#[$doc:meta])* $fname:ident = $op:ident, $kop:ident, $node:literal, |$g:ident, $a:ident, $b:ident, $out:ident| ga: $ga:expr, gb: $gb:expr;)*) => {$(
+    ($($(#[$doc:meta])* $fname:ident = $op:ident, $kop:ident, $node:literal, |$g:ident|
+        a($($ra:ident),*): $ga:expr, b($($rb:ident),*): $gb:expr;)*) => {$(
         $(#[$doc])*
         pub fn $fname(a: &Tensor, b: &Tensor) -> Result<Tensor> {
             let ([a, b], _body) = enter(&names::$op, [a, b])?;
             let out = amp_kernels::binary(BinaryOp::$kop, a.data(), b.data())?;
-            let saved = out.clone();
-            let (sa, sb) = (a.clone(), b.clone());
+            let (ra, rb) = (a.requires_grad(), b.requires_grad());
+            // Each side's formula declares what it reads; keep that only when the side
+            // needs a gradient.
+            let read = |name: &str| {
+                (ra && [$(stringify!($ra)),*].contains(&name))
+                    || (rb && [$(stringify!($rb)),*].contains(&name))
+            };
+            let (_ka, _kb) = (Kept::new(&a, read("a")), Kept::new(&b, read("b")));
+            let _ko = read("out").then(|| SavedOutput::new(&out, 0));
+            let (da, db) = (a.dims().to_vec(), b.dims().to_vec());
             Ok(record(out, $node, &[&a, &b], move |$g| {
-                #[allow(unused_variables)]
-                let ($a, $b) = (&sa, &sb);
-                #[allow(unused_variables)]
-                let $out = || -> Result<Tensor> { if is_grad_enabled() { $fname(&sa, &sb) } else { Ok(Tensor::from_raw(saved.clone())) } };
-                let ga = grad_if(sa.requires_grad(), || sum_to(&$ga, sa.dims()))?;
-                let gb = grad_if(sb.requires_grad(), || sum_to(&$gb, sb.dims()))?;
+                let ga = grad_if(ra, || {
+                    $(let $ra = bind_read!($ra, {a => _ka, b => _kb}, _ko);)*
+                    sum_to(&$ga, &da)
+                })?;
+                let gb = grad_if(rb, || {
+                    $(let $rb = bind_read!($rb, {a => _ka, b => _kb}, _ko);)*
+                    sum_to(&$gb, &db)
+                })?;
                 Ok(vec![ga, gb])
             }))
         }
@@ -196,29 +222,29 @@ macro_rules! binary_ops {
 
 binary_ops! {
     /// `a + b` with broadcasting and type promotion.
-    add = ADD, Add, "AddBackward0", |g, a, b, out| ga: g.clone(), gb: g.clone();
+    add = ADD, Add, "AddBackward0", |g| a(): g.clone(), b(): g.clone();
     /// `a - b`.
-    sub = SUB, Sub, "SubBackward0", |g, a, b, out| ga: g.clone(), gb: neg(g)?;
+    sub = SUB, Sub, "SubBackward0", |g| a(): g.clone(), b(): neg(g)?;
     /// `a * b`.
-    mul = MUL, Mul, "MulBackward0", |g, a, b, out| ga: mul(g, b)?, gb: mul(g, a)?;
+    mul = MUL, Mul, "MulBackward0", |g| a(b): mul(g, b)?, b(a): mul(g, a)?;
     /// `a / b` (true division).
-    div = DIV, Div, "DivBackward0", |g, a, b, out| ga: div(g, b)?, gb: neg(&div(&mul(g, a)?, &square(b)?)?)?;
+    div = DIV, Div, "DivBackward0", |g| a(b): div(g, b)?, b(a, b): neg(&div(&mul(g, a)?, &square(b)?)?)?;
     /// `a ** b` (elementwise).
-    pow = POW, Pow, "PowBackward1", |g, a, b, out|
-        ga: mul(g, &mul(b, &pow(a, &sub_scalar(b, 1.0)?)?)?)?,
-        gb: mul(g, &mul(&out()?, &log(a)?)?)?;
+    pow = POW, Pow, "PowBackward1", |g|
+        a(a, b): mul(g, &mul(b, &pow(a, &sub_scalar(b, 1.0)?)?)?)?,
+        b(a, out): mul(g, &mul(out, &log(a)?)?)?;
     /// `atan2(a, b)`.
-    atan2 = ATAN2, Atan2, "Atan2Backward0", |g, a, b, out|
-        ga: mul(g, &div(b, &add(&square(a)?, &square(b)?)?)?)?,
-        gb: mul(g, &div(&neg(a)?, &add(&square(a)?, &square(b)?)?)?)?;
+    atan2 = ATAN2, Atan2, "Atan2Backward0", |g|
+        a(a, b): mul(g, &div(b, &add(&square(a)?, &square(b)?)?)?)?,
+        b(a, b): mul(g, &div(&neg(a)?, &add(&square(a)?, &square(b)?)?)?)?;
     /// Elementwise maximum (NaN propagates; ties split the gradient).
-    maximum = MAXIMUM, Maximum, "MaximumBackward0", |g, a, b, out|
-        ga: mul(g, &tie_weights(a, b, CmpOp::Gt)?.0)?,
-        gb: mul(g, &tie_weights(a, b, CmpOp::Gt)?.1)?;
+    maximum = MAXIMUM, Maximum, "MaximumBackward0", |g|
+        a(a, b): mul(g, &tie_weights(a, b, CmpOp::Gt)?.0)?,
+        b(a, b): mul(g, &tie_weights(a, b, CmpOp::Gt)?.1)?;
     /// Elementwise minimum.
-    minimum = MINIMUM, Minimum, "MinimumBackward0", |g, a, b, out|
-        ga: mul(g, &tie_weights(a, b, CmpOp::Lt)?.0)?,
-        gb: mul(g, &tie_weights(a, b, CmpOp::Lt)?.1)?;
+    minimum = MINIMUM, Minimum, "MinimumBackward0", |g|
+        a(a, b): mul(g, &tie_weights(a, b, CmpOp::Lt)?.0)?,
+        b(a, b): mul(g, &tie_weights(a, b, CmpOp::Lt)?.1)?;
 }
 
 /// Weights 1/0 (0.5 on ties) of each side of maximum/minimum.
@@ -253,19 +279,18 @@ pub fn sub_scaled(a: &Tensor, b: &Tensor, alpha: f64) -> Result<Tensor> {
 }
 
 macro_rules! scalar_ops {
-    ($($(#[$doc:meta])* $fname:ident = $op:ident, $node:literal, |$x:ident, $s:ident| $fwd:expr, |$g:ident, $xx:ident, $ss:ident, $out:ident| $bw:expr;)*) => {$(
+    ($($(#[$doc:meta])* $fname:ident = $op:ident, $node:literal, |$x:ident, $s:ident| $fwd:expr, |$g:ident, $ss:ident $(, $r:ident)*| $bw:expr;)*) => {$(
         $(#[$doc])*
         pub fn $fname(x: &Tensor, s: impl Into<Scalar>) -> Result<Tensor> {
             let s: Scalar = s.into();
             let ([x], _body) = enter(&names::$op, [x])?;
             let out = { let $x = x.data(); let $s = s; $fwd? };
-            let saved = out.clone();
-            let xs = x.clone();
+            let _kx = Kept::new(&x, reads!(x in $($r)*));
+            let _ko = reads!(out in $($r)*).then(|| SavedOutput::new(&out, 0));
             Ok(record(out, $node, &[&x], move |$g| {
                 #[allow(unused_variables)]
-                let ($xx, $ss) = (&xs, s);
-                #[allow(unused_variables)]
-                let $out = || -> Result<Tensor> { if is_grad_enabled() { $fname(&xs, s) } else { Ok(Tensor::from_raw(saved.clone())) } };
+                let $ss = s;
+                $(let $r = bind_read!($r, {x => _kx}, _ko);)*
                 Ok(vec![Some($bw)])
             }))
         }
@@ -274,26 +299,26 @@ macro_rules! scalar_ops {
 
 scalar_ops! {
     /// `x + s`.
-    add_scalar = ADD, "AddBackward1", |x, s| amp_kernels::binary_scalar(BinaryOp::Add, x, s), |g, x, s, out| g.clone();
+    add_scalar = ADD, "AddBackward1", |x, s| amp_kernels::binary_scalar(BinaryOp::Add, x, s), |g, s| g.clone();
     /// `x - s`.
-    sub_scalar = SUB, "SubBackward1", |x, s| amp_kernels::binary_scalar(BinaryOp::Sub, x, s), |g, x, s, out| g.clone();
+    sub_scalar = SUB, "SubBackward1", |x, s| amp_kernels::binary_scalar(BinaryOp::Sub, x, s), |g, s| g.clone();
     /// `s - x` (`__rsub__`).
-    rsub_scalar = RSUB, "RsubBackward1", |x, s| amp_kernels::scalar_binary(BinaryOp::Sub, s, x), |g, x, s, out| neg(g)?;
+    rsub_scalar = RSUB, "RsubBackward1", |x, s| amp_kernels::scalar_binary(BinaryOp::Sub, s, x), |g, s| neg(g)?;
     /// `x * s`.
-    mul_scalar = MUL, "MulBackward1", |x, s| amp_kernels::binary_scalar(BinaryOp::Mul, x, s), |g, x, s, out| mul_scalar(g, s)?;
+    mul_scalar = MUL, "MulBackward1", |x, s| amp_kernels::binary_scalar(BinaryOp::Mul, x, s), |g, s| mul_scalar(g, s)?;
     /// `x / s`.
-    div_scalar = DIV, "DivBackward1", |x, s| amp_kernels::binary_scalar(BinaryOp::Div, x, s), |g, x, s, out| div_scalar(g, s)?;
+    div_scalar = DIV, "DivBackward1", |x, s| amp_kernels::binary_scalar(BinaryOp::Div, x, s), |g, s| div_scalar(g, s)?;
     /// `s / x` (`__rdiv__` / `__rtruediv__`).
-    rdiv_scalar = DUNDER_RDIV, "DivBackward1", |x, s| amp_kernels::scalar_binary(BinaryOp::Div, s, x), |g, x, s, out| neg(&div(&mul_scalar(g, s)?, &square(x)?)?)?;
+    rdiv_scalar = DUNDER_RDIV, "DivBackward1", |x, s| amp_kernels::scalar_binary(BinaryOp::Div, s, x), |g, s, x| neg(&div(&mul_scalar(g, s)?, &square(x)?)?)?;
     /// `x ** s` (`__pow__` with a number).
-    pow_scalar = POW, "PowBackward0", |x, s| amp_kernels::binary_scalar(BinaryOp::Pow, x, s), |g, x, s, out| {
+    pow_scalar = POW, "PowBackward0", |x, s| amp_kernels::binary_scalar(BinaryOp::Pow, x, s), |g, s, x| {
         let e = s.to_f64();
         if e == 0.0 { zeros_like(g) } else { mul(g, &mul_scalar(&pow_scalar(x, e - 1.0)?, e)?)? }
     };
     /// `s ** x` (`__rpow__`).
-    rpow_scalar = DUNDER_RPOW, "PowBackward2", |x, s| amp_kernels::scalar_binary(BinaryOp::Pow, s, x), |g, x, s, out| {
+    rpow_scalar = DUNDER_RPOW, "PowBackward2", |x, s| amp_kernels::scalar_binary(BinaryOp::Pow, s, x), |g, s, out| {
         let base = s.to_f64();
-        if base == 0.0 { zeros_like(g) } else { mul(g, &mul_scalar(&out()?, base.ln())?)? }
+        if base == 0.0 { zeros_like(g) } else { mul(g, &mul_scalar(out, base.ln())?)? }
     };
 }
 

@@ -22,7 +22,7 @@ use amp_autograd::ops::{
     self, Attention, CdistMode, GridMode, GridPadding, KlDivReduction, MatrixNormOrd,
     MultiHeadWeights, QrMode, QuantileQ, Recurrent, RnnNonlinearity, TensordotDims,
 };
-use amp_autograd::{Reduction, Result, Tensor};
+use amp_autograd::{grad, GradOptions, Reduction, Result, Tensor};
 use amp_tensor::{DType, Generator};
 use amp_testing::gradcheck::check_grad;
 use amp_testing::tensors::{assert_close_within, leaf, randn_vec, tolerance, uniform};
@@ -837,6 +837,64 @@ fn names_are_unique() {
 #[test]
 fn gradients_in_f64() {
     for_each_op(|op| check_grad(&inputs(op), &op.f, op.tol));
+}
+
+/// The gradient of `sum(f(inputs) · w)` for every input at once.
+fn all_grads(xs: &[Tensor], f: F) -> Vec<Option<Tensor>> {
+    let out = f(xs).unwrap();
+    let w = Tensor::from_vec(randn_vec(out.dims(), 97), out.dims().to_vec()).unwrap();
+    let wanted: Vec<Tensor> = xs.iter().filter(|x| x.requires_grad()).cloned().collect();
+    let p = ops::sum_all(&ops::mul(&out, &w).unwrap()).unwrap();
+    let opts = GradOptions {
+        allow_unused: true,
+        ..Default::default()
+    };
+    let mut got = grad(&[p], &wanted, &[None], opts).unwrap().into_iter();
+    xs.iter()
+        .map(|x| if x.requires_grad() { got.next().unwrap() } else { None })
+        .collect()
+}
+
+/// With only input `k` requiring grad, its gradient is the one computed with every input
+/// requiring grad: an op keeps what a formula reads only when that formula's input needs
+/// a gradient (`Kept`), so this runs every formula with each other input's saved tensors
+/// left out, and would fail (a panic naming the unkept read) where an op keeps too little.
+#[test]
+fn gradient_of_each_input_alone() {
+    for_each_op(|op| {
+        let xs = inputs(op);
+        if xs.len() < 2 {
+            return;
+        }
+        let full = all_grads(&xs, op.f);
+        for k in 0..xs.len() {
+            let alone: Vec<Tensor> = xs
+                .iter()
+                .enumerate()
+                .map(|(j, x)| {
+                    let d = x.detach();
+                    d.requires_grad_(j == k).unwrap();
+                    d
+                })
+                .collect();
+            let got = all_grads(&alone, op.f);
+            let (got, want) = (got[k].as_ref(), full[k].as_ref());
+            match (got, want) {
+                (Some(g), Some(w)) => assert_close_within(
+                    &g.to_vec_f64(),
+                    &w.to_vec_f64(),
+                    1e-12,
+                    &format!("{} input {k} alone", op.name),
+                ),
+                (g, w) => assert_eq!(
+                    g.is_some(),
+                    w.is_some(),
+                    "{} input {k}: a gradient alone but none with the others (or the reverse)",
+                    op.name
+                ),
+            }
+        }
+    });
 }
 
 amp_testing::each_dtype! {

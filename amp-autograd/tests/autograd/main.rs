@@ -14,3 +14,4 @@ mod out_of_memory;
 mod pool;
 mod refusals;
 mod relu;
+mod saved;
