@@ -27,7 +27,7 @@ use super::reduce::sum;
 use super::shape::contiguous;
 use crate::dispatch::{BodyGuard, OpName};
 use crate::grad_mode::is_grad_enabled;
-use crate::graph::{grad_if, record_multi, BackwardFn};
+use crate::graph::{grad_if, record, Kept};
 use crate::{Error, Result, Tensor};
 
 fn check_rank(op: &'static str, x: &Tensor, w: &Tensor, spatial: usize) -> Result<()> {
@@ -222,27 +222,14 @@ fn inputs_of<'a>(a: &'a Tensor, b: &'a Tensor, c: Option<&'a Tensor>) -> Vec<&'a
     v
 }
 
-fn record_one(
-    out: amp_tensor::Tensor,
-    name: &'static str,
-    inputs: &[&Tensor],
-    f: impl Fn(&Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync + 'static,
-) -> Tensor {
-    let n = inputs.len();
-    let bw: BackwardFn = Box::new(move |grads: &[Option<Tensor>]| match &grads[0] {
-        Some(g) => f(g),
-        None => Ok(vec![None; n]),
-    });
-    record_multi(vec![out], &[true], name, inputs, bw)
-        .pop()
-        .expect("one output")
-}
-
 /// `conv(x, w) + b`.
 fn conv_prim(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: &ConvParams) -> Result<Tensor> {
     let out = amp_kernels::conv(x.data(), w.data(), b.map(|t| t.data()), p)?;
-    let (xs, ws, has_b, p) = (x.clone(), w.clone(), b.is_some(), p.clone());
-    Ok(record_one(
+    // Each of x and w is read only by the other's gradient.
+    let (rx, rw) = (x.requires_grad(), w.requires_grad());
+    let (kx, kw) = (Kept::new(x, rw), Kept::new(w, rx));
+    let (x_dims, w_dims, has_b, p) = (x.dims().to_vec(), w.dims().to_vec(), b.is_some(), p.clone());
+    Ok(record(
         out,
         "ConvolutionBackward0",
         &inputs_of(x, w, b),
@@ -250,12 +237,8 @@ fn conv_prim(x: &Tensor, w: &Tensor, b: Option<&Tensor>, p: &ConvParams) -> Resu
             // One contiguous copy shared by the three gradients (as PyTorch's
             // `convolution_backward` does), not one per kernel.
             let g = &contiguous(g)?;
-            let gx = grad_if(xs.requires_grad(), || {
-                input_grad_prim(g, &ws, None, xs.dims(), &p)
-            })?;
-            let gw = grad_if(ws.requires_grad(), || {
-                weight_grad_prim(&xs, g, ws.dims(), &p)
-            })?;
+            let gx = grad_if(rx, || input_grad_prim(g, kw.get(), None, &x_dims, &p))?;
+            let gw = grad_if(rw, || weight_grad_prim(kx.get(), g, &w_dims, &p))?;
             let mut v = vec![gx, gw];
             if has_b {
                 v.push(Some(bias_grad(g)?));
@@ -289,17 +272,17 @@ fn input_grad_prim(
             .and_then(|t| check_dims(t, x_dims))?,
         None => amp_kernels::conv_input_grad(g.data(), w.data(), x_dims, p)?,
     };
-    let (gs, ws, has_b, p) = (g.clone(), w.clone(), b.is_some(), p.clone());
-    Ok(record_one(
+    let (rg, rw) = (g.requires_grad(), w.requires_grad());
+    let (kg, kw) = (Kept::new(g, rw), Kept::new(w, rg));
+    let (w_dims, has_b, p) = (w.dims().to_vec(), b.is_some(), p.clone());
+    Ok(record(
         out,
         "ConvolutionBackward0",
         &inputs_of(g, w, b),
         move |up| {
             let up = &contiguous(up)?;
-            let dg = grad_if(gs.requires_grad(), || conv_prim(up, &ws, None, &p))?;
-            let dw = grad_if(ws.requires_grad(), || {
-                weight_grad_prim(up, &gs, ws.dims(), &p)
-            })?;
+            let dg = grad_if(rg, || conv_prim(up, kw.get(), None, &p))?;
+            let dw = grad_if(rw, || weight_grad_prim(up, kg.get(), &w_dims, &p))?;
             let mut v = vec![dg, dw];
             if has_b {
                 v.push(Some(bias_grad(up)?));
@@ -324,16 +307,16 @@ fn check_dims(t: amp_tensor::Tensor, dims: &[usize]) -> amp_tensor::Result<amp_t
 /// The adjoint of `conv(x, ·)` applied to `g`: a weight gradient of dims `w_dims`.
 fn weight_grad_prim(x: &Tensor, g: &Tensor, w_dims: &[usize], p: &ConvParams) -> Result<Tensor> {
     let out = amp_kernels::conv_weight_grad(x.data(), g.data(), w_dims, p)?;
-    let (xs, gs, p) = (x.clone(), g.clone(), p.clone());
-    Ok(record_one(
+    let (rx, rg) = (x.requires_grad(), g.requires_grad());
+    let (kx, kg) = (Kept::new(x, rg), Kept::new(g, rx));
+    let (x_dims, p) = (x.dims().to_vec(), p.clone());
+    Ok(record(
         out,
         "ConvolutionBackwardBackward0",
         &[x, g],
         move |up| {
-            let dx = grad_if(xs.requires_grad(), || {
-                input_grad_prim(&gs, up, None, xs.dims(), &p)
-            })?;
-            let dg = grad_if(gs.requires_grad(), || conv_prim(&xs, up, None, &p))?;
+            let dx = grad_if(rx, || input_grad_prim(kg.get(), up, None, &x_dims, &p))?;
+            let dg = grad_if(rg, || conv_prim(kx.get(), up, None, &p))?;
             Ok(vec![dx, dg])
         },
     ))

@@ -15,8 +15,7 @@ use super::pointwise::*;
 use super::reduce::{norm, sum};
 use super::shape::{cat, expand, index_select, transpose, unsqueeze};
 use super::{enter, sum_to};
-use crate::grad_mode::is_grad_enabled;
-use crate::graph::{grad_if, record};
+use crate::graph::{grad_if, record, SavedOutput};
 use crate::{Error, Result, Tensor};
 
 /// `x / max(‖x‖_p, eps)` with the norm taken along `dim` (`F.normalize`).
@@ -180,19 +179,15 @@ fn euclidean_dist_values(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// distance is zero, instead of the square root's infinite slope).
 fn euclidean_dist(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let out = crate::grad_mode::no_grad(|| euclidean_dist_values(a, b))?;
-    let saved = out.data().clone();
+    let saved = SavedOutput::new(out.data(), 0);
     let (sa, sb) = (a.clone(), b.clone());
     let (da, db) = (a.dims().to_vec(), b.dims().to_vec());
     Ok(record(
-        saved.clone(),
+        out.data().clone(),
         "EuclideanDistBackward0",
         &[a, b],
         move |g| {
-            let res = if is_grad_enabled() {
-                euclidean_dist(&sa, &sb)?
-            } else {
-                Tensor::from_raw(saved.clone())
-            };
+            let res = saved.get();
             let zero = eq_scalar(&res, 0.0)?;
             let ratio = where_(&zero, &zeros_like(g), &div(g, &res)?)?;
             let ga = grad_if(sa.requires_grad(), || {

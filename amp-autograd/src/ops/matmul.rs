@@ -63,7 +63,14 @@ type SideGrad = Box<dyn Fn(&Tensor, &Tensor) -> Result<Tensor> + Send + Sync>;
 /// side (every product here): `a` is kept only when `b` needs a gradient and `b` only
 /// when `a` does, so a weight cast by autocast is not held by the graph of a first layer
 /// whose input needs no gradient. `ga(g, b)` and `gb(g, a)` are the two gradients.
-fn product(out: Raw, name: &'static str, a: &Tensor, b: &Tensor, ga: SideGrad, gb: SideGrad) -> Tensor {
+fn product(
+    out: Raw,
+    name: &'static str,
+    a: &Tensor,
+    b: &Tensor,
+    ga: SideGrad,
+    gb: SideGrad,
+) -> Tensor {
     let (ra, rb) = (a.requires_grad(), b.requires_grad());
     let (ka, kb) = (Kept::new(a, rb), Kept::new(b, ra));
     record(out, name, &[a, b], move |g| {
@@ -94,7 +101,14 @@ pub fn bmm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let ([a, b], _body) = enter(&BMM, [a, b])?;
     let out = amp_kernels::bmm(a.data(), b.data())?;
     let ga: SideGrad = Box::new(|g, b| bmm(g, &tr(b)?));
-    Ok(product(out, "BmmBackward0", &a, &b, ga, Box::new(|g, a| bmm(&tr(a)?, g))))
+    Ok(product(
+        out,
+        "BmmBackward0",
+        &a,
+        &b,
+        ga,
+        Box::new(|g, a| bmm(&tr(a)?, g)),
+    ))
 }
 
 /// Matrix × vector.
@@ -102,7 +116,14 @@ pub fn mv(m: &Tensor, v: &Tensor) -> Result<Tensor> {
     let ([m, v], _body) = enter(&MV, [m, v])?;
     let out = amp_kernels::mv(m.data(), v.data())?;
     let gm: SideGrad = Box::new(|g, v| outer(g, v));
-    Ok(product(out, "MvBackward0", &m, &v, gm, Box::new(|g, m| mv(&tr(m)?, g))))
+    Ok(product(
+        out,
+        "MvBackward0",
+        &m,
+        &v,
+        gm,
+        Box::new(|g, m| mv(&tr(m)?, g)),
+    ))
 }
 
 /// Inner product of two 1-D tensors.
@@ -110,7 +131,14 @@ pub fn dot(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let ([a, b], _body) = enter(&DOT, [a, b])?;
     let out = amp_kernels::dot(a.data(), b.data())?;
     let ga: SideGrad = Box::new(|g, b| mul(g, b));
-    Ok(product(out, "DotBackward0", &a, &b, ga, Box::new(|g, a| mul(g, a))))
+    Ok(product(
+        out,
+        "DotBackward0",
+        &a,
+        &b,
+        ga,
+        Box::new(|g, a| mul(g, a)),
+    ))
 }
 
 /// Outer product of two 1-D tensors.
@@ -118,7 +146,14 @@ pub fn outer(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let ([a, b], _body) = enter(&OUTER, [a, b])?;
     let out = amp_kernels::outer(a.data(), b.data())?;
     let ga: SideGrad = Box::new(|g, b| mv(g, b));
-    Ok(product(out, "OuterBackward0", &a, &b, ga, Box::new(|g, a| mv(&tr(g)?, a))))
+    Ok(product(
+        out,
+        "OuterBackward0",
+        &a,
+        &b,
+        ga,
+        Box::new(|g, a| mv(&tr(g)?, a)),
+    ))
 }
 
 /// `beta * input + alpha * (m1 @ m2)`; with `beta == 0` the input is ignored (NaN too).
@@ -126,7 +161,11 @@ pub fn outer(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 pub fn addmm(input: &Tensor, m1: &Tensor, m2: &Tensor, beta: f64, alpha: f64) -> Result<Tensor> {
     let ([input, m1, m2], _body) = enter(&ADDMM, [input, m1, m2])?;
     let out = amp_kernels::addmm(input.data(), m1.data(), m2.data(), beta, alpha)?;
-    let (ri, r1, r2) = (input.requires_grad(), m1.requires_grad(), m2.requires_grad());
+    let (ri, r1, r2) = (
+        input.requires_grad(),
+        m1.requires_grad(),
+        m2.requires_grad(),
+    );
     let (k1, k2) = (Kept::new(&m1, r2), Kept::new(&m2, r1));
     let (c1, c2) = (column_major(&m1), column_major(&m2));
     let di = input.dims().to_vec();
@@ -136,7 +175,9 @@ pub fn addmm(input: &Tensor, m1: &Tensor, m2: &Tensor, beta: f64, alpha: f64) ->
         &[&input, &m1, &m2],
         move |g| {
             Ok(vec![
-                grad_if(ri && beta != 0.0, || sum_to(&maybe_mul(g.clone(), beta)?, &di))?,
+                grad_if(ri && beta != 0.0, || {
+                    sum_to(&maybe_mul(g.clone(), beta)?, &di)
+                })?,
                 grad_if(r1, || maybe_mul(mm_mat1_grad(g, c1, k2.get())?, alpha))?,
                 grad_if(r2, || maybe_mul(mm_mat2_grad(g, k1.get(), c2)?, alpha))?,
             ])

@@ -7,7 +7,7 @@ use super::pointwise::*;
 use super::reduce::{mean, sum};
 use super::{enter, enter_dtype};
 use crate::grad_mode::is_grad_enabled;
-use crate::graph::{record, record_multi};
+use crate::graph::{record, record_multi, SavedOutput};
 use crate::{Error, Result, Tensor};
 
 fn cast_opt(x: Tensor, dtype: Option<DType>) -> Result<Tensor> {
@@ -25,20 +25,16 @@ pub fn softmax(x: &Tensor, dim: i64, dtype: Option<DType>) -> Result<Tensor> {
 
 fn softmax_impl(x: &Tensor, dim: i64) -> Result<Tensor> {
     let out = amp_kernels::softmax(x.data(), dim, None)?;
-    let saved = out.clone();
-    let xs = x.clone();
+    // Only the output, as PyTorch's SoftmaxBackward0 (not the input).
+    let y = SavedOutput::new(&out, 0);
     Ok(record(out, "SoftmaxBackward0", &[x], move |g| {
-        if is_grad_enabled() {
-            let y = softmax_impl(&xs, dim)?;
+        let y = y.get();
+        Ok(vec![Some(if is_grad_enabled() {
             let s = sum(&mul(g, &y)?, &[dim], true, None)?;
-            Ok(vec![Some(mul(&y, &sub(g, &s)?)?)])
+            mul(&y, &sub(g, &s)?)?
         } else {
-            Ok(vec![Some(Tensor::from_raw(amp_kernels::softmax_backward(
-                g.data(),
-                &saved,
-                dim,
-            )?))])
-        }
+            Tensor::from_raw(amp_kernels::softmax_backward(g.data(), y.data(), dim)?)
+        })])
     }))
 }
 
@@ -50,18 +46,15 @@ pub fn log_softmax(x: &Tensor, dim: i64, dtype: Option<DType>) -> Result<Tensor>
 
 fn log_softmax_impl(x: &Tensor, dim: i64) -> Result<Tensor> {
     let out = amp_kernels::log_softmax(x.data(), dim, None)?;
-    let saved = out.clone();
-    let xs = x.clone();
+    let y = SavedOutput::new(&out, 0);
     Ok(record(out, "LogSoftmaxBackward0", &[x], move |g| {
-        if is_grad_enabled() {
-            let y = log_softmax_impl(&xs, dim)?;
+        let y = y.get();
+        Ok(vec![Some(if is_grad_enabled() {
             let s = sum(g, &[dim], true, None)?;
-            Ok(vec![Some(sub(g, &mul(&exp(&y)?, &s)?)?)])
+            sub(g, &mul(&exp(&y)?, &s)?)?
         } else {
-            Ok(vec![Some(Tensor::from_raw(
-                amp_kernels::log_softmax_backward(g.data(), &saved, dim)?,
-            ))])
-        }
+            Tensor::from_raw(amp_kernels::log_softmax_backward(g.data(), y.data(), dim)?)
+        })])
     }))
 }
 

@@ -9,7 +9,7 @@ use super::names::{
 use super::pointwise::*;
 use super::shape::{expand, scatter_add, unsqueeze};
 use super::{enter, enter_dtype};
-use crate::graph::{record, record_multi};
+use crate::graph::{record, record_multi, SavedOutput};
 use crate::{Result, Tensor};
 
 /// The reduced dims, wrapped and sorted (empty `dims` means all).
@@ -250,15 +250,9 @@ pub fn norm(x: &Tensor, p: f64, dims: &[i64], keepdim: bool) -> Result<Tensor> {
     let xs = x.clone();
     let shape = x.dims().to_vec();
     let reduced = reduced_dims(x.rank(), dims)?;
-    let dims_owned = dims.to_vec();
-    let saved = out.clone();
+    let saved = SavedOutput::new(&out, 0);
     Ok(record(out, "NormBackward1", &[&x], move |g| {
-        let o = if crate::is_grad_enabled() {
-            norm(&xs, p, &dims_owned, keepdim)?
-        } else {
-            Tensor::from_raw(saved.clone())
-        };
-        let o = expand_back(&o, &shape, &reduced, keepdim)?;
+        let o = expand_back(&saved.get(), &shape, &reduced, keepdim)?;
         let g = expand_back(g, &shape, &reduced, keepdim)?;
         let zero = zeros_like(&xs);
         let local = if p == 0.0 {
@@ -289,15 +283,9 @@ pub fn logsumexp(x: &Tensor, dims: &[i64], keepdim: bool) -> Result<Tensor> {
     let xs = x.clone();
     let shape = x.dims().to_vec();
     let reduced = reduced_dims(x.rank(), dims)?;
-    let dims_owned = dims.to_vec();
-    let saved = out.clone();
+    let saved = SavedOutput::new(&out, 0);
     Ok(record(out, "LogsumexpBackward0", &[&x], move |g| {
-        let o = if crate::is_grad_enabled() {
-            logsumexp(&xs, &dims_owned, keepdim)?
-        } else {
-            Tensor::from_raw(saved.clone())
-        };
-        let o = expand_back(&o, &shape, &reduced, keepdim)?;
+        let o = expand_back(&saved.get(), &shape, &reduced, keepdim)?;
         Ok(vec![Some(mul(
             &expand_back(g, &shape, &reduced, keepdim)?,
             &exp(&sub(&xs, &o)?)?,
@@ -353,13 +341,9 @@ pub fn cumprod(x: &Tensor, dim: i64, dtype: Option<DType>) -> Result<Tensor> {
     };
     let out = amp_kernels::cumprod(x.data(), dim, None)?;
     let xs = x.clone();
-    let saved = out.clone();
+    let saved = SavedOutput::new(&out, 0);
     Ok(record(out, "CumprodBackward0", &[&x], move |g| {
-        let o = if crate::is_grad_enabled() {
-            cumprod(&xs, dim, None)?
-        } else {
-            Tensor::from_raw(saved.clone())
-        };
+        let o = saved.get();
         Ok(vec![Some(div(&reverse_cumsum(&mul(g, &o)?, dim)?, &xs)?)])
     }))
 }

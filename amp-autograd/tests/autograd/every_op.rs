@@ -851,7 +851,13 @@ fn all_grads(xs: &[Tensor], f: F) -> Vec<Option<Tensor>> {
     };
     let mut got = grad(&[p], &wanted, &[None], opts).unwrap().into_iter();
     xs.iter()
-        .map(|x| if x.requires_grad() { got.next().unwrap() } else { None })
+        .map(|x| {
+            if x.requires_grad() {
+                got.next().unwrap()
+            } else {
+                None
+            }
+        })
         .collect()
 }
 

@@ -45,11 +45,21 @@ fn a_product_keeps_a_side_only_for_the_other_sides_gradient() {
     for (name, f) in [("mul", mul as fn(&Tensor, &Tensor) -> Tensor), ("mm", mm)] {
         assert!(keeps_first(Data, Grad, f), "{name}: b's gradient reads a");
         assert!(keeps_first(Grad, Grad, f), "{name}: b's gradient reads a");
-        assert!(!keeps_first(Grad, Data, f), "{name}: only a's gradient, which reads b");
+        assert!(
+            !keeps_first(Grad, Data, f),
+            "{name}: only a's gradient, which reads b"
+        );
     }
-    assert!(!keeps_first(Grad, Grad, add), "add's gradients read neither side");
+    assert!(
+        !keeps_first(Grad, Grad, add),
+        "add's gradients read neither side"
+    );
     let bmm = |a: &Tensor, b: &Tensor| {
-        ops::bmm(&ops::unsqueeze(a, 0).unwrap(), &ops::unsqueeze(b, 0).unwrap()).unwrap()
+        ops::bmm(
+            &ops::unsqueeze(a, 0).unwrap(),
+            &ops::unsqueeze(b, 0).unwrap(),
+        )
+        .unwrap()
     };
     assert!(!keeps_first(Grad, Data, bmm));
     assert!(keeps_first(Data, Grad, bmm));
@@ -65,7 +75,10 @@ fn a_first_layer_does_not_keep_its_weight_cast() {
     let buffer = w16.data().clone();
     let y = ops::linear(&x, &w16, None).unwrap();
     drop(w16);
-    assert!(buffer.is_exclusive(), "the cast weight is held by the graph");
+    assert!(
+        buffer.is_exclusive(),
+        "the cast weight is held by the graph"
+    );
     ops::sum_all(&y).unwrap().backward().unwrap();
     assert_eq!(w.grad().unwrap().dims(), &[5, 3]);
 }
@@ -73,7 +86,10 @@ fn a_first_layer_does_not_keep_its_weight_cast() {
 #[test]
 fn an_op_reading_its_output_keeps_neither_input() {
     for (name, f) in [
-        ("exp", ops::exp as fn(&Tensor) -> amp_autograd::Result<Tensor>),
+        (
+            "exp",
+            ops::exp as fn(&Tensor) -> amp_autograd::Result<Tensor>,
+        ),
         ("tanh", ops::tanh),
         ("sigmoid", ops::sigmoid),
         ("sqrt", ops::sqrt),
@@ -113,7 +129,10 @@ fn second_order_through_a_kept_output() {
         ("rpow_scalar", |v| ops::rpow_scalar(&v[0], 1.7)),
     ];
     for (name, f) in cases {
-        let x: Vec<f64> = randn_vec(&[5], 11).iter().map(|v| 0.6 + v.abs() * 0.5).collect();
+        let x: Vec<f64> = randn_vec(&[5], 11)
+            .iter()
+            .map(|v| 0.6 + v.abs() * 0.5)
+            .collect();
         let e = randn_vec(&[5], 12);
         let inputs = [leaf(x, &[5]), leaf(e, &[5])];
         eprintln!("{name}");
