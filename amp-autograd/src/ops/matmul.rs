@@ -115,7 +115,7 @@ pub fn bmm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 pub fn mv(m: &Tensor, v: &Tensor) -> Result<Tensor> {
     let ([m, v], _body) = enter(&MV, [m, v])?;
     let out = amp_kernels::mv(m.data(), v.data())?;
-    let gm: SideGrad = Box::new(|g, v| outer(g, v));
+    let gm: SideGrad = Box::new(outer);
     Ok(product(
         out,
         "MvBackward0",
@@ -130,22 +130,15 @@ pub fn mv(m: &Tensor, v: &Tensor) -> Result<Tensor> {
 pub fn dot(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let ([a, b], _body) = enter(&DOT, [a, b])?;
     let out = amp_kernels::dot(a.data(), b.data())?;
-    let ga: SideGrad = Box::new(|g, b| mul(g, b));
-    Ok(product(
-        out,
-        "DotBackward0",
-        &a,
-        &b,
-        ga,
-        Box::new(|g, a| mul(g, a)),
-    ))
+    let ga: SideGrad = Box::new(mul);
+    Ok(product(out, "DotBackward0", &a, &b, ga, Box::new(mul)))
 }
 
 /// Outer product of two 1-D tensors.
 pub fn outer(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let ([a, b], _body) = enter(&OUTER, [a, b])?;
     let out = amp_kernels::outer(a.data(), b.data())?;
-    let ga: SideGrad = Box::new(|g, b| mv(g, b));
+    let ga: SideGrad = Box::new(mv);
     Ok(product(
         out,
         "OuterBackward0",
