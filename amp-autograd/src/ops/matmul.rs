@@ -96,57 +96,26 @@ pub fn mm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     ))
 }
 
-/// Batched matrix product of two 3-D tensors.
-pub fn bmm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let ([a, b], _body) = enter(&BMM, [a, b])?;
-    let out = amp_kernels::bmm(a.data(), b.data())?;
-    let ga: SideGrad = Box::new(|g, b| bmm(g, &tr(b)?));
-    Ok(product(
-        out,
-        "BmmBackward0",
-        &a,
-        &b,
-        ga,
-        Box::new(|g, a| bmm(&tr(a)?, g)),
-    ))
+macro_rules! products {
+    ($($(#[$doc:meta])* $fname:ident = $op:ident, $node:literal, |$g:ident, $a:ident, $b:ident| $ga:expr, $gb:expr;)*) => {$(
+        $(#[$doc])*
+        pub fn $fname(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+            let ([a, b], _body) = enter(&$op, [a, b])?;
+            let out = amp_kernels::$fname(a.data(), b.data())?;
+            Ok(product(out, $node, &a, &b, Box::new(|$g, $b| $ga), Box::new(|$g, $a| $gb)))
+        }
+    )*};
 }
 
-/// Matrix × vector.
-pub fn mv(m: &Tensor, v: &Tensor) -> Result<Tensor> {
-    let ([m, v], _body) = enter(&MV, [m, v])?;
-    let out = amp_kernels::mv(m.data(), v.data())?;
-    let gm: SideGrad = Box::new(outer);
-    Ok(product(
-        out,
-        "MvBackward0",
-        &m,
-        &v,
-        gm,
-        Box::new(|g, m| mv(&tr(m)?, g)),
-    ))
-}
-
-/// Inner product of two 1-D tensors.
-pub fn dot(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let ([a, b], _body) = enter(&DOT, [a, b])?;
-    let out = amp_kernels::dot(a.data(), b.data())?;
-    let ga: SideGrad = Box::new(mul);
-    Ok(product(out, "DotBackward0", &a, &b, ga, Box::new(mul)))
-}
-
-/// Outer product of two 1-D tensors.
-pub fn outer(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let ([a, b], _body) = enter(&OUTER, [a, b])?;
-    let out = amp_kernels::outer(a.data(), b.data())?;
-    let ga: SideGrad = Box::new(mv);
-    Ok(product(
-        out,
-        "OuterBackward0",
-        &a,
-        &b,
-        ga,
-        Box::new(|g, a| mv(&tr(g)?, a)),
-    ))
+products! {
+    /// Batched matrix product of two 3-D tensors.
+    bmm = BMM, "BmmBackward0", |g, a, b| bmm(g, &tr(b)?), bmm(&tr(a)?, g);
+    /// Matrix × vector.
+    mv = MV, "MvBackward0", |g, m, v| outer(g, v), mv(&tr(m)?, g);
+    /// Inner product of two 1-D tensors.
+    dot = DOT, "DotBackward0", |g, a, b| mul(g, b), mul(g, a);
+    /// Outer product of two 1-D tensors.
+    outer = OUTER, "OuterBackward0", |g, a, b| mv(g, b), mv(&tr(g)?, a);
 }
 
 /// `beta * input + alpha * (m1 @ m2)`; with `beta == 0` the input is ignored (NaN too).
