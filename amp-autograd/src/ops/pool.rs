@@ -20,6 +20,7 @@ use super::names::{
 };
 use super::pointwise::{add, link_zero, mul, sub};
 use super::shape::{select, unsqueeze};
+use crate::dispatch::{BodyGuard, OpName};
 use crate::graph::{needs_grad, record};
 use crate::{Error, Result, Tensor};
 
@@ -161,13 +162,7 @@ pub fn max_pool_nd_with_indices(
     dilation: &[usize],
     ceil_mode: bool,
 ) -> Result<(Tensor, Tensor)> {
-    if !(1..=3).contains(&n) {
-        return Err(Error::invalid(
-            "max_pool",
-            "1 to 3 spatial dims are supported",
-        ));
-    }
-    let op = MAX_POOL[n - 1].name();
+    let op = of_rank(&MAX_POOL, n)?.name();
     let ([x], _body) = enter(&MAX_POOL[n - 1], [x])?;
     let sp = spatial(op, &x, n)?;
     let p = params(op, n, kernel_size, stride, padding, dilation, ceil_mode)?;
@@ -230,13 +225,7 @@ pub fn avg_pool_nd(
     count_include_pad: bool,
     divisor_override: Option<i64>,
 ) -> Result<Tensor> {
-    if !(1..=3).contains(&n) {
-        return Err(Error::invalid(
-            "avg_pool",
-            "1 to 3 spatial dims are supported",
-        ));
-    }
-    let op = AVG_POOL[n - 1].name();
+    let op = of_rank(&AVG_POOL, n)?.name();
     if divisor_override == Some(0) {
         return Err(Error::invalid(op, "divisor must be not zero"));
     }
@@ -315,17 +304,27 @@ fn adaptive_sizes(
     Ok(os.iter().zip(sp).map(|(o, s)| o.unwrap_or(*s)).collect())
 }
 
-/// `adaptive_avg_pool{n}d`: `output_size` (one value, or one per dim; `None` keeps the
-/// input size) windows `[floor(i*in/out), ceil((i+1)*in/out))`.
-pub fn adaptive_avg_pool_nd(x: &Tensor, n: usize, output_size: &[Option<usize>]) -> Result<Tensor> {
-    if !(1..=3).contains(&n) {
-        return Err(Error::invalid(
-            "adaptive_avg_pool",
+/// The op of `ops` (its 1-d, 2-d and 3-d forms) for `n` spatial dims.
+fn of_rank(ops: &'static [OpName; 3], n: usize) -> Result<&'static OpName> {
+    match n {
+        1..=3 => Ok(&ops[n - 1]),
+        _ => Err(Error::invalid(
+            ops[0].name().trim_end_matches("1d"),
             "1 to 3 spatial dims are supported",
-        ));
+        )),
     }
-    let op = ADAPTIVE_AVG_POOL[n - 1].name();
-    let ([x], _body) = enter(&ADAPTIVE_AVG_POOL[n - 1], [x])?;
+}
+
+/// What adaptive pooling of `x` over `n` spatial dims enters dispatch as (`ops[n - 1]`)
+/// and its windows per dim; the guard lives as long as the caller's op.
+fn adaptive(
+    ops: &'static [OpName; 3],
+    x: &Tensor,
+    n: usize,
+    output_size: &[Option<usize>],
+) -> Result<(Tensor, &'static str, Vec<DimWindows>, BodyGuard)> {
+    let op = of_rank(ops, n)?.name();
+    let ([x], body) = enter(&ops[n - 1], [x])?;
     let sp = spatial(op, &x, n)?;
     let os = adaptive_sizes(op, &sp, output_size)?;
     let geo: Vec<DimWindows> = sp
@@ -333,6 +332,13 @@ pub fn adaptive_avg_pool_nd(x: &Tensor, n: usize, output_size: &[Option<usize>])
         .zip(&os)
         .map(|(&i, &o)| amp_kernels::adaptive_windows(i, o))
         .collect::<amp_tensor::Result<_>>()?;
+    Ok((x, op, geo, body))
+}
+
+/// `adaptive_avg_pool{n}d`: `output_size` (one value, or one per dim; `None` keeps the
+/// input size) windows `[floor(i*in/out), ceil((i+1)*in/out))`.
+pub fn adaptive_avg_pool_nd(x: &Tensor, n: usize, output_size: &[Option<usize>]) -> Result<Tensor> {
+    let (x, op, geo, _body) = adaptive(&ADAPTIVE_AVG_POOL, x, n, output_size)?;
     avg_windows(&x, &geo, None, op, true)
 }
 
@@ -342,21 +348,7 @@ pub fn adaptive_max_pool_nd(
     n: usize,
     output_size: &[Option<usize>],
 ) -> Result<(Tensor, Tensor)> {
-    if !(1..=3).contains(&n) {
-        return Err(Error::invalid(
-            "adaptive_max_pool",
-            "1 to 3 spatial dims are supported",
-        ));
-    }
-    let op = ADAPTIVE_MAX_POOL[n - 1].name();
-    let ([x], _body) = enter(&ADAPTIVE_MAX_POOL[n - 1], [x])?;
-    let sp = spatial(op, &x, n)?;
-    let os = adaptive_sizes(op, &sp, output_size)?;
-    let geo: Vec<DimWindows> = sp
-        .iter()
-        .zip(&os)
-        .map(|(&i, &o)| amp_kernels::adaptive_windows(i, o))
-        .collect::<amp_tensor::Result<_>>()?;
+    let (x, op, geo, _body) = adaptive(&ADAPTIVE_MAX_POOL, x, n, output_size)?;
     let (vals, idx) = amp_kernels::max_pool_windows(op, x.data(), &[geo])?;
     Ok(max_by_indices(&x, vals, idx, n, "AdaptiveMaxPoolBackward0"))
 }
@@ -484,13 +476,7 @@ pub fn max_unpool_nd(
     padding: &[usize],
     output_size: Option<&[usize]>,
 ) -> Result<Tensor> {
-    if !(1..=3).contains(&n) {
-        return Err(Error::invalid(
-            "max_unpool",
-            "1 to 3 spatial dims are supported",
-        ));
-    }
-    let op = MAX_UNPOOL[n - 1].name();
+    let op = of_rank(&MAX_UNPOOL, n)?.name();
     let ([x, indices], _body) = enter(&MAX_UNPOOL[n - 1], [x, indices])?;
     let sp = spatial(op, &x, n)?;
     if indices.dims() != x.dims() {
