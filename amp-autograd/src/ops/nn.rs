@@ -1,6 +1,6 @@
 //! Neural-network functions: softmax, log_softmax, softmin, layer_norm, dropout.
 
-use amp_tensor::{DType, Generator};
+use amp_tensor::{DType, Generator, Tensor as Raw};
 
 use super::names::{DROPOUT, LAYER_NORM, LOG_SOFTMAX, SOFTMAX, SOFTMIN};
 use super::pointwise::*;
@@ -24,19 +24,42 @@ pub fn softmax(x: &Tensor, dim: i64, dtype: Option<DType>) -> Result<Tensor> {
 }
 
 fn softmax_impl(x: &Tensor, dim: i64) -> Result<Tensor> {
-    let out = amp_kernels::softmax(x.data(), dim, None)?;
-    // Only the output, as PyTorch's SoftmaxBackward0 (not the input).
+    softmax_or_log(x, dim, false)
+}
+
+/// Softmax (`log`: log-softmax) recorded with only its output kept, as PyTorch's
+/// `SoftmaxBackward0` / `LogSoftmaxBackward0`: one fused kernel for the backward, and
+/// under `create_graph` the formula in differentiable ops (`y (g - Σ g y)` and
+/// `g - exp(y) Σ g`).
+fn softmax_or_log(x: &Tensor, dim: i64, log: bool) -> Result<Tensor> {
+    let (forward, backward, name): Kernels = if log {
+        let f = amp_kernels::log_softmax_backward;
+        (amp_kernels::log_softmax, f, "LogSoftmaxBackward0")
+    } else {
+        (
+            amp_kernels::softmax,
+            amp_kernels::softmax_backward,
+            "SoftmaxBackward0",
+        )
+    };
+    let out = forward(x.data(), dim, None)?;
     let y = SavedOutput::new(&out, 0);
-    Ok(record(out, "SoftmaxBackward0", &[x], move |g| {
+    Ok(record(out, name, &[x], move |g| {
         let y = y.get();
-        Ok(vec![Some(if is_grad_enabled() {
-            let s = sum(&mul(g, &y)?, &[dim], true, None)?;
-            mul(&y, &sub(g, &s)?)?
-        } else {
-            Tensor::from_raw(amp_kernels::softmax_backward(g.data(), y.data(), dim)?)
+        Ok(vec![Some(match (is_grad_enabled(), log) {
+            (false, _) => Tensor::from_raw(backward(g.data(), y.data(), dim)?),
+            (true, false) => mul(&y, &sub(g, &sum(&mul(g, &y)?, &[dim], true, None)?)?)?,
+            (true, true) => sub(g, &mul(&exp(&y)?, &sum(g, &[dim], true, None)?)?)?,
         })])
     }))
 }
+
+/// A softmax kernel, its backward, and the backward node's name.
+type Kernels = (
+    fn(&Raw, i64, Option<DType>) -> amp_tensor::Result<Raw>,
+    fn(&Raw, &Raw, i64) -> amp_tensor::Result<Raw>,
+    &'static str,
+);
 
 /// `log(softmax(x))` along `dim`, computed stably.
 pub fn log_softmax(x: &Tensor, dim: i64, dtype: Option<DType>) -> Result<Tensor> {
@@ -45,17 +68,7 @@ pub fn log_softmax(x: &Tensor, dim: i64, dtype: Option<DType>) -> Result<Tensor>
 }
 
 fn log_softmax_impl(x: &Tensor, dim: i64) -> Result<Tensor> {
-    let out = amp_kernels::log_softmax(x.data(), dim, None)?;
-    let y = SavedOutput::new(&out, 0);
-    Ok(record(out, "LogSoftmaxBackward0", &[x], move |g| {
-        let y = y.get();
-        Ok(vec![Some(if is_grad_enabled() {
-            let s = sum(g, &[dim], true, None)?;
-            sub(g, &mul(&exp(&y)?, &s)?)?
-        } else {
-            Tensor::from_raw(amp_kernels::log_softmax_backward(g.data(), y.data(), dim)?)
-        })])
-    }))
+    softmax_or_log(x, dim, true)
 }
 
 /// `softmax(-x)` along `dim`.
