@@ -21,6 +21,7 @@ use super::pointwise::*;
 use super::reduce::{logsumexp, mean_all, sum, sum_all};
 use super::shape::{cat, gather, index_select, reshape, select, squeeze, stack, unsqueeze};
 use super::{check, enter, enter_vec};
+use crate::dispatch::{BodyGuard, OpName};
 use crate::{Error, Result, Tensor};
 
 /// `x` in float32 when it is a 16-bit float (differentiably), else itself.
@@ -40,6 +41,30 @@ pub(super) fn back(y: Tensor, dtype: DType) -> Result<Tensor> {
 /// The floating dtype of a result computed from `a` and `b`.
 fn result_dtype(a: &Tensor, b: &Tensor) -> DType {
     promote_types(a.dtype(), b.dtype())
+}
+
+/// A two-tensor loss's arguments: entered as its op (`input`, `target`, the guard that
+/// lives as long as the op), widened for accumulation ([`acc`]: `x`, `t`), and the dtype
+/// its result comes back in.
+struct Args {
+    input: Tensor,
+    target: Tensor,
+    x: Tensor,
+    t: Tensor,
+    dt: DType,
+    _body: BodyGuard,
+}
+
+fn args(op: &'static OpName, input: &Tensor, target: &Tensor) -> Result<Args> {
+    let ([input, target], _body) = enter(op, [input, target])?;
+    Ok(Args {
+        x: acc(&input)?,
+        t: acc(&target)?,
+        dt: result_dtype(&input, &target),
+        input,
+        target,
+        _body,
+    })
 }
 
 fn reduce(l: Tensor, r: Reduction) -> Result<Tensor> {
@@ -84,14 +109,12 @@ pub fn kl_div(
     reduction: KlDivReduction,
     log_target: bool,
 ) -> Result<Tensor> {
-    let ([input, target], _body) = enter(&KL_DIV, [input, target])?;
-    check::kl_div(&input, &target)?;
-    let dt = result_dtype(&input, &target);
-    let (x, t) = (acc(&input)?, acc(&target)?);
+    let a = args(&KL_DIV, input, target)?;
+    check::kl_div(&a.input, &a.target)?;
     let l = if log_target {
-        mul(&exp(&t)?, &sub(&t, &x)?)?
+        mul(&exp(&a.t)?, &sub(&a.t, &a.x)?)?
     } else {
-        sub(&xlogx(&t)?, &mul(&t, &x)?)?
+        sub(&xlogx(&a.t)?, &mul(&a.t, &a.x)?)?
     };
     let out = match reduction {
         KlDivReduction::None => l,
@@ -100,7 +123,7 @@ pub fn kl_div(
         KlDivReduction::BatchMean if input.rank() == 0 => sum_all(&l)?,
         KlDivReduction::BatchMean => div_scalar(&sum_all(&l)?, input.dims()[0] as f64)?,
     };
-    back(out, dt)
+    back(out, a.dt)
 }
 
 /// Poisson negative log-likelihood: `exp(input) - target * input` when `log_input`,
@@ -114,24 +137,22 @@ pub fn poisson_nll_loss(
     eps: f64,
     reduction: Reduction,
 ) -> Result<Tensor> {
-    let ([input, target], _body) = enter(&POISSON_NLL, [input, target])?;
-    let dt = result_dtype(&input, &target);
-    let (x, t) = (acc(&input)?, acc(&target)?);
+    let a = args(&POISSON_NLL, input, target)?;
     let mut l = if log_input {
-        sub(&exp(&x)?, &mul(&t, &x)?)?
+        sub(&exp(&a.x)?, &mul(&a.t, &a.x)?)?
     } else {
-        sub(&x, &mul(&t, &log(&add_scalar(&x, eps)?)?)?)?
+        sub(&a.x, &mul(&a.t, &log(&add_scalar(&a.x, eps)?)?)?)?
     };
     if full {
-        let big = gt_scalar(&t, 1.0)?;
-        let safe = where_(&big, &t, &ones_like(&t))?;
+        let big = gt_scalar(&a.t, 1.0)?;
+        let safe = where_(&big, &a.t, &ones_like(&a.t))?;
         let stirling = add(
             &sub(&mul(&safe, &log(&safe)?)?, &safe)?,
             &mul_scalar(&log(&mul_scalar(&safe, 2.0 * std::f64::consts::PI)?)?, 0.5)?,
         )?;
         l = add(&l, &where_(&big, &stirling, &zeros_like(&stirling))?)?;
     }
-    back(reduce(l, reduction)?, dt)
+    back(reduce(l, reduction)?, a.dt)
 }
 
 /// Hinge embedding loss: `input` where `target == 1`, `max(0, margin - input)` where
@@ -142,17 +163,15 @@ pub fn hinge_embedding_loss(
     margin: f64,
     reduction: Reduction,
 ) -> Result<Tensor> {
-    let ([input, target], _body) = enter(&HINGE_EMBEDDING, [input, target])?;
+    let a = args(&HINGE_EMBEDDING, input, target)?;
     if reduction == Reduction::Mean {
-        check::mean_dtype(&input)?;
+        check::mean_dtype(&a.input)?;
     }
-    let dt = result_dtype(&input, &target);
-    let (x, t) = (acc(&input)?, acc(&target)?);
-    let zeros = zeros_like(&x);
-    let margin_clamp = clamp(&rsub_scalar(&x, margin)?, Some(0.0), None)?;
-    let out_margin = where_(&ne_scalar(&t, 1.0)?, &margin_clamp, &zeros)?;
-    let out_self = where_(&ne_scalar(&t, -1.0)?, &x, &zeros)?;
-    back(reduce(add(&out_margin, &out_self)?, reduction)?, dt)
+    let zeros = zeros_like(&a.x);
+    let margin_clamp = clamp(&rsub_scalar(&a.x, margin)?, Some(0.0), None)?;
+    let out_margin = where_(&ne_scalar(&a.t, 1.0)?, &margin_clamp, &zeros)?;
+    let out_self = where_(&ne_scalar(&a.t, -1.0)?, &a.x, &zeros)?;
+    back(reduce(add(&out_margin, &out_self)?, reduction)?, a.dt)
 }
 
 /// Margin ranking loss `max(0, -target * (input1 - input2) + margin)`.
@@ -177,12 +196,10 @@ pub fn margin_ranking_loss(
 
 /// Two-class logistic loss `log(1 + exp(-target * input))`.
 pub fn soft_margin_loss(input: &Tensor, target: &Tensor, reduction: Reduction) -> Result<Tensor> {
-    let ([input, target], _body) = enter(&SOFT_MARGIN, [input, target])?;
-    check::soft_margin_loss(&input, &target)?;
-    let dt = result_dtype(&input, &target);
-    let (x, t) = (acc(&input)?, acc(&target)?);
-    let l = log1p(&exp(&neg(&mul(&x, &t)?)?)?)?;
-    back(reduce(l, reduction)?, dt)
+    let a = args(&SOFT_MARGIN, input, target)?;
+    check::soft_margin_loss(&a.input, &a.target)?;
+    let l = log1p(&exp(&neg(&mul(&a.x, &a.t)?)?)?)?;
+    back(reduce(l, reduction)?, a.dt)
 }
 
 /// Integer values of an index tensor (no gradient).
