@@ -1,7 +1,7 @@
 //! Reductions: sum, mean, prod, amax/amin, max/min along a dim, norm, logsumexp,
 //! var/std, cumsum, cumprod.
 
-use amp_tensor::{wrap_dim, DType};
+use amp_tensor::{wrap_dim, DType, Tensor as Raw};
 
 use super::names::{
     AMAX, AMIN, CUMPROD, CUMSUM, LOGSUMEXP, MAX, MEAN, MIN, NORM, PROD, STD, SUM, VAR,
@@ -9,6 +9,7 @@ use super::names::{
 use super::pointwise::*;
 use super::shape::{expand, scatter_add, unsqueeze};
 use super::{enter, enter_dtype};
+use crate::dispatch::{BodyGuard, OpName};
 use crate::graph::{record, record_multi, SavedOutput};
 use crate::{Result, Tensor};
 
@@ -55,6 +56,17 @@ pub fn sum(x: &Tensor, dims: &[i64], keepdim: bool, dtype: Option<DType>) -> Res
     sum_impl(&x, dims, keepdim, dtype)
 }
 
+/// `x` entered as `op`, then cast to the op's `dtype` argument when one is given (the
+/// guard lives as long as the caller's op).
+fn enter_cast(
+    op: &'static OpName,
+    x: &Tensor,
+    dtype: Option<DType>,
+) -> Result<(Tensor, BodyGuard)> {
+    let ([x], dtype, body) = enter_dtype(op, [x], dtype)?;
+    Ok((dtype.map_or(Ok(x.clone()), |d| x.to_dtype(d))?, body))
+}
+
 /// Sum of every element (a 0-dim tensor).
 pub fn sum_all(x: &Tensor) -> Result<Tensor> {
     sum(x, &[], false, None)
@@ -80,11 +92,7 @@ pub(crate) fn sum_impl(
 
 /// Mean over `dims` (all when empty).
 pub fn mean(x: &Tensor, dims: &[i64], keepdim: bool, dtype: Option<DType>) -> Result<Tensor> {
-    let ([x], dtype, _body) = enter_dtype(&MEAN, [x], dtype)?;
-    let x = match dtype {
-        Some(d) => x.to_dtype(d)?,
-        None => x,
-    };
+    let (x, _body) = enter_cast(&MEAN, x, dtype)?;
     let out = amp_kernels::mean(x.data(), dims, keepdim, None)?;
     let shape = x.dims().to_vec();
     let reduced = reduced_dims(x.rank(), dims)?;
@@ -106,11 +114,7 @@ pub fn mean_all(x: &Tensor) -> Result<Tensor> {
 
 /// Product over one dim (or all when `None`).
 pub fn prod(x: &Tensor, dim: Option<i64>, keepdim: bool, dtype: Option<DType>) -> Result<Tensor> {
-    let ([x], dtype, _body) = enter_dtype(&PROD, [x], dtype)?;
-    let x = match dtype {
-        Some(d) => x.to_dtype(d)?,
-        None => x,
-    };
+    let (x, _body) = enter_cast(&PROD, x, dtype)?;
     let out = amp_kernels::prod(x.data(), dim, keepdim, None)?;
     let xs = x.clone();
     let shape = x.dims().to_vec();
@@ -243,54 +247,67 @@ pub fn argmax(x: &Tensor, dim: Option<i64>, keepdim: bool) -> Result<Tensor> {
     )?))
 }
 
-/// Vector p-norm over `dims` (all when empty); `p` may be `f64::INFINITY`.
-pub fn norm(x: &Tensor, p: f64, dims: &[i64], keepdim: bool) -> Result<Tensor> {
-    let ([x], _body) = enter(&NORM, [x])?;
-    let out = amp_kernels::norm(x.data(), p, dims, keepdim)?;
+/// Records `out`, a reduction of `x` over `dims`, whose gradient is `g · local(x, o,
+/// reduced)` with `g` and the output `o` expanded back to `x`'s shape (`reduced`: the
+/// reduced dims). Keeps `x` and the output.
+fn reduction_by_local(
+    out: Raw,
+    name: &'static str,
+    x: &Tensor,
+    dims: &[i64],
+    keepdim: bool,
+    local: impl Fn(&Tensor, &Tensor, &[usize]) -> Result<Tensor> + Send + Sync + 'static,
+) -> Result<Tensor> {
     let xs = x.clone();
     let shape = x.dims().to_vec();
     let reduced = reduced_dims(x.rank(), dims)?;
     let saved = SavedOutput::new(&out, 0);
-    Ok(record(out, "NormBackward1", &[&x], move |g| {
+    Ok(record(out, name, &[x], move |g| {
         let o = expand_back(&saved.get(), &shape, &reduced, keepdim)?;
         let g = expand_back(g, &shape, &reduced, keepdim)?;
-        let zero = zeros_like(&xs);
-        let local = if p == 0.0 {
-            zero
-        } else if p == 1.0 {
-            sign(&xs)?
-        } else if p.is_infinite() {
-            let hit = eq(&abs(&xs)?, &o)?.to_dtype(xs.dtype())?;
-            let dims_i: Vec<i64> = reduced.iter().map(|&d| d as i64).collect();
-            let n = expand(&sum(&hit, &dims_i, true, None)?, &shape)?;
-            div(&mul(&sign(&xs)?, &hit)?, &n)?
-        } else if p == 2.0 {
-            let nz = ne_scalar(&o, 0.0)?;
-            where_(&nz, &div(&xs, &o)?, &zero)?
-        } else {
-            let nz = ne_scalar(&o, 0.0)?;
-            let num = mul(&xs, &pow_scalar(&abs(&xs)?, p - 2.0)?)?;
-            where_(&nz, &div(&num, &pow_scalar(&o, p - 1.0)?)?, &zero)?
-        };
-        Ok(vec![Some(mul(&g, &local)?)])
+        Ok(vec![Some(mul(&g, &local(&xs, &o, &reduced)?)?)])
     }))
+}
+
+/// Vector p-norm over `dims` (all when empty); `p` may be `f64::INFINITY`.
+pub fn norm(x: &Tensor, p: f64, dims: &[i64], keepdim: bool) -> Result<Tensor> {
+    let ([x], _body) = enter(&NORM, [x])?;
+    let out = amp_kernels::norm(x.data(), p, dims, keepdim)?;
+    reduction_by_local(
+        out,
+        "NormBackward1",
+        &x,
+        dims,
+        keepdim,
+        move |xs, o, reduced| {
+            let zero = zeros_like(xs);
+            Ok(if p == 0.0 {
+                zero
+            } else if p == 1.0 {
+                sign(xs)?
+            } else if p.is_infinite() {
+                let hit = eq(&abs(xs)?, o)?.to_dtype(xs.dtype())?;
+                let dims_i: Vec<i64> = reduced.iter().map(|&d| d as i64).collect();
+                let n = expand(&sum(&hit, &dims_i, true, None)?, xs.dims())?;
+                div(&mul(&sign(xs)?, &hit)?, &n)?
+            } else if p == 2.0 {
+                let nz = ne_scalar(o, 0.0)?;
+                where_(&nz, &div(xs, o)?, &zero)?
+            } else {
+                let nz = ne_scalar(o, 0.0)?;
+                let num = mul(xs, &pow_scalar(&abs(xs)?, p - 2.0)?)?;
+                where_(&nz, &div(&num, &pow_scalar(o, p - 1.0)?)?, &zero)?
+            })
+        },
+    )
 }
 
 /// `log(sum(exp(x)))` over `dims`, computed stably.
 pub fn logsumexp(x: &Tensor, dims: &[i64], keepdim: bool) -> Result<Tensor> {
     let ([x], _body) = enter(&LOGSUMEXP, [x])?;
     let out = amp_kernels::logsumexp(x.data(), dims, keepdim)?;
-    let xs = x.clone();
-    let shape = x.dims().to_vec();
-    let reduced = reduced_dims(x.rank(), dims)?;
-    let saved = SavedOutput::new(&out, 0);
-    Ok(record(out, "LogsumexpBackward0", &[&x], move |g| {
-        let o = expand_back(&saved.get(), &shape, &reduced, keepdim)?;
-        Ok(vec![Some(mul(
-            &expand_back(g, &shape, &reduced, keepdim)?,
-            &exp(&sub(&xs, &o)?)?,
-        )?)])
-    }))
+    let local = |xs: &Tensor, o: &Tensor, _: &[usize]| exp(&sub(xs, o)?);
+    reduction_by_local(out, "LogsumexpBackward0", &x, dims, keepdim, local)
 }
 
 /// Variance over `dims` with Bessel-style `correction` (PyTorch's default is 1).
@@ -315,11 +332,7 @@ pub fn std(x: &Tensor, dims: &[i64], correction: f64, keepdim: bool) -> Result<T
 
 /// Running sum along `dim`.
 pub fn cumsum(x: &Tensor, dim: i64, dtype: Option<DType>) -> Result<Tensor> {
-    let ([x], dtype, _body) = enter_dtype(&CUMSUM, [x], dtype)?;
-    let x = match dtype {
-        Some(d) => x.to_dtype(d)?,
-        None => x,
-    };
+    let (x, _body) = enter_cast(&CUMSUM, x, dtype)?;
     let out = amp_kernels::cumsum(x.data(), dim, None)?;
     Ok(record(out, "CumsumBackward0", &[&x], move |g| {
         Ok(vec![Some(reverse_cumsum(g, dim)?)])
@@ -334,11 +347,7 @@ fn reverse_cumsum(g: &Tensor, dim: i64) -> Result<Tensor> {
 
 /// Running product along `dim`.
 pub fn cumprod(x: &Tensor, dim: i64, dtype: Option<DType>) -> Result<Tensor> {
-    let ([x], dtype, _body) = enter_dtype(&CUMPROD, [x], dtype)?;
-    let x = match dtype {
-        Some(d) => x.to_dtype(d)?,
-        None => x,
-    };
+    let (x, _body) = enter_cast(&CUMPROD, x, dtype)?;
     let out = amp_kernels::cumprod(x.data(), dim, None)?;
     let xs = x.clone();
     let saved = SavedOutput::new(&out, 0);
