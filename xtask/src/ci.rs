@@ -1,22 +1,27 @@
-//! `cargo xtask ci`: the format check and clippy, then exactly the steps of `.ci/run`
-//! (the tests in release, the CUDA backend's compile check), then rustdoc; in order,
-//! stopping at the first failure.
+//! `cargo xtask ci`: the format check and clippy, then `.ci/run` itself (so the two
+//! cannot drift apart: the tests in release, the CUDA backend's compile check, the NVRTC
+//! compile of every kernel source), then rustdoc; in order, stopping at the first
+//! failure.
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
-/// One check: the cargo arguments and extra environment variables.
+/// One check: a program (`cargo` unless named), its arguments and extra environment
+/// variables.
 struct Step {
+    program: Option<&'static str>,
     args: &'static [&'static str],
     env: &'static [(&'static str, &'static str)],
 }
 
 const STEPS: &[Step] = &[
     Step {
+        program: None,
         args: &["fmt", "--all", "--", "--check"],
         env: &[],
     },
     Step {
+        program: None,
         args: &[
             "clippy",
             "--workspace",
@@ -28,14 +33,12 @@ const STEPS: &[Step] = &[
         env: &[],
     },
     Step {
-        args: &["test", "--workspace", "--release"],
+        program: Some("bash"),
+        args: &[".ci/run"],
         env: &[],
     },
     Step {
-        args: &["check", "--workspace", "--features", "cuda"],
-        env: &[],
-    },
-    Step {
+        program: None,
         args: &["doc", "--workspace", "--no-deps"],
         env: &[("RUSTDOCFLAGS", "-Dwarnings")],
     },
@@ -49,7 +52,11 @@ pub fn workspace_root() -> PathBuf {
 
 fn describe(step: &Step) -> String {
     let env: String = step.env.iter().map(|(k, v)| format!("{k}={v} ")).collect();
-    format!("{env}cargo {}", step.args.join(" "))
+    format!(
+        "{env}{} {}",
+        step.program.unwrap_or("cargo"),
+        step.args.join(" ")
+    )
 }
 
 /// Run every step; the first failing one ends the run with a non-zero exit.
@@ -60,7 +67,7 @@ pub fn main() -> ExitCode {
     for (i, step) in STEPS.iter().enumerate() {
         let what = describe(step);
         eprintln!("==> [{}/{total}] {what}", i + 1);
-        let status = Command::new(&cargo)
+        let status = Command::new(step.program.unwrap_or(&cargo))
             .args(step.args)
             .envs(step.env.iter().copied())
             .current_dir(&root)

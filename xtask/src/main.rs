@@ -20,8 +20,9 @@ usage: cargo xtask <command> [options]
 commands:
   bench [options]
         the benchmarks (cargo run --release -p amp-bench -- [options]; --help lists them)
-  ci    cargo fmt --check, clippy -D warnings, then .ci/run's steps (tests in release, the
-        CUDA backend's compile check), rustdoc -D warnings; stops at the first failure
+  ci    cargo fmt --check, clippy -D warnings, then .ci/run itself (tests in release, the
+        CUDA backend's compile check, the NVRTC compile of the kernel sources), rustdoc
+        -D warnings; stops at the first failure
   conformance [--vectors DIR] [--texts]
         the conformance suites (cargo run --release -p conformance -- [options])";
 
