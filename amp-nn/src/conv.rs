@@ -6,7 +6,7 @@ use amp_autograd::{ops, Error, Result, Tensor};
 use amp_tensor::Generator;
 
 use crate::init::{kaiming_uniform_default, uniform};
-use crate::module::{named_present, Module};
+use crate::module::{weight_and_bias, Module};
 
 /// Shape and hyper-parameters shared by the convolution layers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -158,7 +158,7 @@ macro_rules! conv_layer {
                 $call
             }
             fn named_parameters(&self) -> Vec<(String, Tensor)> {
-                named_present([("weight", Some(&self.weight)), ("bias", self.bias.as_ref())])
+                weight_and_bias(Some(&self.weight), self.bias.as_ref())
             }
         }
     };

@@ -5,7 +5,7 @@ use amp_autograd::{Error, Reduction, Result, Tensor};
 use amp_tensor::{DType, Generator, Tensor as Raw};
 
 use crate::init::uniform;
-use crate::module::{named_present, Module};
+use crate::module::{weight_and_bias, Module};
 
 /// `nn.PReLU`: `x` where positive, `weight * x` elsewhere, one weight shared or one per
 /// channel, initialised to `0.25`.
@@ -86,7 +86,7 @@ impl Module for Bilinear {
         ))
     }
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        named_present([("weight", Some(&self.weight)), ("bias", self.bias.as_ref())])
+        weight_and_bias(Some(&self.weight), self.bias.as_ref())
     }
 }
 
@@ -132,10 +132,7 @@ impl Module for GroupNorm {
         )
     }
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        named_present([
-            ("weight", self.weight.as_ref()),
-            ("bias", self.bias.as_ref()),
-        ])
+        weight_and_bias(self.weight.as_ref(), self.bias.as_ref())
     }
 }
 

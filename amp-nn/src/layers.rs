@@ -6,7 +6,7 @@ use amp_autograd::{ops, Result, Tensor};
 use amp_tensor::Generator;
 
 use crate::init::{kaiming_uniform_default, uniform};
-use crate::module::{named_present, prefix_names, Module};
+use crate::module::{prefix_names, weight_and_bias, Module};
 
 /// `y = x Wᵀ + b` with PyTorch's default initialisation.
 pub struct Linear {
@@ -49,7 +49,7 @@ impl Module for Linear {
         ops::linear(x, &self.weight, self.bias.as_ref())
     }
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        named_present([("weight", Some(&self.weight)), ("bias", self.bias.as_ref())])
+        weight_and_bias(Some(&self.weight), self.bias.as_ref())
     }
 }
 
@@ -187,10 +187,7 @@ impl Module for LayerNorm {
         )
     }
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        named_present([
-            ("weight", self.weight.as_ref()),
-            ("bias", self.bias.as_ref()),
-        ])
+        weight_and_bias(self.weight.as_ref(), self.bias.as_ref())
     }
 }
 

@@ -111,6 +111,14 @@ pub fn named_present<'a>(
         .collect()
 }
 
+/// The parameters of a layer with a `weight` and a `bias`, each optional, that are present.
+pub(crate) fn weight_and_bias(
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+) -> Vec<(String, Tensor)> {
+    named_present([("weight", weight), ("bias", bias)])
+}
+
 /// Prefix each parameter name of `m` with `prefix.`.
 pub fn prefixed(prefix: &str, m: &dyn Module) -> Vec<(String, Tensor)> {
     prefix_names(prefix, m.named_parameters())

@@ -113,21 +113,34 @@ impl<const N: usize> Module for AvgPool<N> {
 
 rank_aliases!(AvgPool: AvgPool1d, AvgPool2d, AvgPool3d);
 
-/// Adaptive average pooling to a fixed output size (`None` keeps the input size).
-#[derive(Clone, Debug)]
-pub struct AdaptiveAvgPool<const N: usize> {
-    /// Output size per dim.
-    pub output_size: [Option<usize>; N],
+/// An adaptive pooling layer `$name` generic over its rank: its output size (`None`
+/// keeps the input size), its constructor, and its rank aliases.
+macro_rules! adaptive_pool {
+    ($(#[$doc:meta])* $name:ident: $one:ident, $two:ident, $three:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug)]
+        pub struct $name<const N: usize> {
+            /// Output size per dim.
+            pub output_size: [Option<usize>; N],
+        }
+
+        impl<const N: usize> $name<N> {
+            /// Pool to `output_size`.
+            pub fn new(output_size: [usize; N]) -> Self {
+                $name {
+                    output_size: output_size.map(Some),
+                }
+            }
+        }
+
+        rank_aliases!($name: $one, $two, $three);
+    };
 }
 
-impl<const N: usize> AdaptiveAvgPool<N> {
-    /// Pool to `output_size`.
-    pub fn new(output_size: [usize; N]) -> Self {
-        AdaptiveAvgPool {
-            output_size: output_size.map(Some),
-        }
-    }
-}
+adaptive_pool!(
+    /// Adaptive average pooling to a fixed output size (`None` keeps the input size).
+    AdaptiveAvgPool: AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveAvgPool3d
+);
 
 impl<const N: usize> Module for AdaptiveAvgPool<N> {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
@@ -135,22 +148,12 @@ impl<const N: usize> Module for AdaptiveAvgPool<N> {
     }
 }
 
-rank_aliases!(AdaptiveAvgPool: AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveAvgPool3d);
-
-/// Adaptive max pooling to a fixed output size (`None` keeps the input size).
-#[derive(Clone, Debug)]
-pub struct AdaptiveMaxPool<const N: usize> {
-    /// Output size per dim.
-    pub output_size: [Option<usize>; N],
-}
+adaptive_pool!(
+    /// Adaptive max pooling to a fixed output size (`None` keeps the input size).
+    AdaptiveMaxPool: AdaptiveMaxPool1d, AdaptiveMaxPool2d, AdaptiveMaxPool3d
+);
 
 impl<const N: usize> AdaptiveMaxPool<N> {
-    /// Pool to `output_size`.
-    pub fn new(output_size: [usize; N]) -> Self {
-        AdaptiveMaxPool {
-            output_size: output_size.map(Some),
-        }
-    }
     /// The values and the flat argmax positions.
     pub fn forward_with_indices(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
         ops::adaptive_max_pool_nd(x, N, &self.output_size)
@@ -162,8 +165,6 @@ impl<const N: usize> Module for AdaptiveMaxPool<N> {
         Ok(self.forward_with_indices(x)?.0)
     }
 }
-
-rank_aliases!(AdaptiveMaxPool: AdaptiveMaxPool1d, AdaptiveMaxPool2d, AdaptiveMaxPool3d);
 
 /// A lookup table of `num_embeddings` vectors of size `embedding_dim`
 /// (`torch.nn.Embedding`): `weight` starts N(0, 1), the `padding_idx` row at zero and

@@ -67,6 +67,12 @@ impl CellParams {
         hx.map_or_else(|| Cow::Owned(self.zeros_for(x)), Cow::Borrowed)
     }
 
+    /// `(weight_ih, weight_hh, bias_ih, bias_hh)`, as the cell ops take them.
+    fn weights(&self) -> (&Tensor, &Tensor, Option<&Tensor>, Option<&Tensor>) {
+        let (b_ih, b_hh) = (self.bias_ih.as_ref(), self.bias_hh.as_ref());
+        (&self.weight_ih, &self.weight_hh, b_ih, b_hh)
+    }
+
     fn named(&self) -> Vec<(String, Tensor)> {
         named_present([
             ("weight_ih", Some(&self.weight_ih)),
@@ -75,6 +81,46 @@ impl CellParams {
             ("bias_hh", self.bias_hh.as_ref()),
         ])
     }
+}
+
+/// `new` and `with_bias` of the cell `$cell` with `$gates` gates.
+macro_rules! gated_cell_constructors {
+    ($cell:ident, $gates:literal) => {
+        impl $cell {
+            /// A cell with biases, initialised from `gen`.
+            pub fn new(input_size: usize, hidden_size: usize, gen: &mut Generator) -> Result<Self> {
+                Self::with_bias(input_size, hidden_size, true, gen)
+            }
+            /// With or without biases.
+            pub fn with_bias(
+                input_size: usize,
+                hidden_size: usize,
+                bias: bool,
+                gen: &mut Generator,
+            ) -> Result<Self> {
+                Ok($cell {
+                    params: CellParams::new(input_size, hidden_size, $gates, bias, gen)?,
+                })
+            }
+        }
+    };
+}
+
+/// `Module` for the cell `$cell`: a step from zero states (its result matched by `$out`,
+/// giving the output), and the cell's parameters.
+macro_rules! cell_module {
+    ($cell:ident, $doc:literal, |$out:pat_param| $y:expr) => {
+        impl Module for $cell {
+            #[doc = $doc]
+            fn forward(&self, x: &Tensor) -> Result<Tensor> {
+                let $out = self.step(x, None)?;
+                Ok($y)
+            }
+            fn named_parameters(&self) -> Vec<(String, Tensor)> {
+                self.params.named()
+            }
+        }
+    };
 }
 
 /// `nn.RNNCell`: `h' = act(x W_ihᵀ + b_ih + h W_hhᵀ + b_hh)`, act tanh or relu.
@@ -106,28 +152,12 @@ impl RNNCell {
     /// One step from hidden state `hx` (zeros when `None`).
     pub fn step(&self, x: &Tensor, hx: Option<&Tensor>) -> Result<Tensor> {
         let h = self.params.hidden(x, hx);
-        let p = &self.params;
-        ops::rnn_cell(
-            x,
-            &h,
-            &p.weight_ih,
-            &p.weight_hh,
-            p.bias_ih.as_ref(),
-            p.bias_hh.as_ref(),
-            self.nonlinearity,
-        )
+        let (w_ih, w_hh, b_ih, b_hh) = self.params.weights();
+        ops::rnn_cell(x, &h, w_ih, w_hh, b_ih, b_hh, self.nonlinearity)
     }
 }
 
-impl Module for RNNCell {
-    /// One step from a zero hidden state.
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        self.step(x, None)
-    }
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        self.params.named()
-    }
-}
+cell_module!(RNNCell, "One step from a zero hidden state.", |h| h);
 
 /// `nn.GRUCell` (gates r, z, n; see [`ops::gru_cell`]).
 pub struct GRUCell {
@@ -135,46 +165,18 @@ pub struct GRUCell {
     pub params: CellParams,
 }
 
+gated_cell_constructors!(GRUCell, 3);
+
 impl GRUCell {
-    /// A cell with biases, initialised from `gen`.
-    pub fn new(input_size: usize, hidden_size: usize, gen: &mut Generator) -> Result<Self> {
-        Self::with_bias(input_size, hidden_size, true, gen)
-    }
-    /// With or without biases.
-    pub fn with_bias(
-        input_size: usize,
-        hidden_size: usize,
-        bias: bool,
-        gen: &mut Generator,
-    ) -> Result<Self> {
-        Ok(GRUCell {
-            params: CellParams::new(input_size, hidden_size, 3, bias, gen)?,
-        })
-    }
     /// One step from hidden state `hx` (zeros when `None`).
     pub fn step(&self, x: &Tensor, hx: Option<&Tensor>) -> Result<Tensor> {
         let h = self.params.hidden(x, hx);
-        let p = &self.params;
-        ops::gru_cell(
-            x,
-            &h,
-            &p.weight_ih,
-            &p.weight_hh,
-            p.bias_ih.as_ref(),
-            p.bias_hh.as_ref(),
-        )
+        let (w_ih, w_hh, b_ih, b_hh) = self.params.weights();
+        ops::gru_cell(x, &h, w_ih, w_hh, b_ih, b_hh)
     }
 }
 
-impl Module for GRUCell {
-    /// One step from a zero hidden state.
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        self.step(x, None)
-    }
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        self.params.named()
-    }
-}
+cell_module!(GRUCell, "One step from a zero hidden state.", |h| h);
 
 /// `nn.LSTMCell` (gates i, f, g, o; see [`ops::lstm_cell`]).
 pub struct LSTMCell {
@@ -182,22 +184,9 @@ pub struct LSTMCell {
     pub params: CellParams,
 }
 
+gated_cell_constructors!(LSTMCell, 4);
+
 impl LSTMCell {
-    /// A cell with biases, initialised from `gen`.
-    pub fn new(input_size: usize, hidden_size: usize, gen: &mut Generator) -> Result<Self> {
-        Self::with_bias(input_size, hidden_size, true, gen)
-    }
-    /// With or without biases.
-    pub fn with_bias(
-        input_size: usize,
-        hidden_size: usize,
-        bias: bool,
-        gen: &mut Generator,
-    ) -> Result<Self> {
-        Ok(LSTMCell {
-            params: CellParams::new(input_size, hidden_size, 4, bias, gen)?,
-        })
-    }
     /// One step from `(h, c)` (zeros when `None`); returns `(h', c')`.
     pub fn step(&self, x: &Tensor, state: Option<(&Tensor, &Tensor)>) -> Result<(Tensor, Tensor)> {
         let zeros;
@@ -208,27 +197,16 @@ impl LSTMCell {
                 (&zeros, &zeros)
             }
         };
-        let p = &self.params;
-        ops::lstm_cell(
-            x,
-            (h, c),
-            &p.weight_ih,
-            &p.weight_hh,
-            p.bias_ih.as_ref(),
-            p.bias_hh.as_ref(),
-        )
+        let (w_ih, w_hh, b_ih, b_hh) = self.params.weights();
+        ops::lstm_cell(x, (h, c), w_ih, w_hh, b_ih, b_hh)
     }
 }
 
-impl Module for LSTMCell {
-    /// One step from a zero state; the new hidden state `h'`.
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(self.step(x, None)?.0)
-    }
-    fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        self.params.named()
-    }
-}
+cell_module!(
+    LSTMCell,
+    "One step from a zero state; the new hidden state `h'`.",
+    |(h, _c)| h
+);
 
 /// The shape of an [`LSTM`] or [`GRU`] stack, PyTorch's constructor arguments (its
 /// defaults by [`RecurrentConfig::new`]).

@@ -8,9 +8,12 @@ use amp_autograd::Tensor;
 use amp_tensor::Tensor as Raw;
 use serde_json::json;
 
+use crate::groups::{
+    group_optimizer_methods, grouped_optimizer, read_state_dict, write_state_dict, Loaded,
+};
 use crate::json_float::to_json;
-use crate::optimizer::{check_lr, check_param_groups, IdSlot, OptimizerId, ParamGroup};
-use crate::state_dict::{group_indices, place_state, GroupReader};
+use crate::optimizer::{check_lr, IdSlot, ParamGroup};
+use crate::state_dict::GroupReader;
 use crate::update::{
     computes_in_f64, in_place, read, update, with_slice, with_slice_mut, zeros_state, zip4, Real,
 };
@@ -82,6 +85,7 @@ struct ParamState {
 /// `torch.optim.Adam` / `torch.optim.AdamW` (with `AdamOptions::adamw()`).
 pub struct Adam {
     groups: Vec<ParamGroup<AdamOptions>>,
+    /// Each parameter's state, `[group][position]`.
     state: Vec<Vec<Option<ParamState>>>,
     id: IdSlot,
 }
@@ -91,49 +95,9 @@ pub fn adamw(params: Vec<Tensor>, lr: f64) -> Result<Adam> {
     Adam::new(params, lr, AdamOptions::adamw())
 }
 
+grouped_optimizer!(Adam, AdamOptions);
+
 impl Adam {
-    /// One group. The options are checked first ([`AdamOptions::validate`]), then the
-    /// parameters: not empty, leaves only.
-    pub fn new(params: Vec<Tensor>, lr: f64, options: AdamOptions) -> Result<Self> {
-        options.validate(lr)?;
-        if params.is_empty() {
-            return Err(Error::EmptyParameterList);
-        }
-        Self::with_groups(vec![ParamGroup {
-            params,
-            lr,
-            options,
-        }])
-    }
-
-    /// Several groups (each checked as in [`Adam::new`]); at least one group, no
-    /// parameter in two groups.
-    pub fn with_groups(groups: Vec<ParamGroup<AdamOptions>>) -> Result<Self> {
-        for g in &groups {
-            g.options.validate(g.lr)?;
-        }
-        check_param_groups(&groups)?;
-        let state = groups
-            .iter()
-            .map(|g| g.params.iter().map(|_| None).collect())
-            .collect();
-        Ok(Adam {
-            groups,
-            state,
-            id: IdSlot::new(),
-        })
-    }
-
-    /// The parameter groups.
-    pub fn param_groups(&self) -> &[ParamGroup<AdamOptions>] {
-        &self.groups
-    }
-
-    /// The parameter groups, to change learning rates or options.
-    pub fn param_groups_mut(&mut self) -> &mut [ParamGroup<AdamOptions>] {
-        &mut self.groups
-    }
-
     /// The update of every parameter; each gradient is first divided by `grad_scale`.
     fn update(&mut self, grad_scale: Option<f64>) -> Result<()> {
         for (group, states) in self.groups.iter().zip(self.state.iter_mut()) {
@@ -307,9 +271,7 @@ fn fused<F: Real>(step: ParamStep<'_>) -> Option<Result<()>> {
 }
 
 impl Optimizer for Adam {
-    fn id(&self) -> OptimizerId {
-        self.id.get()
-    }
+    group_optimizer_methods!();
 
     fn step(&mut self) -> Result<()> {
         self.update(None)
@@ -334,84 +296,24 @@ impl Optimizer for Adam {
         self.update(s)
     }
 
-    fn params(&self) -> Vec<Tensor> {
-        self.groups
-            .iter()
-            .flat_map(|g| g.params.iter().cloned())
-            .collect()
-    }
-
-    fn learning_rates(&self) -> Vec<f64> {
-        self.groups.iter().map(|g| g.lr).collect()
-    }
-
-    fn set_learning_rate(&mut self, lr: f64) {
-        self.groups.iter_mut().for_each(|g| g.lr = lr);
-    }
-
     fn state_dict(&self) -> OptimizerStateDict {
-        let sizes: Vec<usize> = self.groups.iter().map(|g| g.params.len()).collect();
-        let idx = group_indices(&sizes);
-        let mut state = BTreeMap::new();
-        for (gi, sts) in self.state.iter().enumerate() {
-            for (pi, s) in sts.iter().enumerate() {
-                let Some(s) = s else { continue };
-                let mut m = BTreeMap::new();
-                m.insert("step".to_string(), StateValue::Number(s.step));
-                m.insert(
-                    "exp_avg".to_string(),
-                    StateValue::Tensor(TensorData::from_raw(&s.exp_avg)),
-                );
-                m.insert(
-                    "exp_avg_sq".to_string(),
-                    StateValue::Tensor(TensorData::from_raw(&s.exp_avg_sq)),
-                );
-                if let Some(v) = &s.max_exp_avg_sq {
-                    m.insert(
-                        "max_exp_avg_sq".to_string(),
-                        StateValue::Tensor(TensorData::from_raw(v)),
-                    );
-                }
-                state.insert(idx[gi][pi], m);
+        let tensor = |t: &Raw| StateValue::Tensor(TensorData::from_raw(t));
+        let entries = |s: &ParamState| {
+            let mut m = BTreeMap::new();
+            m.insert("step".to_string(), StateValue::Number(s.step));
+            m.insert("exp_avg".to_string(), tensor(&s.exp_avg));
+            m.insert("exp_avg_sq".to_string(), tensor(&s.exp_avg_sq));
+            if let Some(v) = &s.max_exp_avg_sq {
+                m.insert("max_exp_avg_sq".to_string(), tensor(v));
             }
-        }
-        let param_groups = self
-            .groups
-            .iter()
-            .zip(idx)
-            .map(|(g, ids)| {
-                let o = g.options;
-                let v = json!({"lr": to_json(g.lr), "betas": [to_json(o.betas.0), to_json(o.betas.1)],
-                    "eps": to_json(o.eps), "weight_decay": to_json(o.weight_decay),
-                    "amsgrad": o.amsgrad, "maximize": o.maximize, "decoupled_weight_decay": o.decoupled, "params": ids});
-                v.as_object().cloned().expect("object")
-            })
-            .collect();
-        OptimizerStateDict {
-            state,
-            param_groups,
-        }
+            m
+        };
+        write_state_dict(&self.groups, &self.state, entries, |lr, o| {
+            json!({"lr": to_json(lr), "betas": [to_json(o.betas.0), to_json(o.betas.1)],
+                "eps": to_json(o.eps), "weight_decay": to_json(o.weight_decay),
+                "amsgrad": o.amsgrad, "maximize": o.maximize, "decoupled_weight_decay": o.decoupled})
+        })
     }
-
-    fn load_state_dict(&mut self, sd: &OptimizerStateDict) -> Result<()> {
-        let loaded = self.read_state_dict(sd)?;
-        for (g, (lr, options)) in self.groups.iter_mut().zip(loaded.hyper) {
-            g.lr = lr;
-            g.options = options;
-        }
-        self.state = loaded.state;
-        Ok(())
-    }
-
-    fn validate_state_dict(&self, sd: &OptimizerStateDict) -> Result<()> {
-        self.read_state_dict(sd).map(|_| ())
-    }
-}
-
-/// A state dict read and checked against an [`Adam`], ready to be put in place.
-struct Loaded {
-    hyper: Vec<(f64, AdamOptions)>,
-    state: Vec<Vec<Option<ParamState>>>,
 }
 
 impl Adam {
@@ -419,46 +321,31 @@ impl Adam {
     /// without changing `self`: the groups' hyper-parameters (the constructor's checks)
     /// and each parameter's state (a finite step count >= 0, both moments, and the
     /// running maximum when `amsgrad` is on, each of its parameter's shape).
-    fn read_state_dict(&self, sd: &OptimizerStateDict) -> Result<Loaded> {
-        let sizes: Vec<usize> = self.groups.iter().map(|g| g.params.len()).collect();
-        let placed = place_state(sd, &sizes)?;
-        let mut hyper = Vec::with_capacity(self.groups.len());
-        let mut state = Vec::with_capacity(self.groups.len());
-        for (gi, (g, pg)) in self.groups.iter().zip(&sd.param_groups).enumerate() {
-            let r = GroupReader::new(gi, pg);
-            let lr = r.number("lr")?;
-            let d = g.options;
-            let o = AdamOptions {
-                betas: r.pair("betas")?,
-                eps: r.number("eps")?,
-                weight_decay: r.number("weight_decay")?,
+    fn read_state_dict(&self, sd: &OptimizerStateDict) -> Result<Loaded<AdamOptions, ParamState>> {
+        let options = |r: &GroupReader<'_>, d: &AdamOptions| {
+            let betas = r.pair("betas")?;
+            let [eps, weight_decay] = r.numbers(["eps", "weight_decay"])?;
+            Ok(AdamOptions {
+                betas,
+                eps,
+                weight_decay,
                 amsgrad: r.flag("amsgrad", false)?,
                 maximize: r.flag("maximize", false)?,
                 decoupled: r.flag("decoupled_weight_decay", d.decoupled)?,
-            };
-            o.validate(lr)?;
-            hyper.push((lr, o));
-            let sts = g
-                .params
-                .iter()
-                .zip(&placed[gi])
-                .map(|(p, entry)| {
-                    let Some(e) = entry else { return Ok(None) };
-                    Ok(Some(ParamState {
-                        step: e.step("step")?,
-                        exp_avg: e.required_tensor("exp_avg", p)?,
-                        exp_avg_sq: e.required_tensor("exp_avg_sq", p)?,
-                        // Without amsgrad PyTorch never reads a saved maximum.
-                        max_exp_avg_sq: if o.amsgrad {
-                            Some(e.required_tensor("max_exp_avg_sq", p)?)
-                        } else {
-                            None
-                        },
-                    }))
-                })
-                .collect::<Result<Vec<_>>>()?;
-            state.push(sts);
-        }
-        Ok(Loaded { hyper, state })
+            })
+        };
+        read_state_dict(&self.groups, sd, options, |e, p, o| {
+            Ok(Some(ParamState {
+                step: e.step("step")?,
+                exp_avg: e.required_tensor("exp_avg", p)?,
+                exp_avg_sq: e.required_tensor("exp_avg_sq", p)?,
+                // Without amsgrad PyTorch never reads a saved maximum.
+                max_exp_avg_sq: if o.amsgrad {
+                    Some(e.required_tensor("max_exp_avg_sq", p)?)
+                } else {
+                    None
+                },
+            }))
+        })
     }
 }

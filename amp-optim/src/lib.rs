@@ -23,6 +23,7 @@
 mod adam;
 mod clip;
 mod error;
+mod groups;
 pub mod json_float;
 mod optimizer;
 mod pyfloat;

@@ -6,9 +6,12 @@ use amp_autograd::Tensor;
 use amp_tensor::Tensor as Raw;
 use serde_json::json;
 
+use crate::groups::{
+    group_optimizer_methods, grouped_optimizer, read_state_dict, write_state_dict, Loaded,
+};
 use crate::json_float::to_json;
-use crate::optimizer::{check_lr, check_param_groups, IdSlot, OptimizerId, ParamGroup};
-use crate::state_dict::{group_indices, place_state, GroupReader};
+use crate::optimizer::{check_lr, IdSlot, ParamGroup};
+use crate::state_dict::{GroupReader, StateEntry};
 use crate::update::{
     axpy, computes_in_f64, in_place, read, update, with_slice, with_slice_mut, zip3, Real,
 };
@@ -27,7 +30,8 @@ pub struct SgdOptions {
 /// `torch.optim.SGD`.
 pub struct Sgd {
     groups: Vec<ParamGroup<SgdOptions>>,
-    momentum_buffers: Vec<Vec<Option<Raw>>>,
+    /// Each parameter's momentum buffer, `[group][position]`.
+    state: Vec<Vec<Option<Raw>>>,
     id: IdSlot,
 }
 
@@ -53,62 +57,28 @@ impl SgdOptions {
     }
 }
 
-impl Sgd {
-    /// One group of `params` with learning rate `lr`. The options are checked first
-    /// ([`SgdOptions::validate`]), then the parameters: not empty, leaves only.
-    pub fn new(params: Vec<Tensor>, lr: f64, options: SgdOptions) -> Result<Self> {
-        options.validate(lr)?;
-        if params.is_empty() {
-            return Err(Error::EmptyParameterList);
-        }
-        Self::with_groups(vec![ParamGroup {
-            params,
-            lr,
-            options,
-        }])
-    }
+grouped_optimizer!(Sgd, SgdOptions);
 
-    /// Several groups, each with its own learning rate and options (each checked as
-    /// in [`Sgd::new`]); at least one group, no parameter in two groups.
-    pub fn with_groups(groups: Vec<ParamGroup<SgdOptions>>) -> Result<Self> {
-        for g in &groups {
-            g.options.validate(g.lr)?;
-        }
-        check_param_groups(&groups)?;
-        let momentum_buffers = groups.iter().map(|g| vec![None; g.params.len()]).collect();
-        Ok(Sgd {
-            groups,
-            momentum_buffers,
-            id: IdSlot::new(),
-        })
-    }
-
-    /// The parameter groups.
-    pub fn param_groups(&self) -> &[ParamGroup<SgdOptions>] {
-        &self.groups
-    }
-
-    /// The parameter groups, to change learning rates or options.
-    pub fn param_groups_mut(&mut self) -> &mut [ParamGroup<SgdOptions>] {
-        &mut self.groups
-    }
-}
-
-/// One parameter's SGD update in the compute type `F`.
-fn sgd_update<F: Real>(
-    p: &Tensor,
-    g: &Raw,
-    buf: &mut Option<Raw>,
+/// One parameter's update: the parameter, its gradient, and the group's options and
+/// learning rate.
+#[derive(Clone, Copy)]
+struct ParamStep<'a> {
+    p: &'a Tensor,
+    g: &'a Raw,
     o: SgdOptions,
     lr: f64,
-) -> Result<()> {
+}
+
+/// One parameter's SGD update, with its momentum buffer, in the compute type `F`.
+fn sgd_update<F: Real>(step: ParamStep<'_>, buf: &mut Option<Raw>) -> Result<()> {
+    let ParamStep { p, g, o, lr } = step;
     let lr = F::of(lr);
     let plain = !o.maximize && o.weight_decay == 0.0 && o.momentum == 0.0;
     if plain && in_place::<F>(g) && !p.data().same_storage(g) {
         // Plain SGD reads the gradient where it lies: no copy of it.
         return with_slice(g, |gv| update::<F>(p.data(), |pv| axpy(pv, gv, -lr)));
     }
-    if let Some(done) = fused::<F>(p, g, buf, o, lr) {
+    if let Some(done) = fused::<F>(step, buf) {
         return done;
     }
     let mut d = read::<F>(g);
@@ -145,13 +115,9 @@ fn sgd_update<F: Real>(
 /// separate storage; `None` otherwise (the general path above then runs). Each element
 /// goes through exactly the operations of the general path, in the same order, so the
 /// results are the same bits.
-fn fused<F: Real>(
-    p: &Tensor,
-    g: &Raw,
-    buf: &mut Option<Raw>,
-    o: SgdOptions,
-    lr: F,
-) -> Option<Result<()>> {
+fn fused<F: Real>(step: ParamStep<'_>, buf: &mut Option<Raw>) -> Option<Result<()>> {
+    let ParamStep { p, g, o, lr } = step;
+    let lr = F::of(lr);
     let fits = in_place::<F>;
     let separate = |t: &Raw| !t.same_storage(g) && !t.same_storage(p.data());
     if o.momentum == 0.0 || !fits(g) || !fits(p.data()) || p.data().same_storage(g) {
@@ -200,126 +166,62 @@ fn fused<F: Real>(
 }
 
 impl Optimizer for Sgd {
-    fn id(&self) -> OptimizerId {
-        self.id.get()
-    }
+    group_optimizer_methods!();
 
     fn step(&mut self) -> Result<()> {
-        for (group, bufs) in self.groups.iter().zip(self.momentum_buffers.iter_mut()) {
+        for (group, bufs) in self.groups.iter().zip(self.state.iter_mut()) {
             for (p, buf) in group.params.iter().zip(bufs.iter_mut()) {
                 let Some(g) = p.grad() else { continue };
+                let step = ParamStep {
+                    p,
+                    g: g.data(),
+                    o: group.options,
+                    lr: group.lr,
+                };
                 if computes_in_f64(p.dtype()) {
-                    sgd_update::<f64>(p, g.data(), buf, group.options, group.lr)?;
+                    sgd_update::<f64>(step, buf)?;
                 } else {
-                    sgd_update::<f32>(p, g.data(), buf, group.options, group.lr)?;
+                    sgd_update::<f32>(step, buf)?;
                 }
             }
         }
         Ok(())
-    }
-
-    fn params(&self) -> Vec<Tensor> {
-        self.groups
-            .iter()
-            .flat_map(|g| g.params.iter().cloned())
-            .collect()
-    }
-
-    fn learning_rates(&self) -> Vec<f64> {
-        self.groups.iter().map(|g| g.lr).collect()
-    }
-
-    fn set_learning_rate(&mut self, lr: f64) {
-        self.groups.iter_mut().for_each(|g| g.lr = lr);
     }
 
     fn state_dict(&self) -> OptimizerStateDict {
-        let sizes: Vec<usize> = self.groups.iter().map(|g| g.params.len()).collect();
-        let idx = group_indices(&sizes);
-        let mut state = BTreeMap::new();
-        for (gi, bufs) in self.momentum_buffers.iter().enumerate() {
-            for (pi, b) in bufs.iter().enumerate() {
-                if let Some(b) = b {
-                    let mut m = BTreeMap::new();
-                    m.insert(
-                        "momentum_buffer".to_string(),
-                        StateValue::Tensor(TensorData::from_raw(b)),
-                    );
-                    state.insert(idx[gi][pi], m);
-                }
-            }
-        }
-        let param_groups = self
-            .groups
-            .iter()
-            .zip(idx)
-            .map(|(g, ids)| {
-                let o = g.options;
-                let v = json!({"lr": to_json(g.lr), "momentum": to_json(o.momentum),
-                    "dampening": to_json(o.dampening), "weight_decay": to_json(o.weight_decay),
-                    "nesterov": o.nesterov, "maximize": o.maximize, "params": ids});
-                v.as_object().cloned().expect("object")
-            })
-            .collect();
-        OptimizerStateDict {
-            state,
-            param_groups,
-        }
+        let entries = |b: &Raw| {
+            BTreeMap::from([(
+                "momentum_buffer".to_string(),
+                StateValue::Tensor(TensorData::from_raw(b)),
+            )])
+        };
+        write_state_dict(&self.groups, &self.state, entries, |lr, o| {
+            json!({"lr": to_json(lr), "momentum": to_json(o.momentum),
+                "dampening": to_json(o.dampening), "weight_decay": to_json(o.weight_decay),
+                "nesterov": o.nesterov, "maximize": o.maximize})
+        })
     }
-
-    fn load_state_dict(&mut self, sd: &OptimizerStateDict) -> Result<()> {
-        let loaded = self.read_state_dict(sd)?;
-        for (g, (lr, options)) in self.groups.iter_mut().zip(loaded.hyper) {
-            g.lr = lr;
-            g.options = options;
-        }
-        self.momentum_buffers = loaded.buffers;
-        Ok(())
-    }
-
-    fn validate_state_dict(&self, sd: &OptimizerStateDict) -> Result<()> {
-        self.read_state_dict(sd).map(|_| ())
-    }
-}
-
-/// A state dict read and checked against an [`Sgd`], ready to be put in place.
-struct Loaded {
-    hyper: Vec<(f64, SgdOptions)>,
-    buffers: Vec<Vec<Option<Raw>>>,
 }
 
 impl Sgd {
     /// Everything [`Optimizer::load_state_dict`] needs, read from `sd` and checked,
     /// without changing `self`: the groups' hyper-parameters (the constructor's checks)
     /// and each momentum buffer (its parameter's shape).
-    fn read_state_dict(&self, sd: &OptimizerStateDict) -> Result<Loaded> {
-        let sizes: Vec<usize> = self.groups.iter().map(|g| g.params.len()).collect();
-        let placed = place_state(sd, &sizes)?;
-        let mut hyper = Vec::with_capacity(self.groups.len());
-        let mut buffers = Vec::with_capacity(self.groups.len());
-        for (gi, (g, pg)) in self.groups.iter().zip(&sd.param_groups).enumerate() {
-            let r = GroupReader::new(gi, pg);
-            let lr = r.number("lr")?;
-            let o = SgdOptions {
-                momentum: r.number("momentum")?,
-                dampening: r.number("dampening")?,
-                weight_decay: r.number("weight_decay")?,
-                nesterov: r.flag("nesterov", false)?,
-                maximize: r.flag("maximize", false)?,
-            };
-            o.validate(lr)?;
-            hyper.push((lr, o));
-            let bufs = g
-                .params
-                .iter()
-                .zip(&placed[gi])
-                .map(|(p, entry)| match entry {
-                    None => Ok(None),
-                    Some(e) => e.tensor("momentum_buffer", p),
-                })
-                .collect::<Result<Vec<_>>>()?;
-            buffers.push(bufs);
-        }
-        Ok(Loaded { hyper, buffers })
+    fn read_state_dict(&self, sd: &OptimizerStateDict) -> Result<Loaded<SgdOptions, Raw>> {
+        let buffer =
+            |e: &StateEntry<'_>, p: &Tensor, _: &SgdOptions| e.tensor("momentum_buffer", p);
+        let options = |r: &GroupReader<'_>, _: &SgdOptions| {
+            let [momentum, dampening, weight_decay] =
+                r.numbers(["momentum", "dampening", "weight_decay"])?;
+            let (nesterov, maximize) = (r.flag("nesterov", false)?, r.flag("maximize", false)?);
+            Ok(SgdOptions {
+                momentum,
+                dampening,
+                weight_decay,
+                nesterov,
+                maximize,
+            })
+        };
+        read_state_dict(&self.groups, sd, options, buffer)
     }
 }

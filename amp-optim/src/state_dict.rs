@@ -221,6 +221,15 @@ impl<'a> GroupReader<'a> {
             .ok_or_else(|| self.wrong(key, "a number"))
     }
 
+    /// Required numbers, read in the order of `keys` (the first missing one is the error).
+    pub(crate) fn numbers<const N: usize>(&self, keys: [&'static str; N]) -> Result<[f64; N]> {
+        let mut out = [0.0; N];
+        for (v, key) in out.iter_mut().zip(keys) {
+            *v = self.number(key)?;
+        }
+        Ok(out)
+    }
+
     /// A flag, `default` when absent (as PyTorch's `__setstate__` fills it in).
     pub(crate) fn flag(&self, key: &'static str, default: bool) -> Result<bool> {
         match self.map.get(key) {

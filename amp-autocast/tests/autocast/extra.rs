@@ -19,6 +19,16 @@ fn bf(t: &Tensor) -> Tensor {
     t.to_dtype(DType::BF16).unwrap()
 }
 
+/// `f` in a CPU bfloat16 autocast region.
+fn in_bf16<R>(f: impl FnOnce() -> R) -> R {
+    autocast(CPU, DType::BF16, f).unwrap()
+}
+
+/// `f` in a CPU autocast region, with the trace of its dispatches.
+fn traced_cpu<R>(f: impl FnOnce() -> R) -> (R, Trace) {
+    traced(Autocast::new(CPU), f).unwrap()
+}
+
 #[test]
 fn cells_enter_once_and_run_in_their_input_types() {
     let mut g = Generator::new(0);
@@ -29,17 +39,15 @@ fn cells_enter_once_and_run_in_their_input_types() {
     );
     let (wi, wh) = (randn(&[12, 4], &mut g), randn(&[12, 3], &mut g));
     let (bi, bh) = (randn(&[12], &mut g), randn(&[12], &mut g));
-    let ((hy, cy), t) = traced(Autocast::new(CPU), || {
-        ops::lstm_cell(&x, (&h, &c), &wi, &wh, Some(&bi), Some(&bh)).unwrap()
-    })
-    .unwrap();
+    let ((hy, cy), t) =
+        traced_cpu(|| ops::lstm_cell(&x, (&h, &c), &wi, &wh, Some(&bi), Some(&bh)).unwrap());
     // LSTMCell is on no CPU list: float32 in, float32 out, its linears not re-dispatched.
     assert_eq!((hy.dtype(), cy.dtype()), (DType::F32, DType::F32));
     let ops_seen: Vec<&str> = t.events.iter().map(|e| e.op).collect();
     assert_eq!(ops_seen, ["LSTMCell"]);
     assert_eq!(t.events[0].policy, CastPolicy::None);
     // bfloat16 in, bfloat16 out.
-    let y = autocast(CPU, DType::BF16, || {
+    let y = in_bf16(|| {
         ops::gru_cell(
             &bf(&x),
             &bf(&h),
@@ -49,8 +57,7 @@ fn cells_enter_once_and_run_in_their_input_types() {
             None,
         )
         .unwrap()
-    })
-    .unwrap();
+    });
     assert_eq!(y.dtype(), DType::BF16);
 }
 
@@ -59,10 +66,8 @@ fn fp32_listed_ops_run_in_float32_throughout() {
     let mut g = Generator::new(1);
     // More than 25 rows: cdist takes its matrix-product path, which stays float32.
     let (a, b) = (randn(&[30, 5], &mut g), randn(&[27, 5], &mut g));
-    let (y, t) = traced(Autocast::new(CPU), || {
-        ops::cdist(&bf(&a), &bf(&b), 2.0, CdistMode::MmIfNecessary).unwrap()
-    })
-    .unwrap();
+    let (y, t) =
+        traced_cpu(|| ops::cdist(&bf(&a), &bf(&b), 2.0, CdistMode::MmIfNecessary).unwrap());
     assert_eq!(y.dtype(), DType::F32);
     assert!(t.events.iter().all(|e| e.op != "matmul"));
     // From bfloat16-rounded inputs, so compare loosely; but no bfloat16 product inside.
@@ -76,21 +81,17 @@ fn fp32_listed_ops_run_in_float32_throughout() {
 
     let p = ops::log_softmax(&randn(&[3, 4], &mut g), 1, None).unwrap();
     let q = ops::softmax(&randn(&[3, 4], &mut g), 1, None).unwrap();
-    let l = autocast(CPU, DType::BF16, || {
-        ops::kl_div(&bf(&p), &bf(&q), KlDivReduction::BatchMean, false).unwrap()
-    })
-    .unwrap();
+    let l = in_bf16(|| ops::kl_div(&bf(&p), &bf(&q), KlDivReduction::BatchMean, false).unwrap());
     assert_eq!(l.dtype(), DType::F32);
     let idx = Tensor::from_vec(vec![0i64, 1, -1, -1, 2, -1], [2, 3]).unwrap();
-    let l = autocast(CPU, DType::BF16, || {
+    let l = in_bf16(|| {
         ops::multilabel_margin_loss(
             &bf(&p.narrow(0, 0, 2).unwrap().narrow(1, 0, 3).unwrap()),
             &idx,
             Default::default(),
         )
         .unwrap()
-    })
-    .unwrap();
+    });
     assert_eq!(l.dtype(), DType::F32);
 }
 
@@ -99,10 +100,7 @@ fn composites_inherit_the_casts_of_their_products() {
     let mut g = Generator::new(2);
     // tensordot: float32 in, bfloat16 out (its mm is on the CPU list).
     let (a, b) = (randn(&[2, 3, 4], &mut g), randn(&[3, 4, 5], &mut g));
-    let y = autocast(CPU, DType::BF16, || {
-        ops::tensordot(&a, &b, &TensordotDims::Count(2)).unwrap()
-    })
-    .unwrap();
+    let y = in_bf16(|| ops::tensordot(&a, &b, &TensordotDims::Count(2)).unwrap());
     assert_eq!(y.dtype(), DType::BF16);
     // bilinear: float32 out, with its products computed in bfloat16.
     let (x1, x2) = (randn(&[2, 3], &mut g), randn(&[2, 4], &mut g));
@@ -110,10 +108,7 @@ fn composites_inherit_the_casts_of_their_products() {
     let exact = ops::bilinear(&x1, &x2, &w, Some(&bias))
         .unwrap()
         .to_vec_f64();
-    let (y, t) = traced(Autocast::new(CPU), || {
-        ops::bilinear(&x1, &x2, &w, Some(&bias)).unwrap()
-    })
-    .unwrap();
+    let (y, t) = traced_cpu(|| ops::bilinear(&x1, &x2, &w, Some(&bias)).unwrap());
     assert_eq!(y.dtype(), DType::F32);
     let mm = t.events.iter().find(|e| e.op == "mm").unwrap();
     assert_eq!(mm.dtypes_out, vec![DType::BF16, DType::BF16]);
@@ -134,12 +129,11 @@ fn float32_leaves_of_the_new_ops_get_float32_grads() {
     x.requires_grad_(true).unwrap();
     let w = Tensor::ones([4], DType::F32);
     w.requires_grad_(true).unwrap();
-    let y = autocast(CPU, DType::BF16, || {
+    let y = in_bf16(|| {
         let n = ops::group_norm(&bf(&x), 2, Some(&w), None, 1e-5).unwrap();
         assert_eq!(n.dtype(), DType::BF16);
         ops::sum_all(&ops::square(&n).unwrap()).unwrap()
-    })
-    .unwrap();
+    });
     y.backward().unwrap();
     crate::assert_f32_grads(&[&x, &w]);
 }

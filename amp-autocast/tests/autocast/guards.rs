@@ -44,19 +44,32 @@ fn assert_cpu_autocast(expected: Option<DType>) {
     }
 }
 
+/// Enters `region` and checks that autocast is then `expected`.
+#[track_caller]
+fn enter_expecting(region: Autocast, expected: Option<DType>) -> AutocastGuard {
+    let g = region.enter().unwrap();
+    assert_cpu_autocast(expected);
+    g
+}
+
+/// Drops `guard` (a guard, or something holding guards) and checks that autocast is
+/// then `expected`.
+#[track_caller]
+fn drop_expecting<G>(guard: G, expected: Option<DType>) {
+    drop(guard);
+    assert_cpu_autocast(expected);
+}
+
 #[test]
 fn outer_guard_dropped_before_inner_restores_each_saved_state() {
     fresh_thread(|| {
         assert_cpu_autocast(None);
-        let a = Autocast::new(CPU).dtype(DType::BF16).enter().unwrap();
-        assert_cpu_autocast(Some(DType::BF16));
-        let b = Autocast::new(CPU).enabled(false).enter().unwrap();
-        assert_cpu_autocast(None);
+        let a = enter_expecting(Autocast::new(CPU).dtype(DType::BF16), Some(DType::BF16));
+        let b = enter_expecting(Autocast::new(CPU).enabled(false), None);
         assert_eq!(autocast_depth(), 2);
 
         // `a` saved "off": dropping it first restores that.
-        drop(a);
-        assert_cpu_autocast(None);
+        drop_expecting(a, None);
         assert_eq!(autocast_depth(), 1);
 
         // `b` saved "on, bfloat16" (the state `a` had set): dropping it restores that,
@@ -72,8 +85,7 @@ fn outer_guard_dropped_before_inner_restores_each_saved_state() {
 
         // A later region nests over the restored state and gives it back.
         {
-            let _off = Autocast::new(CPU).enabled(false).enter().unwrap();
-            assert_cpu_autocast(None);
+            let _off = enter_expecting(Autocast::new(CPU).enabled(false), None);
         }
         assert_cpu_autocast(Some(DType::BF16));
     });
@@ -83,12 +95,9 @@ fn outer_guard_dropped_before_inner_restores_each_saved_state() {
 fn out_of_order_drops_between_two_enabled_regions() {
     fresh_thread(|| {
         let a = Autocast::new(CPU).dtype(DType::BF16).enter().unwrap();
-        let b = Autocast::new(CPU).dtype(DType::F16).enter().unwrap();
-        assert_cpu_autocast(Some(DType::F16));
-        drop(a); // restores the state before `a`: off
-        assert_cpu_autocast(None);
-        drop(b); // restores the state before `b`: bfloat16
-        assert_cpu_autocast(Some(DType::BF16));
+        let b = enter_expecting(Autocast::new(CPU).dtype(DType::F16), Some(DType::F16));
+        drop_expecting(a, None); // restores the state before `a`: off
+        drop_expecting(b, Some(DType::BF16)); // restores the state before `b`: bfloat16
     });
 }
 
@@ -97,14 +106,10 @@ fn three_guards_dropped_in_entry_order() {
     fresh_thread(|| {
         let a = Autocast::new(CPU).enter().unwrap();
         let b = Autocast::new(CPU).enabled(false).enter().unwrap();
-        let c = Autocast::new(CPU).dtype(DType::F16).enter().unwrap();
-        assert_cpu_autocast(Some(DType::F16));
-        drop(a);
-        assert_cpu_autocast(None);
-        drop(b);
-        assert_cpu_autocast(Some(DType::BF16));
-        drop(c);
-        assert_cpu_autocast(None);
+        let c = enter_expecting(Autocast::new(CPU).dtype(DType::F16), Some(DType::F16));
+        drop_expecting(a, None);
+        drop_expecting(b, Some(DType::BF16));
+        drop_expecting(c, None);
         assert_eq!(autocast_depth(), 0);
     });
 }
@@ -114,17 +119,14 @@ fn nested_enable_and_disable_in_order() {
     fresh_thread(|| {
         assert_cpu_autocast(None);
         {
-            let _on = Autocast::new(CPU).enter().unwrap();
-            assert_cpu_autocast(Some(DType::BF16));
+            let _on = enter_expecting(Autocast::new(CPU), Some(DType::BF16));
             {
-                let _off = Autocast::new(CPU).enabled(false).enter().unwrap();
-                assert_cpu_autocast(None);
+                let _off = enter_expecting(Autocast::new(CPU).enabled(false), None);
                 {
-                    let _f16 = Autocast::new(CPU).dtype(DType::F16).enter().unwrap();
-                    assert_cpu_autocast(Some(DType::F16));
+                    let _f16 =
+                        enter_expecting(Autocast::new(CPU).dtype(DType::F16), Some(DType::F16));
                     {
-                        let _off2 = Autocast::new(CPU).enabled(false).enter().unwrap();
-                        assert_cpu_autocast(None);
+                        let _off2 = enter_expecting(Autocast::new(CPU).enabled(false), None);
                         assert_eq!(autocast_depth(), 4);
                     }
                     assert_cpu_autocast(Some(DType::F16));
@@ -143,11 +145,9 @@ fn nested_enable_and_disable_in_order() {
 #[test]
 fn a_disabled_region_alone_changes_nothing() {
     fresh_thread(|| {
-        let g = Autocast::new(CPU).enabled(false).enter().unwrap();
-        assert_cpu_autocast(None);
+        let g = enter_expecting(Autocast::new(CPU).enabled(false), None);
         assert_eq!(autocast_depth(), 1);
-        drop(g);
-        assert_cpu_autocast(None);
+        drop_expecting(g, None);
     });
 }
 
@@ -175,15 +175,12 @@ fn guards_moved_to_other_scopes() {
         assert_cpu_autocast(Some(DType::F16));
 
         // Dropping the holder first is out of order: off (the state before it).
-        drop(holder);
-        assert_cpu_autocast(None);
+        drop_expecting(holder, None);
         // Take the float16 guard out of the vector, drop the vector (the disabled region:
         // its saved state was bfloat16, on), then the float16 guard (saved: off).
         let last = guards.pop().unwrap();
-        drop(guards);
-        assert_cpu_autocast(Some(DType::BF16));
-        drop(last);
-        assert_cpu_autocast(None);
+        drop_expecting(guards, Some(DType::BF16));
+        drop_expecting(last, None);
 
         // Moved into a closure that outlives the scope that entered it.
         let release = {
@@ -204,8 +201,7 @@ fn guards_of_two_device_types_dropped_out_of_order() {
         let cuda = Autocast::new(CUDA).enter().unwrap();
         assert!(is_autocast_enabled(CUDA));
         // Each guard restores its own device type's settings.
-        drop(cpu);
-        assert_cpu_autocast(None);
+        drop_expecting(cpu, None);
         assert!(is_autocast_enabled(CUDA));
         drop(cuda);
         assert!(!is_autocast_enabled(CUDA));
@@ -226,8 +222,7 @@ fn profiles_are_restored_per_guard() {
             "the override puts mm on the fp32 list"
         );
         assert!(is_autocast_enabled(CPU));
-        drop(a);
-        assert_cpu_autocast(None);
+        drop_expecting(a, None);
         assert!(
             current_profile().ptr_eq(&fp32_mm),
             "`a` did not set a profile"
@@ -246,8 +241,7 @@ fn a_thread_may_end_with_autocast_left_on() {
         let a = Autocast::new(CPU).enter().unwrap();
         let b = Autocast::new(CPU).enabled(false).enter().unwrap();
         drop(a);
-        drop(b);
-        assert_cpu_autocast(Some(DType::BF16));
+        drop_expecting(b, Some(DType::BF16));
     });
     // A new thread starts with autocast off.
     fresh_thread(|| assert_cpu_autocast(None));
@@ -258,13 +252,11 @@ fn unwinding_through_out_of_order_guards_restores_their_states() {
     fresh_thread(|| {
         let outer = Autocast::new(CPU).enter().unwrap();
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let _inner = Autocast::new(CPU).dtype(DType::F16).enter().unwrap();
-            assert_cpu_autocast(Some(DType::F16));
+            let _inner = enter_expecting(Autocast::new(CPU).dtype(DType::F16), Some(DType::F16));
             panic!("boom");
         }));
         assert!(r.is_err());
         assert_cpu_autocast(Some(DType::BF16));
-        drop(outer);
-        assert_cpu_autocast(None);
+        drop_expecting(outer, None);
     });
 }

@@ -189,13 +189,18 @@ fn runaway_compositions_are_outside_the_checked_domain() {
     assert!(peak(&[Step::Tanh, Step::Exp], &vals) < PEAK_MAX);
 }
 
+/// Up to `max_steps - 1` steps (at least one) and the values of the inputs.
+fn composition(max_steps: usize) -> impl Strategy<Value = (Vec<Step>, Vec<Vec<f64>>)> {
+    let steps = prop::collection::vec(prop::sample::select(STEPS.to_vec()), 1..max_steps);
+    (steps, values())
+}
+
 proptest! {
     #![proptest_config(amp_testing::proptest_config(48))]
 
     #[test]
     fn compositions_match_finite_differences(
-        steps in prop::collection::vec(prop::sample::select(STEPS.to_vec()), 1..5),
-        vals in values(),
+        (steps, vals) in composition(5),
     ) {
         prop_assume!(peak(&steps, &vals) < PEAK_MAX);
         let (_, grads) = first_order(&steps, &vals, false);
@@ -207,8 +212,7 @@ proptest! {
 
     #[test]
     fn double_backward_matches_finite_differences_of_the_first(
-        steps in prop::collection::vec(prop::sample::select(STEPS.to_vec()), 1..4),
-        vals in values(),
+        (steps, vals) in composition(4),
     ) {
         prop_assume!(peak(&steps, &vals) < PEAK_MAX);
         // s(x) = Σ_inputs Σ grad(f)², differentiated through the first backward.

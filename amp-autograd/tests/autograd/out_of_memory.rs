@@ -62,61 +62,70 @@ fn still_works() {
     assert_eq!(b.to_vec_f64(), [2.0, 4.0, 6.0]);
 }
 
-#[test]
-fn an_elementwise_output_that_cannot_be_allocated_is_an_error() {
-    if !refused_here(
-        "an_elementwise_output_that_cannot_be_allocated_is_an_error",
-        ELEMS * 4,
-    ) {
+/// The body of test `test`, given [`huge`], where this machine refuses `bytes` (else
+/// reported as a skip); ordinary ops are checked to run after it ([`still_works`]).
+fn where_refused(test: &str, bytes: usize, body: impl FnOnce(Tensor)) {
+    if !refused_here(test, bytes) {
         return;
     }
-    let x = huge();
-    assert_oom(ops::add(&x, &x), ELEMS * 4);
-    assert_oom(ops::relu(&x), ELEMS * 4);
-    // A broadcast of a small tensor against the huge one.
-    let row = Tensor::from_vec(vec![0.5f32; 4], [4, 1]).unwrap();
-    let wide = ops::expand(&Tensor::from_vec(vec![2.0f32], [1]).unwrap(), &[1 << 45]).unwrap();
-    assert_oom(ops::mul(&row, &wide), (4usize << 45) * 4);
+    body(huge());
     still_works();
+}
+
+#[test]
+fn an_elementwise_output_that_cannot_be_allocated_is_an_error() {
+    where_refused(
+        "an_elementwise_output_that_cannot_be_allocated_is_an_error",
+        ELEMS * 4,
+        |x| {
+            assert_oom(ops::add(&x, &x), ELEMS * 4);
+            assert_oom(ops::relu(&x), ELEMS * 4);
+            // A broadcast of a small tensor against the huge one.
+            let row = Tensor::from_vec(vec![0.5f32; 4], [4, 1]).unwrap();
+            let wide =
+                ops::expand(&Tensor::from_vec(vec![2.0f32], [1]).unwrap(), &[1 << 45]).unwrap();
+            assert_oom(ops::mul(&row, &wide), (4usize << 45) * 4);
+        },
+    );
 }
 
 #[test]
 fn a_copy_or_cast_that_cannot_be_allocated_is_an_error() {
-    if !refused_here(
+    where_refused(
         "a_copy_or_cast_that_cannot_be_allocated_is_an_error",
         ELEMS * 2,
-    ) {
-        return;
-    }
-    let x = huge();
-    assert_oom(ops::contiguous(&x), ELEMS * 4);
-    assert_oom(ops::to_dtype(&x, DType::BF16), ELEMS * 2);
-    assert_oom(ops::to_dtype(&x, DType::F64), ELEMS * 8);
-    // The raw tensor's fallible forms say the same.
-    let e = x.data().try_contiguous().unwrap_err();
-    assert_eq!(e, TensorError::OutOfMemory { bytes: ELEMS * 4 });
-    let e = x.data().try_to_vec_as::<f32>().unwrap_err();
-    assert_eq!(e, TensorError::OutOfMemory { bytes: ELEMS * 4 });
-    still_works();
+        |x| {
+            assert_oom(ops::contiguous(&x), ELEMS * 4);
+            assert_oom(ops::to_dtype(&x, DType::BF16), ELEMS * 2);
+            assert_oom(ops::to_dtype(&x, DType::F64), ELEMS * 8);
+            // The raw tensor's fallible forms say the same.
+            let e = x.data().try_contiguous().unwrap_err();
+            assert_eq!(e, TensorError::OutOfMemory { bytes: ELEMS * 4 });
+            let e = x.data().try_to_vec_as::<f32>().unwrap_err();
+            assert_eq!(e, TensorError::OutOfMemory { bytes: ELEMS * 4 });
+        },
+    );
 }
 
 #[test]
 fn a_product_that_cannot_be_allocated_is_an_error() {
-    if !refused_here("a_product_that_cannot_be_allocated_is_an_error", ELEMS * 4) {
-        return;
-    }
-    // [2^45, 1, 4] @ [4, 4]: the batch folds into one `mm` of a [2^45, 4] view (as in
-    // PyTorch), whose [2^45, 4] output (2^47 float32) cannot be had.
-    let one = Tensor::from_vec(vec![1.0f32; 4], [1, 1, 4]).unwrap();
-    let a = ops::expand(&one, &[1 << 45, 1, 4]).unwrap();
-    let b = Tensor::from_vec(vec![1.0f32; 16], [4, 4]).unwrap();
-    assert_oom(ops::matmul(&a, &b), ELEMS * 4);
-    // An outer product of two expanded vectors: [2^24] ⊗ [2^23].
-    let v = Tensor::from_vec(vec![3.0f32], [1]).unwrap();
-    let (p, q) = (
-        ops::expand(&v, &[1 << 24]).unwrap(),
-        ops::expand(&v, &[1 << 23]).unwrap(),
+    where_refused(
+        "a_product_that_cannot_be_allocated_is_an_error",
+        ELEMS * 4,
+        |_| {
+            // [2^45, 1, 4] @ [4, 4]: the batch folds into one `mm` of a [2^45, 4] view
+            // (as in PyTorch), whose [2^45, 4] output (2^47 float32) cannot be had.
+            let one = Tensor::from_vec(vec![1.0f32; 4], [1, 1, 4]).unwrap();
+            let a = ops::expand(&one, &[1 << 45, 1, 4]).unwrap();
+            let b = Tensor::from_vec(vec![1.0f32; 16], [4, 4]).unwrap();
+            assert_oom(ops::matmul(&a, &b), ELEMS * 4);
+            // An outer product of two expanded vectors: [2^24] ⊗ [2^23].
+            let v = Tensor::from_vec(vec![3.0f32], [1]).unwrap();
+            let (p, q) = (
+                ops::expand(&v, &[1 << 24]).unwrap(),
+                ops::expand(&v, &[1 << 23]).unwrap(),
+            );
+            assert_oom(ops::outer(&p, &q), ELEMS * 4);
+        },
     );
-    assert_oom(ops::outer(&p, &q), ELEMS * 4);
-    still_works();
 }

@@ -82,15 +82,10 @@ fn host_device_round_trip_and_allocator_reuse() {
     if !device_or_skip() {
         return;
     }
-    for d in [
-        DType::F16,
-        DType::BF16,
-        DType::F32,
-        DType::F64,
-        DType::I32,
-        DType::I64,
-        DType::Bool,
-    ] {
+    for d in DType::FLOATS
+        .into_iter()
+        .chain([DType::I32, DType::I64, DType::Bool])
+    {
         let t = Tensor::from_vec(specials(), [20])
             .unwrap()
             .to_dtype(d)

@@ -1504,15 +1504,7 @@ fn addcmul_addcdiv_lerp() {
 
 // ----- property test: broadcasting + promotion of `binary` ------------------------------
 
-const DTYPES: [DType; 7] = [
-    DType::Bool,
-    DType::I32,
-    DType::I64,
-    DType::F16,
-    DType::BF16,
-    DType::F32,
-    DType::F64,
-];
+const DTYPES: [DType; 7] = DType::ALL;
 
 /// PyTorch's promotion table, written out (order: b, i32, i64, f16, bf16, f32, f64).
 fn promote(a: DType, b: DType) -> DType {

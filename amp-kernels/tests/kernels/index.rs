@@ -238,14 +238,7 @@ fn gather_scatter() {
     assert!(gather(&x, 0, &ints(&[0], &[1])).is_err());
     assert!(gather(&x, 0, &Tensor::from_vec(vec![0i32], [1, 1]).unwrap()).is_err());
 
-    for dtype in [
-        DType::F16,
-        DType::BF16,
-        DType::F32,
-        DType::F64,
-        DType::I32,
-        DType::I64,
-    ] {
+    for dtype in DType::FLOATS.into_iter().chain([DType::I32, DType::I64]) {
         let z = Tensor::zeros([3usize, 4], dtype);
         let src = arange(6, &[2, 3], dtype);
         let r = scatter_add(&z, 0, &idx, &src).unwrap();

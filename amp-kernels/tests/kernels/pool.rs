@@ -46,19 +46,21 @@ fn out_size(i: i64, k: i64, s: i64, p: i64, d: i64, ceil: bool) -> i64 {
     o
 }
 
-/// Direct max_pool2d: (values, flat indices).
-#[allow(clippy::too_many_arguments)]
+/// The 2-d window of `pp` in the references' integer arithmetic: kernel, stride,
+/// padding and dilation, and the ceil mode.
+fn window2(pp: &PoolParams) -> ([[i64; 2]; 4], bool) {
+    let int2 = |v: &Vec<usize>| [v[0] as i64, v[1] as i64];
+    let (k, s, p, d) = (&pp.kernel, &pp.stride, &pp.padding, &pp.dilation);
+    ([int2(k), int2(s), int2(p), int2(d)], pp.ceil_mode)
+}
+
+/// Direct max_pool2d of `planes` planes of `h` x `w`: (values, flat indices).
 fn ref_max_pool2d(
     x: &[f64],
-    planes: usize,
-    h: usize,
-    w: usize,
-    k: [i64; 2],
-    s: [i64; 2],
-    p: [i64; 2],
-    d: [i64; 2],
-    ceil: bool,
+    [planes, h, w]: [usize; 3],
+    pp: &PoolParams,
 ) -> (Vec<f64>, Vec<i64>, [usize; 2]) {
+    let ([k, s, p, d], ceil) = window2(pp);
     let oh = out_size(h as i64, k[0], s[0], p[0], d[0], ceil);
     let ow = out_size(w as i64, k[1], s[1], p[1], d[1], ceil);
     let (mut v, mut ix) = (vec![], vec![]);
@@ -89,20 +91,15 @@ fn ref_max_pool2d(
     (v, ix, [oh as usize, ow as usize])
 }
 
-/// Direct avg_pool2d.
-#[allow(clippy::too_many_arguments)]
+/// Direct avg_pool2d of `planes` planes of `h` x `w` (the dilation is 1).
 fn ref_avg_pool2d(
     x: &[f64],
-    planes: usize,
-    h: usize,
-    w: usize,
-    k: [i64; 2],
-    s: [i64; 2],
-    p: [i64; 2],
-    ceil: bool,
+    [planes, h, w]: [usize; 3],
+    pp: &PoolParams,
     include_pad: bool,
     div: Option<f64>,
 ) -> Vec<f64> {
+    let ([k, s, p, _], ceil) = window2(pp);
     let oh = out_size(h as i64, k[0], s[0], p[0], 1, ceil);
     let ow = out_size(w as i64, k[1], s[1], p[1], 1, ceil);
     let mut v = vec![];
@@ -152,17 +149,7 @@ fn max_pool2d_matches_reference_with_padding_dilation_ceil() {
         let pp = params2(k, s, p, d, ceil);
         let geo = pp.windows("max_pool2d", &[7, 6], None).unwrap();
         let (v, i) = max_pool_windows("max_pool2d", &x, &[geo]).unwrap();
-        let (rv, ri, os) = ref_max_pool2d(
-            &xv,
-            6,
-            7,
-            6,
-            k.map(|v| v as i64),
-            s.map(|v| v as i64),
-            p.map(|v| v as i64),
-            d.map(|v| v as i64),
-            ceil,
-        );
+        let (rv, ri, os) = ref_max_pool2d(&xv, [6, 7, 6], &pp);
         assert_eq!(v.dims(), &[2, 3, os[0], os[1]]);
         close(&v.to_vec_f64(), &rv, 0.0);
         assert_eq!(i.to_vec::<i64>().unwrap(), ri);
@@ -205,18 +192,7 @@ fn avg_pool2d_matches_reference_and_backward_is_adjoint() {
         let pp = params2(k, s, p, [1, 1], ceil);
         let geo = pp.windows("avg_pool2d", &[6, 5], Some(inc)).unwrap();
         let out = avg_pool_windows("avg_pool2d", &x, &geo, div).unwrap();
-        let r = ref_avg_pool2d(
-            &xv,
-            2,
-            6,
-            5,
-            k.map(|v| v as i64),
-            s.map(|v| v as i64),
-            p.map(|v| v as i64),
-            ceil,
-            inc,
-            div,
-        );
+        let r = ref_avg_pool2d(&xv, [2, 6, 5], &pp, inc, div);
         close(&out.to_vec_f64(), &r, 1e-12);
         // <A x, g> == <x, A^T g>.
         let g = randn(out.dims(), 9);
@@ -527,10 +503,7 @@ proptest! {
         let pp = params2([k0, k1], [s0, s1], [p0, p1], [d0, d1], ceil);
         let geo = pp.windows("max_pool2d", &[h, w], None).unwrap();
         let (v, i) = max_pool_windows("max_pool2d", &x, &[geo]).unwrap();
-        let (rv, ri, _) = ref_max_pool2d(
-            &x.to_vec_f64(), 2, h, w,
-            [k0 as i64, k1 as i64], [s0 as i64, s1 as i64], [p0 as i64, p1 as i64], [d0 as i64, d1 as i64], ceil,
-        );
+        let (rv, ri, _) = ref_max_pool2d(&x.to_vec_f64(), [2, h, w], &pp);
         prop_assert_eq!(v.to_vec_f64(), rv);
         prop_assert_eq!(i.to_vec::<i64>().unwrap(), ri);
     }

@@ -13,15 +13,16 @@ fn values(n: usize, seed: u64) -> Vec<f64> {
     amp_testing::tensors::uniform(n, seed, 1.0)
 }
 
-/// Relative tolerance of one result rounded to `dtype` (plus accumulation slack).
+/// Relative tolerances of one result rounded to its dtype (plus accumulation slack).
+pub(super) const TOL: Tolerances = Tolerances {
+    f16: 2e-3,
+    bf16: 1.6e-2,
+    f32: 2e-5,
+    f64: 1e-11,
+};
+
 fn tol(dtype: DType) -> f64 {
-    Tolerances {
-        f16: 2e-3,
-        bf16: 1.6e-2,
-        f32: 2e-5,
-        f64: 1e-11,
-    }
-    .of(dtype)
+    TOL.of(dtype)
 }
 
 /// Reference reduction of row-major `x` of `shape` over the `mask`ed dims: each output

@@ -6,21 +6,16 @@ use amp_kernels::*;
 use amp_tensor::{DType, Tensor};
 
 // Shape, dtype, contiguity, and the values rounded to the dtype within a tolerance.
-use amp_testing::tensors::{assert_tensor_close as check, Tolerances};
+use amp_testing::tensors::{assert_tensor_close as check, uniform, Tolerances};
 
-/// Deterministic pseudo-random values in `[-4, 4)`.
-fn values(n: usize, seed: u64) -> Vec<f64> {
-    amp_testing::tensors::uniform(n, seed, 4.0)
-}
-
+/// The reductions' tolerances for the 16-bit types, tighter ones for float32 and float64.
 fn tol(dtype: DType) -> f64 {
-    Tolerances {
-        f16: 2e-3,
-        bf16: 1.6e-2,
+    let tol = Tolerances {
         f32: 1e-6,
         f64: 1e-13,
-    }
-    .of(dtype)
+        ..super::reduce::TOL
+    };
+    tol.of(dtype)
 }
 
 /// Apply `f` to every line along `dim` of row-major `x` of `shape`.
@@ -55,7 +50,7 @@ fn ref_log_softmax(v: &[f64]) -> Vec<f64> {
 
 fn inputs(dtype: DType) -> Vec<(&'static str, Tensor)> {
     let mk = |shape: &[usize], seed| {
-        Tensor::from_vec(values(shape.iter().product(), seed), shape.to_vec())
+        Tensor::from_vec(uniform(shape.iter().product(), seed, 4.0), shape.to_vec())
             .unwrap()
             .to_dtype(dtype)
             .unwrap()
@@ -79,6 +74,18 @@ fn inputs(dtype: DType) -> Vec<(&'static str, Tensor)> {
     ]
 }
 
+/// `softmax` or `log_softmax`.
+type Op = fn(&Tensor, i64, Option<DType>) -> amp_tensor::Result<Tensor>;
+
+/// The reference of an [`Op`] on one line.
+type Reference = fn(&[f64]) -> Vec<f64>;
+
+/// The two ops with their references and the factor on their tolerances.
+const OPS: [(&str, Op, Reference, f64); 2] = [
+    ("softmax", softmax, ref_softmax, 1.0),
+    ("log_softmax", log_softmax, ref_log_softmax, 4.0),
+];
+
 #[test]
 fn softmax_and_log_softmax_match_reference() {
     for dtype in DType::FLOATS {
@@ -87,24 +94,16 @@ fn softmax_and_log_softmax_match_reference() {
             for dim in -(x.rank() as i64)..x.rank() as i64 {
                 let d = if dim < 0 { dim + x.rank() as i64 } else { dim } as usize;
                 let what = format!("{dtype} {label} dim={dim}");
-                let y = softmax(&x, dim, None).unwrap();
-                check(
-                    &y,
-                    &along(&xv, x.dims(), d, &ref_softmax),
-                    x.dims(),
-                    dtype,
-                    tol(dtype),
-                    &format!("softmax {what}"),
-                );
-                let y = log_softmax(&x, dim, None).unwrap();
-                check(
-                    &y,
-                    &along(&xv, x.dims(), d, &ref_log_softmax),
-                    x.dims(),
-                    dtype,
-                    tol(dtype) * 4.0,
-                    &format!("log_softmax {what}"),
-                );
+                for (name, op, reference, factor) in OPS {
+                    check(
+                        &op(&x, dim, None).unwrap(),
+                        &along(&xv, x.dims(), d, &reference),
+                        x.dims(),
+                        dtype,
+                        tol(dtype) * factor,
+                        &format!("{name} {what}"),
+                    );
+                }
             }
         }
     }
@@ -112,7 +111,7 @@ fn softmax_and_log_softmax_match_reference() {
 
 #[test]
 fn dtype_argument_casts_first() {
-    let x = Tensor::from_vec(values(24, 9), [4, 6])
+    let x = Tensor::from_vec(uniform(24, 9, 4.0), [4, 6])
         .unwrap()
         .to_dtype(DType::F16)
         .unwrap();
@@ -189,45 +188,35 @@ fn masking_stability_and_specials() {
             .all(|v| v.is_nan()));
     }
     // rows summing to one, long rows through the parallel path
-    let x = Tensor::from_vec(values(256 * 1024, 17), [256, 1024])
+    let x = Tensor::from_vec(uniform(256 * 1024, 17, 4.0), [256, 1024])
         .unwrap()
         .to_dtype(DType::F32)
         .unwrap();
     let xv = x.to_vec_f64();
-    let y = softmax(&x, -1, None).unwrap();
-    check(
-        &y,
-        &along(&xv, &[256, 1024], 1, &ref_softmax),
-        &[256, 1024],
-        DType::F32,
-        1e-6,
-        "big softmax",
-    );
-    let y0 = softmax(&x, 0, None).unwrap();
-    check(
-        &y0,
-        &along(&xv, &[256, 1024], 0, &ref_softmax),
-        &[256, 1024],
-        DType::F32,
-        1e-6,
-        "big softmax dim 0",
-    );
-    let l = log_softmax(&x, 1, None).unwrap();
-    check(
-        &l,
-        &along(&xv, &[256, 1024], 1, &ref_log_softmax),
-        &[256, 1024],
-        DType::F32,
-        4e-6,
-        "big log_softmax",
-    );
+    let cases: [(Op, i64, Reference, f64, &str); 3] = [
+        (softmax, -1, ref_softmax, 1e-6, "big softmax"),
+        (softmax, 0, ref_softmax, 1e-6, "big softmax dim 0"),
+        (log_softmax, 1, ref_log_softmax, 4e-6, "big log_softmax"),
+    ];
+    for (op, dim, reference, tol, what) in cases {
+        let d = if dim < 0 { dim + 2 } else { dim } as usize;
+        let want = along(&xv, &[256, 1024], d, &reference);
+        check(
+            &op(&x, dim, None).unwrap(),
+            &want,
+            &[256, 1024],
+            DType::F32,
+            tol,
+            what,
+        );
+    }
 }
 
 #[test]
 fn backward_helpers_match_formulas() {
     for dtype in DType::FLOATS {
         for (label, x) in inputs(dtype) {
-            let g = Tensor::from_vec(values(x.elem_count(), 77), x.dims().to_vec())
+            let g = Tensor::from_vec(uniform(x.elem_count(), 77, 4.0), x.dims().to_vec())
                 .unwrap()
                 .to_dtype(dtype)
                 .unwrap();
@@ -279,7 +268,12 @@ fn backward_helpers_match_formulas() {
         }
     }
     // mixed dtypes promote; mismatched shapes are errors
-    let y = softmax(&Tensor::from_vec(values(6, 1), [2, 3]).unwrap(), 1, None).unwrap();
+    let y = softmax(
+        &Tensor::from_vec(uniform(6, 1, 4.0), [2, 3]).unwrap(),
+        1,
+        None,
+    )
+    .unwrap();
     let g = Tensor::ones([2usize, 3], DType::F32);
     let r = softmax_backward(&g, &y, 1).unwrap();
     assert_eq!(r.dtype(), DType::F64);
@@ -290,7 +284,7 @@ fn backward_helpers_match_formulas() {
 
 #[test]
 fn dims_and_shapes() {
-    let x = Tensor::from_vec(values(6, 3), [2, 3]).unwrap();
+    let x = Tensor::from_vec(uniform(6, 3, 4.0), [2, 3]).unwrap();
     let e = softmax(&x, 2, None).unwrap_err().to_string();
     assert_eq!(
         e,

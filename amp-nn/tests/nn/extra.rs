@@ -11,6 +11,16 @@ fn names(m: &dyn Module) -> Vec<String> {
     m.named_parameters().into_iter().map(|(n, _)| n).collect()
 }
 
+/// A cell's parameters in the order the cell ops take them.
+fn weights(p: &CellParams) -> (&Tensor, &Tensor, Option<&Tensor>, Option<&Tensor>) {
+    (
+        &p.weight_ih,
+        &p.weight_hh,
+        p.bias_ih.as_ref(),
+        p.bias_hh.as_ref(),
+    )
+}
+
 fn within(t: &Tensor, bound: f64) -> bool {
     t.to_vec_f64().iter().all(|v| v.abs() <= bound)
 }
@@ -46,34 +56,18 @@ fn cells_step_like_the_functional_ops() {
     let x = Tensor::randn([2, 4], DType::F32, &mut g).unwrap();
     let h = Tensor::randn([2, 3], DType::F32, &mut g).unwrap();
     let lstm = LSTMCell::new(4, 3, &mut g).unwrap();
-    let p = &lstm.params;
+    let (w_ih, w_hh, b_ih, b_hh) = weights(&lstm.params);
     let z = Tensor::zeros([2, 3], DType::F32);
     let (h1, c1) = lstm.step(&x, None).unwrap();
-    let (h2, c2) = ops::lstm_cell(
-        &x,
-        (&z, &z),
-        &p.weight_ih,
-        &p.weight_hh,
-        p.bias_ih.as_ref(),
-        p.bias_hh.as_ref(),
-    )
-    .unwrap();
+    let (h2, c2) = ops::lstm_cell(&x, (&z, &z), w_ih, w_hh, b_ih, b_hh).unwrap();
     assert_eq!(h1.to_vec_f64(), h2.to_vec_f64());
     assert_eq!(c1.to_vec_f64(), c2.to_vec_f64());
     assert_eq!(lstm.forward(&x).unwrap().to_vec_f64(), h1.to_vec_f64());
 
     let gru = GRUCell::new(4, 3, &mut g).unwrap();
-    let p = &gru.params;
+    let (w_ih, w_hh, b_ih, b_hh) = weights(&gru.params);
     let y = gru.step(&x, Some(&h)).unwrap();
-    let want = ops::gru_cell(
-        &x,
-        &h,
-        &p.weight_ih,
-        &p.weight_hh,
-        p.bias_ih.as_ref(),
-        p.bias_hh.as_ref(),
-    )
-    .unwrap();
+    let want = ops::gru_cell(&x, &h, w_ih, w_hh, b_ih, b_hh).unwrap();
     assert_eq!(y.to_vec_f64(), want.to_vec_f64());
 
     // Unbatched input gets an unbatched zero state; gradients reach the parameters.
@@ -211,27 +205,18 @@ fn recurrent_stacks_follow_pytorch() {
         .into_iter()
         .map(|(n, t)| (n, t.dims().to_vec()))
         .collect();
-    let want: Vec<(String, Vec<usize>)> = [
-        ("weight_ih_l0", vec![16, 3]),
-        ("weight_hh_l0", vec![16, 4]),
-        ("bias_ih_l0", vec![16]),
-        ("bias_hh_l0", vec![16]),
-        ("weight_ih_l0_reverse", vec![16, 3]),
-        ("weight_hh_l0_reverse", vec![16, 4]),
-        ("bias_ih_l0_reverse", vec![16]),
-        ("bias_hh_l0_reverse", vec![16]),
-        ("weight_ih_l1", vec![16, 8]),
-        ("weight_hh_l1", vec![16, 4]),
-        ("bias_ih_l1", vec![16]),
-        ("bias_hh_l1", vec![16]),
-        ("weight_ih_l1_reverse", vec![16, 8]),
-        ("weight_hh_l1_reverse", vec![16, 4]),
-        ("bias_ih_l1_reverse", vec![16]),
-        ("bias_hh_l1_reverse", vec![16]),
-    ]
-    .into_iter()
-    .map(|(n, d)| (n.to_string(), d))
-    .collect();
+    // Per layer and direction (`_reverse`): weight_ih [4·4, input], where the second
+    // layer's input is both directions' hidden state (8), then weight_hh [16, 4] and the
+    // two biases [16].
+    let mut want: Vec<(String, Vec<usize>)> = Vec::new();
+    for (layer, input) in [(0, 3), (1, 8)] {
+        for sfx in ["", "_reverse"] {
+            want.push((format!("weight_ih_l{layer}{sfx}"), vec![16, input]));
+            want.push((format!("weight_hh_l{layer}{sfx}"), vec![16, 4]));
+            want.push((format!("bias_ih_l{layer}{sfx}"), vec![16]));
+            want.push((format!("bias_hh_l{layer}{sfx}"), vec![16]));
+        }
+    }
     assert_eq!(names, want);
     let x = Tensor::randn(vec![5, 2, 3], DType::F32, &mut gen).unwrap();
     let (y, (h, c)) = lstm.forward_with(&x, None).unwrap();

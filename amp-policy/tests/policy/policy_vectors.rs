@@ -127,22 +127,32 @@ fn grid_sample_aliases_follow_the_other_devices_name() {
     // At dispatch they are the same op as the listed name (autocast_cpu.json runs
     // grid_sample in float32 on cpu).
     let docs = Profile::docs();
-    assert_eq!(
-        docs.listed_policy(DeviceType::Cpu, "grid_sample"),
-        CastPolicy::None
-    );
-    assert_eq!(
-        docs.policy_by_name(DeviceType::Cpu, "grid_sample"),
-        CastPolicy::Fp32
-    );
-    assert_eq!(
-        docs.listed_policy(DeviceType::Cuda, "grid_sampler"),
-        CastPolicy::None
-    );
-    assert_eq!(
-        docs.policy_by_name(DeviceType::Cuda, "grid_sampler"),
-        CastPolicy::Promote
-    );
+    // (device, name, its listed policy, its policy at dispatch)
+    for (device, name, listed, at_dispatch) in [
+        (
+            DeviceType::Cpu,
+            "grid_sample",
+            CastPolicy::None,
+            CastPolicy::Fp32,
+        ),
+        (
+            DeviceType::Cuda,
+            "grid_sampler",
+            CastPolicy::None,
+            CastPolicy::Promote,
+        ),
+    ] {
+        assert_eq!(
+            docs.listed_policy(device, name),
+            listed,
+            "{device:?} {name}"
+        );
+        assert_eq!(
+            docs.policy_by_name(device, name),
+            at_dispatch,
+            "{device:?} {name}"
+        );
+    }
     // The lower-level CPU names are not aliased on CUDA.
     assert_eq!(
         docs.policy_by_name(DeviceType::Cuda, "grid_sampler_2d"),

@@ -34,6 +34,14 @@ fn optimizer() -> (Sgd, Tensor) {
     (opt, p)
 }
 
+/// [`setup`] with a second optimizer: the scaler, both optimizers in a `Vec` (the one
+/// of [`setup`] first) and their parameters.
+fn setup_two() -> (GradScaler, Vec<Sgd>, [Tensor; 2]) {
+    let (scaler, a, pa) = setup();
+    let (b, pb) = optimizer();
+    (scaler, vec![a, b], [pa, pb])
+}
+
 fn value(p: &Tensor) -> f32 {
     p.to_vec::<f32>().unwrap()[0]
 }
@@ -44,9 +52,8 @@ fn address<T>(v: &T) -> usize {
 
 #[test]
 fn optimizer_moved_out_of_a_vec_is_unscaled_once() {
-    let (mut scaler, opt, p) = setup();
-    let (other, _) = optimizer();
-    let mut opts = vec![other, opt];
+    let (mut scaler, mut opts, [_, p]) = setup_two();
+    // The second optimizer, the last in the `Vec`, is the one unscaled and moved.
     scaler.unscale_(&mut opts[1]);
     let before = address(&opts[1]);
     let mut opt = opts.pop().unwrap();
@@ -99,9 +106,7 @@ fn a_new_optimizer_at_an_old_address_starts_fresh() {
 
 #[test]
 fn two_optimizers_keep_separate_stages() {
-    let (mut scaler, a, pa) = setup();
-    let (b, pb) = optimizer();
-    let mut opts = vec![a, b];
+    let (mut scaler, mut opts, [pa, pb]) = setup_two();
     scaler.unscale_(&mut opts[0]);
     assert_eq!(scaler.stage(&opts[0]), Stage::Unscaled);
     assert_eq!(scaler.stage(&opts[1]), Stage::Ready);
