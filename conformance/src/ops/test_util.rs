@@ -1,6 +1,7 @@
 //! The helpers of the op tables' unit tests (`mod.rs`, `extra.rs`, `pool.rs`).
 
-use super::{table, A, K, R};
+pub(super) use super::K;
+use super::{table, A, R};
 use crate::args::{Arg, Kwargs, Output};
 use amp::autograd::Tensor;
 
