@@ -301,39 +301,24 @@ mod tests {
     fn loss_signatures_follow_python() {
         let x = t(&[-1.0, -2.0], &[2]);
         let p = t(&[0.5, 0.5], &[2]);
-        let e = run(
-            "torch.nn.functional.kl_div",
-            "kl_div",
-            &[x.clone(), p.clone()],
-            &kw(vec![("reduce", Arg::Bool(false))]),
-        )
-        .unwrap_err();
+        let kl_div = || call("torch.nn.functional.kl_div").arg(&x).arg(&p);
+        let e = kl_div().kw("reduce", false).err();
         assert_eq!(e, "`reduce=false` is not supported");
         // batchmean of a 1-D input divides by its first size.
-        let y = flat_values(run(
-            "torch.nn.functional.kl_div",
-            "kl_div",
-            &[x.clone(), p.clone()],
-            &kw(vec![("reduction", Arg::Str("batchmean".into()))]),
-        ));
+        let y = kl_div().kw("reduction", "batchmean").flat_values();
         let want = (0.5 * (0.5f64.ln() + 1.0) + 0.5 * (0.5f64.ln() + 2.0)) / 2.0;
         assert!((y[0] - want).abs() < 1e-12);
-        let e = run(
-            "torch.nn.functional.kl_div",
-            "kl_div",
-            &[x.clone(), p.clone()],
-            &kw(vec![("reduction", Arg::Str("avg".into()))]),
-        )
-        .unwrap_err();
+        let e = kl_div().kw("reduction", "avg").err();
         assert!(e.contains("avg is not a valid value for reduction"), "{e}");
         // margin is the third positional parameter of hinge_embedding_loss.
+        let hinge = call("torch.nn.functional.hinge_embedding_loss");
         let s = t(&[1.0, -1.0], &[2]);
-        let y = flat_values(run(
-            "torch.nn.functional.hinge_embedding_loss",
-            "hinge_embedding_loss",
-            &[x.clone(), s, Arg::Float(0.5)],
-            &kw(vec![("reduction", Arg::Str("none".into()))]),
-        ));
+        let y = hinge
+            .arg(&x)
+            .arg(s)
+            .arg(0.5)
+            .kw("reduction", "none")
+            .flat_values();
         assert_eq!(y, [-1.0, 2.5]);
     }
 
@@ -341,61 +326,34 @@ mod tests {
     fn cells_tensordot_and_cdist_arguments() {
         let x = t(&[1.0, 2.0], &[1, 2]);
         let h = t(&[0.5], &[1, 1]);
-        let e = run(
-            "torch.lstm_cell",
-            "LSTMCell",
-            &[
-                x.clone(),
-                Arg::List(vec![h.clone()]),
-                t(&[0.0; 8], &[4, 2]),
-                t(&[0.0; 4], &[4, 1]),
-            ],
-            &K::default(),
-        )
-        .unwrap_err();
+        let cell = |hx: Vec<A>| {
+            let (w_ih, w_hh) = (t(&[0.0; 8], &[4, 2]), t(&[0.0; 4], &[4, 1]));
+            call("torch.lstm_cell")
+                .op("LSTMCell")
+                .arg(&x)
+                .arg(Arg::List(hx))
+                .arg(w_ih)
+                .arg(w_hh)
+        };
+        let e = cell(vec![h.clone()]).err();
         assert!(e.contains("two hidden states"), "{e}");
-        let out = run(
-            "torch.lstm_cell",
-            "LSTMCell",
-            &[
-                x,
-                Arg::List(vec![h.clone(), h]),
-                t(&[0.0; 8], &[4, 2]),
-                t(&[0.0; 4], &[4, 1]),
-            ],
-            &K::default(),
-        )
-        .unwrap();
-        assert!(out.is_list());
+        assert!(cell(vec![h.clone(), h]).run().unwrap().is_list());
 
         let a = t(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
         let b = t(&[1.0, 0.0, 0.0, 1.0, 1.0, 1.0], &[3, 2]);
-        let pairs = Arg::List(vec![
-            Arg::List(vec![Arg::Int(1)]),
-            Arg::List(vec![Arg::Int(0)]),
-        ]);
-        let y1 = flat_values(run(
-            "torch.tensordot",
-            "tensordot",
-            &[a.clone(), b.clone()],
-            &kw(vec![("dims", Arg::Int(1))]),
-        ));
-        let y2 = flat_values(run(
-            "torch.tensordot",
-            "tensordot",
-            &[a.clone(), b.clone()],
-            &kw(vec![("dims", pairs)]),
-        ));
+        let tensordot = || call("torch.tensordot").arg(&a).arg(&b);
+        let y1 = tensordot().kw("dims", 1).flat_values();
+        let y2 = tensordot()
+            .kw("dims", Arg::List(vec![ints(&[1]), ints(&[0])]))
+            .flat_values();
         assert_eq!(y1, [4.0, 5.0, 10.0, 11.0]);
         assert_eq!(y1, y2);
 
-        let e = run(
-            "torch.cdist",
-            "cdist",
-            &[a.clone(), a],
-            &kw(vec![("compute_mode", Arg::Str("fast".into()))]),
-        )
-        .unwrap_err();
+        let e = call("torch.cdist")
+            .arg(&a)
+            .arg(&a)
+            .kw("compute_mode", "fast")
+            .err();
         assert!(e.contains("not a valid value for compute_mode"), "{e}");
     }
 }

@@ -500,143 +500,71 @@ mod tests {
     fn binding_follows_python() {
         let x = t(&[1.0, 2.0], &[2]);
         // Too many positional arguments, an unknown keyword, a parameter given twice.
-        let e = run("torch.exp", "exp", &[x.clone(), x.clone()], &K::default()).unwrap_err();
         assert_eq!(
-            e,
+            call("torch.exp").arg(&x).arg(&x).err(),
             "takes at most 1 positional arguments (input), but 2 were given"
         );
-        let e = run(
-            "torch.exp",
-            "exp",
-            std::slice::from_ref(&x),
-            &kw(vec![("alpha", Arg::Int(1))]),
-        )
-        .unwrap_err();
+        let e = call("torch.exp").arg(&x).kw("alpha", 1).err();
         assert_eq!(e, "unexpected keyword argument `alpha`");
-        let e = run(
-            "torch.exp",
-            "exp",
-            std::slice::from_ref(&x),
-            &kw(vec![("input", x.clone())]),
-        )
-        .unwrap_err();
+        let e = call("torch.exp").arg(&x).kw("input", &x).err();
         assert_eq!(e, "got multiple values for argument `input`");
         // Keyword form of a positional parameter.
-        let y = values(run(
-            "torch.neg",
-            "neg",
-            &[],
-            &kw(vec![("input", x.clone())]),
-        ));
-        assert_eq!(y, [-1.0, -2.0]);
-        let e = run("torch.neg", "neg", &[], &K::default()).unwrap_err();
-        assert_eq!(e, "missing required argument `input`");
+        assert_eq!(call("torch.neg").kw("input", &x).values(), [-1.0, -2.0]);
+        assert_eq!(call("torch.neg").err(), "missing required argument `input`");
     }
 
     #[test]
     fn unsupported_values_fail_and_defaults_pass() {
         let x = t(&[1.0, -2.0], &[2]);
-        let e = run(
-            "torch.nn.functional.gelu",
-            "gelu",
-            std::slice::from_ref(&x),
-            &kw(vec![("approximate", Arg::Str("tanh".into()))]),
-        )
-        .unwrap_err();
-        assert_eq!(e, "`approximate=\"tanh\"` is not supported");
-        assert!(run(
-            "torch.nn.functional.gelu",
-            "gelu",
-            std::slice::from_ref(&x),
-            &kw(vec![("approximate", Arg::Str("none".into()))]),
-        )
-        .is_ok());
-        let e = run(
-            "torch.div",
-            "div",
-            &[x.clone(), x.clone()],
-            &kw(vec![("rounding_mode", Arg::Str("floor".into()))]),
-        )
-        .unwrap_err();
+        let gelu = |approximate| {
+            call("torch.nn.functional.gelu")
+                .arg(&x)
+                .kw("approximate", approximate)
+        };
+        assert_eq!(
+            gelu("tanh").err(),
+            "`approximate=\"tanh\"` is not supported"
+        );
+        assert!(gelu("none").run().is_ok());
+        let e = call("torch.div")
+            .arg(&x)
+            .arg(&x)
+            .kw("rounding_mode", "floor")
+            .err();
         assert_eq!(e, "`rounding_mode=\"floor\"` is not supported");
+        let e = call("torch.nn.functional.mse_loss")
+            .arg(&x)
+            .arg(&x)
+            .kw("size_average", true)
+            .err();
+        assert_eq!(e, "`size_average=true` is not supported");
+
         let idx = Arg::Tensor(Tensor::from_vec(vec![0i64, 1], [2]).unwrap());
         let w = t(&[1.0, 2.0, 3.0, 4.0], &[2, 2]);
-        let e = run(
-            "torch.nn.functional.embedding",
-            "embedding",
-            &[idx.clone(), w.clone(), Arg::Int(0), Arg::Float(1.0)],
-            &K::default(),
-        )
-        .unwrap_err();
+        let embedding = || call("torch.nn.functional.embedding").arg(&idx).arg(&w);
+        let e = embedding().arg(0).arg(1.0).err();
         assert_eq!(e, "`max_norm=1.0` is not supported");
-        let padded = run(
-            "torch.nn.functional.embedding",
-            "embedding",
-            &[idx.clone(), w.clone(), Arg::Int(0)],
-            &K::default(),
-        );
-        assert_eq!(values(padded), [1.0, 2.0, 3.0, 4.0]);
-        let ok = run(
-            "torch.nn.functional.embedding",
-            "embedding",
-            &[idx, w],
-            &kw(vec![
-                ("norm_type", Arg::Int(2)),
-                ("sparse", Arg::Bool(false)),
-            ]),
-        );
-        assert_eq!(values(ok), [1.0, 2.0, 3.0, 4.0]);
-        let e = run(
-            "torch.nn.functional.mse_loss",
-            "mse_loss",
-            &[x.clone(), x.clone()],
-            &kw(vec![("size_average", Arg::Bool(true))]),
-        )
-        .unwrap_err();
-        assert_eq!(e, "`size_average=true` is not supported");
+        assert_eq!(embedding().arg(0).values(), [1.0, 2.0, 3.0, 4.0]);
+        let defaults = embedding().kw("norm_type", 2).kw("sparse", false);
+        assert_eq!(defaults.values(), [1.0, 2.0, 3.0, 4.0]);
     }
 
     #[test]
     fn scalars_alpha_and_dtype() {
         let x = t(&[1.0, 2.0], &[2]);
-        let y = values(run(
-            "torch.add",
-            "add",
-            &[x.clone(), Arg::Int(2)],
-            &kw(vec![("alpha", Arg::Int(3))]),
-        ));
+        let y = call("torch.add").arg(&x).arg(2).kw("alpha", 3).values();
         assert_eq!(y, [7.0, 8.0]);
-        let y = values(run(
-            "torch.sub",
-            "sub",
-            &[x.clone(), x.clone()],
-            &kw(vec![("alpha", Arg::Float(0.5))]),
-        ));
+        let y = call("torch.sub").arg(&x).arg(&x).kw("alpha", 0.5).values();
         assert_eq!(y, [0.5, 1.0]);
-        let out = run(
-            "torch.sum",
-            "sum",
-            std::slice::from_ref(&x),
-            &kw(vec![("dtype", Arg::Str("float32".into()))]),
-        )
-        .unwrap();
-        let Output::Tensor(s) = out else { panic!() };
-        assert_eq!(s.dtype(), DType::F32);
-        assert_eq!(s.to_vec_f64(), [3.0]);
-        let y = values(run(
-            "torch.norm",
-            "norm",
-            &[t(&[3.0, 4.0], &[2])],
-            &kw(vec![("p", Arg::Str("fro".into()))]),
-        ));
+        let s = call("torch.sum").arg(&x).kw("dtype", "float32").tensors();
+        assert_eq!(s[0].dtype(), DType::F32);
+        assert_eq!(s[0].to_vec_f64(), [3.0]);
+        let y = call("torch.norm")
+            .arg(t(&[3.0, 4.0], &[2]))
+            .kw("p", "fro")
+            .values();
         assert_eq!(y, [5.0]);
-        let e = run(
-            "torch.norm",
-            "norm",
-            &[x],
-            &kw(vec![("p", Arg::Str("nuc".into()))]),
-        )
-        .unwrap_err();
+        let e = call("torch.norm").arg(&x).kw("p", "nuc").err();
         assert_eq!(e, "`p=\"nuc\"` is not supported");
     }
 
@@ -665,19 +593,8 @@ mod tests {
         let v = t(&[1.0, 2.0], &[2]);
         let m = t(&[1.0, 0.0, 0.0, 1.0], &[2, 2]);
         let list = Arg::List(vec![v.clone(), m, v]);
-        let y = values(run(
-            "torch.linalg.multi_dot",
-            "multi_dot",
-            std::slice::from_ref(&list),
-            &K::default(),
-        ));
-        assert_eq!(y, [5.0]);
-        assert!(run(
-            "torch.linalg.multi_dot",
-            "chain_matmul",
-            &[list],
-            &K::default()
-        )
-        .is_err());
+        let multi_dot = call("torch.linalg.multi_dot").arg(&list);
+        assert_eq!(multi_dot.values(), [5.0]);
+        assert!(multi_dot.op("chain_matmul").run().is_err());
     }
 }

@@ -175,69 +175,41 @@ mod tests {
     fn ops_without_vectors_run_through_their_calls() {
         let x = t(&(0..16).map(f64::from).collect::<Vec<_>>(), &[1, 1, 4, 4]);
         // max_pool2d with indices, then max_unpool2d puts the maxima back.
-        let out = run(
-            "torch.nn.functional.max_pool2d",
-            "max_pool2d",
-            &[x.clone(), Arg::Int(2)],
-            &kw(vec![("return_indices", Arg::Bool(true))]),
-        )
-        .unwrap()
-        .into_tensors();
+        let max_pool = call("torch.nn.functional.max_pool2d").arg(&x).arg(2);
+        let out = max_pool.kw("return_indices", true).tensors();
         assert_eq!(out[0].to_vec_f64(), [5.0, 7.0, 13.0, 15.0]);
         assert_eq!(out[1].to_vec::<i64>().unwrap(), [5, 7, 13, 15]);
-        let un = run(
-            "torch.nn.functional.max_unpool2d",
-            "max_unpool2d",
-            &[
-                Arg::Tensor(out[0].clone()),
-                Arg::Tensor(out[1].clone()),
-                Arg::Int(2),
-            ],
-            &K::default(),
-        )
-        .unwrap()
-        .into_tensors();
+        let [v, i] = [0, 1].map(|k| Arg::Tensor(out[k].clone()));
+        let un = call("torch.nn.functional.max_unpool2d")
+            .arg(v)
+            .arg(i)
+            .arg(2)
+            .values();
         let mut want = vec![0.0; 16];
         for i in [5, 7, 13, 15] {
             want[i] = i as f64;
         }
-        assert_eq!(un[0].to_vec_f64(), want);
+        assert_eq!(un, want);
         // fractional_max_pool2d with explicit samples: deterministic windows.
-        let samples = t(&[0.5, 0.5], &[1, 1, 2]);
-        let fr = run(
-            "torch.nn.functional.fractional_max_pool2d",
-            "fractional_max_pool2d",
-            &[x.clone(), Arg::Int(2)],
-            &kw(vec![
-                ("output_size", Arg::Int(2)),
-                ("return_indices", Arg::Bool(true)),
-                ("_random_samples", samples),
-            ]),
-        )
-        .unwrap()
-        .into_tensors();
+        let fractional = call("torch.nn.functional.fractional_max_pool2d")
+            .arg(&x)
+            .arg(2);
+        let fractional = fractional.kw("output_size", 2).kw("return_indices", true);
+        let fr = fractional
+            .kw("_random_samples", t(&[0.5, 0.5], &[1, 1, 2]))
+            .tensors();
         // alpha = 2, starts int((i + .5) * 2) - 1 = 0 and the last 2 → windows at 0 and 2.
         assert_eq!(fr[0].to_vec_f64(), [5.0, 7.0, 13.0, 15.0]);
-        let fr3 = run(
-            "torch.nn.functional.fractional_max_pool3d",
-            "fractional_max_pool3d",
-            &[t(&[1.0; 27], &[1, 1, 3, 3, 3]), Arg::Int(2)],
-            &kw(vec![("output_ratio", Arg::Float(0.5))]),
-        )
-        .unwrap()
-        .into_tensors();
+        let cube = t(&[1.0; 27], &[1, 1, 3, 3, 3]);
+        let fractional = call("torch.nn.functional.fractional_max_pool3d")
+            .arg(cube)
+            .arg(2);
+        let fr3 = fractional.kw("output_ratio", 0.5).tensors();
         assert_eq!(fr3[0].dims(), &[1, 1, 1, 1, 1]);
-        let am = run(
-            "torch.nn.functional.adaptive_max_pool3d",
-            "adaptive_max_pool3d",
-            &[t(&(0..8).map(f64::from).collect::<Vec<_>>(), &[1, 2, 2, 2])],
-            &kw(vec![(
-                "output_size",
-                Arg::List(vec![Arg::Int(1), Arg::None, Arg::Int(1)]),
-            )]),
-        )
-        .unwrap()
-        .into_tensors();
+        let keep_middle = Arg::List(vec![Arg::Int(1), Arg::None, Arg::Int(1)]);
+        let input = t(&(0..8).map(f64::from).collect::<Vec<_>>(), &[1, 2, 2, 2]);
+        let adaptive = call("torch.nn.functional.adaptive_max_pool3d").arg(input);
+        let am = adaptive.kw("output_size", keep_middle).tensors();
         assert_eq!(am[0].to_vec_f64(), [5.0, 7.0]);
         // grid_sample: the identity grid with align_corners reproduces the input.
         let grid = t(
@@ -248,38 +220,20 @@ mod tests {
             &[1, 2, 2, 2],
         );
         let img = t(&[1.0, 2.0, 3.0, 4.0], &[1, 1, 2, 2]);
+        let grid_sample = || call("torch.nn.functional.grid_sample").arg(&img).arg(&grid);
         for mode in ["bilinear", "nearest"] {
-            let g = run(
-                "torch.nn.functional.grid_sample",
-                "grid_sampler_2d",
-                &[img.clone(), grid.clone()],
-                &kw(vec![
-                    ("mode", Arg::Str(mode.into())),
-                    ("padding_mode", Arg::Str("border".into())),
-                    ("align_corners", Arg::Bool(true)),
-                ]),
-            )
-            .unwrap()
-            .into_tensors();
-            assert_eq!(g[0].to_vec_f64(), [1.0, 2.0, 3.0, 4.0]);
+            let g = grid_sample().op("grid_sampler_2d").kw("mode", mode);
+            let g = g.kw("padding_mode", "border").kw("align_corners", true);
+            assert_eq!(g.values(), [1.0, 2.0, 3.0, 4.0]);
         }
-        let e = run(
-            "torch.nn.functional.grid_sample",
-            "grid_sample",
-            &[img.clone(), grid],
-            &kw(vec![("mode", Arg::Str("bicubic".into()))]),
-        )
-        .unwrap_err();
+        let e = grid_sample().kw("mode", "bicubic").err();
         assert!(e.contains("bicubic"), "{e}");
         // Constant pad with a value.
-        let p = run(
-            "torch.nn.functional.pad",
-            "constant_pad_nd",
-            &[img, Arg::List(vec![Arg::Int(1), Arg::Int(0)])],
-            &kw(vec![("value", Arg::Float(9.0))]),
-        )
-        .unwrap()
-        .into_tensors();
-        assert_eq!(p[0].to_vec_f64(), [9.0, 1.0, 2.0, 9.0, 3.0, 4.0]);
+        let pad = call("torch.nn.functional.pad")
+            .op("constant_pad_nd")
+            .arg(&img)
+            .arg(ints(&[1, 0]));
+        let p = pad.kw("value", 9.0).values();
+        assert_eq!(p, [9.0, 1.0, 2.0, 9.0, 3.0, 4.0]);
     }
 }
