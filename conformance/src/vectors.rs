@@ -156,8 +156,8 @@ impl Cases {
     /// for the coverage report.
     pub fn op_calls(&self) -> Vec<(&str, &str)> {
         match self {
-            Cases::Autocast(c) => c.iter().map(|c| (c.op.as_str(), c.call.as_str())).collect(),
-            Cases::Grad(c) => c.iter().map(|c| (c.op.as_str(), c.call.as_str())).collect(),
+            Cases::Autocast(c) => c.iter().map(|c| c.op_call.names()).collect(),
+            Cases::Grad(c) => c.iter().map(|c| c.op_call.names()).collect(),
             _ => Vec::new(),
         }
     }
@@ -253,6 +253,13 @@ impl VectorFile {
     }
 }
 
+impl OpCall {
+    /// `(op, call)`.
+    pub fn names(&self) -> (&str, &str) {
+        (&self.op, &self.call)
+    }
+}
+
 // ----- cases ---------------------------------------------------------------------------
 
 /// `{"id", "device": "cuda"|"cpu", "op", "policy"}`.
@@ -318,6 +325,20 @@ impl<'de> Deserialize<'de> for AutocastRegion {
     }
 }
 
+/// What an autocast, grad or errors case calls: `{"op", "call", "args", "kwargs"}`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct OpCall {
+    /// The documented op name.
+    pub op: String,
+    /// The PyTorch function whose signature `args`/`kwargs` follow.
+    pub call: String,
+    /// Positional arguments.
+    pub args: Vec<Arg<TensorLit>>,
+    /// Keyword arguments.
+    #[serde(default)]
+    pub kwargs: Kwargs<TensorLit>,
+}
+
 /// Expected output of an autocast case.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct AutocastExpect {
@@ -335,19 +356,13 @@ pub struct AutocastCase {
     pub id: String,
     /// The autocast device type (`cpu`).
     pub device: DeviceType,
-    /// The documented op name.
-    pub op: String,
-    /// The PyTorch function whose signature `args`/`kwargs` follow.
-    pub call: String,
     /// Informative: the op's policy (`composite` marks ops built from matmul).
     pub policy: String,
     /// The nested autocast regions, outermost first (empty: no autocast).
     pub autocast: Vec<AutocastRegion>,
-    /// Positional arguments.
-    pub args: Vec<Arg<TensorLit>>,
-    /// Keyword arguments.
-    #[serde(default)]
-    pub kwargs: Kwargs<TensorLit>,
+    /// The op and its arguments.
+    #[serde(flatten)]
+    pub op_call: OpCall,
     /// What the op must return.
     pub expect: AutocastExpect,
 }
@@ -369,15 +384,9 @@ pub struct ExpectError {
 pub struct ErrorCase {
     /// Unique case id.
     pub id: String,
-    /// The documented op name.
-    pub op: String,
-    /// The PyTorch function whose signature `args`/`kwargs` follow.
-    pub call: String,
-    /// Positional arguments.
-    pub args: Vec<Arg<TensorLit>>,
-    /// Keyword arguments.
-    #[serde(default)]
-    pub kwargs: Kwargs<TensorLit>,
+    /// The op and its arguments.
+    #[serde(flatten)]
+    pub op_call: OpCall,
     /// What PyTorch raised.
     pub expect_error: ExpectError,
 }
@@ -404,15 +413,9 @@ pub struct GradExpect {
 pub struct GradCase {
     /// Unique case id.
     pub id: String,
-    /// The documented op name.
-    pub op: String,
-    /// The PyTorch function whose signature `args`/`kwargs` follow.
-    pub call: String,
-    /// Positional arguments (tensors marked `requires_grad` are differentiated).
-    pub args: Vec<Arg<TensorLit>>,
-    /// Keyword arguments.
-    #[serde(default)]
-    pub kwargs: Kwargs<TensorLit>,
+    /// The op and its arguments (tensors marked `requires_grad` are differentiated).
+    #[serde(flatten)]
+    pub op_call: OpCall,
     /// The gradient backpropagated from the output (same structure as the output).
     pub grad_output: Output<TensorLit>,
     /// What forward and backward must give.

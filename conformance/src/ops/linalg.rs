@@ -3,28 +3,15 @@
 //! Not here (no entry, so listed as not executable): the complex-valued ops
 //! (`linalg_eig`, `linalg_eigvals`, `eig`).
 
-use amp::autograd::ops::{self, MatrixNormOrd, QrMode, QuantileQ};
+use amp::autograd::ops::{self, MatrixNormOrd, QuantileQ};
 use amp::autograd::Tensor;
 
-use super::{bind, err, one, Bound, BuiltinTensor, R};
-use crate::args::{Arg, Output};
+use super::{Bound, BuiltinTensor, FromArg, IntoOutput, A};
+use crate::args::Arg;
 use crate::optable::OpTable;
 
-fn pair(r: amp::autograd::Result<(Tensor, Tensor)>) -> R {
-    r.map(|(a, b)| Output::Tensors(vec![a, b])).map_err(err)
-}
-
-fn triple(r: amp::autograd::Result<(Tensor, Tensor, Tensor)>) -> R {
-    r.map(|(a, b, c)| Output::Tensors(vec![a, b, c]))
-        .map_err(err)
-}
-
-fn many(r: amp::autograd::Result<Vec<Tensor>>) -> R {
-    r.map(Output::Tensors).map_err(err)
-}
-
 /// `ord` / `p` of a matrix norm: `'fro'`, `'nuc'` or a number (`inf` as a float).
-fn norm_ord(a: &Arg<Tensor>) -> Result<MatrixNormOrd, String> {
+fn norm_ord(a: &A) -> Result<MatrixNormOrd, String> {
     match a {
         Arg::Str(s) if s == "fro" => Ok(MatrixNormOrd::Fro),
         Arg::Str(s) if s == "nuc" => Ok(MatrixNormOrd::Nuc),
@@ -36,373 +23,126 @@ fn norm_ord(a: &Arg<Tensor>) -> Result<MatrixNormOrd, String> {
     }
 }
 
-fn opt_f64(b: &Bound<'_>, name: &str) -> Result<Option<f64>, String> {
-    b.get(name)
-        .map(|a| a.float().map_err(|e| format!("`{name}`: {e}")))
-        .transpose()
-}
-
-fn quantile_entry(
-    nan: bool,
-) -> impl Fn(&[Arg<Tensor>], &crate::args::Kwargs<Tensor>) -> R + Send + Sync {
-    move |args, kwargs| {
-        let b = bind(
-            args,
-            kwargs,
-            &["input", "q", "dim", "keepdim"],
-            &["interpolation", "out"],
-        )?;
-        b.unsupported_unless_none("out")?;
-        let x = b.tensor("input")?;
-        let q = match b.req("q")? {
-            Arg::Tensor(t) => QuantileQ::Tensor(t),
-            a => QuantileQ::Scalar(a.float().map_err(|e| format!("`q`: {e}"))?),
-        };
-        let dim = b
-            .get("dim")
-            .map(|d| d.int().map_err(|e| format!("`dim`: {e}")))
-            .transpose()?;
-        let keepdim = b.bool_or("keepdim", false)?;
-        let interp = b.str_or("interpolation", "linear")?;
-        if nan {
-            one(ops::nanquantile(x, q, dim, keepdim, interp))
-        } else {
-            one(ops::quantile(x, q, dim, keepdim, interp))
+/// `q` of a quantile: a number, or a tensor of quantiles.
+impl<'a> FromArg<'a> for QuantileQ<'a> {
+    fn from_arg(name: &str, arg: Option<&'a A>) -> Result<Self, String> {
+        match arg {
+            Some(Arg::Tensor(t)) => Ok(QuantileQ::Tensor(t)),
+            a => f64::from_arg(name, a).map(QuantileQ::Scalar),
         }
     }
 }
 
+/// A Python number, or the value of a one-element tensor (`scale` and `zero_point` of
+/// fake quantization).
+fn item<'a, T: FromArg<'a>>(b: &Bound<'a>, name: &str, of: fn(f64) -> T) -> Result<T, String> {
+    match b.req(name)? {
+        Arg::Tensor(t) => Ok(of(t.data().item_f64().map_err(|e| e.to_string())?)),
+        _ => b.arg(name),
+    }
+}
+
+/// `matrix_rank(A, *, atol=None, rtol=None, hermitian=False, out=None)` and the older
+/// overload `matrix_rank(A, tol=None, hermitian=False, *, out=None)`.
+fn matrix_rank(b: &Bound<'_>) -> Result<crate::args::Output<Tensor>, String> {
+    let tol: Option<f64> = b.arg("tol")?;
+    let (atol, rtol): (Option<f64>, Option<f64>) = (b.arg("atol")?, b.arg("rtol")?);
+    let (atol, rtol) = match tol {
+        Some(t) if atol.is_some() || rtol.is_some() => {
+            return Err(format!(
+                "`tol={t}` cannot be given together with `atol` or `rtol`"
+            ))
+        }
+        Some(t) => (Some(t), Some(0.0)),
+        None => (atol, rtol),
+    };
+    ops::linalg_matrix_rank(b.arg("A")?, atol, rtol, b.arg("hermitian")?).into_output()
+}
+
 /// Adds this area's entries to the table.
 pub(super) fn register(t: &mut OpTable<BuiltinTensor>) {
-    t.insert("torch.trace", |args, kwargs| {
-        let b = bind(args, kwargs, &["input"], &[])?;
-        one(ops::trace(b.tensor("input")?))
-    });
-    t.insert("torch.inverse", |args, kwargs| {
-        let b = bind(args, kwargs, &["input"], &["out"])?;
-        b.unsupported_unless_none("out")?;
-        one(ops::inverse(b.tensor("input")?))
-    });
-    t.insert("torch.linalg.inv", |args, kwargs| {
-        let b = bind(args, kwargs, &["A"], &["out"])?;
-        b.unsupported_unless_none("out")?;
-        one(ops::linalg_inv(b.tensor("A")?))
-    });
-    t.insert("torch.linalg.inv_ex", |args, kwargs| {
-        let b = bind(args, kwargs, &["A"], &["check_errors", "out"])?;
-        b.unsupported_unless_none("out")?;
-        pair(ops::linalg_inv_ex(
-            b.tensor("A")?,
-            b.bool_or("check_errors", false)?,
-        ))
-    });
-    t.insert("torch.linalg.solve", |args, kwargs| {
-        let b = bind(args, kwargs, &["A", "B"], &["left", "out"])?;
-        b.unsupported_unless_none("out")?;
-        one(ops::linalg_solve(
-            b.tensor("A")?,
-            b.tensor("B")?,
-            b.bool_or("left", true)?,
-        ))
-    });
-    // Removed in PyTorch 2: torch.solve(input, A, *, out=None) -> (solution, LU).
-    t.insert("torch.solve", |args, kwargs| {
-        let b = bind(args, kwargs, &["input", "A"], &["out"])?;
-        b.unsupported_unless_none("out")?;
-        pair(ops::solve(b.tensor("input")?, b.tensor("A")?))
-    });
-    t.insert("torch.triangular_solve", |args, kwargs| {
-        let b = bind(
-            args,
-            kwargs,
-            &["b", "A", "upper", "transpose", "unitriangular"],
-            &["out"],
-        )?;
-        b.unsupported_unless_none("out")?;
-        pair(ops::triangular_solve(
-            b.tensor("b")?,
-            b.tensor("A")?,
-            b.bool_or("upper", true)?,
-            b.bool_or("transpose", false)?,
-            b.bool_or("unitriangular", false)?,
-        ))
-    });
-    t.insert("torch.linalg.cholesky", |args, kwargs| {
-        let b = bind(args, kwargs, &["A"], &["upper", "out"])?;
-        b.unsupported_unless_none("out")?;
-        one(ops::linalg_cholesky(
-            b.tensor("A")?,
-            b.bool_or("upper", false)?,
-        ))
-    });
-    t.insert("torch.linalg.cholesky_ex", |args, kwargs| {
-        let b = bind(args, kwargs, &["A"], &["upper", "check_errors", "out"])?;
-        b.unsupported_unless_none("out")?;
-        pair(ops::linalg_cholesky_ex(
-            b.tensor("A")?,
-            b.bool_or("upper", false)?,
-            b.bool_or("check_errors", false)?,
-        ))
-    });
-    t.insert("torch.cholesky", |args, kwargs| {
-        let b = bind(args, kwargs, &["input", "upper"], &["out"])?;
-        b.unsupported_unless_none("out")?;
-        one(ops::cholesky(
-            b.tensor("input")?,
-            b.bool_or("upper", false)?,
-        ))
-    });
-    t.insert("torch.cholesky_solve", |args, kwargs| {
-        let b = bind(args, kwargs, &["B", "L", "upper"], &["out"])?;
-        b.unsupported_unless_none("out")?;
-        one(ops::cholesky_solve(
-            b.tensor("B")?,
-            b.tensor("L")?,
-            b.bool_or("upper", false)?,
-        ))
-    });
-    t.insert("torch.cholesky_inverse", |args, kwargs| {
-        let b = bind(args, kwargs, &["L", "upper"], &["out"])?;
-        b.unsupported_unless_none("out")?;
-        one(ops::cholesky_inverse(
-            b.tensor("L")?,
-            b.bool_or("upper", false)?,
-        ))
-    });
-    t.insert("torch.linalg.eigh", |args, kwargs| {
-        let b = bind(args, kwargs, &["A", "UPLO"], &["out"])?;
-        b.unsupported_unless_none("out")?;
-        pair(ops::linalg_eigh(b.tensor("A")?, b.str_or("UPLO", "L")?))
-    });
-    t.insert("torch.linalg.eigvalsh", |args, kwargs| {
-        let b = bind(args, kwargs, &["A", "UPLO"], &["out"])?;
-        b.unsupported_unless_none("out")?;
-        one(ops::linalg_eigvalsh(b.tensor("A")?, b.str_or("UPLO", "L")?))
-    });
-    // Removed in PyTorch 2: torch.symeig(input, eigenvectors=False, upper=True, *, out=None).
-    t.insert("torch.symeig", |args, kwargs| {
-        let b = bind(args, kwargs, &["input", "eigenvectors", "upper"], &["out"])?;
-        b.unsupported_unless_none("out")?;
-        pair(ops::symeig(
-            b.tensor("input")?,
-            b.bool_or("eigenvectors", false)?,
-            b.bool_or("upper", true)?,
-        ))
-    });
-    t.insert("torch.linalg.svd", |args, kwargs| {
-        let b = bind(args, kwargs, &["A", "full_matrices"], &["driver", "out"])?;
-        b.unsupported_unless_none("out")?;
+    let quantile = "input, q, dim=None, keepdim=False, *, interpolation='linear', !out=None";
+    calls! { t;
+        "torch.trace": "input" => ops::trace;
+        "torch.inverse": "input, *, !out=None" => ops::inverse;
+        "torch.linalg.inv": "A, *, !out=None" => ops::linalg_inv;
+        "torch.linalg.inv_ex": "A, *, check_errors=False, !out=None" => ops::linalg_inv_ex;
+        "torch.linalg.solve": "A, B, *, left=True, !out=None" => ops::linalg_solve;
+        // Removed in PyTorch 2: torch.solve(input, A, *, out=None) -> (solution, LU).
+        "torch.solve": "input, A, *, !out=None" => ops::solve;
+        "torch.triangular_solve": "b, A, upper=True, transpose=False, unitriangular=False, *, \
+                                   !out=None" => ops::triangular_solve;
+        "torch.linalg.cholesky": "A, *, upper=False, !out=None" => ops::linalg_cholesky;
+        "torch.linalg.cholesky_ex": "A, *, upper=False, check_errors=False, !out=None"
+            => ops::linalg_cholesky_ex;
+        "torch.cholesky": "input, upper=False, *, !out=None" => ops::cholesky;
+        "torch.cholesky_solve": "B, L, upper=False, *, !out=None" => ops::cholesky_solve;
+        "torch.cholesky_inverse": "L, upper=False, *, !out=None" => ops::cholesky_inverse;
+        "torch.linalg.eigh": "A, UPLO='L', *, !out=None" => ops::linalg_eigh;
+        "torch.linalg.eigvalsh": "A, UPLO='L', *, !out=None" => ops::linalg_eigvalsh;
+        // Removed in PyTorch 2.
+        "torch.symeig": "input, eigenvectors=False, upper=True, *, !out=None" => ops::symeig;
         // `driver=` is for CUDA (cuSOLVER) only.
-        b.unsupported_unless_none("driver")?;
-        triple(ops::linalg_svd(
-            b.tensor("A")?,
-            b.bool_or("full_matrices", true)?,
-        ))
-    });
-    t.insert("torch.linalg.svdvals", |args, kwargs| {
-        let b = bind(args, kwargs, &["A"], &["driver", "out"])?;
-        b.unsupported_unless_none("out")?;
-        b.unsupported_unless_none("driver")?;
-        one(ops::linalg_svdvals(b.tensor("A")?))
-    });
-    t.insert("torch.svd", |args, kwargs| {
-        let b = bind(args, kwargs, &["input", "some", "compute_uv"], &["out"])?;
-        b.unsupported_unless_none("out")?;
-        triple(ops::svd(
-            b.tensor("input")?,
-            b.bool_or("some", true)?,
-            b.bool_or("compute_uv", true)?,
-        ))
-    });
-    t.insert("torch.pinverse", |args, kwargs| {
-        let b = bind(args, kwargs, &["input", "rcond"], &[])?;
-        one(ops::pinverse(b.tensor("input")?, b.f64_or("rcond", 1e-15)?))
-    });
-    t.insert("torch.linalg.qr", |args, kwargs| {
-        let b = bind(args, kwargs, &["A", "mode"], &["out"])?;
-        b.unsupported_unless_none("out")?;
-        let mode: QrMode = b.str_or("mode", "reduced")?.parse().map_err(err)?;
-        pair(ops::linalg_qr(b.tensor("A")?, mode))
-    });
-    t.insert("torch.qr", |args, kwargs| {
-        let b = bind(args, kwargs, &["input", "some"], &["out"])?;
-        b.unsupported_unless_none("out")?;
-        pair(ops::qr(b.tensor("input")?, b.bool_or("some", true)?))
-    });
-    t.insert("torch.lu", |args, kwargs| {
-        let b = bind(args, kwargs, &["A", "pivot", "get_infos", "out"], &[])?;
-        b.unsupported_unless_none("out")?;
-        many(ops::lu(
-            b.tensor("A")?,
-            b.bool_or("pivot", true)?,
-            b.bool_or("get_infos", false)?,
-        ))
-    });
-    t.insert("torch.lu_solve", |args, kwargs| {
-        let b = bind(args, kwargs, &["b", "LU_data", "LU_pivots"], &["out"])?;
-        b.unsupported_unless_none("out")?;
-        one(ops::lu_solve(
-            b.tensor("b")?,
-            b.tensor("LU_data")?,
-            b.tensor("LU_pivots")?,
-        ))
-    });
-    t.insert("torch.linalg.lstsq", |args, kwargs| {
-        let b = bind(args, kwargs, &["A", "B", "rcond"], &["driver"])?;
-        let driver = match b.get("driver") {
-            Some(d) => Some(d.str().map_err(|e| format!("`driver`: {e}"))?),
-            None => None,
-        };
-        many(ops::linalg_lstsq(
-            b.tensor("A")?,
-            b.tensor("B")?,
-            opt_f64(&b, "rcond")?,
-            driver,
-        ))
-    });
-    t.insert("torch.linalg.matrix_norm", |args, kwargs| {
-        let b = bind(
-            args,
-            kwargs,
-            &["A", "ord", "dim", "keepdim"],
-            &["dtype", "out"],
-        )?;
-        b.unsupported_unless_none("out")?;
-        let ord = match b.get("ord") {
-            None => MatrixNormOrd::Fro,
-            Some(a) => norm_ord(a)?,
-        };
-        let dims = match b.get("dim") {
+        "torch.linalg.svd": "A, full_matrices=True, *, !driver=None, !out=None" => ops::linalg_svd;
+        "torch.linalg.svdvals": "A, *, !driver=None, !out=None" => ops::linalg_svdvals;
+        "torch.svd": "input, some=True, compute_uv=True, *, !out=None" => ops::svd;
+        "torch.pinverse": "input, rcond=1e-15" => ops::pinverse;
+        "torch.linalg.qr": "A, mode='reduced', *, !out=None" => ops::linalg_qr;
+        "torch.qr": "input, some=True, *, !out=None" => ops::qr;
+        "torch.lu": "A, pivot=True, get_infos=False, !out=None" => ops::lu;
+        "torch.lu_solve": "b, LU_data, LU_pivots, *, !out=None" => ops::lu_solve;
+        "torch.linalg.lstsq": "A, B, rcond=None, *, driver=None" => ops::linalg_lstsq;
+        "torch.lstsq": "input, A, *, !out=None" => ops::lstsq;
+        "torch.geqrf": "input, *, !out=None" => ops::geqrf;
+        "torch.linalg.householder_product": "A, tau, *, !out=None"
+            => ops::linalg_householder_product;
+        "torch.orgqr": "input, tau" => ops::orgqr;
+        "torch.ormqr": "input, tau, other, left=True, transpose=False, *, !out=None" => ops::ormqr;
+        "torch.quantile": quantile => ops::quantile;
+        "torch.nanquantile": quantile => ops::nanquantile;
+    }
+    let matrix_norm = "A, ord='fro', dim=None, keepdim=False, *, dtype=None, !out=None";
+    t.op("torch.linalg.matrix_norm", matrix_norm, |b| {
+        let ord = b.get("ord").map_or(Ok(MatrixNormOrd::Fro), norm_ord)?;
+        let dims = match b.arg::<Option<Vec<i64>>>("dim")? {
             None => [-2, -1],
-            Some(a) => {
-                let v = a.ints().map_err(|e| format!("`dim`: {e}"))?;
-                <[i64; 2]>::try_from(v.as_slice())
-                    .map_err(|_| "`dim` must be a 2-tuple of ints".to_string())?
-            }
+            Some(v) => <[i64; 2]>::try_from(v.as_slice())
+                .map_err(|_| "`dim` must be a 2-tuple of ints".to_string())?,
         };
-        one(ops::linalg_matrix_norm(
-            b.tensor("A")?,
-            ord,
-            dims,
-            b.bool_or("keepdim", false)?,
-            b.dtype("dtype")?,
-        ))
+        let (a, keepdim, dtype) = (b.arg("A")?, b.arg("keepdim")?, b.arg("dtype")?);
+        ops::linalg_matrix_norm(a, ord, dims, keepdim, dtype).into_output()
     });
-    t.insert("torch.linalg.cond", |args, kwargs| {
-        let b = bind(args, kwargs, &["A", "p"], &["out"])?;
-        b.unsupported_unless_none("out")?;
+    t.op("torch.linalg.cond", "A, p=None, *, !out=None", |b| {
         let p = b.get("p").map(norm_ord).transpose()?;
-        one(ops::linalg_cond(b.tensor("A")?, p))
+        ops::linalg_cond(b.arg("A")?, p).into_output()
     });
-    // matrix_rank(A, *, atol=None, rtol=None, hermitian=False, out=None) and the older
-    // overload matrix_rank(A, tol=None, hermitian=False, *, out=None).
-    t.insert("torch.linalg.matrix_rank", |args, kwargs| {
-        let b = bind(
-            args,
-            kwargs,
-            &["A", "tol", "hermitian"],
-            &["atol", "rtol", "out"],
-        )?;
-        b.unsupported_unless_none("out")?;
-        let tol = opt_f64(&b, "tol")?;
-        let (atol, rtol) = (opt_f64(&b, "atol")?, opt_f64(&b, "rtol")?);
-        let (atol, rtol) = match tol {
-            Some(t) if atol.is_some() || rtol.is_some() => {
-                return Err(format!(
-                    "`tol={t}` cannot be given together with `atol` or `rtol`"
-                ))
-            }
-            Some(t) => (Some(t), Some(0.0)),
-            None => (atol, rtol),
-        };
-        one(ops::linalg_matrix_rank(
-            b.tensor("A")?,
-            atol,
-            rtol,
-            b.bool_or("hermitian", false)?,
-        ))
-    });
-    t.insert("torch.linalg.tensorinv", |args, kwargs| {
-        let b = bind(args, kwargs, &["A", "ind"], &["out"])?;
-        b.unsupported_unless_none("out")?;
-        let ind = b.int_or("ind", 2)?;
+    let matrix_rank_sig = "A, tol=None, hermitian=False, *, atol=None, rtol=None, !out=None";
+    t.op("torch.linalg.matrix_rank", matrix_rank_sig, matrix_rank);
+    t.op("torch.linalg.tensorinv", "A, ind=2, *, !out=None", |b| {
+        let ind: i64 = b.arg("ind")?;
         let ind = usize::try_from(ind)
             .map_err(|_| "Expected a strictly positive integer for 'ind'".to_string())?;
-        one(ops::linalg_tensorinv(b.tensor("A")?, ind))
+        ops::linalg_tensorinv(b.arg("A")?, ind).into_output()
     });
-    t.insert("torch.linalg.tensorsolve", |args, kwargs| {
-        let b = bind(args, kwargs, &["A", "B", "dims"], &["out"])?;
-        b.unsupported_unless_none("out")?;
-        let dims = b.get("dims").map(|a| a.ints()).transpose()?;
-        one(ops::linalg_tensorsolve(
-            b.tensor("A")?,
-            b.tensor("B")?,
-            dims.as_deref(),
-        ))
-    });
-    t.insert("torch.lstsq", |args, kwargs| {
-        let b = bind(args, kwargs, &["input", "A"], &["out"])?;
-        b.unsupported_unless_none("out")?;
-        pair(ops::lstsq(b.tensor("input")?, b.tensor("A")?))
-    });
-    t.insert("torch.geqrf", |args, kwargs| {
-        let b = bind(args, kwargs, &["input"], &["out"])?;
-        b.unsupported_unless_none("out")?;
-        pair(ops::geqrf(b.tensor("input")?))
-    });
-    t.insert("torch.linalg.householder_product", |args, kwargs| {
-        let b = bind(args, kwargs, &["A", "tau"], &["out"])?;
-        b.unsupported_unless_none("out")?;
-        one(ops::linalg_householder_product(
-            b.tensor("A")?,
-            b.tensor("tau")?,
-        ))
-    });
-    t.insert("torch.orgqr", |args, kwargs| {
-        let b = bind(args, kwargs, &["input", "tau"], &[])?;
-        one(ops::orgqr(b.tensor("input")?, b.tensor("tau")?))
-    });
-    t.insert("torch.ormqr", |args, kwargs| {
-        let b = bind(
-            args,
-            kwargs,
-            &["input", "tau", "other", "left", "transpose"],
-            &["out"],
-        )?;
-        b.unsupported_unless_none("out")?;
-        one(ops::ormqr(
-            b.tensor("input")?,
-            b.tensor("tau")?,
-            b.tensor("other")?,
-            b.bool_or("left", true)?,
-            b.bool_or("transpose", false)?,
-        ))
-    });
-    t.insert("torch.quantile", quantile_entry(false));
-    t.insert("torch.nanquantile", quantile_entry(true));
+    t.op(
+        "torch.linalg.tensorsolve",
+        "A, B, dims=None, *, !out=None",
+        |b| {
+            let dims = b.get("dims").map(|a| a.ints()).transpose()?;
+            ops::linalg_tensorsolve(b.arg("A")?, b.arg("B")?, dims.as_deref()).into_output()
+        },
+    );
     // fake_quantize_per_tensor_affine(input, scale, zero_point, quant_min, quant_max),
     // with `scale` / `zero_point` Python numbers or 0-D tensors.
-    t.insert("torch.fake_quantize_per_tensor_affine", |args, kwargs| {
-        let b = bind(
-            args,
-            kwargs,
-            &["input", "scale", "zero_point", "quant_min", "quant_max"],
-            &[],
-        )?;
-        let scale = match b.req("scale")? {
-            Arg::Tensor(t) => t.data().item_f64().map_err(|e| e.to_string())?,
-            a => a.float().map_err(|e| format!("`scale`: {e}"))?,
-        };
-        let zp = match b.req("zero_point")? {
-            Arg::Tensor(t) => t.data().item_f64().map_err(|e| e.to_string())? as i64,
-            a => a.int().map_err(|e| format!("`zero_point`: {e}"))?,
-        };
-        one(ops::fake_quantize_per_tensor_affine(
-            b.tensor("input")?,
-            scale,
-            zp,
-            b.int("quant_min")?,
-            b.int("quant_max")?,
-        ))
-    });
+    let fake_quantize = "input, scale, zero_point, quant_min, quant_max";
+    t.op(
+        "torch.fake_quantize_per_tensor_affine",
+        fake_quantize,
+        |b| {
+            let scale = item(b, "scale", |x| x)?;
+            let zero_point = item(b, "zero_point", |x| x as i64)?;
+            let (x, min, max) = (b.arg("input")?, b.arg("quant_min")?, b.arg("quant_max")?);
+            ops::fake_quantize_per_tensor_affine(x, scale, zero_point, min, max).into_output()
+        },
+    );
 }

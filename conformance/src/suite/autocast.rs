@@ -7,22 +7,19 @@ use crate::vectors::AutocastCase;
 
 /// Runs `case` on `backend`; skipped when the op table has no entry for its op.
 pub fn run<B: AutocastBackend>(backend: &B, case: &AutocastCase) -> Outcome {
-    if !backend.ops().supports(&case.op, &case.call) {
-        return Outcome::op_not_implemented(&case.op);
-    }
-    Outcome::from_result(check(backend, case))
+    let skip = case.op_call.unsupported(backend);
+    skip.unwrap_or_else(|| Outcome::from_result(check(backend, case)))
 }
 
 fn check<B: AutocastBackend>(b: &B, case: &AutocastCase) -> Result<(), String> {
     // Autocast cases never differentiate: `requires_grad` marks are not applied.
-    let (args, kwargs) = super::arguments(b, &case.args, &case.kwargs, false)?;
+    let call = &case.op_call;
+    let (args, kwargs) = super::arguments(b, call, false)?;
     let out = b
         .with_autocast(case.device, &case.autocast, &mut || {
-            b.ops()
-                .call(&case.op, &case.call, &args, &kwargs)
-                .unwrap_or_else(|| Err(format!("no entry for `{}`", case.call)))
+            call.run(b, &args, &kwargs)
         })
-        .map_err(|e| format!("{} failed: {e}", case.call))?;
+        .map_err(|e| format!("{} failed: {e}", call.call))?;
     check_output(
         b,
         "output",

@@ -20,13 +20,13 @@ pub struct ErrorOutcome {
 
 /// Runs `case` on `backend`; skipped when the op table has no entry for its op.
 pub fn run<B: Backend>(backend: &B, case: &ErrorCase) -> ErrorOutcome {
-    if !backend.ops().supports(&case.op, &case.call) {
+    if let Some(skip) = case.op_call.unsupported(backend) {
         return ErrorOutcome {
-            outcome: Outcome::op_not_implemented(&case.op),
+            outcome: skip,
             text: None,
         };
     }
-    let args = match super::arguments(backend, &case.args, &case.kwargs, true) {
+    let args = match super::arguments(backend, &case.op_call, true) {
         Ok(args) => args,
         Err(e) => {
             return ErrorOutcome {
@@ -35,11 +35,7 @@ pub fn run<B: Backend>(backend: &B, case: &ErrorCase) -> ErrorOutcome {
             }
         }
     };
-    let result = backend
-        .ops()
-        .call(&case.op, &case.call, &args.0, &args.1)
-        .unwrap_or_else(|| Err(format!("no entry for `{}`", case.call)));
-    match result {
+    match case.op_call.run(backend, &args.0, &args.1) {
         Ok(_) => ErrorOutcome {
             outcome: Outcome::Failed(format!(
                 "returned a value; PyTorch raises {}: {}",

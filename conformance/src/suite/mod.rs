@@ -20,6 +20,7 @@ use crate::args::{Arg, Kwargs, Output};
 use crate::backend::Backend;
 use crate::compare::{all_zero, compare, Mismatch, Tolerance};
 use crate::value::TensorLit;
+use crate::vectors::OpCall;
 
 /// What running one case gave.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,6 +48,27 @@ impl Outcome {
     }
 }
 
+impl OpCall {
+    /// The skip of a case whose call has no entry in the backend's op table.
+    pub(crate) fn unsupported<B: Backend>(&self, b: &B) -> Option<Outcome> {
+        let supported = b.ops().supports(&self.op, &self.call);
+        (!supported).then(|| Outcome::op_not_implemented(&self.op))
+    }
+
+    /// What the op table's entry returns for `args` and `kwargs` (this call's arguments
+    /// as backend tensors).
+    pub(crate) fn run<B: Backend>(
+        &self,
+        b: &B,
+        args: &[Arg<B::Tensor>],
+        kwargs: &Kwargs<B::Tensor>,
+    ) -> Result<Output<B::Tensor>, String> {
+        b.ops()
+            .call(&self.op, &self.call, args, kwargs)
+            .unwrap_or_else(|| Err(format!("no entry for `{}`", self.call)))
+    }
+}
+
 /// Positional and keyword arguments of an op call.
 pub(crate) type Arguments<T> = (Vec<Arg<T>>, Kwargs<T>);
 
@@ -54,16 +76,16 @@ pub(crate) type Arguments<T> = (Vec<Arg<T>>, Kwargs<T>);
 /// marks (cases that never differentiate leave them off).
 pub(crate) fn arguments<B: Backend>(
     b: &B,
-    args: &[Arg<TensorLit>],
-    kwargs: &Kwargs<TensorLit>,
+    call: &OpCall,
     marks: bool,
 ) -> Result<Arguments<B::Tensor>, String> {
     let mut leaf = |lit: &TensorLit| b.tensor(&lit.to_tensor(), marks && lit.requires_grad());
-    let args = args
+    let args = call
+        .args
         .iter()
         .map(|a| a.try_map(&mut leaf))
         .collect::<Result<Vec<_>, String>>()?;
-    let kwargs = kwargs.try_map(&mut leaf)?;
+    let kwargs = call.kwargs.try_map(&mut leaf)?;
     Ok((args, kwargs))
 }
 

@@ -30,6 +30,18 @@ fn check(got: Tensor, expect: (Tensor, Option<Tolerance>), expect_result: Result
     );
 }
 
+/// [`check`] of two 1-D tensors of `dtype`.
+fn check_values(
+    dtype: &str,
+    got: &[f64],
+    want: &[f64],
+    tol: Option<Tolerance>,
+    expect_result: Result<(), &str>,
+) {
+    let expect = (t(dtype, &[want.len()], want), tol);
+    check(t(dtype, &[got.len()], got), expect, expect_result);
+}
+
 const EXACT: Option<Tolerance> = None;
 
 fn tol(rtol: f64, atol: f64) -> Option<Tolerance> {
@@ -66,23 +78,23 @@ fn exact_equal_values_pass() {
 
 #[test]
 fn exact_is_bitwise_in_the_dtype() {
-    check(
-        t("bfloat16", &[2], &[1.0, 1.0078125]),
-        (t("bfloat16", &[2], &[1.0, 1.0]), EXACT),
+    check_values(
+        "bfloat16",
+        &[1.0, 1.0078125],
+        &[1.0, 1.0],
+        EXACT,
         Err("element 1 of output: got 1.0078125 (bfloat16), expected 1.0 (exact)"),
     );
     // The sign of zero is part of the bits.
-    check(
-        t("float32", &[1], &[-0.0]),
-        (t("float32", &[1], &[0.0]), EXACT),
+    check_values(
+        "float32",
+        &[-0.0],
+        &[0.0],
+        EXACT,
         Err("element 0 of output: got -0.0 (float32), expected 0.0 (exact)"),
     );
     // ... but within a tolerance -0.0 is 0.0.
-    check(
-        t("float32", &[1], &[-0.0]),
-        (t("float32", &[1], &[0.0]), tol(0.0, 0.0)),
-        Ok(()),
-    );
+    check_values("float32", &[-0.0], &[0.0], tol(0.0, 0.0), Ok(()));
 }
 
 #[test]
@@ -112,35 +124,35 @@ fn shape_is_checked_before_values() {
 #[test]
 fn tolerance_is_atol_plus_rtol_times_expected() {
     // |x - y| <= atol + rtol * |y|, inclusive.
-    check(
-        t("float64", &[1], &[1.5]),
-        (t("float64", &[1], &[1.0]), tol(0.25, 0.25)),
-        Ok(()),
-    );
-    check(
-        t("float64", &[1], &[1.5000000001]),
-        (t("float64", &[1], &[1.0]), tol(0.25, 0.25)),
+    check_values("float64", &[1.5], &[1.0], tol(0.25, 0.25), Ok(()));
+    check_values(
+        "float64",
+        &[1.5000000001],
+        &[1.0],
+        tol(0.25, 0.25),
         Err("element 0 of output: got 1.5000000001 (float64), expected 1.0 (atol 0.25, rtol 0.25)"),
     );
     // rtol scales with the expected value, not the result.
-    check(
-        t("float64", &[1], &[0.0]),
-        (t("float64", &[1], &[100.0]), tol(1.0, 0.0)),
-        Ok(()),
-    );
-    check(
-        t("float64", &[1], &[100.0]),
-        (t("float64", &[1], &[0.0]), tol(1.0, 0.0)),
+    check_values("float64", &[0.0], &[100.0], tol(1.0, 0.0), Ok(()));
+    check_values(
+        "float64",
+        &[100.0],
+        &[0.0],
+        tol(1.0, 0.0),
         Err("element 0 of output: got 100.0 (float64), expected 0.0 (atol 0, rtol 1)"),
     );
-    check(
-        t("float16", &[4], &[0.0, 0.0, 0.0, 1.0009765625]),
-        (t("float16", &[4], &[0.0, 0.0, 0.0, 1.0]), tol(0.0, 0.0)),
+    check_values(
+        "float16",
+        &[0.0, 0.0, 0.0, 1.0009765625],
+        &[0.0, 0.0, 0.0, 1.0],
+        tol(0.0, 0.0),
         Err("element 3 of output: got 1.0009765625 (float16), expected 1.0 (atol 0, rtol 0)"),
     );
-    check(
-        t("float32", &[1], &[1.0]),
-        (t("float32", &[1], &[1.5]), tol(1e-5, 1e-6)),
+    check_values(
+        "float32",
+        &[1.0],
+        &[1.5],
+        tol(1e-5, 1e-6),
         Err("element 0 of output: got 1.0 (float32), expected 1.5 (atol 1e-6, rtol 1e-5)"),
     );
 }
@@ -156,56 +168,32 @@ fn the_first_mismatch_is_reported() {
 
 #[test]
 fn nan_matches_only_nan() {
-    check(
-        t("float32", &[1], &[NAN]),
-        (t("float32", &[1], &[NAN]), EXACT),
-        Ok(()),
-    );
-    check(
-        t("float32", &[1], &[NAN]),
-        (t("float32", &[1], &[NAN]), tol(0.1, 0.1)),
-        Ok(()),
-    );
-    check(
-        t("float32", &[1], &[1.0]),
-        (t("float32", &[1], &[NAN]), tol(1e9, 1e9)),
-        Err("element 0 of output: got 1.0 (float32), expected nan (atol 1000000000, rtol 1000000000)"),
-    );
-    check(
-        t("float32", &[1], &[NAN]),
-        (t("float32", &[1], &[1.0]), tol(1e9, 1e9)),
-        Err("element 0 of output: got nan (float32), expected 1.0 (atol 1000000000, rtol 1000000000)"),
-    );
-    check(
-        t("bfloat16", &[1], &[INF]),
-        (t("bfloat16", &[1], &[NAN]), EXACT),
+    check_values("float32", &[NAN], &[NAN], EXACT, Ok(()));
+    check_values("float32", &[NAN], &[NAN], tol(0.1, 0.1), Ok(()));
+    check_values("float32", &[1.0], &[NAN], tol(1e9, 1e9), Err("element 0 of output: got 1.0 (float32), expected nan (atol 1000000000, rtol 1000000000)"));
+    check_values("float32", &[NAN], &[1.0], tol(1e9, 1e9), Err("element 0 of output: got nan (float32), expected 1.0 (atol 1000000000, rtol 1000000000)"));
+    check_values(
+        "bfloat16",
+        &[INF],
+        &[NAN],
+        EXACT,
         Err("element 0 of output: got inf (bfloat16), expected nan (exact)"),
     );
 }
 
 #[test]
 fn infinity_matches_only_the_same_infinity() {
-    check(
-        t("float16", &[2], &[INF, -INF]),
-        (t("float16", &[2], &[INF, -INF]), tol(0.1, 0.1)),
-        Ok(()),
-    );
-    check(
-        t("float16", &[1], &[-INF]),
-        (t("float16", &[1], &[INF]), tol(0.1, 0.1)),
+    check_values("float16", &[INF, -INF], &[INF, -INF], tol(0.1, 0.1), Ok(()));
+    check_values(
+        "float16",
+        &[-INF],
+        &[INF],
+        tol(0.1, 0.1),
         Err("element 0 of output: got -inf (float16), expected inf (atol 0.1, rtol 0.1)"),
     );
     // No tolerance makes a finite value equal to an infinity, nor the reverse.
-    check(
-        t("float32", &[1], &[3e38f32 as f64]),
-        (t("float32", &[1], &[INF]), tol(1e9, 1e9)),
-        Err("element 0 of output: got 3.0000000054977558e38 (float32), expected inf (atol 1000000000, rtol 1000000000)"),
-    );
-    check(
-        t("float32", &[1], &[INF]),
-        (t("float32", &[1], &[1.0]), tol(1e9, 1e9)),
-        Err("element 0 of output: got inf (float32), expected 1.0 (atol 1000000000, rtol 1000000000)"),
-    );
+    check_values("float32", &[3e38f32 as f64], &[INF], tol(1e9, 1e9), Err("element 0 of output: got 3.0000000054977558e38 (float32), expected inf (atol 1000000000, rtol 1000000000)"));
+    check_values("float32", &[INF], &[1.0], tol(1e9, 1e9), Err("element 0 of output: got inf (float32), expected 1.0 (atol 1000000000, rtol 1000000000)"));
 }
 
 #[test]

@@ -43,22 +43,19 @@ fn train(id: &str, edit: impl FnOnce(&mut Value)) -> Result<(), String> {
     outcome(one_case("train.json", id, edit), Suite::Train)
 }
 
-/// Index of the `n`-th action named `action` of a case.
 /// Asserts that `msg` begins with `prefix`.
 fn assert_starts(msg: &str, prefix: &str) {
     assert!(msg.starts_with(prefix), "{msg}");
 }
 
-fn nth_action(case: &Value, action: &str, n: usize) -> usize {
-    case["actions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .enumerate()
-        .filter(|(_, a)| a["action"] == action)
-        .nth(n)
-        .map(|(i, _)| i)
-        .unwrap()
+/// The failure of scaler case `id` with `edit` applied to its first action named `action`.
+fn scaler_action(id: &str, action: &str, edit: impl FnOnce(&mut Value)) -> String {
+    scaler(id, |c| {
+        let actions = c["actions"].as_array_mut().unwrap();
+        let a = actions.iter_mut().find(|a| a["action"] == action).unwrap();
+        edit(a)
+    })
+    .unwrap_err()
 }
 
 #[test]
@@ -69,11 +66,9 @@ fn untouched_scaler_and_train_vectors_pass() {
 
 #[test]
 fn a_wrong_scale_after_update_fails() {
-    let msg = scaler("manual_update/1", |c| {
-        let i = nth_action(c, "update", 0);
-        c["actions"][i]["expect_scale"] = json!(1024.0);
-    })
-    .unwrap_err();
+    let msg = scaler_action("manual_update/1", "update", |a| {
+        a["expect_scale"] = json!(1024.0)
+    });
     assert_eq!(
         msg,
         "action 3 (update): scale: got 512.0, expected 1024.0 (exact)"
@@ -82,27 +77,21 @@ fn a_wrong_scale_after_update_fails() {
 
 #[test]
 fn a_wrong_growth_tracker_fails() {
-    let msg = scaler("manual_update/1", |c| {
-        let i = nth_action(c, "update", 0);
-        c["actions"][i]["expect_growth_tracker"] = json!(0);
-    })
-    .unwrap_err();
+    let msg = scaler_action("manual_update/1", "update", |a| {
+        a["expect_growth_tracker"] = json!(0)
+    });
     assert_eq!(msg, "action 3 (update): growth tracker: got 1, expected 0");
 }
 
 #[test]
 fn a_wrong_skip_or_param_fails() {
-    let msg = scaler("manual_update/1", |c| {
-        let i = nth_action(c, "step", 0);
-        c["actions"][i]["expect_skipped"] = json!(true);
-    })
-    .unwrap_err();
+    let msg = scaler_action("manual_update/1", "step", |a| {
+        a["expect_skipped"] = json!(true)
+    });
     assert_eq!(msg, "action 2 (step): skipped: got false, expected true");
-    let msg = scaler("manual_update/1", |c| {
-        let i = nth_action(c, "step", 0);
-        c["actions"][i]["expect_params"][0]["data"][1] = json!(0.5);
-    })
-    .unwrap_err();
+    let msg = scaler_action("manual_update/1", "step", |a| {
+        a["expect_params"][0]["data"][1] = json!(0.5)
+    });
     assert_starts(
         &msg,
         "action 2 (step): element 1 of params[0]: got 0.3629664480686188 (float32), expected 0.5",
@@ -116,35 +105,29 @@ fn a_wrong_scaled_value_or_unscaled_grad_fails() {
     })
     .unwrap_err();
     assert_starts(&msg, "action 0 (scale): element 0 of scaled: got -16447.876953125 (float32), expected 1.0 (exact)");
-    let msg = scaler("trajectory/0/1", |c| {
-        let i = nth_action(c, "unscale_", 0);
-        c["actions"][i]["expect_grads"][1] = Value::Null;
-    })
-    .unwrap_err();
+    let msg = scaler_action("trajectory/0/1", "unscale_", |a| {
+        a["expect_grads"][1] = Value::Null
+    });
     assert_starts(&msg, "action 2 (unscale_): grads[1]: expected no gradient");
 }
 
 #[test]
 fn state_dicts_compare_keys_in_order_and_value_types() {
-    let swapped = scaler("manual_update/1", |c| {
-        let i = nth_action(c, "state_dict", 0);
-        let e = c["actions"][i]["expect"].as_object().unwrap().clone();
+    let swapped = scaler_action("manual_update/1", "state_dict", |a| {
+        let e = a["expect"].as_object().unwrap().clone();
         let mut keys: Vec<&String> = e.keys().collect();
         keys.swap(1, 2);
         let reordered: serde_json::Map<String, Value> = keys
             .into_iter()
             .map(|k| (k.clone(), e[k].clone()))
             .collect();
-        c["actions"][i]["expect"] = Value::Object(reordered);
-    })
-    .unwrap_err();
+        a["expect"] = Value::Object(reordered);
+    });
     assert_starts(&swapped, "action 23 (state_dict): state dict keys: got [\"scale\", \"growth_factor\", \"backoff_factor\"");
     // growth_interval is an int in PyTorch's dict; a float is a different value type.
-    let float = scaler("manual_update/1", |c| {
-        let i = nth_action(c, "state_dict", 0);
-        c["actions"][i]["expect"]["growth_interval"] = json!(1.0);
-    })
-    .unwrap_err();
+    let float = scaler_action("manual_update/1", "state_dict", |a| {
+        a["expect"]["growth_interval"] = json!(1.0)
+    });
     assert_eq!(
         float,
         "action 23 (state_dict): state dict `growth_interval`: got 1, expected 1.0"
