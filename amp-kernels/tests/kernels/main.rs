@@ -9,7 +9,6 @@ mod elementwise;
 mod elementwise_perf;
 mod index;
 mod matmul;
-mod nvrtc_compile;
 mod pool;
 mod reduce;
 mod reduce_norm;
