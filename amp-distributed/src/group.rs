@@ -113,6 +113,7 @@ impl Work {
         }
     }
 
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))] // the MPI backend's (and tests')
     pub(crate) fn pending(op: &'static str, timeout: Duration, p: Box<dyn Pending>) -> Work {
         Work {
             op,
@@ -196,11 +197,13 @@ impl Drop for Work {
 /// A tensor's values on the host as the transport carries them: float64 stays float64,
 /// the other floating dtypes travel as float32.
 #[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))] // the MPI backend's (and tests')
 pub(crate) enum HostBuffer {
     F32(Vec<f32>),
     F64(Vec<f64>),
 }
 
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 impl HostBuffer {
     /// `t`'s values in row-major order, widened (float32/float64 are copied exactly).
     pub(crate) fn of(op: &'static str, t: &Raw) -> Result<HostBuffer> {

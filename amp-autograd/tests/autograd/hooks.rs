@@ -73,7 +73,7 @@ fn grad_does_not_run_hooks_and_removed_hooks_stay_silent() {
     let log = Log::default();
     let handle = log_hook(&w, "w", &log);
     let y = ops::sum_all(&ops::mul(&w, &w).unwrap()).unwrap();
-    let g = grad(&[y], &[w.clone()], &[], GradOptions::default()).unwrap();
+    let g = grad(&[y], std::slice::from_ref(&w), &[], GradOptions::default()).unwrap();
     assert_eq!(g[0].as_ref().unwrap().to_vec_f64(), vec![4.0]);
     assert!(log.lock().unwrap().is_empty());
     handle.remove();
