@@ -54,6 +54,41 @@ enum Sink<'a> {
     },
 }
 
+/// The leaves with post-accumulate hooks that a backward reaches, by id: how many
+/// deliveries are still to come, whether one brought a gradient, and the leaf. The hooks
+/// run when the last delivery arrives, so once per backward, after `.grad` is final.
+#[derive(Default)]
+struct HookWaits(HashMap<u64, (usize, bool, Tensor)>);
+
+impl HookWaits {
+    /// One more delivery will reach `leaf`.
+    fn expect(&mut self, leaf: &Tensor) {
+        if let Some(e) = self.0.get_mut(&leaf.id()) {
+            e.0 += 1;
+        } else if !leaf.post_accumulate_grad_hooks().is_empty() {
+            self.0.insert(leaf.id(), (1, false, leaf.clone()));
+        }
+    }
+
+    /// A delivery reached `leaf` (`got`: with a gradient); the last one runs its hooks.
+    fn arrived(&mut self, leaf: &Tensor, got: bool) -> Result<()> {
+        let Some(e) = self.0.get_mut(&leaf.id()) else {
+            return Ok(());
+        };
+        e.0 -= 1;
+        e.1 |= got;
+        if e.0 == 0 {
+            let (_, got, leaf) = self.0.remove(&leaf.id()).expect("present");
+            if got {
+                for hook in leaf.post_accumulate_grad_hooks() {
+                    hook(&leaf)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 fn run(
     roots: &[Tensor],
     grad_outputs: &[Option<Tensor>],
@@ -66,6 +101,9 @@ fn run(
     let mut pending: HashMap<usize, Vec<Option<Tensor>>> = HashMap::new();
     let mut nodes: HashMap<usize, Arc<Node>> = HashMap::new();
     let mut stack: Vec<Arc<Node>> = Vec::new();
+    // Hooks run only where gradients are accumulated into `.grad`.
+    let mut hooks = matches!(sink, Sink::LeafGrads).then(HookWaits::default);
+    let mut root_leaves = Vec::new();
     for (i, root) in roots.iter().enumerate() {
         let g = match grad_outputs.get(i).cloned().flatten() {
             Some(g) => {
@@ -99,7 +137,7 @@ fn run(
                     stack.push(n.clone());
                 }
             }
-            None => deliver_leaf(&mut sink, root, g, create_graph)?,
+            None => root_leaves.push((root.clone(), g)),
         }
     }
     // Count dependencies among reachable nodes.
@@ -114,7 +152,18 @@ fn run(
                     stack.push(m.clone());
                     seen.push(m.clone());
                 }
+            } else if let (Edge::Leaf(t), Some(h)) = (e, &mut hooks) {
+                h.expect(t);
             }
+        }
+    }
+    if let Some(h) = &mut hooks {
+        root_leaves.iter().for_each(|(t, _)| h.expect(t));
+    }
+    for (root, g) in root_leaves {
+        deliver_leaf(&mut sink, &root, g, create_graph)?;
+        if let Some(h) = &mut hooks {
+            h.arrived(&root, true)?;
         }
     }
     let mut ready: Vec<Arc<Node>> = seen
@@ -158,8 +207,12 @@ fn run(
             match edge {
                 Edge::None => {}
                 Edge::Leaf(t) => {
+                    let got = g.is_some();
                     if let Some(g) = g {
                         deliver_leaf(&mut sink, t, g, create_graph)?;
+                    }
+                    if let Some(h) = &mut hooks {
+                        h.arrived(t, got)?;
                     }
                 }
                 Edge::Node(m, nr) => {

@@ -32,6 +32,10 @@ pub enum Error {
     /// whole (`downcast_ref` recovers it, e.g. as `amp_autocast::AutocastError`).
     #[error(transparent)]
     Layer(amp_tensor::SharedError),
+    /// A gradient hook failed (e.g. a data-parallel all-reduce started from a
+    /// post-accumulate hook): the hook's own error, kept whole (`downcast_ref`).
+    #[error(transparent)]
+    Hook(amp_tensor::SharedError),
     /// A custom function's forward or backward failed.
     #[error("{0}")]
     Custom(String),

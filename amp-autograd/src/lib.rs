@@ -50,6 +50,6 @@ pub use function::{apply, Ctx, Function};
 pub use grad_mode::{enable_grad, is_grad_enabled, no_grad, no_grad_guard, GradModeGuard};
 pub use graph::{needs_grad, record, record_multi, BackwardFn};
 pub use ops::Reduction;
-pub use tensor::{BackwardOptions, Tensor};
+pub use tensor::{BackwardOptions, HookHandle, PostAccumulateGradHook, Tensor};
 
 pub use amp_tensor;

@@ -19,6 +19,36 @@ pub(crate) struct Inner {
     grad_fn: Option<Arc<Node>>,
     output_nr: usize,
     grad: Mutex<Option<Tensor>>,
+    /// Hooks run after backward accumulated into `.grad` (leaves only), with the id
+    /// each was registered under.
+    post_accumulate_grad_hooks: Mutex<Vec<(u64, PostAccumulateGradHook)>>,
+}
+
+/// A hook run once per backward after a leaf's gradient was accumulated into `.grad`
+/// (see [`Tensor::register_post_accumulate_grad_hook`]).
+pub type PostAccumulateGradHook = Arc<dyn Fn(&Tensor) -> Result<()> + Send + Sync>;
+
+static NEXT_HOOK_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Removes the hook it was returned for ([`Tensor::register_post_accumulate_grad_hook`]);
+/// dropping it leaves the hook in place, as PyTorch's `RemovableHandle` does.
+#[derive(Debug, Clone)]
+pub struct HookHandle {
+    tensor: std::sync::Weak<Inner>,
+    id: u64,
+}
+
+impl HookHandle {
+    /// Unregister the hook (nothing happens if the tensor is gone or it was removed).
+    pub fn remove(&self) {
+        if let Some(inner) = self.tensor.upgrade() {
+            inner
+                .post_accumulate_grad_hooks
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .retain(|(id, _)| *id != self.id);
+        }
+    }
 }
 
 /// A tensor that can take part in automatic differentiation.
@@ -55,6 +85,7 @@ impl Tensor {
             grad_fn,
             output_nr,
             grad: Mutex::new(None),
+            post_accumulate_grad_hooks: Mutex::new(Vec::new()),
         }))
     }
 
@@ -265,6 +296,72 @@ impl Tensor {
     /// Clear `.grad` (PyTorch's `zero_grad(set_to_none=True)`).
     pub fn zero_grad(&self) {
         *self.0.grad.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// Run `hook` after each backward has accumulated this leaf's gradient into `.grad`
+    /// (PyTorch's `register_post_accumulate_grad_hook`): once per backward, after the
+    /// last contribution, with the leaf as argument (its `.grad` is final). Data-parallel
+    /// training starts a gradient's all-reduce from it while backward goes on. An error
+    /// from a hook stops the backward and is returned by it. Hooks do not run for
+    /// [`crate::grad`], which accumulates nothing.
+    ///
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// use amp_autograd::{ops, Tensor};
+    ///
+    /// let w = Tensor::from_vec(vec![3.0f32], [1])?;
+    /// w.requires_grad_(true)?;
+    /// let seen = Arc::new(Mutex::new(Vec::new()));
+    /// let log = seen.clone();
+    /// let handle = w.register_post_accumulate_grad_hook(move |p| {
+    ///     log.lock().unwrap().push(p.grad().unwrap().to_vec_f64()[0]);
+    ///     Ok(())
+    /// })?;
+    /// ops::sum_all(&ops::mul(&w, &w)?)?.backward()?; // w used twice: the hook runs once
+    /// assert_eq!(*seen.lock().unwrap(), vec![6.0]);
+    /// handle.remove();
+    /// ops::sum_all(&w)?.backward()?;
+    /// assert_eq!(seen.lock().unwrap().len(), 1);
+    /// # Ok::<(), amp_autograd::Error>(())
+    /// ```
+    pub fn register_post_accumulate_grad_hook(
+        &self,
+        hook: impl Fn(&Tensor) -> Result<()> + Send + Sync + 'static,
+    ) -> Result<HookHandle> {
+        if !self.is_leaf() {
+            return Err(Error::invalid(
+                "register_post_accumulate_grad_hook",
+                "post accumulate grad hooks cannot be registered on non-leaf tensors",
+            ));
+        }
+        if !self.requires_grad() {
+            return Err(Error::invalid(
+                "register_post_accumulate_grad_hook",
+                "cannot register a hook on a tensor that doesn't require gradient",
+            ));
+        }
+        let id = NEXT_HOOK_ID.fetch_add(1, Ordering::Relaxed);
+        self.0
+            .post_accumulate_grad_hooks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((id, Arc::new(hook)));
+        Ok(HookHandle {
+            tensor: Arc::downgrade(&self.0),
+            id,
+        })
+    }
+
+    /// The registered post-accumulate hooks, in registration order (a copy, so that a
+    /// hook may register or remove hooks).
+    pub(crate) fn post_accumulate_grad_hooks(&self) -> Vec<PostAccumulateGradHook> {
+        self.0
+            .post_accumulate_grad_hooks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(_, h)| h.clone())
+            .collect()
     }
 
     pub(crate) fn grad_slot(&self) -> std::sync::MutexGuard<'_, Option<Tensor>> {

@@ -38,6 +38,10 @@ pub enum ScalerError {
     /// A state dict missing a key or with a value of the wrong type.
     #[error(transparent)]
     BadStateDict(#[from] StateDictProblem),
+    /// Combining `found_inf` with the other processes failed (a peer died, ...): the
+    /// reduction's own error, kept whole.
+    #[error("combining found_inf across processes failed: {0}")]
+    FoundInfReduction(amp_tensor::SharedError),
     #[error(transparent)]
     Optim(#[from] amp_optim::Error),
     #[error(transparent)]

@@ -26,12 +26,14 @@
 
 mod error;
 mod options;
+mod reduction;
 mod scaler;
 mod state_dict;
 mod stats;
 
 pub use error::{Result, ScalerError};
 pub use options::GradScalerOptions;
+pub use reduction::FoundInfReduction;
 pub use scaler::{GradScaler, NewScale, Outputs, Stage, StepOutcome};
 pub use state_dict::{ScalerStateDict, StateDictProblem};
 pub use stats::ScalerStats;

@@ -1,12 +1,14 @@
 //! `GradScaler`: dynamic loss scaling with PyTorch's exact semantics (`torch.amp.GradScaler`).
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use amp_autograd::{ops, Tensor};
 use amp_optim::{Optimizer, OptimizerId};
 use amp_tensor::{DType, Device, Tensor as Raw};
 
 use crate::options::GradScalerOptions;
+use crate::reduction::FoundInfReduction;
 use crate::state_dict::ScalerStateDict;
 use crate::stats::ScalerStats;
 use crate::{Result, ScalerError};
@@ -94,6 +96,8 @@ pub struct GradScaler {
     per_optimizer: HashMap<OptimizerId, OptState>,
     consecutive_overflows: u32,
     stats: ScalerStats,
+    /// Combines the inf checks of all processes (data-parallel training), if set.
+    found_inf_reduction: Option<Arc<dyn FoundInfReduction>>,
 }
 
 impl GradScaler {
@@ -120,7 +124,49 @@ impl GradScaler {
             per_optimizer: HashMap::new(),
             consecutive_overflows: 0,
             stats: ScalerStats::default(),
+            found_inf_reduction: None,
         })
+    }
+
+    /// This scaler, combining each inf check with the other processes' through
+    /// `reduction` before the skip decision (PyTorch's `ShardedGradScaler`): the flags of
+    /// all devices are summed into one host flag, reduced with MAX, and that flag stands
+    /// for every device, so a process whose gradients are all finite still skips when
+    /// another found an inf, and the scale backs off alike everywhere. It costs a host
+    /// read of the flag and one all-reduce per inf check.
+    pub fn with_found_inf_reduction(mut self, reduction: Arc<dyn FoundInfReduction>) -> Self {
+        self.found_inf_reduction = Some(reduction);
+        self
+    }
+
+    /// Unscale (or only check) `opt`'s gradients, then combine the flags across
+    /// processes when a reduction is set.
+    fn check_grads(
+        &self,
+        opt: &dyn Optimizer,
+        inv_scale: &Raw,
+        allow_fp16: bool,
+    ) -> Result<BTreeMap<DeviceKey, Raw>> {
+        let mut found = unscale_grads(opt, inv_scale, allow_fp16)?;
+        let Some(reduction) = &self.found_inf_reduction else {
+            return Ok(found);
+        };
+        let mut flag = Raw::zeros([1usize], DType::F32);
+        for f in found.values() {
+            flag = amp_kernels::add(&flag, &f.to_device(Device::Cpu)?)?;
+        }
+        reduction
+            .all_reduce_max(&flag)
+            .map_err(ScalerError::FoundInfReduction)?;
+        if found.is_empty() {
+            // No gradient here, but the decision must be the one every process takes.
+            found.insert(Device::Cpu.into(), flag);
+        } else {
+            for f in found.values() {
+                f.copy_(&flag.to_device(f.device())?)?;
+            }
+        }
+        Ok(found)
     }
 
     /// Whether scaling is on.
@@ -201,7 +247,7 @@ impl GradScaler {
         // (no host read).
         let inv_scale =
             amp_kernels::reciprocal(&scale.to_dtype(DType::F64)?)?.to_dtype(DType::F32)?;
-        let found = unscale_grads(opt, &inv_scale, false)?;
+        let found = self.check_grads(opt, &inv_scale, false)?;
         let st = self.opt_state(opt);
         st.found_inf_per_device = found;
         st.stage = Stage::Unscaled;
@@ -225,7 +271,7 @@ impl GradScaler {
             let stage = self.opt_state(opt).stage;
             if stage == Stage::Ready {
                 let one = Raw::full([1usize], 1.0f64, DType::F32);
-                let found = unscale_grads(opt, &one, true)?;
+                let found = self.check_grads(opt, &one, true)?;
                 self.opt_state(opt).found_inf_per_device = found;
             }
             let found_inf = sum_found(&self.opt_state(opt).found_inf_per_device)?;

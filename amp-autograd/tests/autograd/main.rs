@@ -8,6 +8,7 @@ mod every_op;
 mod extra;
 mod gradcheck;
 mod gradient_layout;
+mod hooks;
 mod linalg;
 mod nesting;
 mod out_of_memory;

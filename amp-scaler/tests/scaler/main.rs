@@ -6,4 +6,5 @@ mod api;
 mod host_reads;
 mod identity;
 mod patterns;
+mod reduction;
 mod state_dict_fuzz;

@@ -87,6 +87,7 @@ fn pytorch_texts() -> Vec<(&'static str, ScalerError)> {
             | ScalerError::EmptyStateDict
             | ScalerError::NotATensor => true,
             ScalerError::BadStateDict(_)
+            | ScalerError::FoundInfReduction(_)
             | ScalerError::Optim(_)
             | ScalerError::Autograd(_)
             | ScalerError::Tensor(_) => false,

@@ -1,0 +1,362 @@
+//! `DistributedDataParallel`: a module replicated on every rank whose gradients are
+//! averaged in buckets while backward runs.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use amp_autograd::{HookHandle, Tensor};
+use amp_nn::{prefix_names, Module};
+use amp_tensor::{DType, Tensor as Raw};
+
+use crate::{Error, ProcessGroup, ReduceOp, Result, Work};
+
+/// PyTorch's default bucket size (`bucket_cap_mb=25`).
+pub const DEFAULT_BUCKET_CAP_BYTES: usize = 25 * 1024 * 1024;
+
+/// Options of [`DistributedDataParallel`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DdpOptions {
+    /// The most gradient bytes one bucket (one all-reduce) holds; a parameter larger
+    /// than this has a bucket of its own.
+    pub bucket_cap_bytes: usize,
+}
+
+impl Default for DdpOptions {
+    fn default() -> Self {
+        DdpOptions {
+            bucket_cap_bytes: DEFAULT_BUCKET_CAP_BYTES,
+        }
+    }
+}
+
+/// Gradients flattened into one buffer, reduced by one all-reduce.
+#[derive(Debug)]
+struct Bucket {
+    /// Indices into the reducer's parameters, with the offset of each in the buffer.
+    params: Vec<(usize, usize)>,
+    dtype: DType,
+    numel: usize,
+    /// Parameters whose gradient is final in this iteration.
+    ready: usize,
+    /// The flattened gradients and their all-reduce, once launched.
+    in_flight: Option<(Raw, Work)>,
+}
+
+/// The state of gradient synchronisation of one iteration.
+#[derive(Debug)]
+struct Reducer {
+    group: Arc<dyn ProcessGroup>,
+    params: Vec<Tensor>,
+    /// The bucket of each parameter.
+    bucket_of: Vec<usize>,
+    buckets: Vec<Bucket>,
+    /// Whether this iteration's gradients are to be synchronised (set by `forward`).
+    armed: bool,
+    /// Which parameters' gradients are final in this iteration.
+    marked: Vec<bool>,
+    /// Buckets are launched in index order, so that every rank issues the same
+    /// all-reduces in the same order whatever order its gradients become ready in.
+    next_launch: usize,
+}
+
+impl Reducer {
+    fn new(group: Arc<dyn ProcessGroup>, params: Vec<Tensor>, cap: usize) -> Reducer {
+        // Reverse registration order: roughly the order backward produces gradients.
+        let mut buckets: Vec<Bucket> = Vec::new();
+        let mut bucket_of = vec![0; params.len()];
+        let mut open: Vec<(DType, usize)> = Vec::new(); // the open bucket of each dtype
+        for i in (0..params.len()).rev() {
+            let (dtype, n) = (params[i].dtype(), params[i].elem_count());
+            let bytes = n * dtype.size_in_bytes();
+            let fits = |b: &Bucket| b.numel * dtype.size_in_bytes() + bytes <= cap;
+            let b = match open.iter().find(|(d, _)| *d == dtype) {
+                Some(&(_, b)) if fits(&buckets[b]) => b,
+                _ => {
+                    buckets.push(Bucket {
+                        params: Vec::new(),
+                        dtype,
+                        numel: 0,
+                        ready: 0,
+                        in_flight: None,
+                    });
+                    open.retain(|(d, _)| *d != dtype);
+                    open.push((dtype, buckets.len() - 1));
+                    buckets.len() - 1
+                }
+            };
+            let bucket = &mut buckets[b];
+            bucket.params.push((i, bucket.numel));
+            bucket.numel += n;
+            bucket_of[i] = b;
+        }
+        let marked = vec![false; params.len()];
+        Reducer {
+            group,
+            params,
+            bucket_of,
+            buckets,
+            armed: false,
+            marked,
+            next_launch: 0,
+        }
+    }
+
+    /// Start an iteration: `sync` arms the reduction of the coming backward.
+    fn prepare(&mut self, sync: bool) -> Result<()> {
+        if self.armed && self.marked.iter().any(|&m| m) {
+            return Err(Error::InvalidArgument {
+                op: "DistributedDataParallel.forward",
+                msg: "Expected to have finished reduction in the prior iteration before starting a new one: some parameters received no gradient; call finish_gradient_sync() after backward when parameters can go unused".into(),
+            });
+        }
+        self.armed = sync;
+        self.marked.iter_mut().for_each(|m| *m = false);
+        self.buckets.iter_mut().for_each(|b| {
+            b.ready = 0;
+            b.in_flight = None;
+        });
+        self.next_launch = 0;
+        Ok(())
+    }
+
+    /// Parameter `i`'s gradient is final: launch what is complete, and once every
+    /// bucket is launched, wait for them and write the averages back.
+    fn mark_ready(&mut self, i: usize) -> Result<()> {
+        if !self.armed {
+            return Ok(());
+        }
+        if self.marked[i] {
+            return Err(Error::InvalidArgument {
+                op: "DistributedDataParallel",
+                msg: format!("Expected to mark a variable ready only once; parameter {i} was marked twice in this iteration (a second backward without a forward through the DistributedDataParallel module)"),
+            });
+        }
+        self.marked[i] = true;
+        self.buckets[self.bucket_of[i]].ready += 1;
+        self.launch_complete()?;
+        // A transport without a progress thread advances when polled.
+        for b in &mut self.buckets[..self.next_launch] {
+            if let Some((_, w)) = &mut b.in_flight {
+                w.is_completed()?;
+            }
+        }
+        if self.next_launch == self.buckets.len() {
+            self.finalize()?;
+        }
+        Ok(())
+    }
+
+    fn launch_complete(&mut self) -> Result<()> {
+        while let Some(b) = self.buckets.get_mut(self.next_launch) {
+            if b.ready < b.params.len() {
+                break;
+            }
+            let flat = Raw::try_zeros([b.numel], b.dtype)?;
+            for &(i, off) in &b.params {
+                if let Some(g) = self.params[i].grad() {
+                    let n = g.elem_count();
+                    flat.narrow(0, off, n)?.copy_(&g.data().reshape([n])?)?;
+                }
+            }
+            let work = self.group.all_reduce_async(&flat, ReduceOp::Avg)?;
+            b.in_flight = Some((flat, work));
+            self.next_launch += 1;
+        }
+        Ok(())
+    }
+
+    /// Wait for every bucket and copy the averaged gradients into `.grad` (a parameter
+    /// with no gradient on this rank gets the average too, so all ranks agree).
+    fn finalize(&mut self) -> Result<()> {
+        self.armed = false;
+        for b in &mut self.buckets {
+            let (flat, work) = b.in_flight.take().expect("every bucket launched");
+            work.wait()?;
+            for &(i, off) in &b.params {
+                let p = &self.params[i];
+                let avg = flat.narrow(0, off, p.elem_count())?.reshape(p.dims())?;
+                match p.grad() {
+                    Some(g) => g.data().copy_(&avg)?,
+                    None => p.set_grad(Some(Tensor::from_raw(avg.try_contiguous()?)))?,
+                }
+            }
+        }
+        self.marked.iter_mut().for_each(|m| *m = false);
+        Ok(())
+    }
+}
+
+/// Data-parallel training (`torch.nn.parallel.DistributedDataParallel`): every rank
+/// holds the same module and runs it on its own part of the batch; backward averages
+/// the gradients over the ranks, so an optimizer step is the same everywhere.
+///
+/// - At construction rank 0's parameters and floating-point buffers are broadcast
+///   (integer buffers, counters, are left alone).
+/// - Gradients are grouped into buckets of about [`DdpOptions::bucket_cap_bytes`]
+///   (reverse registration order, one dtype per bucket). A post-accumulate hook on each
+///   parameter marks its gradient ready; a complete bucket is flattened into one buffer
+///   and its all-reduce (average) starts at once, while backward goes on with the
+///   earlier layers. The last hook waits for all buckets and copies the averages back
+///   into `.grad`, so after `loss.backward()` returns every rank holds the same
+///   gradients.
+/// - Only the first backward after a [`forward`](Module::forward) through this wrapper
+///   is synchronised (a second one accumulates locally, as in PyTorch). When some parameters may go without a gradient in an iteration,
+///   call [`finish_gradient_sync`](Self::finish_gradient_sync) after backward (their
+///   gradient then counts as zero).
+/// - [`no_sync`](Self::no_sync) accumulates gradients locally (gradient
+///   accumulation); the first synchronised backward after it averages the sums.
+///
+/// Parameters are named `module.<name>`, as PyTorch names them;
+/// [`module`](Self::module) is the wrapped module.
+pub struct DistributedDataParallel<M: Module> {
+    module: M,
+    reducer: Arc<Mutex<Reducer>>,
+    hooks: Vec<HookHandle>,
+    require_sync: AtomicBool,
+}
+
+impl<M: Module> std::fmt::Debug for DistributedDataParallel<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let r = self.reducer();
+        f.debug_struct("DistributedDataParallel")
+            .field("rank", &r.group.rank())
+            .field("size", &r.group.size())
+            .field("buckets", &r.buckets.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<M: Module> DistributedDataParallel<M> {
+    /// Wrap `module`, with [`DdpOptions::default`].
+    pub fn new(module: M, group: Arc<dyn ProcessGroup>) -> Result<Self> {
+        Self::with_options(module, group, DdpOptions::default())
+    }
+
+    /// Wrap `module`: broadcast its state from rank 0 and register the gradient hooks.
+    pub fn with_options(module: M, group: Arc<dyn ProcessGroup>, opts: DdpOptions) -> Result<Self> {
+        for (_, t) in module.named_state() {
+            if t.dtype().is_floating_point() {
+                group.broadcast(t.data(), 0)?;
+            }
+        }
+        let params: Vec<Tensor> = module
+            .parameters()
+            .into_iter()
+            .filter(Tensor::requires_grad)
+            .collect();
+        let reducer = Arc::new(Mutex::new(Reducer::new(
+            group,
+            params.clone(),
+            opts.bucket_cap_bytes,
+        )));
+        let mut hooks = Vec::with_capacity(params.len());
+        for (i, p) in params.iter().enumerate() {
+            // A weak handle: the parameters hold the hooks, the reducer the parameters.
+            let weak: Weak<Mutex<Reducer>> = Arc::downgrade(&reducer);
+            hooks.push(p.register_post_accumulate_grad_hook(move |_| {
+                let Some(r) = weak.upgrade() else {
+                    return Ok(());
+                };
+                let mut r = r.lock().unwrap_or_else(|e| e.into_inner());
+                Ok(r.mark_ready(i)?)
+            })?);
+        }
+        Ok(DistributedDataParallel {
+            module,
+            reducer,
+            hooks,
+            require_sync: AtomicBool::new(true),
+        })
+    }
+
+    fn reducer(&self) -> MutexGuard<'_, Reducer> {
+        self.reducer.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The wrapped module.
+    pub fn module(&self) -> &M {
+        &self.module
+    }
+
+    /// The process group.
+    pub fn group(&self) -> Arc<dyn ProcessGroup> {
+        self.reducer().group.clone()
+    }
+
+    /// The number of buckets (all-reduces per synchronised backward).
+    pub fn num_buckets(&self) -> usize {
+        self.reducer().buckets.len()
+    }
+
+    /// Skip gradient synchronisation for the forward/backward passes made while the
+    /// guard lives (PyTorch's `with ddp.no_sync():`); gradients accumulate locally.
+    pub fn no_sync(&self) -> NoSync<'_, M> {
+        let previous = self.require_sync.swap(false, Ordering::AcqRel);
+        NoSync {
+            ddp: self,
+            previous,
+        }
+    }
+
+    /// Finish this iteration's synchronisation after backward: the parameters that got
+    /// no gradient count as zero, the remaining buckets are reduced and every
+    /// parameter's `.grad` holds the average. Nothing to do (and `Ok`) when backward
+    /// already finished it, or outside a synchronised iteration.
+    pub fn finish_gradient_sync(&self) -> Result<()> {
+        let mut r = self.reducer();
+        if !r.armed {
+            return Ok(());
+        }
+        for i in 0..r.params.len() {
+            if !r.marked[i] {
+                r.marked[i] = true;
+                let b = r.bucket_of[i];
+                r.buckets[b].ready += 1;
+            }
+        }
+        r.launch_complete()?;
+        r.finalize()
+    }
+}
+
+impl<M: Module> Drop for DistributedDataParallel<M> {
+    fn drop(&mut self) {
+        self.hooks.iter().for_each(HookHandle::remove);
+    }
+}
+
+impl<M: Module> Module for DistributedDataParallel<M> {
+    fn forward(&self, x: &Tensor) -> amp_autograd::Result<Tensor> {
+        let sync = self.require_sync.load(Ordering::Acquire) && amp_autograd::is_grad_enabled();
+        self.reducer().prepare(sync)?;
+        self.module.forward(x)
+    }
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        prefix_names("module", self.module.named_parameters())
+    }
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        prefix_names("module", self.module.named_buffers())
+    }
+    fn train(&mut self, mode: bool) {
+        self.module.train(mode)
+    }
+    fn is_training(&self) -> bool {
+        self.module.is_training()
+    }
+}
+
+/// Returned by [`DistributedDataParallel::no_sync`]; synchronisation comes back when it
+/// drops.
+#[must_use = "gradients are synchronised again as soon as the guard drops"]
+pub struct NoSync<'a, M: Module> {
+    ddp: &'a DistributedDataParallel<M>,
+    previous: bool,
+}
+
+impl<M: Module> Drop for NoSync<'_, M> {
+    fn drop(&mut self) {
+        self.ddp
+            .require_sync
+            .store(self.previous, Ordering::Release);
+    }
+}
