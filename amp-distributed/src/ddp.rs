@@ -278,6 +278,12 @@ impl<M: Module> DistributedDataParallel<M> {
         &self.module
     }
 
+    /// The wrapped module, mutably (its mode, its own methods; the parameters stay the
+    /// ones the hooks were registered on).
+    pub fn module_mut(&mut self) -> &mut M {
+        &mut self.module
+    }
+
     /// The process group.
     pub fn group(&self) -> Arc<dyn ProcessGroup> {
         self.reducer().group.clone()

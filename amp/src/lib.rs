@@ -33,6 +33,8 @@
 
 #[cfg(feature = "checkpoint")]
 pub use amp_checkpoint as checkpoint;
+#[cfg(feature = "distributed")]
+pub use amp_distributed as distributed;
 
 pub use amp_autocast as autocast;
 pub use amp_autograd as autograd;

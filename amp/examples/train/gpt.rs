@@ -125,17 +125,21 @@ impl Gpt {
 
     /// The mean cross-entropy of predicting `targets` (`[B, T]` int64) from `tokens`.
     pub fn loss(&self, tokens: &Tensor, targets: &Tensor) -> Result<Tensor> {
-        let logits = self.logits(tokens)?;
-        let v = self.config.vocab as i64;
-        ops::cross_entropy(
-            &ops::reshape(&logits, [-1, v])?,
-            &ops::reshape(targets, [-1i64])?,
-            None,
-            -100,
-            Reduction::Mean,
-            0.0,
-        )
+        token_loss(&self.logits(tokens)?, targets)
     }
+}
+
+/// The mean cross-entropy of `logits` (`[B, T, vocab]`) against `targets` (`[B, T]`).
+pub fn token_loss(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    let v = logits.dims()[logits.rank() - 1] as i64;
+    ops::cross_entropy(
+        &ops::reshape(logits, [-1, v])?,
+        &ops::reshape(targets, [-1i64])?,
+        None,
+        -100,
+        Reduction::Mean,
+        0.0,
+    )
 }
 
 impl Module for Gpt {

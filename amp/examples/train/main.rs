@@ -21,6 +21,7 @@
 //! `--stop-after N` ends each run after step N, as an interruption would.
 
 mod gpt;
+mod ranks;
 
 use std::error::Error;
 use std::path::{Path, PathBuf};
@@ -29,6 +30,7 @@ use std::time::Instant;
 use amp::prelude::*;
 use gpt::{Gpt, GptConfig};
 use indicatif::{ProgressBar, ProgressStyle};
+use ranks::{Ranks, Replica};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -294,6 +296,8 @@ struct RunIo {
     stop_after: Option<usize>,
     /// Draw the progress bar.
     progress: bool,
+    /// This process's place in a data-parallel job (`--ddp`).
+    ranks: std::rc::Rc<Ranks>,
 }
 
 fn checkpoint_dir(root: &Path, p: Precision) -> PathBuf {
@@ -302,7 +306,7 @@ fn checkpoint_dir(root: &Path, p: Precision) -> PathBuf {
 
 /// A trained (or partly trained) run.
 struct Run {
-    model: Gpt,
+    model: Replica,
     opt: Adam,
     scaler: GradScaler,
     history: History,
@@ -310,8 +314,8 @@ struct Run {
     step: usize,
 }
 
-fn fresh_run(s: &Settings, p: Precision) -> Res<Run> {
-    let model = Gpt::new(s.model, &mut Generator::new(s.seed))?;
+fn fresh_run(s: &Settings, p: Precision, ranks: &Ranks) -> Res<Run> {
+    let model = ranks.replica(Gpt::new(s.model, &mut Generator::new(s.seed))?)?;
     let opt = Adam::new(
         model.parameters(),
         s.lr,
@@ -352,7 +356,7 @@ fn meta(s: &Settings, data: &Data, p: Precision, run: &Run) -> Res<serde_json::V
 
 /// Restore `run` from the checkpoint in `dir`, refusing one of other settings.
 fn resume(dir: &Path, s: &Settings, data: &Data, p: Precision, run: &mut Run) -> Res<()> {
-    let meta = amp::checkpoint::load_with_meta(dir, &run.model, &mut run.opt, &mut run.scaler)?
+    let meta = amp::checkpoint::load_with_meta(dir, &*run.model, &mut run.opt, &mut run.scaler)?
         .ok_or_else(|| format!("{}: the checkpoint has no training state", dir.display()))?;
     let want = identity(s, data, p);
     for key in ["run", "settings", "vocab"] {
@@ -389,7 +393,7 @@ fn evaluate(model: &mut Gpt, val: &[(Tensor, Tensor)], p: Precision) -> Res<f64>
 
 /// Train (or continue) one run to `s.steps` (or `io.stop_after`).
 fn train(s: &Settings, data: &Data, p: Precision, io: &RunIo) -> Res<Run> {
-    let mut run = fresh_run(s, p)?;
+    let mut run = fresh_run(s, p, &io.ranks)?;
     if let Some(root) = &io.resume {
         let dir = checkpoint_dir(root, p);
         if dir.join(amp::checkpoint::MANIFEST).exists() {
@@ -400,7 +404,7 @@ fn train(s: &Settings, data: &Data, p: Precision, io: &RunIo) -> Res<Run> {
     let val = data.val_batches(s)?;
     let region = p.region();
     let end = io.stop_after.map_or(s.steps, |n| n.min(s.steps));
-    let bar = if io.progress {
+    let bar = if io.progress && io.ranks.is_root() {
         ProgressBar::new(s.steps as u64)
     } else {
         ProgressBar::hidden()
@@ -417,15 +421,15 @@ fn train(s: &Settings, data: &Data, p: Precision, io: &RunIo) -> Res<Run> {
     let clock = move || offset + began.elapsed().as_secs_f64();
     while run.step < end {
         let step = run.step;
-        let (x, y) = data.batch(s, step)?;
+        let (x, y) = io.ranks.shard(data.batch(s, step)?)?;
         let t = Instant::now();
         schedule.apply(&mut run.opt, step);
         run.opt.zero_grad();
-        let loss = region.try_run(|| run.model.loss(&x, &y))?;
+        let loss = region.try_run(|| run.model.train_loss(&x, &y))?;
         run.scaler.scale(&loss)?.backward()?;
         let outcome = run.scaler.step(&mut run.opt)?;
         run.scaler.update()?;
-        let l = loss.item_f64()?;
+        let l = io.ranks.mean(loss.item_f64()?)?;
         let ms = t.elapsed().as_secs_f64() * 1e3;
         let h = &mut run.history;
         let skipped = h.skipped_steps() + u64::from(outcome.is_skipped());
@@ -455,11 +459,12 @@ fn train(s: &Settings, data: &Data, p: Precision, io: &RunIo) -> Res<Run> {
         ));
         bar.set_position(run.step as u64);
         run.history.seconds = clock();
-        if io.every > 0 && (run.step % io.every == 0 || run.step == s.steps) {
+        let saves = io.every > 0 && (run.step % io.every == 0 || run.step == s.steps);
+        if saves && io.ranks.is_root() {
             let dir = checkpoint_dir(&io.out, p);
             amp::checkpoint::save_with_meta(
                 &dir,
-                &run.model,
+                &*run.model,
                 &run.opt,
                 &run.scaler,
                 &meta(s, data, p, &run)?,
@@ -536,11 +541,13 @@ struct Args {
     checkpoint_every: usize,
     stop_after: Option<usize>,
     resume: Option<PathBuf>,
+    ddp: bool,
 }
 
 const USAGE: &str =
     "usage: train [--dtype bfloat16|float16] [--text FILE] [--steps N] [--batch N] [--lr X]
              [--seed N] [--out DIR] [--checkpoint-every N] [--stop-after N] [--resume DIR]
+             [--ddp]
   --dtype             the autocast dtype of the mixed-precision run (default bfloat16)
   --text              train on this UTF-8 file instead of the repository's own text
   --steps, --batch    training steps (default 400) and sequences per batch (default 16)
@@ -550,7 +557,10 @@ const USAGE: &str =
   --checkpoint-every  save model, optimizer and scaler every N steps (and after the last)
                       into OUT/checkpoints/<run> (default 0: no checkpoints)
   --stop-after        end each run after step N, as an interruption would
-  --resume            continue each run from DIR/checkpoints/<run> where there is one";
+  --resume            continue each run from DIR/checkpoints/<run> where there is one
+  --ddp               data-parallel over the ranks of an MPI job (build with --features mpi;
+                      mpirun -np 2 -x RAYON_NUM_THREADS=1 target/release/examples/train --ddp):
+                      each rank trains on its share of every batch, gradients averaged";
 
 fn parse_args() -> Result<Args, String> {
     let mut a = Args {
@@ -564,6 +574,7 @@ fn parse_args() -> Result<Args, String> {
         checkpoint_every: 0,
         stop_after: None,
         resume: None,
+        ddp: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -589,6 +600,7 @@ fn parse_args() -> Result<Args, String> {
             }
             "--stop-after" => a.stop_after = Some(num("--stop-after", val("--stop-after")?)?),
             "--resume" => a.resume = Some(PathBuf::from(val("--resume")?)),
+            "--ddp" => a.ddp = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -625,6 +637,12 @@ fn main() {
 
 fn train_both(args: &Args) -> Res<()> {
     let began = Instant::now();
+    let ranks = std::rc::Rc::new(if args.ddp {
+        Ranks::mpi()?
+    } else {
+        Ranks::default()
+    });
+    let root = ranks.is_root();
     let user_text = match &args.text {
         Some(path) => {
             Some(std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?)
@@ -648,12 +666,22 @@ fn train_both(args: &Args) -> Res<()> {
     s.warmup = s.warmup.min(s.steps);
     let m = &s.model;
     let probe = Gpt::new(s.model, &mut Generator::new(0))?;
-    println!(
+    let (_, size) = ranks.rank_size();
+    if root && size > 1 {
+        println!(
+            "data parallel: {size} ranks, {} sequences per rank and step",
+            s.batch / size
+        );
+    }
+    if root {
+        println!(
         "GPT: {} layers, d_model {}, {} heads, feed-forward {}, context {}, vocabulary {} ({} parameters)",
         m.layers, m.d_model, m.heads, m.feedforward, m.context, m.vocab, probe.num_parameters()
-    );
+        );
+    }
     drop(probe);
-    println!(
+    if root {
+        println!(
         "text: {} ({} training / {} validation characters); {} steps of {} x {} tokens, AdamW lr {} (warm-up {}, cosine to {})",
         source.unwrap_or_else(|| CORPUS.map(|(name, _)| name).join(", ")),
         data.train.len(),
@@ -664,19 +692,24 @@ fn train_both(args: &Args) -> Res<()> {
         s.lr,
         s.warmup,
         s.min_lr
-    );
+        );
+    }
     let io = RunIo {
         every: args.checkpoint_every,
         out: args.out.clone(),
         resume: args.resume.clone(),
         stop_after: args.stop_after,
         progress: true,
+        ranks: ranks.clone(),
     };
     let runs = [Precision::F32, Precision::autocast(args.dtype)];
     let mut done = Vec::new();
     for p in runs {
         let run = train(&s, &data, p, &io)?;
         done.push((p, run));
+    }
+    if !root {
+        return Ok(());
     }
     if done.iter().any(|(_, r)| r.step < s.steps) {
         println!(
@@ -976,7 +1009,7 @@ mod tests {
                 );
             }
             // The final checkpoint of the resumed run holds the end state too.
-            let mut again = fresh_run(&s, p).unwrap();
+            let mut again = fresh_run(&s, p, &Ranks::default()).unwrap();
             resume(&checkpoint_dir(&second_dir, p), &s, &data, p, &mut again).unwrap();
             assert_eq!(again.step, s.steps);
             assert_eq!(bits(&again), bits(&straight), "{what}: the last checkpoint");
@@ -986,7 +1019,7 @@ mod tests {
                 lr: 2e-2,
                 ..s.clone()
             };
-            let mut wrong = fresh_run(&other, p).unwrap();
+            let mut wrong = fresh_run(&other, p, &Ranks::default()).unwrap();
             let err = resume(&checkpoint_dir(&first_dir, p), &other, &data, p, &mut wrong)
                 .unwrap_err()
                 .to_string();
@@ -1016,5 +1049,79 @@ mod tests {
         let short = Data::new(&["far too short for a context of 16"]);
         assert!(short.val_batches(&s).is_err() && short.batch(&s, 0).is_err());
         assert!(train(&s, &short, Precision::F32, &RunIo::default()).is_err());
+    }
+    /// The final validation losses of both runs of `tiny()`, trained as `ranks` says.
+    #[cfg(feature = "mpi")]
+    fn tiny_losses(ranks: Ranks) -> [f64; 2] {
+        let (s, data) = tiny();
+        let io = RunIo {
+            ranks: std::rc::Rc::new(ranks),
+            ..RunIo::default()
+        };
+        [Precision::F32, Precision::autocast(DType::BF16)]
+            .map(|p| train(&s, &data, p, &io).unwrap().history.final_val_loss())
+    }
+
+    /// One rank of the job that `two_ranks_reach_the_validation_loss_of_one_process`
+    /// starts under `mpirun` (rank 0 prints the losses).
+    #[cfg(feature = "mpi")]
+    #[test]
+    #[ignore = "a rank of the mpirun job of two_ranks_reach_the_validation_loss_of_one_process"]
+    fn rank_of_a_two_process_job() {
+        let ranks = Ranks::mpi().unwrap();
+        let root = ranks.is_root();
+        let [f32_loss, bf16_loss] = tiny_losses(ranks);
+        if root {
+            println!("val losses {f32_loss:e} {bf16_loss:e}");
+        }
+    }
+
+    /// The main job on 2 processes, each on half of every batch, ends at the validation
+    /// loss of 1 process on the whole batch: float32 to rounding, bfloat16 autocast within
+    /// its tolerance. Skipped (printed) where `mpirun` is missing.
+    #[cfg(feature = "mpi")]
+    #[test]
+    fn two_ranks_reach_the_validation_loss_of_one_process() {
+        use std::process::Command;
+        if Command::new("mpirun").arg("--version").output().is_err() {
+            println!("skipped: mpirun is not on PATH (apt-get install openmpi-bin libopenmpi-dev)");
+            return;
+        }
+        let one = tiny_losses(Ranks::default());
+        let out = Command::new("mpirun")
+            .args(["-np", "2", "--oversubscribe", "--allow-run-as-root"])
+            .args(["-x", "RAYON_NUM_THREADS=1"])
+            .arg(std::env::current_exe().unwrap())
+            .args([
+                "--ignored",
+                "--exact",
+                "tests::rank_of_a_two_process_job",
+                "--nocapture",
+            ])
+            .output()
+            .expect("mpirun starts");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "mpirun failed:\n{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let line = text
+            .lines()
+            .find_map(|l| l.strip_prefix("val losses "))
+            .unwrap_or_else(|| panic!("rank 0 printed no losses:\n{text}"));
+        let two: Vec<f64> = line.split(' ').map(|v| v.parse().unwrap()).collect();
+        for (k, (tol, what)) in [(1e-5, "float32"), (1e-2, "bfloat16 autocast")]
+            .iter()
+            .enumerate()
+        {
+            let rel = (two[k] - one[k]).abs() / one[k];
+            assert!(
+                rel <= *tol,
+                "{what}: 2 ranks {} vs 1 process {} ({rel:e})",
+                two[k],
+                one[k]
+            );
+        }
     }
 }

@@ -1,0 +1,137 @@
+//! The main job over several processes (`--ddp`, feature `mpi`): every rank holds a
+//! replica of the model, trains on its share of each batch (the batch's rows split in
+//! rank order) and averages the gradients with the others during backward
+//! ([`DistributedDataParallel`]), so every replica takes the step one process would take
+//! on the whole batch. Rank 0 alone prints, plots and writes checkpoints.
+//!
+//! ```sh
+//! cargo build --release -p amp --features mpi --example train
+//! mpirun -np 2 -x RAYON_NUM_THREADS=1 target/release/examples/train --ddp
+//! ```
+
+use std::ops::{Deref, DerefMut};
+
+use amp::autograd::{Result, Tensor};
+#[cfg(feature = "mpi")]
+use amp::distributed::{DistributedDataParallel, Mpi, ProcessGroup, ReduceOp};
+#[cfg(feature = "mpi")]
+use amp::nn::Module;
+
+use crate::gpt::Gpt;
+use crate::Res;
+
+/// The model of a run: alone, or one replica of a data-parallel job.
+pub enum Replica {
+    Alone(Gpt),
+    #[cfg(feature = "mpi")]
+    Ddp(DistributedDataParallel<Gpt>),
+}
+
+impl Deref for Replica {
+    type Target = Gpt;
+    fn deref(&self) -> &Gpt {
+        match self {
+            Replica::Alone(g) => g,
+            #[cfg(feature = "mpi")]
+            Replica::Ddp(d) => d.module(),
+        }
+    }
+}
+
+impl DerefMut for Replica {
+    fn deref_mut(&mut self) -> &mut Gpt {
+        match self {
+            Replica::Alone(g) => g,
+            #[cfg(feature = "mpi")]
+            Replica::Ddp(d) => d.module_mut(),
+        }
+    }
+}
+
+impl Replica {
+    /// The training loss of a batch: through the wrapper's forward for a replica, so the
+    /// backward that follows averages the gradients over the ranks.
+    pub fn train_loss(&self, tokens: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        match self {
+            Replica::Alone(g) => g.loss(tokens, targets),
+            #[cfg(feature = "mpi")]
+            Replica::Ddp(d) => crate::gpt::token_loss(&d.forward(tokens)?, targets),
+        }
+    }
+}
+
+/// This process's place in the job: rank 0 of 1, or a rank of an MPI job.
+#[derive(Default)]
+pub struct Ranks {
+    #[cfg(feature = "mpi")]
+    group: Option<std::sync::Arc<dyn ProcessGroup>>,
+}
+
+impl std::fmt::Debug for Ranks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (rank, size) = self.rank_size();
+        write!(f, "rank {rank} of {size}")
+    }
+}
+
+impl Ranks {
+    /// The ranks of the MPI job this process was started in (`mpirun`).
+    #[cfg(feature = "mpi")]
+    pub fn mpi() -> Res<Ranks> {
+        Ok(Ranks {
+            group: Some(std::sync::Arc::new(Mpi::init()?)),
+        })
+    }
+
+    /// `--ddp` in a build without MPI.
+    #[cfg(not(feature = "mpi"))]
+    pub fn mpi() -> Res<Ranks> {
+        Err("--ddp needs the MPI backend: build with `--features mpi`".into())
+    }
+
+    /// This rank and the number of ranks.
+    pub fn rank_size(&self) -> (usize, usize) {
+        #[cfg(feature = "mpi")]
+        if let Some(g) = &self.group {
+            return (g.rank(), g.size());
+        }
+        (0, 1)
+    }
+
+    /// Whether this process prints and writes (rank 0).
+    pub fn is_root(&self) -> bool {
+        self.rank_size().0 == 0
+    }
+
+    /// `gpt` as this process's model: wrapped for data parallelism in a job of several
+    /// ranks (rank 0's parameters are broadcast to the others).
+    pub fn replica(&self, gpt: Gpt) -> Res<Replica> {
+        #[cfg(feature = "mpi")]
+        if let Some(g) = &self.group {
+            return Ok(Replica::Ddp(DistributedDataParallel::new(gpt, g.clone())?));
+        }
+        Ok(Replica::Alone(gpt))
+    }
+
+    /// This rank's rows of a batch `(x, y)`: the batch split in equal parts in rank order.
+    pub fn shard(&self, (x, y): (Tensor, Tensor)) -> Res<(Tensor, Tensor)> {
+        let (rank, size) = self.rank_size();
+        let rows = x.dims()[0];
+        if rows % size != 0 {
+            return Err(format!("--batch {rows} does not split over {size} ranks").into());
+        }
+        let per = rows / size;
+        Ok((x.narrow(0, rank * per, per)?, y.narrow(0, rank * per, per)?))
+    }
+
+    /// The mean of `v` over the ranks (each rank's loss is that of its share).
+    pub fn mean(&self, v: f64) -> Res<f64> {
+        #[cfg(feature = "mpi")]
+        if let Some(g) = &self.group {
+            let t = amp::tensor::Tensor::from_vec(vec![v], [1])?;
+            g.all_reduce(&t, ReduceOp::Avg)?;
+            return Ok(t.to_vec::<f64>()?[0]);
+        }
+        Ok(v)
+    }
+}
