@@ -9,6 +9,7 @@ mod elementwise;
 mod elementwise_perf;
 mod index;
 mod matmul;
+mod nvrtc_compile;
 mod pool;
 mod reduce;
 mod reduce_norm;
