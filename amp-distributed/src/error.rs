@@ -43,7 +43,7 @@ pub enum Error {
     /// Arguments that do not fit together (output count, shapes, dtypes).
     #[error("{op}: {msg}")]
     InvalidArgument { op: &'static str, msg: String },
-    /// MPI was initialized already (by an earlier [`crate::Mpi::init`] or another
+    /// MPI was initialized already (by an earlier `Mpi::init` (feature `mpi`) or another
     /// library), or finalized; a process initializes it once.
     #[error("MPI cannot be initialized: it was initialized before in this process")]
     AlreadyInitialized,

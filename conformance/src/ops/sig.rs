@@ -33,7 +33,7 @@ struct Param {
     fixed: bool,
 }
 
-/// A PyTorch signature (see the [module docs](self)).
+/// A PyTorch signature, written as Python writes it (`"input, dim=0, *, !out=None"`).
 #[derive(Debug, Clone)]
 pub struct Signature {
     params: Vec<Param>,
