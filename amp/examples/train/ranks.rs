@@ -124,6 +124,16 @@ impl Ranks {
         Ok((x.narrow(0, rank * per, per)?, y.narrow(0, rank * per, per)?))
     }
 
+    /// Waits until every rank is here (after rank 0 wrote a checkpoint that the others may
+    /// read next).
+    pub fn barrier(&self) -> Res<()> {
+        #[cfg(feature = "mpi")]
+        if let Some(g) = &self.group {
+            g.barrier()?;
+        }
+        Ok(())
+    }
+
     /// The mean of `v` over the ranks (each rank's loss is that of its share).
     pub fn mean(&self, v: f64) -> Res<f64> {
         #[cfg(feature = "mpi")]
