@@ -27,7 +27,7 @@ amp_kernels::named_mode! {
     else |other| -> Error { Error::invalid("reduction", format!("{other} is not a valid value for reduction")) }
 }
 
-fn reduce(l: Tensor, r: Reduction) -> Result<Tensor> {
+pub(super) fn reduce(l: Tensor, r: Reduction) -> Result<Tensor> {
     match r {
         Reduction::None => Ok(l),
         Reduction::Mean => mean_all(&l),

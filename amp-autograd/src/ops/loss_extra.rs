@@ -12,7 +12,7 @@
 use amp_tensor::{promote_types, DType};
 
 use super::distance::pairwise_distance;
-use super::loss::Reduction;
+use super::loss::{reduce, Reduction};
 use super::names::{
     COSINE_EMBEDDING, CTC, HINGE_EMBEDDING, KL_DIV, MARGIN_RANKING, MULTILABEL_MARGIN,
     MULTILABEL_MARGIN_FORWARD, MULTI_MARGIN, POISSON_NLL, SOFT_MARGIN, TRIPLET_MARGIN,
@@ -65,14 +65,6 @@ fn args(op: &'static OpName, input: &Tensor, target: &Tensor) -> Result<Args> {
         target,
         _body,
     })
-}
-
-fn reduce(l: Tensor, r: Reduction) -> Result<Tensor> {
-    match r {
-        Reduction::None => Ok(l),
-        Reduction::Mean => mean_all(&l),
-        Reduction::Sum => sum_all(&l),
-    }
 }
 
 amp_kernels::named_mode! {

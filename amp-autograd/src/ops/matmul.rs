@@ -56,9 +56,6 @@ fn mm_mat2_grad(g: &Tensor, mat1: &Tensor, mat2_col: bool) -> Result<Tensor> {
     }
 }
 
-/// A side's gradient from the output gradient and the other side.
-type SideGrad = Box<dyn Fn(&Tensor, &Tensor) -> Result<Tensor> + Send + Sync>;
-
 /// Records a product of `a` and `b` whose gradient for each side reads only the other
 /// side (every product here): `a` is kept only when `b` needs a gradient and `b` only
 /// when `a` does, so a weight cast by autocast is not held by the graph of a first layer
@@ -68,8 +65,8 @@ fn product(
     name: &'static str,
     a: &Tensor,
     b: &Tensor,
-    ga: SideGrad,
-    gb: SideGrad,
+    ga: impl Fn(&Tensor, &Tensor) -> Result<Tensor> + Send + Sync + 'static,
+    gb: impl Fn(&Tensor, &Tensor) -> Result<Tensor> + Send + Sync + 'static,
 ) -> Tensor {
     let (ra, rb) = (a.requires_grad(), b.requires_grad());
     let (ka, kb) = (Kept::new(a, rb), Kept::new(b, ra));
@@ -91,8 +88,8 @@ pub fn mm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         "MmBackward0",
         &a,
         &b,
-        Box::new(move |g, b| mm_mat1_grad(g, a_col, b)),
-        Box::new(move |g, a| mm_mat2_grad(g, a, b_col)),
+        move |g, b| mm_mat1_grad(g, a_col, b),
+        move |g, a| mm_mat2_grad(g, a, b_col),
     ))
 }
 
@@ -102,7 +99,7 @@ macro_rules! products {
         pub fn $fname(a: &Tensor, b: &Tensor) -> Result<Tensor> {
             let ([a, b], _body) = enter(&$op, [a, b])?;
             let out = amp_kernels::$fname(a.data(), b.data())?;
-            Ok(product(out, $node, &a, &b, Box::new(|$g, $b| $ga), Box::new(|$g, $a| $gb)))
+            Ok(product(out, $node, &a, &b, |$g, $b| $ga, |$g, $a| $gb))
         }
     )*};
 }

@@ -71,6 +71,21 @@ pub(crate) fn enter_dtype<const N: usize>(
     Ok((a, d, body))
 }
 
+/// `x` entered as `op` (with the op's `dtype` argument), then cast to that dtype when one
+/// is given (the guard lives as long as the caller's op).
+pub(crate) fn enter_cast(
+    op: &'static OpName,
+    x: &Tensor,
+    dtype: Option<amp_tensor::DType>,
+) -> Result<(Tensor, BodyGuard)> {
+    let ([x], dtype, body) = enter_dtype(op, [x], dtype)?;
+    let x = match dtype {
+        Some(d) => x.to_dtype(d)?,
+        None => x,
+    };
+    Ok((x, body))
+}
+
 /// Dispatch a call with a variable number of tensor arguments; returns them and the
 /// guard the body runs under.
 pub(crate) fn enter_vec(op: &'static OpName, args: &[&Tensor]) -> Result<(Vec<Tensor>, BodyGuard)> {

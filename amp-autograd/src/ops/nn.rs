@@ -5,26 +5,15 @@ use amp_tensor::{DType, Generator, Tensor as Raw};
 use super::names::{DROPOUT, LAYER_NORM, LOG_SOFTMAX, SOFTMAX, SOFTMIN};
 use super::pointwise::*;
 use super::reduce::{mean, sum};
-use super::{enter, enter_dtype};
+use super::{enter, enter_cast};
 use crate::grad_mode::is_grad_enabled;
 use crate::graph::{record, record_multi, SavedOutput};
 use crate::{Error, Result, Tensor};
 
-fn cast_opt(x: Tensor, dtype: Option<DType>) -> Result<Tensor> {
-    match dtype {
-        Some(d) => x.to_dtype(d),
-        None => Ok(x),
-    }
-}
-
 /// Softmax along `dim` (computed in float32 for 16-bit inputs), optionally in `dtype`.
 pub fn softmax(x: &Tensor, dim: i64, dtype: Option<DType>) -> Result<Tensor> {
-    let ([x], dtype, _body) = enter_dtype(&SOFTMAX, [x], dtype)?;
-    softmax_impl(&cast_opt(x, dtype)?, dim)
-}
-
-fn softmax_impl(x: &Tensor, dim: i64) -> Result<Tensor> {
-    softmax_or_log(x, dim, false)
+    let (x, _body) = enter_cast(&SOFTMAX, x, dtype)?;
+    softmax_or_log(&x, dim, false)
 }
 
 /// Softmax (`log`: log-softmax) recorded with only its output kept, as PyTorch's
@@ -33,8 +22,11 @@ fn softmax_impl(x: &Tensor, dim: i64) -> Result<Tensor> {
 /// `g - exp(y) Σ g`).
 fn softmax_or_log(x: &Tensor, dim: i64, log: bool) -> Result<Tensor> {
     let (forward, backward, name): Kernels = if log {
-        let f = amp_kernels::log_softmax_backward;
-        (amp_kernels::log_softmax, f, "LogSoftmaxBackward0")
+        (
+            amp_kernels::log_softmax,
+            amp_kernels::log_softmax_backward,
+            "LogSoftmaxBackward0",
+        )
     } else {
         (
             amp_kernels::softmax,
@@ -63,18 +55,14 @@ type Kernels = (
 
 /// `log(softmax(x))` along `dim`, computed stably.
 pub fn log_softmax(x: &Tensor, dim: i64, dtype: Option<DType>) -> Result<Tensor> {
-    let ([x], dtype, _body) = enter_dtype(&LOG_SOFTMAX, [x], dtype)?;
-    log_softmax_impl(&cast_opt(x, dtype)?, dim)
-}
-
-fn log_softmax_impl(x: &Tensor, dim: i64) -> Result<Tensor> {
-    softmax_or_log(x, dim, true)
+    let (x, _body) = enter_cast(&LOG_SOFTMAX, x, dtype)?;
+    softmax_or_log(&x, dim, true)
 }
 
 /// `softmax(-x)` along `dim`.
 pub fn softmin(x: &Tensor, dim: i64, dtype: Option<DType>) -> Result<Tensor> {
-    let ([x], dtype, _body) = enter_dtype(&SOFTMIN, [x], dtype)?;
-    softmax_impl(&neg(&cast_opt(x, dtype)?)?, dim)
+    let (x, _body) = enter_cast(&SOFTMIN, x, dtype)?;
+    softmax_or_log(&neg(&x)?, dim, false)
 }
 
 /// Layer normalisation over the trailing `normalized_shape` dims, with optional

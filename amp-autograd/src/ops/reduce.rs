@@ -8,8 +8,7 @@ use super::names::{
 };
 use super::pointwise::*;
 use super::shape::{expand, scatter_add, unsqueeze};
-use super::{enter, enter_dtype};
-use crate::dispatch::{BodyGuard, OpName};
+use super::{enter, enter_cast, enter_dtype};
 use crate::graph::{record, record_multi, SavedOutput};
 use crate::{Result, Tensor};
 
@@ -54,17 +53,6 @@ fn count(dims: &[usize], reduced: &[usize]) -> usize {
 pub fn sum(x: &Tensor, dims: &[i64], keepdim: bool, dtype: Option<DType>) -> Result<Tensor> {
     let ([x], dtype, _body) = enter_dtype(&SUM, [x], dtype)?;
     sum_impl(&x, dims, keepdim, dtype)
-}
-
-/// `x` entered as `op`, then cast to the op's `dtype` argument when one is given (the
-/// guard lives as long as the caller's op).
-fn enter_cast(
-    op: &'static OpName,
-    x: &Tensor,
-    dtype: Option<DType>,
-) -> Result<(Tensor, BodyGuard)> {
-    let ([x], dtype, body) = enter_dtype(op, [x], dtype)?;
-    Ok((dtype.map_or(Ok(x.clone()), |d| x.to_dtype(d))?, body))
 }
 
 /// Sum of every element (a 0-dim tensor).
