@@ -39,7 +39,7 @@ fn main() {
     let up = |t: &Tensor| -> CudaStorage {
         let c = t.contiguous();
         let s = c.storage();
-        CudaStorage::from_cpu(s.cpu(), DEV).expect("upload")
+        CudaStorage::from_cpu(s.cpu().expect("a host tensor"), DEV).expect("upload")
     };
     let mut gen = Generator::new(0);
     let n = 4096;

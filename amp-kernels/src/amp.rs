@@ -41,10 +41,11 @@ fn check_one_elem(op: &'static str, t: &Tensor, name: &str, dtype: DType) -> Res
 }
 
 /// Write the single element of a 1-element tensor of element type `T`.
-fn write_one<T: Element>(t: &Tensor, v: T) {
+fn write_one<T: Element>(t: &Tensor, v: T) -> Result<()> {
     let mut st = t.storage_mut();
-    let s = T::slice_mut(st.cpu_mut()).expect("dtype matches storage");
+    let s = T::slice_mut(st.cpu_mut()?).expect("dtype matches storage");
     s[t.layout().offset()] = v;
+    Ok(())
 }
 
 /// PyTorch's `torch._amp_foreach_non_finite_check_and_unscale_`, in place.
@@ -92,9 +93,8 @@ pub fn non_finite_check_and_unscale_(
         }
     }
     let inv = inv_scale.operand::<f32>()?;
-    let found = unscale_all(grads, inv);
-    if found {
-        write_one(found_inf, 1.0f32);
+    if unscale_all(grads, inv)? {
+        write_one(found_inf, 1.0f32)?;
     }
     Ok(())
 }
@@ -159,7 +159,7 @@ fn interval(t: &Tensor) -> (usize, usize) {
     (l.offset(), l.offset() + extent + 1)
 }
 
-fn unscale_all(grads: &[Tensor], inv: f32) -> bool {
+fn unscale_all(grads: &[Tensor], inv: f32) -> Result<bool> {
     // One write lock per distinct storage, taken in a fixed (address) order.
     let mut order: Vec<usize> = (0..grads.len())
         .filter(|&i| grads[i].elem_count() > 0)
@@ -180,7 +180,7 @@ fn unscale_all(grads: &[Tensor], inv: f32) -> bool {
         let mut guard = first.storage_mut();
         let dtype = first.dtype();
         let buf = amp_tensor::with_float_dtype!(dtype, T => {
-            let s = T::slice_mut(guard.cpu_mut()).expect("dtype matches storage");
+            let s = T::slice_mut(guard.cpu_mut()?).expect("dtype matches storage");
             RawBuf { ptr: s.as_mut_ptr() as *mut u8, len: s.len() }
         }, _ => unreachable!("validated floating dtypes"));
         guards.push(guard);
@@ -237,7 +237,7 @@ fn unscale_all(grads: &[Tensor], inv: f32) -> bool {
         })
         .reduce(|| false, |a, b| a | b);
     drop(guards);
-    found
+    Ok(found)
 }
 
 fn run_piece<T: Unscale>(s: &mut [T], p: &Piece, inv: f32) -> bool {
@@ -472,7 +472,7 @@ pub fn update_scale_(
             (s, t1)
         }
     };
-    write_one(scale, new_s);
-    write_one(growth_tracker, new_t);
+    write_one(scale, new_s)?;
+    write_one(growth_tracker, new_t)?;
     Ok(())
 }

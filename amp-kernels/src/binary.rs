@@ -170,8 +170,8 @@ fn is_bool_scalar(s: Scalar) -> bool {
 fn float_binary<T: Element, C: Real>(job: &Job<'_>) -> Result<Vec<T>> {
     let name = job.op.name();
     let g = Guards::new([job.x.tensor(), job.y.tensor()]);
-    let x: Arg<T, C> = job.x.arg(g.get(0), job.opmath[0], name)?;
-    let y: Arg<T, C> = job.y.arg(g.get(1), job.opmath[1], name)?;
+    let x: Arg<T, C> = job.x.arg(g.get(0)?, job.opmath[0], name)?;
+    let y: Arg<T, C> = job.y.arg(g.get(1)?, job.opmath[1], name)?;
     let d = &job.dims[..];
     // Round a compute value to the storage type (an intermediate PyTorch stores).
     let narrow = |v: C| -> C { v.cast::<T>().cast::<C>() };
@@ -234,8 +234,8 @@ fn float_binary<T: Element, C: Real>(job: &Job<'_>) -> Result<Vec<T>> {
 fn int_binary<T: Int>(job: &Job<'_>) -> Result<Vec<T>> {
     let name = job.op.name();
     let g = Guards::new([job.x.tensor(), job.y.tensor()]);
-    let x: Arg<T, T> = job.x.arg(g.get(0), false, name)?;
-    let y: Arg<T, T> = job.y.arg(g.get(1), false, name)?;
+    let x: Arg<T, T> = job.x.arg(g.get(0)?, false, name)?;
+    let y: Arg<T, T> = job.y.arg(g.get(1)?, false, name)?;
     let d = &job.dims[..];
     let alpha = match job.alpha {
         None => None,
@@ -275,8 +275,8 @@ fn int_binary<T: Int>(job: &Job<'_>) -> Result<Vec<T>> {
 fn bool_binary(job: &Job<'_>) -> Result<Vec<bool>> {
     let name = job.op.name();
     let g = Guards::new([job.x.tensor(), job.y.tensor()]);
-    let x: Arg<bool, bool> = job.x.arg(g.get(0), false, name)?;
-    let y: Arg<bool, bool> = job.y.arg(g.get(1), false, name)?;
+    let x: Arg<bool, bool> = job.x.arg(g.get(0)?, false, name)?;
+    let y: Arg<bool, bool> = job.y.arg(g.get(1)?, false, name)?;
     let d = &job.dims[..];
     match job.op {
         BinaryOp::Add if job.alpha == Some(0.0) => zip2(d, x, y, |p: bool, _: bool| p),
@@ -471,8 +471,8 @@ fn cmp_kernel<T: Element, C: Element>(
 ) -> Result<Vec<bool>> {
     let name = op.name();
     let g = Guards::new([x.tensor(), y.tensor()]);
-    let x: Arg<T, C> = x.arg(g.get(0), false, name)?;
-    let y: Arg<T, C> = y.arg(g.get(1), false, name)?;
+    let x: Arg<T, C> = x.arg(g.get(0)?, false, name)?;
+    let y: Arg<T, C> = y.arg(g.get(1)?, false, name)?;
     match op {
         CmpOp::Eq => zip2(dims, x, y, |p: C, q: C| p == q),
         CmpOp::Ne => zip2(dims, x, y, |p: C, q: C| p != q),
@@ -536,8 +536,8 @@ fn logical2(
     let g = Guards::new([x.tensor(), y.tensor()]);
     let out: Vec<bool> = zip2(
         &dims,
-        x.arg::<bool, bool>(g.get(0), false, name)?,
-        y.arg::<bool, bool>(g.get(1), false, name)?,
+        x.arg::<bool, bool>(g.get(0)?, false, name)?,
+        y.arg::<bool, bool>(g.get(1)?, false, name)?,
         f,
     )?;
     Tensor::from_vec(out, dims)
@@ -561,7 +561,7 @@ pub fn logical_not(a: &Tensor) -> Result<Tensor> {
     let g = Guards::new([x.tensor()]);
     let out: Vec<bool> = zip1(
         a.dims(),
-        x.arg::<bool, bool>(g.get(0), false, OP)?,
+        x.arg::<bool, bool>(g.get(0)?, false, OP)?,
         |p: bool| !p,
     )?;
     Tensor::from_vec(out, a.dims().to_vec())

@@ -148,7 +148,7 @@ pub fn ensure_same_device(op: &'static str, ts: &[&Tensor]) -> Result<()> {
 pub fn with_slice<T: Element, R>(t: &Tensor, f: impl FnOnce(&[T]) -> R) -> Result<R> {
     let c = t.try_contiguous()?;
     let st = c.storage();
-    let all = T::slice(st.cpu()).expect("with_slice: T must be the tensor's element type");
+    let all = T::slice(st.cpu()?).expect("with_slice: T must be the tensor's element type");
     let r = c.layout().contiguous_range().expect("contiguous");
     Ok(f(&all[r]))
 }

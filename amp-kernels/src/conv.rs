@@ -456,7 +456,7 @@ fn input_grad_impl(
 fn with_storage<T: Element, R>(t: &Tensor, f: impl FnOnce(&[T]) -> R) -> Result<R> {
     let t = t.try_contiguous()?;
     let st = t.storage();
-    let all = T::slice(st.cpu()).ok_or(Error::UnsupportedDType {
+    let all = T::slice(st.cpu()?).ok_or(Error::UnsupportedDType {
         op: OP,
         dtype: t.dtype(),
     })?;
@@ -486,7 +486,7 @@ fn with_compute<C: Real, R>(t: &Tensor, f: impl FnOnce(&[C]) -> R) -> Result<R> 
         t.to_dtype(C::DTYPE)?.try_contiguous()?
     };
     let st = t.storage();
-    let all = C::slice(st.cpu()).ok_or(Error::UnsupportedDType {
+    let all = C::slice(st.cpu()?).ok_or(Error::UnsupportedDType {
         op: OP,
         dtype: t.dtype(),
     })?;

@@ -38,9 +38,9 @@ fn index_values(op: &'static str, index: &Tensor, allow_int32: bool) -> Result<V
 fn contiguous_slice<'a, T: Element>(
     guard: &'a RwLockReadGuard<'_, Storage>,
     t: &Tensor,
-) -> &'a [T] {
-    let all = T::slice(guard.cpu()).expect("dtype matches storage");
-    &all[t.layout().contiguous_range().expect("contiguous tensor")]
+) -> Result<&'a [T]> {
+    let all = T::slice(guard.cpu()?).expect("dtype matches storage");
+    Ok(&all[t.layout().contiguous_range().expect("contiguous tensor")])
 }
 
 /// `out` (widened to `N`) as a tensor of `x`'s dtype and shape.
@@ -117,7 +117,7 @@ pub fn cat(ts: &[Tensor], dim: i64) -> Result<Tensor> {
         .collect::<Result<_>>()?;
     let guards: Vec<_> = srcs.iter().map(|t| t.storage()).collect();
     with_dtype!(dtype, T => {
-        let slices: Vec<&[T]> = guards.iter().zip(&srcs).map(|(g, t)| contiguous_slice::<T>(g, t)).collect();
+        let slices: Vec<&[T]> = guards.iter().zip(&srcs).map(|(g, t)| contiguous_slice::<T>(g, t)).collect::<Result<_>>()?;
         let lens: Vec<usize> = srcs.iter().map(|t| t.dims()[d] * inner).collect();
         let mut out = try_with_capacity(count(&shape))?;
         for o in 0..outer {
@@ -164,7 +164,7 @@ fn take(op: &'static str, x: &Tensor, dim: i64, idx: &[i64], shape: Vec<usize>) 
     let xc = x.try_contiguous()?;
     let guard = xc.storage();
     with_dtype!(x.dtype(), T => {
-        let s = contiguous_slice::<T>(&guard, &xc);
+        let s = contiguous_slice::<T>(&guard, &xc)?;
         let mut out = try_with_capacity(count(&[outer, idx.len(), inner]))?;
         for o in 0..outer {
             for &i in idx {
@@ -299,7 +299,7 @@ pub fn gather(x: &Tensor, dim: i64, index: &Tensor) -> Result<Tensor> {
     };
     let guard = x.storage();
     with_dtype!(x.dtype(), T => {
-        let s = T::slice(guard.cpu()).expect("dtype matches storage");
+        let s = T::slice(guard.cpu()?).expect("dtype matches storage");
         let out: Vec<T> = try_collect(idx.len(), base.offsets().zip(&idx).map(|(b, &i)| s[b + i as usize * sd]))?;
         Tensor::from_vec(out, index.dims().to_vec())
     })
@@ -340,7 +340,7 @@ fn scatter_impl(
     let guard = src.storage();
     num_kernel!(x.dtype(), |T, N| {
         let mut acc: Vec<N> = x.try_to_vec_as()?;
-        let s = T::slice(guard.cpu()).expect("dtype matches storage");
+        let s = T::slice(guard.cpu()?).expect("dtype matches storage");
         for ((b, so), &i) in base.offsets().zip(src_layout.offsets()).zip(&idx) {
             let v: N = s[so].cast();
             let p = b + i as usize * sd;
@@ -550,7 +550,7 @@ pub fn index_put(
     let guard = values.storage();
     num_kernel!(x.dtype(), |T, N| {
         let mut acc: Vec<N> = x.try_to_vec_as()?;
-        let vs = T::slice(guard.cpu()).expect("dtype matches storage");
+        let vs = T::slice(guard.cpu()?).expect("dtype matches storage");
         let mut voffs = vl.offsets();
         if shape.iter().product::<usize>() > 0 {
             for p in pre_l.offsets() {
@@ -581,7 +581,7 @@ pub fn masked_fill(x: &Tensor, mask: &Tensor, value: f64) -> Result<Tensor> {
     );
     let ml = mask.layout().broadcast_as(x.dims())?;
     let guard = mask.storage();
-    let ms = bool::slice(guard.cpu()).expect("bool storage");
+    let ms = bool::slice(guard.cpu()?).expect("bool storage");
     with_dtype!(x.dtype(), T => {
         let v: T = value.cast();
         let mut out: Vec<T> = x.try_to_vec_as()?;

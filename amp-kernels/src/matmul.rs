@@ -802,7 +802,7 @@ fn gathered_input<T: Element, C: Element>(p: &Plan<'_>) -> Result<Option<Vec<C>>
         return Ok(None);
     };
     let st = t.storage();
-    gather_cast::<T, C>(T::slice(st.cpu()).expect("dtype matches storage"), layout).map(Some)
+    gather_cast::<T, C>(T::slice(st.cpu()?).expect("dtype matches storage"), layout).map(Some)
 }
 
 /// Number of output elements of a plan (saturating: a count that does not fit fails
@@ -835,7 +835,7 @@ fn native<C: GemmFloat>(p: &Plan<'_>) -> Result<Tensor> {
             beta,
             alpha,
         );
-    });
+    })?;
     // SAFETY: `gemm_into` initialised all `len` elements.
     unsafe { out.set_len(len) };
     Tensor::from_vec(out, p.out_dims.clone())
@@ -870,7 +870,7 @@ fn packed16<T: native16::Half>(p: &Plan<'_>, kernel: Kernel16) -> Result<Tensor>
             alpha: p.alpha as f32,
         };
         native16::product(kernel, &job, &mut out.spare_capacity_mut()[..len])
-    })?;
+    })??;
     // SAFETY: `product` wrote all `len` elements.
     unsafe { out.set_len(len) };
     Tensor::from_vec(out, p.out_dims.clone())
@@ -878,15 +878,15 @@ fn packed16<T: native16::Half>(p: &Plan<'_>, kernel: Kernel16) -> Result<Tensor>
 
 /// `f` on the storage slices of a plan's two operands (borrowed once when they share
 /// their storage).
-fn with_operands<T: Element, R>(p: &Plan<'_>, f: impl FnOnce(&[T], &[T]) -> R) -> R {
+fn with_operands<T: Element, R>(p: &Plan<'_>, f: impl FnOnce(&[T], &[T]) -> R) -> Result<R> {
     let ga = p.a.storage();
     let gb = (!p.a.same_storage(p.b)).then(|| p.b.storage());
-    let a = T::slice(ga.cpu()).expect("dtype matches storage");
+    let a = T::slice(ga.cpu()?).expect("dtype matches storage");
     let b = match &gb {
-        Some(g) => T::slice(g.cpu()).expect("dtype matches storage"),
+        Some(g) => T::slice(g.cpu()?).expect("dtype matches storage"),
         None => a,
     };
-    f(a, b)
+    Ok(f(a, b))
 }
 
 /// The first `capacity` slots of a vector as possibly uninitialised memory (the
@@ -918,7 +918,7 @@ fn widened<T: Element>(p: &Plan<'_>) -> Result<Tensor> {
     let read = match p.input.as_ref().filter(|_| p.beta != 0.0) {
         Some((t, layout)) => {
             let st = t.storage();
-            let src = T::slice(st.cpu()).expect("dtype matches storage");
+            let src = T::slice(st.cpu()?).expect("dtype matches storage");
             gather_into(src, layout, &mut out32[..len]);
             true
         }
@@ -991,7 +991,7 @@ fn widened_blocks<T: Element>(p: &Plan<'_>, split: Blocks) -> Result<Tensor> {
         let read = match &input {
             Some((t, side)) => {
                 let st = t.storage();
-                let src = T::slice(st.cpu()).expect("dtype matches storage");
+                let src = T::slice(st.cpu()?).expect("dtype matches storage");
                 let side = side.shifted(r0 * side.rs + c0 * side.cs);
                 gather_matrix(src, &side, rows, cols, &mut acc[..rows * cols]);
                 true
@@ -1178,7 +1178,7 @@ fn widen<T: Element>(
     cols: usize,
 ) -> Result<(Vec<f32>, Side)> {
     let st = t.storage();
-    let src = T::slice(st.cpu()).expect("dtype matches storage");
+    let src = T::slice(st.cpu()?).expect("dtype matches storage");
     let (lo, hi) = side.span(rows, cols);
     let count = side.offsets.len();
     let numel = count.saturating_mul(rows).saturating_mul(cols);
@@ -1675,8 +1675,8 @@ fn integer<T: Element>(p: &Plan<'_>) -> Result<Tensor> {
                 }
             }
         }
-        Ok(())
-    })?;
+        Ok::<(), Error>(())
+    })??;
     let out: Vec<T> = if T::DTYPE == DType::I64 {
         // In place, as above (`T` is `i64`).
         out.into_iter().map(T::from_i64).collect()

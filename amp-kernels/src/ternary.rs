@@ -46,13 +46,13 @@ pub fn where_cond(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         Src::of(b, dt, OP)?,
     );
     let g = Guards::new([c.tensor(), x.tensor(), y.tensor()]);
-    let c: Arg<bool, bool> = c.arg(g.get(0), false, OP)?;
+    let c: Arg<bool, bool> = c.arg(g.get(0)?, false, OP)?;
     with_dtype!(dt, T => {
         let out: Vec<T> = zip3(
             &dims,
             c,
-            x.arg::<T, T>(g.get(1), false, OP)?,
-            y.arg::<T, T>(g.get(2), false, OP)?,
+            x.arg::<T, T>(g.get(1)?, false, OP)?,
+            y.arg::<T, T>(g.get(2)?, false, OP)?,
             |c: bool, p: T, q: T| if c { p } else { q },
         )?;
         Tensor::from_vec(out, dims)
@@ -82,7 +82,7 @@ fn clamp_kernel<T: amp_tensor::Element, C: amp_tensor::Element>(
     hi: Option<Scalar>,
 ) -> Result<Vec<T>> {
     let g = Guards::new([x.tensor()]);
-    let a: Arg<T, C> = x.arg(g.get(0), false, "clamp")?;
+    let a: Arg<T, C> = x.arg(g.get(0)?, false, "clamp")?;
     let (lo, hi) = (lo.map(scalar_as::<C>), hi.map(scalar_as::<C>));
     match (lo, hi) {
         (Some(l), Some(h)) => zip1(dims, a, move |v: C| {
@@ -145,13 +145,13 @@ fn clamp_tensor_kernel<T: amp_tensor::Element, C: amp_tensor::Element>(
         lo.and_then(Src::tensor),
         hi.and_then(Src::tensor),
     ]);
-    let a: Arg<T, C> = x.arg(g.get(0), false, OP)?;
+    let a: Arg<T, C> = x.arg(g.get(0)?, false, OP)?;
     match (lo, hi) {
         (Some(l), Some(h)) => zip3(
             dims,
             a,
-            l.arg::<T, C>(g.get(1), false, OP)?,
-            h.arg::<T, C>(g.get(2), false, OP)?,
+            l.arg::<T, C>(g.get(1)?, false, OP)?,
+            h.arg::<T, C>(g.get(2)?, false, OP)?,
             |v: C, l: C, h: C| {
                 #[allow(clippy::eq_op)]
                 if l != l {
@@ -171,7 +171,7 @@ fn clamp_tensor_kernel<T: amp_tensor::Element, C: amp_tensor::Element>(
         (Some(l), None) => zip2(
             dims,
             a,
-            l.arg::<T, C>(g.get(1), false, OP)?,
+            l.arg::<T, C>(g.get(1)?, false, OP)?,
             |v: C, l: C| {
                 #[allow(clippy::eq_op)]
                 if v != v || l != l {
@@ -190,7 +190,7 @@ fn clamp_tensor_kernel<T: amp_tensor::Element, C: amp_tensor::Element>(
         (None, Some(h)) => zip2(
             dims,
             a,
-            h.arg::<T, C>(g.get(2), false, OP)?,
+            h.arg::<T, C>(g.get(2)?, false, OP)?,
             |v: C, h: C| {
                 #[allow(clippy::eq_op)]
                 if v != v || h != h {
@@ -258,9 +258,9 @@ fn addc(
         return crate::float_kernel!(dt, op, |T, C| {
             let v = C::from_f64c(value);
             let (s, p, q) = (
-                s.arg::<T, C>(g.get(0), false, op)?,
-                p.arg::<T, C>(g.get(1), false, op)?,
-                q.arg::<T, C>(g.get(2), false, op)?,
+                s.arg::<T, C>(g.get(0)?, false, op)?,
+                p.arg::<T, C>(g.get(1)?, false, op)?,
+                q.arg::<T, C>(g.get(2)?, false, op)?,
             );
             let out: Vec<T> = if div {
                 zip3(&dims, s, p, q, move |s: C, p: C, q: C| s + v * p / q)?
@@ -279,9 +279,9 @@ fn addc(
         })?;
         let out: Vec<T> = zip3(
             &dims,
-            s.arg::<T, T>(g.get(0), false, op)?,
-            p.arg::<T, T>(g.get(1), false, op)?,
-            q.arg::<T, T>(g.get(2), false, op)?,
+            s.arg::<T, T>(g.get(0)?, false, op)?,
+            p.arg::<T, T>(g.get(1)?, false, op)?,
+            q.arg::<T, T>(g.get(2)?, false, op)?,
             move |s: T, p: T, q: T| s.wadd(v.wmul(p).wmul(q)),
         )?;
         Tensor::from_vec(out, dims)
@@ -322,8 +322,8 @@ pub fn lerp(a: &Tensor, b: &Tensor, weight: f64) -> Result<Tensor> {
     crate::float_kernel!(dt, OP, |T, C| {
         let w = C::from_f64c(weight);
         let (x, y) = (
-            x.arg::<T, C>(g.get(0), false, OP)?,
-            y.arg::<T, C>(g.get(1), false, OP)?,
+            x.arg::<T, C>(g.get(0)?, false, OP)?,
+            y.arg::<T, C>(g.get(1)?, false, OP)?,
         );
         let out: Vec<T> = if weight.abs() < 0.5 {
             zip2(&dims, x, y, move |s: C, e: C| s + w * (e - s))?
@@ -360,8 +360,8 @@ pub fn threshold_backward(grad: &Tensor, x: &Tensor, threshold: f64) -> Result<T
         let (th, zero) = (C::from_f64c(threshold), C::from_f64c(0.0));
         let out: Vec<T> = zip2(
             &dims,
-            gs.arg::<T, C>(guards.get(0), false, OP)?,
-            xs.arg::<T, C>(guards.get(1), false, OP)?,
+            gs.arg::<T, C>(guards.get(0)?, false, OP)?,
+            xs.arg::<T, C>(guards.get(1)?, false, OP)?,
             move |g: C, x: C| if x <= th { zero } else { g },
         )?;
         Tensor::from_vec(out, dims)

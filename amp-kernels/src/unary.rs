@@ -252,7 +252,7 @@ pub(crate) mod ewise {
     pub(crate) fn tensor_scalar(t: &Tensor, op: &'static str) -> Result<Scalar> {
         let st = t.storage();
         with_dtype!(t.dtype(), S => {
-            let v: S = slice_of::<S>(st.cpu(), op)?[t.layout().offset()];
+            let v: S = slice_of::<S>(st.cpu()?, op)?[t.layout().offset()];
             Ok(match S::KIND {
                 Kind::Bool => Scalar::Bool(v.to_bool()),
                 Kind::Int => Scalar::Int(v.to_i64()),
@@ -350,8 +350,11 @@ pub(crate) mod ewise {
         }
 
         /// The host storage of operand `i`, if it is a locked tensor.
-        pub(crate) fn get(&self, i: usize) -> Option<&CpuStorage> {
-            self.guards[self.owner[i]].as_ref().map(|g| g.cpu())
+        ///
+        /// # Errors
+        /// [`amp_tensor::Error::NoDeviceKernel`] for a device tensor.
+        pub(crate) fn get(&self, i: usize) -> Result<Option<&CpuStorage>> {
+            self.guards[self.owner[i]].as_ref().map(|g| g.cpu()).transpose()
         }
     }
 
@@ -1112,7 +1115,7 @@ fn float_unary<T: amp_tensor::Element, C: Real + RoundEven>(
     }
     let g = Guards::new([Some(x)]);
     let arg = Src::full(x);
-    let a: Arg<T, C> = arg.arg(g.get(0), false, op.name())?;
+    let a: Arg<T, C> = arg.arg(g.get(0)?, false, op.name())?;
     let dims = x.dims();
     macro_rules! go {
         ($f:expr) => {
@@ -1306,7 +1309,7 @@ fn gelu_backward_slices<T: Element, C: Real>(g: &[T], x: &[T]) -> Result<Vec<T>>
 fn int_unary<T: ewise::Int>(op: UnaryOp, x: &Tensor) -> Result<Tensor> {
     let g = Guards::new([Some(x)]);
     let src = Src::full(x);
-    let a: Arg<T, T> = src.arg(g.get(0), false, op.name())?;
+    let a: Arg<T, T> = src.arg(g.get(0)?, false, op.name())?;
     let dims = x.dims();
     let out: Vec<T> = match op {
         UnaryOp::Neg => zip1(dims, a, |v: T| v.wneg())?,
@@ -1448,7 +1451,7 @@ pub fn softplus(x: &Tensor, beta: f64, threshold: f64) -> Result<Tensor> {
     crate::float_kernel!(x.dtype(), OP, |T, C| {
         let g = Guards::new([Some(x)]);
         let src = Src::full(x);
-        let a: Arg<T, C> = src.arg(g.get(0), false, OP)?;
+        let a: Arg<T, C> = src.arg(g.get(0)?, false, OP)?;
         let (b, th) = (C::from_f64c(beta), C::from_f64c(threshold));
         let out: Vec<T> = zip1(x.dims(), a, move |v: C| {
             if v * b > th {
@@ -1476,7 +1479,7 @@ fn float_test(
     crate::float_kernel!(x.dtype(), op, |T, C| {
         let g = Guards::new([Some(x)]);
         let src = Src::full(x);
-        let a: Arg<T, C> = src.arg(g.get(0), false, op)?;
+        let a: Arg<T, C> = src.arg(g.get(0)?, false, op)?;
         let out: Vec<bool> = zip1(x.dims(), a, |v: C| pred(v.to_f64c()))?;
         Tensor::from_vec(out, x.dims().to_vec())
     })

@@ -107,23 +107,23 @@ pub(crate) fn zip4<F: Real>(
 }
 
 /// Whether `t` can be read and updated where it lies as an `F` slice (dtype `F`,
-/// contiguous): the fused paths' condition.
+/// contiguous, in host memory): the fused paths' condition.
 pub(crate) fn in_place<F: Real>(t: &Raw) -> bool {
-    t.dtype() == F::DTYPE && t.is_contiguous()
+    t.dtype() == F::DTYPE && t.is_contiguous() && t.device().is_cpu()
 }
 
 /// `f` over the values of an [`in_place`] tensor, where they lie.
 pub(crate) fn with_slice<F: Real, R>(t: &Raw, f: impl FnOnce(&[F]) -> R) -> R {
     let st = t.storage();
     let r = t.layout().contiguous_range().expect("contiguous");
-    f(&F::slice(st.cpu()).expect("dtype matches storage")[r])
+    f(&F::slice(st.cpu().expect("in_place: a host tensor")).expect("dtype matches storage")[r])
 }
 
 /// `f` over the values of an [`in_place`] tensor, mutably, where they lie.
 pub(crate) fn with_slice_mut<F: Real, R>(t: &Raw, f: impl FnOnce(&mut [F]) -> R) -> R {
     let mut st = t.storage_mut();
     let r = t.layout().contiguous_range().expect("contiguous");
-    f(&mut F::slice_mut(st.cpu_mut()).expect("dtype matches storage")[r])
+    f(&mut F::slice_mut(st.cpu_mut().expect("in_place: a host tensor")).expect("dtype matches storage")[r])
 }
 
 /// Whether a parameter of `dtype` is updated in float64 (else float32).
@@ -150,7 +150,7 @@ pub(crate) fn update<F: Real>(p: &Raw, f: impl FnOnce(&mut [F])) -> Result<()> {
     f(&mut v);
     let mut st = p.storage_mut();
     let layout: Layout = p.layout().clone();
-    with_dtype!(p.dtype(), D => scatter_cast::<F, D>(&v, D::slice_mut(st.cpu_mut()).expect("dtype"), &layout));
+    with_dtype!(p.dtype(), D => scatter_cast::<F, D>(&v, D::slice_mut(st.cpu_mut()?).expect("dtype"), &layout));
     Ok(())
 }
 

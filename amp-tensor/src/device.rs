@@ -23,6 +23,14 @@ impl Device {
             Device::Cuda(_) => DeviceType::Cuda,
         }
     }
+    /// PyTorch's backend name of the device (`CPU`, `CUDA`), as its dispatch errors say.
+    pub const fn backend_name(self) -> &'static str {
+        match self {
+            Device::Cpu => "CPU",
+            Device::Cuda(_) => "CUDA",
+        }
+    }
+
     /// `true` for [`Device::Cpu`].
     pub const fn is_cpu(self) -> bool {
         matches!(self, Device::Cpu)

@@ -57,6 +57,10 @@ pub enum Error {
     #[error("\"{op}\" not implemented for '{}'", .dtype.scalar_type_name())]
     UnsupportedDType { op: &'static str, dtype: DType },
     /// The device cannot be used (no driver, no library, feature not compiled in).
+    /// An op without a kernel for the device its tensors are on (PyTorch's "Could not
+    /// run ... with arguments from the 'CUDA' backend"). Nothing falls back to the host.
+    #[error("Could not run '{op}' with arguments from the '{}' backend: it has no kernel for {device} yet", .device.backend_name())]
+    NoDeviceKernel { op: &'static str, device: Device },
     #[error("device {device} is unavailable: {reason}")]
     DeviceUnavailable { device: Device, reason: String },
     /// A device call failed (a CUDA driver, NVRTC or cuBLAS error, out of memory, ...):
@@ -114,6 +118,10 @@ macro_rules! ensure {
 }
 
 impl Error {
+    /// Shorthand for [`Error::NoDeviceKernel`].
+    pub fn no_device_kernel(op: &'static str, device: Device) -> Error {
+        Error::NoDeviceKernel { op, device }
+    }
     /// Shorthand for [`Error::InvalidArgument`].
     pub fn invalid(op: &'static str, msg: impl Into<String>) -> Self {
         Error::InvalidArgument {

@@ -77,21 +77,42 @@ impl CpuStorage {
     }
 }
 
-/// A tensor's buffer on some device.
+/// A tensor's buffer on some device: host memory, or (behind the `cuda` feature) a
+/// CUDA device buffer.
 ///
-/// Only host storage exists in this build; device buffers arrive with the CUDA
-/// backend (behind the `cuda` feature), and every path that would need one reports
-/// [`crate::Error::DeviceUnavailable`] instead.
-#[derive(Debug, Clone, PartialEq)]
+/// Kernels reach a buffer through [`Storage::cpu`] or [`Storage::cuda`], which fail
+/// with [`crate::Error::NoDeviceKernel`] when the buffer lives elsewhere: a host kernel
+/// handed a device tensor reports that the op has no kernel there, it never copies the
+/// data to the host behind the caller's back.
+#[derive(Debug)]
 pub enum Storage {
     Cpu(CpuStorage),
+    #[cfg(feature = "cuda")]
+    Cuda(crate::cuda::CudaStorage),
+}
+
+impl Clone for Storage {
+    /// A copy on the same device.
+    ///
+    /// # Panics
+    /// When a device copy cannot be made (out of device memory, a failed device).
+    fn clone(&self) -> Self {
+        match self {
+            Storage::Cpu(s) => Storage::Cpu(s.clone()),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => Storage::Cuda(s.try_clone().unwrap_or_else(|e| panic!("{e}"))),
+        }
+    }
 }
 
 impl Drop for Storage {
-    /// Large host buffers go to the [`crate::pool`] cache for reuse.
+    /// Large host buffers go to the [`crate::pool`] cache for reuse (device buffers go
+    /// back to the device's caching allocator when their block drops).
     fn drop(&mut self) {
         match self {
             Storage::Cpu(s) => crate::pool::give(std::mem::replace(s, CpuStorage::F32(Vec::new()))),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(_) => {}
         }
     }
 }
@@ -100,31 +121,68 @@ impl Storage {
     pub fn dtype(&self) -> DType {
         match self {
             Storage::Cpu(s) => s.dtype(),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => s.dtype(),
         }
     }
     pub fn device(&self) -> Device {
         match self {
             Storage::Cpu(_) => Device::Cpu,
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => s.device(),
         }
     }
     pub fn len(&self) -> usize {
         match self {
             Storage::Cpu(s) => s.len(),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => s.len(),
         }
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
     /// The host buffer.
-    pub fn cpu(&self) -> &CpuStorage {
+    ///
+    /// # Errors
+    /// [`crate::Error::NoDeviceKernel`] for a device buffer (a host kernel reached with a
+    /// device tensor).
+    pub fn cpu(&self) -> Result<&CpuStorage> {
         match self {
-            Storage::Cpu(s) => s,
+            Storage::Cpu(s) => Ok(s),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => Err(crate::Error::no_device_kernel(HOST_KERNEL, s.device())),
         }
     }
     /// The host buffer, mutably.
-    pub fn cpu_mut(&mut self) -> &mut CpuStorage {
+    ///
+    /// # Errors
+    /// As [`Storage::cpu`].
+    pub fn cpu_mut(&mut self) -> Result<&mut CpuStorage> {
         match self {
-            Storage::Cpu(s) => s,
+            Storage::Cpu(s) => Ok(s),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => Err(crate::Error::no_device_kernel(HOST_KERNEL, s.device())),
+        }
+    }
+    /// The device buffer.
+    ///
+    /// # Errors
+    /// [`crate::Error::DeviceMismatch`] for a host buffer (a device kernel reached with a
+    /// host tensor).
+    #[cfg(feature = "cuda")]
+    pub fn cuda(&self) -> Result<&crate::cuda::CudaStorage> {
+        match self {
+            Storage::Cuda(s) => Ok(s),
+            Storage::Cpu(_) => Err(crate::Error::DeviceMismatch {
+                op: "device kernel",
+                lhs: Device::Cuda(0),
+                rhs: Device::Cpu,
+            }),
         }
     }
 }
+
+/// The op named when a host kernel that does not name itself meets a device buffer.
+#[cfg(feature = "cuda")]
+const HOST_KERNEL: &str = "host kernel";

@@ -46,14 +46,78 @@ impl Tensor {
                 ),
             });
         }
-        let dtype = storage.dtype();
-        Ok(Tensor(Arc::new(Inner {
-            storage: Arc::new(RwLock::new(Storage::Cpu(storage))),
+        Ok(Self::over(Storage::Cpu(storage), layout))
+    }
+
+    /// A tensor over a device buffer viewed through `layout`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidShape`] when the layout reaches past the buffer.
+    #[cfg(feature = "cuda")]
+    pub fn from_cuda(storage: crate::cuda::CudaStorage, layout: Layout) -> Result<Tensor> {
+        let needed = max_offset(&layout).map_or(0, |m| m + 1);
+        if needed > storage.len() {
+            return Err(Error::InvalidShape {
+                op: "from_cuda",
+                shape: layout.dims().to_vec(),
+                msg: format!(
+                    "layout needs {needed} elements but storage has {}",
+                    storage.len()
+                ),
+            });
+        }
+        Ok(Self::over(Storage::Cuda(storage), layout))
+    }
+
+    fn over(storage: Storage, layout: Layout) -> Tensor {
+        Tensor(Arc::new(Inner {
+            dtype: storage.dtype(),
+            device: storage.device(),
+            storage: Arc::new(RwLock::new(storage)),
             layout,
-            dtype,
-            device: Device::Cpu,
             is_view: false,
-        })))
+        }))
+    }
+
+    /// `value` everywhere with `shape` and `dtype` on `device` (filled on the device).
+    ///
+    /// # Errors
+    /// As [`Tensor::try_full`], and [`Error::DeviceUnavailable`] for a device this build
+    /// or machine lacks.
+    pub fn full_on(
+        shape: impl Into<Shape>,
+        value: impl Into<Scalar>,
+        dtype: DType,
+        device: Device,
+    ) -> Result<Tensor> {
+        let shape = shape.into();
+        if device.is_cpu() {
+            return Self::try_full(shape, value, dtype);
+        }
+        shape.storage_bytes(dtype)?;
+        let one = Self::try_full([1usize], value, dtype)?.to_device(device)?;
+        one.reshape(vec![1usize; shape.rank()])?
+            .expand(shape.dims().to_vec())?
+            .try_contiguous()
+    }
+
+    /// Zeros with `shape` and `dtype` on `device`.
+    ///
+    /// # Errors
+    /// As [`Tensor::full_on`].
+    pub fn zeros_on(shape: impl Into<Shape>, dtype: DType, device: Device) -> Result<Tensor> {
+        let shape = shape.into();
+        match device {
+            Device::Cpu => Self::try_zeros(shape, dtype),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(_) => {
+                shape.storage_bytes(dtype)?;
+                let s = crate::cuda::CudaStorage::zeros(device, dtype, shape.elem_count())?;
+                Self::from_cuda(s, Layout::contiguous(shape))
+            }
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda(_) => Self::full_on(shape, 0i64, dtype, device),
+        }
     }
 
     /// A contiguous tensor owning `data` (row-major) with `shape`.
@@ -153,19 +217,29 @@ impl Tensor {
         Self::try_full(shape, 1i64, dtype)
     }
 
-    /// Zeros with this tensor's shape and dtype.
+    /// Zeros with this tensor's shape, dtype and device.
+    ///
+    /// # Panics
+    /// When the buffer cannot be allocated.
     pub fn zeros_like(&self) -> Tensor {
-        Self::zeros(self.shape(), self.dtype())
+        Self::zeros_on(self.shape(), self.dtype(), self.device()).unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// Ones with this tensor's shape and dtype.
+    /// Ones with this tensor's shape, dtype and device.
+    ///
+    /// # Panics
+    /// When the buffer cannot be allocated.
     pub fn ones_like(&self) -> Tensor {
-        Self::ones(self.shape(), self.dtype())
+        self.full_like(1i64)
     }
 
-    /// `value` everywhere, with this tensor's shape and dtype.
+    /// `value` everywhere, with this tensor's shape, dtype and device.
+    ///
+    /// # Panics
+    /// When the buffer cannot be allocated.
     pub fn full_like(&self, value: impl Into<Scalar>) -> Tensor {
-        Self::full(self.shape(), value, self.dtype())
+        Self::full_on(self.shape(), value, self.dtype(), self.device())
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// `start, start + step, ...` up to (excluding) `end`, as PyTorch's `arange`.
@@ -344,8 +418,11 @@ impl Tensor {
     /// [`Error::OutOfMemory`] (a broadcast view can stand for far more elements than its
     /// storage holds).
     pub fn try_to_vec_as<T: Element>(&self) -> Result<Vec<T>> {
+        if !self.device().is_cpu() {
+            return self.to_device(Device::Cpu)?.try_to_vec_as();
+        }
         let st = self.storage();
-        with_dtype!(self.dtype(), S => gather_cast::<S, T>(S::slice(st.cpu()).expect("dtype matches storage"), self.layout()))
+        with_dtype!(self.dtype(), S => gather_cast::<S, T>(S::slice(st.cpu()?).expect("dtype matches storage"), self.layout()))
     }
 
     /// The elements as f64 (exact for every dtype but int64 beyond 2^53).
@@ -400,26 +477,70 @@ impl Tensor {
         if dtype == self.dtype() {
             return Ok(self.clone());
         }
+        #[cfg(feature = "cuda")]
+        if let Storage::Cuda(x) = &*self.storage() {
+            let out = crate::cuda::launch::cast(x, self.layout(), dtype)?;
+            return Tensor::from_cuda(out, Layout::contiguous(self.shape()));
+        }
         let st = self.storage();
         let storage = with_dtype!(self.dtype(), S => {
-            let src = S::slice(st.cpu()).expect("dtype matches storage");
+            let src = S::slice(st.cpu()?).expect("dtype matches storage");
             with_dtype!(dtype, D => D::into_storage(gather_cast::<S, D>(src, self.layout())?))
         });
         Tensor::from_storage(storage, Layout::contiguous(self.shape()))
     }
 
-    /// A copy on `device` (this tensor itself when it is already there).
+    /// A copy on `device` (this tensor itself when it is already there), contiguous.
+    ///
+    /// # Errors
+    /// [`Error::DeviceUnavailable`] naming what is missing when this build or machine
+    /// lacks the device; [`Error::DeviceFailure`] with the driver's error.
     pub fn to_device(&self, device: Device) -> Result<Tensor> {
         if device == self.device() {
             return Ok(self.clone());
         }
         // Checks the build, the driver library and the ordinal: without them this is
         // the typed "device unavailable" error naming what is missing.
-        crate::cuda::ensure_device(device, &[crate::cuda::Library::Driver])?;
+        if !device.is_cpu() {
+            crate::cuda::ensure_device(device, &[crate::cuda::Library::Driver])?;
+        }
+        self.to_device_imp(device)
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn to_device_imp(&self, device: Device) -> Result<Tensor> {
         Err(Error::DeviceUnavailable {
             device,
-            reason: "tensor storage on CUDA devices is not wired into Tensor yet; device buffers are amp_tensor::cuda::CudaStorage".into(),
+            reason: crate::cuda::NOT_BUILT.into(),
         })
+    }
+
+    #[cfg(feature = "cuda")]
+    fn to_device_imp(&self, device: Device) -> Result<Tensor> {
+        use crate::cuda::CudaStorage;
+        let c = self.try_contiguous()?;
+        let range = c.layout().contiguous_range().expect("contiguous");
+        let st = c.storage();
+        let layout = Layout::contiguous(self.shape());
+        match (&*st, device) {
+            (Storage::Cpu(h), Device::Cuda(_)) => {
+                let part = with_dtype!(self.dtype(), S => S::into_storage(
+                    crate::pool::try_collect(range.len(), S::slice(h).expect("dtype matches storage")[range].iter().copied())?));
+                Tensor::from_cuda(CudaStorage::from_cpu(&part, device)?, layout)
+            }
+            (Storage::Cuda(d), _) => {
+                let host = d.to_cpu()?;
+                let part = with_dtype!(self.dtype(), S => S::into_storage(
+                    crate::pool::try_collect(range.len(), S::slice(&host).expect("dtype matches storage")[range].iter().copied())?));
+                match device {
+                    Device::Cpu => Tensor::from_storage(part, layout),
+                    Device::Cuda(_) => {
+                        Tensor::from_cuda(CudaStorage::from_cpu(&part, device)?, layout)
+                    }
+                }
+            }
+            (Storage::Cpu(_), Device::Cpu) => unreachable!("same device returned early"),
+        }
     }
 
     /// A contiguous tensor with the same values (this tensor itself when contiguous).
@@ -450,29 +571,50 @@ impl Tensor {
 
     /// [`Tensor::copy`], with a copy that cannot be allocated as [`Error::OutOfMemory`].
     pub fn try_copy(&self) -> Result<Tensor> {
+        #[cfg(feature = "cuda")]
+        if let Storage::Cuda(x) = &*self.storage() {
+            let out = crate::cuda::launch::cast(x, self.layout(), self.dtype())?;
+            return Tensor::from_cuda(out, Layout::contiguous(self.shape()));
+        }
         let st = self.storage();
         let storage = with_dtype!(self.dtype(), S => S::into_storage(
-            gather_cast::<S, S>(S::slice(st.cpu()).expect("dtype matches storage"), self.layout())?));
+            gather_cast::<S, S>(S::slice(st.cpu()?).expect("dtype matches storage"), self.layout())?));
         Tensor::from_storage(storage, Layout::contiguous(self.shape()))
     }
 
     /// Copy `src` into this tensor in place (PyTorch's `copy_`): `src` is broadcast to
-    /// this shape and cast to this dtype. Views of the same storage see the change.
+    /// this shape, cast to this dtype and moved to this device. Views of the same
+    /// storage see the change.
     pub fn copy_(&self, src: &Tensor) -> Result<()> {
         if src.device() != self.device() {
-            return Err(Error::DeviceMismatch {
-                op: "copy_",
-                lhs: self.device(),
-                rhs: src.device(),
-            });
+            // Only the source's elements travel; the broadcast happens on arrival.
+            return self.copy_(&src.to_device(self.device())?);
         }
         let src_layout = src.layout().broadcast_as(self.dims())?;
+        #[cfg(feature = "cuda")]
+        if !self.device().is_cpu() {
+            use crate::cuda::launch::{cast, cast_into};
+            if !self.same_storage(src) {
+                let st = src.storage();
+                let dst = self.storage_mut();
+                return cast_into(st.cuda()?, &src_layout, dst.cuda()?, self.layout());
+            }
+            // Same storage: gather first, the source may overlap the destination.
+            let gathered = cast(src.storage().cuda()?, &src_layout, src.dtype())?;
+            let dst = self.storage_mut();
+            return cast_into(
+                &gathered,
+                &Layout::contiguous(self.shape()),
+                dst.cuda()?,
+                self.layout(),
+            );
+        }
         if !self.same_storage(src) {
             let st = src.storage();
             let mut dst = self.storage_mut();
             with_dtype!(src.dtype(), S => {
-                let s = S::slice(st.cpu()).expect("dtype matches storage");
-                with_dtype!(self.dtype(), D => copy_cast::<S, D>(s, &src_layout, D::slice_mut(dst.cpu_mut()).expect("dtype matches storage"), self.layout()))
+                let s = S::slice(st.cpu()?).expect("dtype matches storage");
+                with_dtype!(self.dtype(), D => copy_cast::<S, D>(s, &src_layout, D::slice_mut(dst.cpu_mut()?).expect("dtype matches storage"), self.layout()))
             })?;
             return Ok(());
         }
@@ -480,12 +622,12 @@ impl Tensor {
         let gathered = {
             let st = src.storage();
             with_dtype!(src.dtype(), S => S::into_storage(
-                gather_cast::<S, S>(S::slice(st.cpu()).expect("dtype matches storage"), &src_layout)?))
+                gather_cast::<S, S>(S::slice(st.cpu()?).expect("dtype matches storage"), &src_layout)?))
         };
         let mut dst = self.storage_mut();
         with_dtype!(src.dtype(), S => {
             let s = S::slice(&gathered).expect("gathered as S");
-            with_dtype!(self.dtype(), D => scatter_cast::<S, D>(s, D::slice_mut(dst.cpu_mut()).expect("dtype matches storage"), self.layout()))
+            with_dtype!(self.dtype(), D => scatter_cast::<S, D>(s, D::slice_mut(dst.cpu_mut()?).expect("dtype matches storage"), self.layout()))
         });
         Ok(())
     }

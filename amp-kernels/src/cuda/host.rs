@@ -1,156 +1,28 @@
-//! Host side: NVRTC compilation with a per-process cache, module loading per device,
-//! launch helpers and the launchers of every kernel family.
+//! Host side: the launchers of every kernel family (compiled, loaded and launched with
+//! `amp_tensor::cuda::launch`), plus matmul on cuBLAS.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock};
 
 use amp_tensor::cuda::cudarc::cublas::{result as blas, sys as blas_sys};
-use amp_tensor::cuda::cudarc::driver::{
-    CudaFunction, CudaModule, DeviceRepr, LaunchConfig, PushKernelArg,
+use amp_tensor::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
+use amp_tensor::cuda::launch::{
+    check_len, float_suffix, function, grid_for, rows_grid, StridedArg, THREADS,
 };
-use amp_tensor::cuda::cudarc::nvrtc::{self, CompileOptions, Ptx};
 use amp_tensor::cuda::{device_context, driver_error, CudaStorage, DeviceContext, Library};
 use amp_tensor::{ensure, CpuStorage, DType, Device, Error, Layout, Result, SharedError};
 
-use super::sources::{Module, BINARY_OPS, MODULES, REDUCE_OPS, UNARY_OPS};
+pub use amp_tensor::cuda::launch::{cast, cast_into, compile_module};
 
-/// Threads per block of every launch.
-const THREADS: u32 = 256;
+use super::sources::{Module, BINARY_OPS, REDUCE_OPS, UNARY_OPS};
+
+/// The module of this crate named `name`.
+fn module(name: &str) -> &'static Module {
+    super::sources::module(name).expect("the module list names every family")
+}
 /// Elements per chunk of the multi-tensor unscale table.
 pub const UNSCALE_CHUNK: usize = 1 << 16;
-
-/// Compile `module` with NVRTC for the virtual architecture `arch` (`"compute_80"`)
-/// and return the PTX text.
-///
-/// # Errors
-/// [`Error::DeviceUnavailable`] when libnvrtc cannot be opened; [`Error::DeviceFailure`]
-/// with NVRTC's log when the source does not compile.
-pub fn compile_module(module: &Module, arch: &str) -> Result<String> {
-    Library::Nvrtc.ensure(Device::Cuda(0))?;
-    let opts = CompileOptions {
-        options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()],
-        name: Some(format!("{}.cu", module.name)),
-        ..Default::default()
-    };
-    let ptx = nvrtc::compile_ptx_with_opts(module.source(), opts).map_err(|e| {
-        let log = match &e {
-            nvrtc::CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
-            _ => String::new(),
-        };
-        Error::DeviceFailure {
-            op: "nvrtcCompileProgram",
-            device: Device::Cuda(0),
-            source: SharedError::new(CompileFailure { log, source: e }),
-        }
-    })?;
-    Ok(ptx.to_src())
-}
-
-/// An NVRTC compile error with the compiler's log (the error alone does not show it).
-#[derive(Debug, thiserror::Error)]
-#[error("{source:?}\n{log}")]
-struct CompileFailure {
-    log: String,
-    source: nvrtc::CompileError,
-}
-
-/// The PTX of `module` for `arch`, compiled once per process.
-fn ptx_cached(module: &Module, arch: &str) -> Result<String> {
-    static PTX: Mutex<Vec<((&'static str, String), String)>> = Mutex::new(Vec::new());
-    let key = (module.name, arch.to_string());
-    if let Some((_, p)) = PTX
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .iter()
-        .find(|(k, _)| *k == key)
-    {
-        return Ok(p.clone());
-    }
-    let p = compile_module(module, arch)?;
-    PTX.lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .push((key, p.clone()));
-    Ok(p)
-}
-
-/// The virtual architecture of a device (`compute_90` for an H100).
-fn arch_of(dc: &DeviceContext) -> Result<String> {
-    let (major, minor) = dc
-        .ctx
-        .compute_capability()
-        .map_err(driver_error("cuDeviceGetAttribute", dc.device))?;
-    Ok(format!("compute_{major}{minor}"))
-}
-
-/// The kernel `name` of the module `module` loaded on `dc`'s device (compiled and loaded
-/// once per process and device).
-///
-/// # Errors
-/// As [`compile_module`], or a driver error loading the module.
-pub fn function(dc: &DeviceContext, module: &str, name: &str) -> Result<CudaFunction> {
-    type Loaded = HashMap<(Device, &'static str), Arc<CudaModule>>;
-    static LOADED: OnceLock<Mutex<Loaded>> = OnceLock::new();
-    let m = MODULES
-        .iter()
-        .find(|m| m.name == module)
-        .ok_or_else(|| Error::invalid("cuda", format!("no kernel module '{module}'")))?;
-    let loaded = LOADED.get_or_init(|| Mutex::new(HashMap::new()));
-    let existing = loaded
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&(dc.device, m.name))
-        .cloned();
-    let cm = match existing {
-        Some(cm) => cm,
-        None => {
-            let ptx = ptx_cached(m, &arch_of(dc)?)?;
-            let cm = dc
-                .ctx
-                .load_module(Ptx::from_src(ptx))
-                .map_err(driver_error("cuModuleLoadData", dc.device))?;
-            loaded
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert((dc.device, m.name), cm.clone());
-            cm
-        }
-    };
-    cm.load_function(name)
-        .map_err(driver_error("cuModuleGetFunction", dc.device))
-}
-
-/// The device type suffix of a dtype in kernel names.
-fn suffix(dtype: DType) -> &'static str {
-    match dtype {
-        DType::F16 => "f16",
-        DType::BF16 => "bf16",
-        DType::F32 => "f32",
-        DType::F64 => "f64",
-        DType::I32 => "i32",
-        DType::I64 => "i64",
-        DType::Bool => "bool",
-    }
-}
-
-fn float_suffix(op: &'static str, dtype: DType) -> Result<&'static str> {
-    if !dtype.is_floating_point() {
-        return Err(Error::UnsupportedDType { op, dtype });
-    }
-    Ok(suffix(dtype))
-}
-
-/// A strided view as a kernel argument (`StridedArg` in the sources).
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-struct StridedArg {
-    ndim: i64,
-    offset: i64,
-    dims: [i64; 8],
-    strides: [i64; 8],
-}
-// SAFETY: plain `repr(C)` data matching the device struct.
-unsafe impl DeviceRepr for StridedArg {}
 
 /// The multi-tensor table entry (`AmpChunk` in the sources).
 #[repr(C)]
@@ -160,90 +32,6 @@ struct AmpChunk {
     len: i64,
     dtype: i64,
     pad: i64,
-}
-
-impl StridedArg {
-    fn of(op: &'static str, l: &Layout) -> Result<StridedArg> {
-        // Drop size-1 dims, merge nothing else: at most 8 dims reach the device.
-        let kept: Vec<(usize, usize)> = l
-            .dims()
-            .iter()
-            .zip(l.strides())
-            .filter(|(&d, _)| d != 1)
-            .map(|(&d, &s)| (d, s))
-            .collect();
-        ensure!(
-            kept.len() <= 8,
-            invalid(
-                op,
-                "CUDA kernels take at most 8 non-trivial dims, got {}",
-                kept.len()
-            )
-        );
-        let mut a = StridedArg {
-            ndim: kept.len() as i64,
-            offset: l.offset() as i64,
-            dims: [1; 8],
-            strides: [0; 8],
-        };
-        for (i, (d, s)) in kept.into_iter().enumerate() {
-            a.dims[i] = d as i64;
-            a.strides[i] = s as i64;
-        }
-        Ok(a)
-    }
-}
-
-fn grid_for(n: usize) -> LaunchConfig {
-    let blocks = n.div_ceil(THREADS as usize).clamp(1, 65535 * 8) as u32;
-    LaunchConfig {
-        grid_dim: (blocks, 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    }
-}
-
-fn rows_grid(rows: usize) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (rows.clamp(1, 65535 * 8) as u32, 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    }
-}
-
-fn check_len(op: &'static str, s: &CudaStorage, l: &Layout) -> Result<()> {
-    let n = l.elem_count();
-    let need = if n == 0 {
-        0
-    } else {
-        l.offset()
-            + l.dims()
-                .iter()
-                .zip(l.strides())
-                .map(|(&d, &st)| (d - 1) * st)
-                .sum::<usize>()
-            + 1
-    };
-    ensure!(
-        need <= s.len(),
-        invalid(
-            op,
-            "layout needs {need} elements, the buffer has {}",
-            s.len()
-        )
-    );
-    Ok(())
-}
-
-macro_rules! launch {
-    ($dc:expr, $f:expr, $cfg:expr, $($arg:expr),+ $(,)?) => {{
-        let mut b = $dc.stream.launch_builder(&$f);
-        $( b.arg($arg); )+
-        // SAFETY: the arguments match the kernel's C signature in `sources`, every
-        // pointer is a live buffer of the launch's device checked to be large enough,
-        // and all work is ordered on the device's one stream.
-        unsafe { b.launch($cfg) }.map_err(driver_error("cuLaunchKernel", $dc.device))?;
-    }};
 }
 
 /// `out = op(x)` elementwise for a strided view `x` of a float buffer; `op` one of
@@ -264,7 +52,7 @@ pub fn unary(op: &str, x: &CudaStorage, layout: &Layout) -> Result<CudaStorage> 
     if n > 0 {
         let f = function(
             &dc,
-            "unary",
+            module("unary"),
             &format!("unary_{op}_{}", float_suffix(OP, x.dtype())?),
         )?;
         let (xp, xs, op_, n64) = (
@@ -273,7 +61,7 @@ pub fn unary(op: &str, x: &CudaStorage, layout: &Layout) -> Result<CudaStorage> 
             out.device_ptr(),
             n as i64,
         );
-        launch!(dc, f, grid_for(n), &xp, &xs, &op_, &n64);
+        amp_tensor::cuda_launch!(dc, f, grid_for(n), &xp, &xs, &op_, &n64);
     }
     Ok(out)
 }
@@ -315,7 +103,7 @@ pub fn binary(
     if n > 0 {
         let f = function(
             &dc,
-            "binary",
+            module("binary"),
             &format!("binary_{op}_{}", float_suffix(OP, a.dtype())?),
         )?;
         let (ap, as_, bp, bs) = (
@@ -325,35 +113,7 @@ pub fn binary(
             StridedArg::of(OP, lb)?,
         );
         let (op_, n64) = (out.device_ptr(), n as i64);
-        launch!(dc, f, grid_for(n), &ap, &as_, &bp, &bs, &op_, &n64);
-    }
-    Ok(out)
-}
-
-/// A contiguous copy of the view `layout` of `x` converted to `dtype` (any pair of
-/// storage dtypes, the host crate's cast rules).
-///
-/// # Errors
-/// A layout outside the buffer, device errors.
-pub fn cast(x: &CudaStorage, layout: &Layout, dtype: DType) -> Result<CudaStorage> {
-    const OP: &str = "cuda cast";
-    check_len(OP, x, layout)?;
-    let dc = x.context().clone();
-    let n = layout.elem_count();
-    let out = CudaStorage::uninit(dc.device, dtype, n)?;
-    if n > 0 {
-        let f = function(
-            &dc,
-            "cast",
-            &format!("cast_{}_{}", suffix(x.dtype()), suffix(dtype)),
-        )?;
-        let (xp, xs, op_, n64) = (
-            x.device_ptr(),
-            StridedArg::of(OP, layout)?,
-            out.device_ptr(),
-            n as i64,
-        );
-        launch!(dc, f, grid_for(n), &xp, &xs, &op_, &n64);
+        amp_tensor::cuda_launch!(dc, f, grid_for(n), &ap, &as_, &bp, &bs, &op_, &n64);
     }
     Ok(out)
 }
@@ -394,11 +154,11 @@ pub fn reduce_rows(op: &str, x: &CudaStorage, rows: usize, n: usize) -> Result<C
     if rows > 0 {
         let f = function(
             &dc,
-            "reduce",
+            module("reduce"),
             &format!("reduce_{op}_{}", float_suffix(OP, x.dtype())?),
         )?;
         let (xp, op_, r64, n64) = (x.device_ptr(), out.device_ptr(), rows as i64, n as i64);
-        launch!(dc, f, rows_grid(rows), &xp, &op_, &r64, &n64);
+        amp_tensor::cuda_launch!(dc, f, rows_grid(rows), &xp, &op_, &r64, &n64);
     }
     Ok(out)
 }
@@ -421,11 +181,11 @@ pub fn softmax_rows(x: &CudaStorage, rows: usize, n: usize, log: bool) -> Result
         };
         let f = function(
             &dc,
-            "softmax",
+            module("softmax"),
             &format!("{name}_{}", float_suffix(OP, x.dtype())?),
         )?;
         let (xp, op_, r64, n64) = (x.device_ptr(), out.device_ptr(), rows as i64, n as i64);
-        launch!(dc, f, rows_grid(rows), &xp, &op_, &r64, &n64);
+        amp_tensor::cuda_launch!(dc, f, rows_grid(rows), &xp, &op_, &r64, &n64);
     }
     Ok(out)
 }
@@ -463,7 +223,9 @@ pub fn layer_norm_rows(
     let mean = CudaStorage::uninit(dc.device, stat, rows)?;
     let rstd = CudaStorage::uninit(dc.device, stat, rows)?;
     if rows > 0 && n > 0 {
-        let f = function(&dc, "layer_norm", &format!("layer_norm_fwd_{sfx}"))?;
+        let f = function(
+            &dc,
+            module("layer_norm"), &format!("layer_norm_fwd_{sfx}"))?;
         let wp = weight.map_or(0u64, |w| w.device_ptr());
         let bp = bias.map_or(0u64, |b| b.device_ptr());
         let (xp, op_, mp, rp) = (
@@ -473,7 +235,7 @@ pub fn layer_norm_rows(
             rstd.device_ptr(),
         );
         let (r64, n64) = (rows as i64, n as i64);
-        launch!(
+        amp_tensor::cuda_launch!(
             dc,
             f,
             rows_grid(rows),
@@ -589,7 +351,9 @@ pub fn non_finite_check_and_unscale_(
         .collect();
     let dev_table = CudaStorage::from_cpu(&CpuStorage::I64(words), device)?;
     let dc = found_inf.context().clone();
-    let f = function(&dc, "amp", "amp_non_finite_check_and_unscale")?;
+    let f = function(
+            &dc,
+            module("amp"), "amp_non_finite_check_and_unscale")?;
     let blocks = table.len().clamp(1, 65535 * 8) as u32;
     let cfg = LaunchConfig {
         grid_dim: (blocks, 1, 1),
@@ -602,7 +366,7 @@ pub fn non_finite_check_and_unscale_(
         found_inf.device_ptr(),
         inv_scale.device_ptr(),
     );
-    launch!(dc, f, cfg, &tp, &nc, &fp, &ip);
+    amp_tensor::cuda_launch!(dc, f, cfg, &tp, &nc, &fp, &ip);
     Ok(())
 }
 
@@ -634,7 +398,9 @@ pub fn update_scale_(
         }
     }
     let dc = scale.context().clone();
-    let f = function(&dc, "amp", "amp_update_scale")?;
+    let f = function(
+            &dc,
+            module("amp"), "amp_update_scale")?;
     let cfg = LaunchConfig {
         grid_dim: (1, 1, 1),
         block_dim: (1, 1, 1),
@@ -645,7 +411,7 @@ pub fn update_scale_(
         growth_tracker.device_ptr(),
         found_inf.device_ptr(),
     );
-    launch!(
+    amp_tensor::cuda_launch!(
         dc,
         f,
         cfg,

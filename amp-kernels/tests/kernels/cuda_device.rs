@@ -23,7 +23,7 @@ fn device_or_skip() -> bool {
 fn up(t: &Tensor) -> CudaStorage {
     let st = t.contiguous();
     let s = st.storage();
-    CudaStorage::from_cpu(s.cpu(), DEV).unwrap()
+    CudaStorage::from_cpu(s.cpu().unwrap(), DEV).unwrap()
 }
 
 fn down(s: &CudaStorage, dims: &[usize]) -> Tensor {

@@ -19,6 +19,12 @@ use crate::{Device, Error, Result};
 
 mod probe;
 pub use probe::Library;
+#[cfg(not(feature = "cuda"))]
+pub(crate) use probe::NOT_BUILT;
+pub mod sources;
+
+#[cfg(feature = "cuda")]
+pub mod launch;
 
 #[cfg(feature = "cuda")]
 mod alloc;
