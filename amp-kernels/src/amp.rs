@@ -92,6 +92,11 @@ pub fn non_finite_check_and_unscale_(
             ));
         }
     }
+    crate::compute::on_device!(
+        UNSCALE_OP,
+        [found_inf, inv_scale],
+        crate::cuda::route::non_finite_check_and_unscale_(grads, found_inf, inv_scale)
+    );
     let inv = inv_scale.operand::<f32>()?;
     if unscale_all(grads, inv)? {
         write_one(found_inf, 1.0f32)?;
@@ -458,6 +463,16 @@ pub fn update_scale_(
     check_one_elem(UPDATE_OP, scale, "current_scale", DType::F32)?;
     check_one_elem(UPDATE_OP, found_inf, "found_inf", DType::F32)?;
     ensure_same_device(UPDATE_OP, &[scale, growth_tracker, found_inf])?;
+    crate::compute::on_device!(
+        UPDATE_OP,
+        [scale, growth_tracker, found_inf],
+        crate::cuda::route::update_scale_(
+            scale,
+            growth_tracker,
+            found_inf,
+            (growth_factor, backoff_factor, growth_interval)
+        )
+    );
     let s = scale.operand::<f32>()?;
     let t = growth_tracker.operand::<i32>()?;
     let f = found_inf.operand::<f32>()?;

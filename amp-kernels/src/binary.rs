@@ -309,8 +309,9 @@ fn run(job: Job<'_>, od: DType) -> Result<Tensor> {
 /// `a op b` (with `alpha` for add/sub) over two tensors.
 fn tensor_op(op: BinaryOp, a: &Tensor, b: &Tensor, alpha: Option<f64>) -> Result<Tensor> {
     let name = op.name();
-    ensure_cpu(name, &[a, b])?;
     check_sub(op, a.dtype() == DType::Bool, b.dtype() == DType::Bool)?;
+    crate::compute::on_device!(name, [a, b], crate::cuda::route::binary(op, a, b, alpha));
+    ensure_cpu(name, &[a, b])?;
     let promoted = result_type(&[meta(a), meta(b)]).unwrap_or(a.dtype());
     let od = op.out_dtype(promoted);
     let dims = if a.dims() == b.dims() {
@@ -347,8 +348,9 @@ pub fn binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
 pub fn binary_scalar(op: BinaryOp, a: &Tensor, s: impl Into<Scalar>) -> Result<Tensor> {
     let s = s.into();
     let name = op.name();
-    ensure_cpu(name, &[a])?;
     check_sub(op, a.dtype() == DType::Bool, is_bool_scalar(s))?;
+    crate::compute::on_device!(name, [a], crate::cuda::route::binary_scalar(op, a, s, false));
+    ensure_cpu(name, &[a])?;
     if op == BinaryOp::Pow && !a.dtype().is_floating_point() {
         if let Scalar::Int(e) = s {
             ensure!(
@@ -381,8 +383,9 @@ pub fn binary_scalar(op: BinaryOp, a: &Tensor, s: impl Into<Scalar>) -> Result<T
 pub fn scalar_binary(op: BinaryOp, s: impl Into<Scalar>, b: &Tensor) -> Result<Tensor> {
     let s = s.into();
     let name = op.name();
-    ensure_cpu(name, &[b])?;
     check_sub(op, is_bool_scalar(s), b.dtype() == DType::Bool)?;
+    crate::compute::on_device!(name, [b], crate::cuda::route::binary_scalar(op, b, s, true));
+    ensure_cpu(name, &[b])?;
     let promoted = result_type(&[Operand::Scalar(s), meta(b)]).unwrap_or(b.dtype());
     let od = op.out_dtype(promoted);
     let job = Job {

@@ -5,7 +5,7 @@
 //! bf16 compute in f32, f32 in f32, f64 in f64. The [`crate::float_kernel!`] macro turns a
 //! runtime [`DType`] into that pair once per call.
 
-use amp_tensor::{cast_into, DType, Element, Error, Result, Tensor};
+use amp_tensor::{cast_into, DType, Device, Element, Error, Result, Tensor};
 
 /// The floating compute types (f32, f64) with the math kernels need.
 pub trait Real: num_traits::Float + Element + Send + Sync + std::iter::Sum + 'static {
@@ -141,6 +141,39 @@ pub fn ensure_same_device(op: &'static str, ts: &[&Tensor]) -> Result<()> {
     }
     Ok(())
 }
+
+/// The device of an op's tensors when they are on a CUDA device, `None` when they are
+/// all host tensors. A 0-dim host tensor goes along with device tensors as a scalar
+/// (PyTorch's rule); any other mix is PyTorch's [`Error::DeviceMismatch`].
+pub fn device_of(op: &'static str, ts: &[&Tensor]) -> Result<Option<Device>> {
+    let Some(dev) = ts.iter().map(|t| t.device()).find(|d| !d.is_cpu()) else {
+        return Ok(None);
+    };
+    for t in ts {
+        if t.device() != dev && !(t.device().is_cpu() && t.rank() == 0) {
+            return Err(Error::DeviceMismatch {
+                op,
+                lhs: dev,
+                rhs: t.device(),
+            });
+        }
+    }
+    Ok(Some(dev))
+}
+
+/// The first line of every op family's public entry: when the tensors are on a CUDA
+/// device, return the family's device route (`crate::cuda::route`) instead of running
+/// the host kernel. Compiles to nothing without the `cuda` feature (no device tensor
+/// can exist then).
+macro_rules! on_device {
+    ($op:expr, [$($t:expr),+ $(,)?], $route:expr) => {
+        #[cfg(feature = "cuda")]
+        if $crate::compute::device_of($op, &[$($t),+])?.is_some() {
+            return $route;
+        }
+    };
+}
+pub(crate) use on_device;
 
 /// Call `f` with the elements of `t` as a contiguous row-major slice of `T`
 /// (copying only when `t` is not contiguous). `T` must be `t`'s element type.

@@ -779,6 +779,7 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 // ----- execution ------------------------------------------------------------------------
 
 fn run(p: Plan<'_>) -> Result<Tensor> {
+    crate::compute::on_device!(p.op, [p.a, p.b], run_device(&p));
     match p.dtype {
         DType::F32 => native::<f32>(&p),
         DType::F64 => native::<f64>(&p),
@@ -792,6 +793,45 @@ fn run(p: Plan<'_>) -> Result<Tensor> {
             dtype,
         }),
     }
+}
+
+/// A plan on a CUDA device: each operand's matrices gathered into a contiguous batch,
+/// one strided-batched cuBLAS product (float32 accumulation), the batch summed for the
+/// reducing ops, then `beta * input + alpha * product` rounded once.
+#[cfg(feature = "cuda")]
+fn run_device(p: &Plan<'_>) -> Result<Tensor> {
+    use crate::cuda::route;
+    let dev = p.a.device();
+    let batch = p.sa.offsets.len().max(p.sb.offsets.len());
+    let offsets = |s: &Side| -> Vec<usize> {
+        if s.offsets.len() == batch {
+            s.offsets.to_vec()
+        } else {
+            vec![s.offsets[0]; batch]
+        }
+    };
+    let a = route::gather_matrices(p.a, &offsets(&p.sa), (p.m, p.k), (p.sa.rs, p.sa.cs))?;
+    let b = route::gather_matrices(p.b, &offsets(&p.sb), (p.k, p.n), (p.sb.rs, p.sb.cs))?;
+    let mut prod = route::batched_product(&a, &b, (batch, p.m, p.k, p.n))?;
+    if p.reduce {
+        let wide = prod.to_dtype(route::compute_dtype(p.dtype))?;
+        prod = route::reduce("sum", &wide, &[true, false, false], false)?.to_dtype(p.dtype)?;
+    }
+    let prod = prod.reshape(p.out_dims.clone())?;
+    let input = match &p.input {
+        Some((t, layout)) if t.device().is_cpu() && t.rank() == 0 => {
+            // A 0-dim host input (PyTorch lets it meet device tensors as a scalar).
+            let moved = t.to_device(dev)?;
+            let l = Layout::new(layout.dims().to_vec(), vec![0; layout.rank()], 0);
+            Some((moved, l))
+        }
+        Some((t, layout)) => Some(((*t).clone(), layout.clone())),
+        None => None,
+    };
+    if let Some((t, _)) = &input {
+        crate::compute::ensure_same_device(p.op, &[p.a, t])?;
+    }
+    route::blend(&prod, input.as_ref().map(|(t, l)| (t, l)), p.beta, p.alpha)
 }
 
 /// The input of a fused op, gathered (in row-major output order) and converted to

@@ -251,6 +251,10 @@ fn layer_norm_with(
     check_param(op, "bias", bias, normalized_shape, "normalized_shape")?;
     let mut stat_shape = x.dims()[..x.rank() - normalized_shape.len()].to_vec();
     stat_shape.extend(std::iter::repeat_n(1, normalized_shape.len()));
+    crate::compute::on_device!(op, [x], {
+        let (out, mean, rstd) = crate::cuda::route::layer_norm(x, m, n, weight, bias, eps)?;
+        Ok((out, mean.reshape(stat_shape.clone())?, rstd.reshape(stat_shape)?))
+    });
     let xc = x.try_contiguous()?;
     float_kernel!(x.dtype(), op, |T, C| {
         let w: Option<Vec<C>> = weight.map(|t| t.try_to_vec_as()).transpose()?;
@@ -386,6 +390,11 @@ pub fn layer_norm_backward(
         );
     }
     let param_dtype = weight.map_or(x.dtype(), |w| w.dtype());
+    crate::compute::on_device!(
+        op,
+        [grad_out, x, mean, rstd],
+        crate::cuda::route::layer_norm_backward(grad_out, x, m, n, (mean, rstd), weight, param_dtype)
+    );
     float_kernel!(x.dtype(), op, |_T, C| {
         let g: Vec<C> = grad_out.try_to_vec_as()?;
         let xv: Vec<C> = x.try_to_vec_as()?;

@@ -1110,6 +1110,11 @@ pub fn sum(x: &Tensor, dims: &[i64], keepdim: bool, dtype: Option<DType>) -> Res
 /// Sum over `dims` left in the accumulation type (float32 for f16/bf16, int64 for
 /// integers), not rounded: partial sums that are summed again before one rounding.
 pub(crate) fn sum_accumulated(x: &Tensor, dims: &[i64], keepdim: bool) -> Result<Tensor> {
+    crate::compute::on_device!("sum", [x], {
+        let mask = reduce_mask("sum", x.rank(), dims)?;
+        let wide = x.to_dtype(crate::cuda::route::compute_dtype(x.dtype()))?;
+        crate::cuda::route::reduce("sum", &wide, &mask, keepdim)
+    });
     let plan = Plan::new("sum", x, dims, keepdim)?;
     num_kernel!(x.dtype(), |T, N| plan
         .output(plan.run::<T, N, _>(&sum_fold::<N>())?))
@@ -1124,6 +1129,10 @@ pub fn mean(x: &Tensor, dims: &[i64], keepdim: bool, dtype: Option<DType>) -> Re
     };
     ensure!(d.is_floating_point(), invalid("mean", "mean(): could not infer output dtype. {what} dtype must be either a floating point or complex dtype. Got: {}", d.scalar_type_name()));
     let x = cast_opt(x, dtype)?;
+    crate::compute::on_device!("mean", [&x], {
+        let mask = reduce_mask("mean", x.rank(), dims)?;
+        crate::cuda::route::reduce("mean", &x, &mask, keepdim)
+    });
     let plan = Plan::new("mean", &x, dims, keepdim)?;
     float_kernel!(x.dtype(), "mean", |T, C| {
         plan.output(plan.run::<T, C, _>(&MeanFold)?)?
@@ -1147,6 +1156,10 @@ pub fn prod(x: &Tensor, dim: Option<i64>, keepdim: bool, dtype: Option<DType>) -
 
 fn extreme(op: &'static str, x: &Tensor, dims: &[i64], keepdim: bool, max: bool) -> Result<Tensor> {
     check_nonempty(op, op, x, dims)?;
+    crate::compute::on_device!(op, [x], {
+        let mask = reduce_mask(op, x.rank(), dims)?;
+        crate::cuda::route::reduce(if max { "max" } else { "min" }, x, &mask, keepdim)
+    });
     let plan = Plan::new(op, x, dims, keepdim)?;
     num_kernel!(x.dtype(), |T, N| {
         let v = if max {

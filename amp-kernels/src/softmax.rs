@@ -233,6 +233,10 @@ fn unary_lines(
         });
     }
     let geom = line_geometry(&x, dim)?;
+    crate::compute::on_device!(op, [&x], {
+        let d = amp_tensor::wrap_dim(dim, x.rank().max(1))?;
+        crate::cuda::route::softmax(&x, d, None, log)
+    });
     let xc = x.try_contiguous()?;
     float_kernel!(x.dtype(), op, |T, C| {
         let out = with_slice::<T, _>(&xc, |s| {
@@ -282,6 +286,10 @@ fn backward_lines(
         return Err(Error::UnsupportedDType { op, dtype });
     }
     let geom = line_geometry(out, dim)?;
+    crate::compute::on_device!(op, [grad, out], {
+        let d = amp_tensor::wrap_dim(dim, out.rank().max(1))?;
+        crate::cuda::route::softmax_backward(&grad.to_dtype(dtype)?, out, d, log)
+    });
     let g = grad.to_dtype(dtype)?.try_contiguous()?;
     let y = out.to_dtype(dtype)?.try_contiguous()?;
     float_kernel!(dtype, op, |T, C| {

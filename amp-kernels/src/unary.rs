@@ -196,10 +196,7 @@ pub(crate) mod ewise {
     pub(crate) fn ensure_cpu(op: &'static str, ts: &[&Tensor]) -> Result<()> {
         ensure_same_device(op, ts)?;
         match ts.iter().find(|t| !t.device().is_cpu()) {
-            Some(t) => Err(Error::DeviceUnavailable {
-                device: t.device(),
-                reason: format!("\"{op}\": the elementwise kernels run on the host (cpu)"),
-            }),
+            Some(t) => Err(Error::no_device_kernel(op, t.device())),
             None => Ok(()),
         }
     }
@@ -1240,6 +1237,7 @@ fn float_unary_simd<T: Element, C: 'static>(op: UnaryOp, x: &Tensor) -> Option<R
 /// CPUs with FMA the float32 math is vectorised.
 pub fn gelu_backward(grad: &Tensor, x: &Tensor) -> Result<Tensor> {
     const OP: &str = "gelu_backward";
+    crate::compute::on_device!(OP, [grad, x], crate::cuda::route::gelu_backward(grad, x));
     ensure_cpu(OP, &[grad, x])?;
     ensure!(
         grad.dims() == x.dims(),
@@ -1351,6 +1349,7 @@ fn bool_unary(op: UnaryOp, x: &Tensor) -> Result<Tensor> {
 /// ops of [`UnaryOp::keeps_integers`] and give float32 for the others (GELU rejects
 /// them, as PyTorch does). The output is a new contiguous tensor.
 pub fn unary(op: UnaryOp, x: &Tensor) -> Result<Tensor> {
+    crate::compute::on_device!(op.name(), [x], crate::cuda::route::unary(op, x));
     ensure_cpu(op.name(), &[x])?;
     let dt = x.dtype();
     if !dt.is_floating_point() {

@@ -11,4 +11,6 @@ pub mod sources;
 #[cfg(feature = "cuda")]
 mod host;
 #[cfg(feature = "cuda")]
+pub mod route;
+#[cfg(feature = "cuda")]
 pub use host::*;

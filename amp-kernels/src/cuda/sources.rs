@@ -18,7 +18,19 @@ pub const FLOAT_TYPES: [(&str, &str); 4] = [
 ];
 
 /// Binary elementwise ops of [`BINARY`].
-pub const BINARY_OPS: [&str; 7] = ["add", "sub", "mul", "div", "maximum", "minimum", "pow"];
+/// The last two are backward formulas with no binary op of their own: `threshold_bwd`
+/// (`a` where `b > 0`, else 0: ReLU's backward) and `gelu_bwd` (`a (Φ(b) + b φ(b))`).
+pub const BINARY_OPS: [&str; 9] = [
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "maximum",
+    "minimum",
+    "pow",
+    "threshold_bwd",
+    "gelu_bwd",
+];
 
 /// Row reductions of [`REDUCE`].
 pub const REDUCE_OPS: [&str; 4] = ["sum", "mean", "max", "min"];
@@ -81,6 +93,15 @@ struct Op_div { template <typename A> static __device__ A apply(A a, A b) { retu
 struct Op_maximum { template <typename A> static __device__ A apply(A a, A b) { return RMax<A>::op(a, b); } };
 struct Op_minimum { template <typename A> static __device__ A apply(A a, A b) { return RMin<A>::op(a, b); } };
 struct Op_pow { template <typename A> static __device__ A apply(A a, A b) { return amp_pow(a, b); } };
+/* threshold_backward at 0: x <= 0 gives 0 (a NaN x keeps the gradient, as PyTorch). */
+struct Op_threshold_bwd { template <typename A> static __device__ A apply(A g, A x) { return (x <= A(0)) ? A(0) : g; } };
+struct Op_gelu_bwd {
+    template <typename A> static __device__ A apply(A g, A x) {
+        A cdf = A(0.5) * (A(1) + amp_erf(x * A(0.70710678118654752440)));
+        A pdf = amp_exp(A(-0.5) * x * x) * A(0.39894228040143267794);
+        return g * (cdf + x * pdf);
+    }
+};
 
 template <typename T, typename Op>
 __device__ void binary_impl(const T* __restrict__ a, StridedArg as, const T* __restrict__ b, StridedArg bs,
@@ -94,7 +115,7 @@ __device__ void binary_impl(const T* __restrict__ a, StridedArg as, const T* __r
         binary_impl<T, Op_##OP>(a, as, b, bs, out, n); }
 AMP_FOR_FLOATS(AMP_BINARY, add) AMP_FOR_FLOATS(AMP_BINARY, sub) AMP_FOR_FLOATS(AMP_BINARY, mul)
 AMP_FOR_FLOATS(AMP_BINARY, div) AMP_FOR_FLOATS(AMP_BINARY, maximum) AMP_FOR_FLOATS(AMP_BINARY, minimum)
-AMP_FOR_FLOATS(AMP_BINARY, pow)
+AMP_FOR_FLOATS(AMP_BINARY, pow) AMP_FOR_FLOATS(AMP_BINARY, threshold_bwd) AMP_FOR_FLOATS(AMP_BINARY, gelu_bwd)
 "#;
 
 

@@ -1,0 +1,449 @@
+//! The device side of each op family: what a public kernel entry runs when its tensors
+//! are on a CUDA device. Each family's entry calls [`crate::on_device!`] first, which
+//! lands here; nothing here falls back to the host.
+//!
+//! Ops are built from the launchers in [`super::host`] (elementwise, row reductions,
+//! softmax, layer norm, cuBLAS products, the AMP kernels) and from each other: a
+//! reduction over any dims is a permutation plus a row reduction, a softmax backward is
+//! a product, a row sum and a difference. A composite over 16-bit tensors computes in
+//! float32 and rounds once at the end, as the host kernels and PyTorch's do. An op or a
+//! dtype that has no device kernel returns [`Error::NoDeviceKernel`] naming the op.
+
+use amp_tensor::cuda::CudaStorage;
+use amp_tensor::{result_type, DType, Device, Error, Layout, Operand, Result, Scalar, Tensor};
+
+use super::host;
+use super::sources::{BINARY_OPS, UNARY_OPS};
+use crate::{BinaryOp, UnaryOp};
+
+/// The device buffer of a device tensor, handed to `f` under the storage's read lock.
+fn with_buf<R>(t: &Tensor, f: impl FnOnce(&CudaStorage) -> Result<R>) -> Result<R> {
+    let st = t.storage();
+    f(st.cuda()?)
+}
+
+/// A fresh contiguous device tensor of `dims` over `s`.
+fn wrap(s: CudaStorage, dims: &[usize]) -> Result<Tensor> {
+    Tensor::from_cuda(s, Layout::contiguous(dims.to_vec()))
+}
+
+/// The device of the first device tensor among `ts`.
+fn device(ts: &[&Tensor]) -> Device {
+    ts.iter()
+        .map(|t| t.device())
+        .find(|d| !d.is_cpu())
+        .unwrap_or(Device::Cpu)
+}
+
+/// `t` on `device` (host 0-dim tensors, which PyTorch lets meet device tensors as
+/// scalars, are copied there).
+fn on(t: &Tensor, device: Device) -> Result<Tensor> {
+    t.to_device(device)
+}
+
+fn floating(op: &'static str, dtype: DType, device: Device) -> Result<()> {
+    if dtype.is_floating_point() {
+        Ok(())
+    } else {
+        Err(Error::no_device_kernel(op, device))
+    }
+}
+
+/// The compute dtype of a composite over `dtype`: float32 for 16-bit, else itself.
+pub(crate) fn compute_dtype(dtype: DType) -> DType {
+    match dtype {
+        DType::F16 | DType::BF16 => DType::F32,
+        d => d,
+    }
+}
+
+/// `x` contiguous with the dims `order` first-to-last (a permuted copy on the device).
+fn permuted(x: &Tensor, order: &[usize]) -> Result<Tensor> {
+    x.permute(order)?.try_contiguous()
+}
+
+// ----- elementwise -----------------------------------------------------------------
+
+/// `op(x)` for a unary op with a device kernel.
+pub fn unary(op: UnaryOp, x: &Tensor) -> Result<Tensor> {
+    let name = op.name();
+    let dev = x.device();
+    if !UNARY_OPS.contains(&name) {
+        return Err(Error::no_device_kernel(name, dev));
+    }
+    floating(name, x.dtype(), dev)?;
+    let out = with_buf(x, |b| host::unary(name, b, x.layout()))?;
+    wrap(out, x.dims())
+}
+
+/// A device op of [`super::sources::BINARY`] on two tensors already of one float dtype,
+/// broadcast to each other.
+fn raw_binary(name: &'static str, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let dims = amp_tensor::broadcast_shapes(name, a.dims(), b.dims())?;
+    let la = a.layout().broadcast_as(&dims)?;
+    let lb = b.layout().broadcast_as(&dims)?;
+    let sa = a.storage();
+    let out = if a.same_storage(b) {
+        host::binary(name, sa.cuda()?, &la, sa.cuda()?, &lb)?
+    } else {
+        let sb = b.storage();
+        host::binary(name, sa.cuda()?, &la, sb.cuda()?, &lb)?
+    };
+    wrap(out, &dims)
+}
+
+/// The device name of a binary op, when it has a kernel.
+fn binary_name(op: BinaryOp, device: Device) -> Result<&'static str> {
+    let name = op.name();
+    BINARY_OPS
+        .iter()
+        .find(|n| **n == name)
+        .copied()
+        .ok_or_else(|| Error::no_device_kernel(name, device))
+}
+
+/// `a op b` (`a + alpha * b` for add/sub with `alpha`), with PyTorch's promotion and
+/// broadcasting.
+pub fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, alpha: Option<f64>) -> Result<Tensor> {
+    let dev = device(&[a, b]);
+    let name = binary_name(op, dev)?;
+    let promoted = result_type(&[meta(a), meta(b)]).unwrap_or(a.dtype());
+    let od = op.out_dtype(promoted);
+    floating(name, od, dev)?;
+    let cd = if alpha.is_some() { compute_dtype(od) } else { od };
+    let (a, b) = (on(a, dev)?.to_dtype(cd)?, on(b, dev)?.to_dtype(cd)?);
+    let b = match alpha {
+        Some(s) if s != 1.0 => raw_binary("mul", &b, &scalar(s, cd, dev)?)?,
+        _ => b,
+    };
+    raw_binary(name, &a, &b)?.to_dtype(od)
+}
+
+fn meta(t: &Tensor) -> Operand {
+    Operand::Tensor {
+        dtype: t.dtype(),
+        ndim: t.rank(),
+    }
+}
+
+/// A 0-dim device tensor holding `s` as `dtype`.
+fn scalar(s: impl Into<Scalar>, dtype: DType, device: Device) -> Result<Tensor> {
+    Tensor::scalar_of(s, dtype).to_device(device)
+}
+
+/// `a op s` (`s op a` when `rev`) for a Python-style scalar: the result dtype of
+/// `result_type([a, s])`; `mul`, `div` and `pow` use the scalar unrounded in the compute
+/// type, the others round it to the result dtype first (the host kernels' rule).
+pub fn binary_scalar(op: BinaryOp, a: &Tensor, s: Scalar, rev: bool) -> Result<Tensor> {
+    let dev = a.device();
+    let name = binary_name(op, dev)?;
+    let promoted = result_type(&[meta(a), Operand::Scalar(s)]).unwrap_or(a.dtype());
+    let od = op.out_dtype(promoted);
+    floating(name, od, dev)?;
+    let cd = if matches!(op, BinaryOp::Mul | BinaryOp::Div | BinaryOp::Pow) {
+        compute_dtype(od)
+    } else {
+        od
+    };
+    let s = scalar(s, od, dev)?.to_dtype(cd)?;
+    let a = a.to_dtype(cd)?;
+    let out = if rev {
+        raw_binary(name, &s, &a)?
+    } else {
+        raw_binary(name, &a, &s)?
+    };
+    out.to_dtype(od)
+}
+
+/// PyTorch's `threshold_backward`: `grad` where `x > threshold`, else 0.
+pub fn threshold_backward(grad: &Tensor, x: &Tensor, threshold: f64) -> Result<Tensor> {
+    let dev = device(&[grad, x]);
+    floating("threshold_backward", x.dtype(), dev)?;
+    if threshold == 0.0 {
+        return raw_binary("threshold_bwd", grad, &x.to_dtype(grad.dtype())?);
+    }
+    // In float64, x - t > 0 exactly when x > t (a float difference keeps its sign), and
+    // the gradient passes through unchanged.
+    let x = binary_scalar(BinaryOp::Sub, &x.to_dtype(DType::F64)?, Scalar::Float(threshold), false)?;
+    raw_binary("threshold_bwd", &grad.to_dtype(DType::F64)?, &x)?.to_dtype(grad.dtype())
+}
+
+/// The exact GELU's backward, `grad * (Φ(x) + x φ(x))`.
+pub fn gelu_backward(grad: &Tensor, x: &Tensor) -> Result<Tensor> {
+    let dev = device(&[grad, x]);
+    floating("gelu_backward", x.dtype(), dev)?;
+    raw_binary("gelu_bwd", grad, &x.to_dtype(grad.dtype())?)
+}
+
+// ----- reductions ------------------------------------------------------------------
+
+/// Reduce `x` over the dims `mask` marks with the row kernel `op` (`sum`, `mean`,
+/// `max`, `min`), keeping them as size 1 when `keepdim`.
+pub fn reduce(op: &'static str, x: &Tensor, mask: &[bool], keepdim: bool) -> Result<Tensor> {
+    floating(op, x.dtype(), x.device())?;
+    let kept: Vec<usize> = (0..x.rank()).filter(|&d| !mask[d]).collect();
+    let red: Vec<usize> = (0..x.rank()).filter(|&d| mask[d]).collect();
+    let rows: usize = kept.iter().map(|&d| x.dims()[d]).product();
+    let n: usize = red.iter().map(|&d| x.dims()[d]).product();
+    let order: Vec<usize> = kept.iter().chain(&red).copied().collect();
+    let xc = permuted(x, &order)?;
+    let out = with_buf(&xc, |b| host::reduce_rows(op, b, rows, n))?;
+    let dims: Vec<usize> = (0..x.rank())
+        .filter_map(|d| match (mask[d], keepdim) {
+            (false, _) => Some(x.dims()[d]),
+            (true, true) => Some(1),
+            (true, false) => None,
+        })
+        .collect();
+    wrap(out, &dims)
+}
+
+/// Softmax or log-softmax over `dim` (wrapped), in `dtype` when given.
+pub fn softmax(x: &Tensor, dim: usize, dtype: Option<DType>, log: bool) -> Result<Tensor> {
+    let name = if log { "log_softmax" } else { "softmax" };
+    let x = match dtype {
+        Some(d) => x.to_dtype(d)?,
+        None => x.clone(),
+    };
+    floating(name, x.dtype(), x.device())?;
+    let last = x.rank().saturating_sub(1);
+    let rank = x.rank().max(1);
+    let n = if x.rank() == 0 { 1 } else { x.dims()[dim] };
+    let rows = x.elem_count() / n.max(1);
+    let xt = if x.rank() == 0 {
+        x.clone()
+    } else {
+        x.transpose(dim, last)?.try_contiguous()?
+    };
+    let out = with_buf(&xt, |b| host::softmax_rows(b, rows, n, log))?;
+    let out = wrap(out, xt.dims())?;
+    if rank == 1 || dim == last {
+        return Ok(out);
+    }
+    out.transpose(dim, last)?.try_contiguous()
+}
+
+/// The backward of softmax (`log` false: `y (g - Σ g y)`) or log-softmax (`g - e^y Σ g`)
+/// over `dim`, from the forward's output `y`; float32 for 16-bit.
+pub fn softmax_backward(g: &Tensor, y: &Tensor, dim: usize, log: bool) -> Result<Tensor> {
+    let od = g.dtype();
+    let cd = compute_dtype(od);
+    let (g, y) = (g.to_dtype(cd)?, y.to_dtype(cd)?);
+    let mut mask = vec![false; g.rank()];
+    if let Some(m) = mask.get_mut(dim) {
+        *m = true;
+    }
+    let out = if log {
+        let s = reduce("sum", &g, &mask, true)?;
+        let e = unary(UnaryOp::Exp, &y)?;
+        raw_binary("sub", &g, &raw_binary("mul", &e, &s)?)?
+    } else {
+        let gy = raw_binary("mul", &g, &y)?;
+        let s = reduce("sum", &gy, &mask, true)?;
+        raw_binary("mul", &y, &raw_binary("sub", &g, &s)?)?
+    };
+    out.to_dtype(od)
+}
+
+// ----- layer norm ------------------------------------------------------------------
+
+/// Layer norm over the last `n` elements of each of `rows` rows: the output and the
+/// per-row mean and reciprocal standard deviation (float32, float64 for float64).
+pub fn layer_norm(
+    x: &Tensor,
+    rows: usize,
+    n: usize,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f64,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    floating("layer_norm", x.dtype(), x.device())?;
+    let xc = x.try_contiguous()?;
+    let param = |p: Option<&Tensor>| -> Result<Option<Tensor>> {
+        p.map(|p| on(p, x.device())?.to_dtype(x.dtype())?.try_contiguous())
+            .transpose()
+    };
+    let (w, b) = (param(weight)?, param(bias)?);
+    let (ws, bs) = (w.as_ref().map(|t| t.storage()), b.as_ref().map(|t| t.storage()));
+    let wb = ws.as_ref().map(|s| s.cuda()).transpose()?;
+    let bb = bs.as_ref().map(|s| s.cuda()).transpose()?;
+    let (out, mean, rstd) = with_buf(&xc, |xb| host::layer_norm_rows(xb, wb, bb, rows, n, eps))?;
+    Ok((wrap(out, x.dims())?, wrap(mean, &[rows])?, wrap(rstd, &[rows])?))
+}
+
+/// The backward of [`layer_norm`] from its saved `mean` and `rstd` (`rows` values
+/// each), in float32 for 16-bit: the input gradient and, with a weight, the weight and
+/// bias gradients (in `param_dtype`).
+pub fn layer_norm_backward(
+    g: &Tensor,
+    x: &Tensor,
+    rows: usize,
+    n: usize,
+    stats: (&Tensor, &Tensor),
+    weight: Option<&Tensor>,
+    param_dtype: DType,
+) -> Result<(Tensor, Option<Tensor>, Option<Tensor>)> {
+    floating("layer_norm_backward", x.dtype(), x.device())?;
+    let cd = compute_dtype(x.dtype());
+    let flat = |t: &Tensor| -> Result<Tensor> { t.to_dtype(cd)?.reshape([rows as i64, n as i64]) };
+    let col = |t: &Tensor| -> Result<Tensor> { t.to_dtype(cd)?.reshape([rows as i64, 1]) };
+    let (g2, x2) = (flat(g)?, flat(x)?);
+    let (mu, rs) = (col(stats.0)?, col(stats.1)?);
+    let xhat = raw_binary("mul", &raw_binary("sub", &x2, &mu)?, &rs)?;
+    let w = weight
+        .map(|w| w.to_dtype(cd)?.reshape([1, n as i64]))
+        .transpose()?;
+    let dxhat = match &w {
+        Some(w) => raw_binary("mul", &g2, w)?,
+        None => g2.clone(),
+    };
+    let rows_mask = [false, true];
+    let m1 = reduce("mean", &dxhat, &rows_mask, true)?;
+    let m2 = reduce("mean", &raw_binary("mul", &dxhat, &xhat)?, &rows_mask, true)?;
+    let inner = raw_binary(
+        "sub",
+        &raw_binary("sub", &dxhat, &m1)?,
+        &raw_binary("mul", &xhat, &m2)?,
+    )?;
+    let gi = raw_binary("mul", &inner, &rs)?
+        .reshape(x.dims().iter().map(|&d| d as i64).collect::<Vec<_>>())?
+        .to_dtype(x.dtype())?;
+    if weight.is_none() {
+        return Ok((gi, None, None));
+    }
+    let cols_mask = [true, false];
+    let gw = reduce("sum", &raw_binary("mul", &g2, &xhat)?, &cols_mask, false)?;
+    let gb = reduce("sum", &g2, &cols_mask, false)?;
+    Ok((gi, Some(gw.to_dtype(param_dtype)?), Some(gb.to_dtype(param_dtype)?)))
+}
+
+// ----- products --------------------------------------------------------------------
+
+/// `[batch, rows, cols]` contiguous device copy of a batch of matrices whose matrix `i`
+/// starts at `offsets[i]` with row stride `rs` and column stride `cs` in `t`'s buffer.
+pub(crate) fn gather_matrices(
+    t: &Tensor,
+    offsets: &[usize],
+    (rows, cols): (usize, usize),
+    (rs, cs): (usize, usize),
+) -> Result<Tensor> {
+    let out = Tensor::zeros_on([offsets.len(), rows, cols], t.dtype(), t.device())?;
+    let step = offsets.get(1).map_or(0, |o1| o1.wrapping_sub(offsets[0]));
+    let arithmetic = offsets.len() < 2
+        || offsets.windows(2).all(|w| w[1].wrapping_sub(w[0]) == step) && offsets[1] >= offsets[0];
+    let st = t.storage();
+    let src = st.cuda()?;
+    let dst_guard = out.storage();
+    let dst = dst_guard.cuda()?;
+    if arithmetic {
+        let l = Layout::new(
+            vec![offsets.len(), rows, cols],
+            vec![step, rs, cs],
+            offsets.first().copied().unwrap_or(0),
+        );
+        amp_tensor::cuda::launch::cast_into(src, &l, dst, &Layout::contiguous(vec![offsets.len(), rows, cols]))?;
+    } else {
+        for (i, &o) in offsets.iter().enumerate() {
+            let l = Layout::new(vec![rows, cols], vec![rs, cs], o);
+            let d = Layout::new(vec![rows, cols], vec![cols, 1], i * rows * cols);
+            amp_tensor::cuda::launch::cast_into(src, &l, dst, &d)?;
+        }
+    }
+    drop(dst_guard);
+    Ok(out)
+}
+
+/// `a @ b` for contiguous `[batch, m, k]` and `[batch, k, n]` device tensors on cuBLAS.
+pub(crate) fn batched_product(a: &Tensor, b: &Tensor, (batch, m, k, n): (usize, usize, usize, usize)) -> Result<Tensor> {
+    floating("mm", a.dtype(), a.device())?;
+    let sa = a.storage();
+    let sb = b.storage();
+    let out = host::matmul(sa.cuda()?, sb.cuda()?, batch, m, k, n)?;
+    wrap(out, &[batch, m, n])
+}
+
+/// `beta * input + alpha * product` (float32 for 16-bit, one rounding), `input`
+/// already broadcast to the product's shape by `layout`.
+pub(crate) fn blend(
+    product: &Tensor,
+    input: Option<(&Tensor, &Layout)>,
+    beta: f64,
+    alpha: f64,
+) -> Result<Tensor> {
+    let od = product.dtype();
+    let dev = product.device();
+    let input = input.filter(|_| beta != 0.0);
+    if input.is_none() && alpha == 1.0 {
+        return Ok(product.clone());
+    }
+    let cd = compute_dtype(od);
+    let mut acc = product.to_dtype(cd)?;
+    if alpha != 1.0 {
+        acc = raw_binary("mul", &acc, &scalar(alpha, cd, dev)?)?;
+    }
+    if let Some((t, layout)) = input {
+        let i = view_as(t, layout)?.to_dtype(cd)?;
+        let i = if beta != 1.0 {
+            raw_binary("mul", &i, &scalar(beta, cd, dev)?)?
+        } else {
+            i
+        };
+        acc = raw_binary("add", &i, &acc)?;
+    }
+    acc.to_dtype(od)
+}
+
+/// A contiguous device copy of the view `layout` of `t`'s buffer.
+fn view_as(t: &Tensor, layout: &Layout) -> Result<Tensor> {
+    let st = t.storage();
+    let out = amp_tensor::cuda::launch::cast(st.cuda()?, layout, t.dtype())?;
+    wrap(out, layout.dims())
+}
+
+// ----- AMP ---------------------------------------------------------------------------
+
+/// `_amp_foreach_non_finite_check_and_unscale_` on device gradients (argument checks
+/// done by the caller).
+pub fn non_finite_check_and_unscale_(grads: &[Tensor], found_inf: &Tensor, inv_scale: &Tensor) -> Result<()> {
+    // Non-contiguous gradients are unscaled in a contiguous copy written back after.
+    let mut staged: Vec<(Tensor, Option<Tensor>)> = Vec::with_capacity(grads.len());
+    for g in grads {
+        if g.is_contiguous() {
+            staged.push((g.clone(), None));
+        } else {
+            staged.push((g.try_copy()?, Some(g.clone())));
+        }
+    }
+    {
+        let guards: Vec<_> = staged.iter().map(|(t, _)| t.storage()).collect();
+        let mut ranges = Vec::with_capacity(staged.len());
+        for ((t, _), st) in staged.iter().zip(&guards) {
+            let range = t.layout().contiguous_range().expect("contiguous");
+            ranges.push(host::GradRange {
+                storage: st.cuda()?,
+                offset: range.start,
+                len: range.len(),
+            });
+        }
+        let fi = found_inf.storage();
+        let inv = inv_scale.storage();
+        host::non_finite_check_and_unscale_(&ranges, fi.cuda()?, inv.cuda()?)?;
+    }
+    for (copy, original) in staged {
+        if let Some(o) = original {
+            o.copy_(&copy)?;
+        }
+    }
+    Ok(())
+}
+
+/// `_amp_update_scale_` on device tensors (argument checks done by the caller).
+pub fn update_scale_(
+    scale: &Tensor,
+    growth_tracker: &Tensor,
+    found_inf: &Tensor,
+    (growth_factor, backoff_factor, growth_interval): (f64, f64, i64),
+) -> Result<()> {
+    let (s, t, f) = (scale.storage(), growth_tracker.storage(), found_inf.storage());
+    host::update_scale_(s.cuda()?, t.cuda()?, f.cuda()?, growth_factor, backoff_factor, growth_interval)
+}
