@@ -1026,8 +1026,19 @@ macro_rules! declare_unary_ops {
                     $(UnaryOp::$variant => $name,)*
                 }
             }
+
+            /// The op of the CUDA unary module computing this op (its kernels are
+            /// `unary_<op>_<dtype>`), `None` where the list gives it no device body
+            /// (`GeluTanh` shares `gelu`'s name, not its formula).
+            pub const fn cuda_kernel(self) -> Option<&'static str> {
+                match self {
+                    $(UnaryOp::$variant => declare_unary_ops!(@kernel $name $($body)?),)*
+                }
+            }
         }
     };
+    (@kernel $name:literal) => { None };
+    (@kernel $name:literal $body:literal) => { Some($name) };
 }
 with_unary_ops!(declare_unary_ops);
 

@@ -144,6 +144,9 @@ struct ParamStep<'a> {
 
 /// One parameter's Adam update (its `step` already counted) in the compute type `F`.
 fn adam_update<F: Real>(step: ParamStep<'_>) -> Result<()> {
+    if !step.p.device().is_cpu() {
+        return adam_on_device(step, F::DTYPE);
+    }
     if let Some(done) = fused::<F>(step) {
         return done;
     }
@@ -204,6 +207,57 @@ fn adam_update<F: Real>(step: ParamStep<'_>) -> Result<()> {
             *p -= step_size * *m / (v.sqrt() / bc2_sqrt + eps);
         }
     })
+}
+
+/// [`adam_update`] for a parameter on a device: the general path's operations, in its
+/// order, as device kernels over tensors of the compute type `cd`.
+fn adam_on_device(step: ParamStep<'_>, cd: amp_tensor::DType) -> Result<()> {
+    use crate::update::dev;
+    use amp_kernels::BinaryOp;
+    let ParamStep {
+        p,
+        g,
+        s,
+        o,
+        lr,
+        grad_scale,
+    } = step;
+    let mut g = g.to_dtype(cd)?;
+    if let Some(scale) = grad_scale {
+        g = dev::div(&g, scale)?;
+    }
+    if o.maximize {
+        g = dev::neg(&g)?;
+    }
+    let mut pv = p.data().to_dtype(cd)?;
+    let wd = o.weight_decay;
+    if wd != 0.0 {
+        if o.decoupled {
+            pv = dev::scale(&pv, 1.0 - lr * wd)?;
+        } else {
+            g = dev::axpy(&g, &pv, wd)?;
+        }
+    }
+    let (b1, b2) = o.betas;
+    // m += (g - m) * (1 - b1); v = v * b2 + (1 - b2) * g * g.
+    let m = dev::op(BinaryOp::Add, &s.exp_avg, &dev::scale(&dev::op(BinaryOp::Sub, &g, &s.exp_avg)?, 1.0 - b1)?)?;
+    s.exp_avg.copy_(&m)?;
+    let gg = dev::op(BinaryOp::Mul, &dev::scale(&g, 1.0 - b2)?, &g)?;
+    let v = dev::op(BinaryOp::Add, &dev::scale(&s.exp_avg_sq, b2)?, &gg)?;
+    s.exp_avg_sq.copy_(&v)?;
+    let v = match &s.max_exp_avg_sq {
+        Some(vmax) => {
+            vmax.copy_(&dev::op(BinaryOp::Maximum, vmax, &v)?)?;
+            vmax.clone()
+        }
+        None => v,
+    };
+    let bc1 = 1.0 - b1.powf(s.step);
+    let bc2 = 1.0 - b2.powf(s.step);
+    let den = dev::add(&dev::div(&dev::sqrt(&v)?, bc2.sqrt())?, o.eps)?;
+    let upd = dev::op(BinaryOp::Div, &dev::scale(&m, lr / bc1)?, &den)?;
+    p.data().copy_(&dev::op(BinaryOp::Sub, &pv, &upd)?)?;
+    Ok(())
 }
 
 /// The whole update in one pass over parameter, gradient and the two moment buffers, in

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use amp_autograd::Tensor;
-use amp_tensor::Tensor as Raw;
+use amp_tensor::{DType, Tensor as Raw};
 use serde_json::json;
 
 use crate::groups::{
@@ -71,6 +71,9 @@ struct ParamStep<'a> {
 
 /// One parameter's SGD update, with its momentum buffer, in the compute type `F`.
 fn sgd_update<F: Real>(step: ParamStep<'_>, buf: &mut Option<Raw>) -> Result<()> {
+    if !step.p.device().is_cpu() {
+        return sgd_on_device(step, buf, F::DTYPE);
+    }
     let ParamStep { p, g, o, lr } = step;
     let lr = F::of(lr);
     let plain = !o.maximize && o.weight_decay == 0.0 && o.momentum == 0.0;
@@ -108,6 +111,39 @@ fn sgd_update<F: Real>(step: ParamStep<'_>, buf: &mut Option<Raw>) -> Result<()>
         }
     }
     update::<F>(p.data(), |pv| axpy(pv, &d, -lr))
+}
+
+/// [`sgd_update`] for a parameter on a device: the general path's operations, in its
+/// order, as device kernels over tensors of the compute type `cd`.
+fn sgd_on_device(step: ParamStep<'_>, buf: &mut Option<Raw>, cd: DType) -> Result<()> {
+    use crate::update::dev;
+    let ParamStep { p, g, o, lr } = step;
+    let pv = p.data().to_dtype(cd)?;
+    let mut d = g.to_dtype(cd)?;
+    if o.maximize {
+        d = dev::neg(&d)?;
+    }
+    if o.weight_decay != 0.0 {
+        d = dev::axpy(&d, &pv, o.weight_decay)?;
+    }
+    if o.momentum != 0.0 {
+        let b = match buf.take() {
+            None => d.try_copy()?,
+            Some(b) => {
+                let next = dev::axpy(&dev::scale(&b, o.momentum)?, &d, 1.0 - o.dampening)?;
+                b.copy_(&next)?;
+                b
+            }
+        };
+        d = if o.nesterov {
+            dev::axpy(&d, &b, o.momentum)?
+        } else {
+            b.clone()
+        };
+        *buf = Some(b);
+    }
+    p.data().copy_(&dev::axpy(&pv, &d, -lr)?)?;
+    Ok(())
 }
 
 /// The whole update in one pass over parameter, gradient and momentum buffer, in place

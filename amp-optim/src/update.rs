@@ -157,7 +157,43 @@ pub(crate) fn update<F: Real>(p: &Raw, f: impl FnOnce(&mut [F])) -> Result<()> {
 /// A zero-initialised state buffer of a parameter's shape, in its compute type (float64
 /// for float64 parameters, float32 otherwise).
 pub(crate) fn zeros_state(p: &Tensor) -> Raw {
-    Raw::zeros(p.dims(), state_dtype(p.dtype()))
+    Raw::zeros_on(p.dims(), state_dtype(p.dtype()), p.device()).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Tensor arithmetic for the device updates: each is one device kernel over tensors of
+/// the compute type, rounding as the host loops do (the scalar in the compute type).
+pub(crate) mod dev {
+    use amp_kernels::{binary, binary_scalar, unary, BinaryOp, UnaryOp};
+    use amp_tensor::{Result, Tensor as Raw};
+
+    /// `a * s`.
+    pub(crate) fn scale(a: &Raw, s: f64) -> Result<Raw> {
+        binary_scalar(BinaryOp::Mul, a, s)
+    }
+    /// `a + s * b` (the product rounded first, as `a += s * b` on the host).
+    pub(crate) fn axpy(a: &Raw, b: &Raw, s: f64) -> Result<Raw> {
+        binary(BinaryOp::Add, a, &scale(b, s)?)
+    }
+    /// `a op b`.
+    pub(crate) fn op(o: BinaryOp, a: &Raw, b: &Raw) -> Result<Raw> {
+        binary(o, a, b)
+    }
+    /// `-a`.
+    pub(crate) fn neg(a: &Raw) -> Result<Raw> {
+        unary(UnaryOp::Neg, a)
+    }
+    /// `sqrt(a)`.
+    pub(crate) fn sqrt(a: &Raw) -> Result<Raw> {
+        unary(UnaryOp::Sqrt, a)
+    }
+    /// `a / s` for a scalar.
+    pub(crate) fn div(a: &Raw, s: f64) -> Result<Raw> {
+        binary_scalar(BinaryOp::Div, a, s)
+    }
+    /// `a + s` for a scalar.
+    pub(crate) fn add(a: &Raw, s: f64) -> Result<Raw> {
+        binary_scalar(BinaryOp::Add, a, s)
+    }
 }
 
 /// The dtype of the state of a parameter of `dtype`: its compute type.

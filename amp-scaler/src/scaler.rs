@@ -274,7 +274,7 @@ impl GradScaler {
                 let found = self.check_grads(opt, &one, true)?;
                 self.opt_state(opt).found_inf_per_device = found;
             }
-            let found_inf = sum_found(&self.opt_state(opt).found_inf_per_device)?;
+            let found_inf = sum_found(&self.opt_state(opt).found_inf_per_device, scale.device())?;
             let grad_scale = (stage != Stage::Unscaled).then_some(&scale);
             opt.step_with_scaling(grad_scale, &found_inf)?;
             if found_inf.item_f64()? != 0.0 {
@@ -570,10 +570,12 @@ fn unscale_grads(
     Ok(out)
 }
 
-fn sum_found(found: &BTreeMap<DeviceKey, Raw>) -> Result<Raw> {
-    let mut acc = Raw::zeros([1usize], DType::F32);
+/// The flags of every device summed on `device` (the scale's), as PyTorch's
+/// `sum(t.to(scaler.device) for t in found_inf_per_device.values())`.
+fn sum_found(found: &BTreeMap<DeviceKey, Raw>, device: Device) -> Result<Raw> {
+    let mut acc = Raw::zeros_on([1usize], DType::F32, device)?;
     for f in found.values() {
-        acc = amp_kernels::add(&acc, f)?;
+        acc = amp_kernels::add(&acc, &f.to_device(device)?)?;
     }
     Ok(acc)
 }

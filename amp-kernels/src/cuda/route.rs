@@ -13,7 +13,7 @@ use amp_tensor::cuda::CudaStorage;
 use amp_tensor::{result_type, DType, Device, Error, Layout, Operand, Result, Scalar, Tensor};
 
 use super::host;
-use super::sources::{BINARY_OPS, UNARY_OPS};
+use super::sources::BINARY_OPS;
 use crate::{BinaryOp, UnaryOp};
 
 /// The device buffer of a device tensor, handed to `f` under the storage's read lock.
@@ -66,13 +66,12 @@ fn permuted(x: &Tensor, order: &[usize]) -> Result<Tensor> {
 
 /// `op(x)` for a unary op with a device kernel.
 pub fn unary(op: UnaryOp, x: &Tensor) -> Result<Tensor> {
-    let name = op.name();
     let dev = x.device();
-    if !UNARY_OPS.contains(&name) {
-        return Err(Error::no_device_kernel(name, dev));
-    }
-    floating(name, x.dtype(), dev)?;
-    let out = with_buf(x, |b| host::unary(name, b, x.layout()))?;
+    let Some(kernel) = op.cuda_kernel() else {
+        return Err(Error::no_device_kernel(op.name(), dev));
+    };
+    floating(op.name(), x.dtype(), dev)?;
+    let out = with_buf(x, |b| host::unary(kernel, b, x.layout()))?;
     wrap(out, x.dims())
 }
 

@@ -359,3 +359,188 @@ fn amp_kernels_match_the_host_bitwise() {
         assert_eq!(down(&dt, &[1]).to_vec_f64(), ht.to_vec_f64());
     }
 }
+
+// ----- the device seam: public kernel entries on device tensors ----------------------
+
+/// `t` on the device.
+fn dev(t: &Tensor) -> Tensor {
+    t.to_device(DEV).unwrap()
+}
+
+/// Random values of `dims` as `dtype` on the host.
+fn rand(dims: &[usize], d: DType, seed: u64) -> Tensor {
+    let n = dims.iter().product();
+    Tensor::from_vec(values(n, seed), dims.to_vec())
+        .unwrap()
+        .to_dtype(d)
+        .unwrap()
+}
+
+/// `f` on host tensors and on their device copies: same dims and dtype, values within
+/// the dtype's tolerance (`scale` times it), and the device result stays on the device.
+fn same_on_device(what: &str, inputs: &[Tensor], scale: f64, f: impl Fn(&[Tensor]) -> Tensor) {
+    let host = f(inputs);
+    let on_dev: Vec<Tensor> = inputs.iter().map(dev).collect();
+    let d = f(&on_dev);
+    assert_eq!(d.device(), DEV, "{what}: result left the device");
+    assert_eq!(d.dims(), host.dims(), "{what}");
+    assert_eq!(d.dtype(), host.dtype(), "{what}");
+    let t = tol(host.dtype()) * scale;
+    close(&d.to_vec_f64(), &host.to_vec_f64(), t, what);
+}
+
+#[test]
+fn tensor_entries_route_to_the_device() {
+    use amp_kernels::{self as kx, BinaryOp as B};
+    if !device_or_skip() {
+        return;
+    }
+    let mut checked = 0;
+    for d in FLOATS {
+        let x = rand(&[7, 33], d, 1);
+        let y = rand(&[7, 33], d, 2);
+        let row = rand(&[33], d, 3);
+        for op in UnaryOp::ALL {
+            if op.cuda_kernel().is_some() {
+                let input = if matches!(op.name(), "log" | "sqrt" | "rsqrt") {
+                    kx::unary(UnaryOp::Abs, &x).unwrap()
+                } else {
+                    x.clone()
+                };
+                same_on_device(&format!("{} {d}", op.name()), &[input], 2.0, |t| {
+                    kx::unary(op, &t[0]).unwrap()
+                });
+                checked += 1;
+            }
+        }
+        for op in [B::Add, B::Sub, B::Mul, B::Div, B::Maximum, B::Minimum] {
+            let name = format!("{} {d}", op.name());
+            same_on_device(&name, &[x.clone(), row.clone()], 1.0, |t| {
+                kx::binary(op, &t[0], &t[1]).unwrap()
+            });
+            same_on_device(&format!("{name} scalar"), &[x.clone()], 1.0, |t| {
+                kx::binary_scalar(op, &t[0], 0.1).unwrap()
+            });
+            same_on_device(&format!("scalar {name}"), &[x.clone()], 1.0, |t| {
+                kx::scalar_binary(op, 3.0, &t[0]).unwrap()
+            });
+            checked += 3;
+        }
+        same_on_device(&format!("add_scaled {d}"), &[x.clone(), y.clone()], 1.0, |t| {
+            kx::add_scaled(&t[0], &t[1], -0.25).unwrap()
+        });
+        same_on_device(&format!("threshold_backward {d}"), &[x.clone(), y.clone()], 1.0, |t| {
+            kx::threshold_backward(&t[0], &t[1], 0.0).unwrap()
+        });
+        same_on_device(&format!("threshold_backward 0.3 {d}"), &[x.clone(), y.clone()], 1.0, |t| {
+            kx::threshold_backward(&t[0], &t[1], 0.3).unwrap()
+        });
+        same_on_device(&format!("gelu_backward {d}"), &[x.clone(), y.clone()], 2.0, |t| {
+            kx::gelu_backward(&t[0], &t[1]).unwrap()
+        });
+        let cube = rand(&[4, 5, 6], d, 4);
+        for (dims, keep) in [(&[][..], false), (&[0][..], true), (&[-1][..], false), (&[0, 2][..], false)] {
+            let w = format!("{dims:?} keepdim {keep} {d}");
+            same_on_device(&format!("sum {w}"), &[cube.clone()], 4.0, |t| {
+                kx::sum(&t[0], dims, keep, None).unwrap()
+            });
+            same_on_device(&format!("mean {w}"), &[cube.clone()], 4.0, |t| {
+                kx::mean(&t[0], dims, keep, None).unwrap()
+            });
+            same_on_device(&format!("amax {w}"), &[cube.clone()], 0.0, |t| {
+                kx::amax(&t[0], dims, keep).unwrap()
+            });
+            same_on_device(&format!("amin {w}"), &[cube.clone()], 0.0, |t| {
+                kx::amin(&t[0], dims, keep).unwrap()
+            });
+            checked += 4;
+        }
+        for dim in [0i64, 1, -1] {
+            let w = format!("dim {dim} {d}");
+            same_on_device(&format!("softmax {w}"), &[cube.clone()], 2.0, |t| {
+                kx::softmax(&t[0], dim, None).unwrap()
+            });
+            same_on_device(&format!("log_softmax {w}"), &[cube.clone()], 2.0, |t| {
+                kx::log_softmax(&t[0], dim, None).unwrap()
+            });
+            let g = rand(&[4, 5, 6], d, 5);
+            same_on_device(&format!("softmax_backward {w}"), &[g.clone(), cube.clone()], 4.0, |t| {
+                let y = kx::softmax(&t[1], dim, None).unwrap();
+                kx::softmax_backward(&t[0], &y, dim).unwrap()
+            });
+            same_on_device(&format!("log_softmax_backward {w}"), &[g, cube.clone()], 4.0, |t| {
+                let y = kx::log_softmax(&t[1], dim, None).unwrap();
+                kx::log_softmax_backward(&t[0], &y, dim).unwrap()
+            });
+            checked += 4;
+        }
+        let (w, b) = (rand(&[6], d, 6), rand(&[6], d, 7));
+        same_on_device(&format!("layer_norm {d}"), &[cube.clone(), w.clone(), b.clone()], 4.0, |t| {
+            kx::layer_norm(&t[0], &[6], Some(&t[1]), Some(&t[2]), 1e-5).unwrap().0
+        });
+        let g = rand(&[4, 5, 6], d, 8);
+        for part in 0..3 {
+            same_on_device(&format!("layer_norm_backward {part} {d}"), &[g.clone(), cube.clone(), w.clone(), b.clone()], 8.0, |t| {
+                let (_, mean, rstd) = kx::layer_norm(&t[1], &[6], Some(&t[2]), Some(&t[3]), 1e-5).unwrap();
+                let (gi, gw, gb) = kx::layer_norm_backward(&t[0], &t[1], &[6], &mean, &rstd, Some(&t[2])).unwrap();
+                [Some(gi), gw, gb][part].clone().unwrap()
+            });
+        }
+        let (a, bm, c) = (rand(&[5, 7], d, 9), rand(&[7, 3], d, 10), rand(&[3], d, 11));
+        let k = 8.0;
+        same_on_device(&format!("mm {d}"), &[a.clone(), bm.clone()], k, |t| kx::mm(&t[0], &t[1]).unwrap());
+        same_on_device(&format!("mm transposed {d}"), &[a.clone(), bm.clone()], k, |t| {
+            kx::mm(&t[1].t().unwrap(), &t[0].t().unwrap()).unwrap()
+        });
+        same_on_device(&format!("addmm {d}"), &[c.clone(), a.clone(), bm.clone()], k, |t| {
+            kx::addmm(&t[0], &t[1], &t[2], 0.5, 2.0).unwrap()
+        });
+        let (ba, bb, bi) = (rand(&[3, 5, 7], d, 12), rand(&[3, 7, 4], d, 13), rand(&[5, 4], d, 14));
+        same_on_device(&format!("bmm {d}"), &[ba.clone(), bb.clone()], k, |t| kx::bmm(&t[0], &t[1]).unwrap());
+        same_on_device(&format!("baddbmm {d}"), &[bi.clone(), ba.clone(), bb.clone()], k, |t| {
+            kx::baddbmm(&t[0], &t[1], &t[2], 1.0, 1.0).unwrap()
+        });
+        same_on_device(&format!("addbmm {d}"), &[bi.clone(), ba.clone(), bb.clone()], k, |t| {
+            kx::addbmm(&t[0], &t[1], &t[2], 0.5, 1.0).unwrap()
+        });
+        same_on_device(&format!("matmul broadcast {d}"), &[ba.clone(), bm.clone()], k, |t| {
+            kx::matmul(&t[0], &t[1].narrow(0, 0, 7).unwrap()).unwrap()
+        });
+        checked += 12;
+    }
+    eprintln!("tensor_entries_route_to_the_device: {checked} entries matched the host");
+}
+
+#[test]
+fn device_errors_are_typed_with_pytorch_texts() {
+    if !device_or_skip() {
+        return;
+    }
+    let h = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], [3]).unwrap();
+    let d = dev(&h);
+    // An op with no device kernel names itself and the device; nothing runs on the host.
+    let e = amp_kernels::cumsum(&d, 0, None).unwrap_err();
+    assert!(matches!(e, amp_tensor::Error::NoDeviceKernel { device: DEV, .. }), "{e}");
+    assert!(e.to_string().contains("'CUDA' backend"), "{e}");
+    // The tanh GELU shares `gelu`'s name but has no device kernel: an error, not the
+    // erf kernel.
+    let e = amp_kernels::unary(UnaryOp::GeluTanh, &d).unwrap_err();
+    assert!(matches!(e, amp_tensor::Error::NoDeviceKernel { op: "gelu", .. }), "{e}");
+    // Mixed devices: PyTorch's message.
+    let e = amp_kernels::binary(amp_kernels::BinaryOp::Add, &d, &h).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu! (in add)"
+    );
+    // A host 0-dim tensor meets a device tensor as a scalar, as in PyTorch.
+    let s = Tensor::from_vec(vec![2.0f32], ()).unwrap();
+    let r = amp_kernels::binary(amp_kernels::BinaryOp::Mul, &d, &s).unwrap();
+    assert_eq!(r.device(), DEV);
+    assert_eq!(r.to_vec_f64(), [2.0, 4.0, 6.0]);
+    // Copies in place across devices, fills, and views of device tensors.
+    let z = Tensor::zeros_on([2, 3], DType::BF16, DEV).unwrap();
+    z.narrow(0, 1, 1).unwrap().copy_(&h.reshape([1, 3]).unwrap()).unwrap();
+    assert_eq!(z.to_vec_f64(), [0.0, 0.0, 0.0, 1.0, 2.0, 3.0]);
+    z.fill_(0.5).unwrap();
+    assert_eq!(z.t().unwrap().try_contiguous().unwrap().to_vec_f64(), [0.5; 6]);
+}

@@ -7,3 +7,4 @@ mod checkpoint_atomic;
 #[cfg(feature = "checkpoint")]
 mod checkpoint_resume;
 mod gradient_penalty;
+mod cuda_train;

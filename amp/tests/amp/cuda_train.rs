@@ -1,0 +1,148 @@
+//! Training on a CUDA device: an MLP under float16 autocast with a `GradScaler`, against
+//! the same MLP trained in float32 on the host. Skips (printing why) without a device;
+//! a GPU session runs it from the `gpu-bundle` (`cargo xtask gpu-bundle`).
+#![cfg(feature = "cuda")]
+
+use amp::autograd::{ops, Reduction, Tensor};
+use amp::prelude::*;
+use amp::tensor::Tensor as Raw;
+
+const DEV: Device = Device::Cuda(0);
+
+fn device_or_skip(test: &str) -> bool {
+    if let Err(e) = amp::tensor::cuda::ensure_device(DEV, &[amp::tensor::cuda::Library::Driver]) {
+        eprintln!("SKIPPED {test}: {e}");
+        return false;
+    }
+    true
+}
+
+/// A 2-layer MLP (`in → hidden → ReLU → out`) with the same initial values on `device`.
+struct Mlp {
+    l1: Linear,
+    l2: Linear,
+}
+
+impl Mlp {
+    fn new(device: Device) -> Mlp {
+        let mut g = Generator::new(7);
+        let move_to = |l: Linear| {
+            let p = |t: &Tensor| Tensor::parameter(t.data().to_device(device).unwrap()).unwrap();
+            Linear::from_parts(p(&l.weight), l.bias.as_ref().map(p))
+        };
+        Mlp {
+            l1: move_to(Linear::new(32, 64, &mut g).unwrap()),
+            l2: move_to(Linear::new(64, 8, &mut g).unwrap()),
+        }
+    }
+    fn forward(&self, x: &Tensor) -> Tensor {
+        let h = self.l1.forward(x).unwrap().relu().unwrap();
+        self.l2.forward(&h).unwrap()
+    }
+    fn params(&self) -> Vec<Tensor> {
+        [self.l1.parameters(), self.l2.parameters()].concat()
+    }
+}
+
+fn data(device: Device) -> (Tensor, Tensor) {
+    let mut g = Generator::new(11);
+    let x = Raw::randn([128, 32], DType::F32, &mut g).unwrap();
+    let w = Raw::randn([32, 8], DType::F32, &mut g).unwrap();
+    let y = amp::kernels::mm(&x, &w).unwrap();
+    let up = |t: Raw| Tensor::from_raw(t.to_device(device).unwrap());
+    (up(x), up(y))
+}
+
+/// `steps` steps of `opt` on the MLP, with float16 autocast and a scaler when `amp`;
+/// the losses, the scales and the final parameters (on the host).
+fn train(device: Device, amp: bool, adam: bool, steps: usize) -> (Vec<f64>, Vec<f64>, Vec<Vec<f64>>) {
+    let model = Mlp::new(device);
+    let (x, y) = data(device);
+    let mut opt: Box<dyn Optimizer> = if adam {
+        Box::new(Adam::new(model.params(), 1e-3, AdamOptions::default()).unwrap())
+    } else {
+        Box::new(Sgd::new(model.params(), 0.02, SgdOptions { momentum: 0.9, ..SgdOptions::default() }).unwrap())
+    };
+    let mut scaler = GradScaler::with_options(GradScalerOptions::default().enabled(amp)).unwrap();
+    let (mut losses, mut scales) = (Vec::new(), Vec::new());
+    for _ in 0..steps {
+        opt.zero_grad();
+        let loss = if amp {
+            let out = autocast(DeviceType::Cuda, DType::F16, || model.forward(&x)).unwrap();
+            assert_eq!(out.dtype(), DType::F16, "linear runs in float16 under CUDA autocast");
+            ops::mse_loss(&out, &y, Reduction::Mean).unwrap()
+        } else {
+            ops::mse_loss(&model.forward(&x), &y, Reduction::Mean).unwrap()
+        };
+        assert_eq!(loss.device(), device);
+        losses.push(loss.item_f64().unwrap());
+        let reads = amp::tensor::host_reads();
+        scaler.scale(&loss).unwrap().backward().unwrap();
+        scaler.step(opt.as_mut()).unwrap();
+        scaler.update().unwrap();
+        if amp && !device.is_cpu() {
+            // The scale and found_inf stay on the device: one read per step, the skip.
+            assert!(amp::tensor::host_reads() - reads <= 1, "host reads per step");
+        }
+        scales.push(scaler.get_scale());
+    }
+    let params = model.params().iter().map(|p| p.data().to_vec_f64()).collect();
+    (losses, scales, params)
+}
+
+fn close(a: &[f64], b: &[f64], tol: f64, what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}");
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!((x - y).abs() <= tol * (1.0 + y.abs()), "{what}[{i}]: cuda {x} vs cpu {y}");
+    }
+}
+
+#[test]
+fn mlp_trains_on_cuda_as_on_the_host() {
+    if !device_or_skip("mlp_trains_on_cuda_as_on_the_host") {
+        return;
+    }
+    for adam in [false, true] {
+        let opt = if adam { "adam" } else { "sgd" };
+        let (cpu_loss, _, cpu_params) = train(Device::Cpu, false, adam, 30);
+        // float32 on the device: the host run up to summation order.
+        let (f32_loss, _, f32_params) = train(DEV, false, adam, 30);
+        close(&f32_loss, &cpu_loss, 1e-4, &format!("{opt} f32 losses"));
+        for (a, b) in f32_params.iter().zip(&cpu_params) {
+            close(a, b, 1e-3, &format!("{opt} f32 params"));
+        }
+        // float16 autocast + GradScaler: the same descent within float16's precision.
+        let (amp_loss, scales, _) = train(DEV, true, adam, 30);
+        close(&amp_loss, &cpu_loss, 2e-2, &format!("{opt} amp losses"));
+        assert!(amp_loss[29] < 0.5 * amp_loss[0], "{opt}: {amp_loss:?}");
+        assert!(scales.iter().all(|&s| s == 65536.0), "{opt} scales {scales:?}");
+        eprintln!("{opt}: cpu f32 loss {:.5} -> {:.5}, cuda amp {:.5} -> {:.5}", cpu_loss[0], cpu_loss[29], amp_loss[0], amp_loss[29]);
+    }
+}
+
+#[test]
+fn an_overflow_on_cuda_skips_the_step_and_backs_off_the_scale() {
+    if !device_or_skip("an_overflow_on_cuda_skips_the_step_and_backs_off_the_scale") {
+        return;
+    }
+    let model = Mlp::new(DEV);
+    let (x, y) = data(DEV);
+    let mut opt = Sgd::new(model.params(), 0.1, SgdOptions::default()).unwrap();
+    let mut scaler = GradScaler::new();
+    let before: Vec<Vec<f64>> = model.params().iter().map(|p| p.data().to_vec_f64()).collect();
+    let out = autocast(DeviceType::Cuda, DType::F16, || model.forward(&x)).unwrap();
+    let loss = ops::mse_loss(&out, &y, Reduction::Mean).unwrap();
+    // An inf in the loss makes every gradient non-finite.
+    let loss = loss.mul_scalar(f64::INFINITY).unwrap();
+    scaler.scale(&loss).unwrap().backward().unwrap();
+    let outcome = scaler.step(&mut opt).unwrap();
+    scaler.update().unwrap();
+    assert_eq!(outcome, StepOutcome::Skipped);
+    let after: Vec<Vec<f64>> = model.params().iter().map(|p| p.data().to_vec_f64()).collect();
+    assert_eq!(before, after, "a skipped step leaves the parameters untouched");
+    assert_eq!(scaler.get_scale(), 32768.0);
+    // The state dict has the host scaler's keys, order and types.
+    let host = GradScaler::new();
+    let keys = |v: serde_json::Value| v.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
+    assert_eq!(keys(scaler.state_dict_json()), keys(host.state_dict_json()));
+}
