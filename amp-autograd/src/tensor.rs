@@ -109,6 +109,14 @@ impl Tensor {
         Self::from_raw(Raw::zeros(shape, dtype))
     }
 
+    /// Zeros of `dtype` on `device`.
+    ///
+    /// # Errors
+    /// As [`amp_tensor::Tensor::zeros_on`].
+    pub fn zeros_on(shape: impl Into<Shape>, dtype: DType, device: amp_tensor::Device) -> Result<Tensor> {
+        Ok(Self::from_raw(Raw::zeros_on(shape, dtype, device)?))
+    }
+
     /// Ones of `dtype`.
     pub fn ones(shape: impl Into<Shape>, dtype: DType) -> Tensor {
         Self::from_raw(Raw::ones(shape, dtype))

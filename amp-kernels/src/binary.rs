@@ -501,8 +501,9 @@ fn compare_srcs(
 /// dtype (`result_type([a, b])`).
 pub fn compare(op: CmpOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let name = op.name();
-    ensure_cpu(name, &[a, b])?;
     let dt = result_type(&[meta(a), meta(b)]).unwrap_or(a.dtype());
+    crate::compute::on_device!(name, [a, b], crate::cuda::route::compare(name, a, b, dt));
+    ensure_cpu(name, &[a, b])?;
     let dims = broadcast_shapes(name, a.dims(), b.dims())?;
     compare_srcs(op, dims, Src::of(a, dt, name)?, Src::of(b, dt, name)?, dt)
 }
@@ -512,8 +513,9 @@ pub fn compare(op: CmpOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
 pub fn compare_scalar(op: CmpOp, a: &Tensor, s: impl Into<Scalar>) -> Result<Tensor> {
     let s = s.into();
     let name = op.name();
-    ensure_cpu(name, &[a])?;
     let dt = result_type(&[meta(a), Operand::Scalar(s)]).unwrap_or(a.dtype());
+    crate::compute::on_device!(name, [a], crate::cuda::route::compare_scalar(name, a, s, dt));
+    ensure_cpu(name, &[a])?;
     compare_srcs(
         op,
         a.dims().to_vec(),

@@ -161,6 +161,7 @@ fn take(op: &'static str, x: &Tensor, dim: i64, idx: &[i64], shape: Vec<usize>) 
     if idx.iter().any(|&i| i < 0 || i as usize >= n) {
         return Err(out_of_range(op));
     }
+    crate::compute::on_device!(op, [x], crate::cuda::route::take_rows(x, (outer, n, inner), idx, shape));
     let xc = x.try_contiguous()?;
     let guard = xc.storage();
     with_dtype!(x.dtype(), T => {
@@ -297,6 +298,10 @@ pub fn gather(x: &Tensor, dim: i64, index: &Tensor) -> Result<Tensor> {
     } else {
         Layout::new(index.dims().to_vec(), strides, x.layout().offset())
     };
+    crate::compute::on_device!(op, [x], {
+        let offsets = base.offsets().zip(&idx).map(|(b, &i)| (b + i as usize * sd) as i64).collect();
+        crate::cuda::route::take(x, offsets, index.dims())
+    });
     let guard = x.storage();
     with_dtype!(x.dtype(), T => {
         let s = T::slice(guard.cpu()?).expect("dtype matches storage");
@@ -337,6 +342,13 @@ fn scatter_impl(
         fit(src.strides().to_vec()),
         src.layout().offset(),
     );
+    crate::compute::on_device!(op, [x, src], {
+        if !accumulate {
+            return Err(Error::no_device_kernel(op, x.device()));
+        }
+        let offsets = base.offsets().zip(&idx).map(|(b, &i)| (b + i as usize * sd) as i64).collect();
+        crate::cuda::route::put_add(op, x, (src, &src_layout), offsets)
+    });
     let guard = src.storage();
     num_kernel!(x.dtype(), |T, N| {
         let mut acc: Vec<N> = x.try_to_vec_as()?;
@@ -430,6 +442,10 @@ fn index_update(
     }
     let (outer, n, inner) = line_geometry(x, dim)?;
     let k = idx.len();
+    crate::compute::on_device!(op, [x, src], match alpha {
+        Some(a) => crate::cuda::route::index_add(op, x, (outer, n, inner), &idx, src, (a, None)),
+        None => Err(Error::no_device_kernel(op, x.device())),
+    });
     num_kernel!(x.dtype(), |T, N| {
         let mut acc: Vec<N> = x.try_to_vec_as()?;
         let sv: Vec<N> = src.try_to_vec_as()?;
@@ -632,6 +648,10 @@ pub fn embedding_backward(
     if idx.iter().any(|&i| i < 0 || i as usize >= num_weights) {
         return Err(out_of_range(op));
     }
+    crate::compute::on_device!(op, [grad], {
+        let z = Tensor::zeros_on([num_weights, dim], grad.dtype(), grad.device())?;
+        crate::cuda::route::index_add(op, &z, (1, num_weights, dim), &idx, grad, (1.0, pad))
+    });
     float_kernel!(grad.dtype(), op, |T, C| {
         let g: Vec<C> = grad.try_to_vec_as()?;
         let mut acc = try_zeroed::<C>(count(&[num_weights, dim]))?;

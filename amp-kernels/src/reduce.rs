@@ -1310,6 +1310,10 @@ pub fn norm(x: &Tensor, p: f64, dims: &[i64], keepdim: bool) -> Result<Tensor> {
     check_norm("norm", x, p)?;
     let plan = Plan::new("norm", x, dims, keepdim)?;
     ensure!(!(p.is_infinite() && plan.reduced() == 0 && plan.outputs() > 0), invalid("norm", "linalg.vector_norm cannot compute the {p} norm on an empty tensor because the operation does not have an identity"));
+    crate::compute::on_device!("norm", [x], {
+        let mask = reduce_mask("norm", x.rank(), dims)?;
+        crate::cuda::route::norm(x, p, &mask, keepdim)
+    });
     float_kernel!(x.dtype(), "norm", |T, C| {
         let v: Vec<C> = if p == 0.0 {
             plan.run::<T, C, _>(&MapSum(|v: C| if v != 0.0 { 1.0 } else { 0.0 }))?

@@ -29,7 +29,6 @@ fn broadcast_all(op: &'static str, shapes: &[&[usize]]) -> Result<Vec<usize>> {
 /// `result_type([a, b])`.
 pub fn where_cond(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     const OP: &str = "where";
-    ensure_cpu(OP, &[cond, a, b])?;
     ensure!(
         cond.dtype() == DType::Bool,
         invalid(
@@ -39,6 +38,12 @@ pub fn where_cond(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         )
     );
     let dt = result_type(&[meta(a), meta(b)]).unwrap_or(a.dtype());
+    crate::compute::on_device!(
+        OP,
+        [cond, a, b],
+        crate::cuda::route::where_cond(cond, &a.to_dtype(dt)?, &b.to_dtype(dt)?)
+    );
+    ensure_cpu(OP, &[cond, a, b])?;
     let dims = broadcast_all(OP, &[cond.dims(), a.dims(), b.dims()])?;
     let (c, x, y) = (
         Src::of(cond, DType::Bool, OP)?,

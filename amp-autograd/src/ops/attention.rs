@@ -127,7 +127,10 @@ pub fn scaled_dot_product_attention(
     )?;
     let scores = batch.iter().product::<usize>() * q.dims()[q.rank() - 2] * k.dims()[k.rank() - 2];
     let try_flash = match opts.backend {
-        SdpBackend::Auto => opts.dropout_p == 0.0 && scores >= FLASH_MIN_SCORES,
+        // The block loop is a host kernel: device tensors take the composite.
+        SdpBackend::Auto => {
+            opts.dropout_p == 0.0 && scores >= FLASH_MIN_SCORES && q.device().is_cpu()
+        }
         SdpBackend::Flash => true,
         SdpBackend::Math => false,
     };
@@ -177,7 +180,7 @@ fn probabilities(
     let neg_inf = || Tensor::scalar(f32::NEG_INFINITY).to_dtype(wdt);
     if causal {
         let tril: Vec<bool> = (0..l).flat_map(|i| (0..s).map(move |j| j <= i)).collect();
-        let keep = Tensor::from_vec(tril, [l, s])?;
+        let keep = Tensor::from_raw(amp_tensor::Tensor::from_vec(tril, [l, s])?.to_device(w.device())?);
         w = where_(&keep, &w, &neg_inf()?)?;
     }
     match mask {

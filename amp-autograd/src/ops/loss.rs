@@ -147,7 +147,7 @@ fn nll_impl(
     };
     let tgt = reshape(target, [-1i64])?.to_dtype(DType::I64)?;
     let valid = ne_scalar(&tgt, ignore_index)?;
-    let safe = where_(&valid, &tgt, &Tensor::zeros([1], DType::I64))?;
+    let safe = where_(&valid, &tgt, &Tensor::scalar(0i64))?;
     let picked = squeeze(&gather(&lp, 1, &unsqueeze(&safe, 1)?)?, 1)?;
     let validf = valid.to_dtype(lp.dtype())?;
     let w = match weight {

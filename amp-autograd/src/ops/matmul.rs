@@ -151,7 +151,7 @@ fn scaled_sum(input: &Tensor, beta: f64, prod: Tensor, alpha: f64) -> Result<Ten
         mul_scalar(&prod, alpha)?
     };
     if beta == 0.0 {
-        let z = Tensor::zeros(input.dims().to_vec(), input.dtype());
+        let z = Tensor::zeros_on(input.dims().to_vec(), input.dtype(), input.device())?;
         return add(&z, &p);
     }
     let i = if beta == 1.0 {

@@ -138,12 +138,12 @@ pub(crate) fn link_zero(t: Tensor, x: &Tensor) -> Tensor {
     if !is_grad_enabled() || !x.requires_grad() {
         return t;
     }
-    let (xd, xt) = (x.dims().to_vec(), x.dtype());
+    let (xd, xt, xv) = (x.dims().to_vec(), x.dtype(), x.device());
     record(
         t.data().clone(),
         "ThresholdBackwardBackward0",
         &[&t, x],
-        move |gg| Ok(vec![Some(gg.clone()), Some(Tensor::zeros(xd.clone(), xt))]),
+        move |gg| Ok(vec![Some(gg.clone()), Some(Tensor::zeros_on(xd.clone(), xt, xv)?)]),
     )
 }
 
@@ -151,7 +151,7 @@ pub(crate) fn link_zero(t: Tensor, x: &Tensor) -> Tensor {
 /// derivative) with a zero derivative in `x`, as PyTorch's `ThresholdBackwardBackward0`.
 pub(crate) fn threshold_backward(g: &Tensor, x: &Tensor, threshold: f64) -> Result<Tensor> {
     let out = amp_kernels::threshold_backward(g.data(), x.data(), threshold)?;
-    let (xs, xd, xt) = (x.clone(), x.dims().to_vec(), x.dtype());
+    let (xs, xd, xt, xv) = (x.clone(), x.dims().to_vec(), x.dtype(), x.device());
     Ok(record(
         out,
         "ThresholdBackwardBackward0",
@@ -159,7 +159,7 @@ pub(crate) fn threshold_backward(g: &Tensor, x: &Tensor, threshold: f64) -> Resu
         move |gg| {
             Ok(vec![
                 Some(threshold_backward(gg, &xs, threshold)?),
-                Some(Tensor::zeros(xd.clone(), xt)),
+                Some(Tensor::zeros_on(xd.clone(), xt, xv)?),
             ])
         },
     ))

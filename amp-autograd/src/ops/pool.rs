@@ -709,7 +709,7 @@ pub fn embedding_padded(
             .reshape([len, 1])?;
         let gf = super::shape::reshape(g, [len, dim])?;
         let masked = mul(&gf, &Tensor::from_raw(keep))?;
-        let z = Tensor::zeros([num, dim], g.dtype());
+        let z = Tensor::zeros_on([num, dim], g.dtype(), g.device())?;
         Ok(vec![Some(super::shape::index_add(
             &z,
             0,

@@ -205,7 +205,7 @@ fn extreme_dim(x: &Tensor, dim: i64, keepdim: bool, max: bool) -> Result<(Tensor
             } else {
                 (unsqueeze(g, d)?, unsqueeze(&idx, d)?)
             };
-            let z = Tensor::zeros(shape.clone(), g.dtype());
+            let z = Tensor::zeros_on(shape.clone(), g.dtype(), g.device())?;
             Ok(vec![Some(scatter_add(&z, d, &ix, &g)?)])
         }),
     );

@@ -446,3 +446,235 @@ pub fn update_scale_(
     let (s, t, f) = (scale.storage(), growth_tracker.storage(), found_inf.storage());
     host::update_scale_(s.cuda()?, t.cuda()?, f.cuda()?, growth_factor, backoff_factor, growth_interval)
 }
+
+// ----- selection, comparison, indexing ------------------------------------------------
+
+use amp_tensor::cuda::cudarc::driver::PushKernelArg;
+use amp_tensor::cuda::launch::{function, grid_for, suffix, StridedArg};
+
+/// The index module's kernel `name` on `t`'s device.
+fn index_kernel(
+    t: &Tensor,
+    name: &str,
+) -> Result<(std::sync::Arc<amp_tensor::cuda::DeviceContext>, amp_tensor::cuda::cudarc::driver::CudaFunction)> {
+    let dc = amp_tensor::cuda::device_context(t.device())?;
+    let m = super::sources::module("index").expect("the module list names the index family");
+    let f = function(&dc, m, name)?;
+    Ok((dc, f))
+}
+
+/// A device tensor of `values` (int64) on `device`.
+fn upload(values: Vec<i64>, device: Device) -> Result<Tensor> {
+    let n = values.len();
+    Tensor::from_vec(values, [n])?.to_device(device)
+}
+
+/// The device address of a contiguous device tensor's first element.
+fn addr(st: &amp_tensor::Storage, t: &Tensor) -> Result<u64> {
+    let s = st.cuda()?;
+    Ok(s.device_ptr() + (t.layout().offset() * t.dtype().size_in_bytes()) as u64)
+}
+
+/// `where(cond, a, b)` with broadcasting; `a` and `b` already of one dtype.
+pub fn where_cond(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    const OP: &str = "where";
+    let dev = device(&[cond, a, b]);
+    let (cond, a, b) = (on(cond, dev)?, on(a, dev)?, on(b, dev)?);
+    let dims = amp_tensor::broadcast_shapes(
+        OP,
+        &amp_tensor::broadcast_shapes(OP, cond.dims(), a.dims())?,
+        b.dims(),
+    )?;
+    let n: usize = dims.iter().product();
+    let out = Tensor::zeros_on(dims.clone(), a.dtype(), dev)?;
+    if n == 0 {
+        return Ok(out);
+    }
+    let (dc, f) = index_kernel(&out, &format!("where_{}", suffix(a.dtype())))?;
+    let (sc, sa, sb, so) = (cond.storage(), a.storage(), b.storage(), out.storage());
+    let (cp, ap, bp, op) = (
+        sc.cuda()?.device_ptr(),
+        sa.cuda()?.device_ptr(),
+        sb.cuda()?.device_ptr(),
+        so.cuda()?.device_ptr(),
+    );
+    let (cs, as_, bs) = (
+        StridedArg::of(OP, &cond.layout().broadcast_as(&dims)?)?,
+        StridedArg::of(OP, &a.layout().broadcast_as(&dims)?)?,
+        StridedArg::of(OP, &b.layout().broadcast_as(&dims)?)?,
+    );
+    let n64 = n as i64;
+    amp_tensor::cuda_launch!(dc, f, grid_for(n), &cp, &cs, &ap, &as_, &bp, &bs, &op, &n64);
+    drop((sc, sa, sb, so));
+    Ok(out)
+}
+
+/// `a op b` for a comparison (`eq`, `ne`, `lt`, `le`, `gt`, `ge`) with broadcasting, in
+/// the promoted dtype `dt`; bool result.
+pub fn compare(name: &'static str, a: &Tensor, b: &Tensor, dt: DType) -> Result<Tensor> {
+    let dev = device(&[a, b]);
+    let (a, b) = (on(a, dev)?.to_dtype(dt)?, on(b, dev)?.to_dtype(dt)?);
+    let dims = amp_tensor::broadcast_shapes(name, a.dims(), b.dims())?;
+    let n: usize = dims.iter().product();
+    let out = Tensor::zeros_on(dims.clone(), DType::Bool, dev)?;
+    if n == 0 {
+        return Ok(out);
+    }
+    let (dc, f) = index_kernel(&out, &format!("cmp_{name}_{}", suffix(dt)))?;
+    let (sa, sb, so) = (a.storage(), b.storage(), out.storage());
+    let (ap, bp, op) = (
+        sa.cuda()?.device_ptr(),
+        sb.cuda()?.device_ptr(),
+        so.cuda()?.device_ptr(),
+    );
+    let (as_, bs) = (
+        StridedArg::of(name, &a.layout().broadcast_as(&dims)?)?,
+        StridedArg::of(name, &b.layout().broadcast_as(&dims)?)?,
+    );
+    let n64 = n as i64;
+    amp_tensor::cuda_launch!(dc, f, grid_for(n), &ap, &as_, &bp, &bs, &op, &n64);
+    drop((sa, sb, so));
+    Ok(out)
+}
+
+/// `a op s` for a scalar `s` in the promoted dtype `dt`; bool result.
+pub fn compare_scalar(name: &'static str, a: &Tensor, s: Scalar, dt: DType) -> Result<Tensor> {
+    compare(name, a, &scalar(s, dt, a.device())?, dt)
+}
+
+/// Rows `idx` (validated) of `x` seen as `[outer, n, inner]` along the indexed dim:
+/// `index_select` and `embedding`, giving `shape`.
+pub fn take_rows(x: &Tensor, (outer, n, inner): (usize, usize, usize), idx: &[i64], shape: Vec<usize>) -> Result<Tensor> {
+    let dev = x.device();
+    let total = outer * idx.len() * inner;
+    let out = Tensor::zeros_on(shape, x.dtype(), dev)?;
+    if total == 0 {
+        return Ok(out);
+    }
+    let xc = x.try_contiguous()?;
+    let it = upload(idx.to_vec(), dev)?;
+    let (dc, f) = index_kernel(&out, &format!("take_rows_{}", suffix(x.dtype())))?;
+    let (sx, si, so) = (xc.storage(), it.storage(), out.storage());
+    let (xp, ip, op) = (addr(&sx, &xc)?, addr(&si, &it)?, addr(&so, &out)?);
+    let (ni, n64, inn, tot) = (idx.len() as i64, n as i64, inner as i64, total as i64);
+    amp_tensor::cuda_launch!(dc, f, grid_for(total), &xp, &ip, &op, &ni, &n64, &inn, &tot);
+    drop((sx, si, so));
+    Ok(out)
+}
+
+/// The elements of `x`'s buffer at `offsets` (computed and validated on the host):
+/// `gather`, giving `dims`.
+pub fn take(x: &Tensor, offsets: Vec<i64>, dims: &[usize]) -> Result<Tensor> {
+    let dev = x.device();
+    let n = offsets.len();
+    let out = Tensor::zeros_on(dims.to_vec(), x.dtype(), dev)?;
+    if n == 0 {
+        return Ok(out);
+    }
+    let it = upload(offsets, dev)?;
+    let (dc, f) = index_kernel(&out, &format!("take_{}", suffix(x.dtype())))?;
+    let (sx, si, so) = (x.storage(), it.storage(), out.storage());
+    let (xp, ip, op) = (sx.cuda()?.device_ptr(), addr(&si, &it)?, addr(&so, &out)?);
+    let n64 = n as i64;
+    amp_tensor::cuda_launch!(dc, f, grid_for(n), &xp, &ip, &op, &n64);
+    drop((sx, si, so));
+    Ok(out)
+}
+
+/// The accumulation dtype of the atomic kernels: float64 for float64, else float32.
+fn atomic_dtype(op: &'static str, dtype: DType, device: Device) -> Result<DType> {
+    match dtype {
+        DType::F64 => Ok(DType::F64),
+        DType::F32 | DType::F16 | DType::BF16 => Ok(DType::F32),
+        _ => Err(Error::no_device_kernel(op, device)),
+    }
+}
+
+/// `x` (contiguous copy) with the elements of `src` (in `offsets`' order) added at
+/// `offsets` into its contiguous layout: `scatter_add`. Accumulates in float32 for
+/// 16-bit and rounds once.
+pub fn put_add(
+    op: &'static str,
+    x: &Tensor,
+    (src, src_layout): (&Tensor, &Layout),
+    offsets: Vec<i64>,
+) -> Result<Tensor> {
+    let dev = x.device();
+    let acc_dt = atomic_dtype(op, x.dtype(), dev)?;
+    let acc = x.to_dtype(acc_dt)?.try_copy()?;
+    let n = offsets.len();
+    if n > 0 {
+        let s = view_as(src, src_layout)?.to_dtype(acc_dt)?;
+        let it = upload(offsets, dev)?;
+        let (dc, f) = index_kernel(&acc, &format!("put_add_{}", suffix(acc_dt)))?;
+        let (ss, si, so) = (s.storage(), it.storage(), acc.storage());
+        let (sp, ip, op_) = (addr(&ss, &s)?, addr(&si, &it)?, addr(&so, &acc)?);
+        let n64 = n as i64;
+        amp_tensor::cuda_launch!(dc, f, grid_for(n), &sp, &ip, &op_, &n64);
+        drop((ss, si, so));
+    }
+    acc.to_dtype(x.dtype())
+}
+
+/// `x` seen as `[outer, n, inner]` with `alpha * src[o, k, i]` (`src` contiguous as
+/// `[outer, idx.len(), inner]`) added at `[o, idx[k], i]`, except where `idx[k]` is
+/// `skip`: `index_add` and the embedding backward. Accumulates in float32 for 16-bit
+/// (float64 for float64) and rounds once.
+pub fn index_add(
+    op: &'static str,
+    x: &Tensor,
+    (outer, n, inner): (usize, usize, usize),
+    idx: &[i64],
+    src: &Tensor,
+    (alpha, skip): (f64, Option<i64>),
+) -> Result<Tensor> {
+    let dev = x.device();
+    let acc_dt = atomic_dtype(op, x.dtype(), dev)?;
+    let acc = x.to_dtype(acc_dt)?.try_copy()?;
+    let total = outer * idx.len() * inner;
+    if total > 0 {
+        let mut s = on(src, dev)?.to_dtype(acc_dt)?.try_contiguous()?;
+        if alpha != 1.0 {
+            s = raw_binary("mul", &s, &scalar(alpha, acc_dt, dev)?)?;
+        }
+        let it = upload(idx.to_vec(), dev)?;
+        let (dc, f) = index_kernel(&acc, &format!("add_rows_{}", suffix(acc_dt)))?;
+        let (ss, si, so) = (s.storage(), it.storage(), acc.storage());
+        let (sp, ip, op_) = (addr(&ss, &s)?, addr(&si, &it)?, addr(&so, &acc)?);
+        let (ni, n64, inn, tot, sk) = (
+            idx.len() as i64,
+            n as i64,
+            inner as i64,
+            total as i64,
+            skip.unwrap_or(-1),
+        );
+        amp_tensor::cuda_launch!(dc, f, grid_for(total), &sp, &ip, &op_, &ni, &n64, &inn, &tot, &sk);
+        drop((ss, si, so));
+    }
+    acc.to_dtype(x.dtype())
+}
+
+/// The vector `p`-norm over the dims `mask` marks, accumulated in float32 for 16-bit:
+/// `p` = 2 as `sqrt(Σ x²)`, 1 as `Σ |x|`, ±∞ as the largest / smallest `|x|`, any
+/// other positive `p` as `(Σ |x|^p)^(1/p)`; `p` = 0 (a count) has no device kernel.
+pub fn norm(x: &Tensor, p: f64, mask: &[bool], keepdim: bool) -> Result<Tensor> {
+    let dev = x.device();
+    floating("norm", x.dtype(), dev)?;
+    let cd = compute_dtype(x.dtype());
+    let a = unary(UnaryOp::Abs, &x.to_dtype(cd)?)?;
+    let out = if p == 2.0 {
+        unary(UnaryOp::Sqrt, &reduce("sum", &raw_binary("mul", &a, &a)?, mask, keepdim)?)?
+    } else if p == 1.0 {
+        reduce("sum", &a, mask, keepdim)?
+    } else if p == f64::INFINITY {
+        reduce("max", &a, mask, keepdim)?
+    } else if p == f64::NEG_INFINITY {
+        reduce("min", &a, mask, keepdim)?
+    } else if p > 0.0 {
+        let powed = raw_binary("pow", &a, &scalar(p, cd, dev)?)?;
+        raw_binary("pow", &reduce("sum", &powed, mask, keepdim)?, &scalar(1.0 / p, cd, dev)?)?
+    } else {
+        return Err(Error::no_device_kernel("norm", dev));
+    };
+    out.to_dtype(x.dtype())
+}

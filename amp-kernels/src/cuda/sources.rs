@@ -7,7 +7,7 @@
 //! compiles them on any machine. 16-bit types compute in float32, float64 in float64.
 //! The prelude and the conversions live in `amp_tensor::cuda::sources`.
 
-pub use amp_tensor::cuda::sources::{Module, CAST, CAST_MODULE, PRELUDE};
+pub use amp_tensor::cuda::sources::{Module, ALL_TYPES, CAST, CAST_MODULE, PRELUDE};
 
 /// Dtype suffixes of the floating instantiations, with their device type names.
 pub const FLOAT_TYPES: [(&str, &str); 4] = [
@@ -296,6 +296,58 @@ extern "C" __global__ void amp_update_scale(float* scale, int* growth_tracker, c
 }
 "#;
 
+/// Comparisons of [`INDEX`] (bool results).
+pub const CMP_OPS: [&str; 6] = ["eq", "ne", "lt", "le", "gt", "ge"];
+
+/// Selection, comparison and indexing: `where` and the comparisons over strided
+/// operands (every storage dtype; 16-bit compared as float32), `take` (one element per
+/// precomputed offset: gather), `take_rows` (whole rows by index: index_select,
+/// embedding), and their accumulating inverses with atomic adds into a float32 or
+/// float64 buffer, `put_add` (scatter_add) and `add_rows` (embedding backward, index
+/// `skip` left out: the padding row).
+pub const INDEX: &str = r#"
+#define AMP_FOR_ALL(M, ...) \
+    M(amp_half, f16, __VA_ARGS__) M(amp_bf16, bf16, __VA_ARGS__) M(float, f32, __VA_ARGS__) \
+    M(double, f64, __VA_ARGS__) M(int, i32, __VA_ARGS__) M(i64, i64, __VA_ARGS__) M(unsigned char, bool, __VA_ARGS__)
+
+template <typename T> struct CmpT { static __device__ __forceinline__ T v(T x) { return x; } };
+template <> struct CmpT<amp_half> { static __device__ __forceinline__ float v(amp_half x) { return h2f(x); } };
+template <> struct CmpT<amp_bf16> { static __device__ __forceinline__ float v(amp_bf16 x) { return b2f(x); } };
+template <> struct CmpT<unsigned char> { static __device__ __forceinline__ int v(unsigned char x) { return x != 0; } };
+struct Cmp_eq { template <typename A> static __device__ bool f(A a, A b) { return a == b; } };
+struct Cmp_ne { template <typename A> static __device__ bool f(A a, A b) { return a != b; } };
+struct Cmp_lt { template <typename A> static __device__ bool f(A a, A b) { return a < b; } };
+struct Cmp_le { template <typename A> static __device__ bool f(A a, A b) { return a <= b; } };
+struct Cmp_gt { template <typename A> static __device__ bool f(A a, A b) { return a > b; } };
+struct Cmp_ge { template <typename A> static __device__ bool f(A a, A b) { return a >= b; } };
+
+#define AMP_SELECT(T, SUF, _) \
+    extern "C" __global__ void where_##SUF(const unsigned char* c, StridedArg cs, const T* a, StridedArg as, \
+                                            const T* b, StridedArg bs, T* out, i64 n) { \
+        AMP_GRID_STRIDE(p, n) { out[p] = c[amp_offset(cs, p)] ? a[amp_offset(as, p)] : b[amp_offset(bs, p)]; } } \
+    extern "C" __global__ void take_##SUF(const T* x, const i64* offs, T* out, i64 n) { \
+        AMP_GRID_STRIDE(p, n) { out[p] = x[offs[p]]; } } \
+    extern "C" __global__ void take_rows_##SUF(const T* x, const i64* idx, T* out, i64 nidx, i64 n, i64 inner, i64 total) { \
+        AMP_GRID_STRIDE(p, total) { \
+            i64 i = p % inner, j = (p / inner) % nidx, o = p / (inner * nidx); \
+            out[p] = x[(o * n + idx[j]) * inner + i]; } }
+#define AMP_CMP(T, SUF, OP) \
+    extern "C" __global__ void cmp_##OP##_##SUF(const T* a, StridedArg as, const T* b, StridedArg bs, unsigned char* out, i64 n) { \
+        AMP_GRID_STRIDE(p, n) { out[p] = Cmp_##OP::f(CmpT<T>::v(a[amp_offset(as, p)]), CmpT<T>::v(b[amp_offset(bs, p)])) ? 1 : 0; } }
+#define AMP_ACCUMULATE(T, SUF) \
+    extern "C" __global__ void put_add_##SUF(const T* src, const i64* offs, T* out, i64 n) { \
+        AMP_GRID_STRIDE(p, n) { atomicAdd(out + offs[p], src[p]); } } \
+    extern "C" __global__ void add_rows_##SUF(const T* src, const i64* idx, T* out, i64 nidx, i64 n, i64 inner, i64 total, i64 skip) { \
+        AMP_GRID_STRIDE(p, total) { \
+            i64 i = p % inner, j = (p / inner) % nidx, o = p / (inner * nidx); \
+            if (idx[j] != skip) atomicAdd(out + (o * n + idx[j]) * inner + i, src[p]); } }
+
+AMP_FOR_ALL(AMP_SELECT, _)
+AMP_FOR_ALL(AMP_CMP, eq) AMP_FOR_ALL(AMP_CMP, ne) AMP_FOR_ALL(AMP_CMP, lt)
+AMP_FOR_ALL(AMP_CMP, le) AMP_FOR_ALL(AMP_CMP, gt) AMP_FOR_ALL(AMP_CMP, ge)
+AMP_ACCUMULATE(float, f32) AMP_ACCUMULATE(double, f64)
+"#;
+
 /// The floating dtype suffixes.
 fn floats() -> impl Iterator<Item = &'static str> {
     FLOAT_TYPES.iter().map(|(s, _)| *s)
@@ -310,7 +362,7 @@ fn per_op(family: &str, ops: &[&str]) -> Vec<String> {
 
 /// Every module, in a fixed order: the prelude's conversions ([`CAST_MODULE`], launched
 /// by `amp_tensor`) and this crate's families.
-pub const MODULES: [Module; 7] = [
+pub const MODULES: [Module; 8] = [
     Module {
         name: "unary",
         body: UNARY,
@@ -340,6 +392,23 @@ pub const MODULES: [Module; 7] = [
         name: "layer_norm",
         body: LAYER_NORM,
         kernels: || floats().map(|d| format!("layer_norm_fwd_{d}")).collect(),
+    },
+    Module {
+        name: "index",
+        body: INDEX,
+        kernels: || {
+            let all = || ALL_TYPES.iter().map(|(s, _)| *s);
+            let mut names: Vec<String> = all()
+                .flat_map(|d| [format!("where_{d}"), format!("take_{d}"), format!("take_rows_{d}")])
+                .collect();
+            for op in CMP_OPS {
+                names.extend(all().map(|d| format!("cmp_{op}_{d}")));
+            }
+            for d in ["f32", "f64"] {
+                names.extend([format!("put_add_{d}"), format!("add_rows_{d}")]);
+            }
+            names
+        },
     },
     Module {
         name: "amp",
