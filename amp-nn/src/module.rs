@@ -84,6 +84,19 @@ pub trait Module: Send + Sync {
         }
         Ok(())
     }
+    /// Move every parameter and buffer to `device` in place (PyTorch's
+    /// `module.to(device)`): the tensors keep their identity, so optimizers built on them
+    /// afterwards, and clones of them, see the moved data. Call it on a freshly built
+    /// module, before any view of a parameter exists.
+    ///
+    /// # Errors
+    /// A device this build or machine lacks ([`amp_tensor::Error::DeviceUnavailable`]).
+    fn to_device(&self, device: amp_tensor::Device) -> Result<()> {
+        for (_, t) in self.named_state() {
+            t.data().move_to_device_(device)?;
+        }
+        Ok(())
+    }
     /// Number of parameter elements.
     fn num_parameters(&self) -> usize {
         self.parameters().iter().map(|p| p.elem_count()).sum()

@@ -14,8 +14,34 @@ struct Inner {
     storage: Arc<RwLock<Storage>>,
     layout: Layout,
     dtype: DType,
-    device: Device,
+    /// The storage's device ([`Tensor::move_to_device_`] changes it), encoded by
+    /// [`DeviceCell`].
+    device: DeviceCell,
     is_view: bool,
+}
+
+/// A device that can change in place: 0 for the host, `n + 1` for CUDA device `n`.
+struct DeviceCell(std::sync::atomic::AtomicUsize);
+
+impl DeviceCell {
+    fn new(d: Device) -> DeviceCell {
+        DeviceCell(std::sync::atomic::AtomicUsize::new(Self::code(d)))
+    }
+    fn code(d: Device) -> usize {
+        match d {
+            Device::Cpu => 0,
+            Device::Cuda(n) => n + 1,
+        }
+    }
+    fn get(&self) -> Device {
+        match self.0.load(std::sync::atomic::Ordering::Acquire) {
+            0 => Device::Cpu,
+            n => Device::Cuda(n - 1),
+        }
+    }
+    fn set(&self, d: Device) {
+        self.0.store(Self::code(d), std::sync::atomic::Ordering::Release);
+    }
 }
 
 /// An n-dimensional array of one [`DType`] on one [`Device`].
@@ -72,7 +98,7 @@ impl Tensor {
     fn over(storage: Storage, layout: Layout) -> Tensor {
         Tensor(Arc::new(Inner {
             dtype: storage.dtype(),
-            device: storage.device(),
+            device: DeviceCell::new(storage.device()),
             storage: Arc::new(RwLock::new(storage)),
             layout,
             is_view: false,
@@ -315,7 +341,7 @@ impl Tensor {
     }
     #[inline]
     pub fn device(&self) -> Device {
-        self.0.device
+        self.0.device.get()
     }
     #[inline]
     pub fn layout(&self) -> &Layout {
@@ -387,7 +413,7 @@ impl Tensor {
             storage: self.0.storage.clone(),
             layout,
             dtype: self.0.dtype,
-            device: self.0.device,
+            device: DeviceCell::new(self.device()),
             is_view: true,
         }))
     }
@@ -505,6 +531,38 @@ impl Tensor {
             crate::cuda::ensure_device(device, &[crate::cuda::Library::Driver])?;
         }
         self.to_device_imp(device)
+    }
+
+    /// Move this tensor's storage to `device` in place (PyTorch's `param.data =
+    /// param.data.to(device)`, what `Module::to_device` does to each parameter): clones
+    /// of this tensor see it moved. The tensor must own its storage alone, with no view
+    /// of it anywhere, which a freshly built parameter does.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when views share the storage; as [`Tensor::to_device`]
+    /// otherwise.
+    pub fn move_to_device_(&self, device: Device) -> Result<()> {
+        if device == self.device() {
+            return Ok(());
+        }
+        ensure!(
+            Arc::strong_count(&self.0.storage) == 1,
+            invalid(
+                "to_device_",
+                "the tensor shares its storage with views; move the tensor that owns it before taking views"
+            )
+        );
+        // The whole buffer travels, so the layout (offset, strides) stays valid.
+        let whole = {
+            let n = self.storage().len();
+            Tensor::over(self.storage().clone(), Layout::contiguous(vec![n]))
+        };
+        let moved = whole.to_device(device)?;
+        let mut st = self.storage_mut();
+        let new = std::mem::replace(&mut *moved.storage_mut(), Storage::Cpu(CpuStorage::F32(Vec::new())));
+        *st = new;
+        self.0.device.set(device);
+        Ok(())
     }
 
     #[cfg(not(feature = "cuda"))]

@@ -5,12 +5,15 @@
 //! - `bench [...]`: `cargo run --release -p amp-bench -- [...]` (the design-target
 //!   benchmarks, `--sweep` the size sweep; see `bench/`);
 //! - `conformance [...]`: `cargo run --release -p conformance -- [...]`;
+//! - `gpu-bundle [--out DIR]`: the binaries and `run.sh` of the GPU checks, in one
+//!   folder for a GPU machine (see `gpu_bundle`);
 //! - `ci`: what `.ci/run` runs, plus format check, clippy and rustdoc, stopping at the
 //!   first failure.
 
 use std::process::{Command, ExitCode};
 
 mod ci;
+mod gpu_bundle;
 #[cfg(test)]
 mod tidy;
 
@@ -24,7 +27,12 @@ commands:
         CUDA backend's compile check, the NVRTC compile of the kernel sources), rustdoc
         -D warnings; stops at the first failure
   conformance [--vectors DIR] [--texts]
-        the conformance suites (cargo run --release -p conformance -- [options])";
+        the conformance suites (cargo run --release -p conformance -- [options])
+  gpu-bundle [--out DIR]
+        builds (no GPU needed) the CUDA tests, the conformance runner, the main job and
+        the benchmarks with the `cuda` feature into one folder (default
+        target/gpu-bundle) with run.sh: on a GPU machine, bash DIR/run.sh runs them all
+        and writes one report";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -36,6 +44,7 @@ fn main() -> ExitCode {
     match cmd.as_str() {
         "bench" => run_package("amp-bench", rest),
         "conformance" => run_package("conformance", rest),
+        "gpu-bundle" => gpu_bundle::main(rest),
         "ci" => {
             if !rest.is_empty() {
                 eprintln!("xtask ci: takes no arguments\n\n{USAGE}");

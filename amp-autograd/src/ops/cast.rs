@@ -20,7 +20,25 @@ pub fn to_dtype(x: &Tensor, dtype: DType) -> Result<Tensor> {
     }))
 }
 
+/// Differentiable copy to `device` (PyTorch's `x.to(device)`; the gradient goes back
+/// to `x`'s device). `x` itself when it is already there.
+pub fn to_device(x: &Tensor, device: amp_tensor::Device) -> Result<Tensor> {
+    if x.device() == device {
+        return Ok(x.clone());
+    }
+    let ([x], _body) = super::enter(&TO, [x])?;
+    let out = x.data().to_device(device)?;
+    let from = x.device();
+    Ok(record(out, "ToCopyBackward0", &[&x], move |g| {
+        Ok(vec![Some(to_device(g, from)?)])
+    }))
+}
+
 impl Tensor {
+    /// Differentiable copy to `device` (see [`to_device`]).
+    pub fn to_device(&self, device: amp_tensor::Device) -> Result<Tensor> {
+        to_device(self, device)
+    }
     /// Differentiable cast (see [`to_dtype`]).
     pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
         to_dtype(self, dtype)

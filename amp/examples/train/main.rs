@@ -138,15 +138,26 @@ impl Settings {
 struct Precision {
     amp: bool,
     dtype: DType,
+    /// Where the run trains (`--device`).
+    device: Device,
 }
 
 impl Precision {
     const F32: Precision = Precision {
         amp: false,
         dtype: DType::F32,
+        device: Device::Cpu,
     };
     fn autocast(dtype: DType) -> Precision {
-        Precision { amp: true, dtype }
+        Precision {
+            amp: true,
+            dtype,
+            device: Device::Cpu,
+        }
+    }
+    /// The same run on `device`.
+    fn on(self, device: Device) -> Precision {
+        Precision { device, ..self }
     }
     /// The run's name (and its checkpoint folder's).
     fn label(self) -> String {
@@ -157,7 +168,7 @@ impl Precision {
         }
     }
     fn region(self) -> Autocast {
-        Autocast::new(DeviceType::Cpu)
+        Autocast::new(self.device.device_type())
             .dtype(if self.amp { self.dtype } else { DType::BF16 })
             .enabled(self.amp)
     }
@@ -315,7 +326,9 @@ struct Run {
 }
 
 fn fresh_run(s: &Settings, p: Precision, ranks: &Ranks) -> Res<Run> {
-    let model = ranks.replica(Gpt::new(s.model, &mut Generator::new(s.seed))?)?;
+    let gpt = Gpt::new(s.model, &mut Generator::new(s.seed))?;
+    gpt.to_device(p.device)?;
+    let model = ranks.replica(gpt)?;
     let opt = Adam::new(
         model.parameters(),
         s.lr,
@@ -401,7 +414,14 @@ fn train(s: &Settings, data: &Data, p: Precision, io: &RunIo) -> Res<Run> {
         }
     }
     let schedule = WarmupCosine::new(s.lr, s.warmup, s.steps, s.min_lr, 0.1)?;
-    let val = data.val_batches(s)?;
+    let on_device = |(x, y): (Tensor, Tensor)| -> Res<(Tensor, Tensor)> {
+        Ok((x.to_device(p.device)?, y.to_device(p.device)?))
+    };
+    let val = data
+        .val_batches(s)?
+        .into_iter()
+        .map(on_device)
+        .collect::<Res<Vec<_>>>()?;
     let region = p.region();
     let end = io.stop_after.map_or(s.steps, |n| n.min(s.steps));
     let bar = if io.progress && io.ranks.is_root() {
@@ -421,7 +441,7 @@ fn train(s: &Settings, data: &Data, p: Precision, io: &RunIo) -> Res<Run> {
     let clock = move || offset + began.elapsed().as_secs_f64();
     while run.step < end {
         let step = run.step;
-        let (x, y) = io.ranks.shard(data.batch(s, step)?)?;
+        let (x, y) = on_device(io.ranks.shard(data.batch(s, step)?)?)?;
         let t = Instant::now();
         schedule.apply(&mut run.opt, step);
         run.opt.zero_grad();
@@ -500,7 +520,7 @@ fn sample(
     run.model.eval();
     for _ in 0..n {
         let window = &ids[ids.len().saturating_sub(ctx)..];
-        let x = Tensor::from_vec(window.to_vec(), [1, window.len()])?;
+        let x = Tensor::from_vec(window.to_vec(), [1, window.len()])?.to_device(p.device)?;
         let logits = no_grad(|| region.try_run(|| run.model.logits(&x)))?;
         let last = logits.select(1, window.len() as i64 - 1)?.to_vec_f64();
         let m = last.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -546,13 +566,20 @@ struct Args {
     stop_after: Option<usize>,
     resume: Option<PathBuf>,
     ddp: bool,
+    device: Device,
+    /// `--dtype` was given (else the device's default: bfloat16 on the CPU, float16 on
+    /// CUDA, as PyTorch's autocast).
+    dtype_given: bool,
 }
 
 const USAGE: &str =
     "usage: train [--dtype bfloat16|float16] [--text FILE] [--steps N] [--batch N] [--lr X]
              [--seed N] [--out DIR] [--checkpoint-every N] [--stop-after N] [--resume DIR]
-             [--ddp]
-  --dtype             the autocast dtype of the mixed-precision run (default bfloat16)
+             [--ddp] [--device cpu|cuda|cuda:N]
+  --dtype             the autocast dtype of the mixed-precision run (default bfloat16 on
+                      the CPU, float16 on CUDA)
+  --device            where both runs train (default cpu; cuda needs a build with
+                      --features cuda and a GPU)
   --text              train on this UTF-8 file instead of the repository's own text
   --steps, --batch    training steps (default 400) and sequences per batch (default 16)
   --lr                the peak learning rate (default 0.003; the schedule ends at a tenth)
@@ -565,6 +592,19 @@ const USAGE: &str =
   --ddp               data-parallel over the ranks of an MPI job (build with --features mpi;
                       mpirun -np 2 -x RAYON_NUM_THREADS=1 target/release/examples/train --ddp):
                       each rank trains on its share of every batch, gradients averaged";
+
+/// `cpu`, `cuda` or `cuda:N`, as PyTorch spells devices.
+fn parse_device(s: &str) -> Result<Device, String> {
+    match s {
+        "cpu" => Ok(Device::Cpu),
+        "cuda" => Ok(Device::Cuda(0)),
+        _ => s
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse().ok())
+            .map(Device::Cuda)
+            .ok_or(format!("--device: expected cpu, cuda or cuda:N, not {s}")),
+    }
+}
 
 fn parse_args() -> Result<Args, String> {
     let mut a = Args {
@@ -579,6 +619,8 @@ fn parse_args() -> Result<Args, String> {
         stop_after: None,
         resume: None,
         ddp: false,
+        device: Device::Cpu,
+        dtype_given: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -588,7 +630,8 @@ fn parse_args() -> Result<Args, String> {
             "--dtype" => {
                 a.dtype = val("--dtype")?
                     .parse()
-                    .map_err(|e: amp::tensor::Error| e.to_string())?
+                    .map_err(|e: amp::tensor::Error| e.to_string())?;
+                a.dtype_given = true;
             }
             "--text" => a.text = Some(PathBuf::from(val("--text")?)),
             "--steps" => a.steps = Some(num("--steps", val("--steps")?)?),
@@ -605,12 +648,16 @@ fn parse_args() -> Result<Args, String> {
             "--stop-after" => a.stop_after = Some(num("--stop-after", val("--stop-after")?)?),
             "--resume" => a.resume = Some(PathBuf::from(val("--resume")?)),
             "--ddp" => a.ddp = true,
+            "--device" => a.device = parse_device(&val("--device")?)?,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument {other} (try --help)")),
         }
+    }
+    if !a.dtype_given && !a.device.is_cpu() {
+        a.dtype = DType::F16;
     }
     if !matches!(a.dtype, DType::BF16 | DType::F16) {
         return Err(format!(
@@ -706,7 +753,14 @@ fn train_both(args: &Args) -> Res<()> {
         progress: true,
         ranks: ranks.clone(),
     };
-    let runs = [Precision::F32, Precision::autocast(args.dtype)];
+    if !args.device.is_cpu() {
+        // Fails here, with what is missing, on a machine or build without the device.
+        amp::tensor::cuda::ensure_device(args.device, &[amp::tensor::cuda::Library::Driver])?;
+        if root {
+            println!("device: {}", args.device);
+        }
+    }
+    let runs = [Precision::F32, Precision::autocast(args.dtype)].map(|p| p.on(args.device));
     let mut done = Vec::new();
     for p in runs {
         let run = train(&s, &data, p, &io)?;

@@ -1,0 +1,70 @@
+//! The MLP training step on a CUDA device, float32 and float16 autocast + `GradScaler`,
+//! to set beside `gpu_step_bench_torch.py` (PyTorch, same model, same GPU): one
+//! `metric value unit` line per figure, or why it could not run.
+//!
+//! `cargo run --release -p amp --features cuda --example gpu_step_bench`
+
+use std::time::Instant;
+
+use amp::autograd::{ops, Reduction, Tensor};
+use amp::prelude::*;
+use amp::tensor::Tensor as Raw;
+
+/// Batch, input, hidden and output widths of the MLP.
+const SHAPE: (usize, usize, usize, usize) = (512, 1024, 4096, 1024);
+
+fn main() {
+    let dev = Device::Cuda(0);
+    if let Err(e) = amp::tensor::cuda::ensure_device(dev, &[amp::tensor::cuda::Library::Driver]) {
+        println!("gpu_step_bench: not run: {e}");
+        return;
+    }
+    for amp in [false, true] {
+        match step_ms(dev, amp) {
+            Ok(ms) => println!(
+                "cuda_mlp_step_{}_ms {ms:.3} ms",
+                if amp { "amp_f16" } else { "f32" }
+            ),
+            Err(e) => println!("gpu_step_bench: {}: {e}", if amp { "amp" } else { "f32" }),
+        }
+    }
+}
+
+/// The median milliseconds of one training step (forward, backward, SGD with momentum,
+/// the scaler's unscale, skip decision and update), the loss read back each step.
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn step_ms(dev: Device, amp: bool) -> Res<f64> {
+    let (b, i, h, o) = SHAPE;
+    let mut g = Generator::new(0);
+    let (l1, l2) = (Linear::new(i, h, &mut g)?, Linear::new(h, o, &mut g)?);
+    l1.to_device(dev)?;
+    l2.to_device(dev)?;
+    let params = [l1.parameters(), l2.parameters()].concat();
+    let up = |t: Raw| -> Res<Tensor> { Ok(Tensor::from_raw(t.to_device(dev)?)) };
+    let x = up(Raw::randn([b, i], DType::F32, &mut g)?)?;
+    let y = up(Raw::randn([b, o], DType::F32, &mut g)?)?;
+    let mut opt = Sgd::new(params, 1e-3, SgdOptions { momentum: 0.9, ..SgdOptions::default() })?;
+    let mut scaler = GradScaler::with_options(GradScalerOptions::default().enabled(amp))?;
+    let region = Autocast::new(DeviceType::Cuda).dtype(DType::F16).enabled(amp);
+    let mut step = || -> Res<f64> {
+        opt.zero_grad();
+        let out = region.try_run(|| l2.forward(&l1.forward(&x)?.relu()?))?;
+        let loss = ops::mse_loss(&out, &y, Reduction::Mean)?;
+        scaler.scale(&loss)?.backward()?;
+        scaler.step(&mut opt)?;
+        scaler.update()?;
+        Ok(loss.item_f64()?)
+    };
+    for _ in 0..5 {
+        step()?;
+    }
+    let mut ts: Vec<f64> = Vec::new();
+    for _ in 0..20 {
+        let t = Instant::now();
+        step()?;
+        ts.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    ts.sort_by(f64::total_cmp);
+    Ok(ts[ts.len() / 2])
+}

@@ -1,0 +1,42 @@
+"""PyTorch's figures for gpu_step_bench.rs: the same MLP step on the same GPU, float32
+and float16 autocast + GradScaler (median milliseconds, the loss read back each step)."""
+import time
+import torch
+
+B, I, H, O = 512, 1024, 4096, 1024
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
+
+
+def step_ms(amp):
+    dev = "cuda"
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(I, H), torch.nn.ReLU(), torch.nn.Linear(H, O)).to(dev)
+    x = torch.randn(B, I, device=dev)
+    y = torch.randn(B, O, device=dev)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    scaler = torch.amp.GradScaler("cuda", enabled=amp)
+
+    def step():
+        opt.zero_grad()
+        with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
+            out = model(x)
+        loss = torch.nn.functional.mse_loss(out.float(), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        return loss.item()
+
+    for _ in range(5):
+        step()
+    ts = []
+    for _ in range(20):
+        t = time.perf_counter()
+        step()
+        ts.append((time.perf_counter() - t) * 1e3)
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+for amp in (False, True):
+    print(f"torch_cuda_mlp_step_{'amp_f16' if amp else 'f32'}_ms {step_ms(amp):.3f} ms")

@@ -1,0 +1,81 @@
+#!/bin/bash
+# The GPU checks of the CUDA backend, in one go, on a machine with an NVIDIA GPU (no Rust
+# toolchain needed there). Built on a machine without a GPU by `cargo xtask gpu-bundle`,
+# which puts this script, the binaries and the PyTorch scripts into one folder:
+#
+#     bash <bundle>/run.sh [REPORT]        (REPORT defaults to $OUT/gpu-report.txt or
+#                                           <bundle>/gpu-report.txt)
+#
+# Sections: the device, the CUDA tests (every device kernel against the host result;
+# casts and unscale bit-exact; the MLP trained under float16 autocast + GradScaler),
+# the same under compute-sanitizer, the conformance vectors on CUDA tensors, the main
+# job on cuda (and on the host for its accuracy), and the benchmarks beside PyTorch's.
+# Each section's status goes to the summary at the end of the report; the exit status
+# is the number of failed sections.
+set -u
+B=$(cd "$(dirname "$0")" && pwd)
+REPORT=${1:-${OUT:-$B}/gpu-report.txt}
+STEPS=${GPU_BUNDLE_TRAIN_STEPS:-400}
+W=$(mktemp -d)
+: >"$REPORT"
+SUMMARY=()
+FAILED=0
+
+for f in "$B"/bin/*.gz; do
+    gunzip -c "$f" >"$W/$(basename "$f" .gz)" && chmod +x "$W/$(basename "$f" .gz)"
+done
+
+# cudarc opens libcublas.so / libnvrtc.so (or their .so.12); a CUDA 13 system has .so.13:
+# link the newest of each under the unversioned name.
+mkdir -p "$W/lib"
+LIBDIRS=""
+for l in cublas cublasLt nvrtc; do
+    f=$(find /usr/local/cuda*/ /opt /usr/lib/x86_64-linux-gnu -name "lib$l.so.[0-9]*" -not -path '*/stubs/*' 2>/dev/null \
+        | grep -v 'builtins\|alt' | sort -V | tail -1)
+    if [ -n "$f" ]; then
+        ln -sf "$f" "$W/lib/lib$l.so"
+        LIBDIRS="$LIBDIRS:$(dirname "$f")"
+    fi
+done
+export LD_LIBRARY_PATH="$W/lib$LIBDIRS:${LD_LIBRARY_PATH:-}"
+
+section() {
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name: $*" | tee -a "$REPORT"
+    local t0=$SECONDS
+    timeout "$limit" "$@" >"$W/section.log" 2>&1
+    local rc=$?
+    cat "$W/section.log" >>"$REPORT"
+    tail -n 25 "$W/section.log"
+    local status=PASS
+    [ $rc -ne 0 ] && status="FAIL (exit $rc)" && FAILED=$((FAILED + 1))
+    SUMMARY+=("$status  $name ($((SECONDS - t0)) s)")
+    echo "-- $status" | tee -a "$REPORT"
+}
+
+section device 30 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv
+echo "libraries: $(ls -l "$W/lib" | tail -n +2 | awk '{print $NF}' | tr '\n' ' ')" | tee -a "$REPORT"
+section "cuda kernel tests" 300 "$W/kernels" cuda_device:: --test-threads=1
+section "cuda training tests" 300 "$W/amp" cuda_train:: --test-threads=1
+section "kernel tests under compute-sanitizer" 600 compute-sanitizer --tool memcheck --error-exitcode 9 \
+    "$W/kernels" cuda_device:: --test-threads=1
+section "training tests under compute-sanitizer" 600 compute-sanitizer --tool memcheck --error-exitcode 9 \
+    "$W/amp" cuda_train:: --test-threads=1
+section "conformance vectors on cuda" 600 "$W/conformance" --device cuda
+section "main job on cuda" 900 "$W/train" --device cuda --steps "$STEPS" --out "$W/train-cuda"
+section "main job on the host (its accuracy)" 900 "$W/train" --steps "$STEPS" --out "$W/train-cpu"
+section "kernel benchmark (ours)" 300 "$W/cuda_bench"
+section "kernel benchmark (PyTorch)" 300 python3 "$B/cuda_bench_torch.py"
+section "training step benchmark (ours)" 300 "$W/gpu_step_bench"
+section "training step benchmark (PyTorch)" 300 python3 "$B/gpu_step_bench_torch.py"
+
+{
+    echo
+    echo "== summary"
+    printf '%s\n' "${SUMMARY[@]}"
+    echo "== figures"
+    grep -h -E '^(torch_)?cuda_[a-z0-9_]+ [0-9.]+ ' "$REPORT" | sort -u
+} | tee -a "$REPORT"
+rm -rf "$W"
+exit $FAILED
