@@ -113,7 +113,11 @@ impl Tensor {
     ///
     /// # Errors
     /// As [`amp_tensor::Tensor::zeros_on`].
-    pub fn zeros_on(shape: impl Into<Shape>, dtype: DType, device: amp_tensor::Device) -> Result<Tensor> {
+    pub fn zeros_on(
+        shape: impl Into<Shape>,
+        dtype: DType,
+        device: amp_tensor::Device,
+    ) -> Result<Tensor> {
         Ok(Self::from_raw(Raw::zeros_on(shape, dtype, device)?))
     }
 

@@ -349,7 +349,11 @@ pub fn binary_scalar(op: BinaryOp, a: &Tensor, s: impl Into<Scalar>) -> Result<T
     let s = s.into();
     let name = op.name();
     check_sub(op, a.dtype() == DType::Bool, is_bool_scalar(s))?;
-    crate::compute::on_device!(name, [a], crate::cuda::route::binary_scalar(op, a, s, false));
+    crate::compute::on_device!(
+        name,
+        [a],
+        crate::cuda::route::binary_scalar(op, a, s, false)
+    );
     ensure_cpu(name, &[a])?;
     if op == BinaryOp::Pow && !a.dtype().is_floating_point() {
         if let Scalar::Int(e) = s {
@@ -514,7 +518,11 @@ pub fn compare_scalar(op: CmpOp, a: &Tensor, s: impl Into<Scalar>) -> Result<Ten
     let s = s.into();
     let name = op.name();
     let dt = result_type(&[meta(a), Operand::Scalar(s)]).unwrap_or(a.dtype());
-    crate::compute::on_device!(name, [a], crate::cuda::route::compare_scalar(name, a, s, dt));
+    crate::compute::on_device!(
+        name,
+        [a],
+        crate::cuda::route::compare_scalar(name, a, s, dt)
+    );
     ensure_cpu(name, &[a])?;
     compare_srcs(
         op,

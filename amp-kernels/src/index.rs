@@ -161,7 +161,11 @@ fn take(op: &'static str, x: &Tensor, dim: i64, idx: &[i64], shape: Vec<usize>) 
     if idx.iter().any(|&i| i < 0 || i as usize >= n) {
         return Err(out_of_range(op));
     }
-    crate::compute::on_device!(op, [x], crate::cuda::route::take_rows(x, (outer, n, inner), idx, shape));
+    crate::compute::on_device!(
+        op,
+        [x],
+        crate::cuda::route::take_rows(x, (outer, n, inner), idx, shape)
+    );
     let xc = x.try_contiguous()?;
     let guard = xc.storage();
     with_dtype!(x.dtype(), T => {
@@ -299,7 +303,11 @@ pub fn gather(x: &Tensor, dim: i64, index: &Tensor) -> Result<Tensor> {
         Layout::new(index.dims().to_vec(), strides, x.layout().offset())
     };
     crate::compute::on_device!(op, [x], {
-        let offsets = base.offsets().zip(&idx).map(|(b, &i)| (b + i as usize * sd) as i64).collect();
+        let offsets = base
+            .offsets()
+            .zip(&idx)
+            .map(|(b, &i)| (b + i as usize * sd) as i64)
+            .collect();
         crate::cuda::route::take(x, offsets, index.dims())
     });
     let guard = x.storage();
@@ -346,7 +354,11 @@ fn scatter_impl(
         if !accumulate {
             return Err(Error::no_device_kernel(op, x.device()));
         }
-        let offsets = base.offsets().zip(&idx).map(|(b, &i)| (b + i as usize * sd) as i64).collect();
+        let offsets = base
+            .offsets()
+            .zip(&idx)
+            .map(|(b, &i)| (b + i as usize * sd) as i64)
+            .collect();
         crate::cuda::route::put_add(op, x, (src, &src_layout), offsets)
     });
     let guard = src.storage();
@@ -442,10 +454,15 @@ fn index_update(
     }
     let (outer, n, inner) = line_geometry(x, dim)?;
     let k = idx.len();
-    crate::compute::on_device!(op, [x, src], match alpha {
-        Some(a) => crate::cuda::route::index_add(op, x, (outer, n, inner), &idx, src, (a, None)),
-        None => Err(Error::no_device_kernel(op, x.device())),
-    });
+    crate::compute::on_device!(
+        op,
+        [x, src],
+        match alpha {
+            Some(a) =>
+                crate::cuda::route::index_add(op, x, (outer, n, inner), &idx, src, (a, None)),
+            None => Err(Error::no_device_kernel(op, x.device())),
+        }
+    );
     num_kernel!(x.dtype(), |T, N| {
         let mut acc: Vec<N> = x.try_to_vec_as()?;
         let sv: Vec<N> = src.try_to_vec_as()?;

@@ -253,7 +253,11 @@ fn layer_norm_with(
     stat_shape.extend(std::iter::repeat_n(1, normalized_shape.len()));
     crate::compute::on_device!(op, [x], {
         let (out, mean, rstd) = crate::cuda::route::layer_norm(x, m, n, weight, bias, eps)?;
-        Ok((out, mean.reshape(stat_shape.clone())?, rstd.reshape(stat_shape)?))
+        Ok((
+            out,
+            mean.reshape(stat_shape.clone())?,
+            rstd.reshape(stat_shape)?,
+        ))
     });
     let xc = x.try_contiguous()?;
     float_kernel!(x.dtype(), op, |T, C| {
@@ -393,7 +397,15 @@ pub fn layer_norm_backward(
     crate::compute::on_device!(
         op,
         [grad_out, x, mean, rstd],
-        crate::cuda::route::layer_norm_backward(grad_out, x, m, n, (mean, rstd), weight, param_dtype)
+        crate::cuda::route::layer_norm_backward(
+            grad_out,
+            x,
+            m,
+            n,
+            (mean, rstd),
+            weight,
+            param_dtype
+        )
     );
     float_kernel!(x.dtype(), op, |_T, C| {
         let g: Vec<C> = grad_out.try_to_vec_as()?;

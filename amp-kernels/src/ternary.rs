@@ -347,7 +347,11 @@ pub fn lerp(a: &Tensor, b: &Tensor, weight: f64) -> Result<Tensor> {
 /// `grad` through, as in PyTorch. `grad` and `x` share a floating dtype and broadcast.
 pub fn threshold_backward(grad: &Tensor, x: &Tensor, threshold: f64) -> Result<Tensor> {
     const OP: &str = "threshold_backward";
-    crate::compute::on_device!(OP, [grad, x], crate::cuda::route::threshold_backward(grad, x, threshold));
+    crate::compute::on_device!(
+        OP,
+        [grad, x],
+        crate::cuda::route::threshold_backward(grad, x, threshold)
+    );
     ensure_cpu(OP, &[grad, x])?;
     ensure!(
         grad.dtype() == x.dtype(),

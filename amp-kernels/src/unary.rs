@@ -351,7 +351,10 @@ pub(crate) mod ewise {
         /// # Errors
         /// [`amp_tensor::Error::NoDeviceKernel`] for a device tensor.
         pub(crate) fn get(&self, i: usize) -> Result<Option<&CpuStorage>> {
-            self.guards[self.owner[i]].as_ref().map(|g| g.cpu()).transpose()
+            self.guards[self.owner[i]]
+                .as_ref()
+                .map(|g| g.cpu())
+                .transpose()
         }
     }
 

@@ -240,7 +240,11 @@ fn adam_on_device(step: ParamStep<'_>, cd: amp_tensor::DType) -> Result<()> {
     }
     let (b1, b2) = o.betas;
     // m += (g - m) * (1 - b1); v = v * b2 + (1 - b2) * g * g.
-    let m = dev::op(BinaryOp::Add, &s.exp_avg, &dev::scale(&dev::op(BinaryOp::Sub, &g, &s.exp_avg)?, 1.0 - b1)?)?;
+    let m = dev::op(
+        BinaryOp::Add,
+        &s.exp_avg,
+        &dev::scale(&dev::op(BinaryOp::Sub, &g, &s.exp_avg)?, 1.0 - b1)?,
+    )?;
     s.exp_avg.copy_(&m)?;
     let gg = dev::op(BinaryOp::Mul, &dev::scale(&g, 1.0 - b2)?, &g)?;
     let v = dev::op(BinaryOp::Add, &dev::scale(&s.exp_avg_sq, b2)?, &gg)?;

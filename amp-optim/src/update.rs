@@ -123,7 +123,10 @@ pub(crate) fn with_slice<F: Real, R>(t: &Raw, f: impl FnOnce(&[F]) -> R) -> R {
 pub(crate) fn with_slice_mut<F: Real, R>(t: &Raw, f: impl FnOnce(&mut [F]) -> R) -> R {
     let mut st = t.storage_mut();
     let r = t.layout().contiguous_range().expect("contiguous");
-    f(&mut F::slice_mut(st.cpu_mut().expect("in_place: a host tensor")).expect("dtype matches storage")[r])
+    f(
+        &mut F::slice_mut(st.cpu_mut().expect("in_place: a host tensor"))
+            .expect("dtype matches storage")[r],
+    )
 }
 
 /// Whether a parameter of `dtype` is updated in float64 (else float32).

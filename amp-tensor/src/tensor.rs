@@ -40,7 +40,8 @@ impl DeviceCell {
         }
     }
     fn set(&self, d: Device) {
-        self.0.store(Self::code(d), std::sync::atomic::Ordering::Release);
+        self.0
+            .store(Self::code(d), std::sync::atomic::Ordering::Release);
     }
 }
 
@@ -559,7 +560,10 @@ impl Tensor {
         };
         let moved = whole.to_device(device)?;
         let mut st = self.storage_mut();
-        let new = std::mem::replace(&mut *moved.storage_mut(), Storage::Cpu(CpuStorage::F32(Vec::new())));
+        let new = std::mem::replace(
+            &mut *moved.storage_mut(),
+            Storage::Cpu(CpuStorage::F32(Vec::new())),
+        );
         *st = new;
         self.0.device.set(device);
         Ok(())

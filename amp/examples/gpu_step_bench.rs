@@ -44,9 +44,18 @@ fn step_ms(dev: Device, amp: bool) -> Res<f64> {
     let up = |t: Raw| -> Res<Tensor> { Ok(Tensor::from_raw(t.to_device(dev)?)) };
     let x = up(Raw::randn([b, i], DType::F32, &mut g)?)?;
     let y = up(Raw::randn([b, o], DType::F32, &mut g)?)?;
-    let mut opt = Sgd::new(params, 1e-3, SgdOptions { momentum: 0.9, ..SgdOptions::default() })?;
+    let mut opt = Sgd::new(
+        params,
+        1e-3,
+        SgdOptions {
+            momentum: 0.9,
+            ..SgdOptions::default()
+        },
+    )?;
     let mut scaler = GradScaler::with_options(GradScalerOptions::default().enabled(amp))?;
-    let region = Autocast::new(DeviceType::Cuda).dtype(DType::F16).enabled(amp);
+    let region = Autocast::new(DeviceType::Cuda)
+        .dtype(DType::F16)
+        .enabled(amp);
     let mut step = || -> Res<f64> {
         opt.zero_grad();
         let out = region.try_run(|| l2.forward(&l1.forward(&x)?.relu()?))?;

@@ -22,35 +22,91 @@ struct Binary {
 const BINARIES: &[Binary] = &[
     Binary {
         name: "kernels",
-        cargo: &["test", "--no-run", "-p", "amp-kernels", "--features", "cuda", "--test", "kernels"],
+        cargo: &[
+            "test",
+            "--no-run",
+            "-p",
+            "amp-kernels",
+            "--features",
+            "cuda",
+            "--test",
+            "kernels",
+        ],
     },
     Binary {
         name: "amp",
-        cargo: &["test", "--no-run", "-p", "amp", "--features", "cuda", "--test", "amp"],
+        cargo: &[
+            "test",
+            "--no-run",
+            "-p",
+            "amp",
+            "--features",
+            "cuda",
+            "--test",
+            "amp",
+        ],
     },
     Binary {
         name: "conformance",
-        cargo: &["build", "-p", "conformance", "--features", "cuda", "--bin", "conformance"],
+        cargo: &[
+            "build",
+            "-p",
+            "conformance",
+            "--features",
+            "cuda",
+            "--bin",
+            "conformance",
+        ],
     },
     Binary {
         name: "train",
-        cargo: &["build", "-p", "amp", "--features", "cuda", "--example", "train"],
+        cargo: &[
+            "build",
+            "-p",
+            "amp",
+            "--features",
+            "cuda",
+            "--example",
+            "train",
+        ],
     },
     Binary {
         name: "gpu_step_bench",
-        cargo: &["build", "-p", "amp", "--features", "cuda", "--example", "gpu_step_bench"],
+        cargo: &[
+            "build",
+            "-p",
+            "amp",
+            "--features",
+            "cuda",
+            "--example",
+            "gpu_step_bench",
+        ],
     },
     Binary {
         name: "cuda_bench",
-        cargo: &["build", "-p", "amp-kernels", "--features", "cuda", "--example", "cuda_bench"],
+        cargo: &[
+            "build",
+            "-p",
+            "amp-kernels",
+            "--features",
+            "cuda",
+            "--example",
+            "cuda_bench",
+        ],
     },
 ];
 
 /// The scripts copied beside the binaries: (source in the workspace, name in the bundle).
 const SCRIPTS: &[(&str, &str)] = &[
     ("xtask/gpu/run.sh", "run.sh"),
-    ("amp-kernels/examples/cuda_bench_torch.py", "cuda_bench_torch.py"),
-    ("amp/examples/gpu_step_bench_torch.py", "gpu_step_bench_torch.py"),
+    (
+        "amp-kernels/examples/cuda_bench_torch.py",
+        "cuda_bench_torch.py",
+    ),
+    (
+        "amp/examples/gpu_step_bench_torch.py",
+        "gpu_step_bench_torch.py",
+    ),
 ];
 
 pub fn main(args: &[String]) -> ExitCode {

@@ -180,7 +180,8 @@ fn probabilities(
     let neg_inf = || Tensor::scalar(f32::NEG_INFINITY).to_dtype(wdt);
     if causal {
         let tril: Vec<bool> = (0..l).flat_map(|i| (0..s).map(move |j| j <= i)).collect();
-        let keep = Tensor::from_raw(amp_tensor::Tensor::from_vec(tril, [l, s])?.to_device(w.device())?);
+        let keep =
+            Tensor::from_raw(amp_tensor::Tensor::from_vec(tril, [l, s])?.to_device(w.device())?);
         w = where_(&keep, &w, &neg_inf()?)?;
     }
     match mask {

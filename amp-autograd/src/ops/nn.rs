@@ -189,9 +189,11 @@ pub fn dropout(x: &Tensor, p: f64, training: bool, gen: &mut Generator) -> Resul
     if p == 1.0 {
         return mul_scalar(&x, 0.0);
     }
+    // The draws come from the host generator whatever the device, so a seed gives the
+    // same mask on every device; the mask then goes to `x`'s device.
     let u = amp_tensor::Tensor::rand(x.dims(), DType::F32, gen)?;
     let keep = amp_kernels::compare_scalar(amp_kernels::CmpOp::Ge, &u, p)?;
-    let mask = Tensor::from_raw(keep.to_dtype(x.dtype())?);
+    let mask = Tensor::from_raw(keep.to_dtype(x.dtype())?.to_device(x.device())?);
     mul_scalar(&mul(&x, &mask)?, 1.0 / (1.0 - p))
 }
 

@@ -143,7 +143,12 @@ pub(crate) fn link_zero(t: Tensor, x: &Tensor) -> Tensor {
         t.data().clone(),
         "ThresholdBackwardBackward0",
         &[&t, x],
-        move |gg| Ok(vec![Some(gg.clone()), Some(Tensor::zeros_on(xd.clone(), xt, xv)?)]),
+        move |gg| {
+            Ok(vec![
+                Some(gg.clone()),
+                Some(Tensor::zeros_on(xd.clone(), xt, xv)?),
+            ])
+        },
     )
 }
 

@@ -223,9 +223,7 @@ pub fn layer_norm_rows(
     let mean = CudaStorage::uninit(dc.device, stat, rows)?;
     let rstd = CudaStorage::uninit(dc.device, stat, rows)?;
     if rows > 0 && n > 0 {
-        let f = function(
-            &dc,
-            module("layer_norm"), &format!("layer_norm_fwd_{sfx}"))?;
+        let f = function(&dc, module("layer_norm"), &format!("layer_norm_fwd_{sfx}"))?;
         let wp = weight.map_or(0u64, |w| w.device_ptr());
         let bp = bias.map_or(0u64, |b| b.device_ptr());
         let (xp, op_, mp, rp) = (
@@ -351,9 +349,7 @@ pub fn non_finite_check_and_unscale_(
         .collect();
     let dev_table = CudaStorage::from_cpu(&CpuStorage::I64(words), device)?;
     let dc = found_inf.context().clone();
-    let f = function(
-            &dc,
-            module("amp"), "amp_non_finite_check_and_unscale")?;
+    let f = function(&dc, module("amp"), "amp_non_finite_check_and_unscale")?;
     let blocks = table.len().clamp(1, 65535 * 8) as u32;
     let cfg = LaunchConfig {
         grid_dim: (blocks, 1, 1),
@@ -398,9 +394,7 @@ pub fn update_scale_(
         }
     }
     let dc = scale.context().clone();
-    let f = function(
-            &dc,
-            module("amp"), "amp_update_scale")?;
+    let f = function(&dc, module("amp"), "amp_update_scale")?;
     let cfg = LaunchConfig {
         grid_dim: (1, 1, 1),
         block_dim: (1, 1, 1),

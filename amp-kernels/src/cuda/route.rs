@@ -109,7 +109,11 @@ pub fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, alpha: Option<f64>) -> Resul
     let promoted = result_type(&[meta(a), meta(b)]).unwrap_or(a.dtype());
     let od = op.out_dtype(promoted);
     floating(name, od, dev)?;
-    let cd = if alpha.is_some() { compute_dtype(od) } else { od };
+    let cd = if alpha.is_some() {
+        compute_dtype(od)
+    } else {
+        od
+    };
     let (a, b) = (on(a, dev)?.to_dtype(cd)?, on(b, dev)?.to_dtype(cd)?);
     let b = match alpha {
         Some(s) if s != 1.0 => raw_binary("mul", &b, &scalar(s, cd, dev)?)?,
@@ -163,7 +167,12 @@ pub fn threshold_backward(grad: &Tensor, x: &Tensor, threshold: f64) -> Result<T
     }
     // In float64, x - t > 0 exactly when x > t (a float difference keeps its sign), and
     // the gradient passes through unchanged.
-    let x = binary_scalar(BinaryOp::Sub, &x.to_dtype(DType::F64)?, Scalar::Float(threshold), false)?;
+    let x = binary_scalar(
+        BinaryOp::Sub,
+        &x.to_dtype(DType::F64)?,
+        Scalar::Float(threshold),
+        false,
+    )?;
     raw_binary("threshold_bwd", &grad.to_dtype(DType::F64)?, &x)?.to_dtype(grad.dtype())
 }
 
@@ -263,11 +272,18 @@ pub fn layer_norm(
             .transpose()
     };
     let (w, b) = (param(weight)?, param(bias)?);
-    let (ws, bs) = (w.as_ref().map(|t| t.storage()), b.as_ref().map(|t| t.storage()));
+    let (ws, bs) = (
+        w.as_ref().map(|t| t.storage()),
+        b.as_ref().map(|t| t.storage()),
+    );
     let wb = ws.as_ref().map(|s| s.cuda()).transpose()?;
     let bb = bs.as_ref().map(|s| s.cuda()).transpose()?;
     let (out, mean, rstd) = with_buf(&xc, |xb| host::layer_norm_rows(xb, wb, bb, rows, n, eps))?;
-    Ok((wrap(out, x.dims())?, wrap(mean, &[rows])?, wrap(rstd, &[rows])?))
+    Ok((
+        wrap(out, x.dims())?,
+        wrap(mean, &[rows])?,
+        wrap(rstd, &[rows])?,
+    ))
 }
 
 /// The backward of [`layer_norm`] from its saved `mean` and `rstd` (`rows` values
@@ -313,7 +329,11 @@ pub fn layer_norm_backward(
     let cols_mask = [true, false];
     let gw = reduce("sum", &raw_binary("mul", &g2, &xhat)?, &cols_mask, false)?;
     let gb = reduce("sum", &g2, &cols_mask, false)?;
-    Ok((gi, Some(gw.to_dtype(param_dtype)?), Some(gb.to_dtype(param_dtype)?)))
+    Ok((
+        gi,
+        Some(gw.to_dtype(param_dtype)?),
+        Some(gb.to_dtype(param_dtype)?),
+    ))
 }
 
 // ----- products --------------------------------------------------------------------
@@ -340,7 +360,12 @@ pub(crate) fn gather_matrices(
             vec![step, rs, cs],
             offsets.first().copied().unwrap_or(0),
         );
-        amp_tensor::cuda::launch::cast_into(src, &l, dst, &Layout::contiguous(vec![offsets.len(), rows, cols]))?;
+        amp_tensor::cuda::launch::cast_into(
+            src,
+            &l,
+            dst,
+            &Layout::contiguous(vec![offsets.len(), rows, cols]),
+        )?;
     } else {
         for (i, &o) in offsets.iter().enumerate() {
             let l = Layout::new(vec![rows, cols], vec![rs, cs], o);
@@ -353,7 +378,11 @@ pub(crate) fn gather_matrices(
 }
 
 /// `a @ b` for contiguous `[batch, m, k]` and `[batch, k, n]` device tensors on cuBLAS.
-pub(crate) fn batched_product(a: &Tensor, b: &Tensor, (batch, m, k, n): (usize, usize, usize, usize)) -> Result<Tensor> {
+pub(crate) fn batched_product(
+    a: &Tensor,
+    b: &Tensor,
+    (batch, m, k, n): (usize, usize, usize, usize),
+) -> Result<Tensor> {
     floating("mm", a.dtype(), a.device())?;
     let sa = a.storage();
     let sb = b.storage();
@@ -403,7 +432,11 @@ fn view_as(t: &Tensor, layout: &Layout) -> Result<Tensor> {
 
 /// `_amp_foreach_non_finite_check_and_unscale_` on device gradients (argument checks
 /// done by the caller).
-pub fn non_finite_check_and_unscale_(grads: &[Tensor], found_inf: &Tensor, inv_scale: &Tensor) -> Result<()> {
+pub fn non_finite_check_and_unscale_(
+    grads: &[Tensor],
+    found_inf: &Tensor,
+    inv_scale: &Tensor,
+) -> Result<()> {
     // Non-contiguous gradients are unscaled in a contiguous copy written back after.
     let mut staged: Vec<(Tensor, Option<Tensor>)> = Vec::with_capacity(grads.len());
     for g in grads {
@@ -443,8 +476,19 @@ pub fn update_scale_(
     found_inf: &Tensor,
     (growth_factor, backoff_factor, growth_interval): (f64, f64, i64),
 ) -> Result<()> {
-    let (s, t, f) = (scale.storage(), growth_tracker.storage(), found_inf.storage());
-    host::update_scale_(s.cuda()?, t.cuda()?, f.cuda()?, growth_factor, backoff_factor, growth_interval)
+    let (s, t, f) = (
+        scale.storage(),
+        growth_tracker.storage(),
+        found_inf.storage(),
+    );
+    host::update_scale_(
+        s.cuda()?,
+        t.cuda()?,
+        f.cuda()?,
+        growth_factor,
+        backoff_factor,
+        growth_interval,
+    )
 }
 
 // ----- selection, comparison, indexing ------------------------------------------------
@@ -456,7 +500,10 @@ use amp_tensor::cuda::launch::{function, grid_for, suffix, StridedArg};
 fn index_kernel(
     t: &Tensor,
     name: &str,
-) -> Result<(std::sync::Arc<amp_tensor::cuda::DeviceContext>, amp_tensor::cuda::cudarc::driver::CudaFunction)> {
+) -> Result<(
+    std::sync::Arc<amp_tensor::cuda::DeviceContext>,
+    amp_tensor::cuda::cudarc::driver::CudaFunction,
+)> {
     let dc = amp_tensor::cuda::device_context(t.device())?;
     let m = super::sources::module("index").expect("the module list names the index family");
     let f = function(&dc, m, name)?;
@@ -544,7 +591,12 @@ pub fn compare_scalar(name: &'static str, a: &Tensor, s: Scalar, dt: DType) -> R
 
 /// Rows `idx` (validated) of `x` seen as `[outer, n, inner]` along the indexed dim:
 /// `index_select` and `embedding`, giving `shape`.
-pub fn take_rows(x: &Tensor, (outer, n, inner): (usize, usize, usize), idx: &[i64], shape: Vec<usize>) -> Result<Tensor> {
+pub fn take_rows(
+    x: &Tensor,
+    (outer, n, inner): (usize, usize, usize),
+    idx: &[i64],
+    shape: Vec<usize>,
+) -> Result<Tensor> {
     let dev = x.device();
     let total = outer * idx.len() * inner;
     let out = Tensor::zeros_on(shape, x.dtype(), dev)?;
@@ -648,7 +700,19 @@ pub fn index_add(
             total as i64,
             skip.unwrap_or(-1),
         );
-        amp_tensor::cuda_launch!(dc, f, grid_for(total), &sp, &ip, &op_, &ni, &n64, &inn, &tot, &sk);
+        amp_tensor::cuda_launch!(
+            dc,
+            f,
+            grid_for(total),
+            &sp,
+            &ip,
+            &op_,
+            &ni,
+            &n64,
+            &inn,
+            &tot,
+            &sk
+        );
         drop((ss, si, so));
     }
     acc.to_dtype(x.dtype())
@@ -663,7 +727,10 @@ pub fn norm(x: &Tensor, p: f64, mask: &[bool], keepdim: bool) -> Result<Tensor> 
     let cd = compute_dtype(x.dtype());
     let a = unary(UnaryOp::Abs, &x.to_dtype(cd)?)?;
     let out = if p == 2.0 {
-        unary(UnaryOp::Sqrt, &reduce("sum", &raw_binary("mul", &a, &a)?, mask, keepdim)?)?
+        unary(
+            UnaryOp::Sqrt,
+            &reduce("sum", &raw_binary("mul", &a, &a)?, mask, keepdim)?,
+        )?
     } else if p == 1.0 {
         reduce("sum", &a, mask, keepdim)?
     } else if p == f64::INFINITY {
@@ -672,7 +739,11 @@ pub fn norm(x: &Tensor, p: f64, mask: &[bool], keepdim: bool) -> Result<Tensor> 
         reduce("min", &a, mask, keepdim)?
     } else if p > 0.0 {
         let powed = raw_binary("pow", &a, &scalar(p, cd, dev)?)?;
-        raw_binary("pow", &reduce("sum", &powed, mask, keepdim)?, &scalar(1.0 / p, cd, dev)?)?
+        raw_binary(
+            "pow",
+            &reduce("sum", &powed, mask, keepdim)?,
+            &scalar(1.0 / p, cd, dev)?,
+        )?
     } else {
         return Err(Error::no_device_kernel("norm", dev));
     };

@@ -35,8 +35,6 @@ pub const BINARY_OPS: [&str; 9] = [
 /// Row reductions of [`REDUCE`].
 pub const REDUCE_OPS: [&str; 4] = ["sum", "mean", "max", "min"];
 
-
-
 /// The CUDA unary module and its op list from the crate's one list of unary ops
 /// (`unary::with_unary_ops`): an `Op_<name>` struct and the four float instantiations
 /// of each op that has a kernel body, in the list's order.
@@ -117,8 +115,6 @@ AMP_FOR_FLOATS(AMP_BINARY, add) AMP_FOR_FLOATS(AMP_BINARY, sub) AMP_FOR_FLOATS(A
 AMP_FOR_FLOATS(AMP_BINARY, div) AMP_FOR_FLOATS(AMP_BINARY, maximum) AMP_FOR_FLOATS(AMP_BINARY, minimum)
 AMP_FOR_FLOATS(AMP_BINARY, pow) AMP_FOR_FLOATS(AMP_BINARY, threshold_bwd) AMP_FOR_FLOATS(AMP_BINARY, gelu_bwd)
 "#;
-
-
 
 /// Row reductions: a contiguous `[rows, n]` input to `rows` outputs, one block per row,
 /// accumulated in float32 for 16-bit types (float64 for float64), NaN-propagating
@@ -399,7 +395,13 @@ pub const MODULES: [Module; 8] = [
         kernels: || {
             let all = || ALL_TYPES.iter().map(|(s, _)| *s);
             let mut names: Vec<String> = all()
-                .flat_map(|d| [format!("where_{d}"), format!("take_{d}"), format!("take_rows_{d}")])
+                .flat_map(|d| {
+                    [
+                        format!("where_{d}"),
+                        format!("take_{d}"),
+                        format!("take_rows_{d}"),
+                    ]
+                })
                 .collect();
             for op in CMP_OPS {
                 names.extend(all().map(|d| format!("cmp_{op}_{d}")));

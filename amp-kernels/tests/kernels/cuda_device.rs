@@ -426,20 +426,37 @@ fn tensor_entries_route_to_the_device() {
             });
             checked += 3;
         }
-        same_on_device(&format!("add_scaled {d}"), &[x.clone(), y.clone()], 1.0, |t| {
-            kx::add_scaled(&t[0], &t[1], -0.25).unwrap()
-        });
-        same_on_device(&format!("threshold_backward {d}"), &[x.clone(), y.clone()], 1.0, |t| {
-            kx::threshold_backward(&t[0], &t[1], 0.0).unwrap()
-        });
-        same_on_device(&format!("threshold_backward 0.3 {d}"), &[x.clone(), y.clone()], 1.0, |t| {
-            kx::threshold_backward(&t[0], &t[1], 0.3).unwrap()
-        });
-        same_on_device(&format!("gelu_backward {d}"), &[x.clone(), y.clone()], 2.0, |t| {
-            kx::gelu_backward(&t[0], &t[1]).unwrap()
-        });
+        same_on_device(
+            &format!("add_scaled {d}"),
+            &[x.clone(), y.clone()],
+            1.0,
+            |t| kx::add_scaled(&t[0], &t[1], -0.25).unwrap(),
+        );
+        same_on_device(
+            &format!("threshold_backward {d}"),
+            &[x.clone(), y.clone()],
+            1.0,
+            |t| kx::threshold_backward(&t[0], &t[1], 0.0).unwrap(),
+        );
+        same_on_device(
+            &format!("threshold_backward 0.3 {d}"),
+            &[x.clone(), y.clone()],
+            1.0,
+            |t| kx::threshold_backward(&t[0], &t[1], 0.3).unwrap(),
+        );
+        same_on_device(
+            &format!("gelu_backward {d}"),
+            &[x.clone(), y.clone()],
+            2.0,
+            |t| kx::gelu_backward(&t[0], &t[1]).unwrap(),
+        );
         let cube = rand(&[4, 5, 6], d, 4);
-        for (dims, keep) in [(&[][..], false), (&[0][..], true), (&[-1][..], false), (&[0, 2][..], false)] {
+        for (dims, keep) in [
+            (&[][..], false),
+            (&[0][..], true),
+            (&[-1][..], false),
+            (&[0, 2][..], false),
+        ] {
             let w = format!("{dims:?} keepdim {keep} {d}");
             same_on_device(&format!("sum {w}"), &[cube.clone()], 4.0, |t| {
                 kx::sum(&t[0], dims, keep, None).unwrap()
@@ -464,48 +481,96 @@ fn tensor_entries_route_to_the_device() {
                 kx::log_softmax(&t[0], dim, None).unwrap()
             });
             let g = rand(&[4, 5, 6], d, 5);
-            same_on_device(&format!("softmax_backward {w}"), &[g.clone(), cube.clone()], 4.0, |t| {
-                let y = kx::softmax(&t[1], dim, None).unwrap();
-                kx::softmax_backward(&t[0], &y, dim).unwrap()
-            });
-            same_on_device(&format!("log_softmax_backward {w}"), &[g, cube.clone()], 4.0, |t| {
-                let y = kx::log_softmax(&t[1], dim, None).unwrap();
-                kx::log_softmax_backward(&t[0], &y, dim).unwrap()
-            });
+            same_on_device(
+                &format!("softmax_backward {w}"),
+                &[g.clone(), cube.clone()],
+                4.0,
+                |t| {
+                    let y = kx::softmax(&t[1], dim, None).unwrap();
+                    kx::softmax_backward(&t[0], &y, dim).unwrap()
+                },
+            );
+            same_on_device(
+                &format!("log_softmax_backward {w}"),
+                &[g, cube.clone()],
+                4.0,
+                |t| {
+                    let y = kx::log_softmax(&t[1], dim, None).unwrap();
+                    kx::log_softmax_backward(&t[0], &y, dim).unwrap()
+                },
+            );
             checked += 4;
         }
         let (w, b) = (rand(&[6], d, 6), rand(&[6], d, 7));
-        same_on_device(&format!("layer_norm {d}"), &[cube.clone(), w.clone(), b.clone()], 4.0, |t| {
-            kx::layer_norm(&t[0], &[6], Some(&t[1]), Some(&t[2]), 1e-5).unwrap().0
-        });
+        same_on_device(
+            &format!("layer_norm {d}"),
+            &[cube.clone(), w.clone(), b.clone()],
+            4.0,
+            |t| {
+                kx::layer_norm(&t[0], &[6], Some(&t[1]), Some(&t[2]), 1e-5)
+                    .unwrap()
+                    .0
+            },
+        );
         let g = rand(&[4, 5, 6], d, 8);
         for part in 0..3 {
-            same_on_device(&format!("layer_norm_backward {part} {d}"), &[g.clone(), cube.clone(), w.clone(), b.clone()], 8.0, |t| {
-                let (_, mean, rstd) = kx::layer_norm(&t[1], &[6], Some(&t[2]), Some(&t[3]), 1e-5).unwrap();
-                let (gi, gw, gb) = kx::layer_norm_backward(&t[0], &t[1], &[6], &mean, &rstd, Some(&t[2])).unwrap();
-                [Some(gi), gw, gb][part].clone().unwrap()
-            });
+            same_on_device(
+                &format!("layer_norm_backward {part} {d}"),
+                &[g.clone(), cube.clone(), w.clone(), b.clone()],
+                8.0,
+                |t| {
+                    let (_, mean, rstd) =
+                        kx::layer_norm(&t[1], &[6], Some(&t[2]), Some(&t[3]), 1e-5).unwrap();
+                    let (gi, gw, gb) =
+                        kx::layer_norm_backward(&t[0], &t[1], &[6], &mean, &rstd, Some(&t[2]))
+                            .unwrap();
+                    [Some(gi), gw, gb][part].clone().unwrap()
+                },
+            );
         }
         let (a, bm, c) = (rand(&[5, 7], d, 9), rand(&[7, 3], d, 10), rand(&[3], d, 11));
         let k = 8.0;
-        same_on_device(&format!("mm {d}"), &[a.clone(), bm.clone()], k, |t| kx::mm(&t[0], &t[1]).unwrap());
-        same_on_device(&format!("mm transposed {d}"), &[a.clone(), bm.clone()], k, |t| {
-            kx::mm(&t[1].t().unwrap(), &t[0].t().unwrap()).unwrap()
+        same_on_device(&format!("mm {d}"), &[a.clone(), bm.clone()], k, |t| {
+            kx::mm(&t[0], &t[1]).unwrap()
         });
-        same_on_device(&format!("addmm {d}"), &[c.clone(), a.clone(), bm.clone()], k, |t| {
-            kx::addmm(&t[0], &t[1], &t[2], 0.5, 2.0).unwrap()
+        same_on_device(
+            &format!("mm transposed {d}"),
+            &[a.clone(), bm.clone()],
+            k,
+            |t| kx::mm(&t[1].t().unwrap(), &t[0].t().unwrap()).unwrap(),
+        );
+        same_on_device(
+            &format!("addmm {d}"),
+            &[c.clone(), a.clone(), bm.clone()],
+            k,
+            |t| kx::addmm(&t[0], &t[1], &t[2], 0.5, 2.0).unwrap(),
+        );
+        let (ba, bb, bi) = (
+            rand(&[3, 5, 7], d, 12),
+            rand(&[3, 7, 4], d, 13),
+            rand(&[5, 4], d, 14),
+        );
+        same_on_device(&format!("bmm {d}"), &[ba.clone(), bb.clone()], k, |t| {
+            kx::bmm(&t[0], &t[1]).unwrap()
         });
-        let (ba, bb, bi) = (rand(&[3, 5, 7], d, 12), rand(&[3, 7, 4], d, 13), rand(&[5, 4], d, 14));
-        same_on_device(&format!("bmm {d}"), &[ba.clone(), bb.clone()], k, |t| kx::bmm(&t[0], &t[1]).unwrap());
-        same_on_device(&format!("baddbmm {d}"), &[bi.clone(), ba.clone(), bb.clone()], k, |t| {
-            kx::baddbmm(&t[0], &t[1], &t[2], 1.0, 1.0).unwrap()
-        });
-        same_on_device(&format!("addbmm {d}"), &[bi.clone(), ba.clone(), bb.clone()], k, |t| {
-            kx::addbmm(&t[0], &t[1], &t[2], 0.5, 1.0).unwrap()
-        });
-        same_on_device(&format!("matmul broadcast {d}"), &[ba.clone(), bm.clone()], k, |t| {
-            kx::matmul(&t[0], &t[1].narrow(0, 0, 7).unwrap()).unwrap()
-        });
+        same_on_device(
+            &format!("baddbmm {d}"),
+            &[bi.clone(), ba.clone(), bb.clone()],
+            k,
+            |t| kx::baddbmm(&t[0], &t[1], &t[2], 1.0, 1.0).unwrap(),
+        );
+        same_on_device(
+            &format!("addbmm {d}"),
+            &[bi.clone(), ba.clone(), bb.clone()],
+            k,
+            |t| kx::addbmm(&t[0], &t[1], &t[2], 0.5, 1.0).unwrap(),
+        );
+        same_on_device(
+            &format!("matmul broadcast {d}"),
+            &[ba.clone(), bm.clone()],
+            k,
+            |t| kx::matmul(&t[0], &t[1].narrow(0, 0, 7).unwrap()).unwrap(),
+        );
         checked += 12;
     }
     eprintln!("tensor_entries_route_to_the_device: {checked} entries matched the host");
@@ -520,12 +585,18 @@ fn device_errors_are_typed_with_pytorch_texts() {
     let d = dev(&h);
     // An op with no device kernel names itself and the device; nothing runs on the host.
     let e = amp_kernels::cumsum(&d, 0, None).unwrap_err();
-    assert!(matches!(e, amp_tensor::Error::NoDeviceKernel { device: DEV, .. }), "{e}");
+    assert!(
+        matches!(e, amp_tensor::Error::NoDeviceKernel { device: DEV, .. }),
+        "{e}"
+    );
     assert!(e.to_string().contains("'CUDA' backend"), "{e}");
     // The tanh GELU shares `gelu`'s name but has no device kernel: an error, not the
     // erf kernel.
     let e = amp_kernels::unary(UnaryOp::GeluTanh, &d).unwrap_err();
-    assert!(matches!(e, amp_tensor::Error::NoDeviceKernel { op: "gelu", .. }), "{e}");
+    assert!(
+        matches!(e, amp_tensor::Error::NoDeviceKernel { op: "gelu", .. }),
+        "{e}"
+    );
     // Mixed devices: PyTorch's message.
     let e = amp_kernels::binary(amp_kernels::BinaryOp::Add, &d, &h).unwrap_err();
     assert_eq!(
@@ -539,8 +610,14 @@ fn device_errors_are_typed_with_pytorch_texts() {
     assert_eq!(r.to_vec_f64(), [2.0, 4.0, 6.0]);
     // Copies in place across devices, fills, and views of device tensors.
     let z = Tensor::zeros_on([2, 3], DType::BF16, DEV).unwrap();
-    z.narrow(0, 1, 1).unwrap().copy_(&h.reshape([1, 3]).unwrap()).unwrap();
+    z.narrow(0, 1, 1)
+        .unwrap()
+        .copy_(&h.reshape([1, 3]).unwrap())
+        .unwrap();
     assert_eq!(z.to_vec_f64(), [0.0, 0.0, 0.0, 1.0, 2.0, 3.0]);
     z.fill_(0.5).unwrap();
-    assert_eq!(z.t().unwrap().try_contiguous().unwrap().to_vec_f64(), [0.5; 6]);
+    assert_eq!(
+        z.t().unwrap().try_contiguous().unwrap().to_vec_f64(),
+        [0.5; 6]
+    );
 }

@@ -230,7 +230,6 @@ macro_rules! cuda_launch {
     }};
 }
 
-
 /// Write the view `src` of `x`, converted to `out`'s dtype, into the view `dst` of
 /// `out` (same element count; `dst` must not overlap `src` in the same buffer unless
 /// they are equal). A contiguous `dst` makes a conversion or a copy, a stride-0 `src`

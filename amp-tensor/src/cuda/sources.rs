@@ -250,4 +250,3 @@ pub const CAST_MODULE: Module = Module {
             .collect()
     },
 };
-

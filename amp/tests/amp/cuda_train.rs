@@ -55,13 +55,28 @@ fn data(device: Device) -> (Tensor, Tensor) {
 
 /// `steps` steps of `opt` on the MLP, with float16 autocast and a scaler when `amp`;
 /// the losses, the scales and the final parameters (on the host).
-fn train(device: Device, amp: bool, adam: bool, steps: usize) -> (Vec<f64>, Vec<f64>, Vec<Vec<f64>>) {
+fn train(
+    device: Device,
+    amp: bool,
+    adam: bool,
+    steps: usize,
+) -> (Vec<f64>, Vec<f64>, Vec<Vec<f64>>) {
     let model = Mlp::new(device);
     let (x, y) = data(device);
     let mut opt: Box<dyn Optimizer> = if adam {
         Box::new(Adam::new(model.params(), 1e-3, AdamOptions::default()).unwrap())
     } else {
-        Box::new(Sgd::new(model.params(), 0.02, SgdOptions { momentum: 0.9, ..SgdOptions::default() }).unwrap())
+        Box::new(
+            Sgd::new(
+                model.params(),
+                0.02,
+                SgdOptions {
+                    momentum: 0.9,
+                    ..SgdOptions::default()
+                },
+            )
+            .unwrap(),
+        )
     };
     let mut scaler = GradScaler::with_options(GradScalerOptions::default().enabled(amp)).unwrap();
     let (mut losses, mut scales) = (Vec::new(), Vec::new());
@@ -69,7 +84,11 @@ fn train(device: Device, amp: bool, adam: bool, steps: usize) -> (Vec<f64>, Vec<
         opt.zero_grad();
         let loss = if amp {
             let out = autocast(DeviceType::Cuda, DType::F16, || model.forward(&x)).unwrap();
-            assert_eq!(out.dtype(), DType::F16, "linear runs in float16 under CUDA autocast");
+            assert_eq!(
+                out.dtype(),
+                DType::F16,
+                "linear runs in float16 under CUDA autocast"
+            );
             ops::mse_loss(&out, &y, Reduction::Mean).unwrap()
         } else {
             ops::mse_loss(&model.forward(&x), &y, Reduction::Mean).unwrap()
@@ -82,18 +101,28 @@ fn train(device: Device, amp: bool, adam: bool, steps: usize) -> (Vec<f64>, Vec<
         scaler.update().unwrap();
         if amp && !device.is_cpu() {
             // The scale and found_inf stay on the device: one read per step, the skip.
-            assert!(amp::tensor::host_reads() - reads <= 1, "host reads per step");
+            assert!(
+                amp::tensor::host_reads() - reads <= 1,
+                "host reads per step"
+            );
         }
         scales.push(scaler.get_scale());
     }
-    let params = model.params().iter().map(|p| p.data().to_vec_f64()).collect();
+    let params = model
+        .params()
+        .iter()
+        .map(|p| p.data().to_vec_f64())
+        .collect();
     (losses, scales, params)
 }
 
 fn close(a: &[f64], b: &[f64], tol: f64, what: &str) {
     assert_eq!(a.len(), b.len(), "{what}");
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        assert!((x - y).abs() <= tol * (1.0 + y.abs()), "{what}[{i}]: cuda {x} vs cpu {y}");
+        assert!(
+            (x - y).abs() <= tol * (1.0 + y.abs()),
+            "{what}[{i}]: cuda {x} vs cpu {y}"
+        );
     }
 }
 
@@ -115,8 +144,14 @@ fn mlp_trains_on_cuda_as_on_the_host() {
         let (amp_loss, scales, _) = train(DEV, true, adam, 30);
         close(&amp_loss, &cpu_loss, 2e-2, &format!("{opt} amp losses"));
         assert!(amp_loss[29] < 0.5 * amp_loss[0], "{opt}: {amp_loss:?}");
-        assert!(scales.iter().all(|&s| s == 65536.0), "{opt} scales {scales:?}");
-        eprintln!("{opt}: cpu f32 loss {:.5} -> {:.5}, cuda amp {:.5} -> {:.5}", cpu_loss[0], cpu_loss[29], amp_loss[0], amp_loss[29]);
+        assert!(
+            scales.iter().all(|&s| s == 65536.0),
+            "{opt} scales {scales:?}"
+        );
+        eprintln!(
+            "{opt}: cpu f32 loss {:.5} -> {:.5}, cuda amp {:.5} -> {:.5}",
+            cpu_loss[0], cpu_loss[29], amp_loss[0], amp_loss[29]
+        );
     }
 }
 
@@ -129,7 +164,11 @@ fn an_overflow_on_cuda_skips_the_step_and_backs_off_the_scale() {
     let (x, y) = data(DEV);
     let mut opt = Sgd::new(model.params(), 0.1, SgdOptions::default()).unwrap();
     let mut scaler = GradScaler::new();
-    let before: Vec<Vec<f64>> = model.params().iter().map(|p| p.data().to_vec_f64()).collect();
+    let before: Vec<Vec<f64>> = model
+        .params()
+        .iter()
+        .map(|p| p.data().to_vec_f64())
+        .collect();
     let out = autocast(DeviceType::Cuda, DType::F16, || model.forward(&x)).unwrap();
     let loss = ops::mse_loss(&out, &y, Reduction::Mean).unwrap();
     // An inf in the loss makes every gradient non-finite.
@@ -138,11 +177,121 @@ fn an_overflow_on_cuda_skips_the_step_and_backs_off_the_scale() {
     let outcome = scaler.step(&mut opt).unwrap();
     scaler.update().unwrap();
     assert_eq!(outcome, StepOutcome::Skipped);
-    let after: Vec<Vec<f64>> = model.params().iter().map(|p| p.data().to_vec_f64()).collect();
-    assert_eq!(before, after, "a skipped step leaves the parameters untouched");
+    let after: Vec<Vec<f64>> = model
+        .params()
+        .iter()
+        .map(|p| p.data().to_vec_f64())
+        .collect();
+    assert_eq!(
+        before, after,
+        "a skipped step leaves the parameters untouched"
+    );
     assert_eq!(scaler.get_scale(), 32768.0);
     // The state dict has the host scaler's keys, order and types.
     let host = GradScaler::new();
     let keys = |v: serde_json::Value| v.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
     assert_eq!(keys(scaler.state_dict_json()), keys(host.state_dict_json()));
+}
+
+/// A one-layer causal transformer language model (the main job's shape, small).
+struct TinyGpt {
+    emb: Embedding,
+    layer: TransformerEncoderLayer,
+    ln: LayerNorm,
+    head: Linear,
+}
+
+impl TinyGpt {
+    fn new(device: Device) -> TinyGpt {
+        let mut g = Generator::new(3);
+        let opts = TransformerEncoderLayerOptions {
+            dim_feedforward: 32,
+            dropout: 0.0,
+            activation: Activation::Gelu,
+            batch_first: true,
+            norm_first: true,
+            ..TransformerEncoderLayerOptions::new(16, 2)
+        };
+        let m = TinyGpt {
+            emb: Embedding::from_pretrained(
+                Tensor::parameter(Raw::randn([11, 16], DType::F32, &mut g).unwrap()).unwrap(),
+                None,
+            ),
+            layer: TransformerEncoderLayer::new(opts, &mut g).unwrap(),
+            ln: LayerNorm::new(&[16]).unwrap(),
+            head: Linear::new(16, 11, &mut g).unwrap(),
+        };
+        for module in [&m.emb as &dyn Module, &m.layer, &m.ln, &m.head] {
+            module.to_device(device).unwrap();
+        }
+        m
+    }
+    fn params(&self) -> Vec<Tensor> {
+        [
+            self.emb.parameters(),
+            self.layer.parameters(),
+            self.ln.parameters(),
+            self.head.parameters(),
+        ]
+        .concat()
+    }
+    fn loss(&self, x: &Tensor, y: &Tensor) -> Tensor {
+        let h = self
+            .layer
+            .forward_with(&self.emb.forward(x).unwrap(), None, true)
+            .unwrap();
+        let logits = self.head.forward(&self.ln.forward(&h).unwrap()).unwrap();
+        ops::cross_entropy(
+            &ops::reshape(&logits, [-1, 11]).unwrap(),
+            &ops::reshape(y, [-1i64]).unwrap(),
+            None,
+            -100,
+            Reduction::Mean,
+            0.0,
+        )
+        .unwrap()
+    }
+}
+
+fn tokens(device: Device, seed: u64) -> Tensor {
+    let mut g = Generator::new(seed);
+    let v: Vec<i64> = (0..24).map(|_| g.int_range(0, 10)).collect();
+    Tensor::from_raw(Raw::from_vec(v, [3, 8]).unwrap().to_device(device).unwrap())
+}
+
+#[test]
+fn a_transformer_step_on_cuda_matches_the_host() {
+    if !device_or_skip("a_transformer_step_on_cuda_matches_the_host") {
+        return;
+    }
+    let run = |device: Device, amp: bool| -> (Vec<f64>, Vec<Vec<f64>>) {
+        let m = TinyGpt::new(device);
+        let mut opt = adamw(m.params(), 1e-2).unwrap();
+        let mut scaler =
+            GradScaler::with_options(GradScalerOptions::default().enabled(amp)).unwrap();
+        let region = Autocast::new(DeviceType::Cuda)
+            .dtype(DType::F16)
+            .enabled(amp);
+        let mut losses = Vec::new();
+        for step in 0..5 {
+            opt.zero_grad();
+            let (x, y) = (tokens(device, step), tokens(device, step + 100));
+            let loss = region.run(|| m.loss(&x, &y)).unwrap();
+            losses.push(loss.item_f64().unwrap());
+            scaler.scale(&loss).unwrap().backward().unwrap();
+            scaler.step(&mut opt).unwrap();
+            scaler.update().unwrap();
+        }
+        let params = m.params().iter().map(|p| p.data().to_vec_f64()).collect();
+        (losses, params)
+    };
+    let (cpu_loss, cpu_params) = run(Device::Cpu, false);
+    let (dev_loss, dev_params) = run(DEV, false);
+    close(&dev_loss, &cpu_loss, 1e-4, "transformer f32 losses");
+    for (i, (a, b)) in dev_params.iter().zip(&cpu_params).enumerate() {
+        close(a, b, 2e-3, &format!("transformer f32 parameter {i}"));
+    }
+    let (amp_loss, _) = run(DEV, true);
+    close(&amp_loss, &cpu_loss, 3e-2, "transformer amp losses");
+    eprintln!("transformer: cpu {cpu_loss:?}\n  cuda amp {amp_loss:?}");
 }

@@ -6,5 +6,5 @@
 mod checkpoint_atomic;
 #[cfg(feature = "checkpoint")]
 mod checkpoint_resume;
-mod gradient_penalty;
 mod cuda_train;
+mod gradient_penalty;
