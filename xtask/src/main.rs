@@ -4,7 +4,8 @@
 //!
 //! - `bench [...]`: `cargo run --release -p amp-bench -- [...]` (the design-target
 //!   benchmarks, `--sweep` the size sweep; see `bench/`);
-//! - `conformance [...]`: `cargo run --release -p conformance -- [...]`;
+//! - `conformance [...]`: `cargo run --release -p conformance -- [...]` (with
+//!   `--features cuda` for `--device cuda`);
 //! - `ci`: what `.ci/run` runs, plus format check, clippy and rustdoc, stopping at the
 //!   first failure.
 
@@ -23,8 +24,9 @@ commands:
   ci    cargo fmt --check, clippy -D warnings, then .ci/run itself (tests in release, the
         CUDA backend's compile check, the NVRTC compile of the kernel sources), rustdoc
         -D warnings; stops at the first failure
-  conformance [--vectors DIR] [--texts]
-        the conformance suites (cargo run --release -p conformance -- [options])";
+  conformance [--vectors DIR] [--device cpu|cuda|cuda:N] [--texts]
+        the conformance suites (cargo run --release -p conformance -- [options]; a CUDA
+        device builds it with --features cuda)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -34,8 +36,12 @@ fn main() -> ExitCode {
     };
     let rest = &args[1..];
     match cmd.as_str() {
-        "bench" => run_package("amp-bench", rest),
-        "conformance" => run_package("conformance", rest),
+        "bench" => run_package("amp-bench", &[], rest),
+        "conformance" => {
+            // A device run needs the CUDA backend compiled in.
+            let cuda = rest.windows(2).any(|w| w[0] == "--device" && w[1] != "cpu");
+            run_package("conformance", if cuda { &["cuda"] } else { &[] }, rest)
+        }
         "ci" => {
             if !rest.is_empty() {
                 eprintln!("xtask ci: takes no arguments\n\n{USAGE}");
@@ -54,12 +60,14 @@ fn main() -> ExitCode {
     }
 }
 
-/// `cargo run --release -p <package> -- <args>` from the workspace root, passing its
-/// exit status on.
-fn run_package(package: &str, args: &[String]) -> ExitCode {
+/// `cargo run --release -p <package> [--features F] -- <args>` from the workspace root,
+/// passing its exit status on.
+fn run_package(package: &str, features: &[&str], args: &[String]) -> ExitCode {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo)
-        .args(["run", "--quiet", "--release", "-p", package, "--"])
+        .args(["run", "--quiet", "--release", "-p", package])
+        .args(features.iter().flat_map(|f| ["--features", *f]))
+        .arg("--")
         .args(args)
         .current_dir(ci::workspace_root())
         .status();
