@@ -3,12 +3,14 @@
 //!
 //! The suite runners ([`crate::suite`]) are written against these traits; [`Autograd`]
 //! implements them over the workspace's real crates (`amp::autograd` tensors and ops,
-//! `amp::autocast` regions), and is the [`Builtin`] backend.
+//! `amp::autocast` regions), and is the [`Builtin`] backend. It runs on the host, or with
+//! every tensor it makes on a device ([`Autograd::on`], `--device cuda`), reading values
+//! back to the host for comparison.
 
 use amp::autocast::{Autocast, AutocastGuard};
 use amp::autograd::{self, GradOptions};
 use amp::policy::DeviceType;
-use amp::tensor::Tensor;
+use amp::tensor::{Device, Tensor};
 
 use crate::args::Output;
 use crate::optable::OpTable;
@@ -25,11 +27,17 @@ pub trait Backend {
     /// The op implementations, by call (see [`crate::ops`]).
     fn ops(&self) -> &OpTable<Self::Tensor>;
 
-    /// A leaf tensor holding `value` (same dtype, shape and values), marked `requires_grad`
-    /// when asked.
+    /// The device the leaves of [`Backend::tensor`] live on, and so the ops run on
+    /// ([`Device::Cpu`] unless the backend says otherwise).
+    fn device(&self) -> Device {
+        Device::Cpu
+    }
+
+    /// A leaf tensor holding `value` (same dtype, shape and values) on
+    /// [`Backend::device`], marked `requires_grad` when asked.
     fn tensor(&self, value: &Tensor, requires_grad: bool) -> Result<Self::Tensor, String>;
 
-    /// The value of `t` (detached), for comparison.
+    /// The value of `t` (detached), on the host, for comparison.
     fn value(&self, t: &Self::Tensor) -> Tensor;
 }
 
@@ -77,13 +85,18 @@ pub trait AutocastBackend: Backend {
 /// The backend [`run_builtin`](crate::run_builtin) and [`run_dir`](crate::run_dir) use.
 pub type Builtin = Autograd;
 
-/// The built-in backend.
+/// The built-in backend (on the host).
 pub fn builtin() -> Builtin {
     Autograd::new()
 }
 
 /// The workspace itself: [`amp::autograd::Tensor`]s, the op table of [`crate::ops`],
 /// `amp::autograd::grad` for gradients, and `amp::autocast` regions.
+///
+/// Its leaves live on its device ([`Autograd::on`]): on a CUDA device, every input of an
+/// op is moved there with `to_device` before it becomes a leaf
+/// ([`amp::autograd::Tensor::from_raw`]), so the ops run their device kernels, and
+/// [`Backend::value`] copies results back to the host (`to_device(Device::Cpu)`).
 ///
 /// ```
 /// use conformance::backend::{Autograd, Backend, GradBackend};
@@ -99,14 +112,48 @@ pub fn builtin() -> Builtin {
 #[derive(Debug)]
 pub struct Autograd {
     ops: OpTable<autograd::Tensor>,
+    device: Device,
+    name: String,
 }
 
 impl Autograd {
-    /// The backend with the op table of [`crate::ops::table`].
+    /// The backend with the op table of [`crate::ops::table`], on the host.
     pub fn new() -> Autograd {
         Autograd {
             ops: crate::ops::table(),
+            device: Device::Cpu,
+            name: "amp-autograd + amp-autocast".to_owned(),
         }
+    }
+
+    /// The backend with its tensors on `device`.
+    ///
+    /// # Errors
+    /// [`amp::tensor::Error::DeviceUnavailable`] (or the driver's failure) when a tensor
+    /// cannot be put on `device`: a build without the `cuda` feature, no driver, no such
+    /// device.
+    ///
+    /// ```
+    /// use amp::tensor::Device;
+    /// use conformance::backend::{Autograd, Backend};
+    ///
+    /// assert_eq!(Autograd::on(Device::Cpu).unwrap().device(), Device::Cpu);
+    /// if !amp::tensor::cuda::is_available() {
+    ///     let e = Autograd::on(Device::Cuda(0)).unwrap_err();
+    ///     assert!(matches!(e, amp::tensor::Error::DeviceUnavailable { .. }), "{e}");
+    /// }
+    /// ```
+    pub fn on(device: Device) -> Result<Autograd, amp::tensor::Error> {
+        let mut b = Autograd::new();
+        if !device.is_cpu() {
+            // A tensor there and back: the device, its driver and the copies work.
+            Tensor::zeros([1], amp::tensor::DType::F32)
+                .to_device(device)?
+                .to_device(Device::Cpu)?;
+            b.name = format!("{} on {device}", b.name);
+        }
+        b.device = device;
+        Ok(b)
     }
 }
 
@@ -120,28 +167,54 @@ fn msg(e: impl std::fmt::Display) -> String {
     e.to_string()
 }
 
+/// An autograd error's message (a missing device kernel is noted for [`crate::device`]).
+fn grad_msg(e: autograd::Error) -> String {
+    crate::device::error_text(&e)
+}
+
 impl Backend for Autograd {
     type Tensor = autograd::Tensor;
 
     fn name(&self) -> &str {
-        "amp-autograd + amp-autocast"
+        &self.name
     }
 
     fn ops(&self) -> &OpTable<autograd::Tensor> {
         &self.ops
     }
 
+    fn device(&self) -> Device {
+        self.device
+    }
+
     fn tensor(&self, value: &Tensor, requires_grad: bool) -> Result<autograd::Tensor, String> {
-        // A fresh buffer: the leaf shares nothing with the caller's tensor.
-        let t = autograd::Tensor::from_raw(value.copy());
+        // A fresh buffer: the leaf shares nothing with the caller's tensor (`to_device`
+        // to another device copies).
+        let raw = if self.device.is_cpu() {
+            value.copy()
+        } else {
+            value
+                .to_device(self.device)
+                .map_err(|e| crate::device::tensor_error_text(&e))?
+        };
+        let t = autograd::Tensor::from_raw(raw);
         if requires_grad {
-            t.requires_grad_(true).map_err(msg)?;
+            t.requires_grad_(true).map_err(grad_msg)?;
         }
         Ok(t)
     }
 
+    /// # Panics
+    /// When a device tensor cannot be copied to the host (the driver's error; the runner
+    /// fails the case).
     fn value(&self, t: &autograd::Tensor) -> Tensor {
-        t.data().contiguous()
+        let data = t.data();
+        if data.device().is_cpu() {
+            data.contiguous()
+        } else {
+            data.to_device(Device::Cpu)
+                .unwrap_or_else(|e| panic!("reading a result back from {}: {e}", data.device()))
+        }
     }
 }
 
@@ -164,19 +237,19 @@ impl GradBackend for Autograd {
             create_graph,
             allow_unused: true,
         };
-        autograd::grad(outputs, inputs, &grad_outputs, opts).map_err(msg)
+        autograd::grad(outputs, inputs, &grad_outputs, opts).map_err(grad_msg)
     }
 
     fn mul(&self, a: &autograd::Tensor, b: &autograd::Tensor) -> Result<autograd::Tensor, String> {
-        autograd::ops::mul(a, b).map_err(msg)
+        autograd::ops::mul(a, b).map_err(grad_msg)
     }
 
     fn sum(&self, a: &autograd::Tensor) -> Result<autograd::Tensor, String> {
-        autograd::ops::sum_all(a).map_err(msg)
+        autograd::ops::sum_all(a).map_err(grad_msg)
     }
 
     fn add(&self, a: &autograd::Tensor, b: &autograd::Tensor) -> Result<autograd::Tensor, String> {
-        autograd::ops::add(a, b).map_err(msg)
+        autograd::ops::add(a, b).map_err(grad_msg)
     }
 }
 

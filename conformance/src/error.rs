@@ -1,10 +1,16 @@
-//! Errors loading vector files.
+//! Errors loading vector files, or reaching the device of a device run.
 
 use std::path::PathBuf;
 
-/// Why a set of vector files could not be run. Every variant names the file.
+/// Why a set of vector files could not be run. Every variant but [`ConformanceError::Device`]
+/// names the file.
 #[derive(Debug, thiserror::Error)]
 pub enum ConformanceError {
+    /// The device of `--device` cannot be used: [`amp::tensor::Error::DeviceUnavailable`]
+    /// naming what is missing (a build without the `cuda` feature, no driver, no such
+    /// device), or the driver's failure; its text is the message.
+    #[error(transparent)]
+    Device(amp::tensor::Error),
     /// A file or directory could not be read.
     #[error("{}: {source}", path.display())]
     Io {

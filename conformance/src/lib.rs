@@ -17,7 +17,11 @@
 //! ```
 //!
 //! `cargo xtask conformance [--vectors DIR]` prints [`run_builtin`] or [`run_dir`] and exits
-//! 1 unless [`Report::passed`].
+//! 1 unless [`Report::passed`]. With `--device cuda` ([`cli::Options`], [`run_on`]) the op
+//! suites' tensors are CUDA tensors: a case meeting an op without a CUDA kernel is skipped
+//! and counted, suites that do not run on the device are skipped with their reason, and
+//! the report gives, per suite, the cases that ran on the device and those that lacked a
+//! kernel. Without the `cuda` feature or a GPU that is a [`ConformanceError::Device`].
 //!
 //! # Layout
 //! - [`vectors`]: the file format (typed cases per suite), [`value`]: tensor literals,
@@ -25,18 +29,23 @@
 //! - [`suite`]: one runner per suite; [`backend`]: the traits the op suites run against
 //!   (tensors + op table, autograd, autocast); [`optable`] / [`ops`]: which `call` runs
 //!   which workspace function (adding an op is one entry in `ops.rs`).
+//! - [`device`]: device runs (`--device`, missing device kernels); [`cli`]: the command
+//!   line.
 //! - [`report`], [`coverage`]: the results and their printed form.
 //!
 //! Skips are only for what the workspace does not implement yet (an op with no entry in
-//! the op table), and they are counted and listed. A case whose op exists but misbehaves — wrong value, wrong dtype,
+//! the op table, or in a device run an op without a kernel on that device, and the cases
+//! that do not run there), and they are counted and listed. A case whose op exists but misbehaves — wrong value, wrong dtype,
 //! an error, a panic — is a failure.
 
 #![deny(missing_docs)]
 
 pub mod args;
 pub mod backend;
+pub mod cli;
 pub mod compare;
 pub mod coverage;
+pub mod device;
 mod error;
 pub mod ops;
 pub mod optable;
@@ -47,6 +56,8 @@ pub mod value;
 pub mod vectors;
 
 use std::path::Path;
+
+use amp::tensor::Device;
 
 pub use error::ConformanceError;
 pub use report::Report;
@@ -64,4 +75,28 @@ pub fn run_builtin() -> Report {
 pub fn run_dir(dir: &Path) -> Result<Report, ConformanceError> {
     let files = load_dir(dir)?;
     Ok(run_files(&backend::builtin(), &files))
+}
+
+/// Runs the built-in vectors, or those of `dir` (as [`run_dir`]), with the op suites'
+/// tensors on `device` ([`backend::Autograd::on`]); on [`Device::Cpu`] this is
+/// [`run_builtin`] / [`run_dir`].
+///
+/// ```
+/// use amp::tensor::Device;
+///
+/// if !amp::tensor::cuda::is_available() {
+///     let e = conformance::run_on(Device::Cuda(0), None).unwrap_err();
+///     assert!(e.to_string().contains("device cuda:0 is unavailable"), "{e}");
+/// }
+/// ```
+///
+/// # Errors
+/// [`ConformanceError::Device`] when `device` cannot be used (checked first); as
+/// [`run_dir`] for `dir`'s files.
+pub fn run_on(device: Device, dir: Option<&Path>) -> Result<Report, ConformanceError> {
+    let backend = backend::Autograd::on(device).map_err(ConformanceError::Device)?;
+    match dir {
+        None => Ok(run_files(&backend, builtin_files())),
+        Some(dir) => Ok(run_files(&backend, &load_dir(dir)?)),
+    }
 }

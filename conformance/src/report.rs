@@ -3,9 +3,13 @@
 //! Its [`Display`](fmt::Display) is what `cargo xtask conformance` prints: a table of
 //! passed / failed / skipped per suite, every failure (id and first mismatch, with both
 //! values), every skip grouped by reason (count and ids), then the coverage of the
-//! documented op lists.
+//! documented op lists. A device run (`--device cuda`) adds two columns to the table: per
+//! suite, the cases that ran on the device and those skipped there for lack of a device
+//! kernel.
 
 use std::fmt;
+
+use amp::tensor::Device;
 
 use crate::coverage::Coverage;
 use crate::vectors::Suite;
@@ -21,13 +25,28 @@ pub struct Failure {
     pub message: String,
 }
 
-/// A case that was not run because the workspace does not implement what it needs yet.
+/// A case that was not run: the workspace does not implement what it needs yet, or (in a
+/// device run) the device lacks its kernel or the case does not run on the device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Skip {
     /// The case id.
     pub id: String,
     /// Why (`op `mm` not implemented yet`).
     pub reason: String,
+    /// What kind of skip.
+    pub cause: SkipCause,
+}
+
+/// Why a case was skipped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SkipCause {
+    /// The op has no entry in the op table: the workspace does not implement it yet.
+    NotImplemented,
+    /// An op returned `NoDeviceKernel`: it has no kernel for the run's device.
+    NoDeviceKernel,
+    /// The case does not run on the run's device (a host-only suite, or autocast of
+    /// another device type).
+    NotOnDevice,
 }
 
 /// The results of one suite (over all its files).
@@ -93,6 +112,17 @@ impl SuiteReport {
         self.passed + self.failures.len() + self.skipped.len()
     }
 
+    /// Number of cases that ran (passed or failed): in a device run, those that ran on
+    /// the device.
+    pub fn ran(&self) -> usize {
+        self.passed + self.failures.len()
+    }
+
+    /// Number of skips of `cause`.
+    pub fn skipped_for(&self, cause: SkipCause) -> usize {
+        self.skipped.iter().filter(|s| s.cause == cause).count()
+    }
+
     /// The skips grouped by reason, in order of first appearance: `(reason, ids)`.
     pub fn skips_by_reason(&self) -> Vec<(&str, Vec<&str>)> {
         let mut groups: Vec<(&str, Vec<&str>)> = Vec::new();
@@ -104,6 +134,12 @@ impl SuiteReport {
         }
         groups
     }
+
+    /// Whether no case of this suite ran on the run's device (every one skipped as
+    /// [`SkipCause::NotOnDevice`]; a suite without cases too).
+    pub fn not_on_device(&self) -> bool {
+        self.skipped_for(SkipCause::NotOnDevice) == self.total()
+    }
 }
 
 /// The whole run.
@@ -111,6 +147,8 @@ impl SuiteReport {
 pub struct Report {
     /// The backend that ran the op suites.
     pub backend: String,
+    /// The device the op suites' tensors were on ([`Device::Cpu`]: the host run).
+    pub device: Device,
     /// One entry per suite, in [`Suite::ALL`] order (a suite without files has zero cases).
     pub suites: Vec<SuiteReport>,
     /// Coverage of the documented op lists.
@@ -152,6 +190,26 @@ impl Report {
             (p + r.passed, f + r.failed(), s + r.skipped.len())
         })
     }
+
+    /// Total skips of `cause`.
+    pub fn skipped_for(&self, cause: SkipCause) -> usize {
+        self.suites.iter().map(|s| s.skipped_for(cause)).sum()
+    }
+}
+
+/// The device columns of a suite's row in a device run: cases that ran on the device, and
+/// cases skipped there for lack of a device kernel (`-` for a suite that does not run on
+/// the device).
+fn device_columns(s: &SuiteReport) -> String {
+    if s.total() > 0 && s.not_on_device() {
+        format!("{:>11}{:>11}", "-", "-")
+    } else {
+        format!(
+            "{:>11}{:>11}",
+            s.ran(),
+            s.skipped_for(SkipCause::NoDeviceKernel)
+        )
+    }
 }
 
 const WIDTH: usize = 100;
@@ -187,10 +245,17 @@ pub(crate) fn write_wrapped(
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "conformance: amp-vectors/1 (backend: {})", self.backend)?;
+        // A device run: per suite, what ran on the device and what lacked a kernel there.
+        let on_device = !self.device.is_cpu();
         writeln!(f)?;
+        let device_head = if on_device {
+            format!("{:>11}{:>11}", format!("on {}", self.device), "no kernel")
+        } else {
+            String::new()
+        };
         writeln!(
             f,
-            "{:<10}{:>7}{:>8}{:>9}{:>7}  files",
+            "{:<10}{:>7}{:>8}{:>9}{:>7}{device_head}  files",
             "suite", "passed", "failed", "skipped", "total"
         )?;
         for s in &self.suites {
@@ -199,9 +264,14 @@ impl fmt::Display for Report {
             } else {
                 s.files.join(", ")
             };
+            let device = if on_device {
+                device_columns(s)
+            } else {
+                String::new()
+            };
             writeln!(
                 f,
-                "{:<10}{:>7}{:>8}{:>9}{:>7}  {files}",
+                "{:<10}{:>7}{:>8}{:>9}{:>7}{device}  {files}",
                 s.suite.as_str(),
                 s.passed,
                 s.failed(),
@@ -210,15 +280,34 @@ impl fmt::Display for Report {
             )?;
         }
         let (p, fl, sk) = self.totals();
+        let device = if on_device {
+            format!(
+                "{:>11}{:>11}",
+                p + fl,
+                self.skipped_for(SkipCause::NoDeviceKernel)
+            )
+        } else {
+            String::new()
+        };
         writeln!(
             f,
-            "{:<10}{:>7}{:>8}{:>9}{:>7}",
+            "{:<10}{:>7}{:>8}{:>9}{:>7}{device}",
             "total",
             p,
             fl,
             sk,
             p + fl + sk
         )?;
+        if on_device {
+            writeln!(
+                f,
+                "on {}: {} cases ran, {} skipped for lack of a device kernel, {} not run there",
+                self.device,
+                p + fl,
+                self.skipped_for(SkipCause::NoDeviceKernel),
+                self.skipped_for(SkipCause::NotOnDevice)
+            )?;
+        }
 
         for s in self.suites.iter().filter(|s| s.texts.compared > 0) {
             writeln!(
@@ -246,7 +335,12 @@ impl fmt::Display for Report {
             for s in &self.suites {
                 for (reason, ids) in s.skips_by_reason() {
                     let head = format!("  {}: {reason} ({}): ", s.suite, ids.len());
-                    write_wrapped(f, &head, &ids)?;
+                    if s.total() > 0 && s.not_on_device() && ids.len() == s.total() {
+                        // A suite that does not run on the device: its ids are every id.
+                        writeln!(f, "{head}every case of {}", s.files.join(", "))?;
+                    } else {
+                        write_wrapped(f, &head, &ids)?;
+                    }
                 }
             }
         }

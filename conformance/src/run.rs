@@ -8,7 +8,7 @@ use amp::policy::Profile;
 
 use crate::backend::{AutocastBackend, GradBackend};
 use crate::coverage::{Coverage, OpCalls};
-use crate::report::{Failure, Report, Skip, SuiteReport, TextDiff};
+use crate::report::{Failure, Report, Skip, SkipCause, SuiteReport, TextDiff};
 use crate::suite::{self, guarded, Outcome};
 use crate::vectors::{Cases, Suite, VectorFile};
 use crate::ConformanceError;
@@ -107,10 +107,36 @@ fn check_unique_ids(files: &[VectorFile]) -> Result<(), ConformanceError> {
     Ok(())
 }
 
+/// Why the cases of a suite that builds its own host tensors (or none) are not run in a
+/// device run: `None` for the op-running suites (autocast, grad, errors), which run on the
+/// backend's device.
+pub(crate) fn host_only(suite: Suite) -> Option<&'static str> {
+    match suite {
+        Suite::Policy => Some(
+            "no tensors: the documented lists are the same on every device (the cpu run checks them)",
+        ),
+        Suite::Scaler => Some(
+            "host-only: the GradScaler programs build cpu tensors (the cpu run checks them)",
+        ),
+        Suite::Train => Some(
+            "host-only: the MLP trains on cpu tensors under autocast(cpu) (the cpu run checks it)",
+        ),
+        Suite::Autocast | Suite::Grad | Suite::Errors => None,
+    }
+}
+
 /// Runs every case of `files` on `backend` (policy cases against [`Profile::docs`]) and
 /// reports. Several files of one suite add up. A panicking case fails; the run goes on.
+///
+/// On a device backend ([`Backend::device`](crate::backend::Backend::device) not the cpu)
+/// the grad, errors and autocast suites' tensors are on that device; a case meeting an op
+/// without a kernel there is skipped ([`SkipCause::NoDeviceKernel`]). Cases that cannot
+/// run on the device are skipped with their reason ([`SkipCause::NotOnDevice`]): the
+/// host-only suites (policy: no tensors; scaler and train: they build cpu tensors), and
+/// autocast cases of another device type (autocast(cpu) does not apply to CUDA tensors).
 pub fn run_files<B: GradBackend + AutocastBackend>(backend: &B, files: &[VectorFile]) -> Report {
     let profile = Profile::docs();
+    let device = backend.device();
     let mut suites: Vec<SuiteReport> = Suite::ALL.into_iter().map(SuiteReport::new).collect();
     for file in files {
         let report = suites
@@ -118,25 +144,50 @@ pub fn run_files<B: GradBackend + AutocastBackend>(backend: &B, files: &[VectorF
             .find(|s| s.suite == file.suite())
             .expect("every suite has a report");
         report.files.push(file.name.clone());
-        let mut record = |id: &str, outcome: Outcome| match outcome {
-            Outcome::Passed => report.passed += 1,
-            Outcome::Failed(message) => report.failures.push(Failure {
-                id: id.to_owned(),
-                file: file.name.clone(),
-                message,
-            }),
-            Outcome::Skipped(reason) => report.skipped.push(Skip {
+        let mut record = |id: &str, outcome: Outcome| {
+            let skip = |reason, cause| Skip {
                 id: id.to_owned(),
                 reason,
-            }),
+                cause,
+            };
+            match outcome {
+                Outcome::Passed => report.passed += 1,
+                Outcome::Failed(message) => report.failures.push(Failure {
+                    id: id.to_owned(),
+                    file: file.name.clone(),
+                    message,
+                }),
+                Outcome::Skipped(r) => report.skipped.push(skip(r, SkipCause::NotImplemented)),
+                Outcome::NoDeviceKernel(r) => {
+                    report.skipped.push(skip(r, SkipCause::NoDeviceKernel))
+                }
+                Outcome::NotOnDevice(r) => report.skipped.push(skip(r, SkipCause::NotOnDevice)),
+            }
         };
+        if let Some(reason) = host_only(file.suite()).filter(|_| !device.is_cpu()) {
+            for id in file.cases.ids() {
+                record(id, Outcome::NotOnDevice(reason.to_owned()));
+            }
+            continue;
+        }
         match &file.cases {
             Cases::Policy(cases) => cases
                 .iter()
                 .for_each(|c| record(&c.id, guarded(|| suite::policy::run(&profile, c)))),
-            Cases::Autocast(cases) => cases
-                .iter()
-                .for_each(|c| record(&c.id, guarded(|| suite::autocast::run(backend, c)))),
+            Cases::Autocast(cases) => {
+                for c in cases {
+                    let outcome = if !device.is_cpu() && c.device != device.device_type() {
+                        Outcome::NotOnDevice(format!(
+                            "autocast({}) does not apply to {} tensors",
+                            c.device,
+                            device.device_type()
+                        ))
+                    } else {
+                        guarded(|| suite::autocast::run(backend, c))
+                    };
+                    record(&c.id, outcome);
+                }
+            }
             Cases::Grad(cases) => cases
                 .iter()
                 .for_each(|c| record(&c.id, guarded(|| suite::grad::run(backend, c)))),
@@ -173,6 +224,7 @@ pub fn run_files<B: GradBackend + AutocastBackend>(backend: &B, files: &[VectorF
     }
     Report {
         backend: backend.name().to_owned(),
+        device,
         suites,
         coverage: Coverage::compute(&profile, backend.ops(), &op_calls(files)),
     }

@@ -4,7 +4,8 @@
 //!
 //! - `bench [...]`: `cargo run --release -p amp-bench -- [...]` (the design-target
 //!   benchmarks, `--sweep` the size sweep; see `bench/`);
-//! - `conformance [...]`: `cargo run --release -p conformance -- [...]`;
+//! - `conformance [...]`: `cargo run --release -p conformance -- [...]` (with
+//!   `--features cuda` for `--device cuda`);
 //! - `gpu-bundle [--out DIR]`: the binaries and `run.sh` of the GPU checks, in one
 //!   folder for a GPU machine (see `gpu_bundle`);
 //! - `ci`: what `.ci/run` runs, plus format check, clippy and rustdoc, stopping at the
@@ -26,8 +27,9 @@ commands:
   ci    cargo fmt --check, clippy -D warnings, then .ci/run itself (tests in release, the
         CUDA backend's compile check, the NVRTC compile of the kernel sources), rustdoc
         -D warnings; stops at the first failure
-  conformance [--vectors DIR] [--texts]
-        the conformance suites (cargo run --release -p conformance -- [options])
+  conformance [--vectors DIR] [--device cpu|cuda|cuda:N] [--texts]
+        the conformance suites (cargo run --release -p conformance -- [options]; a CUDA
+        device builds it with --features cuda)
   gpu-bundle [--out DIR]
         builds (no GPU needed) the CUDA tests, the conformance runner, the main job and
         the benchmarks with the `cuda` feature into one folder (default
@@ -42,8 +44,12 @@ fn main() -> ExitCode {
     };
     let rest = &args[1..];
     match cmd.as_str() {
-        "bench" => run_package("amp-bench", rest),
-        "conformance" => run_package("conformance", rest),
+        "bench" => run_package("amp-bench", &[], rest),
+        "conformance" => {
+            // A device run needs the CUDA backend compiled in.
+            let cuda = rest.windows(2).any(|w| w[0] == "--device" && w[1] != "cpu");
+            run_package("conformance", if cuda { &["cuda"] } else { &[] }, rest)
+        }
         "gpu-bundle" => gpu_bundle::main(rest),
         "ci" => {
             if !rest.is_empty() {
@@ -63,12 +69,14 @@ fn main() -> ExitCode {
     }
 }
 
-/// `cargo run --release -p <package> -- <args>` from the workspace root, passing its
-/// exit status on.
-fn run_package(package: &str, args: &[String]) -> ExitCode {
+/// `cargo run --release -p <package> [--features F] -- <args>` from the workspace root,
+/// passing its exit status on.
+fn run_package(package: &str, features: &[&str], args: &[String]) -> ExitCode {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo)
-        .args(["run", "--quiet", "--release", "-p", package, "--"])
+        .args(["run", "--quiet", "--release", "-p", package])
+        .args(features.iter().flat_map(|f| ["--features", *f]))
+        .arg("--")
         .args(args)
         .current_dir(ci::workspace_root())
         .status();

@@ -37,7 +37,10 @@ impl<'a> FromArg<'a> for QuantileQ<'a> {
 /// fake quantization).
 fn item<'a, T: FromArg<'a>>(b: &Bound<'a>, name: &str, of: fn(f64) -> T) -> Result<T, String> {
     match b.req(name)? {
-        Arg::Tensor(t) => Ok(of(t.data().item_f64().map_err(|e| e.to_string())?)),
+        Arg::Tensor(t) => Ok(of(t
+            .data()
+            .item_f64()
+            .map_err(|e| crate::device::tensor_error_text(&e))?)),
         _ => b.arg(name),
     }
 }

@@ -75,8 +75,9 @@ type R = Result<Output<Tensor>, String>;
 /// What a workspace function returns.
 type Out = amp::autograd::Result<Tensor>;
 
+/// An error's message (a missing device kernel is noted for [`crate::device`]).
 fn err(e: amp::autograd::Error) -> String {
-    e.to_string()
+    crate::device::error_text(&e)
 }
 
 impl OpTable<BuiltinTensor> {

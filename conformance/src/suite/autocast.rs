@@ -5,7 +5,8 @@ use super::{check_output, Outcome};
 use crate::backend::AutocastBackend;
 use crate::vectors::AutocastCase;
 
-/// Runs `case` on `backend`; skipped when the op table has no entry for its op.
+/// Runs `case` on `backend`; skipped when the op table has no entry for its op, or when
+/// an op has no kernel for the backend's device.
 pub fn run<B: AutocastBackend>(backend: &B, case: &AutocastCase) -> Outcome {
     let skip = case.op_call.unsupported(backend);
     skip.unwrap_or_else(|| Outcome::from_result(check(backend, case)))

@@ -12,13 +12,15 @@ use crate::vectors::ErrorCase;
 /// whether the text is PyTorch's.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ErrorOutcome {
-    /// Passed (an error), failed (a value), or skipped (no op-table entry).
+    /// Passed (an error), failed (a value), or skipped (no op-table entry, or the error is
+    /// the op's missing device kernel: that refusal says nothing of the arguments).
     pub outcome: Outcome,
     /// For a returned error: its first line, and whether that is PyTorch's message.
     pub text: Option<(String, bool)>,
 }
 
-/// Runs `case` on `backend`; skipped when the op table has no entry for its op.
+/// Runs `case` on `backend`; skipped when the op table has no entry for its op, or when
+/// the error is a missing device kernel.
 pub fn run<B: Backend>(backend: &B, case: &ErrorCase) -> ErrorOutcome {
     if let Some(skip) = case.op_call.unsupported(backend) {
         return ErrorOutcome {
@@ -44,6 +46,12 @@ pub fn run<B: Backend>(backend: &B, case: &ErrorCase) -> ErrorOutcome {
             text: None,
         },
         Err(message) => {
+            if let Some(reason) = crate::device::no_kernel(&message) {
+                return ErrorOutcome {
+                    outcome: Outcome::NoDeviceKernel(reason),
+                    text: None,
+                };
+            }
             let got = first_line(&message).to_owned();
             let same = got == first_line(&case.expect_error.message);
             ErrorOutcome {

@@ -20,7 +20,8 @@ use crate::backend::GradBackend;
 use crate::value::TensorLit;
 use crate::vectors::GradCase;
 
-/// Runs `case` on `backend`; skipped when the op table has no entry for its op.
+/// Runs `case` on `backend`; skipped when the op table has no entry for its op, or when
+/// an op has no kernel for the backend's device.
 pub fn run<B: GradBackend>(backend: &B, case: &GradCase) -> Outcome {
     let skip = case.op_call.unsupported(backend);
     skip.unwrap_or_else(|| Outcome::from_result(check(backend, case)))

@@ -31,6 +31,13 @@ pub enum Outcome {
     Failed(String),
     /// Not run: the workspace does not implement what the case needs yet (the reason).
     Skipped(String),
+    /// Not run on this device: an op returned [`amp::tensor::Error::NoDeviceKernel`], it has
+    /// no kernel for the device its tensors are on (the reason names the op; see
+    /// [`crate::device`]).
+    NoDeviceKernel(String),
+    /// Not run: the case does not run on the backend's device (a host-only suite,
+    /// autocast of another device type; the reason).
+    NotOnDevice(String),
 }
 
 impl Outcome {
@@ -39,11 +46,14 @@ impl Outcome {
         Outcome::Skipped(format!("op `{op}` not implemented yet"))
     }
 
-    /// `Passed` for `Ok`, `Failed` with the message for `Err`.
+    /// `Passed` for `Ok`, `Failed` with the message for `Err` — `NoDeviceKernel` when the
+    /// message is an op's missing device kernel.
     pub fn from_result(r: Result<(), String>) -> Outcome {
         match r {
             Ok(()) => Outcome::Passed,
-            Err(m) => Outcome::Failed(m),
+            Err(m) => {
+                crate::device::no_kernel(&m).map_or(Outcome::Failed(m), Outcome::NoDeviceKernel)
+            }
         }
     }
 }
@@ -92,6 +102,8 @@ pub(crate) fn arguments<B: Backend>(
 /// Runs `f`, turning a panic into a failure (a panicking op fails its case, and the run
 /// goes on).
 pub(crate) fn guarded(f: impl FnOnce() -> Outcome) -> Outcome {
+    // Each case starts with no missing device kernel noted.
+    crate::device::clear();
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(o) => o,
         Err(payload) => {

@@ -1,13 +1,14 @@
 //! The grad and autocast runners against a tiny reference autograd (four ops, double
 //! backward), on a real PyTorch vector (`dot`) and on hand-computed cases for the rules:
-//! depth-first input order, null-or-zeros, second-order grads, skips vs failures.
+//! depth-first input order, null-or-zeros, second-order grads, skips vs failures, and the
+//! bookkeeping of a device run (the tape pretending its tensors are on `cuda:0`).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
 use amp::policy::DeviceType;
-use amp::tensor::{DType, Tensor};
+use amp::tensor::{DType, Device, Tensor};
 use conformance::args::Output;
 use conformance::backend::{AutocastBackend, Backend, GradBackend};
 use conformance::coverage::{Coverage, OpCalls};
@@ -201,6 +202,8 @@ fn grad(
 
 struct Tape {
     ops: OpTable<Var>,
+    /// The device the tape says its tensors are on (they stay host values).
+    device: Device,
 }
 
 fn table() -> OpTable<Var> {
@@ -240,6 +243,10 @@ fn table() -> OpTable<Var> {
         ]))
     });
     t.insert("test.fails", |_, _| Err("boom".into()));
+    // What an op without a CUDA kernel returns, as a message.
+    t.insert("test.no_kernel", |_, _| {
+        Err(amp::tensor::Error::no_device_kernel("frob", Device::Cuda(0)).to_string())
+    });
     t.insert("test.panics", |_, _| panic!("kaboom"));
     t
 }
@@ -251,6 +258,9 @@ impl Backend for Tape {
     }
     fn ops(&self) -> &OpTable<Var> {
         &self.ops
+    }
+    fn device(&self) -> Device {
+        self.device
     }
     fn tensor(&self, value: &Tensor, requires_grad: bool) -> Result<Var, String> {
         Ok(Var::leaf(
@@ -306,7 +316,10 @@ impl AutocastBackend for Tape {
 }
 
 fn tape() -> Tape {
-    Tape { ops: table() }
+    Tape {
+        ops: table(),
+        device: Device::Cpu,
+    }
 }
 
 // ----- helpers ---------------------------------------------------------------------------
@@ -590,6 +603,105 @@ fn autocast_cases_run_inside_their_regions() {
     );
     assert_eq!(s.skipped.len(), 1);
     assert_eq!(s.skipped[0].reason, "op `mv` not implemented yet");
+}
+
+#[test]
+fn a_device_run_skips_missing_kernels_and_host_only_suites_and_counts_them() {
+    use conformance::report::SkipCause;
+
+    let case = |id: &str, op: &str, call: &str| {
+        json!({
+            "id": id, "op": op, "call": call,
+            "args": [input(&[1.0])], "kwargs": {},
+            "grad_output": f64s(&[1.0]),
+            "expect": {"output": f64s(&[1.0]), "grads": [f64s(&[1.0])]}
+        })
+    };
+    let grad = grad_file(json!([
+        dot_case("dot/1"),
+        case("frob/1", "frob", "test.no_kernel"),
+        case("missing/1", "erfinv", "torch.erfinv"),
+    ]));
+    let refused = |id: &str, call: &str| {
+        json!({"id": id, "op": "frob", "call": call, "args": [f64s(&[1.0])], "kwargs": {},
+               "expect_error": {"type": "RuntimeError", "message": "no"}})
+    };
+    let errors = json!({"format": "amp-vectors/1", "suite": "errors", "cases": [
+        refused("frob/refused", "test.no_kernel"),
+        refused("fails/refused", "test.fails"),
+    ]});
+    let errors = VectorFile::parse("synthetic_errors.json", &errors.to_string()).unwrap();
+    // The built-in host-only and cpu-autocast files: not run on the device.
+    let mut files: Vec<VectorFile> = builtin_files()
+        .iter()
+        .filter(|f| {
+            [Suite::Policy, Suite::Autocast, Suite::Scaler, Suite::Train].contains(&f.suite())
+        })
+        .cloned()
+        .collect();
+    files.extend([grad, errors]);
+    let on_device = Tape {
+        ops: table(),
+        device: Device::Cuda(0),
+    };
+    let report = run_files(&on_device, &files);
+    assert!(report.passed(), "{report}");
+    assert_eq!(report.device, Device::Cuda(0));
+
+    let g = report.suite(Suite::Grad);
+    assert_eq!((g.passed, g.ran()), (1, 1), "{report}");
+    assert_eq!(g.skipped_for(SkipCause::NoDeviceKernel), 1);
+    assert_eq!(g.skipped_for(SkipCause::NotImplemented), 1);
+    let frob = g.skipped.iter().find(|s| s.id == "frob/1").unwrap();
+    assert_eq!(frob.reason, "op `frob` has no CUDA kernel");
+
+    // A missing kernel is not the refusal an errors case expects: skipped, not passed.
+    let e = report.suite(Suite::Errors);
+    assert_eq!((e.passed, e.skipped_for(SkipCause::NoDeviceKernel)), (1, 1));
+    assert_eq!(e.texts.compared, 1);
+
+    for suite in [Suite::Policy, Suite::Autocast, Suite::Scaler, Suite::Train] {
+        let s = report.suite(suite);
+        assert!(s.total() > 0 && s.not_on_device(), "{suite}: {report}");
+        assert_eq!(s.ran(), 0);
+    }
+    assert_eq!(
+        report.suite(Suite::Autocast).skipped[0].reason,
+        "autocast(cpu) does not apply to cuda tensors"
+    );
+
+    // The table's device columns, and one line per wholly skipped suite.
+    let text = report.to_string();
+    let row = |name: &str| {
+        let line = text.lines().find(|l| l.starts_with(name)).unwrap();
+        line.split_whitespace()
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    assert!(text.contains("on cuda:0  no kernel  files"), "{text}");
+    assert!(
+        text.contains(
+            "\non cuda:0: 2 cases ran, 2 skipped for lack of a device kernel, 640 not run there\n"
+        ),
+        "{text}"
+    );
+    assert_eq!(
+        row("grad ")[..7],
+        ["grad", "1", "0", "2", "3", "1", "1"],
+        "{text}"
+    );
+    assert_eq!(row("scaler ")[5..7], ["-", "-"], "{text}");
+    assert!(
+        text.contains("  grad: op `frob` has no CUDA kernel (1): frob/1\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains(concat!(
+            "  scaler: host-only: the GradScaler programs build cpu tensors ",
+            "(the cpu run checks them) (28): every case of scaler.json\n"
+        )),
+        "{text}"
+    );
 }
 
 #[test]

@@ -3,6 +3,7 @@
 //! runs one subject).
 
 mod compare;
+mod device;
 mod grad_runner;
 mod messages;
 mod op_names;
