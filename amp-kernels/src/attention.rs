@@ -77,7 +77,7 @@ fn bias_of<C: Real>(t: &Tensor, b: usize, l: usize, s: usize) -> Result<(Vec<C>,
         )
     );
     let stride = if d[0] == 1 { 0 } else { l * s };
-    Ok((t.try_contiguous()?.try_to_vec_as::<C>()?, stride))
+    Ok((t.try_contiguous()?.host_vec_as::<C>()?, stride))
 }
 
 /// The per-batch view the loops read.
@@ -418,9 +418,9 @@ pub fn flash_attention_backward(
     ensure!(!(out.dims() != [b, l, ev] || dout.dims() != [b, l, ev] || lse.dims() != [b, l]), invalid("scaled_dot_product_attention", "flash attention backward: output {:?}, its gradient {:?} and log-sum-exp {:?} do not match [{b}, {l}, {ev}]", out.dims(), dout.dims(), lse.dims()));
     crate::float_kernel!(q.dtype(), "scaled_dot_product_attention", |T, C| {
         let inputs = Inputs::<C>::new::<T>(q, k, v, opts, (b, l, s, e, ev))?;
-        let oc: Vec<C> = out.try_contiguous()?.try_to_vec_as()?;
-        let gc: Vec<C> = dout.try_contiguous()?.try_to_vec_as()?;
-        let lc: Vec<C> = lse.try_contiguous()?.try_to_vec_as()?;
+        let oc: Vec<C> = out.try_contiguous()?.host_vec_as()?;
+        let gc: Vec<C> = dout.try_contiguous()?.host_vec_as()?;
+        let lc: Vec<C> = lse.try_contiguous()?.host_vec_as()?;
         let mut dq = amp_tensor::pool::try_zeroed::<C>(b * l * e)?;
         let mut dk = amp_tensor::pool::try_zeroed::<C>(b * s * e)?;
         let mut dv = amp_tensor::pool::try_zeroed::<C>(b * s * ev)?;

@@ -20,10 +20,14 @@ use amp_tensor::pool::{try_collect, try_with_capacity, try_zeroed};
 use crate::reduce::{line_geometry, num_kernel, Num};
 
 /// The elements of an int64 (or, with `allow_int32`, int32) index tensor as i64.
+///
+/// A device index is read back to the host (one synchronisation): the checks (range,
+/// PyTorch's messages) and the offsets the device kernels take are computed here.
 fn index_values(op: &'static str, index: &Tensor, allow_int32: bool) -> Result<Vec<i64>> {
     match index.dtype() {
-        DType::I64 => index.try_to_vec_as(),
-        DType::I32 if allow_int32 => index.try_to_vec_as(),
+        DType::I64 | DType::I32 if allow_int32 || index.dtype() == DType::I64 => {
+            index.try_to_vec_as()
+        }
         d => Err(Error::invalid(
             op,
             format!(
@@ -363,7 +367,7 @@ fn scatter_impl(
     });
     let guard = src.storage();
     num_kernel!(x.dtype(), |T, N| {
-        let mut acc: Vec<N> = x.try_to_vec_as()?;
+        let mut acc: Vec<N> = x.host_vec_as()?;
         let s = T::slice(guard.cpu()?).expect("dtype matches storage");
         for ((b, so), &i) in base.offsets().zip(src_layout.offsets()).zip(&idx) {
             let v: N = s[so].cast();
@@ -464,8 +468,8 @@ fn index_update(
         }
     );
     num_kernel!(x.dtype(), |T, N| {
-        let mut acc: Vec<N> = x.try_to_vec_as()?;
-        let sv: Vec<N> = src.try_to_vec_as()?;
+        let mut acc: Vec<N> = x.host_vec_as()?;
+        let sv: Vec<N> = src.host_vec_as()?;
         let a: Option<N> = alpha.map(|a| a.cast());
         for o in 0..outer {
             for (j, &i) in idx.iter().enumerate() {
@@ -541,7 +545,7 @@ pub fn index_put(
             .expect("advanced index")
             .broadcast_to(bshape.clone())?;
         let size = x.dims()[a];
-        for (o, &i) in adv_off.iter_mut().zip(&t.try_to_vec_as::<i64>()?) {
+        for (o, &i) in adv_off.iter_mut().zip(&t.host_vec_as::<i64>()?) {
             let j = if i < 0 { i + size as i64 } else { i };
             if j < 0 || j >= size as i64 {
                 return Err(Error::IndexOutOfRange {
@@ -582,7 +586,7 @@ pub fn index_put(
     let post_offs: Vec<usize> = try_collect(post_l.elem_count(), post_l.offsets())?;
     let guard = values.storage();
     num_kernel!(x.dtype(), |T, N| {
-        let mut acc: Vec<N> = x.try_to_vec_as()?;
+        let mut acc: Vec<N> = x.host_vec_as()?;
         let vs = T::slice(guard.cpu()?).expect("dtype matches storage");
         let mut voffs = vl.offsets();
         if shape.iter().product::<usize>() > 0 {
@@ -617,7 +621,7 @@ pub fn masked_fill(x: &Tensor, mask: &Tensor, value: f64) -> Result<Tensor> {
     let ms = bool::slice(guard.cpu()?).expect("bool storage");
     with_dtype!(x.dtype(), T => {
         let v: T = value.cast();
-        let mut out: Vec<T> = x.try_to_vec_as()?;
+        let mut out: Vec<T> = x.host_vec_as()?;
         for (o, m) in out.iter_mut().zip(ml.offsets()) {
             if ms[m] {
                 *o = v;
@@ -670,7 +674,7 @@ pub fn embedding_backward(
         crate::cuda::route::index_add(op, &z, (1, num_weights, dim), &idx, grad, (1.0, pad))
     });
     float_kernel!(grad.dtype(), op, |T, C| {
-        let g: Vec<C> = grad.try_to_vec_as()?;
+        let g: Vec<C> = grad.host_vec_as()?;
         let mut acc = try_zeroed::<C>(count(&[num_weights, dim]))?;
         for (k, &i) in idx.iter().enumerate() {
             if Some(i) == pad {
@@ -696,7 +700,7 @@ pub fn one_hot(indices: &Tensor, num_classes: i64) -> Result<Tensor> {
             "one_hot is only applicable to index tensor of type LongTensor."
         )
     );
-    let idx: Vec<i64> = indices.try_to_vec_as()?;
+    let idx: Vec<i64> = indices.host_vec_as()?;
     let nc = match (num_classes, idx.iter().max()) {
         (-1, Some(&m)) => m + 1,
         (-1, None) => {

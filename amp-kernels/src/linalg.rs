@@ -51,7 +51,7 @@ impl<C: LaReal> Batch<C> {
         let r = t.rank();
         let (m, n) = (t.dims()[r - 2], t.dims()[r - 1]);
         Ok(Batch {
-            data: t.try_contiguous()?.to_vec::<C>()?,
+            data: t.try_contiguous()?.host_vec::<C>()?,
             batch: t.dims()[..r - 2].to_vec(),
             m,
             n,
@@ -470,7 +470,7 @@ pub fn lu_pivots_to_permutation(pivots: &Tensor, m: usize, dtype: DType) -> Resu
     let k = pivots.dims()[r - 1];
     let batch = pivots.dims()[..r - 1].to_vec();
     let count: usize = batch.iter().product();
-    let piv = pivots.try_contiguous()?.try_to_vec_as::<i64>()?;
+    let piv = pivots.try_contiguous()?.host_vec_as::<i64>()?;
     let mut out = try_zeroed::<f64>(count.saturating_mul(m).saturating_mul(m))?;
     for bi in 0..count {
         let mut perm: Vec<usize> = try_collect(m, 0..m)?;
@@ -510,11 +510,11 @@ pub fn linalg_matrix_rank(
     let (m, n) = (a.dims()[r - 2], a.dims()[r - 1]);
     let s = if hermitian {
         let (w, _) = linalg_eigh(a, false, false)?;
-        let mut w = w.try_to_vec_as::<f64>()?;
+        let mut w = w.host_vec_as::<f64>()?;
         w.iter_mut().for_each(|x| *x = x.abs());
         w
     } else {
-        linalg_svd(a, false, false)?.1.try_to_vec_as::<f64>()?
+        linalg_svd(a, false, false)?.1.host_vec_as::<f64>()?
     };
     let eps = match a.dtype() {
         DType::F64 => f64::EPSILON,

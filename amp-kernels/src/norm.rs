@@ -261,8 +261,8 @@ fn layer_norm_with(
     });
     let xc = x.try_contiguous()?;
     float_kernel!(x.dtype(), op, |T, C| {
-        let w: Option<Vec<C>> = weight.map(|t| t.try_to_vec_as()).transpose()?;
-        let b: Option<Vec<C>> = bias.map(|t| t.try_to_vec_as()).transpose()?;
+        let w: Option<Vec<C>> = weight.map(|t| t.host_vec_as()).transpose()?;
+        let b: Option<Vec<C>> = bias.map(|t| t.host_vec_as()).transpose()?;
         #[cfg(target_arch = "x86_64")]
         {
             // float32, bfloat16 and float16 rows straight from the storage type.
@@ -408,10 +408,10 @@ pub fn layer_norm_backward(
         )
     );
     float_kernel!(x.dtype(), op, |_T, C| {
-        let g: Vec<C> = grad_out.try_to_vec_as()?;
-        let xv: Vec<C> = x.try_to_vec_as()?;
-        let (mu, rs): (Vec<C>, Vec<C>) = (mean.try_to_vec_as()?, rstd.try_to_vec_as()?);
-        let w: Option<Vec<C>> = weight.map(|t| t.try_to_vec_as()).transpose()?;
+        let g: Vec<C> = grad_out.host_vec_as()?;
+        let xv: Vec<C> = x.host_vec_as()?;
+        let (mu, rs): (Vec<C>, Vec<C>) = (mean.host_vec_as()?, rstd.host_vec_as()?);
+        let w: Option<Vec<C>> = weight.map(|t| t.host_vec_as()).transpose()?;
         let (gi, gw, gb) = ln_backward_rows::<C>(&g, &xv, (&mu, &rs), w.as_deref(), n)?;
         let gi = Tensor::from_vec(gi, x.dims().to_vec())?.to_dtype(x.dtype())?;
         let param =
@@ -458,8 +458,8 @@ pub fn group_norm(
     let cg = c / num_groups;
     let xc = x.try_contiguous()?;
     float_kernel!(x.dtype(), op, |T, C| {
-        let w: Option<Vec<C>> = weight.map(|t| t.try_to_vec_as()).transpose()?;
-        let b: Option<Vec<C>> = bias.map(|t| t.try_to_vec_as()).transpose()?;
+        let w: Option<Vec<C>> = weight.map(|t| t.host_vec_as()).transpose()?;
+        let b: Option<Vec<C>> = bias.map(|t| t.host_vec_as()).transpose()?;
         let affine = |row: usize, y: &mut [C]| {
             if hw == 0 {
                 return;

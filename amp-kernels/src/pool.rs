@@ -513,7 +513,7 @@ fn check_rows(op: &'static str, planes: usize, rows: usize) -> Result<usize> {
 
 fn index_vec(op: &'static str, idx: &Tensor) -> Result<Vec<i64>> {
     match idx.dtype() {
-        amp_tensor::DType::I64 => idx.try_to_vec_as(),
+        amp_tensor::DType::I64 => idx.host_vec_as(),
         d => Err(Error::invalid(
             op,
             format!("{op}: expected int64 indices, got {d}"),

@@ -97,7 +97,7 @@ fn rows_impl<C: Real>(
     rows: usize,
     n: usize,
 ) -> Result<QuantileRows> {
-    let data = x.try_contiguous()?.to_vec::<C>()?;
+    let data = x.try_contiguous()?.host_vec::<C>()?;
     let nq = q.len();
     let one_row = |r: usize| -> Vec<(C, i64, i64, C)> {
         let row = &data[r * n..(r + 1) * n];
@@ -215,7 +215,7 @@ pub fn fake_quantize_per_tensor_affine(
         qmin: i64,
         qmax: i64,
     ) -> Result<(Vec<C>, Vec<bool>)> {
-        let xs = x.try_to_vec_as::<C>()?;
+        let xs = x.host_vec_as::<C>()?;
         let sc = scale as f32;
         let inv = C::from_f64c((1.0f32 / sc) as f64);
         let (lo, hi) = (qmin as f64, qmax as f64);

@@ -981,7 +981,7 @@ mod same_as_portable {
                         layer_norm::<T>(&x, rows, n, 1e-5, wo.map(|_| &w[..]), bo.map(|_| &b[..]))
                             .expect("kernel")
                             .expect("alloc");
-                    let tb = |t: &amp_tensor::Tensor| bits(&t.try_to_vec_as::<f64>().expect("vec"));
+                    let tb = |t: &amp_tensor::Tensor| bits(&t.host_vec_as::<f64>().expect("vec"));
                     assert_eq!(tb(&o), bits(&o2), "layer_norm n={n}");
                     assert_eq!(tb(&m), bits(&m2), "layer_norm mean n={n}");
                     assert_eq!(tb(&r), bits(&r2), "layer_norm rstd n={n}");

@@ -255,11 +255,11 @@ pub fn grid_sample(
     let out_sp = &grid.dims()[1..grid.rank() - 1];
     let pts: usize = out_sp.iter().product();
     let k = plan.index.dims()[1];
-    let idx: Vec<i64> = plan.index.try_to_vec_as()?;
+    let idx: Vec<i64> = plan.index.host_vec_as()?;
     let mut out_dims = vec![nb, ch];
     out_dims.extend(out_sp);
     float_kernel!(input.dtype(), op, |T, C| {
-        let w: Vec<C> = plan.weight.try_to_vec_as()?;
+        let w: Vec<C> = plan.weight.host_vec_as()?;
         with_slice::<T, _>(input, |xs| {
             let mut out = try_zeroed::<C>(count(&[nb, ch, pts]))?;
             if pts > 0 && in_len > 0 {

@@ -452,6 +452,26 @@ impl Tensor {
         with_dtype!(self.dtype(), S => gather_cast::<S, T>(S::slice(st.cpu()?).expect("dtype matches storage"), self.layout()))
     }
 
+    /// [`Tensor::try_to_vec_as`] for host kernels: a device tensor is
+    /// [`Error::NoDeviceKernel`] instead of a copy to the host, so a kernel without a
+    /// device version never computes on the host behind the caller's back. (The other
+    /// reads, `to_vec*`, `item*`, copy a device tensor to the host, as PyTorch's
+    /// `.tolist()` and `.item()` do.)
+    pub fn host_vec_as<T: Element>(&self) -> Result<Vec<T>> {
+        if !self.device().is_cpu() {
+            return Err(Error::no_device_kernel("host kernel", self.device()));
+        }
+        self.try_to_vec_as()
+    }
+
+    /// [`Tensor::to_vec`] for host kernels (see [`Tensor::host_vec_as`]).
+    pub fn host_vec<T: Element>(&self) -> Result<Vec<T>> {
+        if !self.device().is_cpu() {
+            return Err(Error::no_device_kernel("host kernel", self.device()));
+        }
+        self.to_vec()
+    }
+
     /// The elements as f64 (exact for every dtype but int64 beyond 2^53).
     ///
     /// # Panics

@@ -38,6 +38,7 @@ for l in cublas cublasLt nvrtc; do
     fi
 done
 export LD_LIBRARY_PATH="$W/lib$LIBDIRS:${LD_LIBRARY_PATH:-}"
+export PATH="$PATH:/usr/local/cuda/bin"
 
 section() {
     local name=$1 limit=$2

@@ -175,13 +175,14 @@ fn cargo_artifact(root: &Path, b: &Binary) -> Result<PathBuf, String> {
     // The last artifact line with an executable is the target asked for.
     let text = String::from_utf8_lossy(&output.stdout);
     text.lines()
+        .rev()
         .filter(|l| l.contains("\"reason\":\"compiler-artifact\""))
         .filter_map(|l| {
             let start = l.find("\"executable\":\"")? + "\"executable\":\"".len();
             let end = start + l[start..].find('"')?;
             Some(PathBuf::from(&l[start..end]))
         })
-        .last()
+        .next()
         .ok_or_else(|| format!("cargo {} reported no executable", b.cargo.join(" ")))
 }
 

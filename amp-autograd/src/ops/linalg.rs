@@ -77,14 +77,17 @@ fn triu(x: &Tensor, k: i64) -> Result<Tensor> {
     mul(x, &mask(m, n, x.dtype(), |i, j| j >= i + k)?)
 }
 
-fn eye(n: usize, dtype: DType) -> Tensor {
-    Tensor::from_raw(Raw::eye(n, dtype))
+/// The `n × n` identity of `like`'s dtype on `like`'s device.
+fn eye(n: usize, like: &Tensor) -> Result<Tensor> {
+    Ok(Tensor::from_raw(
+        Raw::eye(n, like.dtype()).to_device(like.device())?,
+    ))
 }
 
 /// `[..., n]` → `[..., n, n]` with `v` on the diagonal.
 fn diag_embed(v: &Tensor) -> Result<Tensor> {
     let n = *v.dims().last().expect("rank >= 1");
-    mul(&unsqueeze(v, -1)?, &eye(n, v.dtype()))
+    mul(&unsqueeze(v, -1)?, &eye(n, v)?)
 }
 
 /// `x` expanded to batch shape `batch` (its last two dims kept).
@@ -528,7 +531,7 @@ fn eigh_core(a: &Tensor, upper: bool) -> Result<(Tensor, Tensor)> {
         let vhgv = mul_scalar(&sub(&vhgv, &mt(&vhgv)?)?, 0.5)?;
         let e = add(
             &sub(&unsqueeze(&w, -2)?, &unsqueeze(&w, -1)?)?,
-            &eye(n, w.dtype()),
+            &eye(n, &w)?,
         )?;
         let mut ga = div(&vhgv, &e)?;
         if let Some(gw) = gw {
@@ -662,7 +665,7 @@ fn svd_backward(
     let s2 = mul(s, s)?;
     let e = add(
         &sub(&unsqueeze(&s2, -2)?, &unsqueeze(&s2, -1)?)?,
-        &eye(k, s.dtype()),
+        &eye(k, s)?,
     )?;
     let s_row = unsqueeze(s, -2)?;
     let s_col = unsqueeze(s, -1)?;
@@ -1059,7 +1062,7 @@ pub fn ormqr(
 /// Unpacks `(L, U)` from a packed square LU factorisation (differentiable).
 fn lu_unpack_lu(lu: &Tensor) -> Result<(Tensor, Tensor)> {
     let n = lu.dims()[lu.rank() - 1];
-    let l = add(&tril(lu, -1)?, &eye(n, lu.dtype()))?;
+    let l = add(&tril(lu, -1)?, &eye(n, lu)?)?;
     Ok((l, triu(lu, 0)?))
 }
 

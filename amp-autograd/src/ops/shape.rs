@@ -92,7 +92,7 @@ pub fn narrow(x: &Tensor, dim: i64, start: usize, len: usize) -> Result<Tensor> 
 /// Zeros of shape `dims` with `src` written at `start..` along `dim` (the backward of
 /// [`narrow`]; its own backward is `narrow`).
 pub fn narrow_scatter(src: &Tensor, dims: &[usize], dim: i64, start: usize) -> Result<Tensor> {
-    let z = Raw::zeros(dims, src.dtype());
+    let z = Raw::zeros_on(dims, src.dtype(), src.device())?;
     let len = src.dims()[wrap_dim(dim, src.rank())?];
     z.narrow(dim, start, len)?.copy_(src.data())?;
     Ok(record(z, "NarrowScatterBackward", &[src], move |g| {
@@ -209,7 +209,7 @@ pub fn gather(x: &Tensor, dim: i64, index: &Tensor) -> Result<Tensor> {
     let xd = x.dims().to_vec();
     let xs = x.clone();
     Ok(record(out, "GatherBackward0", &[&x], move |g| {
-        let z = Tensor::zeros(xd.clone(), g.dtype());
+        let z = Tensor::zeros_on(xd.clone(), g.dtype(), g.device())?;
         Ok(vec![Some(super::pointwise::link_zero(
             scatter_add(&z, dim, &index, g)?,
             &xs,
@@ -236,7 +236,7 @@ pub fn index_select(x: &Tensor, dim: i64, index: &Tensor) -> Result<Tensor> {
     let out = amp_kernels::index_select(x.data(), dim, index.data())?;
     let xd = x.dims().to_vec();
     Ok(record(out, "IndexSelectBackward0", &[&x], move |g| {
-        let z = Tensor::zeros(xd.clone(), g.dtype());
+        let z = Tensor::zeros_on(xd.clone(), g.dtype(), g.device())?;
         Ok(vec![Some(index_add(&z, dim, &index, g, 1.0)?)])
     }))
 }
@@ -265,7 +265,12 @@ pub fn index_copy(x: &Tensor, dim: i64, index: &Tensor, src: &Tensor) -> Result<
     Ok(record(out, "IndexCopyBackward0", &[&x, &src], move |g| {
         Ok(vec![
             grad_if(rx, || {
-                index_copy(g, dim, &index, &Tensor::zeros(sd.clone(), g.dtype()))
+                index_copy(
+                    g,
+                    dim,
+                    &index,
+                    &Tensor::zeros_on(sd.clone(), g.dtype(), g.device())?,
+                )
             })?,
             grad_if(rs, || index_select(g, dim, &index))?,
         ])

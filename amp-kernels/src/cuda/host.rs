@@ -118,6 +118,47 @@ pub fn binary(
     Ok(out)
 }
 
+/// `out = x op s` (`s op x` when `rev`) elementwise for a strided view `x` of a float
+/// buffer and a scalar passed by value (converted to the compute type in the kernel:
+/// float32 for 16-bit and float32, float64 for float64); `op` one of [`BINARY_OPS`].
+/// Returns a contiguous buffer of the view's element count.
+///
+/// # Errors
+/// Unknown op, non-float dtype, a layout outside the buffer, device errors.
+pub fn binary_scalar(
+    op: &str,
+    x: &CudaStorage,
+    layout: &Layout,
+    s: f64,
+    rev: bool,
+) -> Result<CudaStorage> {
+    const OP: &str = "cuda binary";
+    ensure!(
+        BINARY_OPS.contains(&op),
+        invalid(OP, "unknown binary op '{op}'")
+    );
+    check_len(OP, x, layout)?;
+    let dc = x.context().clone();
+    let n = layout.elem_count();
+    let out = CudaStorage::uninit(dc.device, x.dtype(), n)?;
+    if n > 0 {
+        let f = function(
+            &dc,
+            module("binary"),
+            &format!("binary_s_{op}_{}", float_suffix(OP, x.dtype())?),
+        )?;
+        let (xp, xs, op_, n64, r) = (
+            x.device_ptr(),
+            StridedArg::of(OP, layout)?,
+            out.device_ptr(),
+            n as i64,
+            i32::from(rev),
+        );
+        amp_tensor::cuda_launch!(dc, f, grid_for(n), &xp, &xs, &s, &op_, &n64, &r);
+    }
+    Ok(out)
+}
+
 fn check_rows(op: &'static str, x: &CudaStorage, rows: usize, n: usize) -> Result<()> {
     if rows.checked_mul(n) != Some(x.len()) {
         return Err(Error::InvalidShape {

@@ -116,7 +116,7 @@ pub fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, alpha: Option<f64>) -> Resul
     };
     let (a, b) = (on(a, dev)?.to_dtype(cd)?, on(b, dev)?.to_dtype(cd)?);
     let b = match alpha {
-        Some(s) if s != 1.0 => raw_binary("mul", &b, &scalar(s, cd, dev)?)?,
+        Some(s) if s != 1.0 => scalar_op("mul", &b, s, false)?,
         _ => b,
     };
     raw_binary(name, &a, &b)?.to_dtype(od)
@@ -143,19 +143,22 @@ pub fn binary_scalar(op: BinaryOp, a: &Tensor, s: Scalar, rev: bool) -> Result<T
     let promoted = result_type(&[meta(a), Operand::Scalar(s)]).unwrap_or(a.dtype());
     let od = op.out_dtype(promoted);
     floating(name, od, dev)?;
-    let cd = if matches!(op, BinaryOp::Mul | BinaryOp::Div | BinaryOp::Pow) {
-        compute_dtype(od)
+    // The kernel takes the scalar by value and converts it to the compute type;
+    // the ops that round it to the result dtype first get it rounded here.
+    let s = if matches!(op, BinaryOp::Mul | BinaryOp::Div | BinaryOp::Pow) {
+        s.to_f64()
     } else {
-        od
+        // A host value: no device read (`operand` is not a counted host read).
+        Tensor::scalar_of(s, od).operand::<f64>()?
     };
-    let s = scalar(s, od, dev)?.to_dtype(cd)?;
-    let a = a.to_dtype(cd)?;
-    let out = if rev {
-        raw_binary(name, &s, &a)?
-    } else {
-        raw_binary(name, &a, &s)?
-    };
-    out.to_dtype(od)
+    scalar_op(name, &a.to_dtype(od)?, s, rev)
+}
+
+/// `a op s` (`s op a` when `rev`) for a float device tensor and a scalar passed to the
+/// kernel by value (computed in float32 for 16-bit, float64 for float64).
+fn scalar_op(name: &'static str, a: &Tensor, s: f64, rev: bool) -> Result<Tensor> {
+    let out = with_buf(a, |b| host::binary_scalar(name, b, a.layout(), s, rev))?;
+    wrap(out, a.dims())
 }
 
 /// PyTorch's `threshold_backward`: `grad` where `x > threshold`, else 0.
@@ -399,7 +402,6 @@ pub(crate) fn blend(
     alpha: f64,
 ) -> Result<Tensor> {
     let od = product.dtype();
-    let dev = product.device();
     let input = input.filter(|_| beta != 0.0);
     if input.is_none() && alpha == 1.0 {
         return Ok(product.clone());
@@ -407,12 +409,12 @@ pub(crate) fn blend(
     let cd = compute_dtype(od);
     let mut acc = product.to_dtype(cd)?;
     if alpha != 1.0 {
-        acc = raw_binary("mul", &acc, &scalar(alpha, cd, dev)?)?;
+        acc = scalar_op("mul", &acc, alpha, false)?;
     }
     if let Some((t, layout)) = input {
         let i = view_as(t, layout)?.to_dtype(cd)?;
         let i = if beta != 1.0 {
-            raw_binary("mul", &i, &scalar(beta, cd, dev)?)?
+            scalar_op("mul", &i, beta, false)?
         } else {
             i
         };
@@ -687,7 +689,7 @@ pub fn index_add(
     if total > 0 {
         let mut s = on(src, dev)?.to_dtype(acc_dt)?.try_contiguous()?;
         if alpha != 1.0 {
-            s = raw_binary("mul", &s, &scalar(alpha, acc_dt, dev)?)?;
+            s = scalar_op("mul", &s, alpha, false)?;
         }
         let it = upload(idx.to_vec(), dev)?;
         let (dc, f) = index_kernel(&acc, &format!("add_rows_{}", suffix(acc_dt)))?;
@@ -738,11 +740,12 @@ pub fn norm(x: &Tensor, p: f64, mask: &[bool], keepdim: bool) -> Result<Tensor> 
     } else if p == f64::NEG_INFINITY {
         reduce("min", &a, mask, keepdim)?
     } else if p > 0.0 {
-        let powed = raw_binary("pow", &a, &scalar(p, cd, dev)?)?;
-        raw_binary(
+        let powed = scalar_op("pow", &a, p, false)?;
+        scalar_op(
             "pow",
             &reduce("sum", &powed, mask, keepdim)?,
-            &scalar(1.0 / p, cd, dev)?,
+            1.0 / p,
+            false,
         )?
     } else {
         return Err(Error::no_device_kernel("norm", dev));

@@ -108,9 +108,21 @@ __device__ void binary_impl(const T* __restrict__ a, StridedArg as, const T* __r
         out[i] = Num<T>::store(Op::apply(Num<T>::load(a[amp_offset(as, i)]), Num<T>::load(b[amp_offset(bs, i)])));
     }
 }
+/* With a scalar operand passed by value (`s op a` when `rev`): no upload, no sync. */
+template <typename T, typename Op>
+__device__ void binary_s_impl(const T* __restrict__ a, StridedArg as, double s, T* __restrict__ out, i64 n, int rev) {
+    typedef typename Num<T>::acc A;
+    A sv = (A)s;
+    AMP_GRID_STRIDE(i, n) {
+        A x = Num<T>::load(a[amp_offset(as, i)]);
+        out[i] = Num<T>::store(rev ? Op::apply(sv, x) : Op::apply(x, sv));
+    }
+}
 #define AMP_BINARY(T, SUF, OP) \
     extern "C" __global__ void binary_##OP##_##SUF(const T* a, StridedArg as, const T* b, StridedArg bs, T* out, i64 n) { \
-        binary_impl<T, Op_##OP>(a, as, b, bs, out, n); }
+        binary_impl<T, Op_##OP>(a, as, b, bs, out, n); } \
+    extern "C" __global__ void binary_s_##OP##_##SUF(const T* a, StridedArg as, double s, T* out, i64 n, int rev) { \
+        binary_s_impl<T, Op_##OP>(a, as, s, out, n, rev); }
 AMP_FOR_FLOATS(AMP_BINARY, add) AMP_FOR_FLOATS(AMP_BINARY, sub) AMP_FOR_FLOATS(AMP_BINARY, mul)
 AMP_FOR_FLOATS(AMP_BINARY, div) AMP_FOR_FLOATS(AMP_BINARY, maximum) AMP_FOR_FLOATS(AMP_BINARY, minimum)
 AMP_FOR_FLOATS(AMP_BINARY, pow) AMP_FOR_FLOATS(AMP_BINARY, threshold_bwd) AMP_FOR_FLOATS(AMP_BINARY, gelu_bwd)
@@ -367,7 +379,13 @@ pub const MODULES: [Module; 8] = [
     Module {
         name: "binary",
         body: BINARY,
-        kernels: || per_op("binary", &BINARY_OPS),
+        kernels: || {
+            [
+                per_op("binary", &BINARY_OPS),
+                per_op("binary_s", &BINARY_OPS),
+            ]
+            .concat()
+        },
     },
     CAST_MODULE,
     Module {

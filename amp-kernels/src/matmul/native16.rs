@@ -322,7 +322,6 @@ fn single<T: Half, const LOAD: u8>(
     } else {
         1
     };
-    let per_group = strips.div_ceil(groups);
     let mut bpack = take_pack(strips * strip_len)?;
     let strips_of = Strips::new(&mut bpack[..strips * strip_len], strip_len, |s, dst| {
         let j0 = s * NR;
@@ -356,7 +355,10 @@ fn single<T: Half, const LOAD: u8>(
         }
         // The group's strips, each row block starting at its own one, so that workers
         // pack different strips at the same time instead of waiting for each other.
-        let (s0, s1) = (g * per_group, ((g + 1) * per_group).min(strips));
+        // Strips split evenly over the groups (`groups <= strips`, so none is empty;
+        // rounding each group up instead left the last ones past the end with many
+        // threads: 16 threads, 16 strips, 7 groups of 3).
+        let (s0, s1) = (g * strips / groups, (g + 1) * strips / groups);
         let len = s1 - s0;
         let first = rb * len / row_blocks;
         for s in (0..len).map(|i| s0 + (first + i) % len) {

@@ -378,8 +378,8 @@ fn rand(dims: &[usize], d: DType, seed: u64) -> Tensor {
 
 /// `f` on host tensors and on their device copies: same dims and dtype, values within
 /// the dtype's tolerance (`scale` times it), and the device result stays on the device.
-fn same_on_device(what: &str, inputs: &[Tensor], scale: f64, f: impl Fn(&[Tensor]) -> Tensor) {
-    let host = f(inputs);
+fn same_on_device(what: &str, inputs: Vec<Tensor>, scale: f64, f: impl Fn(&[Tensor]) -> Tensor) {
+    let host = f(&inputs);
     let on_dev: Vec<Tensor> = inputs.iter().map(dev).collect();
     let d = f(&on_dev);
     assert_eq!(d.device(), DEV, "{what}: result left the device");
@@ -407,7 +407,7 @@ fn tensor_entries_route_to_the_device() {
                 } else {
                     x.clone()
                 };
-                same_on_device(&format!("{} {d}", op.name()), &[input], 2.0, |t| {
+                same_on_device(&format!("{} {d}", op.name()), vec![input], 2.0, |t| {
                     kx::unary(op, &t[0]).unwrap()
                 });
                 checked += 1;
@@ -415,38 +415,38 @@ fn tensor_entries_route_to_the_device() {
         }
         for op in [B::Add, B::Sub, B::Mul, B::Div, B::Maximum, B::Minimum] {
             let name = format!("{} {d}", op.name());
-            same_on_device(&name, &[x.clone(), row.clone()], 1.0, |t| {
+            same_on_device(&name, vec![x.clone(), row.clone()], 1.0, |t| {
                 kx::binary(op, &t[0], &t[1]).unwrap()
             });
-            same_on_device(&format!("{name} scalar"), &[x.clone()], 1.0, |t| {
+            same_on_device(&format!("{name} scalar"), vec![x.clone()], 1.0, |t| {
                 kx::binary_scalar(op, &t[0], 0.1).unwrap()
             });
-            same_on_device(&format!("scalar {name}"), &[x.clone()], 1.0, |t| {
+            same_on_device(&format!("scalar {name}"), vec![x.clone()], 1.0, |t| {
                 kx::scalar_binary(op, 3.0, &t[0]).unwrap()
             });
             checked += 3;
         }
         same_on_device(
             &format!("add_scaled {d}"),
-            &[x.clone(), y.clone()],
+            vec![x.clone(), y.clone()],
             1.0,
             |t| kx::add_scaled(&t[0], &t[1], -0.25).unwrap(),
         );
         same_on_device(
             &format!("threshold_backward {d}"),
-            &[x.clone(), y.clone()],
+            vec![x.clone(), y.clone()],
             1.0,
             |t| kx::threshold_backward(&t[0], &t[1], 0.0).unwrap(),
         );
         same_on_device(
             &format!("threshold_backward 0.3 {d}"),
-            &[x.clone(), y.clone()],
+            vec![x.clone(), y.clone()],
             1.0,
             |t| kx::threshold_backward(&t[0], &t[1], 0.3).unwrap(),
         );
         same_on_device(
             &format!("gelu_backward {d}"),
-            &[x.clone(), y.clone()],
+            vec![x.clone(), y.clone()],
             2.0,
             |t| kx::gelu_backward(&t[0], &t[1]).unwrap(),
         );
@@ -458,32 +458,32 @@ fn tensor_entries_route_to_the_device() {
             (&[0, 2][..], false),
         ] {
             let w = format!("{dims:?} keepdim {keep} {d}");
-            same_on_device(&format!("sum {w}"), &[cube.clone()], 4.0, |t| {
+            same_on_device(&format!("sum {w}"), vec![cube.clone()], 4.0, |t| {
                 kx::sum(&t[0], dims, keep, None).unwrap()
             });
-            same_on_device(&format!("mean {w}"), &[cube.clone()], 4.0, |t| {
+            same_on_device(&format!("mean {w}"), vec![cube.clone()], 4.0, |t| {
                 kx::mean(&t[0], dims, keep, None).unwrap()
             });
-            same_on_device(&format!("amax {w}"), &[cube.clone()], 0.0, |t| {
+            same_on_device(&format!("amax {w}"), vec![cube.clone()], 0.0, |t| {
                 kx::amax(&t[0], dims, keep).unwrap()
             });
-            same_on_device(&format!("amin {w}"), &[cube.clone()], 0.0, |t| {
+            same_on_device(&format!("amin {w}"), vec![cube.clone()], 0.0, |t| {
                 kx::amin(&t[0], dims, keep).unwrap()
             });
             checked += 4;
         }
         for dim in [0i64, 1, -1] {
             let w = format!("dim {dim} {d}");
-            same_on_device(&format!("softmax {w}"), &[cube.clone()], 2.0, |t| {
+            same_on_device(&format!("softmax {w}"), vec![cube.clone()], 2.0, |t| {
                 kx::softmax(&t[0], dim, None).unwrap()
             });
-            same_on_device(&format!("log_softmax {w}"), &[cube.clone()], 2.0, |t| {
+            same_on_device(&format!("log_softmax {w}"), vec![cube.clone()], 2.0, |t| {
                 kx::log_softmax(&t[0], dim, None).unwrap()
             });
             let g = rand(&[4, 5, 6], d, 5);
             same_on_device(
                 &format!("softmax_backward {w}"),
-                &[g.clone(), cube.clone()],
+                vec![g.clone(), cube.clone()],
                 4.0,
                 |t| {
                     let y = kx::softmax(&t[1], dim, None).unwrap();
@@ -492,7 +492,7 @@ fn tensor_entries_route_to_the_device() {
             );
             same_on_device(
                 &format!("log_softmax_backward {w}"),
-                &[g, cube.clone()],
+                vec![g, cube.clone()],
                 4.0,
                 |t| {
                     let y = kx::log_softmax(&t[1], dim, None).unwrap();
@@ -504,7 +504,7 @@ fn tensor_entries_route_to_the_device() {
         let (w, b) = (rand(&[6], d, 6), rand(&[6], d, 7));
         same_on_device(
             &format!("layer_norm {d}"),
-            &[cube.clone(), w.clone(), b.clone()],
+            vec![cube.clone(), w.clone(), b.clone()],
             4.0,
             |t| {
                 kx::layer_norm(&t[0], &[6], Some(&t[1]), Some(&t[2]), 1e-5)
@@ -516,7 +516,7 @@ fn tensor_entries_route_to_the_device() {
         for part in 0..3 {
             same_on_device(
                 &format!("layer_norm_backward {part} {d}"),
-                &[g.clone(), cube.clone(), w.clone(), b.clone()],
+                vec![g.clone(), cube.clone(), w.clone(), b.clone()],
                 8.0,
                 |t| {
                     let (_, mean, rstd) =
@@ -530,18 +530,18 @@ fn tensor_entries_route_to_the_device() {
         }
         let (a, bm, c) = (rand(&[5, 7], d, 9), rand(&[7, 3], d, 10), rand(&[3], d, 11));
         let k = 8.0;
-        same_on_device(&format!("mm {d}"), &[a.clone(), bm.clone()], k, |t| {
+        same_on_device(&format!("mm {d}"), vec![a.clone(), bm.clone()], k, |t| {
             kx::mm(&t[0], &t[1]).unwrap()
         });
         same_on_device(
             &format!("mm transposed {d}"),
-            &[a.clone(), bm.clone()],
+            vec![a.clone(), bm.clone()],
             k,
             |t| kx::mm(&t[1].t().unwrap(), &t[0].t().unwrap()).unwrap(),
         );
         same_on_device(
             &format!("addmm {d}"),
-            &[c.clone(), a.clone(), bm.clone()],
+            vec![c.clone(), a.clone(), bm.clone()],
             k,
             |t| kx::addmm(&t[0], &t[1], &t[2], 0.5, 2.0).unwrap(),
         );
@@ -550,24 +550,24 @@ fn tensor_entries_route_to_the_device() {
             rand(&[3, 7, 4], d, 13),
             rand(&[5, 4], d, 14),
         );
-        same_on_device(&format!("bmm {d}"), &[ba.clone(), bb.clone()], k, |t| {
+        same_on_device(&format!("bmm {d}"), vec![ba.clone(), bb.clone()], k, |t| {
             kx::bmm(&t[0], &t[1]).unwrap()
         });
         same_on_device(
             &format!("baddbmm {d}"),
-            &[bi.clone(), ba.clone(), bb.clone()],
+            vec![bi.clone(), ba.clone(), bb.clone()],
             k,
             |t| kx::baddbmm(&t[0], &t[1], &t[2], 1.0, 1.0).unwrap(),
         );
         same_on_device(
             &format!("addbmm {d}"),
-            &[bi.clone(), ba.clone(), bb.clone()],
+            vec![bi.clone(), ba.clone(), bb.clone()],
             k,
             |t| kx::addbmm(&t[0], &t[1], &t[2], 0.5, 1.0).unwrap(),
         );
         same_on_device(
             &format!("matmul broadcast {d}"),
-            &[ba.clone(), bm.clone()],
+            vec![ba.clone(), bm.clone()],
             k,
             |t| kx::matmul(&t[0], &t[1].narrow(0, 0, 7).unwrap()).unwrap(),
         );

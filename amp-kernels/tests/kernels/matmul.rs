@@ -1003,3 +1003,32 @@ fn forcing_a_kernel_is_scoped_and_checked() {
         assert!(e.to_string().contains("avx512_bf16"), "{e}");
     }
 }
+
+/// Many workers (16, as on a 16-core machine) cut a thin product into more groups of
+/// strips than divide the strips evenly (5 panels, 16 strips, 7 groups): every group
+/// gets its strips. Rounding each group's share up once sent the last group past the
+/// end (an out-of-bounds strip index on a 16-core Xeon).
+#[test]
+fn many_workers_split_a_thin_product() {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(16)
+        .build()
+        .unwrap();
+    for dt in [DType::BF16, DType::F16] {
+        let a = randn(&[40, 64], dt, 92);
+        let b = randn(&[64, 512], dt, 93);
+        let want = ref_matmul(&a, &b);
+        for kernel in Kernel16::ALL {
+            if !applicable(dt, kernel, "many_workers_split_a_thin_product") {
+                continue;
+            }
+            let got = pool.install(|| with_kernel16(kernel, || mm(&a, &b).unwrap()).unwrap());
+            assert_close(
+                &got,
+                &want,
+                dt,
+                &format!("{dt} on {} with 16 workers", kernel.name()),
+            );
+        }
+    }
+}

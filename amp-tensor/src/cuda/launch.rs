@@ -85,6 +85,25 @@ pub fn arch_of(dc: &DeviceContext) -> Result<String> {
 /// # Errors
 /// As [`compile_module`], or a driver error loading the module.
 pub fn function(dc: &DeviceContext, module: &Module, name: &str) -> Result<CudaFunction> {
+    // The functions already looked up (one driver call saved per launch).
+    type Found = HashMap<(Device, &'static str, String), CudaFunction>;
+    static FOUND: OnceLock<Mutex<Found>> = OnceLock::new();
+    let found = FOUND.get_or_init(|| Mutex::new(HashMap::new()));
+    let key = (dc.device, module.name, name.to_string());
+    if let Some(f) = found.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(f.clone());
+    }
+    let f = load_function(dc, module, name)?;
+    found
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, f.clone());
+    Ok(f)
+}
+
+/// [`function`] without the per-name cache: the module loaded once per device, the
+/// function looked up.
+fn load_function(dc: &DeviceContext, module: &Module, name: &str) -> Result<CudaFunction> {
     type Loaded = HashMap<(Device, &'static str), Arc<CudaModule>>;
     static LOADED: OnceLock<Mutex<Loaded>> = OnceLock::new();
     let loaded = LOADED.get_or_init(|| Mutex::new(HashMap::new()));

