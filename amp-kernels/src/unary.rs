@@ -946,15 +946,15 @@ macro_rules! with_unary_ops {
             /// `e^x`.
             Exp = "exp", cuda "amp_exp(x)";
             /// `e^x - 1`, accurate near 0.
-            Expm1 = "expm1";
+            Expm1 = "expm1", cuda "amp_expm1(x)";
             /// Natural logarithm.
             Log = "log", cuda "amp_log(x)";
             /// `log(1 + x)`, accurate near 0.
-            Log1p = "log1p";
+            Log1p = "log1p", cuda "amp_log1p(x)";
             /// Base-2 logarithm.
-            Log2 = "log2";
+            Log2 = "log2", cuda "amp_log2(x)";
             /// Base-10 logarithm.
-            Log10 = "log10";
+            Log10 = "log10", cuda "amp_log10(x)";
             /// Square root.
             Sqrt = "sqrt", cuda "amp_sqrt(x)";
             /// `1 / sqrt(x)`.
@@ -966,17 +966,17 @@ macro_rules! with_unary_ops {
             /// Cosine.
             Cos = "cos", cuda "amp_cos(x)";
             /// Tangent.
-            Tan = "tan";
+            Tan = "tan", cuda "amp_tan(x)";
             /// Arcsine.
-            Asin = "asin";
+            Asin = "asin", cuda "amp_asin(x)";
             /// Arccosine.
-            Acos = "acos";
+            Acos = "acos", cuda "amp_acos(x)";
             /// Arctangent.
-            Atan = "atan";
+            Atan = "atan", cuda "amp_atan(x)";
             /// Hyperbolic sine.
-            Sinh = "sinh";
+            Sinh = "sinh", cuda "amp_sinh(x)";
             /// Hyperbolic cosine.
-            Cosh = "cosh";
+            Cosh = "cosh", cuda "amp_cosh(x)";
             /// Hyperbolic tangent.
             Tanh = "tanh", cuda "amp_tanh(x)";
             /// Logistic sigmoid `1 / (1 + e^-x)`, evaluated without overflow.
@@ -988,17 +988,17 @@ macro_rules! with_unary_ops {
             /// GELU with PyTorch's tanh approximation (`approximate='tanh'`).
             GeluTanh = "gelu";
             /// The error function.
-            Erf = "erf";
+            Erf = "erf", cuda "amp_erf(x)";
             /// The inverse error function (PyTorch's `calc_erfinv`).
             Erfinv = "erfinv";
             /// -1, 0 or 1 (0 for NaN, as PyTorch).
-            Sign = "sign";
+            Sign = "sign", cuda "(x > A(0)) ? A(1) : ((x < A(0)) ? A(-1) : x)";
             /// Round toward -∞.
-            Floor = "floor";
+            Floor = "floor", cuda "amp_floor(x)";
             /// Round toward +∞.
-            Ceil = "ceil";
+            Ceil = "ceil", cuda "amp_ceil(x)";
             /// Round half to even (`torch.round`).
-            Round = "round";
+            Round = "round", cuda "amp_rint(x)";
             /// `x * x`.
             Square = "square", cuda "x * x";
             @device_only:

@@ -51,7 +51,8 @@ fn last2(op: &'static str, x: &Tensor) -> Result<(usize, usize)> {
 }
 
 /// A constant `[m, n]` mask of `dtype`: ones where `keep(i, j)`.
-fn mask(m: usize, n: usize, dtype: DType, keep: impl Fn(i64, i64) -> bool) -> Result<Tensor> {
+/// An `m × n` mask of `like`'s dtype on `like`'s device.
+fn mask(m: usize, n: usize, like: &Tensor, keep: impl Fn(i64, i64) -> bool) -> Result<Tensor> {
     let mut v = vec![0f64; m * n];
     for i in 0..m {
         for j in 0..n {
@@ -60,21 +61,25 @@ fn mask(m: usize, n: usize, dtype: DType, keep: impl Fn(i64, i64) -> bool) -> Re
             }
         }
     }
-    Ok(Tensor::from_raw(Raw::from_vec(v, [m, n])?.to_dtype(dtype)?))
+    Ok(Tensor::from_raw(
+        Raw::from_vec(v, [m, n])?
+            .to_dtype(like.dtype())?
+            .to_device(like.device())?,
+    ))
 }
 
 /// `torch.tril(x, k)` (differentiable: a product with a constant mask).
 fn tril(x: &Tensor, k: i64) -> Result<Tensor> {
     let r = x.rank();
     let (m, n) = (x.dims()[r - 2], x.dims()[r - 1]);
-    mul(x, &mask(m, n, x.dtype(), |i, j| j <= i + k)?)
+    mul(x, &mask(m, n, &x, |i, j| j <= i + k)?)
 }
 
 /// `torch.triu(x, k)`.
 fn triu(x: &Tensor, k: i64) -> Result<Tensor> {
     let r = x.rank();
     let (m, n) = (x.dims()[r - 2], x.dims()[r - 1]);
-    mul(x, &mask(m, n, x.dtype(), |i, j| j >= i + k)?)
+    mul(x, &mask(m, n, &x, |i, j| j >= i + k)?)
 }
 
 /// The `n × n` identity of `like`'s dtype on `like`'s device.
@@ -163,7 +168,7 @@ pub fn trace(x: &Tensor) -> Result<Tensor> {
         ));
     }
     let (m, n) = (x.dims()[0], x.dims()[1]);
-    let d = mul(&x, &mask(m, n, x.dtype(), |i, j| i == j)?)?;
+    let d = mul(&x, &mask(m, n, &x, |i, j| i == j)?)?;
     sum(&d, &[], false, None)
 }
 
@@ -932,8 +937,8 @@ pub fn geqrf(a: &Tensor) -> Result<(Tensor, Tensor)> {
 fn reflector(a: &Tensor, i: usize) -> Result<Tensor> {
     let m = a.dims()[a.rank() - 2];
     let col = narrow(a, -1, i, 1)?;
-    let below = mask(m, 1, a.dtype(), |r, _| r > i as i64)?;
-    let unit = mask(m, 1, a.dtype(), |r, _| r == i as i64)?;
+    let below = mask(m, 1, &a, |r, _| r > i as i64)?;
+    let unit = mask(m, 1, &a, |r, _| r == i as i64)?;
     add(&mul(&col, &below)?, &unit)
 }
 
@@ -982,7 +987,7 @@ fn householder_impl(op: &'static str, a: &Tensor, tau: &Tensor) -> Result<Tensor
     }
     let (m, n, k) = check_householder(op, a, tau)?;
     let batch = &a.dims()[..a.rank() - 2];
-    let id = mask(m, n, a.dtype(), |i, j| i == j)?;
+    let id = mask(m, n, &a, |i, j| i == j)?;
     let mut q = expand_batch(&id, batch)?;
     for i in (0..k).rev() {
         q = apply_reflector(a, tau, i, &q, true)?;

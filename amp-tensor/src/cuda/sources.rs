@@ -82,6 +82,14 @@ __device__ __forceinline__ float amp_erf(float x) { return erff(x); }
 __device__ __forceinline__ double amp_erf(double x) { return erf(x); }
 __device__ __forceinline__ float amp_abs(float x) { return fabsf(x); }
 __device__ __forceinline__ double amp_abs(double x) { return fabs(x); }
+#define AMP_MATH1(NAME, FF, DF) \
+    __device__ __forceinline__ float amp_##NAME(float x) { return FF(x); } \
+    __device__ __forceinline__ double amp_##NAME(double x) { return DF(x); }
+AMP_MATH1(expm1, expm1f, expm1) AMP_MATH1(log1p, log1pf, log1p) AMP_MATH1(log2, log2f, log2)
+AMP_MATH1(log10, log10f, log10) AMP_MATH1(tan, tanf, tan) AMP_MATH1(asin, asinf, asin)
+AMP_MATH1(acos, acosf, acos) AMP_MATH1(atan, atanf, atan) AMP_MATH1(sinh, sinhf, sinh)
+AMP_MATH1(cosh, coshf, cosh) AMP_MATH1(floor, floorf, floor) AMP_MATH1(ceil, ceilf, ceil)
+AMP_MATH1(rint, rintf, rint)
 __device__ __forceinline__ float amp_pow(float x, float y) { return powf(x, y); }
 __device__ __forceinline__ double amp_pow(double x, double y) { return pow(x, y); }
 __device__ __forceinline__ bool amp_isfinite(float x) { return fabsf(x) <= 3.402823466e+38f; }
