@@ -289,7 +289,9 @@ pub fn multilabel_margin_loss_forward(
     let cdt = x.dtype();
     let dev = x.device();
     let idx = Tensor::from_vec(idx, [n, k])?.to_device(dev)?;
-    let valid = Tensor::from_vec(valid, [n, k, 1])?.to_dtype(cdt)?.to_device(dev)?;
+    let valid = Tensor::from_vec(valid, [n, k, 1])?
+        .to_dtype(cdt)?
+        .to_device(dev)?;
     let is_t = Tensor::from_vec(is_target, [n, c])?.to_device(dev)?;
     let not_t = unsqueeze(&rsub_scalar(&is_t, 1.0)?.to_dtype(cdt)?, 1)?;
     let xj = gather(&x, 1, &idx)?; // [n, k]
@@ -349,7 +351,9 @@ pub fn multi_margin_loss(
     }
     let cdt = x.dtype();
     let y = Tensor::from_vec(tv, [n, 1])?.to_device(x.device())?;
-    let other = Tensor::from_vec(other, [n, c])?.to_dtype(cdt)?.to_device(x.device())?;
+    let other = Tensor::from_vec(other, [n, c])?
+        .to_dtype(cdt)?
+        .to_device(x.device())?;
     let xy = gather(&x, 1, &y)?; // [n, 1]
     let z = add(&rsub_scalar(&xy, margin)?, &x)?;
     let mut h = relu(&z)?;
