@@ -80,10 +80,11 @@ impl CpuStorage {
 /// A tensor's buffer on some device: host memory, or (behind the `cuda` feature) a
 /// CUDA device buffer.
 ///
-/// Kernels reach a buffer through [`Storage::cpu`] or [`Storage::cuda`], which fail
-/// with [`crate::Error::NoDeviceKernel`] when the buffer lives elsewhere: a host kernel
-/// handed a device tensor reports that the op has no kernel there, it never copies the
-/// data to the host behind the caller's back.
+/// Kernels reach a buffer through [`Storage::cpu`] or `Storage::cuda` (with the `cuda`
+/// feature), which fail with [`crate::Error::NoDeviceKernel`] (or a device mismatch)
+/// when the buffer lives elsewhere: a host kernel handed a device tensor reports that
+/// the op has no kernel there, it never copies the data to the host behind the
+/// caller's back.
 #[derive(Debug)]
 pub enum Storage {
     Cpu(CpuStorage),

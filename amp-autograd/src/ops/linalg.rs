@@ -72,14 +72,14 @@ fn mask(m: usize, n: usize, like: &Tensor, keep: impl Fn(i64, i64) -> bool) -> R
 fn tril(x: &Tensor, k: i64) -> Result<Tensor> {
     let r = x.rank();
     let (m, n) = (x.dims()[r - 2], x.dims()[r - 1]);
-    mul(x, &mask(m, n, &x, |i, j| j <= i + k)?)
+    mul(x, &mask(m, n, x, |i, j| j <= i + k)?)
 }
 
 /// `torch.triu(x, k)`.
 fn triu(x: &Tensor, k: i64) -> Result<Tensor> {
     let r = x.rank();
     let (m, n) = (x.dims()[r - 2], x.dims()[r - 1]);
-    mul(x, &mask(m, n, &x, |i, j| j >= i + k)?)
+    mul(x, &mask(m, n, x, |i, j| j >= i + k)?)
 }
 
 /// The `n × n` identity of `like`'s dtype on `like`'s device.
@@ -937,8 +937,8 @@ pub fn geqrf(a: &Tensor) -> Result<(Tensor, Tensor)> {
 fn reflector(a: &Tensor, i: usize) -> Result<Tensor> {
     let m = a.dims()[a.rank() - 2];
     let col = narrow(a, -1, i, 1)?;
-    let below = mask(m, 1, &a, |r, _| r > i as i64)?;
-    let unit = mask(m, 1, &a, |r, _| r == i as i64)?;
+    let below = mask(m, 1, a, |r, _| r > i as i64)?;
+    let unit = mask(m, 1, a, |r, _| r == i as i64)?;
     add(&mul(&col, &below)?, &unit)
 }
 
@@ -987,7 +987,7 @@ fn householder_impl(op: &'static str, a: &Tensor, tau: &Tensor) -> Result<Tensor
     }
     let (m, n, k) = check_householder(op, a, tau)?;
     let batch = &a.dims()[..a.rank() - 2];
-    let id = mask(m, n, &a, |i, j| i == j)?;
+    let id = mask(m, n, a, |i, j| i == j)?;
     let mut q = expand_batch(&id, batch)?;
     for i in (0..k).rev() {
         q = apply_reflector(a, tau, i, &q, true)?;
