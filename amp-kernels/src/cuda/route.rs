@@ -1,8 +1,8 @@
 //! The device side of each op family: what a public kernel entry runs when its tensors
-//! are on a CUDA device. Each family's entry calls [`crate::on_device!`] first, which
+//! are on a CUDA device. Each family's entry calls `compute::on_device!` first, which
 //! lands here; nothing here falls back to the host.
 //!
-//! Ops are built from the launchers in [`super::host`] (elementwise, row reductions,
+//! Ops are built from the launchers in `cuda::host` (elementwise, row reductions,
 //! softmax, layer norm, cuBLAS products, the AMP kernels) and from each other: a
 //! reduction over any dims is a permutation plus a row reduction, a softmax backward is
 //! a product, a row sum and a difference. A composite over 16-bit tensors computes in
