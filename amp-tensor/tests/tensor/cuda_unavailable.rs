@@ -84,3 +84,21 @@ fn missing_libraries_are_named() {
         }
     }
 }
+
+/// The error of an op without a kernel for a tensor's device, in PyTorch's words; and the
+/// host-kernel reads give a host tensor's values as the plain reads do.
+#[test]
+fn no_device_kernel_speaks_pytorch() {
+    let e = Error::no_device_kernel("cumsum", Device::Cuda(0));
+    assert_eq!(
+        e.to_string(),
+        "Could not run 'cumsum' with arguments from the 'CUDA' backend: it has no kernel for cuda:0 yet"
+    );
+    let t = Tensor::from_vec(vec![1.5f32, -2.0], [2]).unwrap();
+    assert_eq!(t.host_vec_as::<f64>().unwrap(), t.to_vec_as::<f64>());
+    assert_eq!(t.host_vec::<f32>().unwrap(), vec![1.5, -2.0]);
+    assert!(
+        t.host_vec::<f64>().is_err(),
+        "host_vec checks the dtype as to_vec does"
+    );
+}

@@ -593,19 +593,6 @@ const USAGE: &str =
                       mpirun -np 2 -x RAYON_NUM_THREADS=1 target/release/examples/train --ddp):
                       each rank trains on its share of every batch, gradients averaged";
 
-/// `cpu`, `cuda` or `cuda:N`, as PyTorch spells devices.
-fn parse_device(s: &str) -> Result<Device, String> {
-    match s {
-        "cpu" => Ok(Device::Cpu),
-        "cuda" => Ok(Device::Cuda(0)),
-        _ => s
-            .strip_prefix("cuda:")
-            .and_then(|n| n.parse().ok())
-            .map(Device::Cuda)
-            .ok_or(format!("--device: expected cpu, cuda or cuda:N, not {s}")),
-    }
-}
-
 fn parse_args() -> Result<Args, String> {
     let mut a = Args {
         dtype: DType::BF16,
@@ -648,7 +635,11 @@ fn parse_args() -> Result<Args, String> {
             "--stop-after" => a.stop_after = Some(num("--stop-after", val("--stop-after")?)?),
             "--resume" => a.resume = Some(PathBuf::from(val("--resume")?)),
             "--ddp" => a.ddp = true,
-            "--device" => a.device = parse_device(&val("--device")?)?,
+            "--device" => {
+                a.device = val("--device")?
+                    .parse()
+                    .map_err(|e: amp::tensor::Error| e.to_string())?
+            }
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
