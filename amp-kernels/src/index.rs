@@ -25,9 +25,8 @@ use crate::reduce::{line_geometry, num_kernel, Num};
 /// PyTorch's messages) and the offsets the device kernels take are computed here.
 fn index_values(op: &'static str, index: &Tensor, allow_int32: bool) -> Result<Vec<i64>> {
     match index.dtype() {
-        DType::I64 | DType::I32 if allow_int32 || index.dtype() == DType::I64 => {
-            index.try_to_vec_as()
-        }
+        DType::I64 => index.try_to_vec_as(),
+        DType::I32 if allow_int32 => index.try_to_vec_as(),
         d => Err(Error::invalid(
             op,
             format!(

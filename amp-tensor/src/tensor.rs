@@ -53,6 +53,20 @@ impl DeviceCell {
 #[derive(Clone)]
 pub struct Tensor(Arc<Inner>);
 
+/// A copy of the whole buffer `st` on `device` (a different device than its own).
+#[cfg(feature = "cuda")]
+fn moved_to(st: &Storage, device: Device) -> Result<Storage> {
+    use crate::cuda::CudaStorage;
+    Ok(match (st, device) {
+        (Storage::Cpu(h), Device::Cuda(_)) => Storage::Cuda(CudaStorage::from_cpu(h, device)?),
+        (Storage::Cuda(d), Device::Cpu) => Storage::Cpu(d.to_cpu()?),
+        (Storage::Cuda(d), Device::Cuda(_)) => {
+            Storage::Cuda(CudaStorage::from_cpu(&d.to_cpu()?, device)?)
+        }
+        (Storage::Cpu(h), Device::Cpu) => Storage::Cpu(h.clone()),
+    })
+}
+
 fn poisoned<T>(e: std::sync::PoisonError<T>) -> T {
     e.into_inner()
 }
@@ -62,18 +76,7 @@ impl Tensor {
 
     /// A tensor over `storage` viewed through `layout` (host storage).
     pub fn from_storage(storage: CpuStorage, layout: Layout) -> Result<Tensor> {
-        let needed = max_offset(&layout).map_or(0, |m| m + 1);
-        if needed > storage.len() {
-            return Err(Error::InvalidShape {
-                op: "from_storage",
-                shape: layout.dims().to_vec(),
-                msg: format!(
-                    "layout needs {needed} elements but storage has {}",
-                    storage.len()
-                ),
-            });
-        }
-        Ok(Self::over(Storage::Cpu(storage), layout))
+        Self::over_checked("from_storage", Storage::Cpu(storage), layout)
     }
 
     /// A tensor over a device buffer viewed through `layout`.
@@ -82,10 +85,15 @@ impl Tensor {
     /// [`Error::InvalidShape`] when the layout reaches past the buffer.
     #[cfg(feature = "cuda")]
     pub fn from_cuda(storage: crate::cuda::CudaStorage, layout: Layout) -> Result<Tensor> {
+        Self::over_checked("from_cuda", Storage::Cuda(storage), layout)
+    }
+
+    /// [`Tensor::over`], failing when `layout` reaches past the buffer.
+    fn over_checked(op: &'static str, storage: Storage, layout: Layout) -> Result<Tensor> {
         let needed = max_offset(&layout).map_or(0, |m| m + 1);
         if needed > storage.len() {
             return Err(Error::InvalidShape {
-                op: "from_cuda",
+                op,
                 shape: layout.dims().to_vec(),
                 msg: format!(
                     "layout needs {needed} elements but storage has {}",
@@ -93,7 +101,7 @@ impl Tensor {
                 ),
             });
         }
-        Ok(Self::over(Storage::Cuda(storage), layout))
+        Ok(Self::over(storage, layout))
     }
 
     fn over(storage: Storage, layout: Layout) -> Tensor {
@@ -574,19 +582,21 @@ impl Tensor {
             )
         );
         // The whole buffer travels, so the layout (offset, strides) stays valid.
-        let whole = {
-            let n = self.storage().len();
-            Tensor::over(self.storage().clone(), Layout::contiguous(vec![n]))
-        };
-        let moved = whole.to_device(device)?;
-        let mut st = self.storage_mut();
-        let new = std::mem::replace(
-            &mut *moved.storage_mut(),
-            Storage::Cpu(CpuStorage::F32(Vec::new())),
-        );
-        *st = new;
+        let moved = self.to_device_checked(device)?;
+        *self.storage_mut() = moved;
         self.0.device.set(device);
         Ok(())
+    }
+
+    /// This tensor's whole buffer on `device` (checked to exist).
+    fn to_device_checked(&self, device: Device) -> Result<Storage> {
+        if !device.is_cpu() {
+            crate::cuda::ensure_device(device, &[crate::cuda::Library::Driver])?;
+        }
+        #[cfg(feature = "cuda")]
+        return moved_to(&self.storage(), device);
+        #[cfg(not(feature = "cuda"))]
+        unreachable!("ensure_device fails without the cuda feature")
     }
 
     #[cfg(not(feature = "cuda"))]
@@ -599,30 +609,16 @@ impl Tensor {
 
     #[cfg(feature = "cuda")]
     fn to_device_imp(&self, device: Device) -> Result<Tensor> {
-        use crate::cuda::CudaStorage;
+        // Only the view's elements travel: a copy first unless it is its whole buffer.
         let c = self.try_contiguous()?;
         let range = c.layout().contiguous_range().expect("contiguous");
-        let st = c.storage();
-        let layout = Layout::contiguous(self.shape());
-        match (&*st, device) {
-            (Storage::Cpu(h), Device::Cuda(_)) => {
-                let part = with_dtype!(self.dtype(), S => S::into_storage(
-                    crate::pool::try_collect(range.len(), S::slice(h).expect("dtype matches storage")[range].iter().copied())?));
-                Tensor::from_cuda(CudaStorage::from_cpu(&part, device)?, layout)
-            }
-            (Storage::Cuda(d), _) => {
-                let host = d.to_cpu()?;
-                let part = with_dtype!(self.dtype(), S => S::into_storage(
-                    crate::pool::try_collect(range.len(), S::slice(&host).expect("dtype matches storage")[range].iter().copied())?));
-                match device {
-                    Device::Cpu => Tensor::from_storage(part, layout),
-                    Device::Cuda(_) => {
-                        Tensor::from_cuda(CudaStorage::from_cpu(&part, device)?, layout)
-                    }
-                }
-            }
-            (Storage::Cpu(_), Device::Cpu) => unreachable!("same device returned early"),
-        }
+        let c = if range.start == 0 && range.len() == c.storage().len() {
+            c
+        } else {
+            c.try_copy()?
+        };
+        let moved = moved_to(&c.storage(), device)?;
+        Ok(Self::over(moved, Layout::contiguous(self.shape())))
     }
 
     /// A contiguous tensor with the same values (this tensor itself when contiguous).

@@ -13,87 +13,16 @@ use std::process::{Command, ExitCode};
 
 use crate::ci::workspace_root;
 
-/// A binary of the bundle: its name in `bin/` and how cargo builds it.
-struct Binary {
-    name: &'static str,
-    cargo: &'static [&'static str],
-}
-
-const BINARIES: &[Binary] = &[
-    Binary {
-        name: "kernels",
-        cargo: &[
-            "test",
-            "--no-run",
-            "-p",
-            "amp-kernels",
-            "--features",
-            "cuda",
-            "--test",
-            "kernels",
-        ],
-    },
-    Binary {
-        name: "amp",
-        cargo: &[
-            "test",
-            "--no-run",
-            "-p",
-            "amp",
-            "--features",
-            "cuda",
-            "--test",
-            "amp",
-        ],
-    },
-    Binary {
-        name: "conformance",
-        cargo: &[
-            "build",
-            "-p",
-            "conformance",
-            "--features",
-            "cuda",
-            "--bin",
-            "conformance",
-        ],
-    },
-    Binary {
-        name: "train",
-        cargo: &[
-            "build",
-            "-p",
-            "amp",
-            "--features",
-            "cuda",
-            "--example",
-            "train",
-        ],
-    },
-    Binary {
-        name: "gpu_step_bench",
-        cargo: &[
-            "build",
-            "-p",
-            "amp",
-            "--features",
-            "cuda",
-            "--example",
-            "gpu_step_bench",
-        ],
-    },
-    Binary {
-        name: "cuda_bench",
-        cargo: &[
-            "build",
-            "-p",
-            "amp-kernels",
-            "--features",
-            "cuda",
-            "--example",
-            "cuda_bench",
-        ],
-    },
+/// The binaries of the bundle, each `(name, package, kind)`: cargo's target `name` of
+/// that kind (`--test`, `--bin`, `--example`) in `package`, built in release with the
+/// `cuda` feature; `name` is also its file in `bin/`.
+const BINARIES: &[(&str, &str, &str)] = &[
+    ("kernels", "amp-kernels", "--test"),
+    ("amp", "amp", "--test"),
+    ("conformance", "conformance", "--bin"),
+    ("train", "amp", "--example"),
+    ("gpu_step_bench", "amp", "--example"),
+    ("cuda_bench", "amp-kernels", "--example"),
 ];
 
 /// The scripts copied beside the binaries: (source in the workspace, name in the bundle).
@@ -134,9 +63,9 @@ fn build(root: &Path, out: &Path) -> Result<(), String> {
         std::fs::remove_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
     }
     std::fs::create_dir_all(&bin).map_err(|e| format!("{}: {e}", bin.display()))?;
-    for b in BINARIES {
-        let built = cargo_artifact(root, b)?;
-        let dest = bin.join(b.name);
+    for &(name, package, kind) in BINARIES {
+        let built = cargo_artifact(root, name, package, kind)?;
+        let dest = bin.join(name);
         std::fs::copy(&built, &dest).map_err(|e| format!("{}: {e}", built.display()))?;
         run(Command::new("strip").arg("--strip-debug").arg(&dest))?;
         run(Command::new("gzip").args(["-9", "-f"]).arg(&dest))?;
@@ -159,18 +88,25 @@ fn build(root: &Path, out: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// Build `b` in release and return the path of the executable cargo reports.
-fn cargo_artifact(root: &Path, b: &Binary) -> Result<PathBuf, String> {
+/// Build target `name` of `kind` in `package` (release, `cuda` feature) and return the
+/// path of the executable cargo reports.
+fn cargo_artifact(root: &Path, name: &str, package: &str, kind: &str) -> Result<PathBuf, String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let build: &[&str] = if kind == "--test" {
+        &["test", "--no-run"]
+    } else {
+        &["build"]
+    };
+    let args: Vec<&str> = [build, &["-p", package, "--features", "cuda", kind, name]].concat();
     let output = Command::new(cargo)
-        .args(b.cargo)
+        .args(&args)
         .args(["--release", "--message-format=json-render-diagnostics"])
         .current_dir(root)
         .stderr(std::process::Stdio::inherit())
         .output()
         .map_err(|e| format!("cargo: {e}"))?;
     if !output.status.success() {
-        return Err(format!("cargo {} failed", b.cargo.join(" ")));
+        return Err(format!("cargo {} failed", args.join(" ")));
     }
     // The last artifact line with an executable is the target asked for.
     let text = String::from_utf8_lossy(&output.stdout);
@@ -183,7 +119,7 @@ fn cargo_artifact(root: &Path, b: &Binary) -> Result<PathBuf, String> {
             Some(PathBuf::from(&l[start..end]))
         })
         .next()
-        .ok_or_else(|| format!("cargo {} reported no executable", b.cargo.join(" ")))
+        .ok_or_else(|| format!("cargo {} reported no executable", args.join(" ")))
 }
 
 fn run(cmd: &mut Command) -> Result<(), String> {

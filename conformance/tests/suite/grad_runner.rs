@@ -532,16 +532,19 @@ fn tuple_outputs_take_a_list_of_grad_outputs() {
     );
 }
 
+/// A one-input case of `op` (called as `call`) whose output and gradient are the input's.
+fn identity_case(id: &str, op: &str, call: &str) -> serde_json::Value {
+    json!({
+        "id": id, "op": op, "call": call,
+        "args": [input(&[1.0])], "kwargs": {},
+        "grad_output": f64s(&[1.0]),
+        "expect": {"output": f64s(&[1.0]), "grads": [f64s(&[1.0])]}
+    })
+}
+
 #[test]
 fn an_existing_op_that_errs_or_panics_fails_and_a_missing_op_is_skipped() {
-    let case = |id: &str, op: &str, call: &str| {
-        json!({
-            "id": id, "op": op, "call": call,
-            "args": [input(&[1.0])], "kwargs": {},
-            "grad_output": f64s(&[1.0]),
-            "expect": {"output": f64s(&[1.0]), "grads": [f64s(&[1.0])]}
-        })
-    };
+    let case = identity_case;
     let cases = json!([
         case("errs/1", "fails", "test.fails"),
         case("panics/1", "panics", "test.panics"),
@@ -609,14 +612,7 @@ fn autocast_cases_run_inside_their_regions() {
 fn a_device_run_skips_missing_kernels_and_host_only_suites_and_counts_them() {
     use conformance::report::SkipCause;
 
-    let case = |id: &str, op: &str, call: &str| {
-        json!({
-            "id": id, "op": op, "call": call,
-            "args": [input(&[1.0])], "kwargs": {},
-            "grad_output": f64s(&[1.0]),
-            "expect": {"output": f64s(&[1.0]), "grads": [f64s(&[1.0])]}
-        })
-    };
+    let case = identity_case;
     let grad = grad_file(json!([
         dot_case("dot/1"),
         case("frob/1", "frob", "test.no_kernel"),
