@@ -337,6 +337,9 @@ pub fn conv(
     check_bias(bias, g.groups * g.o)?;
     let r = weight.rank() - 2;
     let dims = out_dims(&g, g.groups * g.o, &g.os, r);
+    crate::compute::on_device!(OP, [input, weight], {
+        crate::cuda::route::conv(input, weight, bias, &cudnn_spec(&g, r)?, &dims)
+    });
     crate::float_kernel!(dtype, OP, |T, C| forward::<T, C>(
         &g, input, weight, bias, dims
     ))
@@ -387,6 +390,9 @@ pub fn conv_weight_grad(
         return Err(Error::shape_mismatch(OP, grad_output.dims(), &expect));
     }
     let dims = weight_dims.to_vec();
+    crate::compute::on_device!(OP, [input, grad_output], {
+        crate::cuda::route::conv_backward_filter(input, grad_output, &cudnn_spec(&g, r)?, &dims)
+    });
     crate::float_kernel!(dtype, OP, |T, C| weight_grad::<T, C>(
         &g,
         input,
@@ -419,6 +425,29 @@ pub fn conv_bias_grad(grad_output: &Tensor) -> Result<Tensor> {
     crate::sum(&partial, &[0], false, None)?.to_dtype(dtype)
 }
 
+/// `g`'s geometry (`r` spatial dims) for cuDNN.
+#[cfg(feature = "cuda")]
+fn cudnn_spec(g: &Geo, r: usize) -> Result<crate::cuda::cudnn::ConvSpec> {
+    let sp = 3 - r;
+    crate::cuda::cudnn::ConvSpec::new(
+        &out_dims(g, g.groups * g.c, &g.is, r),
+        &out_dims(
+            &Geo {
+                n: g.groups * g.o,
+                ..g.clone()
+            },
+            g.c,
+            &g.k,
+            r,
+        ),
+        &out_dims(g, g.groups * g.o, &g.os, r),
+        &g.p[sp..],
+        &g.s[sp..],
+        &g.d[sp..],
+        g.groups,
+    )
+}
+
 fn check_bias(bias: Option<&Tensor>, channels: usize) -> Result<()> {
     match bias {
         Some(b) if b.dims() != [channels] => Err(err(format!(
@@ -445,6 +474,9 @@ fn input_grad_impl(
         return Err(Error::shape_mismatch(OP, grad.dims(), &expect));
     }
     let dims = input_dims.to_vec();
+    crate::compute::on_device!(OP, [grad, weight], {
+        crate::cuda::route::conv_backward_data(grad, weight, bias, &cudnn_spec(&g, r)?, &dims)
+    });
     crate::float_kernel!(dtype, OP, |T, C| backward_data::<T, C>(
         &g, grad, weight, bias, dims
     ))

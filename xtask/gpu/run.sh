@@ -39,6 +39,14 @@ for l in cublas cublasLt nvrtc; do
         LIBDIRS="$LIBDIRS:$(dirname "$f")"
     fi
 done
+# cuDNN: the system's, else the one PyTorch's wheels bring (site-packages/nvidia/...);
+# libcudnn.so.9 loads its engine libraries from its own folder.
+PYNV=$(python3 -c 'import site; print(" ".join(p + "/nvidia" for p in site.getsitepackages()))' 2>/dev/null)
+f=$(find /usr/local/cuda*/ /usr/lib/x86_64-linux-gnu $PYNV -name 'libcudnn.so.[0-9]*' 2>/dev/null | sort -V | tail -1)
+if [ -n "$f" ]; then
+    ln -sf "$f" "$W/lib/libcudnn.so"
+    LIBDIRS="$LIBDIRS:$(dirname "$f")"
+fi
 export LD_LIBRARY_PATH="$W/lib$LIBDIRS:${LD_LIBRARY_PATH:-}"
 export PATH="$PATH:/usr/local/cuda/bin"
 

@@ -430,6 +430,63 @@ fn view_as(t: &Tensor, layout: &Layout) -> Result<Tensor> {
     wrap(out, layout.dims())
 }
 
+// ----- convolutions (cuDNN) ----------------------------------------------------------
+
+/// The convolution of `x` with `w` (one float dtype, geometry `spec`, output of dims
+/// `dims`), plus `bias` over the channel dim, added afterwards as PyTorch's cuDNN path
+/// does.
+pub fn conv(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    spec: &super::cudnn::ConvSpec,
+    dims: &[usize],
+) -> Result<Tensor> {
+    let (x, w) = (x.try_contiguous()?, w.try_contiguous()?);
+    let y = with_buf(&x, |xb| {
+        with_buf(&w, |wb| super::cudnn::conv_forward(xb, wb, spec))
+    })?;
+    add_channel_bias(wrap(y, dims)?, bias)
+}
+
+/// The adjoint of [`conv`] in its input: `dy` taken back through `w` to an input side
+/// of dims `dims` (also a transposed convolution, whose `bias` is added afterwards).
+pub fn conv_backward_data(
+    dy: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    spec: &super::cudnn::ConvSpec,
+    dims: &[usize],
+) -> Result<Tensor> {
+    let (dy, w) = (dy.try_contiguous()?, w.try_contiguous()?);
+    let dx = with_buf(&dy, |gb| {
+        with_buf(&w, |wb| super::cudnn::conv_backward_data(gb, wb, spec))
+    })?;
+    add_channel_bias(wrap(dx, dims)?, bias)
+}
+
+/// The adjoint of [`conv`] in its weight, of dims `dims`.
+pub fn conv_backward_filter(
+    x: &Tensor,
+    dy: &Tensor,
+    spec: &super::cudnn::ConvSpec,
+    dims: &[usize],
+) -> Result<Tensor> {
+    let (x, dy) = (x.try_contiguous()?, dy.try_contiguous()?);
+    let dw = with_buf(&x, |xb| {
+        with_buf(&dy, |gb| super::cudnn::conv_backward_filter(xb, gb, spec))
+    })?;
+    wrap(dw, dims)
+}
+
+/// `y + bias` with `bias` `[C]` over dim 1 of `y` `[N, C, ...]`.
+fn add_channel_bias(y: Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    let Some(b) = bias else { return Ok(y) };
+    let mut dims = vec![1; y.rank()];
+    dims[1] = b.elem_count();
+    binary(BinaryOp::Add, &y, &b.reshape(dims)?, None)
+}
+
 // ----- AMP ---------------------------------------------------------------------------
 
 /// `_amp_foreach_non_finite_check_and_unscale_` on device gradients (argument checks

@@ -621,3 +621,91 @@ fn device_errors_are_typed_with_pytorch_texts() {
         [0.5; 6]
     );
 }
+
+#[test]
+fn convolutions_on_cudnn_match_the_host() {
+    use amp_kernels::{self as kx, ConvParams};
+    if !device_or_skip() {
+        return;
+    }
+    // (input dims, weight dims, stride, padding, dilation, groups): 1-d, 2-d and 3-d,
+    // strides, dilations, groups, a 1x1 kernel.
+    let cases: [(&[usize], &[usize], &[usize], &[usize], &[usize], usize); 6] = [
+        (&[2, 4, 11], &[6, 2, 3], &[2], &[1], &[1], 2),
+        (&[2, 3, 9, 8], &[5, 3, 3, 3], &[1], &[1], &[1], 1),
+        (&[1, 4, 10, 7], &[4, 1, 3, 2], &[2, 1], &[0, 1], &[2, 1], 4),
+        (&[3, 8, 5, 5], &[16, 8, 1, 1], &[1], &[0], &[1], 1),
+        (
+            &[1, 2, 5, 6, 4],
+            &[3, 2, 2, 3, 2],
+            &[1, 2, 1],
+            &[1, 0, 1],
+            &[1],
+            1,
+        ),
+        (&[2, 6, 7, 7], &[6, 3, 3, 3], &[2], &[1], &[1], 2),
+    ];
+    let mut checked = 0;
+    for d in FLOATS {
+        for (i, &(x, w, s, p, dl, g)) in cases.iter().enumerate() {
+            let params = ConvParams::new(s, p, dl, g);
+            let xs = rand(x, d, 10 + i as u64);
+            let ws = rand(w, d, 20 + i as u64);
+            let b = rand(&[w[0]], d, 30 + i as u64);
+            let k = (w[1..].iter().product::<usize>() as f64).sqrt() * 2.0;
+            let what = format!("conv case {i} {d}");
+            same_on_device(&what, vec![xs.clone(), ws.clone(), b.clone()], k, |t| {
+                kx::conv(&t[0], &t[1], Some(&t[2]), &params).unwrap()
+            });
+            let y = kx::conv(&xs, &ws, None, &params).unwrap();
+            let gy = rand(y.dims(), d, 40 + i as u64);
+            same_on_device(
+                &format!("{what} input grad"),
+                vec![gy.clone(), ws.clone()],
+                k,
+                |t| kx::conv_input_grad(&t[0], &t[1], x, &params).unwrap(),
+            );
+            let kw = (y.elem_count() as f64 / w[0] as f64).sqrt() * 2.0;
+            same_on_device(
+                &format!("{what} weight grad"),
+                vec![xs.clone(), gy.clone()],
+                kw,
+                |t| kx::conv_weight_grad(&t[0], &t[1], w, &params).unwrap(),
+            );
+            same_on_device(&format!("{what} bias grad"), vec![gy.clone()], kw, |t| {
+                kx::conv_bias_grad(&t[0]).unwrap()
+            });
+            // The transposed convolution (with an output padding where the stride
+            // allows one), and a non-contiguous input view.
+            let op: Vec<usize> = s.iter().map(|&v| usize::from(v > 1)).collect();
+            let tp = ConvParams::new(s, p, dl, g).with_output_padding(&op);
+            let tb = rand(&[w[1] * g], d, 50 + i as u64);
+            same_on_device(
+                &format!("{what} transposed"),
+                vec![y.clone(), ws.clone(), tb],
+                k,
+                |t| kx::conv_transpose(&t[0], &t[1], Some(&t[2]), &tp).unwrap(),
+            );
+            let wide = rand(
+                &[x[0], x[1] * 2]
+                    .iter()
+                    .chain(&x[2..])
+                    .copied()
+                    .collect::<Vec<_>>(),
+                d,
+                60,
+            );
+            same_on_device(
+                &format!("{what} strided input"),
+                vec![wide, ws.clone()],
+                k,
+                |t| {
+                    let view = t[0].narrow(1, x[1], x[1]).unwrap();
+                    kx::conv(&view, &t[1], None, &params).unwrap()
+                },
+            );
+            checked += 6;
+        }
+    }
+    eprintln!("convolutions_on_cudnn_match_the_host: {checked} convolutions matched the host");
+}

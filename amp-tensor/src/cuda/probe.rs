@@ -18,6 +18,10 @@ pub enum Library {
     Cublas,
     /// cuBLASLt, `libcublasLt`.
     CublasLt,
+    /// cuDNN, `libcudnn` (convolutions).
+    Cudnn,
+    /// NCCL, `libnccl` (collectives across GPUs).
+    Nccl,
 }
 
 impl Library {
@@ -28,6 +32,8 @@ impl Library {
             Library::Nvrtc => "nvrtc",
             Library::Cublas => "cublas",
             Library::CublasLt => "cublasLt",
+            Library::Cudnn => "cudnn",
+            Library::Nccl => "nccl",
         }
     }
 
@@ -61,12 +67,9 @@ mod imp {
     use std::sync::OnceLock;
 
     fn slot(lib: Library) -> &'static OnceLock<std::result::Result<(), String>> {
-        static SLOTS: [OnceLock<std::result::Result<(), String>>; 4] = [
-            OnceLock::new(),
-            OnceLock::new(),
-            OnceLock::new(),
-            OnceLock::new(),
-        ];
+        type Slot = OnceLock<std::result::Result<(), String>>;
+        const EMPTY: Slot = OnceLock::new();
+        static SLOTS: [Slot; 6] = [EMPTY; 6];
         &SLOTS[lib as usize]
     }
 

@@ -306,3 +306,75 @@ fn a_transformer_step_on_cuda_matches_the_host() {
     close(&amp_loss, &cpu_loss, 3e-2, "transformer amp losses");
     eprintln!("transformer: cpu {cpu_loss:?}\n  cuda amp {amp_loss:?}");
 }
+
+#[test]
+fn a_conv_net_trains_on_cuda_as_on_the_host() {
+    if !device_or_skip("a_conv_net_trains_on_cuda_as_on_the_host") {
+        return;
+    }
+    // conv 3→8 (3×3, padding 1) → ReLU → conv 8→4 (3×3, stride 2) → flatten → linear,
+    // moved to the device with `Module::to_device`; SGD with momentum.
+    use amp::nn::{Conv2d, ConvOptions};
+    let run = |device: Device, amp: bool| -> (Vec<f64>, Vec<Vec<f64>>) {
+        let mut g = Generator::new(5);
+        let c1 = Conv2d::with_options(ConvOptions::new(3, 8, &[3]).padding(&[1]), &mut g).unwrap();
+        let c2 = Conv2d::with_options(ConvOptions::new(8, 4, &[3]).stride(&[2]), &mut g).unwrap();
+        let head = Linear::new(4 * 3 * 3, 5, &mut g).unwrap();
+        for m in [&c1 as &dyn Module, &c2, &head] {
+            m.to_device(device).unwrap();
+        }
+        let params = [c1.parameters(), c2.parameters(), head.parameters()].concat();
+        let x = Raw::randn([6, 3, 8, 8], DType::F32, &mut g).unwrap();
+        let y = Raw::randn([6, 5], DType::F32, &mut g).unwrap();
+        let (x, y) = (
+            Tensor::from_raw(x.to_device(device).unwrap()),
+            Tensor::from_raw(y.to_device(device).unwrap()),
+        );
+        let mut opt = Sgd::new(
+            params.clone(),
+            0.05,
+            SgdOptions {
+                momentum: 0.9,
+                ..SgdOptions::default()
+            },
+        )
+        .unwrap();
+        let mut scaler =
+            GradScaler::with_options(GradScalerOptions::default().enabled(amp)).unwrap();
+        let region = Autocast::new(DeviceType::Cuda)
+            .dtype(DType::F16)
+            .enabled(amp);
+        let mut losses = Vec::new();
+        for _ in 0..6 {
+            opt.zero_grad();
+            let loss = region
+                .run(|| {
+                    let h = c1.forward(&x)?.relu()?;
+                    let h = c2.forward(&h)?;
+                    if amp {
+                        assert_eq!(h.dtype(), DType::F16, "conv runs in float16 under autocast");
+                    }
+                    let out = head.forward(&h.reshape([6, 36])?)?;
+                    ops::mse_loss(&out, &y, Reduction::Mean)
+                })
+                .unwrap()
+                .unwrap();
+            assert_eq!(loss.device(), device);
+            losses.push(loss.item_f64().unwrap());
+            scaler.scale(&loss).unwrap().backward().unwrap();
+            scaler.step(&mut opt).unwrap();
+            scaler.update().unwrap();
+        }
+        let params = params.iter().map(|p| p.data().to_vec_f64()).collect();
+        (losses, params)
+    };
+    let (cpu_loss, cpu_params) = run(Device::Cpu, false);
+    let (dev_loss, dev_params) = run(DEV, false);
+    close(&dev_loss, &cpu_loss, 1e-4, "conv net f32 losses");
+    for (i, (a, b)) in dev_params.iter().zip(&cpu_params).enumerate() {
+        close(a, b, 1e-3, &format!("conv net f32 parameter {i}"));
+    }
+    let (amp_loss, _) = run(DEV, true);
+    close(&amp_loss, &cpu_loss, 3e-2, "conv net amp losses");
+    eprintln!("conv net: cpu {cpu_loss:?}\n  cuda amp {amp_loss:?}");
+}
