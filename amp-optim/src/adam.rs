@@ -98,8 +98,11 @@ pub fn adamw(params: Vec<Tensor>, lr: f64) -> Result<Adam> {
 grouped_optimizer!(Adam, AdamOptions);
 
 impl Adam {
-    /// The update of every parameter; each gradient is first divided by `grad_scale`.
-    fn update(&mut self, grad_scale: Option<f64>) -> Result<()> {
+    /// The update of every parameter; each gradient is first divided by `grad_scale`
+    /// (read back once, only if a parameter is on the host: device updates take it by
+    /// pointer).
+    fn update(&mut self, grad_scale: Option<&Raw>) -> Result<()> {
+        let mut host_scale = None;
         for (group, states) in self.groups.iter().zip(self.state.iter_mut()) {
             let o = group.options;
             for (p, st) in group.params.iter().zip(states.iter_mut()) {
@@ -111,6 +114,14 @@ impl Adam {
                     max_exp_avg_sq: o.amsgrad.then(|| zeros_state(p)),
                 });
                 s.step += 1.0;
+                let grad_scale = match grad_scale {
+                    None => None,
+                    Some(t) if !p.device().is_cpu() => Some(GradScale::Tensor(t)),
+                    Some(t) => Some(GradScale::Host(match host_scale {
+                        Some(v) => v,
+                        None => *host_scale.insert(t.operand::<f64>()?),
+                    })),
+                };
                 let step = ParamStep {
                     p,
                     g: g.data(),
@@ -139,7 +150,26 @@ struct ParamStep<'a> {
     s: &'a ParamState,
     o: AdamOptions,
     lr: f64,
-    grad_scale: Option<f64>,
+    grad_scale: Option<GradScale<'a>>,
+}
+
+/// The loss scale a fused scaling-aware step divides the gradients by: its value (host
+/// parameters) or the scaler's tensor (device parameters, whose kernel reads it).
+#[derive(Clone, Copy)]
+enum GradScale<'a> {
+    Host(f64),
+    Tensor(&'a Raw),
+}
+
+impl GradScale<'_> {
+    /// The value, for the host paths (a device tensor is read back: a device
+    /// parameter's update never asks).
+    fn value(self) -> Result<f64> {
+        match self {
+            GradScale::Host(v) => Ok(v),
+            GradScale::Tensor(t) => Ok(t.operand::<f64>()?),
+        }
+    }
 }
 
 /// One parameter's Adam update (its `step` already counted) in the compute type `F`.
@@ -160,7 +190,7 @@ fn adam_update<F: Real>(step: ParamStep<'_>) -> Result<()> {
     } = step;
     let mut g = read::<F>(g);
     if let Some(scale) = grad_scale {
-        let scale = F::of(scale);
+        let scale = F::of(scale.value()?);
         g.iter_mut().for_each(|v| *v /= scale);
     }
     if o.maximize {
@@ -222,9 +252,40 @@ fn adam_on_device(step: ParamStep<'_>, cd: amp_tensor::DType) -> Result<()> {
         lr,
         grad_scale,
     } = step;
+    let (b1, b2) = o.betas;
+    let bc1 = 1.0 - b1.powf(s.step);
+    let bc2 = 1.0 - b2.powf(s.step);
+    let scale_t = match grad_scale {
+        Some(GradScale::Tensor(t)) => Some(t.to_device(p.device())?),
+        Some(GradScale::Host(v)) => {
+            Some(Raw::full([1usize], v, amp_tensor::DType::F32).to_device(p.device())?)
+        }
+        None => None,
+    };
+    #[cfg(feature = "cuda")]
+    {
+        let fused = amp_kernels::cuda::optim::AdamStep {
+            step_size: lr / bc1,
+            bc2_sqrt: bc2.sqrt(),
+            beta1: b1,
+            beta2: b2,
+            eps: o.eps,
+            weight_decay: o.weight_decay,
+            decay: 1.0 - lr * o.weight_decay,
+            maximize: o.maximize,
+            decoupled: o.decoupled,
+        };
+        let (m, v) = (&s.exp_avg, &s.exp_avg_sq);
+        let vmax = s.max_exp_avg_sq.as_ref();
+        let p_data = p.data();
+        if amp_kernels::cuda::optim::adam_step(p_data, g, m, v, vmax, scale_t.as_ref(), &fused)? {
+            return Ok(());
+        }
+    }
+    // Views, shared buffers: the same operations one kernel at a time.
     let mut g = g.to_dtype(cd)?;
-    if let Some(scale) = grad_scale {
-        g = dev::div(&g, scale)?;
+    if let Some(scale) = &scale_t {
+        g = dev::op(BinaryOp::Div, &g, &scale.to_dtype(cd)?)?;
     }
     if o.maximize {
         g = dev::neg(&g)?;
@@ -238,15 +299,22 @@ fn adam_on_device(step: ParamStep<'_>, cd: amp_tensor::DType) -> Result<()> {
             g = dev::axpy(&g, &pv, wd)?;
         }
     }
-    let (b1, b2) = o.betas;
-    // m += (g - m) * (1 - b1); v = v * b2 + (1 - b2) * g * g.
+    // m += (g - m) * (1 - b1); v = v * b2 + (1 - b2) * g * g, with `1 - b` taken in
+    // the compute type, as the host update takes it.
+    let one_minus = |b: f64| {
+        if cd == amp_tensor::DType::F32 {
+            f64::from(1.0f32 - b as f32)
+        } else {
+            1.0 - b
+        }
+    };
     let m = dev::op(
         BinaryOp::Add,
         &s.exp_avg,
-        &dev::scale(&dev::op(BinaryOp::Sub, &g, &s.exp_avg)?, 1.0 - b1)?,
+        &dev::scale(&dev::op(BinaryOp::Sub, &g, &s.exp_avg)?, one_minus(b1))?,
     )?;
     s.exp_avg.copy_(&m)?;
-    let gg = dev::op(BinaryOp::Mul, &dev::scale(&g, 1.0 - b2)?, &g)?;
+    let gg = dev::op(BinaryOp::Mul, &dev::scale(&g, one_minus(b2))?, &g)?;
     let v = dev::op(BinaryOp::Add, &dev::scale(&s.exp_avg_sq, b2)?, &gg)?;
     s.exp_avg_sq.copy_(&v)?;
     let v = match &s.max_exp_avg_sq {
@@ -256,8 +324,6 @@ fn adam_on_device(step: ParamStep<'_>, cd: amp_tensor::DType) -> Result<()> {
         }
         None => v,
     };
-    let bc1 = 1.0 - b1.powf(s.step);
-    let bc2 = 1.0 - b2.powf(s.step);
     let den = dev::add(&dev::div(&dev::sqrt(&v)?, bc2.sqrt())?, o.eps)?;
     let upd = dev::op(BinaryOp::Div, &dev::scale(&m, lr / bc1)?, &den)?;
     p.data().copy_(&dev::op(BinaryOp::Sub, &pv, &upd)?)?;
@@ -295,7 +361,13 @@ fn fused<F: Real>(step: ParamStep<'_>) -> Option<Result<()>> {
     }
     let wd = o.weight_decay;
     let (decay, coupled) = (F::of(1.0 - lr * wd), F::of(wd));
-    let scale = grad_scale.map(F::of);
+    let scale = match grad_scale {
+        Some(s) => match s.value() {
+            Ok(v) => Some(F::of(v)),
+            Err(e) => return Some(Err(e)),
+        },
+        None => None,
+    };
     let (b1, b2, one) = (F::of(o.betas.0), F::of(o.betas.1), F::one());
     let bc1 = 1.0 - o.betas.0.powf(s.step);
     let bc2 = 1.0 - o.betas.1.powf(s.step);
@@ -342,16 +414,14 @@ impl Optimizer for Adam {
     /// The fused path: skipped entirely (parameters and state untouched) when
     /// `found_inf != 0`, else each gradient is divided by `grad_scale` inside the
     /// update (the `.grad` tensors are left as they are).
-    fn step_with_scaling(&mut self, grad_scale: Option<&Raw>, found_inf: &Raw) -> Result<()> {
-        // Operands of the update (a device kernel would read them on the device).
-        if found_inf.operand::<f64>()? != 0.0 {
-            return Ok(());
+    fn step_with_scaling(&mut self, grad_scale: Option<&Raw>, found_inf: &Raw) -> Result<bool> {
+        // The skip decision: the one read of the step (the step counts live on the
+        // host, for the bias corrections).
+        if found_inf.item_f64()? != 0.0 {
+            return Ok(false);
         }
-        let s = match grad_scale {
-            Some(s) => Some(s.operand::<f64>()?),
-            None => None,
-        };
-        self.update(s)
+        self.update(grad_scale)?;
+        Ok(true)
     }
 
     fn state_dict(&self) -> OptimizerStateDict {

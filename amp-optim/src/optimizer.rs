@@ -106,8 +106,11 @@ pub trait Optimizer {
     }
     /// A step that takes the loss scale (`None` when the gradients were already
     /// unscaled) and the found-inf flag (1-element float32 tensors), and unscales the
-    /// gradients and skips when `found_inf != 0` itself.
-    fn step_with_scaling(&mut self, _grad_scale: Option<&Raw>, _found_inf: &Raw) -> Result<()> {
+    /// gradients and skips when `found_inf != 0` itself: `Ok(true)` when it stepped,
+    /// `Ok(false)` when it skipped (parameters and state untouched). The flag is read
+    /// once (the skip decision, one synchronisation for a device flag); the scale is
+    /// not read back: device kernels take it by pointer.
+    fn step_with_scaling(&mut self, _grad_scale: Option<&Raw>, _found_inf: &Raw) -> Result<bool> {
         Err(Error::ScalingUnsupported)
     }
 }

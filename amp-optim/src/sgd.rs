@@ -118,6 +118,28 @@ fn sgd_update<F: Real>(step: ParamStep<'_>, buf: &mut Option<Raw>) -> Result<()>
 fn sgd_on_device(step: ParamStep<'_>, buf: &mut Option<Raw>, cd: DType) -> Result<()> {
     use crate::update::dev;
     let ParamStep { p, g, o, lr } = step;
+    #[cfg(feature = "cuda")]
+    {
+        // One fused kernel when the tensors allow it (contiguous, separate buffers).
+        let first = buf.is_none() && o.momentum != 0.0;
+        if first {
+            *buf = Some(Raw::zeros_on(p.dims().to_vec(), cd, p.device())?);
+        }
+        let h = amp_kernels::cuda::optim::SgdStep {
+            lr,
+            momentum: o.momentum,
+            dampening: o.dampening,
+            weight_decay: o.weight_decay,
+            maximize: o.maximize,
+            nesterov: o.nesterov,
+        };
+        if amp_kernels::cuda::optim::sgd_step(p.data(), g, buf.as_ref(), first, &h)? {
+            return Ok(());
+        }
+        if first {
+            *buf = None;
+        }
+    }
     let pv = p.data().to_dtype(cd)?;
     let mut d = g.to_dtype(cd)?;
     if o.maximize {

@@ -276,11 +276,11 @@ impl GradScaler {
             }
             let found_inf = sum_found(&self.opt_state(opt).found_inf_per_device, scale.device())?;
             let grad_scale = (stage != Stage::Unscaled).then_some(&scale);
-            opt.step_with_scaling(grad_scale, &found_inf)?;
-            if found_inf.item_f64()? != 0.0 {
-                StepOutcome::Skipped
-            } else {
+            // The optimizer reads the flag once (the one host sync) and reports it.
+            if opt.step_with_scaling(grad_scale, &found_inf)? {
                 StepOutcome::Stepped
+            } else {
+                StepOutcome::Skipped
             }
         } else {
             if self.opt_state(opt).stage == Stage::Ready {

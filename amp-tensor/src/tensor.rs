@@ -498,18 +498,25 @@ impl Tensor {
 
     /// The value of a one-element tensor (converted to `T`) read as an operand of a
     /// host kernel: the inverse scale of the unscale kernel, the inputs of the scale
-    /// update, the gradient scale and inf flag of a fused optimizer update. Not counted
-    /// by [`host_reads`]: a device kernel reads such an operand on the device, where no
-    /// decision on the host waits for it.
+    /// update, the gradient scale of a fused optimizer update. A host tensor's operand
+    /// is not counted by [`host_reads`] (no device waits); a device tensor's is, since
+    /// reading it synchronises with the device (device kernels take such operands by
+    /// pointer instead).
     pub fn operand<T: Element>(&self) -> Result<T> {
         self.check_one("item")?;
-        Ok(self.try_to_vec_as::<T>()?[0])
+        let v = self.try_to_vec_as::<T>()?[0];
+        if !self.device().is_cpu() {
+            count_host_read();
+        }
+        Ok(v)
     }
 
     /// The value of a one-element tensor as f64. Counted by [`host_reads`].
     pub fn item_f64(&self) -> Result<f64> {
         let v = self.operand::<f64>()?;
-        count_host_read();
+        if self.device().is_cpu() {
+            count_host_read();
+        }
         Ok(v)
     }
 
@@ -996,7 +1003,8 @@ fn count_host_read() {
 }
 
 /// How many single values this thread has read back with [`Tensor::item`] or
-/// [`Tensor::item_f64`]. For a device tensor each is a synchronisation with the device,
+/// [`Tensor::item_f64`], or as the [`Tensor::operand`] of a device tensor. For a device
+/// tensor each is a synchronisation with the device,
 /// which a training step should make at most once (`GradScaler` reads one flag per
 /// step: the skip decision); tests pin such counts with it.
 pub fn host_reads() -> u64 {

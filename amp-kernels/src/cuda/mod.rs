@@ -14,6 +14,8 @@ pub mod cudnn;
 #[cfg(feature = "cuda")]
 mod host;
 #[cfg(feature = "cuda")]
+pub mod optim;
+#[cfg(feature = "cuda")]
 pub mod route;
 #[cfg(feature = "cuda")]
 pub use host::*;

@@ -218,6 +218,85 @@ __device__ void layer_norm_rows(const T* __restrict__ x, const T* __restrict__ w
 AMP_FOR_FLOATS(AMP_LAYER_NORM, 0)
 "#;
 
+/// The fused optimizer updates: one pass over a parameter (any float storage type),
+/// its gradient (the parameter's type) and its state buffers (the compute type: float32,
+/// or float64 for float64 parameters), with exactly the operations of the host update
+/// in its order. Products and sums are rounded one by one (`__fmul_rn`, `__fadd_rn`:
+/// no contraction into FMAs), division and square root are IEEE, so a float32 or
+/// float64 parameter gets the host's bits. Flags: 1 maximize, 2 weight decay,
+/// 4 decoupled (AdamW) / nesterov (SGD), 8 first step (SGD: the buffer starts as the
+/// step's direction), 16 momentum (SGD).
+///
+/// * `sgd_step`: PyTorch's SGD with momentum, dampening, Nesterov, weight decay.
+/// * `adam_step`: Adam / AdamW (amsgrad when `vmax` is not null); the gradient is
+///   divided by `*grad_scale` on the device when `grad_scale` is not null (the
+///   scaling-aware step: no host read of the scale); `step_size` is `lr / bc1`,
+///   `bc2_sqrt` is `sqrt(bc2)`.
+pub const OPTIM: &str = r#"
+__device__ __forceinline__ float rmul(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double rmul(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ float radd(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double radd(double a, double b) { return __dadd_rn(a, b); }
+__device__ __forceinline__ float rmax(float a, float b) { return fmaxf(a, b); }
+__device__ __forceinline__ double rmax(double a, double b) { return fmax(a, b); }
+
+template <typename P>
+__device__ void sgd_impl(P* __restrict__ p, const P* __restrict__ g, typename Num<P>::acc* __restrict__ buf,
+                         i64 n, double lr, double momentum, double damp, double wd, int flags) {
+    typedef typename Num<P>::acc A;
+    const A LR = (A)(-lr), M = (A)momentum, D = (A)damp, WD = (A)wd;
+    AMP_GRID_STRIDE(i, n) {
+        A pi = Num<P>::load(p[i]);
+        A d = Num<P>::load(g[i]);
+        if (flags & 1) d = -d;
+        if (flags & 2) d = radd(d, rmul(WD, pi));
+        if (flags & 16) {
+            A b = (flags & 8) ? d : radd(rmul(buf[i], M), rmul(D, d));
+            buf[i] = b;
+            d = (flags & 4) ? radd(d, rmul(M, b)) : b;
+        }
+        p[i] = Num<P>::store(radd(pi, rmul(LR, d)));
+    }
+}
+
+template <typename P>
+__device__ void adam_impl(P* __restrict__ p, const P* __restrict__ g, typename Num<P>::acc* __restrict__ m,
+                          typename Num<P>::acc* __restrict__ v, typename Num<P>::acc* __restrict__ vmax, i64 n,
+                          const float* __restrict__ grad_scale, double step_size, double bc2_sqrt, double beta1,
+                          double beta2, double eps, double wd, double decay, int flags) {
+    typedef typename Num<P>::acc A;
+    const A SS = (A)step_size, BS = (A)bc2_sqrt, EPS = (A)eps, WD = (A)wd, DEC = (A)decay;
+    const A OB1 = radd(A(1), -(A)beta1), B2 = (A)beta2, OB2 = radd(A(1), -(A)beta2);
+    const A GS = grad_scale ? (A)(*grad_scale) : A(1);
+    AMP_GRID_STRIDE(i, n) {
+        A gi = Num<P>::load(g[i]);
+        if (grad_scale) gi = gi / GS;
+        if (flags & 1) gi = -gi;
+        A pi = Num<P>::load(p[i]);
+        if (flags & 2) {
+            if (flags & 4) pi = Num<P>::load(Num<P>::store(rmul(pi, DEC)));
+            else gi = radd(gi, rmul(WD, pi));
+        }
+        A mi = radd(m[i], rmul(radd(gi, -m[i]), OB1));
+        m[i] = mi;
+        A vi = radd(rmul(v[i], B2), rmul(rmul(OB2, gi), gi));
+        v[i] = vi;
+        if (vmax) { vi = rmax(vmax[i], vi); vmax[i] = vi; }
+        A den = radd(amp_sqrt(vi) / BS, EPS);
+        p[i] = Num<P>::store(radd(pi, -(rmul(SS, mi) / den)));
+    }
+}
+
+#define AMP_OPTIM(T, SUF, _) \
+    extern "C" __global__ void sgd_step_##SUF(T* p, const T* g, Num<T>::acc* buf, i64 n, double lr, \
+        double momentum, double damp, double wd, int flags) { sgd_impl<T>(p, g, buf, n, lr, momentum, damp, wd, flags); } \
+    extern "C" __global__ void adam_step_##SUF(T* p, const T* g, Num<T>::acc* m, Num<T>::acc* v, Num<T>::acc* vmax, \
+        i64 n, const float* grad_scale, double step_size, double bc2_sqrt, double beta1, double beta2, double eps, \
+        double wd, double decay, int flags) { \
+        adam_impl<T>(p, g, m, v, vmax, n, grad_scale, step_size, bc2_sqrt, beta1, beta2, eps, wd, decay, flags); }
+AMP_FOR_FLOATS(AMP_OPTIM, 0)
+"#;
+
 /// The two AMP kernels, exactly as `_amp_foreach_non_finite_check_and_unscale_` and
 /// `_amp_update_scale_` (PyTorch's `AmpKernels.cu`):
 ///
@@ -370,7 +449,7 @@ fn per_op(family: &str, ops: &[&str]) -> Vec<String> {
 
 /// Every module, in a fixed order: the prelude's conversions ([`CAST_MODULE`], launched
 /// by `amp_tensor`) and this crate's families.
-pub const MODULES: [Module; 8] = [
+pub const MODULES: [Module; 9] = [
     Module {
         name: "unary",
         body: UNARY,
@@ -428,6 +507,15 @@ pub const MODULES: [Module; 8] = [
                 names.extend([format!("put_add_{d}"), format!("add_rows_{d}")]);
             }
             names
+        },
+    },
+    Module {
+        name: "optim",
+        body: OPTIM,
+        kernels: || {
+            floats()
+                .flat_map(|d| [format!("sgd_step_{d}"), format!("adam_step_{d}")])
+                .collect()
         },
     },
     Module {

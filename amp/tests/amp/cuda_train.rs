@@ -378,3 +378,156 @@ fn a_conv_net_trains_on_cuda_as_on_the_host() {
     close(&amp_loss, &cpu_loss, 3e-2, "conv net amp losses");
     eprintln!("conv net: cpu {cpu_loss:?}\n  cuda amp {amp_loss:?}");
 }
+
+/// Three steps of the optimizer `make` builds over one parameter of `dtype` on
+/// `device` (same values everywhere), with gradients set directly; with `scaled`, the
+/// steps go through `step_with_scaling` with a loss scale of 1024 (gradients scaled
+/// by it) and a clean flag, then one with an inf flag that must skip. The final
+/// parameter and the state dict's tensors, on the host.
+fn optimizer_run(
+    device: Device,
+    dtype: DType,
+    scaled: bool,
+    view: bool,
+    make: &dyn Fn(Vec<Tensor>) -> Box<dyn Optimizer>,
+) -> (Vec<f64>, Vec<Vec<f64>>) {
+    let mut g = Generator::new(3);
+    let init = Raw::randn([257], DType::F64, &mut g).unwrap();
+    let p = Tensor::parameter(init.to_dtype(dtype).unwrap().to_device(device).unwrap()).unwrap();
+    let mut opt = make(vec![p.clone()]);
+    let scale = Raw::full([1usize], 1024.0f64, DType::F32)
+        .to_device(device)
+        .unwrap();
+    for step in 0..3 {
+        let grad = Raw::randn([257], DType::F64, &mut g).unwrap();
+        let grad = if scaled {
+            amp::kernels::binary_scalar(amp::kernels::BinaryOp::Mul, &grad, 1024.0).unwrap()
+        } else {
+            grad
+        };
+        let grad = grad.to_dtype(dtype).unwrap().to_device(device).unwrap();
+        // A strided gradient view exercises the op-by-op path instead of the kernel.
+        let grad = if view && step == 1 {
+            let wide = Raw::zeros_on([257, 2], dtype, device).unwrap();
+            wide.narrow(1, 0, 1)
+                .unwrap()
+                .copy_(&grad.reshape([257, 1]).unwrap())
+                .unwrap();
+            wide.narrow(1, 0, 1).unwrap().reshape([257]).unwrap()
+        } else {
+            grad
+        };
+        p.set_grad(Some(Tensor::from_raw(grad))).unwrap();
+        if scaled {
+            let clean = Raw::zeros_on([1], DType::F32, device).unwrap();
+            assert!(opt.step_with_scaling(Some(&scale), &clean).unwrap());
+        } else {
+            opt.step().unwrap();
+        }
+    }
+    if scaled {
+        let before = p.data().to_vec_f64();
+        let inf = Raw::full([1usize], 1.0f64, DType::F32)
+            .to_device(device)
+            .unwrap();
+        assert!(
+            !opt.step_with_scaling(Some(&scale), &inf).unwrap(),
+            "an inf flag skips"
+        );
+        assert_eq!(
+            p.data().to_vec_f64(),
+            before,
+            "a skipped step leaves the parameter"
+        );
+    }
+    let sd = opt.state_dict();
+    let state = sd
+        .state
+        .values()
+        .flat_map(|m| m.values())
+        .filter_map(|v| match v {
+            amp::optim::StateValue::Tensor(t) => Some(t.to_raw().unwrap().to_vec_f64()),
+            amp::optim::StateValue::Number(n) => Some(vec![*n]),
+        })
+        .collect();
+    (p.data().to_vec_f64(), state)
+}
+
+#[test]
+fn fused_device_optimizers_match_the_host() {
+    if !device_or_skip("fused_device_optimizers_match_the_host") {
+        return;
+    }
+    type Make = Box<dyn Fn(Vec<Tensor>) -> Box<dyn Optimizer>>;
+    let sgd =
+        |o: SgdOptions| -> Make { Box::new(move |ps| Box::new(Sgd::new(ps, 0.05, o).unwrap())) };
+    let adam =
+        |o: AdamOptions| -> Make { Box::new(move |ps| Box::new(Adam::new(ps, 1e-2, o).unwrap())) };
+    let base = SgdOptions::default();
+    let cases: Vec<(&str, Make, bool)> = vec![
+        ("sgd", sgd(base), false),
+        (
+            "sgd momentum",
+            sgd(SgdOptions {
+                momentum: 0.9,
+                dampening: 0.1,
+                ..base
+            }),
+            false,
+        ),
+        (
+            "sgd nesterov wd maximize",
+            sgd(SgdOptions {
+                momentum: 0.9,
+                nesterov: true,
+                weight_decay: 0.01,
+                maximize: true,
+                ..base
+            }),
+            false,
+        ),
+        ("adam", adam(AdamOptions::default()), true),
+        (
+            "adam amsgrad wd",
+            adam(AdamOptions {
+                amsgrad: true,
+                weight_decay: 0.1,
+                ..AdamOptions::default()
+            }),
+            true,
+        ),
+        (
+            "adamw maximize",
+            adam(AdamOptions {
+                maximize: true,
+                ..AdamOptions::adamw()
+            }),
+            true,
+        ),
+        ("adam unscaled", adam(AdamOptions::default()), false),
+    ];
+    for (name, make, scaled) in &cases {
+        for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+            for view in [false, true] {
+                let (hp, hs) = optimizer_run(Device::Cpu, dtype, *scaled, view, make.as_ref());
+                let (dp, ds) = optimizer_run(DEV, dtype, *scaled, view, make.as_ref());
+                let what = format!("{name} {dtype} view={view}");
+                if matches!(dtype, DType::F32 | DType::F64) {
+                    // The fused kernel repeats the host's operations: the same bits.
+                    assert_eq!(dp, hp, "{what}: parameter");
+                    assert_eq!(ds, hs, "{what}: state");
+                } else {
+                    // 16-bit parameters: the same float32 arithmetic, rounded once.
+                    close(&dp, &hp, 1e-2, &format!("{what}: parameter"));
+                    for (a, b) in ds.iter().zip(&hs) {
+                        close(a, b, 1e-3, &format!("{what}: state"));
+                    }
+                }
+            }
+        }
+    }
+    eprintln!(
+        "fused_device_optimizers_match_the_host: {} cases x 4 dtypes x 2 layouts",
+        cases.len()
+    );
+}
