@@ -84,8 +84,8 @@ pub trait Module: Send + Sync {
         }
         Ok(())
     }
-    /// Move every parameter and buffer to `device` in place (PyTorch's
-    /// `module.to(device)`): the tensors keep their identity, so optimizers built on them
+    /// Move every parameter (with its gradient) and buffer to `device` in place
+    /// (PyTorch's `module.to(device)`): the tensors keep their identity, so optimizers built on them
     /// afterwards, and clones of them, see the moved data. Call it on a freshly built
     /// module, before any view of a parameter exists.
     ///
@@ -94,6 +94,10 @@ pub trait Module: Send + Sync {
     fn to_device(&self, device: amp_tensor::Device) -> Result<()> {
         for (_, t) in self.named_state() {
             t.data().move_to_device_(device)?;
+            // The gradient moves with its parameter, as `module.to(device)` moves it.
+            if let Some(g) = t.grad() {
+                g.data().move_to_device_(device)?;
+            }
         }
         Ok(())
     }

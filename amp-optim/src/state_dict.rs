@@ -271,8 +271,8 @@ impl StateEntry<'_> {
     }
 
     /// The tensor under `key` (`None` when absent), checked to have `param`'s shape and
-    /// converted to its state dtype (float32, float64 for a float64 parameter) as
-    /// PyTorch casts loaded state to its parameter's.
+    /// converted to its state dtype (float32, float64 for a float64 parameter) on its
+    /// device, as PyTorch casts loaded state to its parameter's.
     pub(crate) fn tensor(&self, key: &str, param: &Tensor) -> Result<Option<Raw>> {
         let t = match self.map.get(key) {
             None => return Ok(None),
@@ -293,6 +293,7 @@ impl StateEntry<'_> {
         let raw = t.to_raw().map_err(|p| self.problem(key, p))?;
         let raw = raw
             .to_dtype(state_dtype(param.dtype()))
+            .and_then(|r| r.to_device(param.device()))
             .map_err(|e| self.problem(key, e.into()))?;
         Ok(Some(raw))
     }

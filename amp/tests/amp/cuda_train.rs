@@ -531,3 +531,70 @@ fn fused_device_optimizers_match_the_host() {
         cases.len()
     );
 }
+
+#[test]
+fn a_run_resumed_from_a_checkpoint_on_cuda_continues_exactly() {
+    if !device_or_skip("a_run_resumed_from_a_checkpoint_on_cuda_continues_exactly") {
+        return;
+    }
+    // A linear model under float16 autocast with Adam and a GradScaler on the device;
+    // after 3 steps its model, optimizer and scaler state dicts (read to the host) are
+    // loaded into a fresh model moved to the device, and both runs take 3 more steps.
+    let build = || {
+        let mut g = Generator::new(9);
+        let m = Linear::new(16, 4, &mut g).unwrap();
+        m.to_device(DEV).unwrap();
+        let opt = Adam::new(m.parameters(), 1e-2, AdamOptions::adamw()).unwrap();
+        let scaler = GradScaler::new();
+        (m, opt, scaler)
+    };
+    let batch = |i: u64| {
+        let mut g = Generator::new(100 + i);
+        let x = Raw::randn([8, 16], DType::F32, &mut g)
+            .unwrap()
+            .to_device(DEV)
+            .unwrap();
+        let y = Raw::randn([8, 4], DType::F32, &mut g)
+            .unwrap()
+            .to_device(DEV)
+            .unwrap();
+        (Tensor::from_raw(x), Tensor::from_raw(y))
+    };
+    let step = |m: &Linear, opt: &mut Adam, scaler: &mut GradScaler, i: u64| {
+        let (x, y) = batch(i);
+        opt.zero_grad();
+        let loss = autocast(DeviceType::Cuda, DType::F16, || {
+            ops::mse_loss(&m.forward(&x).unwrap(), &y, Reduction::Mean).unwrap()
+        })
+        .unwrap();
+        scaler.scale(&loss).unwrap().backward().unwrap();
+        scaler.step(opt).unwrap();
+        scaler.update().unwrap();
+    };
+    let (m, mut opt, mut scaler) = build();
+    for i in 0..3 {
+        step(&m, &mut opt, &mut scaler, i);
+    }
+    let (msd, osd, ssd) = (m.state_dict(), opt.state_dict(), scaler.state_dict());
+    let (m2, mut opt2, mut scaler2) = build();
+    m2.load_state_dict(&msd).unwrap();
+    opt2.load_state_dict(&osd).unwrap();
+    scaler2.load_state_dict(ssd.as_ref()).unwrap();
+    for i in 3..6 {
+        step(&m, &mut opt, &mut scaler, i);
+        step(&m2, &mut opt2, &mut scaler2, i);
+    }
+    for (a, b) in m.parameters().iter().zip(m2.parameters()) {
+        assert_eq!(b.device(), DEV);
+        assert_eq!(
+            a.data().to_vec_f64(),
+            b.data().to_vec_f64(),
+            "resumed parameters"
+        );
+    }
+    assert_eq!(scaler.get_scale(), scaler2.get_scale());
+    assert_eq!(
+        serde_json::to_string(&opt.state_dict()).unwrap(),
+        serde_json::to_string(&opt2.state_dict()).unwrap()
+    );
+}
