@@ -18,6 +18,8 @@ pub enum Library {
     Cublas,
     /// cuBLASLt, `libcublasLt`.
     CublasLt,
+    /// NCCL, `libnccl` (the collectives of `amp-distributed`'s NCCL backend).
+    Nccl,
 }
 
 impl Library {
@@ -28,6 +30,7 @@ impl Library {
             Library::Nvrtc => "nvrtc",
             Library::Cublas => "cublas",
             Library::CublasLt => "cublasLt",
+            Library::Nccl => "nccl",
         }
     }
 
@@ -61,7 +64,8 @@ mod imp {
     use std::sync::OnceLock;
 
     fn slot(lib: Library) -> &'static OnceLock<std::result::Result<(), String>> {
-        static SLOTS: [OnceLock<std::result::Result<(), String>>; 4] = [
+        static SLOTS: [OnceLock<std::result::Result<(), String>>; 5] = [
+            OnceLock::new(),
             OnceLock::new(),
             OnceLock::new(),
             OnceLock::new(),
