@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use amp_autograd::{HookHandle, Tensor};
 use amp_nn::{prefix_names, Module};
-use amp_tensor::{DType, Tensor as Raw};
+use amp_tensor::{DType, Device, Tensor as Raw};
 
 use crate::{Error, ProcessGroup, ReduceOp, Result, Work};
 
@@ -35,6 +35,8 @@ struct Bucket {
     /// Indices into the reducer's parameters, with the offset of each in the buffer.
     params: Vec<(usize, usize)>,
     dtype: DType,
+    /// Where the parameters, and so the flattened buffer, live.
+    device: Device,
     numel: usize,
     /// Parameters whose gradient is final in this iteration.
     ready: usize,
@@ -64,23 +66,26 @@ impl Reducer {
         // Reverse registration order: roughly the order backward produces gradients.
         let mut buckets: Vec<Bucket> = Vec::new();
         let mut bucket_of = vec![0; params.len()];
-        let mut open: Vec<(DType, usize)> = Vec::new(); // the open bucket of each dtype
+        // The open bucket of each dtype and device.
+        let mut open: Vec<((DType, Device), usize)> = Vec::new();
         for i in (0..params.len()).rev() {
             let (dtype, n) = (params[i].dtype(), params[i].elem_count());
+            let key = (dtype, params[i].device());
             let bytes = n * dtype.size_in_bytes();
             let fits = |b: &Bucket| b.numel * dtype.size_in_bytes() + bytes <= cap;
-            let b = match open.iter().find(|(d, _)| *d == dtype) {
+            let b = match open.iter().find(|(k, _)| *k == key) {
                 Some(&(_, b)) if fits(&buckets[b]) => b,
                 _ => {
                     buckets.push(Bucket {
                         params: Vec::new(),
                         dtype,
+                        device: key.1,
                         numel: 0,
                         ready: 0,
                         in_flight: None,
                     });
-                    open.retain(|(d, _)| *d != dtype);
-                    open.push((dtype, buckets.len() - 1));
+                    open.retain(|(k, _)| *k != key);
+                    open.push((key, buckets.len() - 1));
                     buckets.len() - 1
                 }
             };
@@ -151,7 +156,7 @@ impl Reducer {
             if b.ready < b.params.len() {
                 break;
             }
-            let flat = Raw::try_zeros([b.numel], b.dtype)?;
+            let flat = Raw::zeros_on([b.numel], b.dtype, b.device)?;
             for &(i, off) in &b.params {
                 if let Some(g) = self.params[i].grad() {
                     let n = g.elem_count();
@@ -193,7 +198,8 @@ impl Reducer {
 /// - At construction rank 0's parameters and floating-point buffers are broadcast
 ///   (integer buffers, counters, are left alone).
 /// - Gradients are grouped into buckets of about [`DdpOptions::bucket_cap_bytes`]
-///   (reverse registration order, one dtype per bucket). A post-accumulate hook on each
+///   (reverse registration order, one dtype and device per bucket, the flattened
+///   buffer on the parameters' device). A post-accumulate hook on each
 ///   parameter marks its gradient ready; a complete bucket is flattened into one buffer
 ///   and its all-reduce (average) starts at once, while backward goes on with the
 ///   earlier layers. The last hook waits for all buckets and copies the averages back

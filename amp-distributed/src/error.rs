@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use amp_tensor::DType;
+use amp_tensor::{DType, Device};
 
 /// Result alias of this crate.
 pub type Result<T> = std::result::Result<T, Error>;
@@ -20,14 +20,32 @@ pub enum Error {
         message: String,
     },
     /// A collective did not complete within the group's timeout: a peer died, hangs, or
-    /// called a different collective. The group is unusable afterwards (its buffers are
-    /// left to MPI, and MPI is not finalized at exit).
+    /// called a different collective. The group is unusable afterwards (MPI: its buffers
+    /// are left to MPI, and MPI is not finalized at exit; NCCL: the communicator is
+    /// aborted).
     #[error("{op} did not complete within {after:?}: a peer process has died or stopped taking part; the process group cannot be used any more")]
     Timeout { op: &'static str, after: Duration },
     /// An earlier operation failed or timed out, which leaves the group in an unknown
     /// state.
     #[error("{op}: the process group failed earlier and cannot be used any more")]
     GroupFailed { op: &'static str },
+    /// An NCCL call failed (feature `cuda`): NCCL's result code is the `source`. The
+    /// group is unusable afterwards (its communicator is aborted).
+    #[cfg(feature = "cuda")]
+    #[error("{op}: NCCL error {source}")]
+    Nccl {
+        op: &'static str,
+        #[source]
+        source: crate::NcclFailure,
+    },
+    /// A tensor not on the group's device (PyTorch's text for a host tensor given to
+    /// its NCCL group).
+    #[error("{op}: Tensors must be CUDA and dense: this group communicates tensors on {expected}, got one on {got}")]
+    WrongDevice {
+        op: &'static str,
+        got: Device,
+        expected: Device,
+    },
     /// Only floating-point tensors are communicated.
     #[error(
         "{op}: {dtype} tensors cannot be communicated (float32, float64, bfloat16 and float16 can)"

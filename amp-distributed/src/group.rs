@@ -42,6 +42,12 @@ pub trait ProcessGroup: Send + Sync + fmt::Debug {
     fn size(&self) -> usize;
     /// How long a blocking operation (or [`Work::wait`]) waits for its peers.
     fn timeout(&self) -> Duration;
+    /// Where the tensors it communicates live: the host for the backends that copy
+    /// through host buffers (they take tensors on any device), the group's GPU for
+    /// `Nccl` (which takes tensors on that GPU only).
+    fn device(&self) -> Device {
+        Device::Cpu
+    }
 
     /// Start reducing `t` across the ranks; every rank's `t` holds the result once the
     /// returned work has completed.
@@ -74,7 +80,8 @@ pub trait ProcessGroup: Send + Sync + fmt::Debug {
 
 /// An operation in flight, as a backend runs it.
 pub(crate) trait Pending: Send {
-    /// Drive the operation; `true` once it has completed (its buffers are MPI's no more).
+    /// Drive the operation; `true` once it has completed (its buffers are the
+    /// transport's no more).
     fn test(&mut self) -> Result<bool>;
     /// Write the results into the tensors, after `test` returned `true`.
     fn finish(self: Box<Self>) -> Result<()>;
@@ -113,7 +120,7 @@ impl Work {
         }
     }
 
-    #[cfg_attr(not(feature = "mpi"), allow(dead_code))] // the MPI backend's (and tests')
+    #[cfg_attr(not(any(feature = "mpi", feature = "cuda")), allow(dead_code))] // the backends' (and tests')
     pub(crate) fn pending(op: &'static str, timeout: Duration, p: Box<dyn Pending>) -> Work {
         Work {
             op,

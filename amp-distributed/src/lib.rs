@@ -6,16 +6,20 @@
 //! - [`ProcessGroup`]: all-reduce (sum, max, average), broadcast, all-gather and barrier
 //!   on raw tensors, blocking or non-blocking ([`Work`]), failing with
 //!   [`Error::Timeout`] instead of hanging when a peer died.
-//! - Backends: [`SingleProcess`] (one rank, always available) and `Mpi` (feature
+//! - Backends: [`SingleProcess`] (one rank, always available), `Mpi` (feature
 //!   `mpi`: the `mpi` crate on the system's OpenMPI or MPICH; run with
-//!   `mpirun -np 2 ...`).
+//!   `mpirun -np 2 ...`; tensors on any device, through host buffers) and `Nccl`
+//!   (feature `cuda`: NCCL's collectives on the GPU, one GPU per rank, `libnccl`
+//!   opened at run time; rank 0 makes an `NcclId` and hands it to the others, as
+//!   `examples/nccl_ranks.rs` does).
 //! - [`DistributedDataParallel`]: parameters broadcast from rank 0, gradients averaged
 //!   in buckets from post-accumulate hooks while backward runs, `no_sync` for gradient
 //!   accumulation.
 //! - Loss scaling across ranks: [`sharded_grad_scaler`] / [`AllReduceFoundInf`] make a
 //!   `GradScaler` all-reduce its inf check with MAX before the skip decision.
 //!
-//! The same code runs on one process with [`SingleProcess`] and on many with `Mpi`:
+//! The same code runs on one process with [`SingleProcess`] and on many with `Mpi` or
+//! `Nccl`:
 //!
 //! ```
 //! use std::sync::Arc;
@@ -28,6 +32,9 @@
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let group: Arc<dyn ProcessGroup> = Arc::new(SingleProcess);
 //! // Under MPI: `let group = Arc::new(amp_distributed::Mpi::init()?);`
+//! // Under NCCL, on GPU `rank`, with the id rank 0 made (`NcclId::new()?`):
+//! // `Arc::new(Nccl::init(rank, world, &id, Device::Cuda(rank), DEFAULT_TIMEOUT)?)`,
+//! // the model and data moved to that GPU.
 //!
 //! let t = Raw::from_vec(vec![1.0f32, 2.0], [2])?;
 //! group.all_reduce(&t, ReduceOp::Avg)?; // the mean over the ranks, in place
@@ -49,6 +56,8 @@ mod error;
 mod group;
 #[cfg(feature = "mpi")]
 mod mpi_group;
+#[cfg(feature = "cuda")]
+mod nccl_group;
 mod scaler;
 mod single;
 
@@ -57,5 +66,7 @@ pub use error::{Error, Result};
 pub use group::{ProcessGroup, ReduceOp, Work, DEFAULT_TIMEOUT};
 #[cfg(feature = "mpi")]
 pub use mpi_group::Mpi;
+#[cfg(feature = "cuda")]
+pub use nccl_group::{Nccl, NcclFailure, NcclId};
 pub use scaler::{sharded_grad_scaler, AllReduceFoundInf};
 pub use single::SingleProcess;

@@ -8,7 +8,8 @@
 #
 # Sections: the device, the CUDA tests (every device kernel against the host result;
 # casts and unscale bit-exact; the MLP trained under float16 autocast + GradScaler),
-# the same under compute-sanitizer, the conformance vectors on CUDA tensors, the main
+# the same under compute-sanitizer, the conformance vectors on CUDA tensors, the NCCL
+# process group (one rank, and two when there are two GPUs), the main
 # job on cuda (and on the host for its accuracy), and the benchmarks beside PyTorch's.
 # Each section's status goes to the summary at the end of the report; the exit status
 # is the number of failed sections. GPU_BUNDLE_TRAIN_STEPS sets the main job's steps
@@ -47,6 +48,21 @@ if [ -n "$f" ]; then
     ln -sf "$f" "$W/lib/libcudnn.so"
     LIBDIRS="$LIBDIRS:$(dirname "$f")"
 fi
+# NCCL (the nccl sections): cudarc opens libnccl.so first. The system's libnccl.so.2, else
+# the one PyTorch's pip wheels bring (nvidia-nccl-cu12, under site-packages/nvidia).
+f=$(find /usr/local/cuda*/ /opt /usr/lib/x86_64-linux-gnu /usr/lib64 -name 'libnccl.so.[0-9]*' 2>/dev/null \
+    | sort -V | tail -1)
+if [ -z "$f" ]; then
+    for d in $(python3 -c 'import nvidia; print(" ".join(nvidia.__path__))' 2>/dev/null) \
+        $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null); do
+        f=$(find "$d" -name 'libnccl.so.[0-9]*' 2>/dev/null | sort -V | tail -1)
+        [ -n "$f" ] && break
+    done
+fi
+if [ -n "$f" ]; then
+    ln -sf "$f" "$W/lib/libnccl.so"
+    LIBDIRS="$LIBDIRS:$(dirname "$f")"
+fi
 export LD_LIBRARY_PATH="$W/lib$LIBDIRS:${LD_LIBRARY_PATH:-}"
 export PATH="$PATH:/usr/local/cuda/bin"
 
@@ -79,6 +95,10 @@ section "kernel tests under compute-sanitizer" 600 compute-sanitizer --tool memc
 section "training tests under compute-sanitizer" 600 compute-sanitizer --tool memcheck --error-exitcode 9 \
     "$W/amp" cuda_train:: --test-threads=1
 section "conformance vectors on cuda" 600 "$W/conformance" --device cuda
+# NCCL: every collective, DDP and the sharded scaler through NCCL on one GPU; two ranks
+# need two GPUs (one GPU per rank), else the section reports itself skipped.
+section "nccl one rank" 300 "$W/nccl_ranks" --world 1
+section "nccl two ranks" 300 "$W/nccl_ranks" --world 2
 section "main job on cuda" 900 "$W/train" --device cuda --steps "$STEPS" --out "$W/train-cuda"
 section "main job on the host (its accuracy)" 900 "$W/train" --steps "$STEPS" --out "$W/train-cpu"
 section "kernel benchmark (ours)" 300 "$W/cuda_bench"

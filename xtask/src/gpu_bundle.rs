@@ -2,8 +2,8 @@
 //! (no GPU needed) into one git-ignored folder (default `target/gpu-bundle`):
 //!
 //! - `bin/*.gz`: the CUDA test binaries (`amp-kernels`' and `amp`'s, with the `cuda`
-//!   feature), the conformance runner, the main job (`train`), and the two benchmark
-//!   binaries, stripped of debug info and gzipped (the device tool carries 64 MiB);
+//!   feature), the conformance runner, the main job (`train`), the NCCL checks
+//!   (`nccl_ranks`), and the two benchmark binaries, stripped of debug info and gzipped (the device tool carries 64 MiB);
 //! - `run.sh` (from `xtask/gpu/run.sh`): on the GPU machine, `bash <folder>/run.sh`
 //!   runs every check and writes one report;
 //! - the PyTorch side of the benchmarks (`cuda_bench_torch.py`, `gpu_step_bench_torch.py`).
@@ -23,6 +23,7 @@ const BINARIES: &[(&str, &str, &str)] = &[
     ("train", "amp", "--example"),
     ("gpu_step_bench", "amp", "--example"),
     ("cuda_bench", "amp-kernels", "--example"),
+    ("nccl_ranks", "amp-distributed", "--example"),
 ];
 
 /// The scripts copied beside the binaries: (source in the workspace, name in the bundle).

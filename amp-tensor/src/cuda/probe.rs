@@ -20,7 +20,7 @@ pub enum Library {
     CublasLt,
     /// cuDNN, `libcudnn` (convolutions).
     Cudnn,
-    /// NCCL, `libnccl` (collectives across GPUs).
+    /// NCCL, `libnccl` (the collectives of `amp-distributed`'s NCCL backend).
     Nccl,
 }
 
