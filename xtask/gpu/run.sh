@@ -90,10 +90,6 @@ section device 30 nvidia-smi --query-gpu=name,driver_version,memory.total,comput
 echo "libraries: $(ls -l "$W/lib" | tail -n +2 | awk '{print $NF}' | tr '\n' ' ')" | tee -a "$REPORT"
 section "cuda kernel tests" 300 "$W/kernels" cuda_device:: --test-threads=1
 section "cuda training tests" 300 "$W/amp" cuda_train:: --test-threads=1
-section "kernel tests under compute-sanitizer" 600 compute-sanitizer --tool memcheck --error-exitcode 9 \
-    "$W/kernels" cuda_device:: --test-threads=1
-section "training tests under compute-sanitizer" 600 compute-sanitizer --tool memcheck --error-exitcode 9 \
-    "$W/amp" cuda_train:: --test-threads=1
 section "conformance vectors on cuda" 600 "$W/conformance" --device cuda
 # NCCL: every collective, DDP and the sharded scaler through NCCL on one GPU; two ranks
 # need two GPUs (one GPU per rank), else the section reports itself skipped.
@@ -105,6 +101,12 @@ section "kernel benchmark (ours)" 300 "$W/cuda_bench"
 section "kernel benchmark (PyTorch)" 300 python3 "$B/cuda_bench_torch.py"
 section "training step benchmark (ours)" 300 "$W/gpu_step_bench"
 section "training step benchmark (PyTorch)" 300 python3 "$B/gpu_step_bench_torch.py"
+
+# Last: the slowest sections (every kernel under memcheck).
+section "kernel tests under compute-sanitizer" 600 compute-sanitizer --tool memcheck --error-exitcode 9 \
+    "$W/kernels" cuda_device:: --test-threads=1
+section "training tests under compute-sanitizer" 600 compute-sanitizer --tool memcheck --error-exitcode 9 \
+    "$W/amp" cuda_train:: --test-threads=1
 
 {
     echo
