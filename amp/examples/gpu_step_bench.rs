@@ -1,5 +1,5 @@
 //! The MLP training step on a CUDA device, float32 and float16 autocast + `GradScaler`,
-//! to set beside `gpu_step_bench_torch.py` (PyTorch, same model, same GPU): one
+//! and a float16-autocast convolution forward and backward (cuDNN), to set beside `gpu_step_bench_torch.py` (PyTorch, same model, same GPU): one
 //! `metric value unit` line per figure, or why it could not run.
 //!
 //! `cargo run --release -p amp --features cuda --example gpu_step_bench`
@@ -28,6 +28,44 @@ fn main() {
             Err(e) => println!("gpu_step_bench: {}: {e}", if amp { "amp" } else { "f32" }),
         }
     }
+    match conv_ms(dev) {
+        Ok(ms) => println!("cuda_conv2d_amp_f16_fwd_bwd_ms {ms:.3} ms"),
+        Err(e) => println!("gpu_step_bench: conv2d: {e}"),
+    }
+}
+
+/// The median milliseconds of `f`, after 5 warm-up calls, over 20 calls.
+fn median_ms(mut f: impl FnMut() -> Res<f64>) -> Res<f64> {
+    for _ in 0..5 {
+        f()?;
+    }
+    let mut ts: Vec<f64> = Vec::new();
+    for _ in 0..20 {
+        let t = Instant::now();
+        f()?;
+        ts.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    ts.sort_by(f64::total_cmp);
+    Ok(ts[ts.len() / 2])
+}
+
+/// Conv2d 64→64 3×3 (padding 1) on `[32, 64, 56, 56]` under float16 autocast, forward
+/// and backward (input and weight gradients), the sum read back each time.
+fn conv_ms(dev: Device) -> Res<f64> {
+    use amp::nn::{Conv2d, ConvOptions};
+    let mut g = Generator::new(0);
+    let conv = Conv2d::with_options(ConvOptions::new(64, 64, &[3]).padding(&[1]), &mut g)?;
+    conv.to_device(dev)?;
+    let x = Tensor::from_raw(Raw::randn([32, 64, 56, 56], DType::F32, &mut g)?.to_device(dev)?);
+    x.requires_grad_(true)?;
+    let region = Autocast::new(DeviceType::Cuda).dtype(DType::F16);
+    median_ms(|| {
+        conv.weight.zero_grad();
+        let out = region.try_run(|| conv.forward(&x))?;
+        let s = ops::sum_all(&out)?;
+        s.backward()?;
+        Ok(s.item_f64()?)
+    })
 }
 
 /// The median milliseconds of one training step (forward, backward, SGD with momentum,
@@ -56,7 +94,7 @@ fn step_ms(dev: Device, amp: bool) -> Res<f64> {
     let region = Autocast::new(DeviceType::Cuda)
         .dtype(DType::F16)
         .enabled(amp);
-    let mut step = || -> Res<f64> {
+    let step = || -> Res<f64> {
         opt.zero_grad();
         let out = region.try_run(|| l2.forward(&l1.forward(&x)?.relu()?))?;
         let loss = ops::mse_loss(&out, &y, Reduction::Mean)?;
@@ -65,15 +103,5 @@ fn step_ms(dev: Device, amp: bool) -> Res<f64> {
         scaler.update()?;
         Ok(loss.item_f64()?)
     };
-    for _ in 0..5 {
-        step()?;
-    }
-    let mut ts: Vec<f64> = Vec::new();
-    for _ in 0..20 {
-        let t = Instant::now();
-        step()?;
-        ts.push(t.elapsed().as_secs_f64() * 1e3);
-    }
-    ts.sort_by(f64::total_cmp);
-    Ok(ts[ts.len() / 2])
+    median_ms(step)
 }

@@ -1,5 +1,6 @@
 """PyTorch's figures for gpu_step_bench.rs: the same MLP step on the same GPU, float32
-and float16 autocast + GradScaler (median milliseconds, the loss read back each step)."""
+and float16 autocast + GradScaler, and a float16-autocast conv2d forward and backward
+(median milliseconds, the loss read back each step)."""
 import time
 import torch
 
@@ -38,5 +39,31 @@ def step_ms(amp):
     return ts[len(ts) // 2]
 
 
+def conv_ms():
+    dev = "cuda"
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(64, 64, 3, padding=1).to(dev)
+    x = torch.randn(32, 64, 56, 56, device=dev, requires_grad=True)
+
+    def step():
+        conv.weight.grad = None
+        with torch.autocast("cuda", dtype=torch.float16):
+            out = conv(x)
+        s = out.float().sum()
+        s.backward()
+        return s.item()
+
+    for _ in range(5):
+        step()
+    ts = []
+    for _ in range(20):
+        t = time.perf_counter()
+        step()
+        ts.append((time.perf_counter() - t) * 1e3)
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
 for amp in (False, True):
     print(f"torch_cuda_mlp_step_{'amp_f16' if amp else 'f32'}_ms {step_ms(amp):.3f} ms")
+print(f"torch_cuda_conv2d_amp_f16_fwd_bwd_ms {conv_ms():.3f} ms")

@@ -442,7 +442,7 @@ pub fn conv(
     spec: &super::cudnn::ConvSpec,
     dims: &[usize],
 ) -> Result<Tensor> {
-    let (x, w) = (x.try_contiguous()?, w.try_contiguous()?);
+    let (x, w) = (dense(x)?, dense(w)?);
     let y = with_buf(&x, |xb| {
         with_buf(&w, |wb| super::cudnn::conv_forward(xb, wb, spec))
     })?;
@@ -458,7 +458,7 @@ pub fn conv_backward_data(
     spec: &super::cudnn::ConvSpec,
     dims: &[usize],
 ) -> Result<Tensor> {
-    let (dy, w) = (dy.try_contiguous()?, w.try_contiguous()?);
+    let (dy, w) = (dense(dy)?, dense(w)?);
     let dx = with_buf(&dy, |gb| {
         with_buf(&w, |wb| super::cudnn::conv_backward_data(gb, wb, spec))
     })?;
@@ -472,11 +472,24 @@ pub fn conv_backward_filter(
     spec: &super::cudnn::ConvSpec,
     dims: &[usize],
 ) -> Result<Tensor> {
-    let (x, dy) = (x.try_contiguous()?, dy.try_contiguous()?);
+    let (x, dy) = (dense(x)?, dense(dy)?);
     let dw = with_buf(&x, |xb| {
         with_buf(&dy, |gb| super::cudnn::conv_backward_filter(xb, gb, spec))
     })?;
     wrap(dw, dims)
+}
+
+/// `t` as the whole of a contiguous buffer (cuDNN takes buffers, not views): itself
+/// when it is one, else a copy (a view with an offset, a strided view).
+fn dense(t: &Tensor) -> Result<Tensor> {
+    let whole = t.is_contiguous()
+        && t.layout().offset() == 0
+        && with_buf(t, |b| Ok(b.len() == t.elem_count()))?;
+    if whole {
+        Ok(t.clone())
+    } else {
+        t.try_copy()
+    }
 }
 
 /// `y + bias` with `bias` `[C]` over dim 1 of `y` `[N, C, ...]`.
