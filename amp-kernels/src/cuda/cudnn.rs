@@ -5,7 +5,9 @@
 //! One handle per device, bound to the device's one stream and kept under a mutex (a
 //! cuDNN handle is not thread-safe). Descriptors live for one call. The algorithm is
 //! cuDNN's heuristic choice (`cudnnGet...Algorithm_v7`, as PyTorch with
-//! `benchmark=False`), skipping an algorithm whose workspace cannot be allocated.
+//! `benchmark=False`), skipping an algorithm whose workspace cannot be allocated; the
+//! ranking is asked once per geometry, dtype and pass and kept (as PyTorch's algorithm
+//! cache does: the query costs more than a small convolution).
 //!
 //! Numerics: float16/bfloat16 data computes in float32 on Tensor Cores
 //! (`CUDNN_TENSOR_OP_MATH`); float32 computes in exact float32 (`CUDNN_FMA_MATH`: no
@@ -24,7 +26,7 @@ use amp_tensor::{DType, Device, Error, Result, SharedError};
 /// One convolution's geometry in cuDNN's terms: the input side `x` `[N, G·C, in...]`,
 /// the weight `w` `[G·O, C, k...]`, the output side `y` `[N, G·O, out...]` (2 or 3
 /// spatial dims), and per spatial dim the padding, stride and dilation.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ConvSpec {
     x: Vec<c_int>,
     w: Vec<c_int>,
@@ -96,7 +98,7 @@ impl ConvSpec {
 const OP: &str = "cudnn_convolution";
 
 /// Which of the three products a call runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Pass {
     /// `y = w ⋆ x`.
     Forward,
@@ -439,7 +441,28 @@ fn run(pass: Pass, a: &CudaStorage, b: &CudaStorage, spec: &ConvSpec) -> Result<
         (&one32 as *const f32 as _, &zero32 as *const f32 as _)
     };
     with_cudnn(&dc, |h| {
-        let all = candidates(h, &desc, pass, dtype, dc.device)?;
+        type Key = (Device, DType, Pass, ConvSpec);
+        type Ranked = Vec<(Algo, usize, sys::cudnnMathType_t)>;
+        static RANKED: OnceLock<Mutex<HashMap<Key, Ranked>>> = OnceLock::new();
+        let key = (dc.device, dtype, pass, spec.clone());
+        let known = RANKED
+            .get_or_init(|| Mutex::new(HashMap::new()))
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .cloned();
+        let all = match known {
+            Some(all) => all,
+            None => {
+                let all = candidates(h, &desc, pass, dtype, dc.device)?;
+                RANKED
+                    .get_or_init(|| Mutex::new(HashMap::new()))
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(key, all.clone());
+                all
+            }
+        };
         // The first candidate whose workspace can be allocated (an out-of-memory on a
         // large workspace moves on to the next, as PyTorch does).
         let mut chosen = None;
