@@ -112,6 +112,13 @@ pub fn cat(ts: &[Tensor], dim: i64) -> Result<Tensor> {
     }
     let mut shape = first.dims().to_vec();
     shape[d] = parts.iter().map(|(_, t)| t.dims()[d]).sum();
+    #[cfg(feature = "cuda")]
+    {
+        let refs: Vec<&Tensor> = parts.iter().map(|(_, t)| *t).collect();
+        if crate::compute::device_of("cat", &refs)?.is_some() {
+            return crate::cuda::route::cat(&refs, d, &shape, dtype);
+        }
+    }
     let outer: usize = shape[..d].iter().product();
     let inner: usize = shape[d + 1..].iter().product();
     let srcs: Vec<Tensor> = parts

@@ -113,6 +113,7 @@ pub fn clamp(x: &Tensor, min: Option<f64>, max: Option<f64>) -> Result<Tensor> {
     if min.is_none() && max.is_none() {
         return Err(no_bounds());
     }
+    crate::compute::on_device!(OP, [x], crate::cuda::route::clamp(x, min, max));
     ensure_cpu(OP, &[x])?;
     let (lo, hi) = (
         min.map(|v| bound_scalar(x, v)),
@@ -225,6 +226,12 @@ pub fn clamp_tensor(x: &Tensor, min: Option<&Tensor>, max: Option<&Tensor>) -> R
         return Err(no_bounds());
     }
     let present: Vec<&Tensor> = std::iter::once(x).chain(min).chain(max).collect();
+    #[cfg(feature = "cuda")]
+    if crate::compute::device_of(OP, &present)?.is_some() {
+        let shapes: Vec<&[usize]> = present.iter().map(|t| t.dims()).collect();
+        broadcast_all(OP, &shapes)?;
+        return crate::cuda::route::clamp_tensor(x, min, max);
+    }
     ensure_cpu(OP, &present)?;
     let metas: Vec<Operand> = present.iter().map(|t| meta(t)).collect();
     let dt = result_type(&metas).unwrap_or(x.dtype());

@@ -430,6 +430,57 @@ fn view_as(t: &Tensor, layout: &Layout) -> Result<Tensor> {
     wrap(out, layout.dims())
 }
 
+// ----- clamp, cat --------------------------------------------------------------------
+
+/// `clamp(x, min, max)` with number bounds: `maximum` with the lower bound, then
+/// `minimum` with the upper (both NaN-propagating, so a NaN element stays NaN, as on the
+/// host); a NaN bound when both are given makes every element NaN, as in PyTorch.
+pub fn clamp(x: &Tensor, min: Option<f64>, max: Option<f64>) -> Result<Tensor> {
+    let dev = x.device();
+    floating("clamp", x.dtype(), dev)?;
+    if let (Some(l), Some(h)) = (min, max) {
+        if l.is_nan() || h.is_nan() {
+            return Tensor::full_on(x.dims().to_vec(), f64::NAN, x.dtype(), dev);
+        }
+    }
+    let mut y = x.clone();
+    if let Some(l) = min {
+        y = binary_scalar(BinaryOp::Maximum, &y, Scalar::Float(l), false)?;
+    }
+    if let Some(h) = max {
+        y = binary_scalar(BinaryOp::Minimum, &y, Scalar::Float(h), false)?;
+    }
+    Ok(y)
+}
+
+/// `clamp(x, min, max)` with tensor bounds: broadcast `maximum` then `minimum` (a NaN
+/// in any operand gives NaN, as on the host).
+pub fn clamp_tensor(x: &Tensor, min: Option<&Tensor>, max: Option<&Tensor>) -> Result<Tensor> {
+    let mut y = x.clone();
+    if let Some(l) = min {
+        y = binary(BinaryOp::Maximum, &y, l, None)?;
+    }
+    if let Some(h) = max {
+        y = binary(BinaryOp::Minimum, &y, h, None)?;
+    }
+    Ok(y)
+}
+
+/// `cat` of `parts` (checked by the caller) along `dim` into a fresh `dims` tensor of
+/// `dtype`: each part is copied (converted) into its slice of the output.
+pub fn cat(parts: &[&Tensor], dim: usize, dims: &[usize], dtype: DType) -> Result<Tensor> {
+    let out = Tensor::zeros_on(dims.to_vec(), dtype, device(parts))?;
+    let mut at = 0;
+    for t in parts {
+        let len = t.dims()[dim];
+        if len > 0 {
+            out.narrow(dim, at, len)?.copy_(&on(t, out.device())?)?;
+        }
+        at += len;
+    }
+    Ok(out)
+}
+
 // ----- convolutions (cuDNN) ----------------------------------------------------------
 
 /// The convolution of `x` with `w` (one float dtype, geometry `spec`, output of dims

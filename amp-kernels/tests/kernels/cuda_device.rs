@@ -572,6 +572,44 @@ fn tensor_entries_route_to_the_device() {
             |t| kx::matmul(&t[0], &t[1].narrow(0, 0, 7).unwrap()).unwrap(),
         );
         checked += 12;
+        // clamp with number and tensor bounds (NaN elements stay NaN), cat and stack.
+        let mut xn = x.to_vec_f64();
+        xn[3] = f64::NAN;
+        let xn = Tensor::from_vec(xn, [7, 33]).unwrap().to_dtype(d).unwrap();
+        same_on_device(&format!("clamp {d}"), vec![xn.clone()], 1.0, |t| {
+            kx::clamp(&t[0], Some(-0.5), Some(0.75)).unwrap()
+        });
+        same_on_device(&format!("clamp min {d}"), vec![xn.clone()], 1.0, |t| {
+            kx::clamp(&t[0], Some(0.1), None).unwrap()
+        });
+        same_on_device(
+            &format!("clamp nan bound {d}"),
+            vec![xn.clone()],
+            1.0,
+            |t| kx::clamp(&t[0], Some(f64::NAN), Some(1.0)).unwrap(),
+        );
+        same_on_device(
+            &format!("clamp tensors {d}"),
+            vec![xn.clone(), row.clone(), y.clone()],
+            1.0,
+            |t| kx::clamp_tensor(&t[0], Some(&t[1]), Some(&t[2])).unwrap(),
+        );
+        same_on_device(
+            &format!("cat {d}"),
+            vec![x.clone(), y.t().unwrap(), rand(&[7, 0], d, 4)],
+            1.0,
+            |t| {
+                let yt = t[1].t().unwrap();
+                kx::cat(&[t[0].clone(), yt, t[2].clone()], 1).unwrap()
+            },
+        );
+        same_on_device(
+            &format!("stack {d}"),
+            vec![x.clone(), y.clone()],
+            1.0,
+            |t| kx::stack(&[t[0].clone(), t[1].clone()], 0).unwrap(),
+        );
+        checked += 6;
     }
     eprintln!("tensor_entries_route_to_the_device: {checked} entries matched the host");
 }
