@@ -61,8 +61,12 @@ impl Layout {
         self.shape.elem_count()
     }
 
-    /// Row-major contiguous (size-1 dimensions may have any stride).
+    /// Row-major contiguous (size-1 dimensions may have any stride; a tensor with no
+    /// element is contiguous whatever its strides, as in PyTorch).
     pub fn is_contiguous(&self) -> bool {
+        if self.elem_count() == 0 {
+            return true;
+        }
         let mut acc = 1;
         for (&d, &s) in self.dims().iter().zip(&self.strides).rev() {
             if d != 1 && s != acc {
