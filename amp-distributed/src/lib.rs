@@ -60,8 +60,9 @@ mod mpi_group;
 mod nccl_group;
 mod scaler;
 mod single;
+mod zero;
 
-pub use ddp::{DdpOptions, DistributedDataParallel, NoSync, DEFAULT_BUCKET_CAP_BYTES};
+pub use ddp::{CommStats, DdpOptions, DistributedDataParallel, NoSync, DEFAULT_BUCKET_CAP_BYTES};
 pub use error::{Error, Result};
 pub use group::{ProcessGroup, ReduceOp, Work, DEFAULT_TIMEOUT};
 #[cfg(feature = "mpi")]
@@ -70,3 +71,4 @@ pub use mpi_group::Mpi;
 pub use nccl_group::{Nccl, NcclFailure, NcclId};
 pub use scaler::{sharded_grad_scaler, AllReduceFoundInf};
 pub use single::SingleProcess;
+pub use zero::{partition_parameters, ShardedOptimizer};
