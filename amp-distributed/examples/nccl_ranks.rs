@@ -488,6 +488,7 @@ fn ddp(g: &Arc<dyn ProcessGroup>) -> Res {
     // Every rank starts from its own weights: DDP's broadcast makes them rank 0's.
     let opts = DdpOptions {
         bucket_cap_bytes: 64,
+        ..Default::default()
     };
     let model =
         DistributedDataParallel::with_options(Mlp::new(100 + rank as u64, dev)?, g.clone(), opts)?;

@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
 
 use amp_autograd::{HookHandle, Tensor};
 use amp_nn::{prefix_names, Module};
@@ -19,13 +20,61 @@ pub struct DdpOptions {
     /// The most gradient bytes one bucket (one all-reduce) holds; a parameter larger
     /// than this has a bucket of its own.
     pub bucket_cap_bytes: usize,
+    /// Gradient compression (PyTorch's `bf16_compress_hook` / `fp16_compress_hook`):
+    /// `Some(DType::BF16)` or `Some(DType::F16)` casts each float32 or float64 bucket to
+    /// that type before its all-reduce and back after it (the average is taken in the
+    /// wire type and rounded once to the 16-bit type). Buckets already 16-bit are
+    /// reduced as they are. Any other dtype is refused with
+    /// [`Error::UnsupportedCompression`]. The bytes handed to the group halve (float32)
+    /// or quarter (float64); the NCCL backend sends them as they are, while the MPI
+    /// backend widens 16-bit values to float32 on the wire (MPI has no 16-bit float), so
+    /// there compression changes the precision but not the traffic.
+    pub compression: Option<DType>,
 }
 
 impl Default for DdpOptions {
     fn default() -> Self {
         DdpOptions {
             bucket_cap_bytes: DEFAULT_BUCKET_CAP_BYTES,
+            compression: None,
         }
+    }
+}
+
+/// What the gradient synchronisation of one backward cost, and how much of it ran
+/// while backward was still computing ([`DistributedDataParallel::last_comm_stats`]).
+///
+/// "Ready" is the moment the last gradient became final (the last hook, or
+/// [`DistributedDataParallel::finish_gradient_sync`]). A bucket is in flight from its
+/// launch until its all-reduce was seen complete (by a poll in a later hook, or by the
+/// wait after ready). Backends without a progress thread (MPI) advance an operation only
+/// while it is polled, so "in flight" is the time it could progress, not the time it
+/// did.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct CommStats {
+    /// The number of all-reduces (buckets).
+    pub buckets: usize,
+    /// The bytes handed to the all-reduces (after compression).
+    pub bytes: usize,
+    /// The sum over the buckets of the time each was in flight.
+    pub in_flight: Duration,
+    /// The part of [`in_flight`](Self::in_flight) before ready: communication that
+    /// overlapped backward.
+    pub overlapped: Duration,
+    /// The wall-clock time from ready until every all-reduce had completed and the
+    /// averages were written back: how long the end of backward waited.
+    pub waited: Duration,
+}
+
+impl CommStats {
+    /// The share of the communication hidden behind backward,
+    /// `overlapped / in_flight`, in `[0, 1]` (0 when nothing was in flight).
+    pub fn overlap_share(&self) -> f64 {
+        let total = self.in_flight.as_secs_f64();
+        if total <= 0.0 {
+            return 0.0;
+        }
+        (self.overlapped.as_secs_f64() / total).clamp(0.0, 1.0)
     }
 }
 
@@ -40,8 +89,11 @@ struct Bucket {
     numel: usize,
     /// Parameters whose gradient is final in this iteration.
     ready: usize,
-    /// The flattened gradients and their all-reduce, once launched.
+    /// The flattened gradients (in the wire dtype) and their all-reduce, once launched.
     in_flight: Option<(Raw, Work)>,
+    /// When the all-reduce was launched, and when it was seen complete.
+    launched: Option<Instant>,
+    completed: Option<Instant>,
 }
 
 /// The state of gradient synchronisation of one iteration.
@@ -59,10 +111,19 @@ struct Reducer {
     /// Buckets are launched in index order, so that every rank issues the same
     /// all-reduces in the same order whatever order its gradients become ready in.
     next_launch: usize,
+    /// The 16-bit type float32/float64 buckets travel as, if any.
+    compression: Option<DType>,
+    /// The statistics of the last synchronised backward.
+    last_stats: Option<CommStats>,
 }
 
 impl Reducer {
-    fn new(group: Arc<dyn ProcessGroup>, params: Vec<Tensor>, cap: usize) -> Reducer {
+    fn new(
+        group: Arc<dyn ProcessGroup>,
+        params: Vec<Tensor>,
+        cap: usize,
+        compression: Option<DType>,
+    ) -> Reducer {
         // Reverse registration order: roughly the order backward produces gradients.
         let mut buckets: Vec<Bucket> = Vec::new();
         let mut bucket_of = vec![0; params.len()];
@@ -83,6 +144,8 @@ impl Reducer {
                         numel: 0,
                         ready: 0,
                         in_flight: None,
+                        launched: None,
+                        completed: None,
                     });
                     open.retain(|(k, _)| *k != key);
                     open.push((key, buckets.len() - 1));
@@ -103,6 +166,8 @@ impl Reducer {
             armed: false,
             marked,
             next_launch: 0,
+            compression,
+            last_stats: None,
         }
     }
 
@@ -119,6 +184,8 @@ impl Reducer {
         self.buckets.iter_mut().for_each(|b| {
             b.ready = 0;
             b.in_flight = None;
+            b.launched = None;
+            b.completed = None;
         });
         self.next_launch = 0;
         Ok(())
@@ -142,7 +209,9 @@ impl Reducer {
         // A transport without a progress thread advances when polled.
         for b in &mut self.buckets[..self.next_launch] {
             if let Some((_, w)) = &mut b.in_flight {
-                w.is_completed()?;
+                if b.completed.is_none() && w.is_completed()? {
+                    b.completed = Some(Instant::now());
+                }
             }
         }
         if self.next_launch == self.buckets.len() {
@@ -163,8 +232,13 @@ impl Reducer {
                     flat.narrow(0, off, n)?.copy_(&g.data().reshape([n])?)?;
                 }
             }
-            let work = self.group.all_reduce_async(&flat, ReduceOp::Avg)?;
-            b.in_flight = Some((flat, work));
+            let wire = match self.compression {
+                Some(c) if matches!(b.dtype, DType::F32 | DType::F64) => flat.to_dtype(c)?,
+                _ => flat,
+            };
+            let work = self.group.all_reduce_async(&wire, ReduceOp::Avg)?;
+            b.in_flight = Some((wire, work));
+            b.launched = Some(Instant::now());
             self.next_launch += 1;
         }
         Ok(())
@@ -174,9 +248,24 @@ impl Reducer {
     /// with no gradient on this rank gets the average too, so all ranks agree).
     fn finalize(&mut self) -> Result<()> {
         self.armed = false;
+        let ready = Instant::now();
+        let mut stats = CommStats {
+            buckets: self.buckets.len(),
+            ..CommStats::default()
+        };
         for b in &mut self.buckets {
-            let (flat, work) = b.in_flight.take().expect("every bucket launched");
+            let (wire, work) = b.in_flight.take().expect("every bucket launched");
             work.wait()?;
+            let completed = *b.completed.get_or_insert_with(Instant::now);
+            let launched = b.launched.unwrap_or(ready);
+            stats.bytes += wire.elem_count() * wire.dtype().size_in_bytes();
+            stats.in_flight += completed.saturating_duration_since(launched);
+            stats.overlapped += completed.min(ready).saturating_duration_since(launched);
+            let flat = if wire.dtype() == b.dtype {
+                wire
+            } else {
+                wire.to_dtype(b.dtype)?
+            };
             for &(i, off) in &b.params {
                 let p = &self.params[i];
                 let avg = flat.narrow(0, off, p.elem_count())?.reshape(p.dims())?;
@@ -187,6 +276,8 @@ impl Reducer {
             }
         }
         self.marked.iter_mut().for_each(|m| *m = false);
+        stats.waited = ready.elapsed();
+        self.last_stats = Some(stats);
         Ok(())
     }
 }
@@ -239,7 +330,14 @@ impl<M: Module> DistributedDataParallel<M> {
     }
 
     /// Wrap `module`: broadcast its state from rank 0 and register the gradient hooks.
+    /// Fails with [`Error::UnsupportedCompression`] when
+    /// [`DdpOptions::compression`] is not bfloat16 or float16.
     pub fn with_options(module: M, group: Arc<dyn ProcessGroup>, opts: DdpOptions) -> Result<Self> {
+        if let Some(dtype) = opts.compression {
+            if !matches!(dtype, DType::BF16 | DType::F16) {
+                return Err(Error::UnsupportedCompression { dtype });
+            }
+        }
         for (_, t) in module.named_state() {
             if t.dtype().is_floating_point() {
                 group.broadcast(t.data(), 0)?;
@@ -254,6 +352,7 @@ impl<M: Module> DistributedDataParallel<M> {
             group,
             params.clone(),
             opts.bucket_cap_bytes,
+            opts.compression,
         )));
         let mut hooks = Vec::with_capacity(params.len());
         for (i, p) in params.iter().enumerate() {
@@ -298,6 +397,12 @@ impl<M: Module> DistributedDataParallel<M> {
     /// The number of buckets (all-reduces per synchronised backward).
     pub fn num_buckets(&self) -> usize {
         self.reducer().buckets.len()
+    }
+
+    /// The communication statistics of the last synchronised backward (see
+    /// [`CommStats`]); `None` before the first one.
+    pub fn last_comm_stats(&self) -> Option<CommStats> {
+        self.reducer().last_stats
     }
 
     /// Skip gradient synchronisation for the forward/backward passes made while the

@@ -65,6 +65,27 @@ pub enum Error {
     /// library), or finalized; a process initializes it once.
     #[error("MPI cannot be initialized: it was initialized before in this process")]
     AlreadyInitialized,
+    /// [`crate::DdpOptions::compression`] names a dtype other than bfloat16 and float16.
+    #[error("gradient compression to {dtype} is not supported: use bfloat16 or float16")]
+    UnsupportedCompression { dtype: DType },
+    /// A [`crate::ShardedOptimizer`] over fewer parameters than ranks: `rank` would own
+    /// none.
+    #[error("ShardedOptimizer: rank {rank} of {world} would own no parameter ({params} parameters in all); use fewer ranks than parameters")]
+    EmptyShard {
+        rank: usize,
+        world: usize,
+        params: usize,
+    },
+    /// A sharded optimizer state dict naming a parameter this rank does not own: it was
+    /// saved by another rank, or with another number of ranks.
+    #[error("ShardedOptimizer: the state dict names parameter {index}, which rank {rank} does not own (saved by another rank or another world size? use the consolidated state dict)")]
+    ShardMismatch { rank: usize, index: usize },
+    /// A shard's state could not be carried to the other ranks (serialised or read back).
+    #[error("ShardedOptimizer: the state of rank {rank} could not be transferred: {reason}")]
+    StateTransfer { rank: usize, reason: String },
+    /// An optimizer operation failed.
+    #[error(transparent)]
+    Optim(amp_optim::Error),
     /// A tensor operation failed.
     #[error(transparent)]
     Tensor(#[from] amp_tensor::Error),
@@ -90,5 +111,16 @@ impl From<Error> for amp_autograd::Error {
     /// Carried through backward as a hook's error, recovered by `Error::from`.
     fn from(e: Error) -> Self {
         amp_autograd::Error::Hook(amp_tensor::SharedError::new(e))
+    }
+}
+
+impl From<amp_optim::Error> for Error {
+    /// An optimizer error; one that carries this crate's error (a broadcast failed in a
+    /// [`crate::ShardedOptimizer`] step) gives that error back.
+    fn from(e: amp_optim::Error) -> Self {
+        match e {
+            amp_optim::Error::Autograd(a) => Error::from(a),
+            other => Error::Optim(other),
+        }
     }
 }

@@ -14,7 +14,15 @@
 //!   `examples/nccl_ranks.rs` does).
 //! - [`DistributedDataParallel`]: parameters broadcast from rank 0, gradients averaged
 //!   in buckets from post-accumulate hooks while backward runs, `no_sync` for gradient
-//!   accumulation.
+//!   accumulation; optional bfloat16/float16 gradient compression
+//!   ([`DdpOptions::compression`], PyTorch's `bf16_compress_hook`); per-backward
+//!   communication statistics ([`DistributedDataParallel::last_comm_stats`],
+//!   [`CommStats`]: bytes, buckets, time in flight, time overlapped with backward, time
+//!   waited at its end, the overlap share).
+//! - [`ShardedOptimizer`]: ZeRO stage 1 (`ZeroRedundancyOptimizer`): the parameters
+//!   are split over the ranks ([`partition_parameters`]), each rank's optimizer holds
+//!   state for its shard only, and every step ends with each parameter broadcast from
+//!   its owner; sharded and consolidated state dicts.
 //! - Loss scaling across ranks: [`sharded_grad_scaler`] / [`AllReduceFoundInf`] make a
 //!   `GradScaler` all-reduce its inf check with MAX before the skip decision.
 //!
@@ -60,8 +68,9 @@ mod mpi_group;
 mod nccl_group;
 mod scaler;
 mod single;
+mod zero;
 
-pub use ddp::{DdpOptions, DistributedDataParallel, NoSync, DEFAULT_BUCKET_CAP_BYTES};
+pub use ddp::{CommStats, DdpOptions, DistributedDataParallel, NoSync, DEFAULT_BUCKET_CAP_BYTES};
 pub use error::{Error, Result};
 pub use group::{ProcessGroup, ReduceOp, Work, DEFAULT_TIMEOUT};
 #[cfg(feature = "mpi")]
@@ -70,3 +79,4 @@ pub use mpi_group::Mpi;
 pub use nccl_group::{Nccl, NcclFailure, NcclId};
 pub use scaler::{sharded_grad_scaler, AllReduceFoundInf};
 pub use single::SingleProcess;
+pub use zero::{partition_parameters, ShardedOptimizer};

@@ -5,3 +5,4 @@
 #[cfg(feature = "mpi")]
 mod mpirun;
 mod single;
+mod zero;

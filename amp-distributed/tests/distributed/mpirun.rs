@@ -115,6 +115,26 @@ fn an_inf_on_one_rank_makes_every_rank_skip_and_back_off() {
     assert_both_ranks_ok("scaler");
 }
 
+#[test]
+fn a_sharded_optimizer_matches_the_replicated_one_bit_for_bit() {
+    assert_both_ranks_ok("zero");
+}
+
+#[test]
+fn a_sharded_optimizer_with_the_sharded_scaler_skips_on_every_rank() {
+    assert_both_ranks_ok("zero_scaler");
+}
+
+#[test]
+fn sharded_and_consolidated_checkpoints_resume_bit_for_bit() {
+    assert_both_ranks_ok("zero_checkpoint");
+}
+
+#[test]
+fn compressed_gradients_stay_within_16_bit_rounding_and_stats_are_sane() {
+    assert_both_ranks_ok("compression");
+}
+
 /// mpirun tears a job down when a rank exits without finalizing MPI; told not to (as
 /// when the launcher does not notice a lost rank), the rank left behind must fail with
 /// the timeout error on its own rather than wait forever.

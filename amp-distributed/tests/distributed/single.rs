@@ -104,6 +104,7 @@ fn one_rank_keeps_the_gradients_of_plain_training_in_several_buckets() {
     // 64 bytes per bucket: each parameter but the 2 biases alone.
     let opts = DdpOptions {
         bucket_cap_bytes: 64,
+        ..Default::default()
     };
     let ddp = DistributedDataParallel::with_options(mlp(1), group(), opts).unwrap();
     assert_eq!(ddp.num_buckets(), 4);
@@ -182,6 +183,7 @@ fn unused_parameters_need_finish_gradient_sync() {
         group(),
         DdpOptions {
             bucket_cap_bytes: 4,
+            ..Default::default()
         },
     )
     .unwrap();
