@@ -44,10 +44,17 @@ fn cat_rules() {
     );
     // An empty part along the cat dim (any dtype) adds nothing, as in PyTorch.
     for d in [DType::F32, DType::F16, DType::BF16, DType::F64] {
-        let empty = Tensor::from_vec(Vec::<f64>::new(), [2, 0]).unwrap().to_dtype(d).unwrap();
+        let empty = Tensor::from_vec(Vec::<f64>::new(), [2, 0])
+            .unwrap()
+            .to_dtype(d)
+            .unwrap();
         let r = cat(&[a.clone(), empty, b.clone()], 1).unwrap();
         // ... but takes part in the promotion (float64 wins).
-        let want = if d == DType::F64 { DType::F64 } else { DType::F32 };
+        let want = if d == DType::F64 {
+            DType::F64
+        } else {
+            DType::F32
+        };
         check(&r, &[0., 1., 2., 0., 2., 3., 4., 5., 1., 3.], &[2, 5], want);
     }
     let b2 = arange(4, &[2, 2], DType::F32);

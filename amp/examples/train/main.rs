@@ -30,7 +30,7 @@ use std::time::Instant;
 use amp::prelude::*;
 use gpt::{Gpt, GptConfig};
 use indicatif::{ProgressBar, ProgressStyle};
-use ranks::{Ranks, Replica};
+use ranks::{CommTotals, Ranks, Replica};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -323,6 +323,8 @@ struct Run {
     history: History,
     /// Steps done.
     step: usize,
+    /// This rank's gradient communication over the run's steps (`--ddp`).
+    comm: CommTotals,
 }
 
 fn fresh_run(s: &Settings, p: Precision, ranks: &Ranks) -> Res<Run> {
@@ -345,6 +347,7 @@ fn fresh_run(s: &Settings, p: Precision, ranks: &Ranks) -> Res<Run> {
         scaler,
         history: History::default(),
         step: 0,
+        comm: CommTotals::default(),
     })
 }
 
@@ -447,6 +450,7 @@ fn train(s: &Settings, data: &Data, p: Precision, io: &RunIo) -> Res<Run> {
         run.opt.zero_grad();
         let loss = region.try_run(|| run.model.train_loss(&x, &y))?;
         run.scaler.scale(&loss)?.backward()?;
+        run.comm.add(&run.model);
         let outcome = run.scaler.step(&mut run.opt)?;
         run.scaler.update()?;
         let l = io.ranks.mean(loss.item_f64()?)?;
@@ -795,6 +799,11 @@ fn train_both(args: &Args) -> Res<()> {
             },
             h.skipped_steps()
         );
+    }
+    for (p, run) in &done {
+        if let Some(line) = run.comm.summary() {
+            println!("{} on {ranks:?}: {line}", p.label());
+        }
     }
     let (f, a) = (&done[0].1.history, &done[1].1.history);
     println!(

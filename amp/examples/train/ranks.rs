@@ -60,6 +60,60 @@ impl Replica {
     }
 }
 
+/// The gradient communication of a run's steps on this rank (`--ddp`): sums of
+/// [`amp::distributed::CommStats`] over the steps.
+#[derive(Debug, Default)]
+pub struct CommTotals {
+    steps: usize,
+    buckets: usize,
+    bytes: usize,
+    in_flight_s: f64,
+    overlapped_s: f64,
+    waited_s: f64,
+}
+
+impl CommTotals {
+    /// Add the last backward's communication of `model` (nothing for a lone model).
+    pub fn add(&mut self, model: &Replica) {
+        #[cfg(feature = "mpi")]
+        if let Replica::Ddp(d) = model {
+            if let Some(c) = d.last_comm_stats() {
+                self.steps += 1;
+                self.buckets += c.buckets;
+                self.bytes += c.bytes;
+                self.in_flight_s += c.in_flight.as_secs_f64();
+                self.overlapped_s += c.overlapped.as_secs_f64();
+                self.waited_s += c.waited.as_secs_f64();
+            }
+        }
+        #[cfg(not(feature = "mpi"))]
+        let _ = model;
+    }
+
+    /// Per step: buckets, megabytes all-reduced, time in flight, the share of it that
+    /// overlapped backward, and how long the end of backward waited; `None` without
+    /// communication.
+    pub fn summary(&self) -> Option<String> {
+        if self.steps == 0 {
+            return None;
+        }
+        let n = self.steps as f64;
+        let share = if self.in_flight_s > 0.0 {
+            (self.overlapped_s / self.in_flight_s).clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        Some(format!(
+            "{:.0} all-reduces, {:.2} MB, {:.1} ms in flight per step; {:.0}% of it overlapped backward, which waited {:.1} ms at its end",
+            self.buckets as f64 / n,
+            self.bytes as f64 / n / 1e6,
+            self.in_flight_s / n * 1e3,
+            share * 100.0,
+            self.waited_s / n * 1e3
+        ))
+    }
+}
+
 /// This process's place in the job: rank 0 of 1, or a rank of an MPI job.
 #[derive(Default)]
 pub struct Ranks {
