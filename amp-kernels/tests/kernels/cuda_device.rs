@@ -668,7 +668,15 @@ fn convolutions_on_cudnn_match_the_host() {
     }
     // (input dims, weight dims, stride, padding, dilation, groups): 1-d, 2-d and 3-d,
     // strides, dilations, groups, a 1x1 kernel.
-    let cases: [(&[usize], &[usize], &[usize], &[usize], &[usize], usize); 6] = [
+    type Case<'a> = (
+        &'a [usize],
+        &'a [usize],
+        &'a [usize],
+        &'a [usize],
+        &'a [usize],
+        usize,
+    );
+    let cases: [Case; 6] = [
         (&[2, 4, 11], &[6, 2, 3], &[2], &[1], &[1], 2),
         (&[2, 3, 9, 8], &[5, 3, 3, 3], &[1], &[1], &[1], 1),
         (&[1, 4, 10, 7], &[4, 1, 3, 2], &[2, 1], &[0, 1], &[2, 1], 4),

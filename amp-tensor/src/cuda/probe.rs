@@ -68,8 +68,7 @@ mod imp {
 
     fn slot(lib: Library) -> &'static OnceLock<std::result::Result<(), String>> {
         type Slot = OnceLock<std::result::Result<(), String>>;
-        const EMPTY: Slot = OnceLock::new();
-        static SLOTS: [Slot; 6] = [EMPTY; 6];
+        static SLOTS: [Slot; 6] = [const { OnceLock::new() }; 6];
         &SLOTS[lib as usize]
     }
 

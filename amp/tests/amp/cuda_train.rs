@@ -445,9 +445,9 @@ fn optimizer_run(
         .state
         .values()
         .flat_map(|m| m.values())
-        .filter_map(|v| match v {
-            amp::optim::StateValue::Tensor(t) => Some(t.to_raw().unwrap().to_vec_f64()),
-            amp::optim::StateValue::Number(n) => Some(vec![*n]),
+        .map(|v| match v {
+            amp::optim::StateValue::Tensor(t) => t.to_raw().unwrap().to_vec_f64(),
+            amp::optim::StateValue::Number(n) => vec![*n],
         })
         .collect();
     (p.data().to_vec_f64(), state)
