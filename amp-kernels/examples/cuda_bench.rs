@@ -1,6 +1,7 @@
 //! CUDA figures of issue 9, to set beside `cuda_bench_torch.py` on the same GPU:
 //! cuBLAS matmul TFLOP/s for float16/bfloat16 (float32 compute), the fused
-//! non-finite-check-and-unscale in GB/s against a device-to-device copy of the same bytes.
+//! non-finite-check-and-unscale in GB/s against a device-to-device copy of the same bytes,
+//! and each cuDNN pass of a float16 conv2d in ms.
 //!
 //! `cargo run --release -p amp-kernels --features cuda --example cuda_bench`; prints one
 //! `metric value unit` line per figure, or why it could not run.
@@ -96,6 +97,43 @@ fn main() {
         20,
     );
     println!("cuda_copy_gbps {:.1} GB/s", bytes / t / 1e9);
+    // Each cuDNN pass of a float16 conv2d 64→64 3×3 (padding 1) on [32, 64, 56, 56]
+    // alone (the first calls, in the warm-up, rank the algorithms).
+    let spec = k::cudnn::ConvSpec::new(
+        &[32, 64, 56, 56],
+        &[64, 64, 3, 3],
+        &[32, 64, 56, 56],
+        &[1, 1],
+        &[1, 1],
+        &[1, 1],
+        1,
+    )
+    .expect("geometry");
+    let f16 = |dims: &[usize]| {
+        up(&Tensor::randn(dims.to_vec(), DType::F32, &mut Generator::new(1))
+            .expect("randn")
+            .to_dtype(DType::F16)
+            .expect("cast"))
+    };
+    let (x, w, dy) = (
+        f16(&[32, 64, 56, 56]),
+        f16(&[64, 64, 3, 3]),
+        f16(&[32, 64, 56, 56]),
+    );
+    let passes: [(&str, &mut dyn FnMut()); 3] = [
+        ("fwd", &mut || {
+            k::cudnn::conv_forward(&x, &w, &spec).expect("forward");
+        }),
+        ("bwd_data", &mut || {
+            k::cudnn::conv_backward_data(&dy, &w, &spec).expect("backward data");
+        }),
+        ("bwd_filter", &mut || {
+            k::cudnn::conv_backward_filter(&x, &dy, &spec).expect("backward filter");
+        }),
+    ];
+    for (name, f) in passes {
+        println!("cuda_conv2d_f16_{name}_ms {:.3} ms", time(f, 20) * 1e3);
+    }
     let stats = cuda::memory_stats(DEV);
     println!("cuda_allocator {stats:?}");
 }

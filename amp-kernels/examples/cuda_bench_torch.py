@@ -37,3 +37,14 @@ print(f"torch_cuda_unscale_gbps {64 * numel * 8 / t / 1e9:.1f} GB/s")
 big = torch.zeros(64 * numel, device=dev)
 t = median(lambda: big.clone())
 print(f"torch_cuda_copy_gbps {64 * numel * 8 / t / 1e9:.1f} GB/s")
+x = torch.randn(32, 64, 56, 56, device=dev).half()
+w = torch.randn(64, 64, 3, 3, device=dev).half()
+dy = torch.randn(32, 64, 56, 56, device=dev).half()
+conv_args = ([1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+passes = [
+    ("fwd", lambda: torch.nn.functional.conv2d(x, w, padding=1)),
+    ("bwd_data", lambda: torch.ops.aten.convolution_backward(dy, x, w, None, *conv_args, [True, False, False])),
+    ("bwd_filter", lambda: torch.ops.aten.convolution_backward(dy, x, w, None, *conv_args, [False, True, False])),
+]
+for name, f in passes:
+    print(f"torch_cuda_conv2d_f16_{name}_ms {median(f) * 1e3:.3f} ms")
