@@ -110,10 +110,12 @@ fn main() {
     )
     .expect("geometry");
     let f16 = |dims: &[usize]| {
-        up(&Tensor::randn(dims.to_vec(), DType::F32, &mut Generator::new(1))
-            .expect("randn")
-            .to_dtype(DType::F16)
-            .expect("cast"))
+        up(
+            &Tensor::randn(dims.to_vec(), DType::F32, &mut Generator::new(1))
+                .expect("randn")
+                .to_dtype(DType::F16)
+                .expect("cast"),
+        )
     };
     let (x, w, dy) = (
         f16(&[32, 64, 56, 56]),
