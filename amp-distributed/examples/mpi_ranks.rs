@@ -669,6 +669,7 @@ fn compression(g: Arc<dyn ProcessGroup>) -> Res {
         let opts = DdpOptions {
             bucket_cap_bytes: 64,
             compression,
+            ..Default::default()
         };
         DistributedDataParallel::with_options(Mlp::new(DType::F32, 9)?, g.clone(), opts)
             .map_err(Box::<dyn StdError>::from)
@@ -799,6 +800,7 @@ fn bench(g: Arc<dyn ProcessGroup>) -> Res {
             let opts = DdpOptions {
                 bucket_cap_bytes: 1 << 20,
                 compression,
+                ..Default::default()
             };
             let model =
                 DistributedDataParallel::with_options(Wide::new(&WIDTHS, 3)?, g.clone(), opts)?;

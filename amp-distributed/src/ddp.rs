@@ -14,12 +14,21 @@ use crate::{Error, ProcessGroup, ReduceOp, Result, Work};
 /// PyTorch's default bucket size (`bucket_cap_mb=25`).
 pub const DEFAULT_BUCKET_CAP_BYTES: usize = 25 * 1024 * 1024;
 
+/// PyTorch's cap of the first bucket (`torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`,
+/// 1 MiB): the gradients backward produces first go out in a small all-reduce, so
+/// communication starts early in backward.
+pub const DEFAULT_FIRST_BUCKET_CAP_BYTES: usize = 1024 * 1024;
+
 /// Options of [`DistributedDataParallel`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DdpOptions {
     /// The most gradient bytes one bucket (one all-reduce) holds; a parameter larger
     /// than this has a bucket of its own.
     pub bucket_cap_bytes: usize,
+    /// The most gradient bytes the first bucket of each dtype and device holds (the
+    /// gradients backward produces first), as PyTorch's first-bucket cap; at most
+    /// `bucket_cap_bytes` (the smaller of the two applies).
+    pub first_bucket_cap_bytes: usize,
     /// Gradient compression (PyTorch's `bf16_compress_hook` / `fp16_compress_hook`):
     /// `Some(DType::BF16)` or `Some(DType::F16)` casts each float32 or float64 bucket to
     /// that type before its all-reduce and back after it (the average is taken in the
@@ -36,6 +45,7 @@ impl Default for DdpOptions {
     fn default() -> Self {
         DdpOptions {
             bucket_cap_bytes: DEFAULT_BUCKET_CAP_BYTES,
+            first_bucket_cap_bytes: DEFAULT_FIRST_BUCKET_CAP_BYTES,
             compression: None,
         }
     }
@@ -121,21 +131,25 @@ impl Reducer {
     fn new(
         group: Arc<dyn ProcessGroup>,
         params: Vec<Tensor>,
-        cap: usize,
+        (first_cap, cap): (usize, usize),
         compression: Option<DType>,
     ) -> Reducer {
         // Reverse registration order: roughly the order backward produces gradients.
         let mut buckets: Vec<Bucket> = Vec::new();
         let mut bucket_of = vec![0; params.len()];
-        // The open bucket of each dtype and device.
-        let mut open: Vec<((DType, Device), usize)> = Vec::new();
+        // The open bucket of each dtype and device, and whether it is that key's first
+        // (which has the smaller cap).
+        let mut open: Vec<((DType, Device), usize, bool)> = Vec::new();
         for i in (0..params.len()).rev() {
             let (dtype, n) = (params[i].dtype(), params[i].elem_count());
             let key = (dtype, params[i].device());
             let bytes = n * dtype.size_in_bytes();
-            let fits = |b: &Bucket| b.numel * dtype.size_in_bytes() + bytes <= cap;
-            let b = match open.iter().find(|(k, _)| *k == key) {
-                Some(&(_, b)) if fits(&buckets[b]) => b,
+            let fits = |b: &Bucket, first: bool| {
+                let limit = if first { first_cap.min(cap) } else { cap };
+                b.numel * dtype.size_in_bytes() + bytes <= limit
+            };
+            let b = match open.iter().find(|(k, _, _)| *k == key) {
+                Some(&(_, b, first)) if fits(&buckets[b], first) => b,
                 _ => {
                     buckets.push(Bucket {
                         params: Vec::new(),
@@ -147,8 +161,9 @@ impl Reducer {
                         launched: None,
                         completed: None,
                     });
-                    open.retain(|(k, _)| *k != key);
-                    open.push((key, buckets.len() - 1));
+                    let first = !open.iter().any(|(k, _, _)| *k == key);
+                    open.retain(|(k, _, _)| *k != key);
+                    open.push((key, buckets.len() - 1, first));
                     buckets.len() - 1
                 }
             };
@@ -289,7 +304,8 @@ impl Reducer {
 /// - At construction rank 0's parameters and floating-point buffers are broadcast
 ///   (integer buffers, counters, are left alone).
 /// - Gradients are grouped into buckets of about [`DdpOptions::bucket_cap_bytes`]
-///   (reverse registration order, one dtype and device per bucket, the flattened
+///   (the first, which backward fills first, of [`DdpOptions::first_bucket_cap_bytes`];
+///   reverse registration order, one dtype and device per bucket, the flattened
 ///   buffer on the parameters' device). A post-accumulate hook on each
 ///   parameter marks its gradient ready; a complete bucket is flattened into one buffer
 ///   and its all-reduce (average) starts at once, while backward goes on with the
@@ -351,7 +367,7 @@ impl<M: Module> DistributedDataParallel<M> {
         let reducer = Arc::new(Mutex::new(Reducer::new(
             group,
             params.clone(),
-            opts.bucket_cap_bytes,
+            (opts.first_bucket_cap_bytes, opts.bucket_cap_bytes),
             opts.compression,
         )));
         let mut hooks = Vec::with_capacity(params.len());

@@ -70,7 +70,10 @@ mod scaler;
 mod single;
 mod zero;
 
-pub use ddp::{CommStats, DdpOptions, DistributedDataParallel, NoSync, DEFAULT_BUCKET_CAP_BYTES};
+pub use ddp::{
+    CommStats, DdpOptions, DistributedDataParallel, NoSync, DEFAULT_BUCKET_CAP_BYTES,
+    DEFAULT_FIRST_BUCKET_CAP_BYTES,
+};
 pub use error::{Error, Result};
 pub use group::{ProcessGroup, ReduceOp, Work, DEFAULT_TIMEOUT};
 #[cfg(feature = "mpi")]

@@ -6,3 +6,8 @@
 mod mpirun;
 mod single;
 mod zero;
+
+/// The one-rank group the tests without MPI run on.
+fn group() -> std::sync::Arc<dyn amp_distributed::ProcessGroup> {
+    std::sync::Arc::new(amp_distributed::SingleProcess)
+}

@@ -2,8 +2,6 @@
 //! MPI, gradients come back unchanged, the iteration rules (`no_sync`, a gradient
 //! marked twice, unused parameters) hold without any launcher.
 
-use std::sync::Arc;
-
 use amp_autograd::{ops, BackwardOptions, Tensor};
 use amp_distributed::{
     sharded_grad_scaler, DdpOptions, DistributedDataParallel, Error, ProcessGroup, ReduceOp,
@@ -14,9 +12,7 @@ use amp_optim::{Sgd, SgdOptions};
 use amp_scaler::{GradScalerOptions, StepOutcome};
 use amp_tensor::{DType, Generator, Tensor as Raw};
 
-fn group() -> Arc<dyn ProcessGroup> {
-    Arc::new(SingleProcess)
-}
+use crate::group;
 
 #[test]
 fn collectives_of_one_rank() {
@@ -126,6 +122,34 @@ fn one_rank_keeps_the_gradients_of_plain_training_in_several_buckets() {
             .num_buckets(),
         1
     );
+}
+
+#[test]
+fn the_first_bucket_is_small_so_communication_starts_early() {
+    // Reverse order: the bias (2 KB) opens the first bucket, capped at 1 MiB as in
+    // PyTorch; the 2 MiB weight goes to the next one. With the first cap as large as
+    // the others, both share one bucket.
+    let model = |gen: &mut Generator| Linear::new(1024, 512, gen).unwrap();
+    let default = DistributedDataParallel::new(model(&mut Generator::new(0)), group()).unwrap();
+    assert_eq!(default.num_buckets(), 2);
+    let one = DdpOptions {
+        first_bucket_cap_bytes: amp_distributed::DEFAULT_BUCKET_CAP_BYTES,
+        ..Default::default()
+    };
+    let single =
+        DistributedDataParallel::with_options(model(&mut Generator::new(0)), group(), one).unwrap();
+    assert_eq!(single.num_buckets(), 1);
+    // Both reduce to the same gradients (one rank: the local ones).
+    let x = Tensor::from_raw(Raw::randn([4, 1024], DType::F32, &mut Generator::new(1)).unwrap());
+    for m in [&default, &single] {
+        ops::sum_all(&m.forward(&x).unwrap())
+            .unwrap()
+            .backward()
+            .unwrap();
+        assert_eq!(m.last_comm_stats().unwrap().buckets, m.num_buckets());
+    }
+    let g = |m: &DistributedDataParallel<Linear>| grads(m);
+    assert_eq!(g(&default), g(&single));
 }
 
 #[test]

@@ -2,21 +2,17 @@
 //! parameter, so it steps exactly as the optimizer it wraps; its state dicts round trip;
 //! DDP's compression and communication statistics on one rank.
 
-use std::sync::Arc;
-
 use amp_autograd::{ops, Tensor};
 use amp_distributed::{
     partition_parameters, sharded_grad_scaler, DdpOptions, DistributedDataParallel, Error,
-    ProcessGroup, ShardedOptimizer, SingleProcess,
+    ShardedOptimizer,
 };
 use amp_nn::{Linear, Module, ReLU, Sequential};
 use amp_optim::{Adam, AdamOptions, Optimizer, Sgd, SgdOptions};
 use amp_scaler::{GradScalerOptions, StepOutcome};
 use amp_tensor::{DType, Generator};
 
-fn group() -> Arc<dyn ProcessGroup> {
-    Arc::new(SingleProcess)
-}
+use crate::group;
 
 fn linear(i: usize, o: usize, dtype: DType, gen: &mut Generator) -> Linear {
     let w = Tensor::randn([o, i], dtype, gen).unwrap();
