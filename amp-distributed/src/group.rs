@@ -2,6 +2,8 @@
 //! host buffers operations run on.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use amp_tensor::{DType, Device, Tensor as Raw};
@@ -75,6 +77,52 @@ pub trait ProcessGroup: Send + Sync + fmt::Debug {
     /// [`ProcessGroup::barrier_async`], waited for.
     fn barrier(&self) -> Result<()> {
         self.barrier_async()?.wait()
+    }
+}
+
+/// A backend's communicator behind the mutex that serialises the calls on it, and
+/// whether an operation of the group failed (then every later one is refused with
+/// [`Error::GroupFailed`]).
+#[cfg_attr(not(any(feature = "mpi", feature = "cuda")), allow(dead_code))] // the backends'
+pub(crate) struct Guarded<C> {
+    comm: Mutex<C>,
+    failed: AtomicBool,
+}
+
+#[cfg_attr(not(any(feature = "mpi", feature = "cuda")), allow(dead_code))]
+impl<C> Guarded<C> {
+    pub(crate) fn new(comm: C) -> Self {
+        Guarded {
+            comm: Mutex::new(comm),
+            failed: AtomicBool::new(false),
+        }
+    }
+
+    /// The communicator, unless an earlier operation failed.
+    pub(crate) fn lock(&self, op: &'static str) -> Result<MutexGuard<'_, C>> {
+        if self.failed.load(Ordering::Acquire) {
+            return Err(Error::GroupFailed { op });
+        }
+        Ok(self.lock_anyway())
+    }
+
+    /// The communicator, failed or not (to abort or free it).
+    pub(crate) fn lock_anyway(&self) -> MutexGuard<'_, C> {
+        self.comm.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Mark the group failed.
+    pub(crate) fn set_failed(&self) {
+        self.failed.store(true, Ordering::Release);
+    }
+
+    /// The communicator and whether the group failed, when nothing else holds it (drop).
+    pub(crate) fn get_mut(&mut self) -> (&mut C, bool) {
+        let failed = *self.failed.get_mut();
+        (
+            self.comm.get_mut().unwrap_or_else(|e| e.into_inner()),
+            failed,
+        )
     }
 }
 

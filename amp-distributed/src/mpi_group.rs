@@ -8,8 +8,7 @@
 //! forever for a dead peer.
 
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
 use ::mpi::environment::Universe;
@@ -17,7 +16,7 @@ use ::mpi::ffi;
 use ::mpi::Threading;
 use amp_tensor::Tensor as Raw;
 
-use crate::group::{check_gather, check_rank, HostBuffer, Pending, DEFAULT_TIMEOUT};
+use crate::group::{check_gather, check_rank, Guarded, HostBuffer, Pending, DEFAULT_TIMEOUT};
 use crate::{Error, ProcessGroup, ReduceOp, Result, Work};
 
 /// A communicator handle.
@@ -32,31 +31,27 @@ unsafe impl Send for Comm {}
 /// MPI calls), whether an operation failed, and the MPI environment (finalized when the
 /// last holder drops it).
 struct Shared {
-    comm: Mutex<Comm>,
-    failed: AtomicBool,
+    comm: Guarded<Comm>,
     universe: Option<Universe>,
 }
 
 impl Shared {
     /// The communicator, unless an earlier operation failed.
     fn lock(&self, op: &'static str) -> Result<MutexGuard<'_, Comm>> {
-        if self.failed.load(Ordering::Acquire) {
-            return Err(Error::GroupFailed { op });
-        }
-        Ok(self.comm.lock().unwrap_or_else(|e| e.into_inner()))
+        self.comm.lock(op)
     }
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
         let universe = self.universe.take();
-        if *self.failed.get_mut() {
+        let (comm, failed) = self.comm.get_mut();
+        if failed {
             // A peer is gone or out of step: `MPI_Finalize` could wait for it forever.
             // Leave MPI as it is; the process exits without finalizing.
             std::mem::forget(universe);
             return;
         }
-        let comm = self.comm.get_mut().unwrap_or_else(|e| e.into_inner());
         // SAFETY: the communicator was created by `MPI_Comm_dup` and no operation is in
         // flight (each holds this `Shared`).
         unsafe { ffi::MPI_Comm_free(&mut comm.0) };
@@ -136,8 +131,7 @@ impl Mpi {
         }
         Ok(Mpi {
             shared: Arc::new(Shared {
-                comm: Mutex::new(Comm(comm)),
-                failed: AtomicBool::new(false),
+                comm: Guarded::new(Comm(comm)),
                 universe: Some(universe),
             }),
             rank: rank as usize,
@@ -201,7 +195,7 @@ impl Mpi {
         let code = call(comm.0, bufs, &mut request);
         drop(comm);
         if let Err(e) = check(op, code) {
-            self.shared.failed.store(true, Ordering::Release);
+            self.shared.comm.set_failed();
             // MPI may hold the buffers' addresses: keep them allocated.
             std::mem::forget((send, recv));
             return Err(e);
@@ -288,7 +282,7 @@ impl Pending for MpiPending {
     }
 
     fn abandon(mut self: Box<Self>) {
-        self.shared.failed.store(true, Ordering::Release);
+        self.shared.comm.set_failed();
         // MPI may still write into (or read from) these buffers.
         std::mem::forget((self.send.take(), self.recv.take()));
     }

@@ -27,8 +27,7 @@
 
 use std::ffi::c_void;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::sync::{mpsc, Arc, MutexGuard};
 use std::time::Duration;
 
 use amp_kernels::BinaryOp;
@@ -38,7 +37,7 @@ use cudarc::driver::CudaEvent;
 use cudarc::nccl::result::{self as nccl, NcclError};
 use cudarc::nccl::sys::{self, ncclDataType_t, ncclRedOp_t, ncclResult_t};
 
-use crate::group::{check_gather, check_rank, wire_dtype, Pending};
+use crate::group::{check_gather, check_rank, wire_dtype, Guarded, Pending};
 use crate::{Error, ProcessGroup, ReduceOp, Result, Work};
 
 /// The size of NCCL's unique id (`NCCL_UNIQUE_ID_BYTES`).
@@ -181,29 +180,25 @@ unsafe impl Send for Comm {}
 /// What every operation of one group shares: the communicator (its mutex serializes the
 /// NCCL calls), whether an operation failed, and the device's context and stream.
 struct Shared {
-    comm: Mutex<Comm>,
-    failed: AtomicBool,
+    comm: Guarded<Comm>,
     ctx: Arc<DeviceContext>,
 }
 
 impl Shared {
     /// The communicator, unless an earlier operation failed.
     fn lock(&self, op: &'static str) -> Result<MutexGuard<'_, Comm>> {
-        if self.failed.load(Ordering::Acquire) {
-            return Err(Error::GroupFailed { op });
-        }
-        Ok(self.comm.lock().unwrap_or_else(|e| e.into_inner()))
+        self.comm.lock(op)
     }
 
     /// Mark the group failed and abort the communicator (its kernels stop waiting for
     /// peers); `comm` is the held lock, if the caller has it.
     fn fail(&self, comm: Option<&mut Comm>) {
-        self.failed.store(true, Ordering::Release);
+        self.comm.set_failed();
         let mut guard;
         let comm = match comm {
             Some(c) => c,
             None => {
-                guard = self.comm.lock().unwrap_or_else(|e| e.into_inner());
+                guard = self.comm.lock_anyway();
                 &mut *guard
             }
         };
@@ -219,7 +214,7 @@ impl Shared {
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        let comm = self.comm.get_mut().unwrap_or_else(|e| e.into_inner());
+        let (comm, _) = self.comm.get_mut();
         if comm.0.is_null() {
             return;
         }
@@ -317,8 +312,7 @@ impl Nccl {
         };
         Ok(Nccl {
             shared: Arc::new(Shared {
-                comm: Mutex::new(comm),
-                failed: AtomicBool::new(false),
+                comm: Guarded::new(comm),
                 ctx,
             }),
             rank,

@@ -9,6 +9,19 @@ torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
 
 
+def median_ms(step):
+    """Median milliseconds of `step` over 20 calls, after 5 warm-up calls."""
+    for _ in range(5):
+        step()
+    ts = []
+    for _ in range(20):
+        t = time.perf_counter()
+        step()
+        ts.append((time.perf_counter() - t) * 1e3)
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
 def step_ms(amp):
     dev = "cuda"
     torch.manual_seed(0)
@@ -28,15 +41,7 @@ def step_ms(amp):
         scaler.update()
         return loss.item()
 
-    for _ in range(5):
-        step()
-    ts = []
-    for _ in range(20):
-        t = time.perf_counter()
-        step()
-        ts.append((time.perf_counter() - t) * 1e3)
-    ts.sort()
-    return ts[len(ts) // 2]
+    return median_ms(step)
 
 
 def conv_ms():
@@ -53,15 +58,7 @@ def conv_ms():
         s.backward()
         return s.item()
 
-    for _ in range(5):
-        step()
-    ts = []
-    for _ in range(20):
-        t = time.perf_counter()
-        step()
-        ts.append((time.perf_counter() - t) * 1e3)
-    ts.sort()
-    return ts[len(ts) // 2]
+    return median_ms(step)
 
 
 for amp in (False, True):

@@ -20,7 +20,9 @@ use std::ffi::{c_int, c_void};
 use std::sync::{Mutex, OnceLock};
 
 use amp_tensor::cuda::cudarc::cudnn::{result as dnn, sys};
-use amp_tensor::cuda::{device_context, driver_error, CudaStorage, DeviceContext, Library};
+use amp_tensor::cuda::{device_context, CudaStorage, DeviceContext, Library};
+
+use super::host::{with_handle, Handles};
 use amp_tensor::{DType, Device, Error, Result, SharedError};
 
 /// One convolution's geometry in cuDNN's terms: the input side `x` `[N, G·C, in...]`,
@@ -267,34 +269,19 @@ impl Descriptors {
     }
 }
 
-struct Handle(sys::cudnnHandle_t);
-// SAFETY: a cuDNN handle may move between threads; calls on it are serialised by the
-// mutex it is kept in.
-unsafe impl Send for Handle {}
-
 /// Run `f` with `dc`'s cuDNN handle (created on first use, on the device's stream),
 /// holding the lock that serialises calls on it.
 fn with_cudnn<R>(dc: &DeviceContext, f: impl FnOnce(sys::cudnnHandle_t) -> Result<R>) -> Result<R> {
-    static HANDLES: OnceLock<Mutex<HashMap<Device, Handle>>> = OnceLock::new();
+    static HANDLES: Handles<sys::cudnnHandle_t> = OnceLock::new();
     Library::Cudnn.ensure(dc.device)?;
-    let mut all = HANDLES
-        .get_or_init(|| Mutex::new(HashMap::new()))
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    dc.ctx
-        .bind_to_thread()
-        .map_err(driver_error("cuCtxSetCurrent", dc.device))?;
-    let handle = match all.entry(dc.device) {
-        std::collections::hash_map::Entry::Occupied(e) => e.get().0,
-        std::collections::hash_map::Entry::Vacant(v) => {
-            let h = dnn::create_handle().map_err(failure("cudnnCreate", dc.device))?;
-            // SAFETY: `h` is a fresh handle and the stream lives as long as the context.
-            unsafe { dnn::set_stream(h, dc.stream.cu_stream() as sys::cudaStream_t) }
-                .map_err(failure("cudnnSetStream", dc.device))?;
-            v.insert(Handle(h)).0
-        }
+    let create = || {
+        let h = dnn::create_handle().map_err(failure("cudnnCreate", dc.device))?;
+        // SAFETY: `h` is a fresh handle and the stream lives as long as the context.
+        unsafe { dnn::set_stream(h, dc.stream.cu_stream() as sys::cudaStream_t) }
+            .map_err(failure("cudnnSetStream", dc.device))?;
+        Ok(h)
     };
-    f(handle)
+    with_handle(&HANDLES, dc, create, f)
 }
 
 /// An algorithm of one pass as the heuristics rank it: its id (as the pass's enum),
@@ -317,85 +304,45 @@ fn candidates(
     device: Device,
 ) -> Result<Vec<(Algo, usize, sys::cudnnMathType_t)>> {
     const MAX: usize = 8;
-    let mut n: c_int = 0;
     let fail = failure("cudnnGetConvolutionAlgorithm_v7", device);
-    let mut out = Vec::new();
-    // SAFETY (each arm): the descriptors are live and describe this call; the perf
-    // array holds MAX entries and cuDNN writes at most `MAX` (the requested count).
-    match pass {
-        Pass::Forward => {
+    // One pass's query: its perf struct, its `result` call with the descriptors in that
+    // call's order, and the `Algo` variant of its algorithm id.
+    macro_rules! ranked {
+        ($perf:ty, $query:path, [$($desc:ident),+], $variant:path) => {{
+            let mut n: c_int = 0;
             // SAFETY: a zeroed perf struct is a valid value (plain C data).
-            let mut perf =
-                [unsafe { std::mem::zeroed::<sys::cudnnConvolutionFwdAlgoPerf_t>() }; MAX];
-            // SAFETY: see above.
-            unsafe {
-                dnn::get_convolution_forward_algorithm(
-                    h,
-                    d.x,
-                    d.w,
-                    d.conv,
-                    d.y,
-                    MAX as c_int,
-                    &mut n,
-                    perf.as_mut_ptr(),
-                )
-            }
-            .map_err(fail)?;
-            for p in &perf[..(n.max(0) as usize).min(MAX)] {
-                if p.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
-                    out.push((Algo::Fwd(p.algo), p.memory, p.mathType));
-                }
-            }
-        }
-        Pass::BackwardData => {
-            // SAFETY: a zeroed perf struct is a valid value (plain C data).
-            let mut perf =
-                [unsafe { std::mem::zeroed::<sys::cudnnConvolutionBwdDataAlgoPerf_t>() }; MAX];
-            // SAFETY: see above.
-            unsafe {
-                dnn::get_convolution_backward_data_algorithm(
-                    h,
-                    d.w,
-                    d.y,
-                    d.conv,
-                    d.x,
-                    MAX as c_int,
-                    &mut n,
-                    perf.as_mut_ptr(),
-                )
-            }
-            .map_err(fail)?;
-            for p in &perf[..(n.max(0) as usize).min(MAX)] {
-                if p.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
-                    out.push((Algo::Data(p.algo), p.memory, p.mathType));
-                }
-            }
-        }
-        Pass::BackwardFilter => {
-            // SAFETY: a zeroed perf struct is a valid value (plain C data).
-            let mut perf =
-                [unsafe { std::mem::zeroed::<sys::cudnnConvolutionBwdFilterAlgoPerf_t>() }; MAX];
-            // SAFETY: see above.
-            unsafe {
-                dnn::get_convolution_backward_filter_algorithm(
-                    h,
-                    d.x,
-                    d.y,
-                    d.conv,
-                    d.w,
-                    MAX as c_int,
-                    &mut n,
-                    perf.as_mut_ptr(),
-                )
-            }
-            .map_err(fail)?;
-            for p in &perf[..(n.max(0) as usize).min(MAX)] {
-                if p.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
-                    out.push((Algo::Filter(p.algo), p.memory, p.mathType));
-                }
-            }
-        }
+            let mut perf = [unsafe { std::mem::zeroed::<$perf>() }; MAX];
+            // SAFETY: the descriptors are live and describe this call; the perf array
+            // holds MAX entries and cuDNN writes at most the requested count.
+            unsafe { $query(h, $(d.$desc),+, MAX as c_int, &mut n, perf.as_mut_ptr()) }
+                .map_err(fail)?;
+            perf[..(n.max(0) as usize).min(MAX)]
+                .iter()
+                .filter(|p| p.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS)
+                .map(|p| ($variant(p.algo), p.memory, p.mathType))
+                .collect::<Vec<_>>()
+        }};
     }
+    let mut out = match pass {
+        Pass::Forward => ranked!(
+            sys::cudnnConvolutionFwdAlgoPerf_t,
+            dnn::get_convolution_forward_algorithm,
+            [x, w, conv, y],
+            Algo::Fwd
+        ),
+        Pass::BackwardData => ranked!(
+            sys::cudnnConvolutionBwdDataAlgoPerf_t,
+            dnn::get_convolution_backward_data_algorithm,
+            [w, y, conv, x],
+            Algo::Data
+        ),
+        Pass::BackwardFilter => ranked!(
+            sys::cudnnConvolutionBwdFilterAlgoPerf_t,
+            dnn::get_convolution_backward_filter_algorithm,
+            [x, y, conv, w],
+            Algo::Filter
+        ),
+    };
     if matches!(dtype, DType::F32 | DType::F64) {
         out.retain(|&(_, _, m)| {
             !matches!(
@@ -445,23 +392,16 @@ fn run(pass: Pass, a: &CudaStorage, b: &CudaStorage, spec: &ConvSpec) -> Result<
         type Ranked = Vec<(Algo, usize, sys::cudnnMathType_t)>;
         static RANKED: OnceLock<Mutex<HashMap<Key, Ranked>>> = OnceLock::new();
         let key = (dc.device, dtype, pass, spec.clone());
-        let known = RANKED
+        let all = match RANKED
             .get_or_init(|| Mutex::new(HashMap::new()))
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-            .cloned();
-        let all = match known {
-            Some(all) => all,
-            None => {
-                let all = candidates(h, &desc, pass, dtype, dc.device)?;
-                RANKED
-                    .get_or_init(|| Mutex::new(HashMap::new()))
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(key, all.clone());
-                all
-            }
+            .entry(key)
+        {
+            std::collections::hash_map::Entry::Occupied(e) => e.get().clone(),
+            std::collections::hash_map::Entry::Vacant(v) => v
+                .insert(candidates(h, &desc, pass, dtype, dc.device)?)
+                .clone(),
         };
         // The first candidate whose workspace can be allocated (an out-of-memory on a
         // large workspace moves on to the next, as PyTorch does).

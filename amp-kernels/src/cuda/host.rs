@@ -460,22 +460,45 @@ pub fn update_scale_(
     Ok(())
 }
 
-struct BlasHandle(blas_sys::cublasHandle_t);
-// SAFETY: a cuBLAS handle may be used from any thread; calls on it are serialised by
-// the mutex it is kept in.
-unsafe impl Send for BlasHandle {}
+/// A library's handle (cuBLAS, cuDNN), kept per device in a static table.
+pub(super) struct Handle<T>(T);
+// SAFETY: cuBLAS and cuDNN handles may move between threads; every call on one is made
+// by `with_handle` under the lock of the table it is kept in.
+unsafe impl<T> Send for Handle<T> {}
+
+/// A table of per-device handles for [`with_handle`].
+pub(super) type Handles<T> = OnceLock<Mutex<HashMap<Device, Handle<T>>>>;
+
+/// Run `f` with `dc`'s handle from `table` (made by `create` on first use, with the
+/// device's context current), holding the table's lock, which serialises the calls on
+/// its handles.
+pub(super) fn with_handle<T: Copy, R>(
+    table: &'static Handles<T>,
+    dc: &DeviceContext,
+    create: impl FnOnce() -> Result<T>,
+    f: impl FnOnce(T) -> Result<R>,
+) -> Result<R> {
+    let mut all = table
+        .get_or_init(|| Mutex::new(HashMap::new()))
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    dc.ctx
+        .bind_to_thread()
+        .map_err(driver_error("cuCtxSetCurrent", dc.device))?;
+    let handle = match all.entry(dc.device) {
+        std::collections::hash_map::Entry::Occupied(e) => e.get().0,
+        std::collections::hash_map::Entry::Vacant(v) => v.insert(Handle(create()?)).0,
+    };
+    f(handle)
+}
 
 fn with_blas<R>(
     dc: &DeviceContext,
     f: impl FnOnce(blas_sys::cublasHandle_t) -> Result<R>,
 ) -> Result<R> {
-    static HANDLES: OnceLock<Mutex<HashMap<Device, BlasHandle>>> = OnceLock::new();
+    static HANDLES: Handles<blas_sys::cublasHandle_t> = OnceLock::new();
     Library::Cublas.ensure(dc.device)?;
     Library::CublasLt.ensure(dc.device)?;
-    let mut all = HANDLES
-        .get_or_init(|| Mutex::new(HashMap::new()))
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
     let blas_err = |op: &'static str| {
         move |e: blas::CublasError| Error::DeviceFailure {
             op,
@@ -483,20 +506,14 @@ fn with_blas<R>(
             source: SharedError::new(e),
         }
     };
-    dc.ctx
-        .bind_to_thread()
-        .map_err(driver_error("cuCtxSetCurrent", dc.device))?;
-    let handle = match all.entry(dc.device) {
-        std::collections::hash_map::Entry::Occupied(e) => e.get().0,
-        std::collections::hash_map::Entry::Vacant(v) => {
-            let h = blas::create_handle().map_err(blas_err("cublasCreate"))?;
-            // SAFETY: `h` is a fresh handle and the stream lives as long as the context.
-            unsafe { blas::set_stream(h, dc.stream.cu_stream() as blas_sys::cudaStream_t) }
-                .map_err(blas_err("cublasSetStream"))?;
-            v.insert(BlasHandle(h)).0
-        }
+    let create = || {
+        let h = blas::create_handle().map_err(blas_err("cublasCreate"))?;
+        // SAFETY: `h` is a fresh handle and the stream lives as long as the context.
+        unsafe { blas::set_stream(h, dc.stream.cu_stream() as blas_sys::cudaStream_t) }
+            .map_err(blas_err("cublasSetStream"))?;
+        Ok(h)
     };
-    f(handle)
+    with_handle(&HANDLES, dc, create, f)
 }
 
 /// Batched row-major matmul on cuBLAS: `c[i] = a[i] @ b[i]` for `batch` contiguous

@@ -4,10 +4,12 @@
 //! as many temporaries. The kernels repeat the host update's operations in its order
 //! (see `sources::OPTIM`), so float32 and float64 parameters get the host's bits.
 
-use amp_tensor::cuda::cudarc::driver::PushKernelArg;
+use std::sync::{Arc, RwLockReadGuard};
+
+use amp_tensor::cuda::cudarc::driver::{CudaFunction, PushKernelArg};
 use amp_tensor::cuda::launch::{function, grid_for, suffix};
-use amp_tensor::cuda::{device_context, CudaStorage};
-use amp_tensor::{DType, Result, Tensor};
+use amp_tensor::cuda::{device_context, DeviceContext};
+use amp_tensor::{DType, Result, Storage, Tensor};
 
 /// Hyper-parameters of one SGD step (PyTorch's `SGD`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -79,9 +81,29 @@ fn fits(p: &Tensor, g: &Tensor, state: &[&Tensor]) -> bool {
             .all(|(i, a)| all[i + 1..].iter().all(|b| !a.same_storage(b)))
 }
 
-/// The device address of contiguous `t`'s first element.
-fn addr(t: &Tensor, s: &CudaStorage) -> u64 {
-    s.device_ptr() + (t.layout().offset() * t.dtype().size_in_bytes()) as u64
+/// The read locks of `ts` (which keep their buffers in place until the launch is
+/// queued) and the device address of each one's first element (0 for an absent one).
+fn addresses<'a, const N: usize>(
+    ts: [Option<&'a Tensor>; N],
+) -> Result<(Vec<RwLockReadGuard<'a, Storage>>, [u64; N])> {
+    let mut guards = Vec::with_capacity(N);
+    let mut out = [0u64; N];
+    for (o, t) in out.iter_mut().zip(ts) {
+        if let Some(t) = t {
+            let g = t.storage();
+            *o = super::route::addr(&g, t)?;
+            guards.push(g);
+        }
+    }
+    Ok((guards, out))
+}
+
+/// The `optim` module's kernel `family` for `p`'s dtype, on `p`'s device.
+fn kernel(p: &Tensor, family: &str) -> Result<(Arc<DeviceContext>, CudaFunction)> {
+    let dc = device_context(p.device())?;
+    let m = super::sources::module("optim").expect("the module list names optim");
+    let f = function(&dc, m, &format!("{family}_{}", suffix(p.dtype())))?;
+    Ok((dc, f))
 }
 
 /// One SGD step of `p` from `g`, in place, with the momentum buffer `buf` (of the
@@ -106,25 +128,13 @@ pub fn sgd_step(
     if n == 0 {
         return Ok(true);
     }
-    let dc = device_context(p.device())?;
-    let f = function(
-        &dc,
-        super::sources::module("optim").expect("the module list names optim"),
-        &format!("sgd_step_{}", suffix(p.dtype())),
-    )?;
+    let (dc, f) = kernel(p, "sgd_step")?;
     let flags = i32::from(h.maximize)
         | (i32::from(h.weight_decay != 0.0) << 1)
         | (i32::from(h.nesterov) << 2)
         | (i32::from(first) << 3)
         | (i32::from(h.momentum != 0.0) << 4);
-    let (sp, sg) = (p.storage(), g.storage());
-    let sb = buf.map(|b| b.storage());
-    let pp = addr(p, sp.cuda()?);
-    let gp = addr(g, sg.cuda()?);
-    let bp = match (&sb, buf) {
-        (Some(s), Some(b)) => addr(b, s.cuda()?),
-        _ => 0u64,
-    };
+    let (_locks, [pp, gp, bp]) = addresses([Some(p), Some(g), buf])?;
     let (n64, damp) = (n as i64, 1.0 - h.dampening);
     amp_tensor::cuda_launch!(
         dc,
@@ -169,32 +179,12 @@ pub fn adam_step(
     if n == 0 {
         return Ok(true);
     }
-    let dc = device_context(p.device())?;
-    let f = function(
-        &dc,
-        super::sources::module("optim").expect("the module list names optim"),
-        &format!("adam_step_{}", suffix(p.dtype())),
-    )?;
+    let (dc, f) = kernel(p, "adam_step")?;
     let flags = i32::from(h.maximize)
         | (i32::from(h.weight_decay != 0.0) << 1)
         | (i32::from(h.decoupled) << 2);
-    let (sp, sg, sm, sv) = (p.storage(), g.storage(), m.storage(), v.storage());
-    let sx = vmax.map(|t| t.storage());
-    let ss = grad_scale.map(|t| t.storage());
-    let (pp, gp, mp, vp) = (
-        addr(p, sp.cuda()?),
-        addr(g, sg.cuda()?),
-        addr(m, sm.cuda()?),
-        addr(v, sv.cuda()?),
-    );
-    let xp = match (&sx, vmax) {
-        (Some(s), Some(t)) => addr(t, s.cuda()?),
-        _ => 0u64,
-    };
-    let scp = match (&ss, grad_scale) {
-        (Some(s), Some(t)) => addr(t, s.cuda()?),
-        _ => 0u64,
-    };
+    let (_locks, [pp, gp, mp, vp, xp, scp]) =
+        addresses([Some(p), Some(g), Some(m), Some(v), vmax, grad_scale])?;
     let n64 = n as i64;
     amp_tensor::cuda_launch!(
         dc,

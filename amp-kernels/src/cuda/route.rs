@@ -474,7 +474,7 @@ pub fn cat(parts: &[&Tensor], dim: usize, dims: &[usize], dtype: DType) -> Resul
     for t in parts {
         let len = t.dims()[dim];
         if len > 0 {
-            out.narrow(dim, at, len)?.copy_(&on(t, out.device())?)?;
+            out.narrow(dim, at, len)?.copy_(t)?;
         }
         at += len;
     }
@@ -640,7 +640,7 @@ fn upload(values: Vec<i64>, device: Device) -> Result<Tensor> {
 }
 
 /// The device address of a contiguous device tensor's first element.
-fn addr(st: &amp_tensor::Storage, t: &Tensor) -> Result<u64> {
+pub(super) fn addr(st: &amp_tensor::Storage, t: &Tensor) -> Result<u64> {
     let s = st.cuda()?;
     Ok(s.device_ptr() + (t.layout().offset() * t.dtype().size_in_bytes()) as u64)
 }

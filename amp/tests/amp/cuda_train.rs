@@ -259,52 +259,72 @@ fn tokens(device: Device, seed: u64) -> Tensor {
     Tensor::from_raw(Raw::from_vec(v, [3, 8]).unwrap().to_device(device).unwrap())
 }
 
+/// `steps` steps of SGD with momentum (lr 0.05, momentum 0.9) over `params`, under
+/// float16 CUDA autocast with a `GradScaler` when `amp`; `loss(step)` computes a step's
+/// loss inside the autocast region. The losses and the final parameters (on the host).
+fn sgd_steps(
+    params: &[Tensor],
+    device: Device,
+    amp: bool,
+    steps: u64,
+    loss: impl Fn(u64) -> amp::autograd::Result<Tensor>,
+) -> (Vec<f64>, Vec<Vec<f64>>) {
+    let momentum = SgdOptions {
+        momentum: 0.9,
+        ..SgdOptions::default()
+    };
+    let mut opt = Sgd::new(params.to_vec(), 0.05, momentum).unwrap();
+    let mut scaler = GradScaler::with_options(GradScalerOptions::default().enabled(amp)).unwrap();
+    let region = Autocast::new(DeviceType::Cuda)
+        .dtype(DType::F16)
+        .enabled(amp);
+    let mut losses = Vec::new();
+    for step in 0..steps {
+        opt.zero_grad();
+        let loss = region.run(|| loss(step)).unwrap().unwrap();
+        assert_eq!(loss.device(), device);
+        losses.push(loss.item_f64().unwrap());
+        scaler.scale(&loss).unwrap().backward().unwrap();
+        scaler.step(&mut opt).unwrap();
+        scaler.update().unwrap();
+    }
+    let params = params.iter().map(|p| p.data().to_vec_f64()).collect();
+    (losses, params)
+}
+
+/// `run(device, amp)` in float32 on the host and on the device (losses within 1e-4,
+/// parameters within `param_tol`), and with AMP on the device (losses within 3e-2 of
+/// the host's float32 ones).
+fn matches_the_host(
+    what: &str,
+    param_tol: f64,
+    run: impl Fn(Device, bool) -> (Vec<f64>, Vec<Vec<f64>>),
+) {
+    let (cpu_loss, cpu_params) = run(Device::Cpu, false);
+    let (dev_loss, dev_params) = run(DEV, false);
+    close(&dev_loss, &cpu_loss, 1e-4, &format!("{what} f32 losses"));
+    for (i, (a, b)) in dev_params.iter().zip(&cpu_params).enumerate() {
+        close(a, b, param_tol, &format!("{what} f32 parameter {i}"));
+    }
+    let (amp_loss, _) = run(DEV, true);
+    close(&amp_loss, &cpu_loss, 3e-2, &format!("{what} amp losses"));
+    eprintln!("{what}: cpu {cpu_loss:?}\n  cuda amp {amp_loss:?}");
+}
+
 #[test]
 fn a_transformer_step_on_cuda_matches_the_host() {
     if !device_or_skip("a_transformer_step_on_cuda_matches_the_host") {
         return;
     }
-    let run = |device: Device, amp: bool| -> (Vec<f64>, Vec<Vec<f64>>) {
+    // SGD, not Adam: the key bias of attention has a gradient of pure rounding noise
+    // (softmax ignores a constant added to a row of scores), which Adam's normalisation
+    // would turn into full-size steps of either sign.
+    matches_the_host("transformer", 2e-3, |device, amp| {
         let m = TinyGpt::new(device);
-        // SGD, not Adam: the key bias of attention has a gradient of pure rounding noise
-        // (softmax ignores a constant added to a row of scores), which Adam's
-        // normalisation would turn into full-size steps of either sign.
-        let mut opt = Sgd::new(
-            m.params(),
-            0.05,
-            SgdOptions {
-                momentum: 0.9,
-                ..SgdOptions::default()
-            },
-        )
-        .unwrap();
-        let mut scaler =
-            GradScaler::with_options(GradScalerOptions::default().enabled(amp)).unwrap();
-        let region = Autocast::new(DeviceType::Cuda)
-            .dtype(DType::F16)
-            .enabled(amp);
-        let mut losses = Vec::new();
-        for step in 0..5 {
-            opt.zero_grad();
-            let (x, y) = (tokens(device, step), tokens(device, step + 100));
-            let loss = region.run(|| m.loss(&x, &y)).unwrap();
-            losses.push(loss.item_f64().unwrap());
-            scaler.scale(&loss).unwrap().backward().unwrap();
-            scaler.step(&mut opt).unwrap();
-            scaler.update().unwrap();
-        }
-        let params = m.params().iter().map(|p| p.data().to_vec_f64()).collect();
-        (losses, params)
-    };
-    let (cpu_loss, cpu_params) = run(Device::Cpu, false);
-    let (dev_loss, dev_params) = run(DEV, false);
-    close(&dev_loss, &cpu_loss, 1e-4, "transformer f32 losses");
-    for (i, (a, b)) in dev_params.iter().zip(&cpu_params).enumerate() {
-        close(a, b, 2e-3, &format!("transformer f32 parameter {i}"));
-    }
-    let (amp_loss, _) = run(DEV, true);
-    close(&amp_loss, &cpu_loss, 3e-2, "transformer amp losses");
-    eprintln!("transformer: cpu {cpu_loss:?}\n  cuda amp {amp_loss:?}");
+        sgd_steps(&m.params(), device, amp, 5, |step| {
+            Ok(m.loss(&tokens(device, step), &tokens(device, step + 100)))
+        })
+    });
 }
 
 #[test]
@@ -315,7 +335,7 @@ fn a_conv_net_trains_on_cuda_as_on_the_host() {
     // conv 3→8 (3×3, padding 1) → ReLU → conv 8→4 (3×3, stride 2) → flatten → linear,
     // moved to the device with `Module::to_device`; SGD with momentum.
     use amp::nn::{Conv2d, ConvOptions};
-    let run = |device: Device, amp: bool| -> (Vec<f64>, Vec<Vec<f64>>) {
+    matches_the_host("conv net", 1e-3, |device, amp| {
         let mut g = Generator::new(5);
         let c1 = Conv2d::with_options(ConvOptions::new(3, 8, &[3]).padding(&[1]), &mut g).unwrap();
         let c2 = Conv2d::with_options(ConvOptions::new(8, 4, &[3]).stride(&[2]), &mut g).unwrap();
@@ -330,53 +350,16 @@ fn a_conv_net_trains_on_cuda_as_on_the_host() {
             Tensor::from_raw(x.to_device(device).unwrap()),
             Tensor::from_raw(y.to_device(device).unwrap()),
         );
-        let mut opt = Sgd::new(
-            params.clone(),
-            0.05,
-            SgdOptions {
-                momentum: 0.9,
-                ..SgdOptions::default()
-            },
-        )
-        .unwrap();
-        let mut scaler =
-            GradScaler::with_options(GradScalerOptions::default().enabled(amp)).unwrap();
-        let region = Autocast::new(DeviceType::Cuda)
-            .dtype(DType::F16)
-            .enabled(amp);
-        let mut losses = Vec::new();
-        for _ in 0..6 {
-            opt.zero_grad();
-            let loss = region
-                .run(|| {
-                    let h = c1.forward(&x)?.relu()?;
-                    let h = c2.forward(&h)?;
-                    if amp {
-                        assert_eq!(h.dtype(), DType::F16, "conv runs in float16 under autocast");
-                    }
-                    let out = head.forward(&h.reshape([6, 36])?)?;
-                    ops::mse_loss(&out, &y, Reduction::Mean)
-                })
-                .unwrap()
-                .unwrap();
-            assert_eq!(loss.device(), device);
-            losses.push(loss.item_f64().unwrap());
-            scaler.scale(&loss).unwrap().backward().unwrap();
-            scaler.step(&mut opt).unwrap();
-            scaler.update().unwrap();
-        }
-        let params = params.iter().map(|p| p.data().to_vec_f64()).collect();
-        (losses, params)
-    };
-    let (cpu_loss, cpu_params) = run(Device::Cpu, false);
-    let (dev_loss, dev_params) = run(DEV, false);
-    close(&dev_loss, &cpu_loss, 1e-4, "conv net f32 losses");
-    for (i, (a, b)) in dev_params.iter().zip(&cpu_params).enumerate() {
-        close(a, b, 1e-3, &format!("conv net f32 parameter {i}"));
-    }
-    let (amp_loss, _) = run(DEV, true);
-    close(&amp_loss, &cpu_loss, 3e-2, "conv net amp losses");
-    eprintln!("conv net: cpu {cpu_loss:?}\n  cuda amp {amp_loss:?}");
+        sgd_steps(&params, device, amp, 6, |_| {
+            let h = c1.forward(&x)?.relu()?;
+            let h = c2.forward(&h)?;
+            if amp {
+                assert_eq!(h.dtype(), DType::F16, "conv runs in float16 under autocast");
+            }
+            let out = head.forward(&h.reshape([6, 36])?)?;
+            ops::mse_loss(&out, &y, Reduction::Mean)
+        })
+    });
 }
 
 /// Three steps of the optimizer `make` builds over one parameter of `dtype` on
