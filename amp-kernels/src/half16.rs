@@ -165,6 +165,63 @@ pub(crate) mod lanes {
             _mm256_storeu_si256(p.cast(), h);
         }
     }
+    /// 32 bfloat16 values as two float32 vectors without a shuffle: the even elements
+    /// (the low 16 bits of each 32-bit lane, shifted up) and the odd ones (the high
+    /// bits, masked). [`st_bf16_pairs`] puts them back in place. The element order
+    /// inside a loop does not matter to an elementwise map, and the shuffle port is what
+    /// the table-driven maps (`vpermt2ps`) already saturate.
+    ///
+    /// # Safety
+    /// `p` is valid for 32 reads; the caller runs with AVX-512F.
+    #[inline(always)]
+    pub(crate) unsafe fn ld_bf16_pairs(p: *const bf16) -> (__m512, __m512) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let v = _mm512_loadu_si512(p.cast());
+            let odd = _mm512_and_si512(v, _mm512_set1_epi32(0xFFFF_0000u32 as i32));
+            (
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v)),
+                _mm512_castsi512_ps(odd),
+            )
+        }
+    }
+    /// Rounds the two halves [`ld_bf16_pairs`] gave (even, odd) with `vcvtne2ps2bf16`
+    /// and stores the 32 bfloat16 values in their places (one `vpermw` interleaves them).
+    /// Returns the lanes holding a NaN or a subnormal, which that instruction does not
+    /// round as [`narrow_bf16_16`] does (NaN payloads are kept, subnormals flushed): when
+    /// the mask is not zero the caller writes those elements again with the integer
+    /// rounding. Checking once per slice instead of branching per vector is what makes
+    /// this store cheaper than [`st_bf16_16_ne`].
+    ///
+    /// # Safety
+    /// `p` is valid for 32 writes; the caller runs with AVX-512F/BW/DQ and AVX512-BF16.
+    #[inline(always)]
+    pub(crate) unsafe fn st_bf16_pairs_ne(
+        p: *mut MaybeUninit<bf16>,
+        even: __m512,
+        odd: __m512,
+    ) -> __mmask16 {
+        // Word `w` of the output: even element `w / 2` (word `w / 2` of the packed pair,
+        // whose low half is `even`) or odd element `w / 2` (word `16 + w / 2`).
+        const INTERLEAVE: [i16; 32] = {
+            let mut t = [0i16; 32];
+            let mut w = 0;
+            while w < 32 {
+                t[w] = (w / 2 + 16 * (w % 2)) as i16;
+                w += 1;
+            }
+            t
+        };
+        // SAFETY: the caller's contract; `INTERLEAVE` is 32 words.
+        unsafe {
+            // fpclass categories: 0x01 quiet NaN, 0x80 signalling NaN, 0x20 subnormal.
+            let bad = _mm512_fpclass_ps_mask::<0xA1>(even) | _mm512_fpclass_ps_mask::<0xA1>(odd);
+            let packed: __m512i = transmute(_mm512_cvtne2ps_pbh(odd, even));
+            let idx = _mm512_loadu_si512(INTERLEAVE.as_ptr().cast());
+            _mm512_storeu_si512(p.cast(), _mm512_permutexvar_epi16(idx, packed));
+            bad
+        }
+    }
     #[inline(always)]
     pub(crate) unsafe fn ld_f16_16(p: *const f16) -> [f32; 16] {
         // SAFETY: the caller's contract (16 readable lanes, AVX-512F enabled).

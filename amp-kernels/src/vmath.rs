@@ -296,6 +296,43 @@ mod gelu512 {
         };
     }
 
+    /// bfloat16 with AVX512-BF16: 32 elements at a time as even/odd vectors
+    /// ([`lanes::ld_bf16_pairs`], no shuffle to widen), rounded by `vcvtne2ps2bf16`
+    /// ([`lanes::st_bf16_pairs_ne`]). 1.2× the speed of 16 lanes widened and rounded
+    /// with shuffles, which left this loop 0.75× the float32 one (the table's
+    /// `vpermt2ps` already keeps the shuffle unit busy). A slice holding a result the
+    /// instruction rounds differently (NaN, subnormal) is written again by
+    /// [`gelu_bf16`], so the bits are [`narrow_bf16_16`](lanes::narrow_bf16_16)'s.
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c,avx512bf16")]
+    pub(crate) fn gelu_bf16_ne(x: &[bf16], y: &mut [MaybeUninit<bf16>]) {
+        let n = x.len().min(y.len());
+        // SAFETY: the features are this function's.
+        let coef = unsafe { table() };
+        // SAFETY: 32 readable lanes at `p`, 32 writable at `q`; the features are this
+        // function's.
+        let step = |p: *const bf16, q: *mut MaybeUninit<bf16>| unsafe {
+            let (e, o) = lanes::ld_bf16_pairs(p);
+            lanes::st_bf16_pairs_ne(q, lanes_gelu(&coef, e), lanes_gelu(&coef, o))
+        };
+        let mut redo = 0;
+        let mut i = 0;
+        while i + 32 <= n {
+            // `i + 32 <= n` for both slices.
+            redo |= step(x[i..].as_ptr(), y[i..].as_mut_ptr());
+            i += 32;
+        }
+        if i < n {
+            let mut t = [bf16::ZERO; 32];
+            t[..n - i].copy_from_slice(&x[i..n]);
+            let mut o = [MaybeUninit::<bf16>::uninit(); 32];
+            redo |= step(t.as_ptr(), o.as_mut_ptr());
+            y[i..n].copy_from_slice(&o[..n - i]);
+        }
+        if redo != 0 {
+            gelu_bf16(&x[..n], &mut y[..n]);
+        }
+    }
+
     gelu_loop!(
         gelu_f32,
         f32,
@@ -309,14 +346,6 @@ mod gelu512 {
         bf16::ZERO,
         |p| transmute::<[f32; 16], __m512>(lanes::ld_bf16_16(p)),
         |p, r| lanes::st_bf16_16(p, transmute::<__m512, [f32; 16]>(r))
-    );
-    gelu_loop!(
-        gelu_bf16_ne,
-        bf16,
-        bf16::ZERO,
-        |p| transmute::<[f32; 16], __m512>(lanes::ld_bf16_16(p)),
-        |p, r| lanes::st_bf16_16_ne(p, transmute::<__m512, [f32; 16]>(r)),
-        "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c,avx512bf16"
     );
     gelu_loop!(
         gelu_f16,
