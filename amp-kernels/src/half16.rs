@@ -167,7 +167,7 @@ pub(crate) mod lanes {
     }
     /// 32 bfloat16 values as two float32 vectors without a shuffle: the even elements
     /// (the low 16 bits of each 32-bit lane, shifted up) and the odd ones (the high
-    /// bits, masked). [`st_bf16_pairs`] puts them back in place. The element order
+    /// bits, masked). [`st_bf16_pairs_ne`] puts them back in place. The element order
     /// inside a loop does not matter to an elementwise map, and the shuffle port is what
     /// the table-driven maps (`vpermt2ps`) already saturate.
     ///
