@@ -323,30 +323,22 @@ fn ln_backward_rows<C: Real + Num>(
         return Ok((gi, Vec::new(), Vec::new()));
     }
     let per = (TASK / n).max(1);
-    let nc = C::from_f64c(n as f64);
     let body = |(c, chunk): (usize, &mut [C])| {
-        let (mut gw, mut gb) = (vec![C::ZERO; n], vec![C::ZERO; n]);
-        let (mut gx, mut xh, mut t) = (vec![C::ZERO; n], vec![C::ZERO; n], vec![C::ZERO; n]);
-        for (k, out) in chunk.chunks_mut(n).enumerate() {
-            let r = c * per + k;
-            let (gr, xr) = (&g[r * n..(r + 1) * n], &x[r * n..(r + 1) * n]);
-            let (mu, rs) = (mean[r], rstd[r]);
-            for j in 0..n {
-                xh[j] = (xr[j] - mu) * rs;
-                gx[j] = match w {
-                    Some(w) => gr[j] * w[j],
-                    None => gr[j],
-                };
-                gw[j] = gw[j] + gr[j] * xh[j];
-                gb[j] = gb[j] + gr[j];
-                t[j] = gx[j] * xh[j];
-            }
-            let (a, b) = (lane_sum(&gx) / nc, lane_sum(&t) / nc);
-            for ((o, &gxj), &xhj) in out.iter_mut().zip(&gx).zip(&xh) {
-                *o = rs * (gxj - a - xhj * b);
-            }
+        let rows = LnRows {
+            g,
+            x,
+            mean,
+            rstd,
+            w,
+            n,
+            first: c * per,
+        };
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (checked just above).
+            return unsafe { ln_backward_chunk_avx512(&rows, chunk) };
         }
-        (gw, gb)
+        ln_backward_chunk(&rows, chunk)
     };
     let partials: Vec<(Vec<C>, Vec<C>)> = if rows * n >= PAR_MIN {
         gi.par_chunks_mut(per * n).enumerate().map(body).collect()
@@ -362,6 +354,72 @@ fn ln_backward_rows<C: Real + Num>(
         gb.iter_mut().zip(pb).for_each(|(a, &b)| *a = *a + b);
     }
     Ok((gi, gw, gb))
+}
+
+/// The rows a task of [`ln_backward_rows`] works on: its inputs, and the index of its
+/// first row.
+struct LnRows<'a, C> {
+    g: &'a [C],
+    x: &'a [C],
+    mean: &'a [C],
+    rstd: &'a [C],
+    w: Option<&'a [C]>,
+    n: usize,
+    first: usize,
+}
+
+/// One task of [`ln_backward_rows`]: the input gradient of `chunk.len() / n` rows into
+/// `chunk`, and their partial weight and bias gradients.
+#[inline(always)]
+fn ln_backward_chunk<C: Real + Num>(rows: &LnRows<'_, C>, chunk: &mut [C]) -> (Vec<C>, Vec<C>) {
+    let LnRows {
+        g,
+        x,
+        mean,
+        rstd,
+        w,
+        n,
+        first,
+    } = *rows;
+    let nc = C::from_f64c(n as f64);
+    let (mut gw, mut gb) = (vec![C::ZERO; n], vec![C::ZERO; n]);
+    let (mut gx, mut xh, mut t) = (vec![C::ZERO; n], vec![C::ZERO; n], vec![C::ZERO; n]);
+    for (k, out) in chunk.chunks_mut(n).enumerate() {
+        let r = first + k;
+        let (gr, xr) = (&g[r * n..(r + 1) * n], &x[r * n..(r + 1) * n]);
+        let (mu, rs) = (mean[r], rstd[r]);
+        for j in 0..n {
+            xh[j] = (xr[j] - mu) * rs;
+            gx[j] = match w {
+                Some(w) => gr[j] * w[j],
+                None => gr[j],
+            };
+            gw[j] = gw[j] + gr[j] * xh[j];
+            gb[j] = gb[j] + gr[j];
+            t[j] = gx[j] * xh[j];
+        }
+        let (a, b) = (lane_sum(&gx) / nc, lane_sum(&t) / nc);
+        for ((o, &gxj), &xhj) in out.iter_mut().zip(&gx).zip(&xh) {
+            *o = rs * (gxj - a - xhj * b);
+        }
+    }
+    (gw, gb)
+}
+
+/// [`ln_backward_chunk`] compiled for AVX-512: the same operations in the same order
+/// (Rust never fuses a multiply and an add by itself), so the same bits, 16 lanes at a
+/// time instead of the baseline's 4. At 7% of a transformer training step it was the
+/// largest kernel left at the baseline width.
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2")]
+unsafe fn ln_backward_chunk_avx512<C: Real + Num>(
+    rows: &LnRows<'_, C>,
+    chunk: &mut [C],
+) -> (Vec<C>, Vec<C>) {
+    ln_backward_chunk(rows, chunk)
 }
 
 /// The backward of [`layer_norm`] given the saved `mean` and `rstd`:
