@@ -36,7 +36,9 @@
 //! - A larger single product is cut into 2 or 2×threads blocks of output columns (or
 //!   rows), one `parallel::for_each` task each running faer sequentially — faster here
 //!   than faer's own barrier-synchronised split, which is never used; a batch of small
-//!   products is one parallel loop over the batch.
+//!   products, or of at least two products per thread whatever their size, is one
+//!   parallel loop over the batch (a `[32, 1024, 64]` attention `bmm` ran 9% faster
+//!   in float32, 10% in bfloat16 than with each product cut over the threads).
 //! - The 16-bit packing kernels start at 16³ (`native16::chosen`): a 8×32 tile with the
 //!   A panel packed in 8 rows and B in 32-column strips straight from their strides
 //!   (16×16 register transposes for row-major A and column-major B), strips packed
@@ -84,6 +86,14 @@ const SMALL_WORK: usize = 16 * 16 * 16;
 /// In a batched product, matrices with at least this many multiply-adds are each
 /// multiplied by all threads; smaller ones are spread over the threads by batch.
 const BIG_WORK: usize = 192 * 192 * 192;
+
+/// Whether a batch of products runs whole products per task even when each is at
+/// least [`BIG_WORK`]: with two or more per thread the tasks share nothing and each
+/// keeps its own operands in its core's cache, instead of every product being cut over
+/// all threads (whose tasks wait for each other's packing).
+fn whole_entries(batch: usize) -> bool {
+    batch >= 2 * rayon::current_num_threads()
+}
 
 /// Per-batch storage offsets (a single matrix needs no allocation).
 #[derive(Debug, Clone)]
@@ -1372,7 +1382,10 @@ fn gemm_into<C: GemmFloat>(
             };
             one(i, dst.at(0), factor, rd, parallelism(work));
         }
-    } else if batch == 1 || work >= BIG_WORK || work * batch < BATCH_PARALLEL_WORK {
+    } else if batch == 1
+        || (work >= BIG_WORK && !whole_entries(batch))
+        || work * batch < BATCH_PARALLEL_WORK
+    {
         for i in 0..batch {
             one(i, dst.at(i * m * n), beta, read, parallelism(work));
         }
