@@ -135,72 +135,6 @@ macro_rules! half_lane {
 half_lane!(bf16, widen_bf16, narrow_bf16_16);
 half_lane!(f16, widen_f16, narrow_f16);
 
-/// bfloat16 lanes rounded by `vcvtneps2bf16` (AVX512-BF16), one instruction where
-/// [`narrow_bf16_16`] takes seven: the row kernels' `_ne` forms run with them
-/// ([`rows_block_ne`], [`layer_norm_rows_ne`]) when the CPU has the instruction. A
-/// vector holding a NaN or a subnormal is rounded by [`narrow_bf16_16`] instead (the instruction keeps NaN
-/// payloads and flushes subnormals), so the bits are the same as bfloat16's.
-#[derive(Clone, Copy)]
-#[repr(transparent)]
-pub(crate) struct Bf16Ne(bf16);
-
-impl Lane for Bf16Ne {
-    const F32: bool = false;
-    #[inline(always)]
-    unsafe fn load(p: *const Self) -> __m512 {
-        // SAFETY: the trait's contract (`Bf16Ne` is a transparent `bf16`).
-        unsafe { bf16::load(p.cast()) }
-    }
-    #[inline(always)]
-    unsafe fn load_tail(p: *const Self, k: usize, fill: __m512) -> __m512 {
-        // SAFETY: as `load`.
-        unsafe { bf16::load_tail(p.cast(), k, fill) }
-    }
-    #[inline(always)]
-    unsafe fn store(p: *mut Self, v: __m512) {
-        // SAFETY: the trait's contract, and AVX512-BF16 (this type's kernels enable it).
-        unsafe {
-            // fpclass categories: 0x01 quiet NaN, 0x80 signalling NaN, 0x20 subnormal.
-            if _mm512_fpclass_ps_mask::<0xA1>(v) != 0 {
-                return bf16::store(p.cast(), v);
-            }
-            _mm256_storeu_si256(
-                p.cast(),
-                std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(v)),
-            );
-        }
-    }
-    #[inline(always)]
-    unsafe fn store_tail(p: *mut Self, k: usize, v: __m512) {
-        // SAFETY: as `store`; masked-off lanes are not written.
-        unsafe {
-            if _mm512_fpclass_ps_mask::<0xA1>(v) & low(k) != 0 {
-                return bf16::store_tail(p.cast(), k, v);
-            }
-            let h = std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(v));
-            _mm256_mask_storeu_epi16(p.cast(), low(k), h);
-        }
-    }
-}
-
-/// Whether the row kernels round bfloat16 with [`Bf16Ne`] (the CPU has AVX512-BF16).
-fn has_bf16_ne() -> bool {
-    std::arch::is_x86_feature_detected!("avx512bf16")
-}
-
-/// `s` as [`Bf16Ne`] lanes when `S` is bfloat16.
-fn as_ne<S: 'static>(s: &[S]) -> Option<&[Bf16Ne]> {
-    // SAFETY: `Bf16Ne` is a transparent `bf16`.
-    as_same::<S, bf16>(s).map(|b| unsafe { std::slice::from_raw_parts(b.as_ptr().cast(), b.len()) })
-}
-
-/// `s` as [`Bf16Ne`] lanes when `S` is bfloat16.
-fn as_ne_mut<S: 'static>(s: &mut [MaybeUninit<S>]) -> Option<&mut [MaybeUninit<Bf16Ne>]> {
-    // SAFETY: `Bf16Ne` is a transparent `bf16`; the exclusive borrow is carried over.
-    as_same_mut::<_, MaybeUninit<bf16>>(s)
-        .map(|b| unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr().cast(), b.len()) })
-}
-
 /// float16 bits of 16 float32 lanes (`vcvtps2ph`, nearest even, as `f16::from_f32`).
 ///
 /// # Safety
@@ -544,243 +478,215 @@ unsafe fn map_row<S: Lane, D: Lane>(
 
 // ----- row kernels ----------------------------------------------------------------------
 
-/// Defines a row kernel twice from one body: `$name` with the kernels' features, and
-/// `$ne` with AVX512-BF16 as well (run with [`Bf16Ne`] lanes). Both must be written
-/// out: the closures inside a kernel get its features only when they are written
-/// inside a function that has them (a shared `#[inline(always)]` body left the layer
-/// norm's closures calling `_mm512_mul_ps` as a function, at a tenth of the speed).
-macro_rules! row_kernel {
-    (
-        $(#[$m:meta])*
-        $name:ident, $ne:ident, [$($gen:tt)*], ($($params:tt)*) $body:block
-    ) => {
-        $(#[$m])*
-        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
-        pub(crate) unsafe fn $name<$($gen)*>($($params)*) $body
-
-        #[doc = concat!("[`", stringify!($name), "`] compiled with AVX512-BF16 as well, for [`Bf16Ne`] lanes.")]
-        ///
-        /// # Safety
-        /// As the other, and the CPU has AVX512-BF16.
-        $(#[$m])*
-        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c,avx512bf16")]
-        pub(crate) unsafe fn $ne<$($gen)*>($($params)*) $body
-    };
-}
-
 /// Rows of scratch a softmax keeps on the stack (longer rows allocate once per block).
 const STACK_ROW: usize = 1024;
 
-row_kernel! {
-    /// Softmax of each row of `n` elements of `x` into `out` (`exp` with fused
-    /// multiply-adds, as the float32 line kernel on AVX-512): `exp(x - max)` goes to a
-    /// float32 row (the output itself for float32), is summed in [`Sum16`]'s order, and is
-    /// multiplied by `1 / sum` while being rounded to the output.
-    ///
-    /// # Safety
-    /// The CPU has the kernels' features ([`available`]); `x.len() == out.len()`, a
-    /// multiple of `n > 0`.
-    softmax_rows, softmax_rows_ne, [S: Lane], (x: &[S], out: &mut [MaybeUninit<S>], n: usize) {
-        let mut stack = [MaybeUninit::<f32>::uninit(); STACK_ROW];
-        let mut heap = Vec::new();
-        let scratch: *mut f32 = if S::F32 {
-            std::ptr::null_mut()
-        } else if n <= STACK_ROW {
-            stack.as_mut_ptr().cast()
-        } else {
-            heap.resize(n, 0f32);
-            heap.as_mut_ptr()
-        };
-        for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
-            let (xp, op) = (xr.as_ptr(), or.as_mut_ptr().cast::<S>());
-            // The float32 row: the output itself when it is float32.
-            let buf: *mut f32 = if S::F32 { op.cast() } else { scratch };
-            // SAFETY: every pointer covers `n` elements (`buf` is the output row or
-            // `n <= STACK_ROW` / `heap.len() == n` elements); the features are this
-            // function's. `buf` is written before it is read back.
-            unsafe {
-                let m = _mm512_set1_ps(max_nan(xp, n));
+/// Softmax of each row of `n` elements of `x` into `out` (`exp` with fused
+/// multiply-adds, as the float32 line kernel on AVX-512): `exp(x - max)` goes to a
+/// float32 row (the output itself for float32), is summed in [`Sum16`]'s order, and is
+/// multiplied by `1 / sum` while being rounded to the output.
+///
+/// # Safety
+/// The CPU has the kernels' features ([`available`]); `x.len() == out.len()`, a
+/// multiple of `n > 0`.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+pub(crate) unsafe fn softmax_rows<S: Lane>(x: &[S], out: &mut [MaybeUninit<S>], n: usize) {
+    let mut stack = [MaybeUninit::<f32>::uninit(); STACK_ROW];
+    let mut heap = Vec::new();
+    let scratch: *mut f32 = if S::F32 {
+        std::ptr::null_mut()
+    } else if n <= STACK_ROW {
+        stack.as_mut_ptr().cast()
+    } else {
+        heap.resize(n, 0f32);
+        heap.as_mut_ptr()
+    };
+    for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+        let (xp, op) = (xr.as_ptr(), or.as_mut_ptr().cast::<S>());
+        // The float32 row: the output itself when it is float32.
+        let buf: *mut f32 = if S::F32 { op.cast() } else { scratch };
+        // SAFETY: every pointer covers `n` elements (`buf` is the output row or
+        // `n <= STACK_ROW` / `heap.len() == n` elements); the features are this
+        // function's. `buf` is written before it is read back.
+        unsafe {
+            let m = _mm512_set1_ps(max_nan(xp, n));
+            let mut acc = Sum16::new();
+            let mut i = 0;
+            while i + 16 <= n {
+                let e = exp_fma(_mm512_sub_ps(S::load(xp.add(i)), m));
+                _mm512_storeu_ps(buf.add(i), e);
+                acc.add(e);
+                i += 16;
+            }
+            if i < n {
+                let k = n - i;
+                let v = S::load_tail(xp.add(i), k, _mm512_setzero_ps());
+                let e = exp_fma(_mm512_sub_ps(v, m));
+                f32::store_tail(buf.add(i), k, e);
+                acc.add_tail(k, e);
+            }
+            let inv = _mm512_set1_ps(1.0 / acc.finish());
+            map_row(buf.cast_const(), op, n, |e, _| _mm512_mul_ps(e, inv));
+        }
+    }
+}
+
+/// Log-softmax of each row: `(x - max) - ln(sum)`, the sum of `exp(x - max)` (without
+/// fused multiply-adds) taken as `FastExp::exp_shift_sum` does, in pieces of 256
+/// elements each summed in [`Sum16`]'s order, the pieces added in order.
+///
+/// # Safety
+/// As [`softmax_rows`].
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+pub(crate) unsafe fn log_softmax_rows<S: Lane>(x: &[S], out: &mut [MaybeUninit<S>], n: usize) {
+    for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+        let (xp, op) = (xr.as_ptr(), or.as_mut_ptr().cast::<S>());
+        // SAFETY: every pointer covers `n` elements; the features are this function's.
+        unsafe {
+            let mx = max_nan(xp, n);
+            let m = _mm512_set1_ps(mx);
+            let mut s = 0f32;
+            let mut j = 0;
+            while j < n {
+                let len = (n - j).min(256);
+                s += sum16(xp.add(j), len, |v| exp(_mm512_sub_ps(v, m)));
+                j += len;
+            }
+            let lse = _mm512_set1_ps(s.ln());
+            map_row(xp, op, n, |v, _| _mm512_sub_ps(_mm512_sub_ps(v, m), lse));
+        }
+    }
+}
+
+/// The gradient of each row of softmax (`LOG = false`: `y * (g - sum(g * y))`, the sum
+/// in [`Sum16`]'s order) or of log-softmax (`LOG = true`: `g - exp(y) * sum(g)`, `exp`
+/// without fused multiply-adds, of `y - 0` as the portable kernel computes it).
+///
+/// # Safety
+/// As [`softmax_rows`], and `g.len() == y.len() == out.len()`.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+pub(crate) unsafe fn softmax_backward_rows<S: Lane, const LOG: bool>(
+    g: &[S],
+    y: &[S],
+    out: &mut [MaybeUninit<S>],
+    n: usize,
+) {
+    for ((gr, yr), or) in g
+        .chunks_exact(n)
+        .zip(y.chunks_exact(n))
+        .zip(out.chunks_exact_mut(n))
+    {
+        let (gp, yp, op) = (gr.as_ptr(), yr.as_ptr(), or.as_mut_ptr().cast::<S>());
+        // SAFETY: every pointer covers `n` elements; the features are this function's.
+        unsafe {
+            let zero = _mm512_setzero_ps();
+            let s = if LOG {
+                sum16(gp, n, |v| v)
+            } else {
+                // `g * y` lane by lane: the `y` row is loaded alongside.
                 let mut acc = Sum16::new();
                 let mut i = 0;
                 while i + 16 <= n {
-                    let e = exp_fma(_mm512_sub_ps(S::load(xp.add(i)), m));
-                    _mm512_storeu_ps(buf.add(i), e);
-                    acc.add(e);
+                    acc.add(_mm512_mul_ps(S::load(gp.add(i)), S::load(yp.add(i))));
                     i += 16;
                 }
                 if i < n {
                     let k = n - i;
-                    let v = S::load_tail(xp.add(i), k, _mm512_setzero_ps());
-                    let e = exp_fma(_mm512_sub_ps(v, m));
-                    f32::store_tail(buf.add(i), k, e);
-                    acc.add_tail(k, e);
+                    let p = _mm512_mul_ps(
+                        S::load_tail(gp.add(i), k, zero),
+                        S::load_tail(yp.add(i), k, zero),
+                    );
+                    acc.add_tail(k, p);
                 }
-                let inv = _mm512_set1_ps(1.0 / acc.finish());
-                map_row(buf.cast_const(), op, n, |e, _| _mm512_mul_ps(e, inv));
-            }
+                acc.finish()
+            };
+            let s = _mm512_set1_ps(s);
+            map_row(gp, op, n, |gv, i| {
+                let yv = if i + 16 <= n {
+                    S::load(yp.add(i))
+                } else {
+                    S::load_tail(yp.add(i), n - i, zero)
+                };
+                if LOG {
+                    _mm512_sub_ps(gv, _mm512_mul_ps(exp(_mm512_sub_ps(yv, zero)), s))
+                } else {
+                    _mm512_mul_ps(yv, _mm512_sub_ps(gv, s))
+                }
+            });
         }
     }
 }
 
-row_kernel! {
-    /// Log-softmax of each row: `(x - max) - ln(sum)`, the sum of `exp(x - max)` (without
-    /// fused multiply-adds) taken as `FastExp::exp_shift_sum` does, in pieces of 256
-    /// elements each summed in [`Sum16`]'s order, the pieces added in order.
-    ///
-    /// # Safety
-    /// As [`softmax_rows`].
-    log_softmax_rows, log_softmax_rows_ne, [S: Lane], (x: &[S], out: &mut [MaybeUninit<S>], n: usize) {
-        for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
-            let (xp, op) = (xr.as_ptr(), or.as_mut_ptr().cast::<S>());
-            // SAFETY: every pointer covers `n` elements; the features are this function's.
-            unsafe {
-                let mx = max_nan(xp, n);
-                let m = _mm512_set1_ps(mx);
-                let mut s = 0f32;
-                let mut j = 0;
-                while j < n {
-                    let len = (n - j).min(256);
-                    s += sum16(xp.add(j), len, |v| exp(_mm512_sub_ps(v, m)));
-                    j += len;
-                }
-                let lse = _mm512_set1_ps(s.ln());
-                map_row(xp, op, n, |v, _| _mm512_sub_ps(_mm512_sub_ps(v, m), lse));
-            }
-        }
-    }
-}
-
-row_kernel! {
-    /// The gradient of each row of softmax (`LOG = false`: `y * (g - sum(g * y))`, the sum
-    /// in [`Sum16`]'s order) or of log-softmax (`LOG = true`: `g - exp(y) * sum(g)`, `exp`
-    /// without fused multiply-adds, of `y - 0` as the portable kernel computes it).
-    ///
-    /// # Safety
-    /// As [`softmax_rows`], and `g.len() == y.len() == out.len()`.
-    softmax_backward_rows, softmax_backward_rows_ne, [S: Lane, const LOG: bool], (g: &[S],
-    y: &[S],
+/// Layer norm of each row of `n` elements: `mean = wide_sum(x) / n`,
+/// `var = wide_sum((x - mean)²) / n`, `rstd = 1 / sqrt(var + eps)`, then
+/// `y = (x - mean) * rstd`, times `w` and plus `b` when given (float32, `n` each),
+/// rounded once. The statistics of row `k` go to `mean[k]`, `rstd[k]`. A 16-bit row
+/// of at most [`STACK_ROW`] elements is widened once into float32 scratch (the three
+/// passes would each widen it again); longer rows read their storage three times.
+///
+/// # Safety
+/// As [`softmax_rows`]; `mean` and `rstd` hold one value per row.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+pub(crate) unsafe fn layer_norm_rows<S: Lane>(
+    x: &[S],
     out: &mut [MaybeUninit<S>],
-    n: usize) {
-        for ((gr, yr), or) in g
-            .chunks_exact(n)
-            .zip(y.chunks_exact(n))
-            .zip(out.chunks_exact_mut(n))
-        {
-            let (gp, yp, op) = (gr.as_ptr(), yr.as_ptr(), or.as_mut_ptr().cast::<S>());
-            // SAFETY: every pointer covers `n` elements; the features are this function's.
-            unsafe {
-                let zero = _mm512_setzero_ps();
-                let s = if LOG {
-                    sum16(gp, n, |v| v)
+    n: usize,
+    eps: f32,
+    w: Option<&[f32]>,
+    b: Option<&[f32]>,
+    mean: &mut [f32],
+    rstd: &mut [f32],
+) {
+    let nc = n as f32;
+    let wp = w.map(|w| w[..n].as_ptr());
+    let bp = b.map(|b| b[..n].as_ptr());
+    let mut stack = [MaybeUninit::<f32>::uninit(); STACK_ROW];
+    let widen = !S::F32 && n <= STACK_ROW;
+    let buf: *mut f32 = stack.as_mut_ptr().cast();
+    // One row read from `$xp` (the storage, or the widened scratch), written to `$op`.
+    // The closures are written here so that they have this function's features.
+    macro_rules! row {
+        ($xp:expr, $op:expr, $k:expr) => {{
+            let (xp, op) = ($xp, $op);
+            let mu = wide_sum(xp, n, |v| v) / nc;
+            let muv = _mm512_set1_ps(mu);
+            let var = wide_sum(xp, n, |v| {
+                let d = _mm512_sub_ps(v, muv);
+                _mm512_mul_ps(d, d)
+            }) / nc;
+            let rs = 1.0 / (var + eps).sqrt();
+            (mean[$k], rstd[$k]) = (mu, rs);
+            let rsv = _mm512_set1_ps(rs);
+            let param = |p: *const f32, i: usize| {
+                if i + 16 <= n {
+                    f32::load(p.add(i))
                 } else {
-                    // `g * y` lane by lane: the `y` row is loaded alongside.
-                    let mut acc = Sum16::new();
-                    let mut i = 0;
-                    while i + 16 <= n {
-                        acc.add(_mm512_mul_ps(S::load(gp.add(i)), S::load(yp.add(i))));
-                        i += 16;
-                    }
-                    if i < n {
-                        let k = n - i;
-                        let p = _mm512_mul_ps(
-                            S::load_tail(gp.add(i), k, zero),
-                            S::load_tail(yp.add(i), k, zero),
-                        );
-                        acc.add_tail(k, p);
-                    }
-                    acc.finish()
-                };
-                let s = _mm512_set1_ps(s);
-                map_row(gp, op, n, |gv, i| {
-                    let yv = if i + 16 <= n {
-                        S::load(yp.add(i))
-                    } else {
-                        S::load_tail(yp.add(i), n - i, zero)
-                    };
-                    if LOG {
-                        _mm512_sub_ps(gv, _mm512_mul_ps(exp(_mm512_sub_ps(yv, zero)), s))
-                    } else {
-                        _mm512_mul_ps(yv, _mm512_sub_ps(gv, s))
-                    }
-                });
-            }
-        }
-    }
-}
-
-row_kernel! {
-    /// Layer norm of each row of `n` elements: `mean = wide_sum(x) / n`,
-    /// `var = wide_sum((x - mean)²) / n`, `rstd = 1 / sqrt(var + eps)`, then
-    /// `y = (x - mean) * rstd`, times `w` and plus `b` when given (float32, `n` each),
-    /// rounded once. The statistics of row `k` go to `mean[k]`, `rstd[k]`. A 16-bit row
-    /// of at most [`STACK_ROW`] elements is widened once into float32 scratch (the three
-    /// passes would each widen it again); longer rows read their storage three times.
-    ///
-    /// # Safety
-    /// As [`softmax_rows`]; `mean` and `rstd` hold one value per row.
-    #[allow(clippy::too_many_arguments)]
-    layer_norm_rows, layer_norm_rows_ne, [S: Lane], (
-        x: &[S],
-        out: &mut [MaybeUninit<S>],
-        n: usize,
-        eps: f32,
-        w: Option<&[f32]>,
-        b: Option<&[f32]>,
-        mean: &mut [f32],
-        rstd: &mut [f32],
-    ) {
-        let nc = n as f32;
-        let wp = w.map(|w| w[..n].as_ptr());
-        let bp = b.map(|b| b[..n].as_ptr());
-        let mut stack = [MaybeUninit::<f32>::uninit(); STACK_ROW];
-        let widen = !S::F32 && n <= STACK_ROW;
-        let buf: *mut f32 = stack.as_mut_ptr().cast();
-        // One row read from `$xp` (the storage, or the widened scratch), written to `$op`.
-        // The closures are written here so that they have this function's features.
-        macro_rules! row {
-            ($xp:expr, $op:expr, $k:expr) => {{
-                let (xp, op) = ($xp, $op);
-                let mu = wide_sum(xp, n, |v| v) / nc;
-                let muv = _mm512_set1_ps(mu);
-                let var = wide_sum(xp, n, |v| {
-                    let d = _mm512_sub_ps(v, muv);
-                    _mm512_mul_ps(d, d)
-                }) / nc;
-                let rs = 1.0 / (var + eps).sqrt();
-                (mean[$k], rstd[$k]) = (mu, rs);
-                let rsv = _mm512_set1_ps(rs);
-                let param = |p: *const f32, i: usize| {
-                    if i + 16 <= n {
-                        f32::load(p.add(i))
-                    } else {
-                        f32::load_tail(p.add(i), n - i, _mm512_setzero_ps())
-                    }
-                };
-                map_row(xp, op, n, |v, i| {
-                    let y = _mm512_mul_ps(_mm512_sub_ps(v, muv), rsv);
-                    match (wp, bp) {
-                        (Some(w), Some(b)) => {
-                            _mm512_add_ps(_mm512_mul_ps(y, param(w, i)), param(b, i))
-                        }
-                        (Some(w), None) => _mm512_mul_ps(y, param(w, i)),
-                        (None, Some(b)) => _mm512_add_ps(y, param(b, i)),
-                        (None, None) => y,
-                    }
-                });
-            }};
-        }
-        for (k, (xr, or)) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)).enumerate() {
-            let op = or.as_mut_ptr().cast::<S>();
-            // SAFETY: every pointer covers `n` elements (`w` and `b` were cut to `n`;
-            // `buf` holds `STACK_ROW >= n` and is written before it is read); the
-            // features are this function's.
-            unsafe {
-                if widen {
-                    map_row(xr.as_ptr(), buf, n, |v, _| v);
-                    row!(buf.cast_const(), op, k);
-                } else {
-                    row!(xr.as_ptr(), op, k);
+                    f32::load_tail(p.add(i), n - i, _mm512_setzero_ps())
                 }
+            };
+            map_row(xp, op, n, |v, i| {
+                let y = _mm512_mul_ps(_mm512_sub_ps(v, muv), rsv);
+                match (wp, bp) {
+                    (Some(w), Some(b)) => _mm512_add_ps(_mm512_mul_ps(y, param(w, i)), param(b, i)),
+                    (Some(w), None) => _mm512_mul_ps(y, param(w, i)),
+                    (None, Some(b)) => _mm512_add_ps(y, param(b, i)),
+                    (None, None) => y,
+                }
+            });
+        }};
+    }
+    for (k, (xr, or)) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)).enumerate() {
+        let op = or.as_mut_ptr().cast::<S>();
+        // SAFETY: every pointer covers `n` elements (`w` and `b` were cut to `n`;
+        // `buf` holds `STACK_ROW >= n` and is written before it is read); the
+        // features are this function's.
+        unsafe {
+            if widen {
+                map_row(xr.as_ptr(), buf, n, |v, _| v);
+                row!(buf.cast_const(), op, k);
+            } else {
+                row!(xr.as_ptr(), op, k);
             }
         }
     }
@@ -811,22 +717,15 @@ fn run_rows<S: Lane + Send + Sync>(
     rows: usize,
     n: usize,
 ) {
-    let ne = has_bf16_ne();
     let body = |r0: usize, block: &mut [MaybeUninit<S>]| {
         let lo = r0 * n;
         let len = block.len();
         let part = |k: usize| ins.get(k).map_or(&[][..], |s| &s[lo..lo + len]);
         let (a, b) = (part(0), part(1));
-        // SAFETY: `line_rows` checked `available()` (and `ne` AVX512-BF16); the parts
-        // and the block have the same length, a multiple of `n > 0` (`b` is empty for
-        // the ops that take one input).
-        unsafe {
-            if let (true, Some(a), Some(b)) = (ne, as_ne(a), as_ne(b)) {
-                rows_block_ne(op, a, b, as_ne_mut(block).expect("bfloat16"), n);
-            } else {
-                rows_block(op, a, b, block, n);
-            }
-        }
+        // SAFETY: `line_rows` checked `available()`; the parts and the block have the
+        // same length, a multiple of `n > 0` (`b` is empty for the ops that take one
+        // input).
+        unsafe { rows_block(op, a, b, block, n) }
     };
     for_row_blocks(out, rows, n, &body);
 }
@@ -844,28 +743,6 @@ unsafe fn rows_block<S: Lane>(op: RowOp, a: &[S], b: &[S], out: &mut [MaybeUnini
             RowOp::LogSoftmax => log_softmax_rows(a, out, n),
             RowOp::SoftmaxBackward => softmax_backward_rows::<_, false>(a, b, out, n),
             RowOp::LogSoftmaxBackward => softmax_backward_rows::<_, true>(a, b, out, n),
-        }
-    }
-}
-
-/// [`rows_block`] on [`Bf16Ne`] lanes, with the kernels compiled for AVX512-BF16.
-///
-/// # Safety
-/// As [`rows_block`], and the CPU has AVX512-BF16.
-unsafe fn rows_block_ne(
-    op: RowOp,
-    a: &[Bf16Ne],
-    b: &[Bf16Ne],
-    out: &mut [MaybeUninit<Bf16Ne>],
-    n: usize,
-) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        match op {
-            RowOp::Softmax => softmax_rows_ne(a, out, n),
-            RowOp::LogSoftmax => log_softmax_rows_ne(a, out, n),
-            RowOp::SoftmaxBackward => softmax_backward_rows_ne::<_, false>(a, b, out, n),
-            RowOp::LogSoftmaxBackward => softmax_backward_rows_ne::<_, true>(a, b, out, n),
         }
     }
 }
@@ -952,7 +829,6 @@ pub(crate) fn layer_norm<T: Element>(
         let mut mean = amp_tensor::pool::try_zeroed::<f32>(rows)?;
         let mut rstd = amp_tensor::pool::try_zeroed::<f32>(rows)?;
         let (mp, rp) = (Stats(mean.as_mut_ptr()), Stats(rstd.as_mut_ptr()));
-        let has_ne = has_bf16_ne();
         macro_rules! typed {
             ($($S:ty),*) => {$(
                 if let Some(xs) = as_same::<T, $S>(x) {
@@ -969,14 +845,7 @@ pub(crate) fn layer_norm<T: Element>(
                         unsafe {
                             let m = std::slice::from_raw_parts_mut(mp.at(r0), k);
                             let r = std::slice::from_raw_parts_mut(rp.at(r0), k);
-                            match (has_ne, as_ne(xb)) {
-                                (true, Some(xn)) => layer_norm_rows_ne(
-                                    xn,
-                                    as_ne_mut(block).expect("bfloat16"),
-                                    n, eps, w, b, m, r,
-                                ),
-                                _ => layer_norm_rows(xb, block, n, eps, w, b, m, r),
-                            }
+                            layer_norm_rows(xb, block, n, eps, w, b, m, r);
                         }
                     };
                     for_row_blocks(o, rows, n, &body);
@@ -1084,8 +953,9 @@ mod same_as_portable {
                     (true, 19) => f32::INFINITY,
                     // A subnormal, and values whose softmax is subnormal in rows with
                     // a finite maximum near 5 (`exp` stops at -87.3, the division by
-                    // the sum goes below 2^-126): the `vcvtneps2bf16` rounding flushes
-                    // those, `Bf16Ne` must not.
+                    // the sum goes below 2^-126): the rounding to 16 bits must keep
+                    // those as the portable kernels do (`vcvtneps2bf16` would flush
+                    // them; a per-vector check to avoid it cost more than it saved).
                     (true, 23) => 1e-39,
                     (true, 29) => -81.0,
                     (true, 31) => -82.5,
