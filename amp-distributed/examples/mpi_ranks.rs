@@ -604,21 +604,23 @@ fn zero_checkpoint(g: Arc<dyn ProcessGroup>) -> Res {
         "the consolidated state dict did not load on one rank".into()
     })?;
 
-    let from_shard = ddp_model(&g, dtype)?;
-    copy_params(&original, &from_shard)?;
-    let mut opt_shard = ShardedOptimizer::new(from_shard.parameters(), g.clone(), adam_raw)?;
+    // A copy of the original model (its parameters after step 2) with a fresh
+    // sharded Adam.
+    let restart = || -> Res<(DistributedDataParallel<Mlp>, ShardedOptimizer<Adam>)> {
+        let model = ddp_model(&g, dtype)?;
+        copy_params(&original, &model)?;
+        let opt = ShardedOptimizer::new(model.parameters(), g.clone(), adam_raw)?;
+        Ok((model, opt))
+    };
+    let (from_shard, mut opt_shard) = restart()?;
     opt_shard.load_state_dict(&shard_sd)?;
-    let from_full = ddp_model(&g, dtype)?;
-    copy_params(&original, &from_full)?;
-    let mut opt_full = ShardedOptimizer::new(from_full.parameters(), g.clone(), adam_raw)?;
+    let (from_full, mut opt_full) = restart()?;
     opt_full.load_consolidated_state_dict(&consolidated)?;
     ensure(opt_full.state_dict() == shard_sd, || {
         "the consolidated state dict restored another shard".into()
     })?;
     // Without the state: a fresh Adam restarts its moments and lands elsewhere.
-    let fresh = ddp_model(&g, dtype)?;
-    copy_params(&original, &fresh)?;
-    let mut opt_fresh = ShardedOptimizer::new(fresh.parameters(), g.clone(), adam_raw)?;
+    let (fresh, mut opt_fresh) = restart()?;
 
     train(&original, &mut opt, rank, 2..4, dtype)?;
     train(&from_shard, &mut opt_shard, rank, 2..4, dtype)?;

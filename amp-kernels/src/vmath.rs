@@ -258,17 +258,7 @@ mod gelu512 {
     /// depend on where it sits.
     macro_rules! gelu_loop {
         ($name:ident, $S:ty, $zero:expr, $ld:expr, $st:expr) => {
-            gelu_loop!(
-                $name,
-                $S,
-                $zero,
-                $ld,
-                $st,
-                "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c"
-            );
-        };
-        ($name:ident, $S:ty, $zero:expr, $ld:expr, $st:expr, $features:literal) => {
-            #[target_feature(enable = $features)]
+            #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
             pub(crate) fn $name(x: &[$S], y: &mut [MaybeUninit<$S>]) {
                 let n = x.len().min(y.len());
                 // SAFETY: the features are this function's.

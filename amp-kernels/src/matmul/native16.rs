@@ -268,9 +268,8 @@ fn batched<T: Half, const LOAD: u8>(job: &Job<'_, T>, out: &mut [MaybeUninit<T>]
         return single::<T, LOAD>(job, &segs, out, job.input, true);
     }
     let threads = rayon::current_num_threads();
-    // A batch of at least two entries per thread runs whole entries per task even when
-    // each is large: the tasks then share no strip (a product split over the threads
-    // has its tasks wait for the strips another packs: 15% of a [32, 512, 64] bmm).
+    // Split products wait for the strips another task packs: 15% of a [32, 512, 64]
+    // bmm, hence `whole_entries`.
     if batch == 1
         || (m * n * k >= super::BIG_WORK && !super::whole_entries(batch))
         || m * n * k * batch < super::BATCH_PARALLEL_WORK
