@@ -453,23 +453,25 @@ fn zero(g: Arc<dyn ProcessGroup>) -> Res {
         for name in ["sgd", "adam"] {
             let replicated = ddp_model(&g, dtype)?;
             let sharded = ddp_model(&g, dtype)?;
-            let (mut ropt, mut zopt): (Box<dyn Optimizer>, Box<dyn Optimizer>) = match name {
-                "sgd" => (
-                    Box::new(sgd_raw(replicated.parameters())?),
+            // The same optimizer replicated, and sharded over the group.
+            fn both<O: Optimizer + 'static>(
+                replicated: &DistributedDataParallel<Mlp>,
+                sharded: &DistributedDataParallel<Mlp>,
+                g: &Arc<dyn ProcessGroup>,
+                make: fn(Vec<Tensor>) -> amp_optim::Result<O>,
+            ) -> Res<(Box<dyn Optimizer>, Box<dyn Optimizer>)> {
+                Ok((
+                    Box::new(make(replicated.parameters())?),
                     Box::new(ShardedOptimizer::new(
                         sharded.parameters(),
                         g.clone(),
-                        sgd_raw,
+                        make,
                     )?),
-                ),
-                _ => (
-                    Box::new(adam_raw(replicated.parameters())?),
-                    Box::new(ShardedOptimizer::new(
-                        sharded.parameters(),
-                        g.clone(),
-                        adam_raw,
-                    )?),
-                ),
+                ))
+            }
+            let (mut ropt, mut zopt) = match name {
+                "sgd" => both(&replicated, &sharded, &g, sgd_raw)?,
+                _ => both(&replicated, &sharded, &g, adam_raw)?,
             };
             train(&replicated, &mut *ropt, rank, 0..4, dtype)?;
             train(&sharded, &mut *zopt, rank, 0..4, dtype)?;
