@@ -805,9 +805,12 @@ fn run(p: Plan<'_>) -> Result<Tensor> {
     }
 }
 
-/// A plan on a CUDA device: each operand's matrices gathered into a contiguous batch,
-/// one strided-batched cuBLAS product (float32 accumulation), the batch summed for the
-/// reducing ops, then `beta * input + alpha * product` rounded once.
+/// A plan on a CUDA device: one strided-batched cuBLAS product (float32 accumulation)
+/// reading each operand in place when its matrices allow it (row-major or transposed,
+/// batch in arithmetic progression; else a gathered contiguous copy). The input of a
+/// fused op is copied into the output for cuBLAS to add (`beta * input + alpha *
+/// product` in the compute type, rounded once); the reducing ops sum the batch first
+/// and blend after.
 #[cfg(feature = "cuda")]
 fn run_device(p: &Plan<'_>) -> Result<Tensor> {
     use crate::cuda::route;
@@ -820,14 +823,8 @@ fn run_device(p: &Plan<'_>) -> Result<Tensor> {
             vec![s.offsets[0]; batch]
         }
     };
-    let a = route::gather_matrices(p.a, &offsets(&p.sa), (p.m, p.k), (p.sa.rs, p.sa.cs))?;
-    let b = route::gather_matrices(p.b, &offsets(&p.sb), (p.k, p.n), (p.sb.rs, p.sb.cs))?;
-    let mut prod = route::batched_product(&a, &b, (batch, p.m, p.k, p.n))?;
-    if p.reduce {
-        let wide = prod.to_dtype(route::compute_dtype(p.dtype))?;
-        prod = route::reduce("sum", &wide, &[true, false, false], false)?.to_dtype(p.dtype)?;
-    }
-    let prod = prod.reshape(p.out_dims.clone())?;
+    let a = route::product_operand(p.a, &offsets(&p.sa), (p.m, p.k), (p.sa.rs, p.sa.cs))?;
+    let b = route::product_operand(p.b, &offsets(&p.sb), (p.k, p.n), (p.sb.rs, p.sb.cs))?;
     let input = match &p.input {
         Some((t, layout)) if t.device().is_cpu() && t.rank() == 0 => {
             // A 0-dim host input (PyTorch lets it meet device tensors as a scalar).
@@ -841,7 +838,17 @@ fn run_device(p: &Plan<'_>) -> Result<Tensor> {
     if let Some((t, _)) = &input {
         crate::compute::ensure_same_device(p.op, &[p.a, t])?;
     }
-    route::blend(&prod, input.as_ref().map(|(t, l)| (t, l)), p.beta, p.alpha)
+    let input = input.as_ref().map(|(t, l)| (t, l));
+    let dims = (batch, p.m, p.k, p.n);
+    let operands = ((&a.0, a.1), (&b.0, b.1));
+    if !p.reduce {
+        let out = route::product(operands.0, operands.1, dims, input, p.alpha, p.beta)?;
+        return out.reshape(p.out_dims.clone());
+    }
+    let prod = route::product(operands.0, operands.1, dims, None, 1.0, 0.0)?;
+    let wide = prod.to_dtype(route::compute_dtype(p.dtype))?;
+    let prod = route::reduce("sum", &wide, &[true, false, false], false)?.to_dtype(p.dtype)?;
+    route::blend(&prod.reshape(p.out_dims.clone())?, input, p.beta, p.alpha)
 }
 
 /// The input of a fused op, gathered (in row-major output order) and converted to

@@ -353,8 +353,9 @@ impl Layout {
 impl Layout {
     /// Dims and strides with size-1 dims dropped and each dim merged into the next one
     /// when `stride[d] == stride[d + 1] * dim[d + 1]` (they then address memory as one
-    /// dim); at least one dim. The same elements in the same order.
-    fn coalesced(&self) -> (Vec<usize>, Vec<usize>) {
+    /// dim); at least one dim. The same elements in the same order (the CUDA kernels'
+    /// strided arguments are built from it).
+    pub fn coalesced(&self) -> (Vec<usize>, Vec<usize>) {
         let mut dims: Vec<usize> = Vec::with_capacity(self.rank());
         let mut strides: Vec<usize> = Vec::with_capacity(self.rank());
         for (&d, &s) in self.dims().iter().zip(&self.strides) {

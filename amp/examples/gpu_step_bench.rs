@@ -2,7 +2,11 @@
 //! and a float16-autocast convolution forward and backward (cuDNN), to set beside `gpu_step_bench_torch.py` (PyTorch, same model, same GPU): one
 //! `metric value unit` line per figure, or why it could not run.
 //!
-//! `cargo run --release -p amp --features cuda --example gpu_step_bench`
+//! `cargo run --release -p amp --features cuda --example gpu_step_bench [mlp] [conv]`
+//! (both workloads when none is named). After the timed calls, one more call of each
+//! workload runs between `cuProfilerStart` and `cuProfilerStop`, so that a profiler
+//! started with `--profile-from-start off` (`ncu`, as the GPU bundle's `run.sh` does)
+//! sees exactly one step's kernels.
 
 use std::time::Instant;
 
@@ -19,7 +23,9 @@ fn main() {
         println!("gpu_step_bench: not run: {e}");
         return;
     }
-    for amp in [false, true] {
+    let named: Vec<String> = std::env::args().skip(1).collect();
+    let wants = |w: &str| named.is_empty() || named.iter().any(|n| n == w);
+    for amp in [false, true].into_iter().filter(|_| wants("mlp")) {
         match step_ms(dev, amp) {
             Ok(ms) => println!(
                 "cuda_mlp_step_{}_ms {ms:.3} ms",
@@ -28,13 +34,16 @@ fn main() {
             Err(e) => println!("gpu_step_bench: {}: {e}", if amp { "amp" } else { "f32" }),
         }
     }
-    match conv_ms(dev) {
-        Ok(ms) => println!("cuda_conv2d_amp_f16_fwd_bwd_ms {ms:.3} ms"),
-        Err(e) => println!("gpu_step_bench: conv2d: {e}"),
+    if wants("conv") {
+        match conv_ms(dev) {
+            Ok(ms) => println!("cuda_conv2d_amp_f16_fwd_bwd_ms {ms:.3} ms"),
+            Err(e) => println!("gpu_step_bench: conv2d: {e}"),
+        }
     }
 }
 
-/// The median milliseconds of `f`, after 5 warm-up calls, over 20 calls.
+/// The median milliseconds of `f`, after 5 warm-up calls, over 20 calls; then one call
+/// more inside the profiler's capture range.
 fn median_ms(mut f: impl FnMut() -> Res<f64>) -> Res<f64> {
     for _ in 0..5 {
         f()?;
@@ -46,6 +55,14 @@ fn median_ms(mut f: impl FnMut() -> Res<f64>) -> Res<f64> {
         ts.push(t.elapsed().as_secs_f64() * 1e3);
     }
     ts.sort_by(f64::total_cmp);
+    use amp::tensor::cuda::cudarc::driver::sys::{cuProfilerStart, cuProfilerStop};
+    // SAFETY: both calls take no arguments and only mark the capture range of an
+    // attached profiler (without one they do nothing); the driver is loaded (the
+    // timed calls above ran on the device).
+    unsafe { cuProfilerStart() };
+    let profiled = f();
+    unsafe { cuProfilerStop() };
+    profiled?;
     Ok(ts[ts.len() / 2])
 }
 

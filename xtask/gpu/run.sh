@@ -101,6 +101,16 @@ section "kernel benchmark (ours)" 300 "$W/cuda_bench"
 section "kernel benchmark (PyTorch)" 300 python3 "$B/cuda_bench_torch.py"
 section "training step benchmark (ours)" 300 "$W/gpu_step_bench"
 section "training step benchmark (PyTorch)" 300 python3 "$B/gpu_step_bench_torch.py"
+# Where a step's time goes: every kernel of one MLP step (float32, then AMP) and of one
+# conv step, a CSV line each with its duration (Nsight Compute, one pass per kernel; the
+# program marks each step with cuProfilerStart/Stop; timings printed under it are not
+# figures).
+if command -v ncu >/dev/null; then
+    section "kernels of one training step (ncu)" 300 ncu --profile-from-start off --csv \
+        --metrics gpu__time_duration.sum "$W/gpu_step_bench"
+else
+    SUMMARY+=("SKIPPED  kernels of one training step (ncu not found)")
+fi
 
 # Last: the slowest sections (every kernel under memcheck).
 section "kernel tests under compute-sanitizer" 600 compute-sanitizer --tool memcheck --error-exitcode 9 \

@@ -192,16 +192,47 @@ pub fn reduce_rows(op: &str, x: &CudaStorage, rows: usize, n: usize) -> Result<C
     );
     let dc = x.context().clone();
     let out = CudaStorage::uninit(dc.device, x.dtype(), rows)?;
-    if rows > 0 {
-        let f = function(
-            &dc,
-            module("reduce"),
-            &format!("reduce_{op}_{}", float_suffix(OP, x.dtype())?),
-        )?;
-        let (xp, op_, r64, n64) = (x.device_ptr(), out.device_ptr(), rows as i64, n as i64);
-        amp_tensor::cuda_launch!(dc, f, rows_grid(rows), &xp, &op_, &r64, &n64);
+    if rows == 0 {
+        return Ok(out);
     }
+    let suffix = float_suffix(OP, x.dtype())?;
+    let (xp, op_, r64, n64) = (x.device_ptr(), out.device_ptr(), rows as i64, n as i64);
+    let splits = split_count(rows, n);
+    if splits == 1 {
+        let f = function(&dc, module("reduce"), &format!("reduce_{op}_{suffix}"))?;
+        amp_tensor::cuda_launch!(dc, f, rows_grid(rows), &xp, &op_, &r64, &n64);
+        return Ok(out);
+    }
+    let acc = if x.dtype() == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    };
+    let part = CudaStorage::uninit(dc.device, acc, rows * splits)?;
+    let (pp, s64) = (part.device_ptr(), splits as i64);
+    let f = function(&dc, module("reduce"), &format!("reduce_part_{op}_{suffix}"))?;
+    amp_tensor::cuda_launch!(dc, f, rows_grid(rows * splits), &xp, &pp, &r64, &n64, &s64);
+    let f = function(&dc, module("reduce"), &format!("reduce_fin_{op}_{suffix}"))?;
+    amp_tensor::cuda_launch!(dc, f, rows_grid(rows), &pp, &op_, &r64, &n64, &s64);
     Ok(out)
+}
+
+/// Blocks a split reduction aims at: enough to keep every multiprocessor of a large GPU
+/// (132 on an H100) streaming with several blocks each.
+const SPLIT_BLOCKS: usize = 1024;
+/// The fewest elements a block of a split reduction folds (below, the second launch
+/// costs more than the parallelism gains).
+const SPLIT_MIN: usize = 4096;
+
+/// Into how many chunks [`reduce_rows`] cuts each of `rows` rows of `n` elements: 1
+/// (one block per row) when the rows alone fill the device or are short, else enough
+/// chunks for about [`SPLIT_BLOCKS`] blocks of at least [`SPLIT_MIN`] elements. A
+/// function of the shape only, so results are the same on every device.
+pub fn split_count(rows: usize, n: usize) -> usize {
+    if rows >= SPLIT_BLOCKS {
+        return 1;
+    }
+    SPLIT_BLOCKS.div_ceil(rows).min(n / SPLIT_MIN).max(1)
 }
 
 /// Softmax (or log-softmax with `log`) over each row of a contiguous `[rows, n]`
@@ -516,6 +547,89 @@ fn with_blas<R>(
     with_handle(&HANDLES, dc, create, f)
 }
 
+/// How cuBLAS reads one operand of a batched product where it lies: matrix `i` of the
+/// batch starts `offset + i * batch_stride` elements into the buffer, and `ld` is the
+/// stride between its rows (row-major) or, when `column_major`, between its columns (a
+/// transposed view, passed to cuBLAS as a transpose instead of being copied).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatrixView {
+    /// Element offset of matrix 0 in the buffer.
+    pub offset: usize,
+    /// Elements between consecutive matrices (0: one matrix for the whole batch).
+    pub batch_stride: usize,
+    /// Stride of the major dimension.
+    pub ld: usize,
+    /// Element `(i, j)` at `i + j * ld` instead of `i * ld + j`.
+    pub column_major: bool,
+}
+
+impl MatrixView {
+    /// A contiguous row-major batch of `rows x cols` matrices.
+    pub fn contiguous(rows: usize, cols: usize) -> MatrixView {
+        MatrixView {
+            offset: 0,
+            batch_stride: rows * cols,
+            ld: cols.max(1),
+            column_major: false,
+        }
+    }
+
+    /// The `rows x cols` matrices starting at `offsets` (one per batch entry) with row
+    /// stride `rs` and column stride `cs`, when cuBLAS can read them in place: the
+    /// offsets in a non-decreasing arithmetic progression, one stride 1 (or its
+    /// dimension 1) and the other at least the extent it steps over. `None` otherwise
+    /// (gather a contiguous copy first).
+    pub fn of(
+        offsets: &[usize],
+        (rows, cols): (usize, usize),
+        (rs, cs): (usize, usize),
+    ) -> Option<MatrixView> {
+        let (&offset, rest) = offsets.split_first()?;
+        let batch_stride = match rest.first() {
+            None => 0,
+            Some(o1) => {
+                let step = o1.checked_sub(offset)?;
+                let even = offsets
+                    .windows(2)
+                    .all(|w| w[1].checked_sub(w[0]) == Some(step));
+                if !even {
+                    return None;
+                }
+                step
+            }
+        };
+        let (ld, column_major) = if (cs == 1 || cols <= 1) && (rows <= 1 || rs >= cols.max(1)) {
+            (if rows <= 1 { cols.max(1) } else { rs }, false)
+        } else if (rs == 1 || rows <= 1) && (cols <= 1 || cs >= rows.max(1)) {
+            (if cols <= 1 { rows.max(1) } else { cs }, true)
+        } else {
+            return None;
+        };
+        Some(MatrixView {
+            offset,
+            batch_stride,
+            ld,
+            column_major,
+        })
+    }
+
+    /// One past the largest element index read for `batch` matrices of `rows x cols`
+    /// (all at least 1), `None` on overflow.
+    fn end(&self, batch: usize, rows: usize, cols: usize) -> Option<usize> {
+        let (major, minor) = if self.column_major {
+            (cols, rows)
+        } else {
+            (rows, cols)
+        };
+        let last = (major - 1).checked_mul(self.ld)?.checked_add(minor - 1)?;
+        (batch - 1)
+            .checked_mul(self.batch_stride)?
+            .checked_add(self.offset)?
+            .checked_add(last)?
+            .checked_add(1)
+    }
+}
+
 /// Batched row-major matmul on cuBLAS: `c[i] = a[i] @ b[i]` for `batch` contiguous
 /// `[m, k]` and `[k, n]` matrices of one float dtype, giving contiguous `[batch, m, n]`.
 /// float16/bfloat16 inputs compute in float32 (`CUBLAS_COMPUTE_32F`, no TF32), float32 in
@@ -542,16 +656,76 @@ pub fn matmul(
             b.len()
         )
     );
+    if k == 0 {
+        return CudaStorage::zeros(a.device(), a.dtype(), batch * m * n);
+    }
+    let out = CudaStorage::uninit(a.device(), a.dtype(), batch * m * n)?;
+    let (va, vb) = (MatrixView::contiguous(m, k), MatrixView::contiguous(k, n));
+    matmul_views(a, va, b, vb, &out, (batch, m, k, n), 1.0, 0.0)?;
+    Ok(out)
+}
+
+/// `c[i] = alpha * a[i] @ b[i] + beta * c[i]` on cuBLAS for `batch` products of
+/// `[m, k] @ [k, n]`, the operands read in place through their views (no copy for
+/// transposed or batch-strided operands), `c` a contiguous `[batch, m, n]` buffer of
+/// the same dtype. The sum is computed in float32 for 16-bit dtypes (`c` read, scaled
+/// and added in float32, rounded once: PyTorch's `addmm` on CUDA), float64 for float64,
+/// no TF32. With `beta == 0`, `c` is not read (it may be uninitialised).
+///
+/// # Errors
+/// Dtype mismatches, `k == 0` (nothing for cuBLAS to do: the caller fills `c`), views
+/// reaching outside their buffers, sizes beyond cuBLAS's `int`, missing cuBLAS, device
+/// errors.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_views(
+    a: &CudaStorage,
+    va: MatrixView,
+    b: &CudaStorage,
+    vb: MatrixView,
+    c: &CudaStorage,
+    (batch, m, k, n): (usize, usize, usize, usize),
+    alpha: f64,
+    beta: f64,
+) -> Result<()> {
+    const OP: &str = "cuda matmul";
+    b.expect_dtype(OP, a.dtype())?;
+    c.expect_dtype(OP, a.dtype())?;
+    ensure!(
+        k > 0,
+        invalid(OP, "a product over k = 0 has no cuBLAS call")
+    );
+    ensure!(
+        c.len() == batch * m * n,
+        invalid(
+            OP,
+            "an output of {} elements for batch {batch} of [{m}, {n}]",
+            c.len()
+        )
+    );
+    if batch == 0 || m == 0 || n == 0 {
+        return Ok(());
+    }
+    for (s, v, (rows, cols), what) in [(a, va, (m, k), "left"), (b, vb, (k, n), "right")] {
+        ensure!(
+            v.end(batch, rows, cols).is_some_and(|end| end <= s.len()),
+            invalid(
+                OP,
+                "the {what} operand's view {v:?} of {batch} x [{rows}, {cols}] reaches past its {} elements",
+                s.len()
+            )
+        );
+    }
     let dc = device_context(a.device())?;
     let dtype = a.dtype();
-    let out = CudaStorage::zeros(dc.device, dtype, batch * m * n)?;
-    if batch == 0 || m == 0 || n == 0 || k == 0 {
-        return Ok(out);
-    }
     let int = |v: usize| {
         i32::try_from(v).map_err(|_| Error::invalid(OP, format!("size {v} exceeds cuBLAS int")))
     };
+    let long = |v: usize| {
+        i64::try_from(v).map_err(|_| Error::invalid(OP, format!("stride {v} exceeds cuBLAS int64")))
+    };
     let (mi, ki, ni, bi) = (int(m)?, int(k)?, int(n)?, int(batch)?);
+    let (lda, ldb) = (int(va.ld)?, int(vb.ld)?);
+    let (sa, sb, sc) = (long(va.batch_stride)?, long(vb.batch_stride)?, long(m * n)?);
     use blas_sys::cudaDataType_t as Dt;
     let (dt, compute) = match dtype {
         DType::F16 => (
@@ -572,39 +746,52 @@ pub fn matmul(
         ),
         dtype => return Err(Error::UnsupportedDType { op: OP, dtype }),
     };
-    let (one32, zero32, one64, zero64) = (1.0f32, 0.0f32, 1.0f64, 0.0f64);
-    let (alpha, beta): (*const c_void, *const c_void) = if dtype == DType::F64 {
-        (&one64 as *const f64 as _, &zero64 as *const f64 as _)
+    let (alpha32, beta32) = (alpha as f32, beta as f32);
+    let (alpha_p, beta_p): (*const c_void, *const c_void) = if dtype == DType::F64 {
+        (&alpha as *const f64 as _, &beta as *const f64 as _)
     } else {
-        (&one32 as *const f32 as _, &zero32 as *const f32 as _)
+        (&alpha32 as *const f32 as _, &beta32 as *const f32 as _)
     };
-    let (ap, bp, cp) = (a.device_ptr(), b.device_ptr(), out.device_ptr());
+    let elem = dtype.size_in_bytes() as u64;
+    let ap = a.device_ptr() + va.offset as u64 * elem;
+    let bp = b.device_ptr() + vb.offset as u64 * elem;
+    let cp = c.device_ptr();
+    let op = |v: MatrixView| {
+        if v.column_major {
+            blas_sys::cublasOperation_t::CUBLAS_OP_T
+        } else {
+            blas_sys::cublasOperation_t::CUBLAS_OP_N
+        }
+    };
     with_blas(&dc, |h| {
-        // Row-major C = A B is column-major C^T = B^T A^T: pass B first, n x m result.
-        // SAFETY: the pointers are live device buffers of the sizes checked above on
-        // this handle's device; alpha/beta are host scalars of the compute type.
+        // Row-major C = A B is column-major C^T = B^T A^T: B first, an n x m result. A
+        // row-major operand is its column-major transpose as it lies (OP_N); a
+        // column-major one is passed transposed (OP_T), with its own leading dimension.
+        // SAFETY: the pointers are live device buffers on this handle's device, and
+        // every element the views reach lies inside them (checked above); alpha/beta
+        // are host scalars of the compute type that outlive the call.
         unsafe {
             blas::gemm_strided_batched_ex(
                 h,
-                blas_sys::cublasOperation_t::CUBLAS_OP_N,
-                blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                op(vb),
+                op(va),
                 ni,
                 mi,
                 ki,
-                alpha,
+                alpha_p,
                 bp as *const c_void,
                 dt,
-                ni,
-                (k * n) as i64,
+                ldb,
+                sb,
                 ap as *const c_void,
                 dt,
-                ki,
-                (m * k) as i64,
-                beta,
+                lda,
+                sa,
+                beta_p,
                 cp as *mut c_void,
                 dt,
                 ni,
-                (m * n) as i64,
+                sc,
                 bi,
                 compute,
                 blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
@@ -615,6 +802,5 @@ pub fn matmul(
             device: dc.device,
             source: SharedError::new(e),
         })
-    })?;
-    Ok(out)
+    })
 }

@@ -380,17 +380,71 @@ pub(crate) fn gather_matrices(
     Ok(out)
 }
 
-/// `a @ b` for contiguous `[batch, m, k]` and `[batch, k, n]` device tensors on cuBLAS.
-pub(crate) fn batched_product(
-    a: &Tensor,
-    b: &Tensor,
+/// One operand of a device product as cuBLAS will read it: the tensor itself with its
+/// matrices' [`host::MatrixView`] when cuBLAS can read them in place (row-major or
+/// transposed, batch in arithmetic progression), else a gathered contiguous copy.
+pub(crate) fn product_operand(
+    t: &Tensor,
+    offsets: &[usize],
+    (rows, cols): (usize, usize),
+    (rs, cs): (usize, usize),
+) -> Result<(Tensor, host::MatrixView)> {
+    match host::MatrixView::of(offsets, (rows, cols), (rs, cs)) {
+        Some(v) => Ok((t.clone(), v)),
+        None => Ok((
+            gather_matrices(t, offsets, (rows, cols), (rs, cs))?,
+            host::MatrixView::contiguous(rows, cols),
+        )),
+    }
+}
+
+/// `alpha * a @ b + beta * input` for `batch` products `[m, k] @ [k, n]` on cuBLAS, as
+/// a contiguous `[batch, m, n]` device tensor: the operands read through their views,
+/// `input` (already broadcast to `[batch, m, n]` by its layout, in the operands' dtype)
+/// copied into the output for cuBLAS to scale and add in the compute type, rounded
+/// once. Without `input` (or `beta == 0`) the product alone, scaled by `alpha`.
+pub(crate) fn product(
+    (a, va): (&Tensor, host::MatrixView),
+    (b, vb): (&Tensor, host::MatrixView),
     (batch, m, k, n): (usize, usize, usize, usize),
+    input: Option<(&Tensor, &Layout)>,
+    alpha: f64,
+    beta: f64,
 ) -> Result<Tensor> {
     floating("mm", a.dtype(), a.device())?;
-    let sa = a.storage();
-    let sb = b.storage();
-    let out = host::matmul(sa.cuda()?, sb.cuda()?, batch, m, k, n)?;
-    wrap(out, &[batch, m, n])
+    let dt = a.dtype();
+    let input = input.filter(|_| beta != 0.0);
+    let c = match input {
+        Some((t, layout)) => {
+            let st = t.storage();
+            amp_tensor::cuda::launch::cast(st.cuda()?, layout, dt)?
+        }
+        None if k == 0 => CudaStorage::zeros(a.device(), dt, batch * m * n)?,
+        None => CudaStorage::uninit(a.device(), dt, batch * m * n)?,
+    };
+    if k == 0 {
+        // An empty sum: the product is zero, the output `beta * input`.
+        let out = wrap(c, &[batch, m, n])?;
+        return match input {
+            Some(_) if beta != 1.0 => {
+                scalar_op("mul", &out.to_dtype(compute_dtype(dt))?, beta, false)?.to_dtype(dt)
+            }
+            _ => Ok(out),
+        };
+    }
+    let beta = if input.is_some() { beta } else { 0.0 };
+    let (sa, sb) = (a.storage(), b.storage());
+    host::matmul_views(
+        sa.cuda()?,
+        va,
+        sb.cuda()?,
+        vb,
+        &c,
+        (batch, m, k, n),
+        alpha,
+        beta,
+    )?;
+    wrap(c, &[batch, m, n])
 }
 
 /// `beta * input + alpha * product` (float32 for 16-bit, one rounding), `input`

@@ -128,23 +128,62 @@ AMP_FOR_FLOATS(AMP_BINARY, div) AMP_FOR_FLOATS(AMP_BINARY, maximum) AMP_FOR_FLOA
 AMP_FOR_FLOATS(AMP_BINARY, pow) AMP_FOR_FLOATS(AMP_BINARY, threshold_bwd) AMP_FOR_FLOATS(AMP_BINARY, gelu_bwd)
 "#;
 
-/// Row reductions: a contiguous `[rows, n]` input to `rows` outputs, one block per row,
-/// accumulated in float32 for 16-bit types (float64 for float64), NaN-propagating
-/// max/min; `mean` divides the sum by `n` in the accumulation type.
+/// Row reductions: a contiguous `[rows, n]` input to `rows` outputs, accumulated in
+/// float32 for 16-bit types (float64 for float64), NaN-propagating max/min; `mean`
+/// divides the sum by `n` in the accumulation type.
+///
+/// * `reduce_<op>_<dtype>`: one block per row (enough rows to fill the device).
+/// * `reduce_part_<op>_<dtype>` then `reduce_fin_<op>_<dtype>`: few long rows. Each row
+///   is cut into `splits` equal chunks, one block each, whose results go to a partial
+///   buffer in the accumulation type; the second kernel folds each row's partials in
+///   order (`mean`'s first pass is the sum's). The cut depends only on `rows` and `n`
+///   (the host's `split_count`), so a result does not depend on the device.
 pub const REDUCE: &str = r#"
+/* Fold x[lo..hi) of one row into the block's value: each thread takes every
+   blockDim.x-th element; unrolled so that several loads are in flight. */
+template <typename T, typename R>
+__device__ typename Num<T>::acc fold_range(const T* __restrict__ row, i64 lo, i64 hi) {
+    typedef typename Num<T>::acc A;
+    A v = R::identity();
+#pragma unroll 4
+    for (i64 j = lo + threadIdx.x; j < hi; j += blockDim.x) v = R::op(v, Num<T>::load(row[j]));
+    return block_reduce<A, R>(v);
+}
 template <typename T, template <typename> class R, bool MEAN>
 __device__ void reduce_rows(const T* __restrict__ x, T* __restrict__ out, i64 rows, i64 n) {
     typedef typename Num<T>::acc A;
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
-        const T* row = x + r * n;
-        A v = R<A>::identity();
-        for (i64 j = threadIdx.x; j < n; j += blockDim.x) v = R<A>::op(v, Num<T>::load(row[j]));
-        v = block_reduce<A, R<A> >(v);
+        A v = fold_range<T, R<A> >(x + r * n, 0, n);
+        if (threadIdx.x == 0) out[r] = Num<T>::store(MEAN ? v / (A)n : v);
+    }
+}
+template <typename T, template <typename> class R>
+__device__ void reduce_part(const T* __restrict__ x, typename Num<T>::acc* __restrict__ part, i64 rows, i64 n,
+                            i64 splits) {
+    typedef typename Num<T>::acc A;
+    i64 chunk = (n + splits - 1) / splits;
+    for (i64 b = blockIdx.x; b < rows * splits; b += gridDim.x) {
+        i64 r = b / splits, lo = (b - r * splits) * chunk;
+        i64 hi = lo + chunk < n ? lo + chunk : n;
+        A v = fold_range<T, R<A> >(x + r * n, lo, hi);
+        if (threadIdx.x == 0) part[b] = v;
+    }
+}
+template <typename T, template <typename> class R, bool MEAN>
+__device__ void reduce_fin(const typename Num<T>::acc* __restrict__ part, T* __restrict__ out, i64 rows, i64 n,
+                           i64 splits) {
+    typedef typename Num<T>::acc A;
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        A v = fold_range<A, R<A> >(part + r * splits, 0, splits);
         if (threadIdx.x == 0) out[r] = Num<T>::store(MEAN ? v / (A)n : v);
     }
 }
 #define AMP_REDUCE(T, SUF, OP, R, MEAN) \
-    extern "C" __global__ void reduce_##OP##_##SUF(const T* x, T* out, i64 rows, i64 n) { reduce_rows<T, R, MEAN>(x, out, rows, n); }
+    extern "C" __global__ void reduce_##OP##_##SUF(const T* x, T* out, i64 rows, i64 n) { reduce_rows<T, R, MEAN>(x, out, rows, n); } \
+    extern "C" __global__ void reduce_part_##OP##_##SUF(const T* x, Num<T>::acc* part, i64 rows, i64 n, i64 splits) { \
+        reduce_part<T, R>(x, part, rows, n, splits); } \
+    extern "C" __global__ void reduce_fin_##OP##_##SUF(const Num<T>::acc* part, T* out, i64 rows, i64 n, i64 splits) { \
+        reduce_fin<T, R, MEAN>(part, out, rows, n, splits); }
 #define AMP_REDUCE_SUM(T, SUF, _) AMP_REDUCE(T, SUF, sum, RSum, false)
 #define AMP_REDUCE_MEAN(T, SUF, _) AMP_REDUCE(T, SUF, mean, RSum, true)
 #define AMP_REDUCE_MAX(T, SUF, _) AMP_REDUCE(T, SUF, max, RMax, false)
@@ -470,7 +509,12 @@ pub const MODULES: [Module; 9] = [
     Module {
         name: "reduce",
         body: REDUCE,
-        kernels: || per_op("reduce", &REDUCE_OPS),
+        kernels: || {
+            ["reduce", "reduce_part", "reduce_fin"]
+                .iter()
+                .flat_map(|f| per_op(f, &REDUCE_OPS))
+                .collect()
+        },
     },
     Module {
         name: "softmax",

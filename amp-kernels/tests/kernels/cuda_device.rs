@@ -213,8 +213,37 @@ fn reductions_softmax_layer_norm_matmul_match_the_host() {
     if !device_or_skip() {
         return;
     }
+    // One block per row, then few long rows cut into chunks (`split_count`), with a
+    // NaN in the last chunk of the second row, to cross the partial buffer.
+    for d in FLOATS {
+        for (rows, n) in [(3, 100_000), (1, (1 << 20) + 37)] {
+            assert!(k::split_count(rows, n) > 1, "{rows}x{n} is split");
+            let mut v = values(rows * n, 6);
+            if rows > 1 {
+                v[2 * n - 5] = f64::NAN;
+            }
+            let x = Tensor::from_vec(v, [rows, n]).unwrap().to_dtype(d).unwrap();
+            let dx = up(&x);
+            let red = [
+                ("sum", amp_kernels::sum(&x, &[1], false, None).unwrap()),
+                ("mean", amp_kernels::mean(&x, &[1], false, None).unwrap()),
+                ("max", amp_kernels::amax(&x, &[1], false).unwrap()),
+                ("min", amp_kernels::amin(&x, &[1], false).unwrap()),
+            ];
+            for (name, want) in red {
+                let got = down(&k::reduce_rows(name, &dx, rows, n).unwrap(), &[rows]);
+                close(
+                    &got.to_vec_f64(),
+                    &want.to_vec_f64(),
+                    4.0 * tol(d),
+                    &format!("{name} {rows}x{n} {d}"),
+                );
+            }
+        }
+    }
     for d in FLOATS {
         let (rows, n) = (7, 1000);
+        assert_eq!(k::split_count(rows, n), 1);
         let x = Tensor::from_vec(values(rows * n, 3), [rows, n])
             .unwrap()
             .to_dtype(d)
@@ -571,7 +600,55 @@ fn tensor_entries_route_to_the_device() {
             k,
             |t| kx::matmul(&t[0], &t[1].narrow(0, 0, 7).unwrap()).unwrap(),
         );
-        checked += 12;
+        // Operands cuBLAS reads in place (one side transposed, a column slice with a
+        // row stride above its width, a permuted batch) and one it cannot (a broadcast
+        // row: gathered); an empty sum; beta 0 ignoring a NaN input.
+        same_on_device(
+            &format!("mm one transposed {d}"),
+            vec![a.clone(), rand(&[3, 7], d, 15)],
+            k,
+            |t| kx::mm(&t[0], &t[1].t().unwrap()).unwrap(),
+        );
+        same_on_device(
+            &format!("mm column slice {d}"),
+            vec![rand(&[5, 9], d, 16), bm.clone()],
+            k,
+            |t| kx::mm(&t[0].narrow(1, 1, 7).unwrap(), &t[1]).unwrap(),
+        );
+        same_on_device(
+            &format!("bmm permuted batch {d}"),
+            vec![rand(&[5, 3, 7], d, 17), bb.clone()],
+            k,
+            |t| kx::bmm(&t[0].permute(&[1, 0, 2]).unwrap(), &t[1]).unwrap(),
+        );
+        same_on_device(
+            &format!("bmm transposed batch {d}"),
+            vec![ba.clone(), rand(&[3, 4, 7], d, 18)],
+            k,
+            |t| kx::bmm(&t[0], &t[1].transpose(1, 2).unwrap()).unwrap(),
+        );
+        same_on_device(
+            &format!("mm broadcast row {d}"),
+            vec![rand(&[1, 7], d, 19), bm.clone()],
+            k,
+            |t| kx::mm(&t[0].expand(&[5, 7]).unwrap(), &t[1]).unwrap(),
+        );
+        same_on_device(
+            &format!("addmm k=0 {d}"),
+            vec![c.clone(), rand(&[5, 0], d, 20), rand(&[0, 3], d, 21)],
+            1.0,
+            |t| kx::addmm(&t[0], &t[1], &t[2], 0.5, 2.0).unwrap(),
+        );
+        let mut nan_in = c.to_vec_f64();
+        nan_in[1] = f64::NAN;
+        let nan_in = Tensor::from_vec(nan_in, [3]).unwrap().to_dtype(d).unwrap();
+        same_on_device(
+            &format!("addmm beta 0 {d}"),
+            vec![nan_in, a.clone(), bm.clone()],
+            k,
+            |t| kx::addmm(&t[0], &t[1], &t[2], 0.0, 1.5).unwrap(),
+        );
+        checked += 19;
         // clamp with number and tensor bounds (NaN elements stay NaN), cat and stack.
         let mut xn = x.to_vec_f64();
         xn[3] = f64::NAN;

@@ -5,6 +5,7 @@
 mod api;
 mod conv;
 mod cuda_device;
+mod cuda_plans;
 mod elementwise;
 mod elementwise_perf;
 mod index;

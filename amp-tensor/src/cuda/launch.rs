@@ -151,12 +151,17 @@ pub fn float_suffix(op: &'static str, dtype: DType) -> Result<&'static str> {
     Ok(suffix(dtype))
 }
 
-/// A strided view as a kernel argument (`StridedArg` in the sources).
+/// A strided view as a kernel argument (`StridedArg` in the sources): its dims
+/// coalesced ([`Layout::coalesced`]: size-1 dims dropped, adjacent dims merged where the
+/// outer one steps exactly over the inner one, so a contiguous view is one dim), so that the device's
+/// `amp_offset` divides as little as it can; `narrow` when every linear index fits in
+/// 32 bits (the device then divides in 32-bit arithmetic).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct StridedArg {
     ndim: i64,
     offset: i64,
+    narrow: i64,
     dims: [i64; 8],
     strides: [i64; 8],
 }
@@ -164,15 +169,13 @@ pub struct StridedArg {
 unsafe impl DeviceRepr for StridedArg {}
 
 impl StridedArg {
+    /// The argument for the view `l`.
+    ///
+    /// # Errors
+    /// A view that keeps more than 8 dims after coalescing.
     pub fn of(op: &'static str, l: &Layout) -> Result<StridedArg> {
-        // Drop size-1 dims, merge nothing else: at most 8 dims reach the device.
-        let kept: Vec<(usize, usize)> = l
-            .dims()
-            .iter()
-            .zip(l.strides())
-            .filter(|(&d, _)| d != 1)
-            .map(|(&d, &s)| (d, s))
-            .collect();
+        let (dims, strides) = l.coalesced();
+        let kept: Vec<(usize, usize)> = dims.into_iter().zip(strides).collect();
         ensure!(
             kept.len() <= 8,
             invalid(
@@ -184,6 +187,7 @@ impl StridedArg {
         let mut a = StridedArg {
             ndim: kept.len() as i64,
             offset: l.offset() as i64,
+            narrow: i64::from(l.elem_count() <= u32::MAX as usize),
             dims: [1; 8],
             strides: [0; 8],
         };
@@ -192,6 +196,24 @@ impl StridedArg {
             a.strides[i] = s as i64;
         }
         Ok(a)
+    }
+
+    /// The number of dims the device walks (after coalescing; at least 1).
+    pub fn ndim(&self) -> usize {
+        self.ndim as usize
+    }
+
+    /// The buffer offset of the view's element `linear` (row-major order), computed as
+    /// the device's `amp_offset` computes it from this argument: the host twin that
+    /// tests hold against the layout's own offsets.
+    pub fn element_offset(&self, linear: usize) -> usize {
+        let mut rest = linear as i64;
+        let mut off = self.offset;
+        for d in (0..self.ndim as usize).rev() {
+            off += rest % self.dims[d] * self.strides[d];
+            rest /= self.dims[d];
+        }
+        off as usize
     }
 }
 

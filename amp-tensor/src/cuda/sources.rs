@@ -103,11 +103,25 @@ __device__ __forceinline__ double amp_pos_inf(double) { return __longlong_as_dou
 struct StridedArg {
     i64 ndim;
     i64 offset;
+    i64 narrow;
     i64 dims[AMP_MAX_DIMS];
     i64 strides[AMP_MAX_DIMS];
 };
+/* The buffer offset of the view's element `linear` (row-major order). The host merges
+   the dims as far as it can (`StridedArg::of`): a contiguous view is one dim and needs
+   no division; a view of under 2^32 elements (`narrow`) divides in 32 bits. */
 __device__ __forceinline__ i64 amp_offset(const StridedArg& a, i64 linear) {
+    if (a.ndim == 1) return a.offset + linear * a.strides[0];
     i64 off = a.offset;
+    if (a.narrow) {
+        unsigned l = (unsigned)linear;
+        for (int d = (int)a.ndim - 1; d >= 0; --d) {
+            unsigned sz = (unsigned)a.dims[d];
+            off += (i64)(l % sz) * a.strides[d];
+            l /= sz;
+        }
+        return off;
+    }
     for (int d = (int)a.ndim - 1; d >= 0; --d) {
         i64 sz = a.dims[d];
         i64 idx = linear % sz;
