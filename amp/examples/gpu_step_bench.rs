@@ -61,6 +61,7 @@ fn median_ms(mut f: impl FnMut() -> Res<f64>) -> Res<f64> {
     // timed calls above ran on the device).
     unsafe { cuProfilerStart() };
     let profiled = f();
+    // SAFETY: as above.
     unsafe { cuProfilerStop() };
     profiled?;
     Ok(ts[ts.len() / 2])
