@@ -631,7 +631,7 @@ fn tensor_entries_route_to_the_device() {
             &format!("mm broadcast row {d}"),
             vec![rand(&[1, 7], d, 19), bm.clone()],
             k,
-            |t| kx::mm(&t[0].expand(&[5, 7]).unwrap(), &t[1]).unwrap(),
+            |t| kx::mm(&t[0].expand([5, 7]).unwrap(), &t[1]).unwrap(),
         );
         same_on_device(
             &format!("addmm k=0 {d}"),
