@@ -55,15 +55,7 @@ fn median_ms(mut f: impl FnMut() -> Res<f64>) -> Res<f64> {
         ts.push(t.elapsed().as_secs_f64() * 1e3);
     }
     ts.sort_by(f64::total_cmp);
-    use amp::tensor::cuda::cudarc::driver::sys::{cuProfilerStart, cuProfilerStop};
-    // SAFETY: both calls take no arguments and only mark the capture range of an
-    // attached profiler (without one they do nothing); the driver is loaded (the
-    // timed calls above ran on the device).
-    unsafe { cuProfilerStart() };
-    let profiled = f();
-    // SAFETY: as above.
-    unsafe { cuProfilerStop() };
-    profiled?;
+    in_capture_range(f)?;
     Ok(ts[ts.len() / 2])
 }
 
@@ -84,6 +76,25 @@ fn conv_ms(dev: Device) -> Res<f64> {
         s.backward()?;
         Ok(s.item_f64()?)
     })
+}
+
+/// `f()` between `cuProfilerStart` and `cuProfilerStop` (without the `cuda` feature
+/// there is no device and nothing to mark).
+fn in_capture_range<T>(f: impl FnOnce() -> T) -> T {
+    #[cfg(feature = "cuda")]
+    {
+        use amp::tensor::cuda::cudarc::driver::sys::{cuProfilerStart, cuProfilerStop};
+        // SAFETY: both calls take no arguments and only mark the capture range of an
+        // attached profiler (without one they do nothing); the driver is loaded (the
+        // timed calls before this one ran on the device).
+        unsafe { cuProfilerStart() };
+        let out = f();
+        // SAFETY: as above.
+        unsafe { cuProfilerStop() };
+        out
+    }
+    #[cfg(not(feature = "cuda"))]
+    f()
 }
 
 /// The median milliseconds of one training step (forward, backward, SGD with momentum,
