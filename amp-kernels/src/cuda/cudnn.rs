@@ -376,10 +376,13 @@ fn run(pass: Pass, a: &CudaStorage, b: &CudaStorage, spec: &ConvSpec) -> Result<
         ));
     }
     let dc = device_context(a.device())?;
-    let out = CudaStorage::zeros(dc.device, dtype, ConvSpec::numel(out_dims))?;
-    if a.is_empty() || b.is_empty() || out.is_empty() {
-        return Ok(out);
+    let len = ConvSpec::numel(out_dims);
+    if a.is_empty() || b.is_empty() || len == 0 {
+        // An empty sum (or nothing to write): zeros.
+        return CudaStorage::zeros(dc.device, dtype, len);
     }
+    // beta = 0: cuDNN writes every element without reading the output.
+    let out = CudaStorage::uninit(dc.device, dtype, len)?;
     let desc = Descriptors::new(spec, dtype, dc.device)?;
     let (one32, zero32, one64, zero64) = (1.0f32, 0.0f32, 1.0f64, 0.0f64);
     let (alpha, beta): (*const c_void, *const c_void) = if dtype == DType::F64 {
