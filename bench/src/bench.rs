@@ -199,17 +199,20 @@ pub struct Options {
     filter: Option<String>,
     compare: Option<String>,
     sweep: bool,
+    with_torch: bool,
     out: Option<String>,
 }
 
 impl Options {
-    /// Parse `[--sweep] [--json] [--filter SUBSTR] [--compare FILE.json] [--out DIR]`.
+    /// Parse `[--sweep] [--json] [--filter SUBSTR] [--compare FILE.json | --with-torch]
+    /// [--out DIR]`.
     pub fn parse(args: &[String]) -> Result<Options, String> {
         let mut o = Options {
             json: false,
             filter: None,
             compare: None,
             sweep: false,
+            with_torch: false,
             out: None,
         };
         let mut it = args.iter();
@@ -217,6 +220,7 @@ impl Options {
             match a.as_str() {
                 "--json" => o.json = true,
                 "--sweep" => o.sweep = true,
+                "--with-torch" => o.with_torch = true,
                 "--out" => o.out = Some(it.next().ok_or("--out needs a folder")?.clone()),
                 "--filter" => {
                     o.filter = Some(it.next().ok_or("--filter needs a substring")?.clone())
@@ -230,6 +234,12 @@ impl Options {
         if o.out.is_some() && !o.sweep {
             return Err("--out is an option of --sweep".into());
         }
+        if o.with_torch && !o.sweep {
+            return Err("--with-torch is an option of --sweep".into());
+        }
+        if o.with_torch && o.compare.is_some() {
+            return Err("--with-torch measures PyTorch itself: leave out --compare".into());
+        }
         Ok(o)
     }
 }
@@ -240,6 +250,7 @@ pub fn main(opts: &Options) -> ExitCode {
         let sweep = crate::sweep::SweepOptions {
             filter: opts.filter.clone(),
             compare: opts.compare.clone(),
+            with_torch: opts.with_torch,
             json: opts.json,
             out: opts.out.as_deref().unwrap_or("target/sweep").into(),
         };

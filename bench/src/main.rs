@@ -15,10 +15,12 @@ usage: cargo xtask bench [options]   (or: cargo run --release -p amp-bench -- [o
         (metric, value, unit); --json prints one JSON object {metric: number} instead;
         --filter keeps the metrics whose name contains SUBSTR; --compare reads a
         torch-baseline JSON and prints ours, PyTorch's and the ratio per shared metric
-  bench --sweep [--json] [--filter SUBSTR] [--compare FILE.json] [--out DIR]
+  bench --sweep [--json] [--filter SUBSTR] [--compare FILE.json | --with-torch] [--out DIR]
         the size sweep: mm, bmm, linear forward+backward, softmax, layer_norm, add, mul,
         gelu at n = 8..2048 in f32/bf16/f16 (products also f32 under bf16 autocast);
-        --compare reads `xtask/torch/torch-baseline --sweep` JSON; writes
+        --compare reads `xtask/torch/torch-baseline --sweep` JSON; --with-torch runs
+        `torch-baseline --sweep --serve` beside it and measures PyTorch and ours in
+        turn, entry by entry (PyTorch, ours, ours, PyTorch); writes
         DIR/<cpu flags>.json and .svg (DIR defaults to target/sweep; the repository
         keeps one per machine kind in xtask/sweeps)";
 

@@ -10,15 +10,23 @@
 //! that one call (PyTorch's float16 products on a CPU without float16 arithmetic: 43 s
 //! for one 2048³ `mm`).
 //!
-//! The run writes `<out>/<machine>.json` (ours, and PyTorch's when `--compare` gives
-//! them) and `<out>/<machine>.svg` (ours / PyTorch per size, one panel per op), where
+//! PyTorch's figures come either from a `torch-baseline --sweep` JSON (`--compare`), or,
+//! with `--with-torch`, from `torch-baseline --sweep --serve` run beside this process and
+//! asked for each entry in turn: PyTorch, ours, ours, PyTorch, each side's figure the
+//! median of its pooled rounds, so that both sides of a ratio are measured within a
+//! second or so of each other (on a shared host, two runs minutes apart differ by up to
+//! 2× on memory-bound entries). An entry whose first call is over [`SLOW_S`] is measured
+//! once per side.
+//!
+//! The run writes `<out>/<machine>.json` (ours, and PyTorch's when compared) and `<out>/<machine>.svg` (ours / PyTorch per size, one panel per op), where
 //! `<machine>` is the CPU flags the kernels choose by; `xtask/sweeps/` keeps one per
 //! machine kind in the repository.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Write as _};
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
+use std::process::{Child, ChildStdin, ChildStdout, Command, ExitCode, Stdio};
 use std::time::Instant;
 
 use amp::prelude::*;
@@ -44,6 +52,8 @@ pub struct SweepOptions {
     pub filter: Option<String>,
     /// A `torch-baseline --sweep` JSON to compare with.
     pub compare: Option<String>,
+    /// Measure PyTorch beside us, entry by entry (`torch-baseline --sweep --serve`).
+    pub with_torch: bool,
     /// Print the JSON object instead of the table.
     pub json: bool,
     /// Where the JSON and the picture go.
@@ -58,9 +68,32 @@ struct Timing {
     max_s: f64,
     reps: usize,
     rounds: usize,
+    /// The time per call of each round, ascending (empty when read from a file that
+    /// did not keep them).
+    times: Vec<f64>,
 }
 
 impl Timing {
+    /// The timing of the given rounds (at least one).
+    fn of_rounds(mut times: Vec<f64>, reps: usize) -> Timing {
+        times.sort_by(f64::total_cmp);
+        Timing {
+            s: times[times.len() / 2],
+            min_s: times[0],
+            max_s: times[times.len() - 1],
+            reps,
+            rounds: times.len(),
+            times,
+        }
+    }
+    /// Two measurements of one entry as one: the median of their pooled rounds.
+    fn pooled(a: Timing, b: Timing) -> Timing {
+        Timing::of_rounds([a.times, b.times].concat(), a.reps.min(b.reps))
+    }
+    /// A single slow call, the whole measurement.
+    fn is_one_call(&self) -> bool {
+        self.rounds == 1
+    }
     fn spread(&self) -> f64 {
         self.max_s / self.min_s - 1.0
     }
@@ -74,7 +107,70 @@ impl Timing {
                 .get("rounds")
                 .and_then(Value::as_u64)
                 .unwrap_or(ROUNDS as u64) as usize,
+            times: v
+                .get("times")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_f64).collect())
+                .unwrap_or_default(),
         })
+    }
+}
+
+/// PyTorch measuring on demand: `torch-baseline --sweep --serve`, asked one key per line.
+struct TorchServer {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl TorchServer {
+    /// Start the script beside this crate (`xtask/torch/torch-baseline`).
+    fn start() -> Result<TorchServer, String> {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../xtask/torch/torch-baseline");
+        let mut child = Command::new(&script)
+            .args(["--sweep", "--serve"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", script.display()))?;
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().expect("piped"));
+        Ok(TorchServer {
+            child,
+            stdin,
+            stdout,
+        })
+    }
+
+    /// PyTorch's timing of `key`, `None` when it has no such entry.
+    fn measure(&mut self, key: &str) -> Result<Option<Timing>, String> {
+        let stdin = self.stdin.as_mut().expect("open until drop");
+        writeln!(stdin, "{key}")
+            .and_then(|_| stdin.flush())
+            .map_err(|e| format!("torch-baseline --serve: {e}"))?;
+        let mut line = String::new();
+        self.stdout
+            .read_line(&mut line)
+            .map_err(|e| format!("torch-baseline --serve: {e}"))?;
+        if line.is_empty() {
+            return Err(format!("torch-baseline --serve ended before answering {key}"));
+        }
+        let v: Value = serde_json::from_str(&line)
+            .map_err(|e| format!("torch-baseline --serve answered {line:?}: {e}"))?;
+        if v.get("missing").is_some() {
+            return Ok(None);
+        }
+        Timing::from_json(&v)
+            .map(Some)
+            .ok_or_else(|| format!("torch-baseline --serve: {key}: no timing in {line:?}"))
+    }
+}
+
+impl Drop for TorchServer {
+    fn drop(&mut self) {
+        // End of input ends the script's loop.
+        drop(self.stdin.take());
+        let _ = self.child.wait();
     }
 }
 
@@ -84,13 +180,7 @@ fn measure(mut f: impl FnMut()) -> Timing {
     f();
     let first = t.elapsed().as_secs_f64();
     if first > SLOW_S {
-        return Timing {
-            s: first,
-            min_s: first,
-            max_s: first,
-            reps: 1,
-            rounds: 1,
-        };
+        return Timing::of_rounds(vec![first], 1);
     }
     let t = Instant::now();
     f();
@@ -99,7 +189,7 @@ fn measure(mut f: impl FnMut()) -> Timing {
     for _ in 0..reps {
         f();
     }
-    let mut rounds: Vec<f64> = (0..ROUNDS)
+    let rounds: Vec<f64> = (0..ROUNDS)
         .map(|_| {
             let t = Instant::now();
             for _ in 0..reps {
@@ -108,14 +198,28 @@ fn measure(mut f: impl FnMut()) -> Timing {
             t.elapsed().as_secs_f64() / reps as f64
         })
         .collect();
-    rounds.sort_by(f64::total_cmp);
-    Timing {
-        s: rounds[ROUNDS / 2],
-        min_s: rounds[0],
-        max_s: rounds[ROUNDS - 1],
-        reps,
-        rounds: ROUNDS,
-    }
+    Timing::of_rounds(rounds, reps)
+}
+
+/// Ours and PyTorch's timing of one entry measured in turn: PyTorch, ours, ours,
+/// PyTorch, each side pooled (a single slow call is not repeated).
+fn interleaved(
+    server: &mut TorchServer,
+    key: &str,
+    mut run: impl FnMut(),
+) -> Result<(Timing, Option<Timing>), String> {
+    let torch = server.measure(key)?;
+    let ours = measure(&mut run);
+    let ours = if ours.is_one_call() {
+        ours
+    } else {
+        Timing::pooled(ours, measure(&mut run))
+    };
+    let torch = match torch {
+        Some(t) if !t.is_one_call() => server.measure(key)?.map(|u| Timing::pooled(t, u)),
+        t => t,
+    };
+    Ok((ours, torch))
 }
 
 /// One workload of the sweep: what it is, how much work a call does, and the call.
@@ -351,6 +455,17 @@ pub fn main(opts: &SweepOptions, isa: Value) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let mut server = if opts.with_torch {
+        match TorchServer::start() {
+            Ok(s) => Some(s),
+            Err(e) => {
+                eprintln!("xtask bench --sweep: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        None
+    };
     let machine = machine(&isa);
     eprintln!("xtask bench --sweep: machine {machine}, isa {isa}");
     let mut gen = Generator::new(0);
@@ -362,9 +477,21 @@ pub fn main(opts: &SweepOptions, isa: Value) -> ExitCode {
         };
         for mut w in workloads(n, &mut gen, &keep) {
             let key = format!("{}/{}/{n}", w.op, w.mode);
-            let ours = measure(&mut w.run);
+            let (ours, torch) = match server.as_mut() {
+                Some(s) => match interleaved(s, &key, &mut w.run) {
+                    Ok(both) => both,
+                    Err(e) => {
+                        eprintln!("xtask bench --sweep: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                },
+                None => (
+                    measure(&mut w.run),
+                    torch.as_ref().and_then(|t| t.get(&key).cloned()),
+                ),
+            };
             let e = Entry {
-                torch: torch.as_ref().and_then(|t| t.get(&key).cloned()),
+                torch,
                 key,
                 op: w.op,
                 mode: w.mode,
@@ -381,7 +508,7 @@ pub fn main(opts: &SweepOptions, isa: Value) -> ExitCode {
         eprintln!("xtask bench --sweep: no entry matches the filter");
         return ExitCode::FAILURE;
     }
-    let doc = to_json(&entries, &isa, &machine);
+    let doc = to_json(&entries, &isa, &machine, server.is_some());
     if opts.json {
         println!(
             "{}",
@@ -465,7 +592,7 @@ fn summary(entries: &[Entry]) -> String {
         .collect();
     let _ = writeln!(
         s,
-        "entries with a spread over {:.0}% (min-max of {ROUNDS} rounds): {} of {}{}{}",
+        "entries with a spread over {:.0}% (min-max of an entry's rounds): {} of {}{}{}",
         SPREAD_OK * 100.0,
         noisy.len(),
         entries.len(),
@@ -499,7 +626,8 @@ fn timing_json(t: &Timing) -> Value {
     json!({"s": t.s, "min_s": t.min_s, "max_s": t.max_s, "reps": t.reps, "rounds": t.rounds})
 }
 
-fn to_json(entries: &[Entry], isa: &Value, machine: &str) -> Value {
+/// The run as JSON; `interleaved` when PyTorch was measured beside us entry by entry.
+fn to_json(entries: &[Entry], isa: &Value, machine: &str, interleaved: bool) -> Value {
     let mut ours = Map::new();
     let mut torch = Map::new();
     for e in entries {
@@ -519,6 +647,7 @@ fn to_json(entries: &[Entry], isa: &Value, machine: &str) -> Value {
         "isa": isa,
         "threads": crate::bench::hardware_threads(),
         "rounds": ROUNDS,
+        "interleaved": interleaved,
         "entries": ours,
         "torch": torch,
     })

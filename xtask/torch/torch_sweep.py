@@ -5,6 +5,11 @@ same session and compare ratios, not absolute times:
     xtask/torch/torch-baseline --sweep > torch_sweep.json
     cargo xtask bench --sweep --compare torch_sweep.json
 
+With `--serve` it measures on demand, for `cargo xtask bench --sweep --with-torch`, which
+interleaves PyTorch's measurement of each entry with ours: it reads one key (`op/mode/n`)
+per line on standard input and answers one JSON line with that entry's timing (its round
+times in "times"), or {"missing": true}.
+
 Each entry is timed as sweep.rs times it: two calls to warm up and size the rounds, one
 untimed round, then ROUNDS rounds of `reps` calls each (a round lasts about ROUND_S); the
 figure is the median round's time per call, the spread is the slowest round over the
@@ -35,7 +40,8 @@ def measure(f):
     first = time.perf_counter() - t
     if first > SLOW_S:
         # one call is the measurement (float16 products without hardware support)
-        return {"s": first, "min_s": first, "max_s": first, "reps": 1, "rounds": 1}
+        return {"s": first, "min_s": first, "max_s": first, "reps": 1, "rounds": 1,
+                "times": [first]}
     t = time.perf_counter()
     f()
     one = time.perf_counter() - t
@@ -50,7 +56,7 @@ def measure(f):
         rounds.append((time.perf_counter() - t) / reps)
     rounds.sort()
     return {"s": rounds[len(rounds) // 2], "min_s": rounds[0], "max_s": rounds[-1], "reps": reps,
-            "rounds": ROUNDS}
+            "rounds": ROUNDS, "times": rounds}
 
 
 def data(shape, dtype, gen):
@@ -108,7 +114,30 @@ def workloads(n, gen):
     return out
 
 
+def serve():
+    """Answer `op/mode/n` lines with one JSON timing line each, until standard input ends."""
+    gen = torch.Generator().manual_seed(0)
+    size, table = None, {}
+    for line in sys.stdin:
+        key = line.strip()
+        if not key:
+            continue
+        n = int(key.rsplit("/", 1)[1])
+        if n != size:
+            table = {f"{op}/{mode}/{n}": (work, unit, f) for op, mode, work, unit, f in workloads(n, gen)}
+            size = n
+        if key in table:
+            work, unit, f = table[key]
+            m = measure(f)
+            m.update(work=work, unit=unit)
+        else:
+            m = {"missing": True}
+        print(json.dumps(m), flush=True)
+
+
 def main():
+    if sys.argv[1:] == ["--serve"]:
+        return serve()
     only = sys.argv[1] if len(sys.argv) > 1 else None
     gen = torch.Generator().manual_seed(0)
     entries = {}
@@ -120,6 +149,7 @@ def main():
             m = measure(f)
             m.update(work=work, unit=unit)
             entries[key] = m
+            del m["times"]
             print(f"  {key:<28} {m['s'] * 1e6:>12.2f} us", file=sys.stderr)
     print(json.dumps({"torch": torch.__version__, "threads": torch.get_num_threads(),
                       "entries": entries}, indent=1))
