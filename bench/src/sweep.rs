@@ -153,7 +153,9 @@ impl TorchServer {
             .read_line(&mut line)
             .map_err(|e| format!("torch-baseline --serve: {e}"))?;
         if line.is_empty() {
-            return Err(format!("torch-baseline --serve ended before answering {key}"));
+            return Err(format!(
+                "torch-baseline --serve ended before answering {key}"
+            ));
         }
         let v: Value = serde_json::from_str(&line)
             .map_err(|e| format!("torch-baseline --serve answered {line:?}: {e}"))?;
