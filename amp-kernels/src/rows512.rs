@@ -23,6 +23,7 @@
 //! [`available`] says whether the CPU runs them (AVX-512 F/BW/DQ/VL, FMA, F16C);
 //! [`line_rows`] and [`layer_norm`] run them over a whole tensor.
 
+use std::any::TypeId;
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
@@ -32,7 +33,6 @@ use amp_tensor::{Element, Result};
 use crate::reduce::{as_same, as_same_mut, for_row_blocks};
 
 use crate::half16::lanes::narrow_bf16_16;
-#[cfg(doc)]
 use crate::vmath;
 use crate::vmath::EXP_POLY;
 
@@ -491,6 +491,18 @@ const STACK_ROW: usize = 1024;
 /// multiple of `n > 0`.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
 pub(crate) unsafe fn softmax_rows<S: Lane>(x: &[S], out: &mut [MaybeUninit<S>], n: usize) {
+    let ne = TypeId::of::<S>() == TypeId::of::<bf16>() && vmath::has_bf16_ne();
+    // SAFETY: the caller's contract; `ne` only where the CPU has AVX512-BF16.
+    unsafe { softmax_rows_with(x, out, n, ne) }
+}
+
+/// [`softmax_rows`], rounding bfloat16 outputs with `vcvtneps2bf16` when `ne` (see
+/// [`scale_row_bf16_ne`]).
+///
+/// # Safety
+/// As [`softmax_rows`]; `ne` only for bfloat16 on a CPU with AVX512-BF16.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+unsafe fn softmax_rows_with<S: Lane>(x: &[S], out: &mut [MaybeUninit<S>], n: usize, ne: bool) {
     let mut stack = [MaybeUninit::<f32>::uninit(); STACK_ROW];
     let mut heap = Vec::new();
     let scratch: *mut f32 = if S::F32 {
@@ -525,9 +537,50 @@ pub(crate) unsafe fn softmax_rows<S: Lane>(x: &[S], out: &mut [MaybeUninit<S>], 
                 f32::store_tail(buf.add(i), k, e);
                 acc.add_tail(k, e);
             }
-            let inv = _mm512_set1_ps(1.0 / acc.finish());
-            map_row(buf.cast_const(), op, n, |e, _| _mm512_mul_ps(e, inv));
+            let inv = 1.0 / acc.finish();
+            if !(ne && scale_row_bf16_ne(buf, op.cast(), n, inv)) {
+                let inv = _mm512_set1_ps(inv);
+                map_row(buf.cast_const(), op, n, |e, _| _mm512_mul_ps(e, inv));
+            }
         }
+    }
+}
+
+/// `out[i] = bf16(buf[i] * inv)` for `n` elements, rounded by `vcvtneps2bf16` (one
+/// instruction where the integer rounding takes seven): `false` when a product is NaN
+/// or subnormal, which the instruction rounds differently (payload kept, subnormals
+/// flushed). The check is one `vfpclassps` per vector, gathered into a mask and read
+/// once at the end, so the caller writes the row again with the integer rounding only
+/// then, and the bits are always the integer rounding's. (A branch per vector instead
+/// was slower than the integer rounding.)
+///
+/// # Safety
+/// `buf` and `out` are valid for `n` elements; the CPU has AVX-512 and AVX512-BF16.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c,avx512bf16")]
+unsafe fn scale_row_bf16_ne(buf: *const f32, out: *mut bf16, n: usize, inv: f32) -> bool {
+    // fpclass categories: 0x01 quiet NaN, 0x80 signalling NaN, 0x20 subnormal.
+    const ODD: i32 = 0xA1;
+    // SAFETY: the loads and stores stay within `n` elements; the features are this
+    // function's.
+    unsafe {
+        let inv = _mm512_set1_ps(inv);
+        let mut bad: __mmask16 = 0;
+        let mut i = 0;
+        while i + 16 <= n {
+            let v = _mm512_mul_ps(_mm512_loadu_ps(buf.add(i)), inv);
+            bad |= _mm512_fpclass_ps_mask::<ODD>(v);
+            let h: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(v));
+            _mm256_storeu_si256(out.add(i).cast(), h);
+            i += 16;
+        }
+        if i < n {
+            let k = n - i;
+            let v = _mm512_mul_ps(_mm512_maskz_loadu_ps(low(k), buf.add(i)), inv);
+            bad |= _mm512_fpclass_ps_mask::<ODD>(v) & low(k);
+            let h: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(v));
+            _mm256_mask_storeu_epi16(out.add(i).cast(), low(k), h);
+        }
+        bad == 0
     }
 }
 
@@ -883,6 +936,44 @@ mod tests {
             _mm512_storeu_ps(out.as_mut_ptr(), r);
         }
         out
+    }
+
+    #[test]
+    fn bfloat16_softmax_rounds_with_vcvtneps2bf16_to_the_integer_rounding_bits() {
+        if !vmath::has_bf16_ne() {
+            eprintln!("skipped: no AVX512-BF16");
+            return;
+        }
+        // A row whose outputs are all normal (one instruction), and rows with a
+        // subnormal output or NaN, which the instruction would round differently:
+        // written again with the integer rounding.
+        let n = 37;
+        let mut x: Vec<f32> = (0..4 * n)
+            .map(|i| ((i * 7919) % 113) as f32 * 0.05 - 2.0)
+            .collect();
+        // Rows 1 and 2: zeros but one element, whose softmax (~e^-87 / 36) is a
+        // bfloat16 subnormal.
+        x[n..3 * n].fill(0.0);
+        x[n + 3] = -87.0;
+        x[2 * n + 30] = -86.0;
+        x[3 * n + 5] = f32::NAN;
+        let x: Vec<bf16> = x.into_iter().map(bf16::from_f32).collect();
+        let run = |ne: bool| -> Vec<u16> {
+            let mut out = vec![MaybeUninit::<bf16>::uninit(); x.len()];
+            // SAFETY: `available()` (implied by `has_bf16_ne`) and AVX512-BF16 checked;
+            // whole rows.
+            unsafe { softmax_rows_with(&x, &mut out, n, ne) };
+            // SAFETY: every element was written.
+            out.iter()
+                .map(|o| unsafe { o.assume_init() }.to_bits())
+                .collect()
+        };
+        let (fast, integer) = (run(true), run(false));
+        assert!(
+            integer[n + 3] != 0 && integer[n + 3] < 0x80,
+            "a subnormal output"
+        );
+        assert_eq!(fast, integer);
     }
 
     #[test]

@@ -362,6 +362,17 @@ pub(crate) fn has_gelu_table() -> bool {
     false
 }
 
+/// Whether the CPU also rounds to bfloat16 in one instruction (AVX512-BF16's
+/// `vcvtneps2bf16`), beside [`has_gelu_table`]'s features.
+pub(crate) fn has_bf16_ne() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        has_gelu_table() && std::arch::is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// Exact GELU straight from float32, bfloat16 or float16 storage into the same type
 /// (widened and rounded in registers as [`crate::half16`] does) with the AVX-512
 /// [`PHI`] table; `false` (nothing written) for other types or CPUs.
@@ -379,7 +390,7 @@ pub(crate) fn gelu_table<S: amp_tensor::Element>(x: &[S], y: &mut [MaybeUninit<S
             return true;
         }
         if let (Some(x), Some(y)) = (same::<S, bf16>(x), same_mut::<_, MaybeUninit<bf16>>(y)) {
-            if std::arch::is_x86_feature_detected!("avx512bf16") {
+            if has_bf16_ne() {
                 // SAFETY: and AVX512-BF16 (checked just above).
                 unsafe { gelu512::gelu_bf16_ne(x, y) };
                 return true;
