@@ -208,6 +208,27 @@ fn unary_and_binary_match_the_host() {
     }
 }
 
+/// `reduce_rows` of every op on the device against the host reduction of `x`
+/// (`[rows, n]`).
+fn row_reductions_match(x: &Tensor, rows: usize, n: usize) {
+    let (d, dx) = (x.dtype(), up(x));
+    let red = [
+        ("sum", amp_kernels::sum(x, &[1], false, None).unwrap()),
+        ("mean", amp_kernels::mean(x, &[1], false, None).unwrap()),
+        ("max", amp_kernels::amax(x, &[1], false).unwrap()),
+        ("min", amp_kernels::amin(x, &[1], false).unwrap()),
+    ];
+    for (name, want) in red {
+        let got = down(&k::reduce_rows(name, &dx, rows, n).unwrap(), &[rows]);
+        close(
+            &got.to_vec_f64(),
+            &want.to_vec_f64(),
+            4.0 * tol(d),
+            &format!("{name} {rows}x{n} {d}"),
+        );
+    }
+}
+
 #[test]
 fn reductions_softmax_layer_norm_matmul_match_the_host() {
     if !device_or_skip() {
@@ -223,22 +244,7 @@ fn reductions_softmax_layer_norm_matmul_match_the_host() {
                 v[2 * n - 5] = f64::NAN;
             }
             let x = Tensor::from_vec(v, [rows, n]).unwrap().to_dtype(d).unwrap();
-            let dx = up(&x);
-            let red = [
-                ("sum", amp_kernels::sum(&x, &[1], false, None).unwrap()),
-                ("mean", amp_kernels::mean(&x, &[1], false, None).unwrap()),
-                ("max", amp_kernels::amax(&x, &[1], false).unwrap()),
-                ("min", amp_kernels::amin(&x, &[1], false).unwrap()),
-            ];
-            for (name, want) in red {
-                let got = down(&k::reduce_rows(name, &dx, rows, n).unwrap(), &[rows]);
-                close(
-                    &got.to_vec_f64(),
-                    &want.to_vec_f64(),
-                    4.0 * tol(d),
-                    &format!("{name} {rows}x{n} {d}"),
-                );
-            }
+            row_reductions_match(&x, rows, n);
         }
     }
     for d in FLOATS {
@@ -248,22 +254,8 @@ fn reductions_softmax_layer_norm_matmul_match_the_host() {
             .unwrap()
             .to_dtype(d)
             .unwrap();
+        row_reductions_match(&x, rows, n);
         let dx = up(&x);
-        let red = [
-            ("sum", amp_kernels::sum(&x, &[1], false, None).unwrap()),
-            ("mean", amp_kernels::mean(&x, &[1], false, None).unwrap()),
-            ("max", amp_kernels::amax(&x, &[1], false).unwrap()),
-            ("min", amp_kernels::amin(&x, &[1], false).unwrap()),
-        ];
-        for (name, want) in red {
-            let got = down(&k::reduce_rows(name, &dx, rows, n).unwrap(), &[rows]);
-            close(
-                &got.to_vec_f64(),
-                &want.to_vec_f64(),
-                4.0 * tol(d),
-                &format!("{name} {d}"),
-            );
-        }
         for log in [false, true] {
             let got = down(&k::softmax_rows(&dx, rows, n, log).unwrap(), &[rows, n]);
             let want = if log {
