@@ -219,10 +219,10 @@ pub fn reduce_rows(op: &str, x: &CudaStorage, rows: usize, n: usize) -> Result<C
 
 /// Blocks a split reduction aims at: enough to keep every multiprocessor of a large GPU
 /// (132 on an H100) streaming with several blocks each.
-const SPLIT_BLOCKS: usize = 1024;
+pub const SPLIT_BLOCKS: usize = 1024;
 /// The fewest elements a block of a split reduction folds (below, the second launch
 /// costs more than the parallelism gains).
-const SPLIT_MIN: usize = 4096;
+pub const SPLIT_MIN: usize = 4096;
 
 /// Into how many chunks [`reduce_rows`] cuts each of `rows` rows of `n` elements: 1
 /// (one block per row) when the rows alone fill the device or are short, else enough
