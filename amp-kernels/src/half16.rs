@@ -453,9 +453,9 @@ fn operand<S: 'static, U: 'static>(o: Operand<'_, S>) -> Option<Operand<'_, U>> 
     })
 }
 
-/// `dst[i] = f(x[i], y[i])` for bfloat16 or float16 `S`, one pass in registers (every
-/// element of `dst` written); `false` (nothing written) when `S` is another type or the
-/// CPU lacks the SIMD features. Run operands are at least `dst.len()` long.
+/// `dst[i] = f(x[i], y[i])` for bfloat16, float16 or float32 `S`, one pass in registers
+/// (every element of `dst` written); `false` (nothing written) when `S` is another type
+/// or the CPU lacks the SIMD features. Run operands are at least `dst.len()` long.
 pub(crate) fn binary<S: Element>(
     x: Operand<'_, S>,
     y: Operand<'_, S>,
@@ -464,6 +464,18 @@ pub(crate) fn binary<S: Element>(
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
+        if TypeId::of::<S>() == TypeId::of::<f32>() && avx2() {
+            let (Some(x), Some(y), Some(d)) = (
+                operand::<S, f32>(x),
+                operand::<S, f32>(y),
+                cast_mut::<_, MaybeUninit<f32>>(dst),
+            ) else {
+                return false;
+            };
+            // SAFETY: `avx2()` checked the features.
+            unsafe { bin_f32_256(x, y, d, f) };
+            return true;
+        }
         let Some(w) = width() else { return false };
         if TypeId::of::<S>() == TypeId::of::<bf16>() {
             let (Some(x), Some(y), Some(d)) = (
@@ -500,24 +512,12 @@ pub(crate) fn binary<S: Element>(
             }
             return true;
         }
-        if TypeId::of::<S>() == TypeId::of::<f32>() && avx2() {
-            let (Some(x), Some(y), Some(d)) = (
-                operand::<S, f32>(x),
-                operand::<S, f32>(y),
-                cast_mut::<_, MaybeUninit<f32>>(dst),
-            ) else {
-                return false;
-            };
-            // SAFETY: `avx2()` checked the features.
-            unsafe { bin_f32_256(x, y, d, f) };
-            return true;
-        }
     }
     let _ = (x, y, dst, f);
     false
 }
 
-/// `dst[i] = f(x[i])` for bfloat16 or float16 `S` (see [`binary`]).
+/// `dst[i] = f(x[i])` for bfloat16, float16 or float32 `S` (see [`binary`]).
 pub(crate) fn unary<S: Element>(
     x: &[S],
     dst: &mut [MaybeUninit<S>],
@@ -525,6 +525,15 @@ pub(crate) fn unary<S: Element>(
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
+        if let (true, Some(x), Some(d)) = (
+            avx2(),
+            cast::<S, f32>(x),
+            cast_mut::<_, MaybeUninit<f32>>(dst),
+        ) {
+            // SAFETY: `avx2()` checked the features.
+            unsafe { un_f32_256(x, d, f) };
+            return true;
+        }
         let Some(w) = width() else { return false };
         if let (Some(x), Some(d)) = (cast::<S, bf16>(x), cast_mut::<_, MaybeUninit<bf16>>(dst)) {
             // SAFETY: `width()` checked the CPU has the features of the function called.
@@ -545,15 +554,6 @@ pub(crate) fn unary<S: Element>(
                     Width::Avx2 => un_f16_256(x, d, f),
                 }
             }
-            return true;
-        }
-        if let (true, Some(x), Some(d)) = (
-            avx2(),
-            cast::<S, f32>(x),
-            cast_mut::<_, MaybeUninit<f32>>(dst),
-        ) {
-            // SAFETY: `avx2()` checked the features.
-            unsafe { un_f32_256(x, d, f) };
             return true;
         }
     }

@@ -413,25 +413,23 @@ pub(crate) fn product(
 ) -> Result<Tensor> {
     floating("mm", a.dtype(), a.device())?;
     let dt = a.dtype();
+    if k == 0 {
+        // An empty sum (no cuBLAS call): the product is zero, the output `beta * input`
+        // (`alpha` scales nothing).
+        let zeros = wrap(
+            CudaStorage::zeros(a.device(), dt, batch * m * n)?,
+            &[batch, m, n],
+        )?;
+        return blend(&zeros, input, beta, 1.0);
+    }
     let input = input.filter(|_| beta != 0.0);
     let c = match input {
         Some((t, layout)) => {
             let st = t.storage();
             amp_tensor::cuda::launch::cast(st.cuda()?, layout, dt)?
         }
-        None if k == 0 => CudaStorage::zeros(a.device(), dt, batch * m * n)?,
         None => CudaStorage::uninit(a.device(), dt, batch * m * n)?,
     };
-    if k == 0 {
-        // An empty sum: the product is zero, the output `beta * input`.
-        let out = wrap(c, &[batch, m, n])?;
-        return match input {
-            Some(_) if beta != 1.0 => {
-                scalar_op("mul", &out.to_dtype(compute_dtype(dt))?, beta, false)?.to_dtype(dt)
-            }
-            _ => Ok(out),
-        };
-    }
     let beta = if input.is_some() { beta } else { 0.0 };
     let (sa, sb) = (a.storage(), b.storage());
     host::matmul_views(
