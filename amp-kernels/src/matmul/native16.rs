@@ -4,8 +4,16 @@
 //! # The kernel ladder
 //!
 //! A 16-bit product runs on the fastest [`Kernel16`] the CPU has for its dtype, chosen
-//! once per process from CPUID:
+//! once per process from CPUID (and, for AMX, Linux's permission):
 //!
+//! 0. **AMX** ([`Kernel16::Amx`], bfloat16 only, CPUs with AMX-TILE/AMX-BF16 on Linux):
+//!    `tdpbf16ps` multiplies a 16×32 bfloat16 tile of `A` by a 32×16 tile of `B` (VNNI
+//!    pairs) into a 16×16 float32 tile, 8192 multiply-adds per instruction. A 32×32
+//!    output block is four accumulator tiles, fed by two `A` and two `B` tiles per 32
+//!    inner indices. The tile data permission (`arch_prctl(ARCH_REQ_XCOMP_PERM,
+//!    XFEATURE_XTILEDATA)`) is requested once per process; where it is refused the rung
+//!    is absent. Products with fewer than [`AMX_MIN_ROWS`] rows run on the next rung
+//!    (a tile would be mostly padding).
 //! 1. **AVX-512 BF16** ([`Kernel16::Avx512Bf16`], bfloat16 only): `vdpbf16ps` multiplies
 //!    pairs of bfloat16 values exactly and adds them into float32 lanes, 32
 //!    multiply-adds per instruction, twice the float32 FMA's count.
@@ -23,15 +31,13 @@
 //! tile stay in registers for the full inner dimension and are rounded once, with
 //! `alpha` and `beta · input` applied on the way out.
 //!
-//! An AMX kernel (`tdpbf16ps`) belongs above the first rung; it is not built yet (it
-//! needs a machine with AMX to be verified on).
-//!
 //! # Exactness
 //!
 //! A 16-bit × 16-bit product is exact in float32 and every sum is rounded to float32, so
 //! a result differs from the widened path (and from PyTorch's) only by the order of the
 //! sums, except that `vdpbf16ps` treats subnormal inputs as zero and flushes subnormal
-//! sums to zero, as PyTorch's oneDNN kernels on the same instructions do. Rounding to
+//! sums to zero (so does `tdpbf16ps`), as PyTorch's oneDNN kernels on the same
+//! instructions do. Rounding to
 //! the output is PyTorch's: nearest even, NaN as `0x7FC0` for bfloat16, `vcvtps2ph`
 //! (the same bits as `half`'s conversion) for float16.
 //!
@@ -45,6 +51,12 @@
 //! zero lines; padded lanes of a tile are never stored. Summed products (`addbmm`) are
 //! packed as one long inner dimension, each batch entry padded to whole words on its
 //! own.
+//!
+//! The AMX rung packs `B` the same way (a strip of 32 columns is two `B` tiles side by
+//! side, read with a 128-byte row stride) and `A` in panels of 32 rows, each 16 pairs
+//! of inner indices stored as two row-major 16×16-word tiles (the layout `tileloadd`
+//! reads with a 64-byte stride). Both are padded with zero pairs to whole tiles of 16
+//! pairs.
 
 use std::cell::{Cell, RefCell};
 use std::mem::MaybeUninit;
@@ -63,10 +75,19 @@ pub const MR: usize = 8;
 pub const NR: usize = 32;
 /// `A` panels a worker packs and keeps in its cache at a time.
 const PANELS: usize = 4;
+/// Rows of an AMX output block (one AMX `A` panel: two tiles of 16 rows).
+const AMX_MR: usize = 32;
+/// Pairs of inner indices per AMX tile (a tile row is 64 bytes).
+const AMX_KP: usize = 16;
+/// The fewest output rows a product needs to run on AMX when no kernel is forced.
+pub const AMX_MIN_ROWS: usize = 16;
 
 /// A kernel a 16-bit matrix product can run on (see the module docs for the ladder).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kernel16 {
+    /// `tdpbf16ps` on AMX tiles (bfloat16 products; CPUs with AMX-BF16 whose OS grants
+    /// the tile data permission).
+    Amx,
     /// `vdpbf16ps` on packed bfloat16 pairs (bfloat16 products; CPUs with AVX-512 BF16).
     Avx512Bf16,
     /// float32 FMA tiles on operands widened while packed (both dtypes; CPUs with
@@ -78,11 +99,18 @@ pub enum Kernel16 {
 
 impl Kernel16 {
     /// Every kernel, fastest first.
-    pub const ALL: [Kernel16; 3] = [Kernel16::Avx512Bf16, Kernel16::Avx512Fma, Kernel16::Widened];
+    pub const ALL: [Kernel16; 4] = [
+        Kernel16::Amx,
+        Kernel16::Avx512Bf16,
+        Kernel16::Avx512Fma,
+        Kernel16::Widened,
+    ];
 
-    /// A short name (`avx512_bf16`, `avx512_fma`, `widened`), as the benchmark reports it.
+    /// A short name (`amx_bf16`, `avx512_bf16`, `avx512_fma`, `widened`), as the
+    /// benchmark reports it.
     pub fn name(self) -> &'static str {
         match self {
+            Kernel16::Amx => "amx_bf16",
             Kernel16::Avx512Bf16 => "avx512_bf16",
             Kernel16::Avx512Fma => "avx512_fma",
             Kernel16::Widened => "widened",
@@ -93,6 +121,7 @@ impl Kernel16 {
     pub fn supports(self, dtype: DType) -> bool {
         let half = matches!(dtype, DType::BF16 | DType::F16);
         match self {
+            Kernel16::Amx => dtype == DType::BF16 && has_amx(),
             Kernel16::Avx512Bf16 => dtype == DType::BF16 && has_avx512_bf16(),
             Kernel16::Avx512Fma => half && has_avx512(),
             Kernel16::Widened => half,
@@ -131,6 +160,13 @@ fn has_avx512_bf16() -> bool {
     {
         false
     }
+}
+
+/// AMX-TILE and AMX-BF16 (on top of [`has_avx512_bf16`], which the packing uses), with
+/// the tile data permission granted to this process: asked for once, on first use.
+fn has_amx() -> bool {
+    static AMX: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AMX.get_or_init(|| has_avx512_bf16() && x86::amx_permitted())
 }
 
 thread_local! {
@@ -177,8 +213,11 @@ pub fn with_kernel16<R>(kernel: Kernel16, f: impl FnOnce() -> R) -> Result<R> {
 /// when the product is wide enough that a tile's padding does not dominate (thinner
 /// products are memory-bound either way; the widened path handles them).
 pub(super) fn chosen(dtype: DType, m: usize, n: usize, k: usize) -> Option<Kernel16> {
-    let kernel = kernel16(dtype)?;
+    let mut kernel = kernel16(dtype)?;
     let forced = FORCED.get().is_some_and(|f| f.supports(dtype));
+    if kernel == Kernel16::Amx && !forced && m < AMX_MIN_ROWS {
+        kernel = Kernel16::Avx512Bf16;
+    }
     let fits = m * n * k >= super::SMALL_WORK && n >= NR / 2 && m >= MR / 2;
     (kernel != Kernel16::Widened && (forced || fits)).then_some(kernel)
 }
@@ -247,6 +286,7 @@ pub(super) fn product<T: Half>(
         T::DTYPE
     );
     match (kernel, T::F16) {
+        (Kernel16::Amx, _) => batched::<T, { x86::AMX }>(job, out),
         (Kernel16::Avx512Bf16, _) => batched::<T, { x86::RAW }>(job, out),
         (_, false) => batched::<T, { x86::FROM_BF16 }>(job, out),
         (_, true) => batched::<T, { x86::FROM_F16 }>(job, out),
@@ -303,8 +343,16 @@ fn single<T: Half, const LOAD: u8>(
     if m == 0 || n == 0 {
         return Ok(());
     }
+    let amx = LOAD == x86::AMX;
+    let mr = if amx { AMX_MR } else { MR };
     let kp_seg = k.div_ceil(step(LOAD));
-    let kp = kp_seg * segs.len();
+    // Words packed per line; AMX reads whole tiles of 16 pairs, the rest zero pairs.
+    let kp_used = kp_seg * segs.len();
+    let kp = if amx {
+        kp_used.next_multiple_of(AMX_KP)
+    } else {
+        kp_used
+    };
     let (xa, xb) = (T::bits(job.a), T::bits(job.b));
     let strips = n.div_ceil(NR);
     let strip_len = kp * NR;
@@ -313,7 +361,7 @@ fn single<T: Half, const LOAD: u8>(
     let parallel = parallel && work >= super::PARALLEL_WORK && threads > 1;
     // Row blocks of whole panels, at most `PANELS` each, and (in parallel) at least two
     // per thread, the panels spread evenly; a thin output is cut by strips as well.
-    let panels = m.div_ceil(MR);
+    let panels = m.div_ceil(mr);
     let mut row_blocks = panels.div_ceil(PANELS);
     if parallel {
         row_blocks = row_blocks.max((2 * threads).min(panels));
@@ -331,11 +379,25 @@ fn single<T: Half, const LOAD: u8>(
         for (seg, d) in segs.iter().zip(dst.chunks_mut(kp_seg * NR)) {
             // SAFETY: the operands lie in their buffers (checked by `product`); the
             // strip reads columns `j0..j0+w` and inner rows `0..k` of matrix `seg`.
-            unsafe { pack::<NR, LOAD>(xb, seg.1 + j0 * job.sb.cs, job.sb.cs, job.sb.rs, k, w, d) };
+            let (o, cs, rs) = (seg.1 + j0 * job.sb.cs, job.sb.cs, job.sb.rs);
+            // (AMX strips are `vdpbf16ps`'s: raw pairs.)
+            unsafe {
+                if amx {
+                    pack::<NR, { x86::RAW }>(xb, o, cs, rs, k, w, d)
+                } else {
+                    pack::<NR, LOAD>(xb, o, cs, rs, k, w, d)
+                }
+            };
+        }
+        dst[kp_used * NR..].fill(0);
+        if amx {
+            // SAFETY: AMX implies AVX-512 F (`has_amx`); the strip holds `kp` words of
+            // 32 lines, `kp` a multiple of 16.
+            unsafe { x86::amx_cols(dst) };
         }
     })?;
     let dst = SendPtr(out.as_mut_ptr().cast::<u16>());
-    let panel_len = kp * MR;
+    let panel_len = kp * mr;
     // A task's only allocation comes first, before it claims a strip, so a task that
     // cannot have it leaves no strip half-packed for the others to wait on.
     let task = |t: usize| -> Result<()> {
@@ -346,13 +408,24 @@ fn single<T: Half, const LOAD: u8>(
             .chunks_mut(panel_len)
             .enumerate()
         {
-            let r0 = (p0 + pi) * MR;
-            let h = MR.min(m - r0);
-            for (seg, d) in segs.iter().zip(d.chunks_mut(kp_seg * MR)) {
+            let r0 = (p0 + pi) * mr;
+            let h = mr.min(m - r0);
+            for (seg, d) in segs.iter().zip(d.chunks_mut(kp_seg * mr)) {
+                let (o, rs, cs) = (seg.0 + r0 * job.sa.rs, job.sa.rs, job.sa.cs);
                 // SAFETY: as for the strips: rows `r0..r0+h`, inner columns `0..k`.
                 unsafe {
-                    pack::<MR, LOAD>(xa, seg.0 + r0 * job.sa.rs, job.sa.rs, job.sa.cs, k, h, d)
+                    if amx {
+                        pack::<AMX_MR, { x86::RAW }>(xa, o, rs, cs, k, h, d)
+                    } else {
+                        pack::<MR, LOAD>(xa, o, rs, cs, k, h, d)
+                    }
                 };
+            }
+            if amx {
+                d[kp_used * AMX_MR..].fill(0);
+                // SAFETY: AMX implies AVX-512 F (`has_amx`); the panel holds `kp` words
+                // of 32 lines, `kp` a multiple of 16.
+                unsafe { x86::amx_rows(d) };
             }
         }
         // The group's strips, each row block starting at its own one, so that workers
@@ -361,15 +434,18 @@ fn single<T: Half, const LOAD: u8>(
         // rounding each group up instead left the last ones past the end with many
         // threads: 16 threads, 16 strips, 7 groups of 3).
         let (s0, s1) = (g * strips / groups, (g + 1) * strips / groups);
+        // SAFETY: `amx` only when this process holds the tile data permission
+        // (`product` asserted `Kernel16::Amx.supports`).
+        let tiles = amx.then(|| unsafe { x86::Tiles::configure() });
         let len = s1 - s0;
         let first = rb * len / row_blocks;
         for s in (0..len).map(|i| s0 + (first + i) % len) {
             let j0 = s * NR;
             let bs = strips_of.get(s);
             for pi in 0..p1 - p0 {
-                let r0 = (p0 + pi) * MR;
+                let r0 = (p0 + pi) * mr;
                 let tile = Tile {
-                    rows: MR.min(m - r0),
+                    rows: mr.min(m - r0),
                     cols: NR.min(n - j0),
                     // Tasks write disjoint tiles of the `m×n` output; this one is rows
                     // `r0..`, columns `j0..`, inside it.
@@ -385,6 +461,7 @@ fn single<T: Half, const LOAD: u8>(
                 // `out` (and `input`, same layout).
                 unsafe {
                     match LOAD {
+                        x86::AMX => x86::micro_amx(tiles.as_ref().expect("AMX"), kp, ap, bs, tile),
                         x86::RAW => x86::micro(kp, ap, bs, tile),
                         x86::FROM_F16 => x86::micro_fma::<true>(kp, ap, bs, tile),
                         _ => x86::micro_fma::<false>(kp, ap, bs, tile),
@@ -392,6 +469,7 @@ fn single<T: Half, const LOAD: u8>(
                 };
             }
         }
+        drop(tiles);
         give_pack(apack);
         Ok(())
     };
@@ -470,7 +548,7 @@ fn pair(lo: u16, hi: u16) -> u32 {
 
 /// Inner indices per packed word of kind `LOAD` (a bfloat16 pair holds two).
 const fn step(load: u8) -> usize {
-    if load == x86::RAW {
+    if load == x86::RAW || load == x86::AMX {
         2
     } else {
         1
@@ -569,7 +647,8 @@ fn give_pack(v: Vec<u32>) {
 
 // ----- x86 kernels ----------------------------------------------------------------------
 
-/// Where a micro-kernel writes its `rows × cols` tile (`rows ≤ MR`, `cols ≤ NR`):
+/// Where a micro-kernel writes its `rows × cols` tile (`rows ≤ MR`, or 32 on AMX;
+/// `cols ≤ NR`):
 /// `out[r·ld + c] = round(beta · input[r·ld + c] + alpha · sum)` (no input term when
 /// `input` is `None`).
 struct Tile {
@@ -584,8 +663,233 @@ struct Tile {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{Tile, MR, NR};
+    use super::{Tile, AMX_KP, AMX_MR, MR, NR};
+    use std::arch::asm;
+    use std::mem::MaybeUninit;
     use std::arch::x86_64::*;
+
+    /// Whether the CPU has AMX-TILE and AMX-BF16 (CPUID leaf 7: EDX bits 24 and 22) and
+    /// Linux grants this process the tile data state (`arch_prctl(ARCH_REQ_XCOMP_PERM,
+    /// XFEATURE_XTILEDATA)`; once granted it holds for every thread of the process).
+    pub(super) fn amx_permitted() -> bool {
+        // CPUID leaf 7 exists on every x86-64 CPU with AVX-512 (checked first by the
+        // caller).
+        let edx = __cpuid_count(7, 0).edx;
+        let (tile, bf16) = (edx >> 24 & 1 == 1, edx >> 22 & 1 == 1);
+        tile && bf16 && request_tile_data()
+    }
+
+    #[cfg(target_os = "linux")]
+    fn request_tile_data() -> bool {
+        const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+        const XFEATURE_XTILEDATA: libc::c_long = 18;
+        // SAFETY: `arch_prctl` with this request only changes which extended states the
+        // process may use; it reads no memory of ours.
+        unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 }
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn request_tile_data() -> bool {
+        false
+    }
+
+    /// The tile configuration every AMX kernel loads (`ldtilecfg`'s 64-byte format,
+    /// palette 1): tiles 0–3 the four 16×16 float32 accumulators, 4–5 two `A` tiles
+    /// (16 rows of 16 bfloat16 pairs), 6–7 two `B` tiles (16 pairs of 16 columns); all
+    /// 16 rows of 64 bytes.
+    #[repr(C, align(64))]
+    struct TileConfig {
+        palette: u8,
+        start_row: u8,
+        _reserved: [u8; 14],
+        colsb: [u16; 16],
+        rows: [u8; 16],
+    }
+
+    const CONFIG: TileConfig = {
+        let mut c = TileConfig {
+            palette: 1,
+            start_row: 0,
+            _reserved: [0; 14],
+            colsb: [0; 16],
+            rows: [0; 16],
+        };
+        let mut t = 0;
+        while t < 8 {
+            c.colsb[t] = 64;
+            c.rows[t] = 16;
+            t += 1;
+        }
+        c
+    };
+
+    /// The tile registers of this thread, configured with [`CONFIG`] while a `Tiles`
+    /// lives (a witness the AMX kernels take) and released when it drops. Not `Send`:
+    /// the configuration belongs to the thread that loaded it.
+    pub(super) struct Tiles(std::marker::PhantomData<*const ()>);
+
+    impl Tiles {
+        /// Configure this thread's tiles (`ldtilecfg`).
+        ///
+        /// # Safety
+        /// [`amx_permitted`] returned true in this process, and no other `Tiles` lives
+        /// on this thread.
+        pub(super) unsafe fn configure() -> Tiles {
+            // SAFETY: the process may use the tile state (the caller's contract);
+            // `ldtilecfg` reads the 64-byte configuration.
+            unsafe { asm!("ldtilecfg [{}]", in(reg) &CONFIG, options(nostack, readonly)) };
+            Tiles(std::marker::PhantomData)
+        }
+    }
+
+    impl Drop for Tiles {
+        fn drop(&mut self) {
+            // SAFETY: the tiles were configured by this thread (`configure`); releasing
+            // them returns the tile state to its initial, unconfigured state.
+            unsafe { asm!("tilerelease", options(nostack, nomem)) };
+        }
+    }
+
+    /// One 32×32 output block on AMX: the float32 sums of `A_panel @ B_strip` over `kp`
+    /// pairs (a multiple of 16) in four accumulator tiles, stored to the stack and
+    /// finished as [`micro`] finishes its registers.
+    ///
+    /// # Safety
+    /// `a` holds an AMX panel of `kp`
+    /// words per row ([`amx_rows`]' layout), `b` a strip of `kp` words per column
+    /// ([`amx_cols`]' layout); the tile's rows and
+    /// columns lie in the output (and the input) buffer.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) unsafe fn micro_amx(_: &Tiles, kp: usize, a: &[u32], b: &[u32], tile: Tile) {
+        assert!(kp % AMX_KP == 0 && a.len() >= kp * AMX_MR && b.len() >= kp * NR);
+        assert!(tile.rows <= AMX_MR && tile.cols <= NR);
+        #[repr(C, align(64))]
+        struct Sums([[f32; NR]; AMX_MR]);
+        let mut sums = MaybeUninit::<Sums>::uninit();
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        let (sa, sb) = (4 * AMX_KP, 4 * AMX_KP);
+        // SAFETY: this thread's tiles are configured (the `Tiles` witness); block `q`
+        // reads words `512q..512q + 512` of `a` and of `b` (two 16×16 tiles
+        // each, row stride 64 bytes), inside the asserted lengths; the
+        // stores write the 32×32 float32 `sums` (row stride 128 bytes).
+        unsafe {
+            asm!(
+                "tilezero tmm0",
+                "tilezero tmm1",
+                "tilezero tmm2",
+                "tilezero tmm3",
+                options(nostack, nomem)
+            );
+            for q in 0..kp / AMX_KP {
+                let a0 = pa.add(q * AMX_KP * AMX_MR);
+                let b0 = pb.add(q * AMX_KP * NR);
+                asm!(
+                    "tileloadd tmm4, [{a0} + {sa}*1]",
+                    "tileloadd tmm6, [{b0} + {sb}*1]",
+                    "tileloadd tmm7, [{b1} + {sb}*1]",
+                    "tdpbf16ps tmm0, tmm4, tmm6",
+                    "tileloadd tmm5, [{a1} + {sa}*1]",
+                    "tdpbf16ps tmm1, tmm4, tmm7",
+                    "tdpbf16ps tmm2, tmm5, tmm6",
+                    "tdpbf16ps tmm3, tmm5, tmm7",
+                    a0 = in(reg) a0,
+                    a1 = in(reg) a0.add(16 * AMX_KP),
+                    b0 = in(reg) b0,
+                    b1 = in(reg) b0.add(16 * AMX_KP),
+                    sa = in(reg) sa,
+                    sb = in(reg) sb,
+                    options(nostack, readonly)
+                );
+            }
+            let c = sums.as_mut_ptr().cast::<f32>();
+            asm!(
+                "tilestored [{c00} + {s}*1], tmm0",
+                "tilestored [{c01} + {s}*1], tmm1",
+                "tilestored [{c10} + {s}*1], tmm2",
+                "tilestored [{c11} + {s}*1], tmm3",
+                c00 = in(reg) c,
+                c01 = in(reg) c.add(16),
+                c10 = in(reg) c.add(16 * NR),
+                c11 = in(reg) c.add(16 * NR + 16),
+                s = in(reg) 4 * NR,
+                options(nostack)
+            );
+        }
+        let sums = sums.as_ptr().cast::<f32>();
+        let mut acc = [[_mm512_setzero_ps(); 2]; AMX_MR];
+        for (r, acc) in acc.iter_mut().enumerate().take(tile.rows) {
+            // SAFETY: the four tile stores wrote all 32 rows of 32 floats.
+            unsafe {
+                acc[0] = _mm512_loadu_ps(sums.add(r * NR));
+                acc[1] = _mm512_loadu_ps(sums.add(r * NR + 16));
+            }
+        }
+        // SAFETY: the tile lies in the output (the caller's contract).
+        unsafe { store_tile::<false>(&acc, &tile) }
+    }
+
+    /// Rearrange a `B` strip packed as 32 lines (word `p` of column `c` at `d[32p + c]`,
+    /// `kp` words per line, a multiple of 16) into AMX tiles: per 16 words
+    /// `16q..16q + 16`, columns 0–15 then columns 16–31 as row-major 16×16 blocks
+    /// (`d[512q + 256h + 16p + c]` holds word `16q + p` of column `16h + c`), so that
+    /// each tile is 1 KiB of consecutive memory.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F; `d.len()` is a multiple of 512.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) unsafe fn amx_cols(d: &mut [u32]) {
+        assert!(d.len() % (AMX_KP * NR) == 0);
+        for block in d.chunks_exact_mut(AMX_KP * NR) {
+            let p = block.as_mut_ptr();
+            let mut v = [[_mm512_setzero_si512(); 2]; AMX_KP];
+            for (i, v) in v.iter_mut().enumerate() {
+                // SAFETY: words `32i .. 32i + 32` of the 512-word block.
+                unsafe {
+                    v[0] = _mm512_loadu_si512(p.add(32 * i).cast());
+                    v[1] = _mm512_loadu_si512(p.add(32 * i + 16).cast());
+                }
+            }
+            for (i, v) in v.iter().enumerate() {
+                // SAFETY: words `256h + 16i .. + 16` of the block.
+                unsafe {
+                    _mm512_storeu_si512(p.add(16 * i).cast(), v[0]);
+                    _mm512_storeu_si512(p.add(256 + 16 * i).cast(), v[1]);
+                }
+            }
+        }
+    }
+
+    /// Rearrange an `A` panel packed as 32 lines (word `p` of line `r` at
+    /// `d[32p + r]`, `kp` words per line, a multiple of 16) into AMX tiles: per 16
+    /// words `16q..16q + 16`, rows 0–15 then rows 16–31 as row-major 16×16 blocks
+    /// (`d[512q + 256h + 16r + p]` holds word `16q + p` of line `16h + r`).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F; `d.len()` is a multiple of 512.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) unsafe fn amx_rows(d: &mut [u32]) {
+        assert!(d.len() % (AMX_KP * AMX_MR) == 0);
+        for block in d.chunks_exact_mut(AMX_KP * AMX_MR) {
+            let p = block.as_mut_ptr();
+            let mut v = [[_mm512_setzero_si512(); 16]; 2];
+            for i in 0..AMX_KP {
+                // SAFETY: words `32i + 16h ..+16` of the 512-word block.
+                unsafe {
+                    v[0][i] = _mm512_loadu_si512(p.add(32 * i).cast());
+                    v[1][i] = _mm512_loadu_si512(p.add(32 * i + 16).cast());
+                }
+            }
+            for (h, v) in v.iter().enumerate() {
+                // SAFETY: registers only; then words `256h + 16r ..+16` of the block.
+                unsafe {
+                    let t = transpose16(*v);
+                    for (r, t) in t.iter().enumerate() {
+                        _mm512_storeu_si512(p.add(256 * h + 16 * r).cast(), *t);
+                    }
+                }
+            }
+        }
+    }
 
     /// One output tile: the `MR × NR` float32 sums of `A_panel @ B_strip` over `kp`
     /// pairs in `2·MR` registers (one broadcast pair of `A` against two registers of `B`
@@ -656,7 +960,7 @@ mod x86 {
     /// The CPU has AVX-512 F/BW/VL (the caller is compiled with them); the tile lies in
     /// the output (and the input) buffer.
     #[inline(always)]
-    unsafe fn store_tile<const F16: bool>(acc: &[[__m512; 2]; MR], tile: &Tile) {
+    unsafe fn store_tile<const F16: bool>(acc: &[[__m512; 2]], tile: &Tile) {
         // SAFETY: register-only intrinsics, and masked loads and stores of the tile's
         // own rows and columns (the caller's contract).
         unsafe {
@@ -738,10 +1042,12 @@ mod x86 {
     }
 
     /// How [`transpose_words`] reads a line's 16 words: raw (16 bfloat16 pairs, 32
-    /// values), or 16 values widened from bfloat16 or float16.
+    /// values), or 16 values widened from bfloat16 or float16. [`AMX`] packs as
+    /// [`RAW`] and marks the AMX tile geometry.
     pub(super) const RAW: u8 = 0;
     pub(super) const FROM_BF16: u8 = 1;
     pub(super) const FROM_F16: u8 = 2;
+    pub(super) const AMX: u8 = 3;
 
     /// 16 words of `h ≤ W` contiguous lines (line `r` at `src + r·ls`, read as `LOAD`
     /// says) into `dst[p·W + r]`, `p < 16`, lines `h..W` zero: per 16 lines, one
@@ -857,6 +1163,37 @@ mod x86 {
     pub(super) const RAW: u8 = 0;
     pub(super) const FROM_BF16: u8 = 1;
     pub(super) const FROM_F16: u8 = 2;
+    pub(super) const AMX: u8 = 3;
+
+    /// No AMX off x86-64.
+    pub(super) fn amx_permitted() -> bool {
+        false
+    }
+
+    /// No tiles off x86-64 (never built: [`amx_permitted`] is false).
+    pub(super) struct Tiles;
+
+    impl Tiles {
+        /// Never called, as above.
+        pub(super) unsafe fn configure() -> Tiles {
+            unreachable!("AMX kernel on a non-x86 CPU")
+        }
+    }
+
+    /// Never called, as above.
+    pub(super) unsafe fn micro_amx(_: &Tiles, _: usize, _: &[u32], _: &[u32], _: Tile) {
+        unreachable!("AMX kernel on a non-x86 CPU")
+    }
+
+    /// Never called, as above.
+    pub(super) unsafe fn amx_cols(_: &mut [u32]) {
+        unreachable!("AMX kernel on a non-x86 CPU")
+    }
+
+    /// Never called, as above.
+    pub(super) unsafe fn amx_rows(_: &mut [u32]) {
+        unreachable!("AMX kernel on a non-x86 CPU")
+    }
 
     /// Never called, as above.
     pub(super) unsafe fn transpose_words<const W: usize, const LOAD: u8>(

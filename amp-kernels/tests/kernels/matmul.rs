@@ -921,7 +921,8 @@ fn check_case(c: &Case, dt: DType, kernel: Kernel16) {
 /// Whether `kernel` runs `dt` products here; a kernel made for `dt` that this CPU lacks
 /// is reported as skipped (the bfloat16-only kernel is simply not run on float16).
 fn applicable(dt: DType, kernel: Kernel16, test: &str) -> bool {
-    let made_for = !(kernel == Kernel16::Avx512Bf16 && dt == DType::F16);
+    let bf16_only = matches!(kernel, Kernel16::Amx | Kernel16::Avx512Bf16);
+    let made_for = !(bf16_only && dt == DType::F16);
     let ok = kernel.supports(dt);
     if made_for && !ok {
         amp_testing::report_skip(
