@@ -410,6 +410,15 @@ fn single<T: Half, const LOAD: u8>(
         {
             let r0 = (p0 + pi) * mr;
             let h = mr.min(m - r0);
+            if amx && job.sa.cs == 1 && segs.len() == 1 {
+                // Rows contiguous along the inner index are already rows of pairs: copied
+                // into the tiles 64 bytes at a time.
+                // SAFETY: rows `r0..r0+h`, inner columns `0..k` of the matrix lie in
+                // `xa` (checked by `product`); the panel holds `kp` words of 32 rows;
+                // AMX implies AVX-512 F/BW.
+                unsafe { x86::amx_copy_rows(&xa[segs[0].0 + r0 * job.sa.rs..], job.sa.rs, k, h, d) };
+                continue;
+            }
             for (seg, d) in segs.iter().zip(d.chunks_mut(kp_seg * mr)) {
                 let (o, rs, cs) = (seg.0 + r0 * job.sa.rs, job.sa.rs, job.sa.cs);
                 // SAFETY: as for the strips: rows `r0..r0+h`, inner columns `0..k`.
@@ -859,6 +868,37 @@ mod x86 {
         }
     }
 
+    /// Pack `h ≤ 32` rows of `k` bfloat16 values (row `r` at `x[r·rs..r·rs + k]`) into
+    /// an AMX panel of `d.len() / 32` words per row ([`amx_rows`]' layout), with zero
+    /// pairs past `k` and zero rows from `h`: 64 bytes per load and store.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW; `x[r·rs + q]` is readable for `r < h`, `q < k`;
+    /// `d.len()` is a multiple of 512 and holds at least `k.div_ceil(2)` words per row.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) unsafe fn amx_copy_rows(x: &[u16], rs: usize, k: usize, h: usize, d: &mut [u32]) {
+        let blocks = d.len() / (AMX_KP * AMX_MR);
+        assert!(d.len() % (AMX_KP * AMX_MR) == 0 && 2 * AMX_KP * blocks >= k && h <= AMX_MR);
+        let (src, dst) = (x.as_ptr(), d.as_mut_ptr());
+        for r in 0..AMX_MR {
+            let row = (r / 16) * 256 + (r % 16) * 16;
+            for q in 0..blocks {
+                let e0 = 2 * AMX_KP * q;
+                let v = if r < h && e0 < k {
+                    let n = (k - e0).min(32);
+                    let mask = if n == 32 { u32::MAX } else { (1u32 << n) - 1 };
+                    // SAFETY: values `e0..e0 + n` of row `r < h`, `e0 + n ≤ k` (the
+                    // caller's contract).
+                    unsafe { _mm512_maskz_loadu_epi16(mask, src.add(r * rs + e0).cast()) }
+                } else {
+                    _mm512_setzero_si512()
+                };
+                // SAFETY: words `512q + row ..+16` lie in `d` (`q < blocks`).
+                unsafe { _mm512_storeu_si512(dst.add(q * 512 + row).cast(), v) };
+            }
+        }
+    }
+
     /// Rearrange an `A` panel packed as 32 lines (word `p` of line `r` at
     /// `d[32p + r]`, `kp` words per line, a multiple of 16) into AMX tiles: per 16
     /// words `16q..16q + 16`, rows 0–15 then rows 16–31 as row-major 16×16 blocks
@@ -1182,6 +1222,11 @@ mod x86 {
 
     /// Never called, as above.
     pub(super) unsafe fn micro_amx(_: &Tiles, _: usize, _: &[u32], _: &[u32], _: Tile) {
+        unreachable!("AMX kernel on a non-x86 CPU")
+    }
+
+    /// Never called, as above.
+    pub(super) unsafe fn amx_copy_rows(_: &[u16], _: usize, _: usize, _: usize, _: &mut [u32]) {
         unreachable!("AMX kernel on a non-x86 CPU")
     }
 
