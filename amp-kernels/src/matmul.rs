@@ -10,7 +10,8 @@
 //! multiplied sequentially on one rayon thread (`Blocks`).
 //!
 //! 16-bit products run on the fastest [`Kernel16`] of the CPU (the kernel ladder, see
-//! `native16.rs`): bfloat16 on `vdpbf16ps` where the CPU has AVX-512 BF16, float16 (and
+//! `native16.rs`): bfloat16 on AMX tiles (`tdpbf16ps`) where the CPU has AMX-BF16 and
+//! Linux grants the tile state, else on `vdpbf16ps` where it has AVX-512 BF16, float16 (and
 //! bfloat16 without it) on float32 FMA tiles where it has AVX-512 — on both, operands
 //! are packed straight from their 16-bit storage and strides, the float32 sums stay in
 //! registers and are rounded once, with `alpha` and `beta * input` applied on the way
@@ -42,7 +43,9 @@
 //! - The 16-bit packing kernels start at 16³ (`native16::chosen`): a 8×32 tile with the
 //!   A panel packed in 8 rows and B in 32-column strips straight from their strides
 //!   (16×16 register transposes for row-major A and column-major B), strips packed
-//!   lazily by the first task that needs them, tasks taken from a shared counter.
+//!   lazily by the first task that needs them, tasks taken from a shared counter. On
+//!   AMX the block is 32×32 (four accumulator tiles), and products with fewer than 16
+//!   rows stay on the `vdpbf16ps` tile.
 
 use amp_tensor::half::{bf16, f16};
 use std::cell::RefCell;

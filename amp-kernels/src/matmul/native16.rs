@@ -52,11 +52,14 @@
 //! packed as one long inner dimension, each batch entry padded to whole words on its
 //! own.
 //!
-//! The AMX rung packs `B` the same way (a strip of 32 columns is two `B` tiles side by
-//! side, read with a 128-byte row stride) and `A` in panels of 32 rows, each 16 pairs
-//! of inner indices stored as two row-major 16×16-word tiles (the layout `tileloadd`
-//! reads with a 64-byte stride). Both are padded with zero pairs to whole tiles of 16
-//! pairs.
+//! The AMX rung packs `B` in the same strips of VNNI pairs and `A` in panels of 32
+//! rows, then stores every 16 pairs of inner indices of either as two row-major
+//! 16×16-word tiles, 1 KiB of consecutive memory each (`tileloadd` reads them with a
+//! 64-byte stride): rows 0–15 then 16–31 of a panel, columns 0–15 then 16–31 of a
+//! strip. A row-major `A` is already rows of pairs and is copied into its tiles 64 bytes
+//! at a time. Both are padded with zero pairs to whole tiles of 16 pairs. A task
+//! configures its thread's tiles once (`ldtilecfg`, [`x86::Tiles`]) and releases them
+//! when it ends.
 
 use std::cell::{Cell, RefCell};
 use std::mem::MaybeUninit;
@@ -377,10 +380,10 @@ fn single<T: Half, const LOAD: u8>(
         let j0 = s * NR;
         let w = NR.min(n - j0);
         for (seg, d) in segs.iter().zip(dst.chunks_mut(kp_seg * NR)) {
+            let (o, cs, rs) = (seg.1 + j0 * job.sb.cs, job.sb.cs, job.sb.rs);
             // SAFETY: the operands lie in their buffers (checked by `product`); the
             // strip reads columns `j0..j0+w` and inner rows `0..k` of matrix `seg`.
-            let (o, cs, rs) = (seg.1 + j0 * job.sb.cs, job.sb.cs, job.sb.rs);
-            // (AMX strips are `vdpbf16ps`'s: raw pairs.)
+            // (AMX strips start as `vdpbf16ps`'s: raw pairs.)
             unsafe {
                 if amx {
                     pack::<NR, { x86::RAW }>(xb, o, cs, rs, k, w, d)
@@ -416,7 +419,9 @@ fn single<T: Half, const LOAD: u8>(
                 // SAFETY: rows `r0..r0+h`, inner columns `0..k` of the matrix lie in
                 // `xa` (checked by `product`); the panel holds `kp` words of 32 rows;
                 // AMX implies AVX-512 F/BW.
-                unsafe { x86::amx_copy_rows(&xa[segs[0].0 + r0 * job.sa.rs..], job.sa.rs, k, h, d) };
+                unsafe {
+                    x86::amx_copy_rows(&xa[segs[0].0 + r0 * job.sa.rs..], job.sa.rs, k, h, d)
+                };
                 continue;
             }
             for (seg, d) in segs.iter().zip(d.chunks_mut(kp_seg * mr)) {
@@ -674,8 +679,8 @@ struct Tile {
 mod x86 {
     use super::{Tile, AMX_KP, AMX_MR, MR, NR};
     use std::arch::asm;
-    use std::mem::MaybeUninit;
     use std::arch::x86_64::*;
+    use std::mem::MaybeUninit;
 
     /// Whether the CPU has AMX-TILE and AMX-BF16 (CPUID leaf 7: EDX bits 24 and 22) and
     /// Linux grants this process the tile data state (`arch_prctl(ARCH_REQ_XCOMP_PERM,
@@ -694,7 +699,13 @@ mod x86 {
         const XFEATURE_XTILEDATA: libc::c_long = 18;
         // SAFETY: `arch_prctl` with this request only changes which extended states the
         // process may use; it reads no memory of ours.
-        unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 }
+        unsafe {
+            libc::syscall(
+                libc::SYS_arch_prctl,
+                ARCH_REQ_XCOMP_PERM,
+                XFEATURE_XTILEDATA,
+            ) == 0
+        }
     }
 
     #[cfg(not(target_os = "linux"))]
@@ -770,7 +781,7 @@ mod x86 {
     /// columns lie in the output (and the input) buffer.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     pub(super) unsafe fn micro_amx(_: &Tiles, kp: usize, a: &[u32], b: &[u32], tile: Tile) {
-        assert!(kp % AMX_KP == 0 && a.len() >= kp * AMX_MR && b.len() >= kp * NR);
+        assert!(kp.is_multiple_of(AMX_KP) && a.len() >= kp * AMX_MR && b.len() >= kp * NR);
         assert!(tile.rows <= AMX_MR && tile.cols <= NR);
         #[repr(C, align(64))]
         struct Sums([[f32; NR]; AMX_MR]);
@@ -847,7 +858,7 @@ mod x86 {
     /// The CPU has AVX-512 F; `d.len()` is a multiple of 512.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     pub(super) unsafe fn amx_cols(d: &mut [u32]) {
-        assert!(d.len() % (AMX_KP * NR) == 0);
+        assert!(d.len().is_multiple_of(AMX_KP * NR));
         for block in d.chunks_exact_mut(AMX_KP * NR) {
             let p = block.as_mut_ptr();
             let mut v = [[_mm512_setzero_si512(); 2]; AMX_KP];
@@ -878,7 +889,7 @@ mod x86 {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     pub(super) unsafe fn amx_copy_rows(x: &[u16], rs: usize, k: usize, h: usize, d: &mut [u32]) {
         let blocks = d.len() / (AMX_KP * AMX_MR);
-        assert!(d.len() % (AMX_KP * AMX_MR) == 0 && 2 * AMX_KP * blocks >= k && h <= AMX_MR);
+        assert!(d.len().is_multiple_of(AMX_KP * AMX_MR) && 2 * AMX_KP * blocks >= k && h <= AMX_MR);
         let (src, dst) = (x.as_ptr(), d.as_mut_ptr());
         for r in 0..AMX_MR {
             let row = (r / 16) * 256 + (r % 16) * 16;
@@ -908,15 +919,16 @@ mod x86 {
     /// The CPU has AVX-512 F; `d.len()` is a multiple of 512.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     pub(super) unsafe fn amx_rows(d: &mut [u32]) {
-        assert!(d.len() % (AMX_KP * AMX_MR) == 0);
+        assert!(d.len().is_multiple_of(AMX_KP * AMX_MR));
         for block in d.chunks_exact_mut(AMX_KP * AMX_MR) {
             let p = block.as_mut_ptr();
             let mut v = [[_mm512_setzero_si512(); 16]; 2];
-            for i in 0..AMX_KP {
-                // SAFETY: words `32i + 16h ..+16` of the 512-word block.
+            let [lo, hi] = &mut v;
+            for (i, (lo, hi)) in lo.iter_mut().zip(hi).enumerate() {
+                // SAFETY: words `32i .. 32i + 32` of the 512-word block.
                 unsafe {
-                    v[0][i] = _mm512_loadu_si512(p.add(32 * i).cast());
-                    v[1][i] = _mm512_loadu_si512(p.add(32 * i + 16).cast());
+                    *lo = _mm512_loadu_si512(p.add(32 * i).cast());
+                    *hi = _mm512_loadu_si512(p.add(32 * i + 16).cast());
                 }
             }
             for (h, v) in v.iter().enumerate() {
