@@ -779,7 +779,7 @@ mod x86 {
     /// words per row ([`amx_rows`]' layout), `b` a strip of `kp` words per column
     /// ([`amx_cols`]' layout); the tile's rows and
     /// columns lie in the output (and the input) buffer.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")]
     pub(super) unsafe fn micro_amx(_: &Tiles, kp: usize, a: &[u32], b: &[u32], tile: Tile) {
         assert!(kp.is_multiple_of(AMX_KP) && a.len() >= kp * AMX_MR && b.len() >= kp * NR);
         assert!(tile.rows <= AMX_MR && tile.cols <= NR);
@@ -836,6 +836,11 @@ mod x86 {
             );
         }
         let sums = sums.as_ptr().cast::<f32>();
+        // SAFETY: the four tile stores wrote all 32 rows of 32 floats; the tile lies in
+        // the output (the caller's contract); AVX512-BF16 comes with AMX-BF16.
+        if unsafe { store_sums_ne(sums, &tile) } {
+            return;
+        }
         let mut acc = [[_mm512_setzero_ps(); 2]; AMX_MR];
         for (r, acc) in acc.iter_mut().enumerate().take(tile.rows) {
             // SAFETY: the four tile stores wrote all 32 rows of 32 floats.
@@ -1003,6 +1008,57 @@ mod x86 {
         }
         // SAFETY: the tile lies in the output (the caller's contract).
         unsafe { store_tile::<F16>(&acc, &tile) }
+    }
+
+    /// [`store_tile`] for bfloat16 from float32 sums in memory (row `r` at
+    /// `sums[32r..32r + 32]`), each row rounded by one `vcvtne2ps2bf16`, which rounds
+    /// to nearest even like the integer rounding but flushes subnormal inputs and keeps
+    /// NaN payloads: a NaN or subnormal value is gathered into a mask (one `vfpclassps`
+    /// per vector) and, when one was met, `false` is returned after the tile was
+    /// written, for the caller to write it again with [`store_tile`].
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/DQ and AVX512-BF16 (the caller is compiled with them);
+    /// `sums` holds `tile.rows` rows of 32 floats; the tile lies in the output (and the
+    /// input) buffer.
+    #[inline(always)]
+    unsafe fn store_sums_ne(sums: *const f32, tile: &Tile) -> bool {
+        // SAFETY: register-only intrinsics, loads of the sums' rows, and masked loads and
+        // stores of the tile's own rows and columns (the caller's contract).
+        unsafe {
+            let (alpha, beta) = (_mm512_set1_ps(tile.alpha), _mm512_set1_ps(tile.beta));
+            let masks = [lanes(tile.cols), lanes(tile.cols.saturating_sub(16))];
+            let store = (1u64 << tile.cols) - 1;
+            let mut bad: __mmask16 = 0;
+            for r in 0..tile.rows {
+                let mut v = [
+                    _mm512_loadu_ps(sums.add(r * NR)),
+                    _mm512_loadu_ps(sums.add(r * NR + 16)),
+                ];
+                for (half, (v, &mask)) in v.iter_mut().zip(&masks).enumerate() {
+                    if tile.alpha != 1.0 {
+                        *v = _mm512_mul_ps(*v, alpha);
+                    }
+                    if let Some(input) = tile.input {
+                        let mut i = _mm512_maskz_loadu_ps(mask, input.add(r * tile.ld + 16 * half));
+                        if tile.beta != 1.0 {
+                            i = _mm512_mul_ps(i, beta);
+                        }
+                        *v = _mm512_add_ps(i, *v);
+                    }
+                    // fpclass categories: 0x01 quiet NaN, 0x80 signalling NaN, 0x20
+                    // subnormal.
+                    bad |= _mm512_fpclass_ps_mask::<0xA1>(*v);
+                }
+                let bits: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(v[1], v[0]));
+                _mm512_mask_storeu_epi16(
+                    tile.out.add(r * tile.ld).cast(),
+                    store as __mmask32,
+                    bits,
+                );
+            }
+            bad == 0
+        }
     }
 
     /// Apply `alpha` and the input term to a tile's sums and store the rows and columns

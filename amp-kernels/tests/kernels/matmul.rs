@@ -1033,3 +1033,61 @@ fn many_workers_split_a_thin_product() {
         }
     }
 }
+
+/// Sums that round to a NaN with a payload or to a bfloat16 subnormal (an `addmm` input
+/// passed through by zero rows of `A`, or added to a product) come out of every 16-bit
+/// kernel with the bits of the integer rounding PyTorch uses (NaN as `0x7FC0`,
+/// subnormals kept), which `vcvtne2ps2bf16` alone would not give; the other sums are
+/// small integers, exact on every kernel.
+#[test]
+fn every_16bit_kernel_rounds_nan_and_subnormal_sums_as_pytorch() {
+    use amp_tensor::half::bf16;
+    let (m, n, k) = (40, 36, 20);
+    // Rows 0..8 of `A` are zero: those outputs are the input itself.
+    let a: Vec<bf16> = (0..m * k)
+        .map(|i| bf16::from_f32(if i / k < 8 { 0.0 } else { (i % 5) as f32 - 2.0 }))
+        .collect();
+    let b: Vec<bf16> = (0..k * n)
+        .map(|i| bf16::from_f32((i % 3) as f32 - 1.0))
+        .collect();
+    let specials = [0x7F81u16, 0xFFA5, 0x0001, 0x8003, 0x007F, 0x3F80];
+    let input: Vec<bf16> = (0..m * n)
+        .map(|i| bf16::from_bits(specials[i % specials.len()]))
+        .collect();
+    let a = Tensor::from_vec(a, [m, k]).unwrap();
+    let b = Tensor::from_vec(b, [k, n]).unwrap();
+    let input = Tensor::from_vec(input, [m, n]).unwrap();
+    let bits = |t: Tensor| -> Vec<u16> {
+        t.host_vec::<bf16>()
+            .unwrap()
+            .into_iter()
+            .map(bf16::to_bits)
+            .collect()
+    };
+    let want = bits(
+        with_kernel16(Kernel16::Widened, || {
+            addmm(&input, &a, &b, 1.0, 1.0).unwrap()
+        })
+        .unwrap(),
+    );
+    assert_eq!(want[0], 0x7FC0, "the integer rounding's NaN");
+    assert_eq!(want[2], 0x0001, "a subnormal input passed through");
+    for kernel in Kernel16::ALL {
+        if !applicable(
+            DType::BF16,
+            kernel,
+            "every_16bit_kernel_rounds_nan_and_subnormal_sums_as_pytorch",
+        ) {
+            continue;
+        }
+        let got = bits(with_kernel16(kernel, || addmm(&input, &a, &b, 1.0, 1.0).unwrap()).unwrap());
+        if let Some(i) = (0..want.len()).find(|&i| got[i] != want[i]) {
+            panic!(
+                "element {i} on {}: bits {:#06x}, want {:#06x}",
+                kernel.name(),
+                got[i],
+                want[i]
+            );
+        }
+    }
+}
