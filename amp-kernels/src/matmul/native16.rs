@@ -37,9 +37,8 @@
 //! a result differs from the widened path (and from PyTorch's) only by the order of the
 //! sums, except that `vdpbf16ps` treats subnormal inputs as zero and flushes subnormal
 //! sums to zero (so does `tdpbf16ps`), as PyTorch's oneDNN kernels on the same
-//! instructions do. Rounding to
-//! the output is PyTorch's: nearest even, NaN as `0x7FC0` for bfloat16, `vcvtps2ph`
-//! (the same bits as `half`'s conversion) for float16.
+//! instructions do. Rounding to the output is PyTorch's: nearest even, NaN as `0x7FC0`
+//! for bfloat16, `vcvtps2ph` (the same bits as `half`'s conversion) for float16.
 //!
 //! # Layout
 //!
