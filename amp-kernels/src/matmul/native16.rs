@@ -1025,7 +1025,6 @@ mod x86 {
         // SAFETY: register-only intrinsics, loads of the sums' rows, and masked loads and
         // stores of the tile's own rows and columns (the caller's contract).
         unsafe {
-            let (alpha, beta) = (_mm512_set1_ps(tile.alpha), _mm512_set1_ps(tile.beta));
             let masks = [lanes(tile.cols), lanes(tile.cols.saturating_sub(16))];
             let store = (1u64 << tile.cols) - 1;
             let mut bad: __mmask16 = 0;
@@ -1035,16 +1034,7 @@ mod x86 {
                     _mm512_loadu_ps(sums.add(r * NR + 16)),
                 ];
                 for (half, (v, &mask)) in v.iter_mut().zip(&masks).enumerate() {
-                    if tile.alpha != 1.0 {
-                        *v = _mm512_mul_ps(*v, alpha);
-                    }
-                    if let Some(input) = tile.input {
-                        let mut i = _mm512_maskz_loadu_ps(mask, input.add(r * tile.ld + 16 * half));
-                        if tile.beta != 1.0 {
-                            i = _mm512_mul_ps(i, beta);
-                        }
-                        *v = _mm512_add_ps(i, *v);
-                    }
+                    *v = finish(*v, mask, r * tile.ld + 16 * half, tile);
                     // fpclass categories: 0x01 quiet NaN, 0x80 signalling NaN, 0x20
                     // subnormal.
                     bad |= _mm512_fpclass_ps_mask::<0xA1>(*v);
@@ -1071,22 +1061,11 @@ mod x86 {
         // SAFETY: register-only intrinsics, and masked loads and stores of the tile's
         // own rows and columns (the caller's contract).
         unsafe {
-            let (alpha, beta) = (_mm512_set1_ps(tile.alpha), _mm512_set1_ps(tile.beta));
             let masks = [lanes(tile.cols), lanes(tile.cols.saturating_sub(16))];
             for (r, acc) in acc.iter().enumerate().take(tile.rows) {
                 for (half, (&sum, &mask)) in acc.iter().zip(&masks).enumerate() {
                     let at = r * tile.ld + 16 * half;
-                    let mut v = sum;
-                    if tile.alpha != 1.0 {
-                        v = _mm512_mul_ps(v, alpha);
-                    }
-                    if let Some(input) = tile.input {
-                        let mut i = _mm512_maskz_loadu_ps(mask, input.add(at));
-                        if tile.beta != 1.0 {
-                            i = _mm512_mul_ps(i, beta);
-                        }
-                        v = _mm512_add_ps(i, v);
-                    }
+                    let v = finish(sum, mask, at, tile);
                     let bits = if F16 {
                         _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v)
                     } else {
@@ -1095,6 +1074,32 @@ mod x86 {
                     _mm256_mask_storeu_epi16(tile.out.add(at).cast(), mask, bits);
                 }
             }
+        }
+    }
+
+    /// `alpha · sum + beta · input[at..]` in the lanes of `mask` (`alpha · sum` without
+    /// an input term): the value a tile stores at `at`, before rounding.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F (the caller is compiled with it); with an input term, its
+    /// lanes of `mask` at `at` are readable.
+    #[inline(always)]
+    unsafe fn finish(sum: __m512, mask: __mmask16, at: usize, tile: &Tile) -> __m512 {
+        // SAFETY: register-only intrinsics and a masked load of the input's own lanes
+        // (the caller's contract).
+        unsafe {
+            let mut v = sum;
+            if tile.alpha != 1.0 {
+                v = _mm512_mul_ps(v, _mm512_set1_ps(tile.alpha));
+            }
+            if let Some(input) = tile.input {
+                let mut i = _mm512_maskz_loadu_ps(mask, input.add(at));
+                if tile.beta != 1.0 {
+                    i = _mm512_mul_ps(i, _mm512_set1_ps(tile.beta));
+                }
+                v = _mm512_add_ps(i, v);
+            }
+            v
         }
     }
 
