@@ -413,8 +413,11 @@ pub fn gather_cast<T: Element, U: Element>(src: &[T], layout: &Layout) -> Result
     })
 }
 
-/// Side of the square tiles [`gather_transposed`] copies through.
+/// [`gather_transposed`] applies to matrices with at least this many rows and columns.
 const TILE: usize = 32;
+
+/// Output rows per task of [`gather_transposed`].
+const RUN: usize = 64;
 
 /// Gather of a layout whose last two dimensions read as a transposed matrix (stride 1
 /// on the second-to-last, a long stride on the last, as `w.t()` or a gradient computed
@@ -447,30 +450,48 @@ fn gather_transposed<T: Element, U: Element>(src: &[T], layout: &Layout) -> Opti
         Ok(v) => v,
         Err(e) => return Some(Err(e)),
     };
-    // Rows `i0..i0 + TILE` of one matrix (out[i][j] = src[base + i + j * sc]): each
-    // column reads a short contiguous stretch; the rows written stay in cache.
+    // Rows `i0..i0 + RUN` of one matrix (out[i][j] = src[base + i + j * sc]), through
+    // square tiles of `w` (a cache line of the narrower type, at most 32): a tile's
+    // source runs are read whole into a buffer on the stack, transposed there, and
+    // its output rows written whole. Reading or writing a column of the matrix in
+    // place instead touches one cache line per row, and when the row length is a
+    // multiple of 4 KiB all those lines fall into the same L1 set and evict each
+    // other: a 1024² float32 `t().contiguous()` took 2.3 ms (1.8 GB/s, 2-core Xeon).
+    let w = (64 / size_of::<T>().min(size_of::<U>()).max(1)).clamp(8, 32);
     let block = |rows: &mut [U], base: usize, i0: usize| {
         let nr = rows.len() / c;
-        for j in 0..c {
-            let col = &src[base + i0 + j * sc..][..nr];
-            for (i, v) in col.iter().enumerate() {
-                rows[i * c + j] = v.cast::<U>();
+        let mut tile = [[U::default(); 32]; RUN];
+        for j0 in (0..c).step_by(w) {
+            let wj = w.min(c - j0);
+            for jj in 0..wj {
+                let run = &src[base + i0 + (j0 + jj) * sc..][..nr];
+                for (row, v) in tile.iter_mut().zip(run) {
+                    row[jj] = v.cast::<U>();
+                }
+            }
+            for i in 0..nr {
+                // An element loop, not `copy_from_slice`: a run this short is faster
+                // inline than as a `memmove` call.
+                let out = &mut rows[i * c + j0..][..wj];
+                for (o, &v) in out.iter_mut().zip(&tile[i]) {
+                    *o = v;
+                }
             }
         }
     };
-    let per_block = TILE * c;
+    let per_block = RUN * c;
     if out.len() >= PARALLEL_THRESHOLD {
         out.par_chunks_mut(r * c)
             .zip(bases.par_iter())
             .for_each(|(mat, &base)| {
                 mat.par_chunks_mut(per_block)
                     .enumerate()
-                    .for_each(|(b, rows)| block(rows, base, b * TILE));
+                    .for_each(|(b, rows)| block(rows, base, b * RUN));
             });
     } else {
         for (mat, &base) in out.chunks_mut(r * c).zip(&bases) {
             for (b, rows) in mat.chunks_mut(per_block).enumerate() {
-                block(rows, base, b * TILE);
+                block(rows, base, b * RUN);
             }
         }
     }
@@ -580,7 +601,8 @@ mod tests {
     }
 
     /// The tiled gather of transposed matrices equals the element-by-element one, for
-    /// batched, odd-sized, offset, small (sequential) and large (parallel) layouts.
+    /// batched, odd-sized, offset, small (sequential) and large (parallel) layouts, with
+    /// and without a cast.
     #[test]
     fn transposed_gather_equals_offsets_walk() {
         let check = |dims: &[usize], strides: &[usize], offset: usize| {
@@ -600,6 +622,13 @@ mod tests {
             assert_eq!(
                 gather_cast::<f32, bf16>(&src, &layout).unwrap(),
                 want,
+                "{dims:?}"
+            );
+            // Same type: tiles of 16 (a cache line of float32), not 32.
+            let same: Vec<f32> = layout.offsets().map(|o| src[o]).collect();
+            assert_eq!(
+                gather_cast::<f32, f32>(&src, &layout).unwrap(),
+                same,
                 "{dims:?}"
             );
         };

@@ -695,6 +695,44 @@ fn large_products_on_the_faer_path() {
     }
 }
 
+/// float32 products of at least `TRANSPOSE_WORK` multiply-adds copy a column-major left
+/// operand row-major first (a linear layer's weight gradient, `g.t() @ x`): single and
+/// batched, with a sliced (non-dense) column stride, the fused input term, and a batch
+/// that broadcasts the left operand (not copied); each equals the float64 product.
+#[test]
+fn large_products_with_a_column_major_left_operand() {
+    const { assert!(520 * 530 * 500 >= amp_kernels::TRANSPOSE_WORK) };
+    for dtype in [DType::F32, DType::F64] {
+        let g = randn(&[530, 520], dtype, 90).t().unwrap();
+        let x = randn(&[530, 500], dtype, 91);
+        check_product(mm, &g, &x, dtype, "mm(g.t(), x)");
+        let input = randn(&[500], dtype, 92);
+        let prod = ref_matmul(&g, &x);
+        check_addmm(
+            &input,
+            (&g, &x),
+            &prod,
+            (0.5, 2.0),
+            dtype,
+            "addmm(g.t(), x)",
+        );
+        // A column stride longer than the rows (every other row of a wider matrix).
+        let wide = randn(&[530, 1040], dtype, 93)
+            .slice(1usize, 0, 1040, 2)
+            .unwrap()
+            .t()
+            .unwrap();
+        check_product(mm, &wide, &x, dtype, "mm(sliced.t(), x)");
+        // Batched, and broadcast over a batch by `matmul`.
+        let gb = randn(&[2, 530, 520], dtype, 94)
+            .transpose(1usize, 2usize)
+            .unwrap();
+        let xb = randn(&[2, 530, 500], dtype, 95);
+        check_product(bmm, &gb, &xb, dtype, "bmm(g.mT, x)");
+        check_product(matmul, &g, &xb, dtype, "matmul(g.t(), x[2])");
+    }
+}
+
 /// Large single products are cut into blocks of output columns (or rows, when the
 /// output is taller than wide), one per rayon task; 16-bit operands are widened block
 /// by block. Every layout a block meets: transposed and sliced operands, a
