@@ -957,7 +957,7 @@ fn row_major_a(p: &Plan<'_>) -> Result<Option<(Tensor, Side)>> {
 }
 
 /// Products with at least this many multiply-adds copy a column-major `A` row-major
-/// first ([`row_major_a`]). Below it faer's sequential product of a block is as fast
+/// first (`row_major_a`). Below it faer's sequential product of a block is as fast
 /// with either layout of `A` (measured from 128³ to 768³, float32, one core: within
 /// 10% up to 512³), and the copy would cost as much as the product at 128³.
 pub const TRANSPOSE_WORK: usize = 512 * 512 * 512;
