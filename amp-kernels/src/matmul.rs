@@ -5,9 +5,9 @@
 //! float32 and float64 go straight to a matrix-multiply kernel with the operands'
 //! strides (a transposed or sliced operand is not copied, except a column-major left
 //! operand of a product of at least [`TRANSPOSE_WORK`] multiply-adds, which faer reads
-//! at half speed): `faer`'s for products of
-//! at least [`FAER_WORK`] multiply-adds (its x86 kernels use AVX-512 where the CPU has it,
-//! chosen at run time), the `gemm` crate's below (less set-up cost on tiny products).
+//! at half speed): `faer`'s for products of at least [`FAER_WORK`] multiply-adds (its
+//! x86 kernels use AVX-512 where the CPU has it, chosen at run time), the `gemm`
+//! crate's below (less set-up cost on tiny products).
 //! A large single product is cut into blocks of output columns (or rows), each
 //! multiplied sequentially on one rayon thread (`Blocks`).
 //!
