@@ -623,21 +623,19 @@ type GemmShape = (
     Parallelism,
 );
 
-/// `faer`'s product (AVX-512 kernels where the CPU has them) on raw strided matrices.
+/// `faer`'s product (AVX-512 kernels where the CPU has them) on raw strided matrices,
+/// through the matmul module's [`crate::matmul::faer_matmul`] (its block split when
+/// `par` asks for threads).
 ///
 /// # Safety
 /// The three matrices must lie in valid allocations; `d` exclusively borrowed.
-unsafe fn faer_gemm<F: faer::traits::RealField + Copy>(
+unsafe fn faer_gemm<F: crate::matmul::GemmFloat>(
     d: *mut F,
     a: *const F,
     b: *const F,
     (m, n, k, dst_rs, accumulate, (ars, acs), (brs, bcs), par): GemmShape,
 ) {
-    use faer::{Accum, MatMut, MatRef, Par};
-    let par = match par {
-        Parallelism::None => Par::Seq,
-        _ => Par::rayon(0),
-    };
+    use faer::{Accum, MatMut, MatRef};
     let accum = if accumulate {
         Accum::Add
     } else {
@@ -648,7 +646,7 @@ unsafe fn faer_gemm<F: faer::traits::RealField + Copy>(
         let lhs = MatRef::from_raw_parts(a, m, k, ars as isize, acs as isize);
         let rhs = MatRef::from_raw_parts(b, k, n, brs as isize, bcs as isize);
         let dst = MatMut::from_raw_parts_mut(d, m, n, dst_rs as isize, 1);
-        faer::linalg::matmul::matmul(dst, accum, lhs, rhs, F::one_impl(), par);
+        crate::matmul::faer_matmul(dst, accum, lhs, rhs, F::one(), par);
     }
 }
 

@@ -119,6 +119,13 @@ fn per_matrix<R: Send>(
     f: impl Fn(usize) -> R + Sync + Send,
 ) -> Result<Vec<R>> {
     let mut out = try_with_capacity(count)?;
+    // faer's kernels leave the upper register halves dirty (see `faer_seq` in the
+    // matmul module): each thread clears them after its matrix.
+    let f = |i| {
+        let r = f(i);
+        crate::matmul::clear_upper_registers();
+        r
+    };
     if count > 1 && count.saturating_mul(work) >= PARALLEL_WORK {
         out.par_extend((0..count).into_par_iter().map(f));
     } else {

@@ -6,8 +6,10 @@
 //! strides (a transposed or sliced operand is not copied, except a column-major left
 //! operand of a product of at least [`TRANSPOSE_WORK`] multiply-adds, which faer reads
 //! at half speed): `faer`'s for products of at least [`FAER_WORK`] multiply-adds (its
-//! x86 kernels use AVX-512 where the CPU has it, chosen at run time), the `gemm`
-//! crate's below (less set-up cost on tiny products).
+//! x86 kernels use AVX-512 where the CPU has it, chosen at run time), and for smaller
+//! ones whose output is at least [`FAER_MIN_SIDE`] on both sides or whose `B` is
+//! column-major (`on_faer`); the `gemm` crate's for the rest (thin outputs, where it
+//! is faster).
 //! A large single product is cut into blocks of output columns (or rows), each
 //! multiplied sequentially on one rayon thread (`Blocks`).
 //!
@@ -79,9 +81,26 @@ const PARALLEL_WORK: usize = 96 * 96 * 96;
 /// task, no packing shared between threads, so a split pays earlier than for one product).
 const BATCH_PARALLEL_WORK: usize = 256 * 1024;
 
-/// Products with at least this many multiply-adds use `faer`'s kernel, smaller ones
-/// `gemm`'s (down to 16³; smaller ones a direct loop).
+/// Products with at least this many multiply-adds use `faer`'s kernel; smaller ones
+/// (down to 16³; smaller ones a direct loop) use it too when [`on_faer`] says so, else
+/// `gemm`'s.
 pub const FAER_WORK: usize = 64 * 64 * 64;
+
+/// Below [`FAER_WORK`], products whose output has at least this many rows and columns
+/// use `faer`'s kernel. Measured on one AVX-512 core (hot operands, GFLOP/s faer/gemm):
+/// 32×64×32 108/74, 32×32×32 87/66, 24×24×24 50/50, 16×64×16 52/65.
+pub const FAER_MIN_SIDE: usize = 32;
+
+/// Whether a float32/float64 product of an `m×k` by a `k×n` matrix runs on `faer`'s
+/// kernel (else `gemm`'s, or the direct loop up to [`SMALL_WORK`]): from [`FAER_WORK`]
+/// multiply-adds on, and below it when both output sides reach [`FAER_MIN_SIDE`] or
+/// `B` is column-major (`A·Bᵀ`, a linear layer's forward), which `gemm` reads at
+/// 0.5–0.7× of faer's speed at every size measured (16×64×16: 35 against 45 GFLOP/s).
+fn on_faer(m: usize, n: usize, k: usize, b: &Side) -> bool {
+    let work = m * n * k;
+    work >= FAER_WORK
+        || (work > SMALL_WORK && (m.min(n) >= FAER_MIN_SIDE || (b.rs == 1 && b.cs != 1)))
+}
 
 /// Products with at most this many multiply-adds use a direct loop ([`small_product`]):
 /// `gemm` allocates and zeroes a 4 KiB buffer per call, which costs more than the whole
@@ -1334,7 +1353,7 @@ fn widen<T: Element>(
 }
 
 /// The float types `gemm` multiplies natively (the kernels' f32 / f64 compute types).
-trait GemmFloat: Real + std::ops::MulAssign + faer::traits::RealField {}
+pub(crate) trait GemmFloat: Real + std::ops::MulAssign + faer::traits::RealField {}
 impl<T: Real + std::ops::MulAssign + faer::traits::RealField> GemmFloat for T {}
 
 fn parallelism(work: usize) -> Parallelism {
@@ -1411,7 +1430,7 @@ fn gemm_into<C: GemmFloat>(
             unsafe { small_product(product) };
             return;
         }
-        if work >= FAER_WORK {
+        if on_faer(m, n, k, sb) {
             // SAFETY: as below; faer reads the block only with `Accum::Add`, after it
             // holds initialised values.
             unsafe { faer_product(product, par) };
@@ -1630,7 +1649,7 @@ unsafe fn faer_product<C: GemmFloat>(pr: Product<'_, C>, par: Parallelism) {
     let (m, n, k, d, dst_factor, alpha) = (pr.m, pr.n, pr.k, pr.d, pr.dst_factor, pr.alpha);
     let ((a, sa, ia), (b, sb, ib)) = (pr.a, pr.b);
     let read_dst = pr.read_dst;
-    use faer::{Accum, MatMut, MatRef, Par};
+    use faer::{Accum, MatMut, MatRef};
     let accum = if read_dst && dst_factor != C::zero() {
         if dst_factor != C::one() {
             // SAFETY: the caller guarantees `m*n` initialised elements at `d`.
@@ -1659,29 +1678,83 @@ unsafe fn faer_product<C: GemmFloat>(pr: Product<'_, C>, par: Parallelism) {
             sb.cs as isize,
         );
         let dst = MatMut::from_raw_parts_mut(d, m, n, n as isize, 1);
-        let split = match par {
-            Parallelism::None => None,
-            _ => Some(blocks(m, n)),
-        };
-        match split {
-            None => faer::linalg::matmul::matmul(dst, accum, lhs, rhs, alpha, Par::Seq),
-            // Too narrow to cut into blocks of `MIN_BLOCK`: faer's own split wakes the
-            // pool from outside it and waits, slower than one thread at these sizes.
-            Some(None) => faer::linalg::matmul::matmul(dst, accum, lhs, rhs, alpha, Par::Seq),
-            Some(Some(split)) => {
-                let pieces: Vec<_> = split
-                    .pieces(dst, lhs, rhs)
-                    .into_iter()
-                    .map(|p| std::sync::Mutex::new(Some(p)))
-                    .collect();
-                amp_tensor::parallel::for_each(pieces.len(), &|i| {
-                    let piece = pieces[i].lock().map(|mut p| p.take()).ok().flatten();
-                    let (dst, lhs, rhs) = piece.expect("each piece is taken once");
-                    faer::linalg::matmul::matmul(dst, accum, lhs, rhs, alpha, Par::Seq)
-                });
-            }
-        }
+        faer_matmul(dst, accum, lhs, rhs, alpha, par);
     }
+}
+
+/// `dst = alpha * lhs @ rhs` (plus `dst` for `Accum::Add`) on faer's kernel: on the
+/// calling thread for [`Parallelism::None`] and for outputs too narrow to cut into
+/// blocks of [`MIN_BLOCK`] (faer's own split wakes the pool from outside it and waits,
+/// slower than one thread there), else as [`Blocks`], one `parallel::for_each` task
+/// each. Every thread that ran faer's kernel clears its upper registers ([`faer_seq`]).
+pub(crate) fn faer_matmul<C: GemmFloat>(
+    dst: faer::MatMut<'_, C>,
+    accum: faer::Accum,
+    lhs: faer::MatRef<'_, C>,
+    rhs: faer::MatRef<'_, C>,
+    alpha: C,
+    par: Parallelism,
+) {
+    let split = match par {
+        Parallelism::None => None,
+        _ => blocks(dst.nrows(), dst.ncols()),
+    };
+    let Some(split) = split else {
+        return faer_seq(dst, accum, lhs, rhs, alpha);
+    };
+    let pieces: Vec<_> = split
+        .pieces(dst, lhs, rhs)
+        .into_iter()
+        .map(|p| std::sync::Mutex::new(Some(p)))
+        .collect();
+    amp_tensor::parallel::for_each(pieces.len(), &|i| {
+        let piece = pieces[i].lock().map(|mut p| p.take()).ok().flatten();
+        let (dst, lhs, rhs) = piece.expect("each piece is taken once");
+        faer_seq(dst, accum, lhs, rhs, alpha)
+    });
+}
+
+/// `dst = alpha * lhs @ rhs` (plus `dst` for `Accum::Add`) on faer's sequential kernel,
+/// then the upper halves of the vector registers cleared.
+///
+/// faer's x86 micro-kernels (hand-written, in `private-gemm-x86`) return with the upper
+/// halves of the AVX registers dirty: no `vzeroupper`. Until something clears them,
+/// every legacy-SSE instruction after them (all Rust code built for the baseline
+/// target: copies, scalar float arithmetic, the bookkeeping between ops) waits on a
+/// merge with those halves. Measured on an AVX-512 Xeon: a 32×32 float32 linear layer's
+/// forward and backward took 16.3 µs with faer's kernel against 14.4 µs with `gemm`'s,
+/// although faer's product alone was faster (1.12 against 1.29 µs), with `memcpy` and
+/// a `Vec` clone in a transpose's bookkeeping at 15% of the time.
+fn faer_seq<C: GemmFloat>(
+    dst: faer::MatMut<'_, C>,
+    accum: faer::Accum,
+    lhs: faer::MatRef<'_, C>,
+    rhs: faer::MatRef<'_, C>,
+    alpha: C,
+) {
+    faer::linalg::matmul::matmul(dst, accum, lhs, rhs, alpha, faer::Par::Seq);
+    clear_upper_registers();
+}
+
+/// `vzeroupper` where the CPU has AVX (after faer's kernels, see [`faer_seq`]); nothing
+/// elsewhere.
+#[inline]
+pub(crate) fn clear_upper_registers() {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx") {
+        // SAFETY: the CPU has AVX, the one feature the instruction needs.
+        unsafe { zero_upper() }
+    }
+}
+
+/// `vzeroupper`.
+///
+/// # Safety
+/// The CPU must have AVX.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn zero_upper() {
+    std::arch::x86_64::_mm256_zeroupper()
 }
 
 /// How a parallel product is cut into independent blocks of the output, each

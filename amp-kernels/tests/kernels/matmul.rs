@@ -639,6 +639,60 @@ fn concurrent_half_products_share_nothing() {
     });
 }
 
+/// Below `FAER_WORK`, products whose output is at least `FAER_MIN_SIDE` on both sides,
+/// or whose right operand is column-major, run on faer's kernel and the rest on gemm's:
+/// both keep the contract (the fused input term, batches, a sliced operand).
+#[test]
+fn mid_size_products_on_either_kernel() {
+    use amp_kernels::{FAER_MIN_SIDE, FAER_WORK};
+    // (m, k, n, B column-major): faer by size, faer by layout, gemm.
+    let cases = [
+        (40, 20, 36, false),
+        (16, 40, 20, true),
+        (16, 40, 20, false),
+        (20, 24, 12, true),
+    ];
+    for &(m, k, n, _) in &cases {
+        assert!(m * k * n > 16 * 16 * 16 && m * k * n < FAER_WORK);
+    }
+    assert!(cases[0].0.min(cases[0].2) >= FAER_MIN_SIDE && cases[2].0 < FAER_MIN_SIDE);
+    for dtype in [DType::F32, DType::F64] {
+        for (c, &(m, k, n, b_cols)) in cases.iter().enumerate() {
+            let seed = 200 + 10 * c as u64;
+            let a = randn(&[m, k], dtype, seed);
+            let b = if b_cols {
+                randn(&[n, k], dtype, seed + 1).t().unwrap()
+            } else {
+                randn(&[k, n], dtype, seed + 1)
+            };
+            let what = format!("{m}x{k}x{n} b_cols={b_cols}");
+            let prod = ref_matmul(&a, &b);
+            assert_close(&mm(&a, &b).unwrap(), &prod, dtype, &what);
+            let input = randn(&[n], dtype, seed + 2);
+            let got = addmm(&input, &a, &b, 0.5, -1.5).unwrap();
+            assert_close(&got, &with_input(&prod, &input, 0.5, -1.5), dtype, &what);
+            let sliced = randn(&[k, 2 * n], dtype, seed + 3)
+                .slice(1usize, 0, 2 * n, 2)
+                .unwrap();
+            assert_close(
+                &mm(&a, &sliced).unwrap(),
+                &ref_matmul(&a, &sliced),
+                dtype,
+                &what,
+            );
+            let ba = randn(&[3, m, k], dtype, seed + 4);
+            let bb = if b_cols {
+                randn(&[3, n, k], dtype, seed + 5)
+                    .transpose(1usize, 2usize)
+                    .unwrap()
+            } else {
+                randn(&[3, k, n], dtype, seed + 5)
+            };
+            assert_close(&bmm(&ba, &bb).unwrap(), &ref_matmul(&ba, &bb), dtype, &what);
+        }
+    }
+}
+
 /// Products of at least `FAER_WORK` multiply-adds take the other kernel: the same
 /// contract there (transposed and sliced operands, `beta`/`alpha`, `beta == 0` ignoring
 /// a NaN input, batched and batch-summed products).
@@ -1127,5 +1181,59 @@ fn every_16bit_kernel_rounds_nan_and_subnormal_sums_as_pytorch() {
                 want[i]
             );
         }
+    }
+}
+
+/// The AVX state components a thread has in use (`XINUSE`, `xgetbv` with `ecx = 1`).
+///
+/// # Safety
+/// The CPU must have XSAVE and report `XGETBV` with `ecx = 1`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "xsave")]
+unsafe fn xinuse() -> u64 {
+    // SAFETY: as the caller guarantees.
+    unsafe { std::arch::x86_64::_xgetbv(1) }
+}
+
+/// faer's hand-written kernels return without `vzeroupper`; a float32 or float64
+/// product (on any kernel: faer's, gemm's or the direct loop) and a convolution (whose
+/// im2col product is faer's too) clear the upper halves of the vector registers before
+/// they return, or every legacy-SSE instruction after them would wait on those halves.
+/// Checked through `XINUSE` bit 2 (YMM upper halves) and bit 6 (ZMM upper halves);
+/// skipped where the CPU cannot report it.
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn products_return_with_clean_upper_registers() {
+    // CPUID.(EAX=0DH, ECX=1):EAX bit 2: XGETBV with ECX = 1.
+    let leaf = std::arch::x86_64::__cpuid_count(0xd, 1);
+    if !std::arch::is_x86_feature_detected!("avx") || leaf.eax & 4 == 0 {
+        eprintln!("SKIPPED products_return_with_clean_upper_registers: no XINUSE");
+        return;
+    }
+    const UPPER: u64 = 1 << 2 | 1 << 6;
+    for dtype in [DType::F32, DType::F64] {
+        for (m, k, n) in [
+            (64, 64, 64),
+            (40, 20, 36),
+            (16, 40, 20),
+            (8, 8, 8),
+            (256, 256, 256),
+        ] {
+            let a = randn(&[m, k], dtype, 300);
+            let b = randn(&[k, n], dtype, 301);
+            let out = mm(&a, &b).unwrap();
+            // SAFETY: checked above.
+            let state = unsafe { xinuse() };
+            assert_eq!(state & UPPER, 0, "{dtype:?} {m}x{k}x{n}: XINUSE {state:#x}");
+            drop(out);
+        }
+        let x = randn(&[2, 8, 16, 16], dtype, 302);
+        let w = randn(&[16, 8, 3, 3], dtype, 303);
+        let p = amp_kernels::ConvParams::new(&[1, 1], &[1, 1], &[1, 1], 1);
+        let y = amp_kernels::conv(&x, &w, None, &p).unwrap();
+        // SAFETY: checked above.
+        let state = unsafe { xinuse() };
+        assert_eq!(state & UPPER, 0, "{dtype:?} conv2d: XINUSE {state:#x}");
+        drop(y);
     }
 }
