@@ -1195,10 +1195,10 @@ unsafe fn xinuse() -> u64 {
     unsafe { std::arch::x86_64::_xgetbv(1) }
 }
 
-/// faer's hand-written kernels return without `vzeroupper`; a float32 or float64
-/// product (on any kernel: faer's, gemm's or the direct loop) and a convolution (whose
-/// im2col product is faer's too) clear the upper halves of the vector registers before
-/// they return, or every legacy-SSE instruction after them would wait on those halves.
+/// faer's hand-written kernels return without `vzeroupper`; a product of any float
+/// dtype (on any kernel: faer's, gemm's, the direct loop, the 16-bit kernels) and a
+/// convolution (whose im2col product is faer's too) clear the upper halves of the vector
+/// registers before they return, or every legacy-SSE instruction after them would wait on those halves.
 /// Checked through `XINUSE` bit 2 (YMM upper halves) and bit 6 (ZMM upper halves);
 /// skipped where the CPU cannot report it.
 #[test]
@@ -1211,7 +1211,7 @@ fn products_return_with_clean_upper_registers() {
         return;
     }
     const UPPER: u64 = 1 << 2 | 1 << 6;
-    for dtype in [DType::F32, DType::F64] {
+    for dtype in [DType::F32, DType::F64, DType::BF16, DType::F16] {
         for (m, k, n) in [
             (64, 64, 64),
             (40, 20, 36),
