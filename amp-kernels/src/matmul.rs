@@ -82,7 +82,7 @@ const PARALLEL_WORK: usize = 96 * 96 * 96;
 const BATCH_PARALLEL_WORK: usize = 256 * 1024;
 
 /// Products with at least this many multiply-adds use `faer`'s kernel; smaller ones
-/// (down to 16³; smaller ones a direct loop) use it too when [`on_faer`] says so, else
+/// (down to 16³; smaller ones a direct loop) use it too when `on_faer` says so, else
 /// `gemm`'s.
 pub const FAER_WORK: usize = 64 * 64 * 64;
 
@@ -1775,7 +1775,7 @@ struct Blocks {
 }
 
 /// The split for an `m×n` output, or `None` when neither side is long enough to give
-/// each thread a block of at least [`MIN_BLOCK`] (faer's own split then).
+/// each thread a block of at least [`MIN_BLOCK`] (one thread then).
 fn blocks(m: usize, n: usize) -> Option<Blocks> {
     let threads = rayon::current_num_threads();
     let (cols, len) = if n >= m { (true, n) } else { (false, m) };
