@@ -95,7 +95,8 @@ pub const FAER_MIN_SIDE: usize = 32;
 /// kernel (else `gemm`'s, or the direct loop up to [`SMALL_WORK`]): from [`FAER_WORK`]
 /// multiply-adds on, and below it when both output sides reach [`FAER_MIN_SIDE`] or
 /// `B` is column-major (`A·Bᵀ`, a linear layer's forward), which `gemm` reads at
-/// 0.5–0.7× of faer's speed at every size measured (16×64×16: 35 against 45 GFLOP/s).
+/// 0.4–0.8× of faer's speed at every size measured (16³: 13 against 32 GFLOP/s,
+/// 16×64×16: 35 against 45).
 fn on_faer(m: usize, n: usize, k: usize, b: &Side) -> bool {
     let work = m * n * k;
     work >= FAER_WORK
@@ -1724,7 +1725,8 @@ pub(crate) fn faer_matmul<C: GemmFloat>(
 /// merge with those halves. Measured on an AVX-512 Xeon: a 32×32 float32 linear layer's
 /// forward and backward took 16.3 µs with faer's kernel against 14.4 µs with `gemm`'s,
 /// although faer's product alone was faster (1.12 against 1.29 µs), with `memcpy` and
-/// a `Vec` clone in a transpose's bookkeeping at 15% of the time.
+/// a `Vec` clone in a transpose's bookkeeping at 15% of the time; with the registers
+/// cleared, 7.0–7.3 µs.
 fn faer_seq<C: GemmFloat>(
     dst: faer::MatMut<'_, C>,
     accum: faer::Accum,
