@@ -99,8 +99,7 @@ pub const FAER_MIN_SIDE: usize = 32;
 /// 16×64×16: 35 against 45).
 fn on_faer(m: usize, n: usize, k: usize, b: &Side) -> bool {
     let work = m * n * k;
-    work >= FAER_WORK
-        || (work > SMALL_WORK && (m.min(n) >= FAER_MIN_SIDE || (b.rs == 1 && b.cs != 1)))
+    work >= FAER_WORK || (work > SMALL_WORK && (m.min(n) >= FAER_MIN_SIDE || b.column_major()))
 }
 
 /// Products with at most this many multiply-adds use a direct loop ([`small_product`]):
@@ -149,6 +148,12 @@ struct Side {
 }
 
 impl Side {
+    /// Whether the matrix's columns are its contiguous runs (a transposed row-major
+    /// matrix: unit row stride, and a column stride other than 1).
+    fn column_major(&self) -> bool {
+        self.rs == 1 && self.cs != 1
+    }
+
     /// A single 2-D matrix view.
     fn matrix(t: &Tensor) -> Side {
         Side {
@@ -946,7 +951,7 @@ fn native<C: GemmFloat>(p: &Plan<'_>) -> Result<Tensor> {
 /// the product).
 fn row_major_a(p: &Plan<'_>) -> Result<Option<(Tensor, Side)>> {
     let (m, k) = (p.m, p.k);
-    let column_major = p.sa.rs == 1 && p.sa.cs >= m && m > 1 && k > 1;
+    let column_major = p.sa.column_major() && p.sa.cs >= m && m > 1 && k > 1;
     if !column_major || m * p.n * k < TRANSPOSE_WORK {
         return Ok(None);
     }
@@ -1337,7 +1342,7 @@ fn widen<T: Element>(
         ));
     }
     // Gathered in the orientation whose runs are contiguous in the source.
-    let col_major = side.rs == 1 && side.cs != 1;
+    let col_major = side.column_major();
     let mut buf = scratch(numel)?;
     let mat = rows * cols;
     amp_tensor::parallel::for_each_chunk_mut(&mut buf[..numel], mat.max(1), &|i, dst| {

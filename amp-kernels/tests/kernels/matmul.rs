@@ -1198,8 +1198,8 @@ unsafe fn xinuse() -> u64 {
 /// faer's hand-written kernels return without `vzeroupper`; a product of any float
 /// dtype (on any kernel: faer's, gemm's, the direct loop, the 16-bit kernels) and a
 /// convolution (whose im2col product is faer's too) clear the upper halves of the vector
-/// registers before they return, or every legacy-SSE instruction after them would wait on those halves.
-/// Checked through `XINUSE` bit 2 (YMM upper halves) and bit 6 (ZMM upper halves);
+/// registers before they return, or every legacy-SSE instruction after them would wait
+/// on those halves. Checked through `XINUSE` bit 2 (YMM upper halves) and bit 6 (ZMM upper halves);
 /// skipped where the CPU cannot report it.
 #[test]
 #[cfg(target_arch = "x86_64")]
@@ -1210,7 +1210,13 @@ fn products_return_with_clean_upper_registers() {
         eprintln!("SKIPPED products_return_with_clean_upper_registers: no XINUSE");
         return;
     }
-    const UPPER: u64 = 1 << 2 | 1 << 6;
+    // The message is formatted only on failure: nothing runs between the op and the read.
+    let assert_clean = |what: std::fmt::Arguments<'_>| {
+        const UPPER: u64 = 1 << 2 | 1 << 6;
+        // SAFETY: the CPU reports `XINUSE` (checked above).
+        let state = unsafe { xinuse() };
+        assert_eq!(state & UPPER, 0, "{what}: XINUSE {state:#x}");
+    };
     for dtype in [DType::F32, DType::F64, DType::BF16, DType::F16] {
         for (m, k, n) in [
             (64, 64, 64),
@@ -1222,18 +1228,14 @@ fn products_return_with_clean_upper_registers() {
             let a = randn(&[m, k], dtype, 300);
             let b = randn(&[k, n], dtype, 301);
             let out = mm(&a, &b).unwrap();
-            // SAFETY: checked above.
-            let state = unsafe { xinuse() };
-            assert_eq!(state & UPPER, 0, "{dtype:?} {m}x{k}x{n}: XINUSE {state:#x}");
+            assert_clean(format_args!("{dtype:?} {m}x{k}x{n}"));
             drop(out);
         }
         let x = randn(&[2, 8, 16, 16], dtype, 302);
         let w = randn(&[16, 8, 3, 3], dtype, 303);
         let p = amp_kernels::ConvParams::new(&[1, 1], &[1, 1], &[1, 1], 1);
         let y = amp_kernels::conv(&x, &w, None, &p).unwrap();
-        // SAFETY: checked above.
-        let state = unsafe { xinuse() };
-        assert_eq!(state & UPPER, 0, "{dtype:?} conv2d: XINUSE {state:#x}");
+        assert_clean(format_args!("{dtype:?} conv2d"));
         drop(y);
     }
 }
