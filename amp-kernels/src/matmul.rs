@@ -32,9 +32,10 @@
 //! `beta * input`.
 //!
 //! # Which path a size takes (the cost model, calibrated by `cargo xtask bench --sweep`)
-//! - Up to `SMALL_WORK` (16³) multiply-adds, a direct FMA loop (four rows at a time,
-//!   four independent multiply-add chains): `gemm` allocates and zeroes 4 KiB per call,
-//!   more than such a product costs.
+//! - Up to `SMALL_WORK` (16³) multiply-adds, and up to `DIRECT_WORK` (32×64×32) when
+//!   `B`'s rows are contiguous, the direct kernel (`small.rs`: eight vector
+//!   accumulators of up to eight output rows, no packing, no allocation): `gemm`
+//!   allocates and zeroes 4 KiB per call, more than such a product costs.
 //! - Products under `PARALLEL_WORK` (96³) and batches under `BATCH_PARALLEL_WORK`
 //!   (256K multiply-adds in all) stay on the calling thread: below that a wake-up costs
 //!   more than the second core gives.
@@ -66,7 +67,9 @@ use amp_tensor::parallel::SendPtr;
 use amp_tensor::pool::{try_collect, try_vec_with_capacity, try_zeroed};
 
 mod native16;
+mod small;
 pub use native16::{kernel16, with_kernel16, Kernel16};
+use small::small_product;
 
 /// Products (and batches of products) with fewer multiply-adds than this run on the
 /// calling thread. The cost model behind it, calibrated by `cargo xtask bench --sweep`
@@ -92,20 +95,36 @@ pub const FAER_WORK: usize = 64 * 64 * 64;
 pub const FAER_MIN_SIDE: usize = 32;
 
 /// Whether a float32/float64 product of an `m×k` by a `k×n` matrix runs on `faer`'s
-/// kernel (else `gemm`'s, or the direct loop up to [`SMALL_WORK`]): from [`FAER_WORK`]
+/// kernel (else `gemm`'s, or the direct kernel, see [`direct`]): from [`FAER_WORK`]
 /// multiply-adds on, and below it when both output sides reach [`FAER_MIN_SIDE`] or
 /// `B` is column-major (`A·Bᵀ`, a linear layer's forward), which `gemm` reads at
 /// 0.4–0.8× of faer's speed at every size measured (16³: 13 against 32 GFLOP/s,
 /// 16×64×16: 35 against 45).
 fn on_faer(m: usize, n: usize, k: usize, b: &Side) -> bool {
     let work = m * n * k;
-    work >= FAER_WORK || (work > SMALL_WORK && (m.min(n) >= FAER_MIN_SIDE || b.column_major()))
+    work >= FAER_WORK || (!direct(m, n, k, b) && (m.min(n) >= FAER_MIN_SIDE || b.column_major()))
 }
 
-/// Products with at most this many multiply-adds use a direct loop ([`small_product`]):
-/// `gemm` allocates and zeroes a 4 KiB buffer per call, which costs more than the whole
-/// product at these sizes.
-const SMALL_WORK: usize = 16 * 16 * 16;
+/// Products with at most this many multiply-adds use the direct kernel
+/// ([`small_product`]) whatever their layout: `gemm` allocates and zeroes a 4 KiB buffer
+/// per call, which costs more than the whole product at these sizes.
+pub const SMALL_WORK: usize = 16 * 16 * 16;
+
+/// Products with at most this many multiply-adds whose `B` has contiguous rows use the
+/// direct kernel too, where the CPU has its vector form (`small::vector_kernel`): it
+/// packs nothing, and below this size packing costs more than it saves. Measured on
+/// one AVX-512 core, float32, µs per product, direct against `gemm`/faer: 16×64×16
+/// 0.48/1.25, 24³ 0.65/1.47, 32³ 0.83/1.67, 32×64×32 1.36/2.22, 8×64×64 1.28/1.38,
+/// 64×64×8 2.18/1.95. A `B` with strided rows is copied first, which at these sizes
+/// costs more than `gemm`'s packing (8×64×64: 4.9 against 1.3 µs).
+pub const DIRECT_WORK: usize = 32 * 64 * 32;
+
+/// Whether a float32/float64 product runs on the direct kernel ([`SMALL_WORK`],
+/// [`DIRECT_WORK`]).
+fn direct(m: usize, n: usize, k: usize, b: &Side) -> bool {
+    let work = m * n * k;
+    work <= SMALL_WORK || (work <= DIRECT_WORK && b.cs == 1 && small::vector_kernel())
+}
 
 /// In a batched product, matrices with at least this many multiply-adds are each
 /// multiplied by all threads; smaller ones are spread over the threads by batch.
@@ -1359,8 +1378,11 @@ fn widen<T: Element>(
 }
 
 /// The float types `gemm` multiplies natively (the kernels' f32 / f64 compute types).
-pub(crate) trait GemmFloat: Real + std::ops::MulAssign + faer::traits::RealField {}
-impl<T: Real + std::ops::MulAssign + faer::traits::RealField> GemmFloat for T {}
+pub(crate) trait GemmFloat:
+    Real + std::ops::MulAssign + faer::traits::RealField + small::SmallVector
+{
+}
+impl<T: Real + std::ops::MulAssign + faer::traits::RealField + small::SmallVector> GemmFloat for T {}
 
 fn parallelism(work: usize) -> Parallelism {
     if work < PARALLEL_WORK || rayon::current_num_threads() <= 1 {
@@ -1431,7 +1453,7 @@ fn gemm_into<C: GemmFloat>(
             read_dst,
             alpha,
         };
-        if work <= SMALL_WORK {
+        if direct(m, n, k, sb) {
             // SAFETY: as for `faer_product` below.
             unsafe { small_product(product) };
             return;
@@ -1496,7 +1518,7 @@ fn gemm_into<C: GemmFloat>(
 /// matrix `i` of `a` and the `k×n` matrix `i` of `b` (each with its [`Side`]), into the
 /// row-major `m×n` block at `d`.
 #[derive(Clone, Copy)]
-struct Product<'a, C> {
+pub(crate) struct Product<'a, C> {
     m: usize,
     n: usize,
     k: usize,
@@ -1506,143 +1528,6 @@ struct Product<'a, C> {
     dst_factor: C,
     read_dst: bool,
     alpha: C,
-}
-
-/// A [`Product`] of at most [`SMALL_WORK`] multiply-adds: per output row, blocks of
-/// eight columns summed in registers over the inner dim, with fused multiply-adds (one
-/// rounding each, as the large kernels do) where the CPU has them. The input term is
-/// read only when `read_dst` and `dst_factor` is not 0, as in [`faer_product`].
-///
-/// # Safety
-/// As for [`faer_product`].
-unsafe fn small_product<C: GemmFloat>(pr: Product<'_, C>) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn fma<C: GemmFloat>(pr: Product<'_, C>) {
-            // SAFETY: the caller's contract.
-            unsafe { small_body(pr, true) }
-        }
-        if std::arch::is_x86_feature_detected!("fma") && std::arch::is_x86_feature_detected!("avx2")
-        {
-            // SAFETY: the CPU has FMA and AVX2 (checked just above); the caller's contract.
-            return unsafe { fma(pr) };
-        }
-    }
-    // SAFETY: the caller's contract.
-    unsafe { small_body(pr, false) }
-}
-
-/// [`small_product`]'s loops; `fused` picks `mul_add` (only where the CPU has FMA: it
-/// is a library call otherwise).
-#[inline(always)]
-unsafe fn small_body<C: GemmFloat>(pr: Product<'_, C>, fused: bool) {
-    let Product {
-        m,
-        n,
-        k,
-        a: (a, sa, ia),
-        b: (b, sb, ib),
-        d,
-        dst_factor,
-        read_dst,
-        alpha,
-    } = pr;
-    // Eight output columns at a time, their sums in registers (a fixed-size block);
-    // the remaining columns (and every column of a B with strided rows) one by one.
-    const V: usize = 8;
-    let (a0, b0) = (sa.offsets[ia], sb.offsets[ib]);
-    let add_input = read_dst && dst_factor != C::zero();
-    let store = |i: usize, j: usize, s: C| {
-        // SAFETY: element (i, j) of the caller's `m×n` block, read only when the
-        // caller initialised it (`read_dst`).
-        unsafe {
-            let o = d.add(i * n + j);
-            let v = alpha * s;
-            o.write(if add_input {
-                dst_factor * o.read() + v
-            } else {
-                v
-            });
-        }
-    };
-    // Rows in blocks of `R`: `R` independent chains of multiply-adds per column block,
-    // so that the loop is not bound by the latency of one chain (each output's sum is
-    // still taken in the order of the inner dim, as with one row at a time).
-    const R: usize = 4;
-    let mut i = 0;
-    while i < m {
-        let rows = if m - i >= R { R } else { 1 };
-        let mut j = 0;
-        if sb.cs == 1 {
-            while j + V <= n {
-                let bcol = b0 + j;
-                if rows == R {
-                    let arows = std::array::from_fn(|r| a0 + (i + r) * sa.rs);
-                    let acc = tile::<C, R, V>(a, arows, sa.cs, b, bcol, sb.rs, k, fused);
-                    for (r, row) in acc.iter().enumerate() {
-                        for (l, &s) in row.iter().enumerate() {
-                            store(i + r, j + l, s);
-                        }
-                    }
-                } else {
-                    let acc = tile::<C, 1, V>(a, [a0 + i * sa.rs], sa.cs, b, bcol, sb.rs, k, fused);
-                    for (l, &s) in acc[0].iter().enumerate() {
-                        store(i, j + l, s);
-                    }
-                }
-                j += V;
-            }
-        }
-        for r in i..i + rows {
-            let arow = a0 + r * sa.rs;
-            for j in j..n {
-                let mut s = C::zero();
-                for p in 0..k {
-                    s = madd(a[arow + p * sa.cs], b[b0 + p * sb.rs + j * sb.cs], s, fused);
-                }
-                store(r, j, s);
-            }
-        }
-        i += rows;
-    }
-}
-
-/// The sums of `R` rows of `A` (starting at `arows`, inner stride `acs`) times `V`
-/// contiguous columns of `B` (starting at `bcol`, row stride `brs`), over `k`.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn tile<C: GemmFloat, const R: usize, const V: usize>(
-    a: &[C],
-    arows: [usize; R],
-    acs: usize,
-    b: &[C],
-    bcol: usize,
-    brs: usize,
-    k: usize,
-    fused: bool,
-) -> [[C; V]; R] {
-    let mut acc = [[C::zero(); V]; R];
-    for p in 0..k {
-        let bs: &[C; V] = b[bcol + p * brs..][..V].try_into().expect("V");
-        for (row, &a0) in acc.iter_mut().zip(&arows) {
-            let av = a[a0 + p * acs];
-            for (s, &bv) in row.iter_mut().zip(bs) {
-                *s = madd(av, bv, *s, fused);
-            }
-        }
-    }
-    acc
-}
-
-/// `a * b + c`, with one rounding when `fused`.
-#[inline(always)]
-fn madd<C: GemmFloat>(a: C, b: C, c: C, fused: bool) -> C {
-    if fused {
-        a.mul_add(b, c)
-    } else {
-        c + a * b
-    }
 }
 
 /// A [`Product`] on faer's kernel (`d` only written, not read, when `read_dst` is

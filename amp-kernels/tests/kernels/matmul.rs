@@ -645,16 +645,18 @@ fn concurrent_half_products_share_nothing() {
 #[test]
 fn mid_size_products_on_either_kernel() {
     use amp_kernels::{FAER_MIN_SIDE, FAER_WORK};
-    // (m, k, n, B column-major): faer by size, faer by layout, gemm.
+    // (m, k, n, B column-major): faer by size, faer by layout, gemm (a row-major `B`
+    // above the direct kernel's size), gemm (a column-major one).
     let cases = [
         (40, 20, 36, false),
         (16, 40, 20, true),
-        (16, 40, 20, false),
+        (16, 180, 24, false),
         (20, 24, 12, true),
     ];
     for &(m, k, n, _) in &cases {
-        assert!(m * k * n > 16 * 16 * 16 && m * k * n < FAER_WORK);
+        assert!(m * k * n > amp_kernels::SMALL_WORK && m * k * n < FAER_WORK);
     }
+    const { assert!(16 * 180 * 24 > amp_kernels::DIRECT_WORK) };
     assert!(cases[0].0.min(cases[0].2) >= FAER_MIN_SIDE && cases[2].0 < FAER_MIN_SIDE);
     for dtype in [DType::F32, DType::F64] {
         for (c, &(m, k, n, b_cols)) in cases.iter().enumerate() {
@@ -1237,5 +1239,118 @@ fn products_return_with_clean_upper_registers() {
         let y = amp_kernels::conv(&x, &w, None, &p).unwrap();
         assert_clean(format_args!("{dtype:?} conv2d"));
         drop(y);
+    }
+}
+
+/// `beta * input + alpha * Σ_p a[i,p]·b[p,j]` as the direct kernel computes it, in
+/// float32 (`single`) or float64: one multiply-add per step of the inner dim, in order,
+/// fused where `fused`; then `alpha *` the sum, plus `beta * input` (two roundings).
+#[allow(clippy::too_many_arguments)]
+fn in_order(
+    a: &[f64],
+    b: &[f64],
+    input: &[f64],
+    (m, k, n): (usize, usize, usize),
+    (beta, alpha): (f64, f64),
+    single: bool,
+    fused: bool,
+) -> Vec<f64> {
+    let r = |x: f64| if single { x as f32 as f64 } else { x };
+    let madd = |x: f64, y: f64, s: f64| match (single, fused) {
+        (true, true) => (x as f32).mul_add(y as f32, s as f32) as f64,
+        (true, false) => (s as f32 + x as f32 * y as f32) as f64,
+        (false, true) => x.mul_add(y, s),
+        (false, false) => s + x * y,
+    };
+    let mut out = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let s = (0..k).fold(0.0, |s, p| madd(a[i * k + p], b[p * n + j], s));
+            let v = r(alpha * s);
+            out[i * n + j] = if beta == 0.0 {
+                v
+            } else {
+                r(r(beta * input[i * n + j]) + v)
+            };
+        }
+    }
+    out
+}
+
+/// The direct kernel (products up to `SMALL_WORK` multiply-adds, and up to
+/// `DIRECT_WORK` with a row-major `B`) gives the bits of the in-order sum on every tile
+/// shape: 8, 4, 2 and 1 rows, one to eight vectors of columns, masked last columns, a
+/// column-major `A`, a column-major `B` (copied first), `beta`/`alpha`, and a batch.
+#[test]
+fn direct_kernel_sums_in_order() {
+    use amp_kernels::{DIRECT_WORK, SMALL_WORK};
+    #[cfg(target_arch = "x86_64")]
+    let fused = is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx2");
+    #[cfg(not(target_arch = "x86_64"))]
+    let fused = false;
+    // (m, k, n, A column-major, B column-major)
+    let cases = [
+        (1, 30, 130, false, false),
+        (2, 9, 70, false, false),
+        (3, 5, 33, true, false),
+        (5, 17, 9, false, true),
+        (8, 64, 8, false, true),
+        (8, 64, 8, true, false),
+        (13, 11, 17, false, false),
+        (16, 64, 16, false, false),
+        (9, 7, 1, false, true),
+        (32, 64, 32, false, false),
+        (12, 3, 40, true, true),
+    ];
+    for &(m, k, n, _, b_cols) in &cases {
+        let limit = if b_cols { SMALL_WORK } else { DIRECT_WORK };
+        assert!(m * k * n <= limit, "{m}x{k}x{n} is not a direct product");
+    }
+    for dtype in [DType::F32, DType::F64] {
+        let single = dtype == DType::F32;
+        for (c, &(m, k, n, a_cols, b_cols)) in cases.iter().enumerate() {
+            let seed = 400 + 10 * c as u64;
+            let a = if a_cols {
+                randn(&[k, m], dtype, seed).t().unwrap()
+            } else {
+                randn(&[m, k], dtype, seed)
+            };
+            let b = if b_cols {
+                randn(&[n, k], dtype, seed + 1).t().unwrap()
+            } else {
+                randn(&[k, n], dtype, seed + 1)
+            };
+            let input = randn(&[m, n], dtype, seed + 2);
+            let (av, bv, iv) = (a.to_vec_f64(), b.to_vec_f64(), input.to_vec_f64());
+            let what = format!("{dtype} {m}x{k}x{n} a_cols={a_cols} b_cols={b_cols}");
+            let shape = (m, k, n);
+            let want = in_order(&av, &bv, &iv, shape, (0.0, 1.0), single, fused);
+            assert_eq!(mm(&a, &b).unwrap().to_vec_f64(), want, "mm {what}");
+            let want = in_order(&av, &bv, &iv, shape, (0.5, -1.5), single, fused);
+            let got = addmm(&input, &a, &b, 0.5, -1.5).unwrap();
+            assert_eq!(got.to_vec_f64(), want, "addmm {what}");
+            let ba = if a_cols {
+                randn(&[3, k, m], dtype, seed + 3)
+                    .transpose(1usize, 2usize)
+                    .unwrap()
+            } else {
+                randn(&[3, m, k], dtype, seed + 3)
+            };
+            let bb = if b_cols {
+                randn(&[3, n, k], dtype, seed + 4)
+                    .transpose(1usize, 2usize)
+                    .unwrap()
+            } else {
+                randn(&[3, k, n], dtype, seed + 4)
+            };
+            let (bav, bbv) = (ba.to_vec_f64(), bb.to_vec_f64());
+            let want: Vec<f64> = (0..3)
+                .flat_map(|i| {
+                    let (x, y) = (&bav[i * m * k..][..m * k], &bbv[i * k * n..][..k * n]);
+                    in_order(x, y, &[], shape, (0.0, 1.0), single, fused)
+                })
+                .collect();
+            assert_eq!(bmm(&ba, &bb).unwrap().to_vec_f64(), want, "bmm {what}");
+        }
     }
 }
