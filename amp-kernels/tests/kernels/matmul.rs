@@ -1280,7 +1280,8 @@ fn in_order(
 /// The direct kernel (products up to `SMALL_WORK` multiply-adds, and up to
 /// `DIRECT_WORK` with a row-major `B`) gives the bits of the in-order sum on every tile
 /// shape: 8, 4, 2 and 1 rows, one to eight vectors of columns, masked last columns, a
-/// column-major `A`, a column-major `B` (copied first), `beta`/`alpha`, and a batch.
+/// column-major `A`, a column-major `B` (copied first), `beta`/`alpha`, and a batch; in
+/// bfloat16 and float16 (up to `DIRECT16_WORK`), the same float32 sums rounded once.
 #[test]
 fn direct_kernel_sums_in_order() {
     use amp_kernels::{DIRECT_WORK, SMALL_WORK};
@@ -1351,6 +1352,44 @@ fn direct_kernel_sums_in_order() {
                 })
                 .collect();
             assert_eq!(bmm(&ba, &bb).unwrap().to_vec_f64(), want, "bmm {what}");
+        }
+    }
+    // 16-bit products up to `DIRECT16_WORK`: widened, the same float32 sums, rounded once.
+    for dtype in [DType::BF16, DType::F16] {
+        for (c, &(m, k, n, a_cols, b_cols)) in cases.iter().enumerate() {
+            if m * k * n > amp_kernels::DIRECT16_WORK {
+                continue;
+            }
+            let seed = 500 + 10 * c as u64;
+            let a = if a_cols {
+                randn(&[3, k, m], dtype, seed)
+                    .transpose(1usize, 2usize)
+                    .unwrap()
+            } else {
+                randn(&[3, m, k], dtype, seed)
+            };
+            let b = if b_cols {
+                randn(&[3, n, k], dtype, seed + 1)
+                    .transpose(1usize, 2usize)
+                    .unwrap()
+            } else {
+                randn(&[3, k, n], dtype, seed + 1)
+            };
+            let (av, bv) = (a.to_vec_f64(), b.to_vec_f64());
+            let sums: Vec<f32> = (0..3)
+                .flat_map(|i| {
+                    let (x, y) = (&av[i * m * k..][..m * k], &bv[i * k * n..][..k * n]);
+                    in_order(x, y, &[], (m, k, n), (0.0, 1.0), true, fused)
+                })
+                .map(|v| v as f32)
+                .collect();
+            let want = Tensor::from_vec(sums, [3, m, n])
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap()
+                .to_vec_f64();
+            let what = format!("{dtype} {m}x{k}x{n} a_cols={a_cols} b_cols={b_cols}");
+            assert_eq!(bmm(&a, &b).unwrap().to_vec_f64(), want, "bmm {what}");
         }
     }
 }
