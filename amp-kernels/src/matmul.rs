@@ -106,7 +106,7 @@ fn on_faer(m: usize, n: usize, k: usize, b: &Side) -> bool {
 }
 
 /// Products with at most this many multiply-adds use the direct kernel
-/// ([`small_product`]) whatever their layout: `gemm` allocates and zeroes a 4 KiB buffer
+/// (`small_product`) whatever their layout: `gemm` allocates and zeroes a 4 KiB buffer
 /// per call, which costs more than the whole product at these sizes.
 pub const SMALL_WORK: usize = 16 * 16 * 16;
 
@@ -1031,8 +1031,8 @@ fn half<T: native16::Half>(p: &Plan<'_>) -> Result<Tensor> {
 /// The longest operand or output of a 16-bit product on [`direct16`] (elements).
 const DIRECT16_LEN: usize = 4096;
 
-/// 16-bit products with at most this many multiply-adds (and taken by [`direct`]) run
-/// on [`direct16`]; larger ones on the packing kernels, faster from there (AMX:
+/// 16-bit products with at most this many multiply-adds (and taken by `direct`) run
+/// on `direct16`; larger ones on the packing kernels, faster from there (AMX:
 /// `bmm` of `[32, 32, 64] × [32, 64, 32]` in bfloat16 took 21 µs on AMX tiles, 30–38 µs
 /// on the direct kernel).
 pub const DIRECT16_WORK: usize = 16 * 64 * 16;
