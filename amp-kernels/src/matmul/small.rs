@@ -304,94 +304,62 @@ mod x86 {
         )
     }
 
-    lanes!(
-        Avx2F32(__m256),
-        f32,
-        8,
-        "avx2,fma",
-        _mm256_setzero_ps,
-        _mm256_set1_ps,
-        _mm256_loadu_ps,
-        _mm256_storeu_ps,
+    // One register type per row: type, element, lanes, features; zero, splat, load,
+    // store; masked load and store of the first `len` lanes; fma, mul, add.
+    #[rustfmt::skip]
+    lanes!(Avx2F32(__m256), f32, 8, "avx2,fma",
+        _mm256_setzero_ps, _mm256_set1_ps, _mm256_loadu_ps, _mm256_storeu_ps,
         |p, len| _mm256_maskload_ps(p, mask32(len)),
         |p, v, len| _mm256_maskstore_ps(p, mask32(len), v),
-        _mm256_fmadd_ps,
-        _mm256_mul_ps,
-        _mm256_add_ps
-    );
-    lanes!(
-        Avx2F64(__m256d),
-        f64,
-        4,
-        "avx2,fma",
-        _mm256_setzero_pd,
-        _mm256_set1_pd,
-        _mm256_loadu_pd,
-        _mm256_storeu_pd,
+        _mm256_fmadd_ps, _mm256_mul_ps, _mm256_add_ps);
+    #[rustfmt::skip]
+    lanes!(Avx2F64(__m256d), f64, 4, "avx2,fma",
+        _mm256_setzero_pd, _mm256_set1_pd, _mm256_loadu_pd, _mm256_storeu_pd,
         |p, len| _mm256_maskload_pd(p, mask64(len)),
         |p, v, len| _mm256_maskstore_pd(p, mask64(len), v),
-        _mm256_fmadd_pd,
-        _mm256_mul_pd,
-        _mm256_add_pd
-    );
-    lanes!(
-        Avx512F32(__m512),
-        f32,
-        16,
-        "avx512f",
-        _mm512_setzero_ps,
-        _mm512_set1_ps,
-        _mm512_loadu_ps,
-        _mm512_storeu_ps,
+        _mm256_fmadd_pd, _mm256_mul_pd, _mm256_add_pd);
+    #[rustfmt::skip]
+    lanes!(Avx512F32(__m512), f32, 16, "avx512f",
+        _mm512_setzero_ps, _mm512_set1_ps, _mm512_loadu_ps, _mm512_storeu_ps,
         |p, len| _mm512_maskz_loadu_ps(((1u32 << len) - 1) as u16, p),
         |p, v, len| _mm512_mask_storeu_ps(p, ((1u32 << len) - 1) as u16, v),
-        _mm512_fmadd_ps,
-        _mm512_mul_ps,
-        _mm512_add_ps
-    );
-    lanes!(
-        Avx512F64(__m512d),
-        f64,
-        8,
-        "avx512f",
-        _mm512_setzero_pd,
-        _mm512_set1_pd,
-        _mm512_loadu_pd,
-        _mm512_storeu_pd,
+        _mm512_fmadd_ps, _mm512_mul_ps, _mm512_add_ps);
+    #[rustfmt::skip]
+    lanes!(Avx512F64(__m512d), f64, 8, "avx512f",
+        _mm512_setzero_pd, _mm512_set1_pd, _mm512_loadu_pd, _mm512_storeu_pd,
         |p, len| _mm512_maskz_loadu_pd(((1u32 << len) - 1) as u8, p),
         |p, v, len| _mm512_mask_storeu_pd(p, ((1u32 << len) - 1) as u8, v),
-        _mm512_fmadd_pd,
-        _mm512_mul_pd,
-        _mm512_add_pd
-    );
+        _mm512_fmadd_pd, _mm512_mul_pd, _mm512_add_pd);
 
     impl SmallVector for f32 {
         unsafe fn vector_product(pr: Product<'_, f32>) -> bool {
-            // SAFETY: each kernel runs only where the CPU has its features; the
-            // caller's contract.
-            unsafe {
-                if is_x86_feature_detected!("avx512f") {
-                    on_avx512::<Avx512F32>(pr)
-                } else if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-                    on_avx2::<Avx2F32>(pr)
-                } else {
-                    false
-                }
-            }
+            // SAFETY: the caller's contract.
+            unsafe { widest::<Avx512F32, Avx2F32>(pr) }
         }
     }
 
     impl SmallVector for f64 {
         unsafe fn vector_product(pr: Product<'_, f64>) -> bool {
-            // SAFETY: as for float32.
-            unsafe {
-                if is_x86_feature_detected!("avx512f") {
-                    on_avx512::<Avx512F64>(pr)
-                } else if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-                    on_avx2::<Avx2F64>(pr)
-                } else {
-                    false
-                }
+            // SAFETY: the caller's contract.
+            unsafe { widest::<Avx512F64, Avx2F64>(pr) }
+        }
+    }
+
+    /// `pr` on `Wide` (AVX-512F registers) where the CPU has AVX-512F, else on `Narrow`
+    /// (AVX2 registers) where it has AVX2 and FMA; false where it has neither.
+    ///
+    /// # Safety
+    /// The contract of [`run`].
+    unsafe fn widest<Wide: Lanes, Narrow: Lanes<E = Wide::E>>(pr: Product<'_, Wide::E>) -> bool {
+        // SAFETY: each kernel runs only where the CPU has its features; the caller's
+        // contract.
+        unsafe {
+            if is_x86_feature_detected!("avx512f") {
+                on_avx512::<Wide>(pr)
+            } else if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                on_avx2::<Narrow>(pr)
+            } else {
+                false
             }
         }
     }

@@ -1277,6 +1277,42 @@ fn in_order(
     out
 }
 
+/// Three `m×k` and three `k×n` matrices (`[3, m, k]`, `[3, k, n]`), each a transposed
+/// view (column-major) where asked.
+fn three(
+    (m, k, n): (usize, usize, usize),
+    (a_cols, b_cols): (bool, bool),
+    dtype: DType,
+    seed: u64,
+) -> (Tensor, Tensor) {
+    let side = |rows: usize, cols: usize, col_major: bool, seed: u64| {
+        if col_major {
+            let t = randn(&[3, cols, rows], dtype, seed);
+            t.transpose(1usize, 2usize).unwrap()
+        } else {
+            randn(&[3, rows, cols], dtype, seed)
+        }
+    };
+    (side(m, k, a_cols, seed), side(k, n, b_cols, seed + 1))
+}
+
+/// [`in_order`] for each of the three products of `a` and `b` (see [`three`]).
+fn in_order_three(
+    a: &Tensor,
+    b: &Tensor,
+    (m, k, n): (usize, usize, usize),
+    single: bool,
+    fused: bool,
+) -> Vec<f64> {
+    let (av, bv) = (a.to_vec_f64(), b.to_vec_f64());
+    (0..3)
+        .flat_map(|i| {
+            let (x, y) = (&av[i * m * k..][..m * k], &bv[i * k * n..][..k * n]);
+            in_order(x, y, &[], (m, k, n), (0.0, 1.0), single, fused)
+        })
+        .collect()
+}
+
 /// The direct kernel (products up to `SMALL_WORK` multiply-adds, and up to
 /// `DIRECT_WORK` with a row-major `B`) gives the bits of the in-order sum on every tile
 /// shape: 8, 4, 2 and 1 rows, one to eight vectors of columns, masked last columns, a
@@ -1330,27 +1366,8 @@ fn direct_kernel_sums_in_order() {
             let want = in_order(&av, &bv, &iv, shape, (0.5, -1.5), single, fused);
             let got = addmm(&input, &a, &b, 0.5, -1.5).unwrap();
             assert_eq!(got.to_vec_f64(), want, "addmm {what}");
-            let ba = if a_cols {
-                randn(&[3, k, m], dtype, seed + 3)
-                    .transpose(1usize, 2usize)
-                    .unwrap()
-            } else {
-                randn(&[3, m, k], dtype, seed + 3)
-            };
-            let bb = if b_cols {
-                randn(&[3, n, k], dtype, seed + 4)
-                    .transpose(1usize, 2usize)
-                    .unwrap()
-            } else {
-                randn(&[3, k, n], dtype, seed + 4)
-            };
-            let (bav, bbv) = (ba.to_vec_f64(), bb.to_vec_f64());
-            let want: Vec<f64> = (0..3)
-                .flat_map(|i| {
-                    let (x, y) = (&bav[i * m * k..][..m * k], &bbv[i * k * n..][..k * n]);
-                    in_order(x, y, &[], shape, (0.0, 1.0), single, fused)
-                })
-                .collect();
+            let (ba, bb) = three((m, k, n), (a_cols, b_cols), dtype, seed + 3);
+            let want = in_order_three(&ba, &bb, shape, single, fused);
             assert_eq!(bmm(&ba, &bb).unwrap().to_vec_f64(), want, "bmm {what}");
         }
     }
@@ -1361,26 +1378,9 @@ fn direct_kernel_sums_in_order() {
                 continue;
             }
             let seed = 500 + 10 * c as u64;
-            let a = if a_cols {
-                randn(&[3, k, m], dtype, seed)
-                    .transpose(1usize, 2usize)
-                    .unwrap()
-            } else {
-                randn(&[3, m, k], dtype, seed)
-            };
-            let b = if b_cols {
-                randn(&[3, n, k], dtype, seed + 1)
-                    .transpose(1usize, 2usize)
-                    .unwrap()
-            } else {
-                randn(&[3, k, n], dtype, seed + 1)
-            };
-            let (av, bv) = (a.to_vec_f64(), b.to_vec_f64());
-            let sums: Vec<f32> = (0..3)
-                .flat_map(|i| {
-                    let (x, y) = (&av[i * m * k..][..m * k], &bv[i * k * n..][..k * n]);
-                    in_order(x, y, &[], (m, k, n), (0.0, 1.0), true, fused)
-                })
+            let (a, b) = three((m, k, n), (a_cols, b_cols), dtype, seed);
+            let sums: Vec<f32> = in_order_three(&a, &b, (m, k, n), true, fused)
+                .into_iter()
                 .map(|v| v as f32)
                 .collect();
             let want = Tensor::from_vec(sums, [3, m, n])
