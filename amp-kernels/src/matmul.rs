@@ -4,7 +4,7 @@
 //!
 //! float32 and float64 go straight to a matrix-multiply kernel with the operands'
 //! strides (a transposed or sliced operand is not copied, except a column-major left
-//! operand of a product of at least [`TRANSPOSE_WORK`] multiply-adds, which faer reads
+//! operand of a product of at least [`LHS_COPY_WORK`] multiply-adds, which faer reads
 //! at half speed): `faer`'s for products of at least [`FAER_WORK`] multiply-adds (its
 //! x86 kernels use AVX-512 where the CPU has it, chosen at run time), and for smaller
 //! ones whose output is at least [`FAER_MIN_SIDE`] on both sides or whose `B` is
@@ -937,19 +937,6 @@ fn native<C: GemmFloat>(p: &Plan<'_>) -> Result<Tensor> {
         Some(v) => v,
         None => try_vec_with_capacity(len)?,
     };
-    let copy = row_major_a(p)?;
-    let moved;
-    let p = match &copy {
-        Some((a, sa)) => {
-            moved = Plan {
-                a,
-                sa: sa.clone(),
-                ..p.clone()
-            };
-            &moved
-        }
-        None => p,
-    };
     with_operands::<C, _>(p, |a, b| {
         let beta = C::from_f64c(p.beta);
         let alpha = C::from_f64c(p.alpha);
@@ -969,47 +956,6 @@ fn native<C: GemmFloat>(p: &Plan<'_>) -> Result<Tensor> {
     unsafe { out.set_len(len) };
     Tensor::from_vec(out, p.out_dims.clone())
 }
-
-/// A column-major (transposed) `A` of a large product, copied row-major (into pooled
-/// memory: fresh pages cost more than the copy), with its side; `None` for every other
-/// operand, and for batches that broadcast `A`. faer multiplies into a row-major
-/// output at half its speed when `A` is column-major (`mm(a.t(), b)`: 150 against 290
-/// GFLOP/s at 1024³ in float32, 2-core Xeon), which is a linear layer's weight
-/// gradient; the copy costs one pass over `A` (0.9 ms at 1024², against 7 ms for
-/// the product).
-fn row_major_a(p: &Plan<'_>) -> Result<Option<(Tensor, Side)>> {
-    let (m, k) = (p.m, p.k);
-    let column_major = p.sa.column_major() && p.sa.cs >= m && m > 1 && k > 1;
-    if !column_major || m * p.n * k < TRANSPOSE_WORK {
-        return Ok(None);
-    }
-    let layout = p.a.layout();
-    let r = layout.rank();
-    let batch = &layout.dims()[..r.saturating_sub(2)];
-    let whole = r >= 2
-        && layout.dims()[r - 2..] == [m, k]
-        && layout.strides()[r - 2..] == [p.sa.rs, p.sa.cs]
-        && batch.iter().product::<usize>() == p.sa.offsets.len()
-        && batch
-            .iter()
-            .zip(layout.strides())
-            .all(|(&d, &s)| d == 1 || s != 0);
-    if !whole {
-        return Ok(None);
-    }
-    let copy = p.a.try_contiguous()?;
-    let side = match p.sa.offsets {
-        Offsets::One(_) => Side::row_major(k),
-        Offsets::Many(_) => Side::batched(copy.layout())?,
-    };
-    Ok(Some((copy, side)))
-}
-
-/// Products with at least this many multiply-adds copy a column-major `A` row-major
-/// first (`row_major_a`). Below it faer's sequential product of a block is as fast
-/// with either layout of `A` (measured from 128³ to 768³, float32, one core: within
-/// 10% up to 512³), and the copy would cost as much as the product at 128³.
-pub const TRANSPOSE_WORK: usize = 512 * 512 * 512;
 
 /// f16 / bf16: on the direct kernel when [`direct16`] takes the product, else on a
 /// packing kernel when [`native16::chosen`] picks one, else widened.
@@ -1200,7 +1146,7 @@ fn single_split(p: &Plan<'_>) -> Option<Blocks> {
     let single = p.sa.offsets.len() == 1 && !p.reduce;
     let parallel = !matches!(parallelism(work), Parallelism::None);
     (single && parallel && work >= FAER_WORK)
-        .then(|| blocks(p.m, p.n))
+        .then(|| blocks(p.m, p.n, false))
         .flatten()
 }
 
@@ -1668,6 +1614,14 @@ unsafe fn faer_product<C: GemmFloat>(pr: Product<'_, C>, par: Parallelism) {
 /// blocks of [`MIN_BLOCK`] (faer's own split wakes the pool from outside it and waits,
 /// slower than one thread there), else as [`Blocks`], one `parallel::for_each` task
 /// each. Every thread that ran faer's kernel clears its upper registers ([`faer_seq`]).
+///
+/// A column-major `lhs` of a product of at least [`LHS_COPY_WORK`] multiply-adds into a
+/// row-major `dst` (`mm(a.t(), b)`, a linear layer's weight gradient) is copied
+/// row-major into a buffer of a thread's ([`row_major_copy`]): below
+/// [`WHOLE_COPY_WORK`] the product is cut by rows and each block copies its own rows on
+/// its thread, where they stay in cache; from it on, the whole operand is copied first
+/// (by blocks of rows over the threads), as cutting by rows would have every block
+/// pack all of `rhs`.
 pub(crate) fn faer_matmul<C: GemmFloat>(
     dst: faer::MatMut<'_, C>,
     accum: faer::Accum,
@@ -1676,23 +1630,133 @@ pub(crate) fn faer_matmul<C: GemmFloat>(
     alpha: C,
     par: Parallelism,
 ) {
+    let (m, n, k) = (dst.nrows(), dst.ncols(), lhs.ncols());
+    let copy = copies_lhs(&dst, &lhs);
+    let whole = copy && m * n * k >= WHOLE_COPY_WORK;
+    let by_block = copy && !whole;
     let split = match par {
         Parallelism::None => None,
-        _ => blocks(dst.nrows(), dst.ncols()),
+        _ => blocks(m, n, by_block),
     };
-    let Some(split) = split else {
+    let buf = whole
+        .then(|| row_major_copy(lhs, split.is_some()))
+        .flatten();
+    let lhs = match &buf {
+        // SAFETY: the buffer holds `lhs` row-major (`row_major_copy`).
+        Some(buf) => unsafe {
+            faer::MatRef::from_raw_parts(buf.as_ptr().cast::<C>(), m, k, k as isize, 1)
+        },
+        None => lhs,
+    };
+    let seq = |dst, lhs, rhs| {
+        if by_block {
+            faer_seq_copied(dst, accum, lhs, rhs, alpha)
+        } else {
+            faer_seq(dst, accum, lhs, rhs, alpha)
+        }
+    };
+    match split {
+        None => seq(dst, lhs, rhs),
+        Some(split) => {
+            let pieces: Vec<_> = split
+                .pieces(dst, lhs, rhs)
+                .into_iter()
+                .map(|p| std::sync::Mutex::new(Some(p)))
+                .collect();
+            amp_tensor::parallel::for_each(pieces.len(), &|i| {
+                let piece = pieces[i].lock().map(|mut p| p.take()).ok().flatten();
+                let (dst, lhs, rhs) = piece.expect("each piece is taken once");
+                seq(dst, lhs, rhs)
+            });
+        }
+    }
+    if let Some(buf) = buf {
+        give_buffer(&LHS_COPIES, buf, 1, LHS_COPY_MAX);
+    }
+}
+
+/// From this many multiply-adds on, [`faer_matmul`] copies a column-major `lhs` whole
+/// before cutting the product; below, block by block. Measured on a 2-core AVX-512
+/// Xeon, float32, time of `mm(a.t(), b)` over `mm(a, b)` in the same run: 512³ 1.08–1.11
+/// by block against 1.11–1.19 whole; 1024³ 1.26 by block against 1.12–1.15 whole.
+pub const WHOLE_COPY_WORK: usize = 768 * 768 * 768;
+
+/// [`faer_seq`] with `lhs` (column-major, see [`copies_lhs`]) first copied row-major
+/// into a buffer of this thread's ([`row_major_copy`]), where faer reads it at full
+/// speed; with the plain `lhs` when the buffer cannot be allocated.
+fn faer_seq_copied<C: GemmFloat>(
+    dst: faer::MatMut<'_, C>,
+    accum: faer::Accum,
+    lhs: faer::MatRef<'_, C>,
+    rhs: faer::MatRef<'_, C>,
+    alpha: C,
+) {
+    let (m, k) = (lhs.nrows(), lhs.ncols());
+    let Some(buf) = row_major_copy(lhs, false) else {
         return faer_seq(dst, accum, lhs, rhs, alpha);
     };
-    let pieces: Vec<_> = split
-        .pieces(dst, lhs, rhs)
-        .into_iter()
-        .map(|p| std::sync::Mutex::new(Some(p)))
-        .collect();
-    amp_tensor::parallel::for_each(pieces.len(), &|i| {
-        let piece = pieces[i].lock().map(|mut p| p.take()).ok().flatten();
-        let (dst, lhs, rhs) = piece.expect("each piece is taken once");
-        faer_seq(dst, accum, lhs, rhs, alpha)
-    });
+    // SAFETY: the buffer holds `lhs` row-major (`row_major_copy`).
+    let copy =
+        unsafe { faer::MatRef::from_raw_parts(buf.as_ptr().cast::<C>(), m, k, k as isize, 1) };
+    faer_seq(dst, accum, copy, rhs, alpha);
+    give_buffer(&LHS_COPIES, buf, 1, LHS_COPY_MAX);
+}
+
+/// Products with at least this many multiply-adds whose left operand is column-major
+/// (and output row-major) copy the operand row-major ([`faer_matmul`]).
+/// faer's kernel reads such an operand at 0.5–0.8× of its speed (float32, one AVX-512
+/// core: 80 against 110 GFLOP/s at 512³, 45 against 97 at 1024³), and the copy costs a
+/// few per cent of the product from 128³ on.
+pub const LHS_COPY_WORK: usize = 128 * 128 * 128;
+
+/// Whether [`faer_matmul`] copies `lhs` row-major ([`LHS_COPY_WORK`]).
+fn copies_lhs<C>(dst: &faer::MatMut<'_, C>, lhs: &faer::MatRef<'_, C>) -> bool {
+    let (m, k) = (lhs.nrows(), lhs.ncols());
+    lhs.row_stride() == 1
+        && lhs.col_stride() >= m as isize
+        && m > 1
+        && k > 1
+        && dst.col_stride() == 1
+        && m.saturating_mul(k).saturating_mul(dst.ncols()) >= LHS_COPY_WORK
+}
+
+thread_local! {
+    /// This thread's buffer for [`row_major_copy`], in 8-byte words (aligned for either
+    /// float type).
+    static LHS_COPIES: RefCell<Vec<Vec<u64>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Copies larger than this (in 8-byte words) are not kept for reuse.
+const LHS_COPY_MAX: usize = 4 << 20;
+
+/// The column-major `lhs` (see [`copies_lhs`]) copied row-major into a buffer from
+/// this thread's pool (its first `m·k` elements of `C`), by blocks of 64 rows over the
+/// threads when `parallel`; `None` when the buffer cannot be allocated.
+fn row_major_copy<C: GemmFloat>(lhs: faer::MatRef<'_, C>, parallel: bool) -> Option<Vec<u64>> {
+    const ROWS: usize = 64;
+    let (m, k) = (lhs.nrows(), lhs.ncols());
+    let words = (m * k * size_of::<C>()).div_ceil(size_of::<u64>());
+    let mut buf = take_buffer(&LHS_COPIES, words).ok()?;
+    let cs = lhs.col_stride() as usize;
+    // SAFETY: `lhs` is a valid view whose column `j` starts `j * cs` elements after its
+    // first (row stride 1, checked by `copies_lhs`), so `(k - 1) * cs + m` elements from
+    // there are readable; `buf` holds at least `m * k` elements of `C` (`words` 8-byte
+    // words, aligned for `C`: f32 or f64), all initialised (zeroed words are valid
+    // floats).
+    let (src, copy) = unsafe {
+        (
+            std::slice::from_raw_parts(lhs.as_ptr(), (k - 1) * cs + m),
+            std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<C>(), m * k),
+        )
+    };
+    if parallel {
+        amp_tensor::parallel::for_each_chunk_mut(copy, ROWS * k, &|i, rows| {
+            amp_tensor::transpose_into(&src[i * ROWS..], cs, rows, rows.len() / k, k)
+        });
+    } else {
+        amp_tensor::transpose_into(src, cs, copy, m, k);
+    }
+    Some(buf)
 }
 
 /// `dst = alpha * lhs @ rhs` (plus `dst` for `Accum::Add`) on faer's sequential kernel,
@@ -1756,11 +1820,16 @@ struct Blocks {
     len: usize,
 }
 
-/// The split for an `m×n` output, or `None` when neither side is long enough to give
-/// each thread a block of at least [`MIN_BLOCK`] (one thread then).
-fn blocks(m: usize, n: usize) -> Option<Blocks> {
+/// The split for an `m×n` output (by rows when `by_rows`, else along the longer side),
+/// or `None` when that side is not long enough to give each thread a block of at least
+/// [`MIN_BLOCK`] (one thread then).
+fn blocks(m: usize, n: usize, by_rows: bool) -> Option<Blocks> {
     let threads = rayon::current_num_threads();
-    let (cols, len) = if n >= m { (true, n) } else { (false, m) };
+    let (cols, len) = if n >= m && !by_rows {
+        (true, n)
+    } else {
+        (false, m)
+    };
     // Two blocks per thread where each is still `MIN_BLOCK` long, else one per thread,
     // else two: a count that shares evenly (three blocks on two threads left one
     // thread idle a third of the time: `mm` 192³ ran at 0.73× PyTorch's speed).

@@ -460,6 +460,27 @@ fn gather_transposed<T: Element, U: Element>(src: &[T], layout: &Layout) -> Opti
     let w = (64 / size_of::<T>().min(size_of::<U>()).max(1)).clamp(8, 32);
     let block = |rows: &mut [U], base: usize, i0: usize| {
         let nr = rows.len() / c;
+        if T::DTYPE == U::DTYPE {
+            // A bit copy: in vector registers where the CPU has them for this size.
+            let last = base + i0 + (nr - 1) + (c - 1) * sc;
+            assert!(last < src.len(), "transposed gather out of bounds");
+            // SAFETY: `T` and `U` are the same type (one dtype, one element type);
+            // the reads `base + i0 + i + j * sc` (i < nr, j < c) end at `last`, inside
+            // `src`; the writes `i * c + j` lie inside `rows` (`nr * c` long).
+            let done = unsafe {
+                crate::transpose::transpose(
+                    src.as_ptr().add(base + i0).cast::<U>(),
+                    sc,
+                    rows.as_mut_ptr(),
+                    c,
+                    nr,
+                    c,
+                )
+            };
+            if done {
+                return;
+            }
+        }
         let mut tile = [[U::default(); 32]; RUN];
         for j0 in (0..c).step_by(w) {
             let wj = w.min(c - j0);
@@ -519,6 +540,48 @@ pub fn scatter_cast<T: Element, U: Element>(src: &[T], dst: &mut [U], dst_layout
         }
         i += len;
     });
+}
+
+/// The transpose of a matrix into a row-major buffer, on the calling thread:
+/// `dst[i * cols + j] = src[j * src_stride + i]` for `i < rows`, `j < cols` (`src` holds
+/// `cols` rows of `rows` elements, each `src_stride` apart: a column-major `rows × cols`
+/// matrix). In vector registers for 2-, 4- and 8-byte elements where the CPU has them,
+/// tile by tile, else element by element; the bits are the same either way.
+///
+/// # Panics
+/// When `dst` is shorter than `rows * cols`, `src_stride < rows` with more than one
+/// column, or the last source element lies outside `src`.
+pub fn transpose_into<T: Element>(
+    src: &[T],
+    src_stride: usize,
+    dst: &mut [T],
+    rows: usize,
+    cols: usize,
+) {
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    assert!(dst.len() >= rows * cols, "transpose_into: output too short");
+    assert!(
+        cols == 1 || src_stride >= rows,
+        "transpose_into: overlapping source rows"
+    );
+    assert!(
+        (cols - 1) * src_stride + rows <= src.len(),
+        "transpose_into: source out of bounds"
+    );
+    // SAFETY: reads `j * src_stride + i` end at the element checked above; writes
+    // `i * cols + j` end before `rows * cols`, inside `dst`.
+    let done = unsafe {
+        crate::transpose::transpose(src.as_ptr(), src_stride, dst.as_mut_ptr(), cols, rows, cols)
+    };
+    if !done {
+        for (i, out) in dst[..rows * cols].chunks_exact_mut(cols).enumerate() {
+            for (j, o) in out.iter_mut().enumerate() {
+                *o = src[j * src_stride + i];
+            }
+        }
+    }
 }
 
 /// Copy (with a cast) the elements `src_layout` selects from `src` into the places

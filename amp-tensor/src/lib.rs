@@ -37,10 +37,11 @@ mod random;
 mod shape;
 mod storage;
 mod tensor;
+mod transpose;
 
 pub use convert::{
     cast_into, cast_into_uninit, cast_slice, copy_cast, gather_cast, round_to_bf16, scatter_cast,
-    PARALLEL_THRESHOLD, STREAM_BYTES,
+    transpose_into, PARALLEL_THRESHOLD, STREAM_BYTES,
 };
 pub use device::{Device, DeviceType};
 pub use dtype::{promote_types, result_type, Category, DType, Operand, Scalar};

@@ -751,13 +751,14 @@ fn large_products_on_the_faer_path() {
     }
 }
 
-/// float32 products of at least `TRANSPOSE_WORK` multiply-adds copy a column-major left
-/// operand row-major first (a linear layer's weight gradient, `g.t() @ x`): single and
+/// float32 products of at least `LHS_COPY_WORK` multiply-adds copy a column-major left
+/// operand row-major (a linear layer's weight gradient, `g.t() @ x`), block by block
+/// or whole: single and
 /// batched, with a sliced (non-dense) column stride, the fused input term, and a batch
 /// that broadcasts the left operand (not copied); each equals the float64 product.
 #[test]
 fn large_products_with_a_column_major_left_operand() {
-    const { assert!(520 * 530 * 500 >= amp_kernels::TRANSPOSE_WORK) };
+    const { assert!(520 * 530 * 500 >= amp_kernels::LHS_COPY_WORK) };
     for dtype in [DType::F32, DType::F64] {
         let g = randn(&[530, 520], dtype, 90).t().unwrap();
         let x = randn(&[530, 500], dtype, 91);
@@ -786,7 +787,18 @@ fn large_products_with_a_column_major_left_operand() {
         let xb = randn(&[2, 530, 500], dtype, 95);
         check_product(bmm, &gb, &xb, dtype, "bmm(g.mT, x)");
         check_product(matmul, &g, &xb, dtype, "matmul(g.t(), x[2])");
+        // Just above the threshold: two blocks, the copy by row blocks of 64.
+        const { assert!(130 * 120 * 140 >= amp_kernels::LHS_COPY_WORK) };
+        let g = randn(&[120, 130], dtype, 96).t().unwrap();
+        let x = randn(&[120, 140], dtype, 97);
+        check_product(mm, &g, &x, dtype, "mm(g.t(), x) at 130×120×140");
     }
+    // From `WHOLE_COPY_WORK` on the operand is copied whole, over the threads, with a
+    // last block of rows shorter than the others.
+    const { assert!(780 * 770 * 760 >= amp_kernels::WHOLE_COPY_WORK) };
+    let g = randn(&[770, 780], DType::F32, 98).t().unwrap();
+    let x = randn(&[770, 760], DType::F32, 99);
+    check_product(mm, &g, &x, DType::F32, "mm(g.t(), x) at 780×770×760");
 }
 
 /// Large single products are cut into blocks of output columns (or rows, when the
