@@ -291,6 +291,16 @@ pub(crate) mod lanes {
         }
     }
     #[inline(always)]
+    pub(crate) unsafe fn ld_f32_16(p: *const f32) -> [f32; 16] {
+        // SAFETY: the caller's contract (16 readable lanes, AVX-512F enabled).
+        unsafe { transmute(_mm512_loadu_ps(p)) }
+    }
+    #[inline(always)]
+    pub(crate) unsafe fn st_f32_16(p: *mut MaybeUninit<f32>, r: [f32; 16]) {
+        // SAFETY: the caller's contract (16 writable lanes, AVX-512F enabled).
+        unsafe { _mm512_storeu_ps(p.cast(), transmute::<[f32; 16], __m512>(r)) }
+    }
+    #[inline(always)]
     pub(crate) unsafe fn ld_f32_8(p: *const f32) -> [f32; 8] {
         // SAFETY: the caller's contract (8 readable lanes, AVX enabled).
         unsafe { transmute(_mm256_loadu_ps(p)) }
@@ -423,8 +433,19 @@ fused!(
     ld_f16_8,
     st_f16_8
 );
-// float32 at AVX2 width (the baseline build is SSE2): the same operations per element,
-// so the same bits, in a quarter of the instructions of the 4-lane loop.
+// float32 at AVX-512 and AVX2 width (the baseline build is SSE2): the same operations
+// per element, so the same bits, in a quarter (an eighth) of the instructions of the
+// 4-lane loop. The wider loop moves a whole cache line per load and store: a 384²
+// `add` (1.7 MB, in the two cores' L2) took 20 µs at AVX2 width (PyTorch: 13 µs).
+fused!(
+    "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c",
+    16,
+    f32,
+    bin_f32_512,
+    un_f32_512,
+    ld_f32_16,
+    st_f32_16
+);
 fused!(
     "avx2,fma",
     8,
@@ -472,8 +493,13 @@ pub(crate) fn binary<S: Element>(
             ) else {
                 return false;
             };
-            // SAFETY: `avx2()` checked the features.
-            unsafe { bin_f32_256(x, y, d, f) };
+            if matches!(width(), Some(Width::Avx512 | Width::Avx512Bf16)) {
+                // SAFETY: `width()` checked the AVX-512 features.
+                unsafe { bin_f32_512(x, y, d, f) };
+            } else {
+                // SAFETY: `avx2()` checked the features.
+                unsafe { bin_f32_256(x, y, d, f) };
+            }
             return true;
         }
         let Some(w) = width() else { return false };
@@ -530,8 +556,13 @@ pub(crate) fn unary<S: Element>(
             cast::<S, f32>(x),
             cast_mut::<_, MaybeUninit<f32>>(dst),
         ) {
-            // SAFETY: `avx2()` checked the features.
-            unsafe { un_f32_256(x, d, f) };
+            if matches!(width(), Some(Width::Avx512 | Width::Avx512Bf16)) {
+                // SAFETY: `width()` checked the AVX-512 features.
+                unsafe { un_f32_512(x, d, f) };
+            } else {
+                // SAFETY: `avx2()` checked the features.
+                unsafe { un_f32_256(x, d, f) };
+            }
             return true;
         }
         let Some(w) = width() else { return false };
@@ -620,7 +651,7 @@ mod tests {
     }
 
     #[test]
-    fn the_float32_loop_gives_the_scalar_bits() {
+    fn the_float32_loops_give_the_scalar_bits() {
         if !avx2() {
             eprintln!("skipped: the AVX2 float32 loop (the CPU lacks AVX2/FMA)");
             return;
@@ -650,6 +681,21 @@ mod tests {
         }
         // SAFETY: as above.
         unsafe { un_f32_256(&x, &mut out, &|a| a * 3.0 - 1.0) };
+        same(&out, &|k| x[k] * 3.0 - 1.0);
+        if !matches!(width(), Some(Width::Avx512 | Width::Avx512Bf16)) {
+            eprintln!("skipped: the AVX-512 float32 loop (the CPU lacks AVX-512)");
+            return;
+        }
+        for f in ops {
+            // SAFETY (both): `width()` checked the AVX-512 features.
+            unsafe { bin_f32_512(Operand::Run(&x), Operand::Run(&y), &mut out, &f) };
+            same(&out, &|k| f(x[k], y[k]));
+            // SAFETY: as above.
+            unsafe { bin_f32_512(Operand::Run(&x), Operand::Splat(-2.5), &mut out, &f) };
+            same(&out, &|k| f(x[k], -2.5));
+        }
+        // SAFETY: as above.
+        unsafe { un_f32_512(&x, &mut out, &|a| a * 3.0 - 1.0) };
         same(&out, &|k| x[k] * 3.0 - 1.0);
     }
 
