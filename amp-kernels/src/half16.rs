@@ -687,7 +687,7 @@ mod tests {
             return;
         }
         for f in ops {
-            // SAFETY (both): `width()` checked the AVX-512 features.
+            // SAFETY: `width()` checked the AVX-512 features.
             unsafe { bin_f32_512(Operand::Run(&x), Operand::Run(&y), &mut out, &f) };
             same(&out, &|k| f(x[k], y[k]));
             // SAFETY: as above.
