@@ -1804,13 +1804,16 @@ unsafe fn zero_upper() {
 }
 
 /// How a parallel product is cut into independent blocks of the output, each
-/// multiplied sequentially on one rayon thread: whole columns (or rows) of the
-/// output, so every block reads all of one operand and its own slice of the other.
+/// multiplied sequentially on one thread: whole columns (or rows) of the output, so
+/// every block reads all of one operand and its own slice of the other.
 ///
-/// Measured on a 2-core AVX-512 machine (faer 0.24, f32, the MLP's shapes and
-/// 1024³), four column blocks ran at 260–300 GFLOP/s against 220–250 for faer's own
-/// parallel split (whose threads meet at barriers inside the product); two blocks per
-/// thread also even out a thread that the host delays.
+/// Measured on a 2-core AVX-512 machine (faer 0.24, f32, square `mm`, GFLOP/s, the
+/// same run): one column block per thread against two, 96³ 139–166 against 38–44 (and
+/// 100–109 for one thread, where 96 columns made no two blocks of 64), 192³ 182–184
+/// against 160, 384³ 199–206 against 195–196, 512³ 193–204 against 181–187, 1024³
+/// 185–195 against 175–198; and faer's own parallel split (whose threads meet at
+/// barriers inside the product) 162–192 at 1024³. From [`TWO_PER_THREAD`] on, two
+/// blocks per thread even out a thread that the host delays.
 #[derive(Debug, Clone, Copy)]
 struct Blocks {
     /// Cut the columns (else the rows).
@@ -1821,8 +1824,8 @@ struct Blocks {
 }
 
 /// The split for an `m×n` output (by rows when `by_rows`, else along the longer side),
-/// or `None` when that side is not long enough to give each thread a block of at least
-/// [`MIN_BLOCK`] (one thread then).
+/// or `None` when that side is not long enough to give two threads a block of at least
+/// [`MIN_BLOCK`] each (one thread then).
 fn blocks(m: usize, n: usize, by_rows: bool) -> Option<Blocks> {
     let threads = rayon::current_num_threads();
     let (cols, len) = if n >= m && !by_rows {
@@ -1830,22 +1833,20 @@ fn blocks(m: usize, n: usize, by_rows: bool) -> Option<Blocks> {
     } else {
         (false, m)
     };
-    // Two blocks per thread where each is still `MIN_BLOCK` long, else one per thread,
-    // else two: a count that shares evenly (three blocks on two threads left one
-    // thread idle a third of the time: `mm` 192³ ran at 0.73× PyTorch's speed).
-    let count = if len >= 2 * threads * MIN_BLOCK {
+    let count = if len >= TWO_PER_THREAD {
         2 * threads
-    } else if len >= threads * MIN_BLOCK {
-        threads
     } else {
-        2
+        threads
     };
     let size = len.div_ceil(count).next_multiple_of(16).max(MIN_BLOCK);
     (threads > 1 && len >= 2 * MIN_BLOCK).then_some(Blocks { cols, size, len })
 }
 
-/// Blocks are at least this long (a full AVX-512 micro-tile and then some).
-const MIN_BLOCK: usize = 64;
+/// Blocks are at least this long (two AVX-512 vectors of float32).
+const MIN_BLOCK: usize = 32;
+
+/// Outputs whose cut side is at least this long are cut into two blocks per thread.
+const TWO_PER_THREAD: usize = 1024;
 
 impl Blocks {
     /// The blocks' `(dst, lhs, rhs)` views.
