@@ -1675,8 +1675,8 @@ pub(crate) fn faer_matmul<C: GemmFloat>(
     }
 }
 
-/// From this many multiply-adds on, [`faer_matmul`] copies a column-major `lhs` whole
-/// before cutting the product; below, block by block. Measured on a 2-core AVX-512
+/// From this many multiply-adds on, a product copies a column-major left operand whole
+/// before cutting the product into blocks; below, each block copies its own rows. Measured on a 2-core AVX-512
 /// Xeon, float32, time of `mm(a.t(), b)` over `mm(a, b)` in the same run: 512³ 1.08–1.11
 /// by block against 1.11–1.19 whole; 1024³ 1.26 by block against 1.12–1.15 whole.
 pub const WHOLE_COPY_WORK: usize = 768 * 768 * 768;
@@ -1703,7 +1703,8 @@ fn faer_seq_copied<C: GemmFloat>(
 }
 
 /// Products with at least this many multiply-adds whose left operand is column-major
-/// (and output row-major) copy the operand row-major ([`faer_matmul`]).
+/// (and output row-major) copy the operand row-major, block by block or whole (see
+/// [`WHOLE_COPY_WORK`]).
 /// faer's kernel reads such an operand at 0.5–0.8× of its speed (float32, one AVX-512
 /// core: 80 against 110 GFLOP/s at 512³, 45 against 97 at 1024³), and the copy costs a
 /// few per cent of the product from 128³ on.
