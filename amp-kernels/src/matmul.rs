@@ -1638,22 +1638,19 @@ pub(crate) fn faer_matmul<C: GemmFloat>(
         Parallelism::None => None,
         _ => blocks(m, n, by_block),
     };
-    let buf = whole
+    let whole_copy = whole
         .then(|| row_major_copy(lhs, split.is_some()))
         .flatten();
-    let lhs = match &buf {
-        // SAFETY: the buffer holds `lhs` row-major (`row_major_copy`).
-        Some(buf) => unsafe {
-            faer::MatRef::from_raw_parts(buf.as_ptr().cast::<C>(), m, k, k as isize, 1)
-        },
-        None => lhs,
-    };
-    let seq = |dst, lhs, rhs| {
-        if by_block {
-            faer_seq_copied(dst, accum, lhs, rhs, alpha)
-        } else {
-            faer_seq(dst, accum, lhs, rhs, alpha)
-        }
+    let lhs = whole_copy.as_ref().map_or(lhs, RowMajorCopy::view);
+    let seq = |dst, lhs: faer::MatRef<'_, C>, rhs| {
+        let own = by_block.then(|| row_major_copy(lhs, false)).flatten();
+        faer_seq(
+            dst,
+            accum,
+            own.as_ref().map_or(lhs, RowMajorCopy::view),
+            rhs,
+            alpha,
+        )
     };
     match split {
         None => seq(dst, lhs, rhs),
@@ -1670,37 +1667,14 @@ pub(crate) fn faer_matmul<C: GemmFloat>(
             });
         }
     }
-    if let Some(buf) = buf {
-        give_buffer(&LHS_COPIES, buf, 1, LHS_COPY_MAX);
-    }
 }
 
 /// From this many multiply-adds on, a product copies a column-major left operand whole
-/// before cutting the product into blocks; below, each block copies its own rows. Measured on a 2-core AVX-512
-/// Xeon, float32, time of `mm(a.t(), b)` over `mm(a, b)` in the same run: 512³ 1.08–1.11
-/// by block against 1.11–1.19 whole; 1024³ 1.26 by block against 1.12–1.15 whole.
+/// before cutting the product into blocks; below, each block copies its own rows.
+/// Measured on a 2-core AVX-512 Xeon, float32, time of `mm(a.t(), b)` over `mm(a, b)`
+/// in the same run: 512³ 1.08–1.11 by block against 1.11–1.19 whole; 1024³ 1.26 by
+/// block against 1.12–1.15 whole.
 pub const WHOLE_COPY_WORK: usize = 768 * 768 * 768;
-
-/// [`faer_seq`] with `lhs` (column-major, see [`copies_lhs`]) first copied row-major
-/// into a buffer of this thread's ([`row_major_copy`]), where faer reads it at full
-/// speed; with the plain `lhs` when the buffer cannot be allocated.
-fn faer_seq_copied<C: GemmFloat>(
-    dst: faer::MatMut<'_, C>,
-    accum: faer::Accum,
-    lhs: faer::MatRef<'_, C>,
-    rhs: faer::MatRef<'_, C>,
-    alpha: C,
-) {
-    let (m, k) = (lhs.nrows(), lhs.ncols());
-    let Some(buf) = row_major_copy(lhs, false) else {
-        return faer_seq(dst, accum, lhs, rhs, alpha);
-    };
-    // SAFETY: the buffer holds `lhs` row-major (`row_major_copy`).
-    let copy =
-        unsafe { faer::MatRef::from_raw_parts(buf.as_ptr().cast::<C>(), m, k, k as isize, 1) };
-    faer_seq(dst, accum, copy, rhs, alpha);
-    give_buffer(&LHS_COPIES, buf, 1, LHS_COPY_MAX);
-}
 
 /// Products with at least this many multiply-adds whose left operand is column-major
 /// (and output row-major) copy the operand row-major, block by block or whole (see
@@ -1730,10 +1704,47 @@ thread_local! {
 /// Copies larger than this (in 8-byte words) are not kept for reuse.
 const LHS_COPY_MAX: usize = 4 << 20;
 
+/// A row-major copy of an `m×k` left operand in a buffer from a thread's pool
+/// ([`row_major_copy`]), given back to the pool of the thread that drops it.
+struct RowMajorCopy<C> {
+    /// 8-byte words, aligned for `C` (f32 or f64), the first `m·k` elements of `C`
+    /// written.
+    buf: Vec<u64>,
+    m: usize,
+    k: usize,
+    _elem: std::marker::PhantomData<C>,
+}
+
+impl<C: GemmFloat> RowMajorCopy<C> {
+    /// The copy as a row-major `m×k` matrix.
+    fn view(&self) -> faer::MatRef<'_, C> {
+        // SAFETY: `buf` holds `m·k` initialised elements of `C`, aligned (see `buf`),
+        // borrowed for the view's lifetime.
+        unsafe {
+            faer::MatRef::from_raw_parts(
+                self.buf.as_ptr().cast::<C>(),
+                self.m,
+                self.k,
+                self.k as isize,
+                1,
+            )
+        }
+    }
+}
+
+impl<C> Drop for RowMajorCopy<C> {
+    fn drop(&mut self) {
+        give_buffer(&LHS_COPIES, std::mem::take(&mut self.buf), 1, LHS_COPY_MAX);
+    }
+}
+
 /// The column-major `lhs` (see [`copies_lhs`]) copied row-major into a buffer from
-/// this thread's pool (its first `m·k` elements of `C`), by blocks of 64 rows over the
-/// threads when `parallel`; `None` when the buffer cannot be allocated.
-fn row_major_copy<C: GemmFloat>(lhs: faer::MatRef<'_, C>, parallel: bool) -> Option<Vec<u64>> {
+/// this thread's pool, by blocks of 64 rows over the threads when `parallel`; `None`
+/// when the buffer cannot be allocated (the product then reads `lhs` in place).
+fn row_major_copy<C: GemmFloat>(
+    lhs: faer::MatRef<'_, C>,
+    parallel: bool,
+) -> Option<RowMajorCopy<C>> {
     const ROWS: usize = 64;
     let (m, k) = (lhs.nrows(), lhs.ncols());
     let words = (m * k * size_of::<C>()).div_ceil(size_of::<u64>());
@@ -1757,7 +1768,12 @@ fn row_major_copy<C: GemmFloat>(lhs: faer::MatRef<'_, C>, parallel: bool) -> Opt
     } else {
         amp_tensor::transpose_into(src, cs, copy, m, k);
     }
-    Some(buf)
+    Some(RowMajorCopy {
+        buf,
+        m,
+        k,
+        _elem: std::marker::PhantomData,
+    })
 }
 
 /// `dst = alpha * lhs @ rhs` (plus `dst` for `Accum::Add`) on faer's sequential kernel,
