@@ -1,9 +1,11 @@
-//! The MLP training step on a CUDA device, float32 and float16 autocast + `GradScaler`,
-//! and a float16-autocast convolution forward and backward (cuDNN), to set beside `gpu_step_bench_torch.py` (PyTorch, same model, same GPU): one
-//! `metric value unit` line per figure, or why it could not run.
+//! Training steps on a CUDA device, to set beside `gpu_step_bench_torch.py` (PyTorch,
+//! same models, same GPU): the MLP step and the main job's GPT step (`train/gpt.rs`), each
+//! in float32 and under float16 autocast + `GradScaler`, and a float16-autocast
+//! convolution forward and backward (cuDNN). One `metric value unit` line per figure, or
+//! why it could not run.
 //!
-//! `cargo run --release -p amp --features cuda --example gpu_step_bench [mlp] [conv]`
-//! (both workloads when none is named). After the timed calls, one more call of each
+//! `cargo run --release -p amp --features cuda --example gpu_step_bench [mlp] [gpt] [conv]`
+//! (every workload when none is named). After the timed calls, one more call of each
 //! workload runs between `cuProfilerStart` and `cuProfilerStop`, so that a profiler
 //! started with `--profile-from-start off` (`ncu`, as the GPU bundle's `run.sh` does)
 //! sees exactly one step's kernels.
@@ -13,6 +15,10 @@ use std::time::Instant;
 use amp::autograd::{ops, Reduction, Tensor};
 use amp::prelude::*;
 use amp::tensor::Tensor as Raw;
+
+/// The main job's model, timed by [`gpt_step_ms`].
+#[path = "train/gpt.rs"]
+mod gpt;
 
 /// Batch, input, hidden and output widths of the MLP.
 const SHAPE: (usize, usize, usize, usize) = (512, 1024, 4096, 1024);
@@ -32,6 +38,18 @@ fn main() {
                 if amp { "amp_f16" } else { "f32" }
             ),
             Err(e) => println!("gpu_step_bench: {}: {e}", if amp { "amp" } else { "f32" }),
+        }
+    }
+    for amp in [false, true].into_iter().filter(|_| wants("gpt")) {
+        match gpt_step_ms(dev, amp) {
+            Ok(ms) => println!(
+                "cuda_gpt_step_{}_ms {ms:.3} ms",
+                if amp { "amp_f16" } else { "f32" }
+            ),
+            Err(e) => println!(
+                "gpu_step_bench: gpt {}: {e}",
+                if amp { "amp" } else { "f32" }
+            ),
         }
     }
     if wants("conv") {
@@ -133,4 +151,41 @@ fn step_ms(dev: Device, amp: bool) -> Res<f64> {
         Ok(loss.item_f64()?)
     };
     median_ms(step)
+}
+
+/// The median milliseconds of one training step of the main job's model
+/// (`GptConfig::default()`, 16 sequences of 128 tokens): forward, cross-entropy,
+/// backward, AdamW (lr 3e-3, weight decay 0.01) through the scaler, the loss read back
+/// each step; the forward and loss under float16 autocast when `amp`.
+fn gpt_step_ms(dev: Device, amp: bool) -> Res<f64> {
+    use gpt::{Gpt, GptConfig};
+    let config = GptConfig::default();
+    let model = Gpt::new(config, &mut Generator::new(0))?;
+    model.to_device(dev)?;
+    let options = AdamOptions {
+        weight_decay: 0.01,
+        decoupled: true,
+        ..Default::default()
+    };
+    let mut opt = Adam::new(model.parameters(), 3e-3, options)?;
+    let (b, t) = (16, config.context);
+    let tokens = |shift: usize| -> Res<Tensor> {
+        let v: Vec<i64> = (0..b * t)
+            .map(|i| ((i + shift) * 7919 % config.vocab) as i64)
+            .collect();
+        Ok(Tensor::from_raw(Raw::from_vec(v, [b, t])?.to_device(dev)?))
+    };
+    let (x, y) = (tokens(0)?, tokens(1)?);
+    let mut scaler = GradScaler::with_options(GradScalerOptions::default().enabled(amp))?;
+    let region = Autocast::new(DeviceType::Cuda)
+        .dtype(DType::F16)
+        .enabled(amp);
+    median_ms(|| {
+        opt.zero_grad();
+        let loss = region.try_run(|| model.loss(&x, &y))?;
+        scaler.scale(&loss)?.backward()?;
+        scaler.step(&mut opt)?;
+        scaler.update()?;
+        Ok(loss.item_f64()?)
+    })
 }

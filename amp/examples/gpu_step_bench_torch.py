@@ -1,8 +1,11 @@
-"""PyTorch's figures for gpu_step_bench.rs: the same MLP step on the same GPU, float32
-and float16 autocast + GradScaler, and a float16-autocast conv2d forward and backward
-(median milliseconds, the loss read back each step)."""
+"""PyTorch's figures for gpu_step_bench.rs: the same MLP and GPT (the main job's model,
+`Gpt` of torch_baseline.py beside this file) steps on the same GPU, float32 and float16
+autocast + GradScaler, and a float16-autocast conv2d forward and backward (median
+milliseconds, the loss read back each step)."""
 import time
 import torch
+
+from torch_baseline import Gpt
 
 B, I, H, O = 512, 1024, 4096, 1024
 torch.backends.cuda.matmul.allow_tf32 = False
@@ -61,6 +64,32 @@ def conv_ms():
     return median_ms(step)
 
 
+def gpt_step_ms(amp):
+    """One training step of the main job's model on 16 sequences of 128 tokens (AdamW lr
+    3e-3, weight decay 0.01), as gpu_step_bench.rs's gpt_step_ms."""
+    dev = "cuda"
+    torch.manual_seed(0)
+    model = Gpt().to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    b, t, vocab = 16, 128, 96
+    x = ((torch.arange(b * t) * 7919) % vocab).reshape(b, t).to(dev)
+    y = (((torch.arange(b * t) + 1) * 7919) % vocab).reshape(b, t).to(dev)
+    scaler = torch.amp.GradScaler("cuda", enabled=amp)
+
+    def step():
+        opt.zero_grad()
+        with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
+            loss = model.loss(x, y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        return loss.item()
+
+    return median_ms(step)
+
+
 for amp in (False, True):
     print(f"torch_cuda_mlp_step_{'amp_f16' if amp else 'f32'}_ms {step_ms(amp):.3f} ms")
+for amp in (False, True):
+    print(f"torch_cuda_gpt_step_{'amp_f16' if amp else 'f32'}_ms {gpt_step_ms(amp):.3f} ms")
 print(f"torch_cuda_conv2d_amp_f16_fwd_bwd_ms {conv_ms():.3f} ms")

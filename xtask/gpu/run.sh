@@ -101,15 +101,17 @@ section "kernel benchmark (ours)" 300 "$W/cuda_bench"
 section "kernel benchmark (PyTorch)" 300 python3 "$B/cuda_bench_torch.py"
 section "training step benchmark (ours)" 300 "$W/gpu_step_bench"
 section "training step benchmark (PyTorch)" 300 python3 "$B/gpu_step_bench_torch.py"
-# Where a step's time goes: every kernel of one MLP step (float32, then AMP) and of one
-# conv step, a CSV line each with its duration (Nsight Compute, one pass per kernel; the
-# program marks each step with cuProfilerStart/Stop; timings printed under it are not
-# figures).
+# Where a step's time goes: every kernel of one MLP step (float32, then AMP), of one
+# conv step, and of one GPT step (the main job's model; float32, then AMP), a CSV line
+# each with its duration (Nsight Compute, one pass per kernel; the program marks each
+# step with cuProfilerStart/Stop; timings printed under it are not figures).
 if command -v ncu >/dev/null; then
     section "kernels of one training step (ncu)" 300 ncu --profile-from-start off --csv \
-        --metrics gpu__time_duration.sum "$W/gpu_step_bench"
+        --metrics gpu__time_duration.sum "$W/gpu_step_bench" mlp conv
+    section "kernels of one GPT step (ncu)" 300 ncu --profile-from-start off --csv \
+        --metrics gpu__time_duration.sum "$W/gpu_step_bench" gpt
 else
-    SUMMARY+=("SKIPPED  kernels of one training step (ncu not found)")
+    SUMMARY+=("SKIPPED  kernels of one training step and one GPT step (ncu not found)")
 fi
 
 # Last: the slowest sections (every kernel under memcheck).
@@ -124,7 +126,7 @@ section "training tests under compute-sanitizer" 600 compute-sanitizer --tool me
     printf '%s\n' "${SUMMARY[@]}"
     echo "== figures"
     # (not the timings printed under the profiler)
-    awk '/^== /{ncu = ($0 ~ /^== kernels of one training step/)} !ncu' "$REPORT" |
+    awk '/^== /{ncu = ($0 ~ /^== kernels of one (training|GPT) step/)} !ncu' "$REPORT" |
         grep -h -E '^(torch_)?cuda_[a-z0-9_]+ [0-9.]+ ' | sort -u
 } | tee -a "$REPORT"
 rm -rf "$W"

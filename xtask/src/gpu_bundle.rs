@@ -37,6 +37,8 @@ const SCRIPTS: &[(&str, &str)] = &[
         "amp/examples/gpu_step_bench_torch.py",
         "gpu_step_bench_torch.py",
     ),
+    // The PyTorch GPT that gpu_step_bench_torch.py imports.
+    ("xtask/torch/torch_baseline.py", "torch_baseline.py"),
 ];
 
 pub fn main(args: &[String]) -> ExitCode {
