@@ -2,6 +2,10 @@
 //! bfloat16 or float16 storage directly: 16 elements are loaded and widened in a
 //! register, the float32 math runs on it, and the result is rounded once and stored
 //! (the bfloat16 rounding of [`amp_tensor::round_to_bf16`], float16 by `vcvtps2ph`).
+//! Where the CPU has AVX512-BF16, bfloat16 rows are rounded by `vcvtneps2bf16`, one
+//! instruction where the integer rounding takes seven; a row with a NaN or subnormal
+//! result, which that instruction rounds otherwise, is written again with the integer
+//! rounding (`map_row_bf16_ne`), so the bits never depend on the CPU.
 //!
 //! The generic row path ([`crate::reduce::map_lines`]) widens each 16-bit row into a
 //! float32 buffer, runs the float32 line kernel and narrows the result back: two extra
@@ -491,13 +495,12 @@ const STACK_ROW: usize = 1024;
 /// multiple of `n > 0`.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
 pub(crate) unsafe fn softmax_rows<S: Lane>(x: &[S], out: &mut [MaybeUninit<S>], n: usize) {
-    let ne = TypeId::of::<S>() == TypeId::of::<bf16>() && vmath::has_bf16_ne();
     // SAFETY: the caller's contract; `ne` only where the CPU has AVX512-BF16.
-    unsafe { softmax_rows_with(x, out, n, ne) }
+    unsafe { softmax_rows_with(x, out, n, bf16_ne::<S>()) }
 }
 
 /// [`softmax_rows`], rounding bfloat16 outputs with `vcvtneps2bf16` when `ne` (see
-/// [`scale_row_bf16_ne`]).
+/// [`map_row_bf16_ne`]).
 ///
 /// # Safety
 /// As [`softmax_rows`]; `ne` only for bfloat16 on a CPU with AVX512-BF16.
@@ -537,37 +540,34 @@ unsafe fn softmax_rows_with<S: Lane>(x: &[S], out: &mut [MaybeUninit<S>], n: usi
                 f32::store_tail(buf.add(i), k, e);
                 acc.add_tail(k, e);
             }
-            let inv = 1.0 / acc.finish();
-            if !(ne && scale_row_bf16_ne(buf, op.cast(), n, inv)) {
-                let inv = _mm512_set1_ps(inv);
-                map_row(buf.cast_const(), op, n, |e, _| _mm512_mul_ps(e, inv));
-            }
+            let inv = _mm512_set1_ps(1.0 / acc.finish());
+            map_row_ne(buf.cast_const(), op, n, |e, _| _mm512_mul_ps(e, inv), ne);
         }
     }
 }
 
-/// `out[i] = bf16(buf[i] * inv)` for `n` elements, rounded by `vcvtneps2bf16` (one
-/// instruction where the integer rounding takes seven): `false` when a product is NaN
-/// or subnormal, which the instruction rounds differently (payload kept, subnormals
-/// flushed). The check is one `vfpclassps` per vector, gathered into a mask and read
-/// once at the end, so the caller writes the row again with the integer rounding only
-/// then, and the bits are always the integer rounding's. (A branch per vector instead
-/// was slower than the integer rounding.)
+/// `out[i] = bf16(f(i, k))` over a row of `n` elements, 16 at a time (`f` gives the
+/// float32 values of elements `i..i + k`, `k` = 16 except for the last `n % 16`),
+/// rounded by `vcvtneps2bf16` (one instruction where the integer rounding takes seven):
+/// `false` when a value is NaN or subnormal, which the instruction rounds differently
+/// (payload kept, subnormals flushed). The check is one `vfpclassps` per vector,
+/// gathered into a mask and read once at the end, so the caller writes the row again
+/// with the integer rounding only then, and the bits are always the integer rounding's.
+/// (A branch per vector instead was slower than the integer rounding.)
 ///
 /// # Safety
-/// `buf` and `out` are valid for `n` elements; the CPU has AVX-512 and AVX512-BF16.
+/// `out` is valid for `n` elements and `f` reads only what its `(i, k)` cover; the CPU
+/// has AVX-512 and AVX512-BF16.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c,avx512bf16")]
-unsafe fn scale_row_bf16_ne(buf: *const f32, out: *mut bf16, n: usize, inv: f32) -> bool {
+unsafe fn map_row_bf16_ne(out: *mut bf16, n: usize, f: impl Fn(usize, usize) -> __m512) -> bool {
     // fpclass categories: 0x01 quiet NaN, 0x80 signalling NaN, 0x20 subnormal.
     const ODD: i32 = 0xA1;
-    // SAFETY: the loads and stores stay within `n` elements; the features are this
-    // function's.
+    // SAFETY: the stores stay within `n` elements; the features are this function's.
     unsafe {
-        let inv = _mm512_set1_ps(inv);
         let mut bad: __mmask16 = 0;
         let mut i = 0;
         while i + 16 <= n {
-            let v = _mm512_mul_ps(_mm512_loadu_ps(buf.add(i)), inv);
+            let v = f(i, 16);
             bad |= _mm512_fpclass_ps_mask::<ODD>(v);
             let h: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(v));
             _mm256_storeu_si256(out.add(i).cast(), h);
@@ -575,12 +575,56 @@ unsafe fn scale_row_bf16_ne(buf: *const f32, out: *mut bf16, n: usize, inv: f32)
         }
         if i < n {
             let k = n - i;
-            let v = _mm512_mul_ps(_mm512_maskz_loadu_ps(low(k), buf.add(i)), inv);
+            let v = f(i, k);
             bad |= _mm512_fpclass_ps_mask::<ODD>(v) & low(k);
             let h: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(v));
             _mm256_mask_storeu_epi16(out.add(i).cast(), low(k), h);
         }
         bad == 0
+    }
+}
+
+/// Whether bfloat16 outputs of `S` round with `vcvtneps2bf16` ([`map_row_bf16_ne`]):
+/// `S` is bfloat16 and the CPU has AVX512-BF16.
+fn bf16_ne<S: Lane>() -> bool {
+    TypeId::of::<S>() == TypeId::of::<bf16>() && vmath::has_bf16_ne()
+}
+
+/// [`map_row`], with a bfloat16 output rounded by `vcvtneps2bf16` when `ne`
+/// ([`map_row_bf16_ne`]; a row holding a NaN or subnormal is computed again and
+/// written with the integer rounding, so the bits are [`map_row`]'s).
+///
+/// # Safety
+/// As [`map_row`]; `ne` only for a bfloat16 `D` on a CPU with AVX512-BF16.
+#[inline(always)]
+unsafe fn map_row_ne<S: Lane, D: Lane>(
+    x: *const S,
+    out: *mut D,
+    n: usize,
+    f: impl Fn(__m512, usize) -> __m512,
+    ne: bool,
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if !(ne && map_row_bf16_ne(out.cast(), n, |i, k| f(lanes(x, i, k), i))) {
+            map_row(x, out, n, f);
+        }
+    }
+}
+
+/// Elements `i..i + k` of `p` widened (`k <= 16`; zeros in the lanes past `k`).
+///
+/// # Safety
+/// `p` is valid for those `k` elements; the caller has the kernels' features.
+#[inline(always)]
+unsafe fn lanes<L: Lane>(p: *const L, i: usize, k: usize) -> __m512 {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if k == 16 {
+            L::load(p.add(i))
+        } else {
+            L::load_tail(p.add(i), k, _mm512_setzero_ps())
+        }
     }
 }
 
@@ -592,6 +636,7 @@ unsafe fn scale_row_bf16_ne(buf: *const f32, out: *mut bf16, n: usize, inv: f32)
 /// As [`softmax_rows`].
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
 pub(crate) unsafe fn log_softmax_rows<S: Lane>(x: &[S], out: &mut [MaybeUninit<S>], n: usize) {
+    let ne = bf16_ne::<S>();
     for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
         let (xp, op) = (xr.as_ptr(), or.as_mut_ptr().cast::<S>());
         // SAFETY: every pointer covers `n` elements; the features are this function's.
@@ -606,7 +651,13 @@ pub(crate) unsafe fn log_softmax_rows<S: Lane>(x: &[S], out: &mut [MaybeUninit<S
                 j += len;
             }
             let lse = _mm512_set1_ps(s.ln());
-            map_row(xp, op, n, |v, _| _mm512_sub_ps(_mm512_sub_ps(v, m), lse));
+            map_row_ne(
+                xp,
+                op,
+                n,
+                |v, _| _mm512_sub_ps(_mm512_sub_ps(v, m), lse),
+                ne,
+            );
         }
     }
 }
@@ -624,6 +675,7 @@ pub(crate) unsafe fn softmax_backward_rows<S: Lane, const LOG: bool>(
     out: &mut [MaybeUninit<S>],
     n: usize,
 ) {
+    let ne = bf16_ne::<S>();
     for ((gr, yr), or) in g
         .chunks_exact(n)
         .zip(y.chunks_exact(n))
@@ -654,18 +706,15 @@ pub(crate) unsafe fn softmax_backward_rows<S: Lane, const LOG: bool>(
                 acc.finish()
             };
             let s = _mm512_set1_ps(s);
-            map_row(gp, op, n, |gv, i| {
-                let yv = if i + 16 <= n {
-                    S::load(yp.add(i))
-                } else {
-                    S::load_tail(yp.add(i), n - i, zero)
-                };
+            let grad = |gv, i| {
+                let yv = lanes(yp, i, (n - i).min(16));
                 if LOG {
                     _mm512_sub_ps(gv, _mm512_mul_ps(exp(_mm512_sub_ps(yv, zero)), s))
                 } else {
                     _mm512_mul_ps(yv, _mm512_sub_ps(gv, s))
                 }
-            });
+            };
+            map_row_ne(gp, op, n, grad, ne);
         }
     }
 }
@@ -690,6 +739,25 @@ pub(crate) unsafe fn layer_norm_rows<S: Lane>(
     b: Option<&[f32]>,
     mean: &mut [f32],
     rstd: &mut [f32],
+) {
+    // SAFETY: the caller's contract; `ne` only where the CPU has AVX512-BF16.
+    unsafe { layer_norm_rows_with(x, out, n, eps, (w, b), (mean, rstd), bf16_ne::<S>()) }
+}
+
+/// [`layer_norm_rows`], rounding bfloat16 outputs with `vcvtneps2bf16` when `ne` (see
+/// [`map_row_bf16_ne`]).
+///
+/// # Safety
+/// As [`layer_norm_rows`]; `ne` only for bfloat16 on a CPU with AVX512-BF16.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+unsafe fn layer_norm_rows_with<S: Lane>(
+    x: &[S],
+    out: &mut [MaybeUninit<S>],
+    n: usize,
+    eps: f32,
+    (w, b): (Option<&[f32]>, Option<&[f32]>),
+    (mean, rstd): (&mut [f32], &mut [f32]),
+    ne: bool,
 ) {
     let nc = n as f32;
     let wp = w.map(|w| w[..n].as_ptr());
@@ -718,7 +786,7 @@ pub(crate) unsafe fn layer_norm_rows<S: Lane>(
                     f32::load_tail(p.add(i), n - i, _mm512_setzero_ps())
                 }
             };
-            map_row(xp, op, n, |v, i| {
+            let norm = |v, i| {
                 let y = _mm512_mul_ps(_mm512_sub_ps(v, muv), rsv);
                 match (wp, bp) {
                     (Some(w), Some(b)) => _mm512_add_ps(_mm512_mul_ps(y, param(w, i)), param(b, i)),
@@ -726,7 +794,8 @@ pub(crate) unsafe fn layer_norm_rows<S: Lane>(
                     (None, Some(b)) => _mm512_add_ps(y, param(b, i)),
                     (None, None) => y,
                 }
-            });
+            };
+            map_row_ne(xp, op, n, norm, ne);
         }};
     }
     for (k, (xr, or)) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)).enumerate() {
@@ -974,6 +1043,58 @@ mod tests {
             "a subnormal output"
         );
         assert_eq!(fast, integer);
+    }
+
+    #[test]
+    fn bfloat16_layer_norm_rounds_with_vcvtneps2bf16_to_the_integer_rounding_bits() {
+        if !vmath::has_bf16_ne() {
+            eprintln!("skipped: no AVX512-BF16");
+            return;
+        }
+        // Rows of 37 (a tail) and 300 (the 64-lane sums) elements: with a weight of
+        // ones every output is normal (one instruction); a weight of 1e-39 makes them
+        // bfloat16 subnormals, and a NaN input a NaN row, which the instruction would
+        // round differently: written again with the integer rounding.
+        for n in [37, 300] {
+            let mut x: Vec<f32> = (0..3 * n)
+                .map(|i| ((i * 7919) % 113) as f32 * 0.05 - 2.0)
+                .collect();
+            x[2 * n + 5] = f32::NAN;
+            let x: Vec<bf16> = x.into_iter().map(bf16::from_f32).collect();
+            let b: Vec<f32> = (0..n).map(|i| i as f32 * 1e-3).collect();
+            for (scale, subnormal) in [(1.0f32, false), (1e-39, true)] {
+                let w: Vec<f32> = (0..n).map(|i| scale * (1.0 + i as f32 * 0.01)).collect();
+                let bias = (!subnormal).then_some(&b[..]);
+                let run = |ne: bool| -> Vec<u16> {
+                    let mut out = vec![MaybeUninit::<bf16>::uninit(); x.len()];
+                    let (mut m, mut r) = (vec![0f32; 3], vec![0f32; 3]);
+                    // SAFETY: `available()` (implied by `has_bf16_ne`) and AVX512-BF16
+                    // checked; whole rows, one mean and rstd per row.
+                    unsafe {
+                        layer_norm_rows_with(
+                            &x,
+                            &mut out,
+                            n,
+                            1e-5,
+                            (Some(&w), bias),
+                            (&mut m, &mut r),
+                            ne,
+                        )
+                    };
+                    // SAFETY: every element was written.
+                    out.iter()
+                        .map(|o| unsafe { o.assume_init() }.to_bits())
+                        .collect()
+                };
+                let (fast, integer) = (run(true), run(false));
+                let tiny = integer[..n]
+                    .iter()
+                    .filter(|&&h| h & 0x7F80 == 0 && h & 0x7F != 0);
+                assert_eq!(tiny.count() > n / 2, subnormal, "n {n}, weight {scale}");
+                assert!(integer[2 * n..].iter().all(|&h| h & 0x7FFF > 0x7F80));
+                assert_eq!(fast, integer, "n {n}, weight {scale}");
+            }
+        }
     }
 
     #[test]
