@@ -104,9 +104,9 @@ unary_ops! {
     gelu = GELU, Gelu, "GeluBackward0", |g, x| if !is_grad_enabled()
         && g.dtype() == x.dtype()
         && g.dims() == x.dims()
-        && x.device() == amp_tensor::Device::Cpu
     {
-        // One pass (PyTorch's gelu_backward); under create_graph the formula below.
+        // One pass, one launch on a device (PyTorch's gelu_backward); under
+        // create_graph the formula below.
         Tensor::from_raw(amp_kernels::gelu_backward(g.data(), x.data())?)
     } else {
         let cdf = mul_scalar(&add_scalar(&erf(&mul_scalar(x, std::f64::consts::FRAC_1_SQRT_2)?)?, 1.0)?, 0.5)?;

@@ -323,6 +323,123 @@ pub fn layer_norm_rows(
     Ok((out, mean, rstd))
 }
 
+/// Rows per chunk of [`layer_norm_backward_rows`]'s weight and bias sums: at least 64,
+/// and at most 512 chunks (the partial sums take `2 * chunks * n` values).
+fn layer_norm_chunk(rows: usize) -> usize {
+    rows.div_ceil(512).max(64)
+}
+
+/// The backward of [`layer_norm_rows`] over a contiguous `[rows, n]` float buffer `x`
+/// and its gradient `g` (the same dtype), from the forward's per-row `mean` and `rstd`
+/// (the accumulation type: float32, float64 for float64): the input gradient (`x`'s
+/// dtype), and with a `weight` (`n` values of the accumulation type) the weight's and
+/// bias's gradients (`n` each, the accumulation type). Three launches: the input
+/// gradient one block per row, the parameter sums over chunks of
+/// [`layer_norm_chunk`] rows, then over the chunks in order.
+///
+/// # Errors
+/// Buffers of other lengths or dtypes, device errors.
+pub fn layer_norm_backward_rows(
+    g: &CudaStorage,
+    x: &CudaStorage,
+    weight: Option<&CudaStorage>,
+    (mean, rstd): (&CudaStorage, &CudaStorage),
+    rows: usize,
+    n: usize,
+) -> Result<(CudaStorage, Option<(CudaStorage, CudaStorage)>)> {
+    const OP: &str = "cuda layer_norm_backward";
+    check_rows(OP, x, rows, n)?;
+    check_rows(OP, g, rows, n)?;
+    g.expect_dtype(OP, x.dtype())?;
+    let sfx = float_suffix(OP, x.dtype())?;
+    let stat = if x.dtype() == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    };
+    for (s, len) in [(Some(mean), rows), (Some(rstd), rows), (weight, n)] {
+        if let Some(s) = s {
+            s.expect_dtype(OP, stat)?;
+            if s.len() != len {
+                return Err(Error::shape_mismatch(OP, &[s.len()], &[len]));
+            }
+        }
+    }
+    let dc = x.context().clone();
+    let gi = CudaStorage::uninit(dc.device, x.dtype(), rows * n)?;
+    if rows == 0 || n == 0 {
+        // Nothing to write but empty sums: zeros.
+        let params = match weight {
+            Some(_) => Some((
+                CudaStorage::zeros(dc.device, stat, n)?,
+                CudaStorage::zeros(dc.device, stat, n)?,
+            )),
+            None => None,
+        };
+        return Ok((gi, params));
+    }
+    let params = match weight {
+        Some(_) => Some((
+            CudaStorage::uninit(dc.device, stat, n)?,
+            CudaStorage::uninit(dc.device, stat, n)?,
+        )),
+        None => None,
+    };
+    let (gp, xp, mp, rp, ip) = (
+        g.device_ptr(),
+        x.device_ptr(),
+        mean.device_ptr(),
+        rstd.device_ptr(),
+        gi.device_ptr(),
+    );
+    let wp = weight.map_or(0u64, |w| w.device_ptr());
+    let (r64, n64) = (rows as i64, n as i64);
+    let f = function(&dc, module("layer_norm"), &format!("layer_norm_bwd_{sfx}"))?;
+    amp_tensor::cuda_launch!(
+        dc,
+        f,
+        rows_grid(rows),
+        &gp,
+        &xp,
+        &wp,
+        &mp,
+        &rp,
+        &ip,
+        &r64,
+        &n64
+    );
+    if let Some((gw, gb)) = &params {
+        let chunk = layer_norm_chunk(rows);
+        let chunks = rows.div_ceil(chunk);
+        let pw = CudaStorage::uninit(dc.device, stat, chunks * n)?;
+        let pb = CudaStorage::uninit(dc.device, stat, chunks * n)?;
+        let (pwp, pbp, c64) = (pw.device_ptr(), pb.device_ptr(), chunk as i64);
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(32) as u32, chunks as u32, 1),
+            block_dim: (32, 8, 1),
+            shared_mem_bytes: 0,
+        };
+        let f = function(
+            &dc,
+            module("layer_norm"),
+            &format!("layer_norm_bwd_part_{sfx}"),
+        )?;
+        amp_tensor::cuda_launch!(dc, f, cfg, &gp, &xp, &mp, &rp, &pwp, &pbp, &r64, &n64, &c64);
+        let fin = if stat == DType::F64 { "f64" } else { "f32" };
+        let f = function(
+            &dc,
+            module("layer_norm"),
+            &format!("layer_norm_bwd_fin_{fin}"),
+        )?;
+        let (gwp, gbp, k64) = (gw.device_ptr(), gb.device_ptr(), chunks as i64);
+        amp_tensor::cuda_launch!(dc, f, grid_for(n), &pwp, &pbp, &gwp, &gbp, &k64, &n64);
+        // The partials go back to the caching allocator; their reuse is ordered after
+        // the last kernel by the one stream.
+        drop((pw, pb));
+    }
+    Ok((gi, params))
+}
+
 /// One gradient for [`non_finite_check_and_unscale_`]: `len` contiguous elements from
 /// element `offset` of a float buffer.
 #[derive(Debug, Clone, Copy)]

@@ -303,40 +303,33 @@ pub fn layer_norm_backward(
 ) -> Result<(Tensor, Option<Tensor>, Option<Tensor>)> {
     floating("layer_norm_backward", x.dtype(), x.device())?;
     let cd = compute_dtype(x.dtype());
-    let flat = |t: &Tensor| -> Result<Tensor> { t.to_dtype(cd)?.reshape([rows as i64, n as i64]) };
-    let col = |t: &Tensor| -> Result<Tensor> { t.to_dtype(cd)?.reshape([rows as i64, 1]) };
-    let (g2, x2) = (flat(g)?, flat(x)?);
-    let (mu, rs) = (col(stats.0)?, col(stats.1)?);
-    let xhat = raw_binary("mul", &raw_binary("sub", &x2, &mu)?, &rs)?;
-    let w = weight
-        .map(|w| w.to_dtype(cd)?.reshape([1, n as i64]))
-        .transpose()?;
-    let dxhat = match &w {
-        Some(w) => raw_binary("mul", &g2, w)?,
-        None => g2.clone(),
-    };
-    let rows_mask = [false, true];
-    let m1 = reduce("mean", &dxhat, &rows_mask, true)?;
-    let m2 = reduce("mean", &raw_binary("mul", &dxhat, &xhat)?, &rows_mask, true)?;
-    let inner = raw_binary(
-        "sub",
-        &raw_binary("sub", &dxhat, &m1)?,
-        &raw_binary("mul", &xhat, &m2)?,
+    let (gc, xc) = (
+        g.to_dtype(x.dtype())?.try_contiguous()?,
+        x.try_contiguous()?,
+    );
+    let stat = |t: &Tensor| on(t, x.device())?.to_dtype(cd)?.try_contiguous();
+    let (mu, rs) = (stat(stats.0)?, stat(stats.1)?);
+    let w = weight.map(stat).transpose()?;
+    let (gs, xs, ms, rss) = (gc.storage(), xc.storage(), mu.storage(), rs.storage());
+    let ws = w.as_ref().map(|t| t.storage());
+    let wb = ws.as_ref().map(|s| s.cuda()).transpose()?;
+    let (gi, params) = host::layer_norm_backward_rows(
+        gs.cuda()?,
+        xs.cuda()?,
+        wb,
+        (ms.cuda()?, rss.cuda()?),
+        rows,
+        n,
     )?;
-    let gi = raw_binary("mul", &inner, &rs)?
-        .reshape(x.dims().iter().map(|&d| d as i64).collect::<Vec<_>>())?
-        .to_dtype(x.dtype())?;
-    if weight.is_none() {
-        return Ok((gi, None, None));
+    let gi = wrap(gi, x.dims())?;
+    match params {
+        None => Ok((gi, None, None)),
+        Some((gw, gb)) => Ok((
+            gi,
+            Some(wrap(gw, &[n])?.to_dtype(param_dtype)?),
+            Some(wrap(gb, &[n])?.to_dtype(param_dtype)?),
+        )),
     }
-    let cols_mask = [true, false];
-    let gw = reduce("sum", &raw_binary("mul", &g2, &xhat)?, &cols_mask, false)?;
-    let gb = reduce("sum", &g2, &cols_mask, false)?;
-    Ok((
-        gi,
-        Some(gw.to_dtype(param_dtype)?),
-        Some(gb.to_dtype(param_dtype)?),
-    ))
 }
 
 // ----- products --------------------------------------------------------------------

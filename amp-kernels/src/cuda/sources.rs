@@ -226,6 +226,10 @@ AMP_FOR_FLOATS(AMP_SOFTMAX, 0)
 /// `[rows, n]` input: two-pass mean and biased variance in the accumulation type,
 /// optional weight and bias (null pointers when absent), and the per-row mean and
 /// `rstd = 1/sqrt(var + eps)` written in the accumulation type (float32 for 16-bit).
+/// Its backward from those statistics: the input gradient, one block per row
+/// (`layer_norm_bwd`), and the weight's and bias's gradients as column sums over chunks
+/// of rows (`layer_norm_bwd_part`), then over the chunks in order (`layer_norm_bwd_fin`):
+/// three launches, each sum in an order fixed by the shape alone.
 pub const LAYER_NORM: &str = r#"
 template <typename T>
 __device__ void layer_norm_rows(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b, double eps,
@@ -251,10 +255,97 @@ __device__ void layer_norm_rows(const T* __restrict__ x, const T* __restrict__ w
         if (threadIdx.x == 0) { mean_out[r] = mean; rstd_out[r] = rstd; }
     }
 }
+/* The input gradient, one block per row: with xhat = (x - mean) rstd and dxhat = g w
+   (g without a weight; the weight in the accumulation type), gi = (dxhat - mean(dxhat)
+   - xhat mean(dxhat xhat)) rstd in the accumulation type, rounded once. */
+template <typename T>
+__device__ void layer_norm_bwd_rows(const T* __restrict__ g, const T* __restrict__ x,
+                                    const typename Num<T>::acc* __restrict__ w,
+                                    const typename Num<T>::acc* __restrict__ mean,
+                                    const typename Num<T>::acc* __restrict__ rstd, T* __restrict__ gi,
+                                    i64 rows, i64 n) {
+    typedef typename Num<T>::acc A;
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T* grow = g + r * n;
+        const T* xrow = x + r * n;
+        T* orow = gi + r * n;
+        const A mu = mean[r], rs = rstd[r];
+        A s1 = A(0), s2 = A(0);
+        for (i64 j = threadIdx.x; j < n; j += blockDim.x) {
+            A d = Num<T>::load(grow[j]);
+            if (w) d *= w[j];
+            s1 += d;
+            s2 += d * ((Num<T>::load(xrow[j]) - mu) * rs);
+        }
+        const A m1 = block_reduce<A, RSum<A> >(s1) / (A)n;
+        const A m2 = block_reduce<A, RSum<A> >(s2) / (A)n;
+        for (i64 j = threadIdx.x; j < n; j += blockDim.x) {
+            A d = Num<T>::load(grow[j]);
+            if (w) d *= w[j];
+            const A xh = (Num<T>::load(xrow[j]) - mu) * rs;
+            orow[j] = Num<T>::store((d - m1 - xh * m2) * rs);
+        }
+    }
+}
+/* The weight's and bias's gradients, part one: over the rows [c chunk, (c + 1) chunk) of
+   chunk c = blockIdx.y, the column sums of g xhat and of g for the 32 columns of the
+   block (blockDim (32, 8): each of the 8 thread rows takes every 8th row, then thread
+   row 0 adds the 8 in order), into partials [chunks, n] of the accumulation type. */
+template <typename T>
+__device__ void layer_norm_bwd_part(const T* __restrict__ g, const T* __restrict__ x,
+                                    const typename Num<T>::acc* __restrict__ mean,
+                                    const typename Num<T>::acc* __restrict__ rstd,
+                                    typename Num<T>::acc* __restrict__ pw, typename Num<T>::acc* __restrict__ pb,
+                                    i64 rows, i64 n, i64 chunk) {
+    typedef typename Num<T>::acc A;
+    __shared__ A sw[8][33];
+    __shared__ A sb[8][33];
+    const i64 j = (i64)blockIdx.x * 32 + threadIdx.x;
+    const i64 lo = (i64)blockIdx.y * chunk;
+    const i64 hi = lo + chunk < rows ? lo + chunk : rows;
+    A aw = A(0), ab = A(0);
+    if (j < n) {
+        for (i64 r = lo + threadIdx.y; r < hi; r += 8) {
+            const A gv = Num<T>::load(g[r * n + j]);
+            aw += gv * ((Num<T>::load(x[r * n + j]) - mean[r]) * rstd[r]);
+            ab += gv;
+        }
+    }
+    sw[threadIdx.y][threadIdx.x] = aw;
+    sb[threadIdx.y][threadIdx.x] = ab;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < n) {
+        A tw = A(0), tb = A(0);
+        for (int k = 0; k < 8; ++k) { tw += sw[k][threadIdx.x]; tb += sb[k][threadIdx.x]; }
+        pw[(i64)blockIdx.y * n + j] = tw;
+        pb[(i64)blockIdx.y * n + j] = tb;
+    }
+}
+/* Part two: each column's partials added in chunk order. */
+template <typename A>
+__device__ void layer_norm_bwd_fin(const A* __restrict__ pw, const A* __restrict__ pb, A* __restrict__ gw,
+                                   A* __restrict__ gb, i64 chunks, i64 n) {
+    AMP_GRID_STRIDE(j, n) {
+        A tw = A(0), tb = A(0);
+        for (i64 c = 0; c < chunks; ++c) { tw += pw[c * n + j]; tb += pb[c * n + j]; }
+        gw[j] = tw;
+        gb[j] = tb;
+    }
+}
 #define AMP_LAYER_NORM(T, SUF, _) \
     extern "C" __global__ void layer_norm_fwd_##SUF(const T* x, const T* w, const T* b, double eps, T* out, \
-        Num<T>::acc* mean, Num<T>::acc* rstd, i64 rows, i64 n) { layer_norm_rows<T>(x, w, b, eps, out, mean, rstd, rows, n); }
+        Num<T>::acc* mean, Num<T>::acc* rstd, i64 rows, i64 n) { layer_norm_rows<T>(x, w, b, eps, out, mean, rstd, rows, n); } \
+    extern "C" __global__ void layer_norm_bwd_##SUF(const T* g, const T* x, const Num<T>::acc* w, \
+        const Num<T>::acc* mean, const Num<T>::acc* rstd, T* gi, i64 rows, i64 n) { \
+        layer_norm_bwd_rows<T>(g, x, w, mean, rstd, gi, rows, n); } \
+    extern "C" __global__ void layer_norm_bwd_part_##SUF(const T* g, const T* x, const Num<T>::acc* mean, \
+        const Num<T>::acc* rstd, Num<T>::acc* pw, Num<T>::acc* pb, i64 rows, i64 n, i64 chunk) { \
+        layer_norm_bwd_part<T>(g, x, mean, rstd, pw, pb, rows, n, chunk); }
 AMP_FOR_FLOATS(AMP_LAYER_NORM, 0)
+extern "C" __global__ void layer_norm_bwd_fin_f32(const float* pw, const float* pb, float* gw, float* gb, i64 chunks,
+    i64 n) { layer_norm_bwd_fin<float>(pw, pb, gw, gb, chunks, n); }
+extern "C" __global__ void layer_norm_bwd_fin_f64(const double* pw, const double* pb, double* gw, double* gb,
+    i64 chunks, i64 n) { layer_norm_bwd_fin<double>(pw, pb, gw, gb, chunks, n); }
 "#;
 
 /// The fused optimizer updates: one pass over a parameter (any float storage type),
@@ -528,7 +619,22 @@ pub const MODULES: [Module; 9] = [
     Module {
         name: "layer_norm",
         body: LAYER_NORM,
-        kernels: || floats().map(|d| format!("layer_norm_fwd_{d}")).collect(),
+        kernels: || {
+            let mut names: Vec<String> = floats()
+                .flat_map(|d| {
+                    [
+                        format!("layer_norm_fwd_{d}"),
+                        format!("layer_norm_bwd_{d}"),
+                        format!("layer_norm_bwd_part_{d}"),
+                    ]
+                })
+                .collect();
+            names.extend([
+                "layer_norm_bwd_fin_f32".into(),
+                "layer_norm_bwd_fin_f64".into(),
+            ]);
+            names
+        },
     },
     Module {
         name: "index",

@@ -549,6 +549,36 @@ fn tensor_entries_route_to_the_device() {
                 },
             );
         }
+        // Several chunks of rows for the weight and bias sums (300 rows of 64), and
+        // columns past the last full 32 (200 = 6 x 32 + 8).
+        let (x2, g2) = (rand(&[300, 200], d, 12), rand(&[300, 200], d, 13));
+        let (w2, b2) = (rand(&[200], d, 14), rand(&[200], d, 15));
+        for part in 0..3 {
+            same_on_device(
+                &format!("layer_norm_backward [300, 200] {part} {d}"),
+                vec![g2.clone(), x2.clone(), w2.clone(), b2.clone()],
+                8.0,
+                |t| {
+                    let (_, mean, rstd) =
+                        kx::layer_norm(&t[1], &[200], Some(&t[2]), Some(&t[3]), 1e-5).unwrap();
+                    let (gi, gw, gb) =
+                        kx::layer_norm_backward(&t[0], &t[1], &[200], &mean, &rstd, Some(&t[2]))
+                            .unwrap();
+                    [Some(gi), gw, gb][part].clone().unwrap()
+                },
+            );
+        }
+        same_on_device(
+            &format!("layer_norm_backward without a weight {d}"),
+            vec![g2.clone(), x2.clone()],
+            8.0,
+            |t| {
+                let (_, mean, rstd) = kx::layer_norm(&t[1], &[200], None, None, 1e-5).unwrap();
+                kx::layer_norm_backward(&t[0], &t[1], &[200], &mean, &rstd, None)
+                    .unwrap()
+                    .0
+            },
+        );
         let (a, bm, c) = (rand(&[5, 7], d, 9), rand(&[7, 3], d, 10), rand(&[3], d, 11));
         let k = 8.0;
         same_on_device(&format!("mm {d}"), vec![a.clone(), bm.clone()], k, |t| {
