@@ -490,17 +490,10 @@ impl MultiheadAttention {
                 Ok(t.clone())
             }
         };
-        // Self-attention stays one tensor (the projections share its one copy).
-        let q = seq_first(query)?;
-        let (k, v) = if query.id() == key.id() && key.id() == value.id() {
-            (q.clone(), q.clone())
-        } else {
-            (seq_first(key)?, seq_first(value)?)
-        };
         let out = ops::multi_head_attention_forward(
-            &q,
-            &k,
-            &v,
+            &seq_first(query)?,
+            &seq_first(key)?,
+            &seq_first(value)?,
             self.num_heads,
             ops::MultiHeadWeights {
                 in_proj_weight: &self.in_proj_weight,

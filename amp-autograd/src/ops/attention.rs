@@ -356,17 +356,6 @@ pub fn multi_head_attention_forward(
         ));
     }
     let hd = e / num_heads;
-    // Self-attention (query, key and value one tensor): made contiguous once for the
-    // three projections, not copied by each of them.
-    let shared = if query.id() == key.id() && key.id() == value.id() {
-        Some(contiguous(query)?)
-    } else {
-        None
-    };
-    let (query, key, value) = match &shared {
-        Some(x) => (x, x, x),
-        None => (query, key, value),
-    };
     let part = |t: &Tensor, i: usize| narrow(t, 0, i * e, e);
     let (w, b) = (weights.in_proj_weight, weights.in_proj_bias);
     let proj = |x: &Tensor, i: usize| -> Result<Tensor> {

@@ -301,15 +301,6 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tens
     };
     match (x.rank(), &bias) {
         (2, Some(b)) => addmm(b, &x, &wt, 1.0, 1.0),
-        // A contiguous 3-D input is one addmm over its rows (PyTorch's
-        // `_flatten_nd_linear`): the product adds the bias itself, one launch and one
-        // rounding on a device.
-        (3, Some(b)) if weight.rank() == 2 && x.is_contiguous() => {
-            let d = x.dims();
-            let (d0, d1) = (d[0], d[1]);
-            let y = addmm(b, &reshape(&x, [d0 * d1, d[2]])?, &wt, 1.0, 1.0)?;
-            reshape(&y, [d0, d1, wt.dims()[1]])
-        }
         (_, Some(b)) => add(&matmul(&x, &wt)?, b),
         (_, None) => matmul(&x, &wt),
     }
