@@ -533,40 +533,31 @@ fn tensor_entries_route_to_the_device() {
                     .0
             },
         );
-        let g = rand(&[4, 5, 6], d, 8);
-        for part in 0..3 {
-            same_on_device(
-                &format!("layer_norm_backward {part} {d}"),
-                vec![g.clone(), cube.clone(), w.clone(), b.clone()],
-                8.0,
-                |t| {
-                    let (_, mean, rstd) =
-                        kx::layer_norm(&t[1], &[6], Some(&t[2]), Some(&t[3]), 1e-5).unwrap();
-                    let (gi, gw, gb) =
-                        kx::layer_norm_backward(&t[0], &t[1], &[6], &mean, &rstd, Some(&t[2]))
-                            .unwrap();
-                    [Some(gi), gw, gb][part].clone().unwrap()
-                },
-            );
-        }
-        // Several chunks of rows for the weight and bias sums (300 rows of 64), and
-        // columns past the last full 32 (200 = 6 x 32 + 8).
+        // [4, 5, 6], and [300, 200]: several chunks of rows for the weight and bias
+        // sums (300 rows of 64), and columns past the last full 32 (200 = 6 x 32 + 8).
         let (x2, g2) = (rand(&[300, 200], d, 12), rand(&[300, 200], d, 13));
         let (w2, b2) = (rand(&[200], d, 14), rand(&[200], d, 15));
-        for part in 0..3 {
-            same_on_device(
-                &format!("layer_norm_backward [300, 200] {part} {d}"),
-                vec![g2.clone(), x2.clone(), w2.clone(), b2.clone()],
-                8.0,
-                |t| {
-                    let (_, mean, rstd) =
-                        kx::layer_norm(&t[1], &[200], Some(&t[2]), Some(&t[3]), 1e-5).unwrap();
-                    let (gi, gw, gb) =
-                        kx::layer_norm_backward(&t[0], &t[1], &[200], &mean, &rstd, Some(&t[2]))
-                            .unwrap();
-                    [Some(gi), gw, gb][part].clone().unwrap()
-                },
-            );
+        let cases = [
+            (rand(&[4, 5, 6], d, 8), cube.clone(), w.clone(), b.clone()),
+            (g2.clone(), x2.clone(), w2, b2),
+        ];
+        for (g, x, w, b) in cases {
+            let n = x.dims()[x.rank() - 1];
+            for part in 0..3 {
+                same_on_device(
+                    &format!("layer_norm_backward {:?} {part} {d}", x.dims()),
+                    vec![g.clone(), x.clone(), w.clone(), b.clone()],
+                    8.0,
+                    |t| {
+                        let (_, mean, rstd) =
+                            kx::layer_norm(&t[1], &[n], Some(&t[2]), Some(&t[3]), 1e-5).unwrap();
+                        let (gi, gw, gb) =
+                            kx::layer_norm_backward(&t[0], &t[1], &[n], &mean, &rstd, Some(&t[2]))
+                                .unwrap();
+                        [Some(gi), gw, gb][part].clone().unwrap()
+                    },
+                );
+            }
         }
         same_on_device(
             &format!("layer_norm_backward without a weight {d}"),
