@@ -367,24 +367,20 @@ pub fn layer_norm_backward_rows(
     }
     let dc = x.context().clone();
     let gi = CudaStorage::uninit(dc.device, x.dtype(), rows * n)?;
-    if rows == 0 || n == 0 {
-        // Nothing to write but empty sums: zeros.
-        let params = match weight {
-            Some(_) => Some((
-                CudaStorage::zeros(dc.device, stat, n)?,
-                CudaStorage::zeros(dc.device, stat, n)?,
-            )),
-            None => None,
-        };
-        return Ok((gi, params));
-    }
+    let empty = rows == 0 || n == 0;
+    // The kernels write every parameter gradient; an empty sum is zeros.
+    let alloc = if empty {
+        CudaStorage::zeros
+    } else {
+        CudaStorage::uninit
+    };
     let params = match weight {
-        Some(_) => Some((
-            CudaStorage::uninit(dc.device, stat, n)?,
-            CudaStorage::uninit(dc.device, stat, n)?,
-        )),
+        Some(_) => Some((alloc(dc.device, stat, n)?, alloc(dc.device, stat, n)?)),
         None => None,
     };
+    if empty {
+        return Ok((gi, params));
+    }
     let (gp, xp, mp, rp, ip) = (
         g.device_ptr(),
         x.device_ptr(),
