@@ -490,10 +490,19 @@ impl MultiheadAttention {
                 Ok(t.clone())
             }
         };
+        // Self-attention keeps one tensor for all three (the op's packed projection
+        // tests `query is key is value`, as PyTorch's does).
+        let same = query.id() == key.id() && key.id() == value.id();
+        let q = seq_first(query)?;
+        let (k, v) = if same {
+            (q.clone(), q.clone())
+        } else {
+            (seq_first(key)?, seq_first(value)?)
+        };
         let out = ops::multi_head_attention_forward(
-            &seq_first(query)?,
-            &seq_first(key)?,
-            &seq_first(value)?,
+            &q,
+            &k,
+            &v,
             self.num_heads,
             ops::MultiHeadWeights {
                 in_proj_weight: &self.in_proj_weight,

@@ -335,7 +335,7 @@ pub fn multi_head_attention_forward(
 ) -> Result<Tensor> {
     const OP: &str = "multi_head_attention_forward";
     use super::matmul::linear;
-    use super::shape::{contiguous, narrow, permute, reshape};
+    use super::shape::{contiguous, narrow, permute, reshape, split};
     if query.rank() != 3 || key.rank() != 3 || value.rank() != 3 {
         return Err(refused(
             OP,
@@ -356,19 +356,43 @@ pub fn multi_head_attention_forward(
         ));
     }
     let hd = e / num_heads;
-    let part = |t: &Tensor, i: usize| narrow(t, 0, i * e, e);
     let (w, b) = (weights.in_proj_weight, weights.in_proj_bias);
-    let proj = |x: &Tensor, i: usize| -> Result<Tensor> {
-        let bi = b.map(|b| part(b, i)).transpose()?;
-        linear(x, &part(w, i)?, bi.as_ref())
+    // Self-attention (`query is key is value`, PyTorch's `_in_projection_packed`): one
+    // product with the whole [3E, E] weight, split three ways, so the backward is one
+    // product pair and one `cat` instead of three of each plus a zero-filled scatter per
+    // weight and bias part. Its rows are taken batch-major ([N, L, E]) when that is how
+    // the input lies (a batch-first caller's transposed view): no copy on the way in,
+    // none on the way out.
+    let packed = query.id() == key.id() && key.id() == value.id();
+    let batch_major = packed && n > 1 && l > 1 && query.data().transpose(0, 1)?.is_contiguous();
+    // [L, N, E] (or [N, L, E] batch-major) -> [N, heads, len, hd]
+    let heads = |x: &Tensor, len: usize| -> Result<Tensor> {
+        if batch_major {
+            permute(&reshape(x, [n, len, num_heads, hd])?, &[0, 2, 1, 3])
+        } else {
+            permute(&reshape(x, [len, n, num_heads, hd])?, &[1, 2, 0, 3])
+        }
     };
-    // [len, N, E] -> [N, heads, len, hd]
-    let heads = |x: Tensor, len: usize| -> Result<Tensor> {
-        permute(&reshape(&x, [len, n, num_heads, hd])?, &[1, 2, 0, 3])
+    let (q, k, v) = if packed {
+        let x = if batch_major {
+            transpose(query, 0, 1)?
+        } else {
+            query.clone()
+        };
+        let qkv = split(&linear(&x, w, b)?, e, -1)?;
+        (heads(&qkv[0], l)?, heads(&qkv[1], l)?, heads(&qkv[2], l)?)
+    } else {
+        let part = |t: &Tensor, i: usize| narrow(t, 0, i * e, e);
+        let proj = |x: &Tensor, i: usize| -> Result<Tensor> {
+            let bi = b.map(|b| part(b, i)).transpose()?;
+            linear(x, &part(w, i)?, bi.as_ref())
+        };
+        (
+            heads(&proj(query, 0)?, l)?,
+            heads(&proj(key, 1)?, s)?,
+            heads(&proj(value, 2)?, s)?,
+        )
     };
-    let q = heads(proj(query, 0)?, l)?;
-    let k = heads(proj(key, 1)?, s)?;
-    let v = heads(proj(value, 2)?, s)?;
     // A per-(batch, head) mask [N·heads, L, S] becomes [N, heads, L, S]; a [L, S] one
     // broadcasts.
     // A boolean mask says where not to attend; the attention op's says where to.
@@ -392,8 +416,17 @@ pub fn multi_head_attention_forward(
             ..opts
         },
     )?;
-    // [N, heads, L, hd] -> [L, N, E]
-    let o = reshape(&contiguous(&permute(&o, &[2, 0, 1, 3])?)?, [l * n, e])?;
+    // [N, heads, L, hd] -> [L, N, E] (batch-major: [N, L, E], returned transposed)
+    let order: &[i64] = if batch_major {
+        &[0, 2, 1, 3]
+    } else {
+        &[2, 0, 1, 3]
+    };
+    let o = reshape(&contiguous(&permute(&o, order)?)?, [l * n, e])?;
     let o = linear(&o, weights.out_proj_weight, weights.out_proj_bias)?;
-    reshape(&o, [l, n, e])
+    if batch_major {
+        transpose(&reshape(&o, [n, l, e])?, 0, 1)
+    } else {
+        reshape(&o, [l, n, e])
+    }
 }

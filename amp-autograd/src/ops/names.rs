@@ -124,6 +124,7 @@ op_names! {
     SQUEEZE = new("squeeze");
     CONTIGUOUS = new("contiguous");
     CAT = new("cat");
+    SPLIT = new("split");
     STACK = new("stack");
     GATHER = new("gather");
     SCATTER_ADD = new("scatter_add");

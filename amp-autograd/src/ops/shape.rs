@@ -6,7 +6,7 @@ use amp_tensor::{wrap_dim, Tensor as Raw};
 
 use super::names::{
     CAT, CONTIGUOUS, EMBEDDING, EXPAND, GATHER, INDEX_ADD, INDEX_COPY, INDEX_SELECT, NARROW,
-    PERMUTE, RESHAPE, SCATTER_ADD, SELECT, SQUEEZE, STACK, TRANSPOSE, UNSQUEEZE, VIEW,
+    PERMUTE, RESHAPE, SCATTER_ADD, SELECT, SPLIT, SQUEEZE, STACK, TRANSPOSE, UNSQUEEZE, VIEW,
 };
 use super::{enter, enter_vec, sum_to};
 use crate::graph::{grad_if, record, record_multi};
@@ -182,6 +182,64 @@ pub fn cat(ts: &[Tensor], dim: i64) -> Result<Tensor> {
         }
         Ok(v)
     }))
+}
+
+/// `torch.split(x, split_size, dim)`: views of `split_size` entries of `dim` each, the
+/// last one shorter when the size does not divide. The backward is one [`cat`] of the
+/// pieces' gradients (zeros for a piece that has none), not one zero-filled scatter per
+/// piece as separate [`narrow`]s would take.
+pub fn split(x: &Tensor, split_size: usize, dim: i64) -> Result<Vec<Tensor>> {
+    let ([x], _body) = enter(&SPLIT, [x])?;
+    if x.rank() == 0 {
+        return Err(crate::Error::invalid(
+            "split",
+            "split expects at least a 1-dimensional tensor",
+        ));
+    }
+    let d = wrap_dim(dim, x.rank())?;
+    let size = x.dims()[d];
+    if split_size == 0 && size != 0 {
+        return Err(crate::Error::invalid(
+            "split",
+            format!(
+                "split_size can only be 0 if dimension size is 0, but got dimension size of {size}"
+            ),
+        ));
+    }
+    let pieces: Vec<(usize, usize)> = if split_size == 0 {
+        vec![(0, 0)]
+    } else {
+        (0..size.div_ceil(split_size).max(1))
+            .map(|i| (i * split_size, split_size.min(size - i * split_size)))
+            .collect()
+    };
+    let outs = pieces
+        .iter()
+        .map(|&(start, len)| x.data().narrow(d as i64, start, len))
+        .collect::<amp_tensor::Result<Vec<Raw>>>()?;
+    let (xd, dtype, device) = (x.dims().to_vec(), x.dtype(), x.device());
+    let diff = vec![true; pieces.len()];
+    Ok(record_multi(
+        outs,
+        &diff,
+        "SplitBackward0",
+        &[&x],
+        Box::new(move |gs| {
+            let parts = gs
+                .iter()
+                .zip(&pieces)
+                .map(|(g, &(_, len))| match g {
+                    Some(g) => Ok(g.clone()),
+                    None => {
+                        let mut dims = xd.clone();
+                        dims[d] = len;
+                        Tensor::zeros_on(dims, dtype, device)
+                    }
+                })
+                .collect::<Result<Vec<Tensor>>>()?;
+            Ok(vec![Some(cat(&parts, d as i64)?)])
+        }),
+    ))
 }
 
 /// Stack along a new dim `dim`.

@@ -323,6 +323,11 @@ fn table() -> Vec<Op> {
         op("flatten", &[N(&[2, 3, 2])], |v| ops::flatten(&v[0], 1, 2)),
         op("contiguous", A, |v| ops::contiguous(&ops::t(&v[0])?)),
         op("cat", &[N(&[2, 3]), N(&[1, 3])], |v| ops::cat(v, 0)),
+        // The last piece is shorter and unused: its gradient is the backward's zeros.
+        op("split", &[N(&[2, 5])], |v| {
+            let p = ops::split(&v[0], 2, 1)?;
+            ops::add(&ops::mul_scalar(&p[0], 2.0)?, &ops::exp(&p[1])?)
+        }),
         op("stack", &[N(&[2, 3]), N(&[2, 3])], |v| ops::stack(v, 1)),
         op("gather", A, |v| {
             ops::gather(&v[0], 1, &idx(&[2, 0, 1, 1], &[2, 2]))
@@ -644,6 +649,42 @@ fn table() -> Vec<Op> {
                     out_proj_bias: Some(&v[3]),
                 };
                 ops::multi_head_attention_forward(&v[0], &v[0], &v[0], 2, w, Attention::default())
+            },
+        )
+        .tol(1e-5),
+        // Self-attention over a batch-first input (a transposed view): the packed
+        // projection taken batch-major.
+        op(
+            "multi_head_attention_forward_batch_major",
+            &[N(&[2, 3, 4]), N(&[12, 4]), N(&[12]), N(&[4, 4])],
+            |v| {
+                let w = MultiHeadWeights {
+                    in_proj_weight: &v[1],
+                    in_proj_bias: Some(&v[2]),
+                    out_proj_weight: &v[3],
+                    out_proj_bias: None,
+                };
+                let x = ops::transpose(&v[0], 0, 1)?;
+                let causal = Attention {
+                    is_causal: true,
+                    ..Default::default()
+                };
+                ops::multi_head_attention_forward(&x, &x, &x, 2, w, causal)
+            },
+        )
+        .tol(1e-5),
+        // Cross-attention: three projections of their own.
+        op(
+            "multi_head_attention_forward_cross",
+            &[N(&[2, 2, 4]), N(&[3, 2, 4]), N(&[12, 4]), N(&[12]), N(&[4, 4])],
+            |v| {
+                let w = MultiHeadWeights {
+                    in_proj_weight: &v[2],
+                    in_proj_bias: Some(&v[3]),
+                    out_proj_weight: &v[4],
+                    out_proj_bias: None,
+                };
+                ops::multi_head_attention_forward(&v[0], &v[1], &v[1], 2, w, Attention::default())
             },
         )
         .tol(1e-5),

@@ -44,6 +44,7 @@ const DECLARED_ONLY: &[&str] = &[
     "narrow",
     "permute",
     "select",
+    "split",
     "squeeze",
     "unsqueeze",
     "view",
