@@ -103,9 +103,12 @@ impl Adam {
     /// pointer).
     fn update(&mut self, grad_scale: Option<&Raw>) -> Result<()> {
         let mut host_scale = None;
-        for (group, states) in self.groups.iter().zip(self.state.iter_mut()) {
+        // Device parameters (group, position, gradient) wait for one multi-tensor
+        // launch (see `on_device`).
+        let mut on_dev: Vec<(usize, usize, Tensor)> = Vec::new();
+        for (gi, (group, states)) in self.groups.iter().zip(self.state.iter_mut()).enumerate() {
             let o = group.options;
-            for (p, st) in group.params.iter().zip(states.iter_mut()) {
+            for (pi, (p, st)) in group.params.iter().zip(states.iter_mut()).enumerate() {
                 let Some(g) = p.grad() else { continue };
                 let s = st.get_or_insert_with(|| ParamState {
                     step: 0.0,
@@ -114,9 +117,12 @@ impl Adam {
                     max_exp_avg_sq: o.amsgrad.then(|| zeros_state(p)),
                 });
                 s.step += 1.0;
+                if !p.device().is_cpu() {
+                    on_dev.push((gi, pi, g));
+                    continue;
+                }
                 let grad_scale = match grad_scale {
                     None => None,
-                    Some(t) if !p.device().is_cpu() => Some(GradScale::Tensor(t)),
                     Some(t) => Some(GradScale::Host(match host_scale {
                         Some(v) => v,
                         None => *host_scale.insert(t.operand::<f64>()?),
@@ -137,8 +143,75 @@ impl Adam {
                 }
             }
         }
-        Ok(())
+        let steps: Vec<ParamStep<'_>> = on_dev
+            .iter()
+            .filter_map(|(gi, pi, g)| {
+                let group = &self.groups[*gi];
+                Some(ParamStep {
+                    p: &group.params[*pi],
+                    g: g.data(),
+                    s: self.state[*gi][*pi].as_ref()?,
+                    o: group.options,
+                    lr: group.lr,
+                    grad_scale: grad_scale.map(GradScale::Tensor),
+                })
+            })
+            .collect();
+        on_device(&steps)
     }
+}
+
+/// The updates of device parameters: one multi-tensor launch for every parameter the
+/// fused kernel takes (`amp_kernels::cuda::optim::adam_steps`, with the `cuda`
+/// feature), then the op-by-op path for the others, in their order.
+fn on_device(steps: &[ParamStep<'_>]) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    let done = {
+        use amp_kernels::cuda::optim::{adam_steps, AdamStep, AdamTensors};
+        let scale_t = match (steps.first(), steps.first().and_then(|s| s.grad_scale)) {
+            (Some(first), Some(scale)) => Some(scale.on(first.p.device())?),
+            _ => None,
+        };
+        let tensors: Vec<AdamTensors<'_>> = steps
+            .iter()
+            .map(|st| {
+                let (o, lr) = (st.o, st.lr);
+                let (b1, b2) = o.betas;
+                AdamTensors {
+                    p: st.p.data(),
+                    g: st.g,
+                    m: &st.s.exp_avg,
+                    v: &st.s.exp_avg_sq,
+                    vmax: st.s.max_exp_avg_sq.as_ref(),
+                    step: AdamStep {
+                        step_size: lr / (1.0 - b1.powf(st.s.step)),
+                        bc2_sqrt: (1.0 - b2.powf(st.s.step)).sqrt(),
+                        beta1: b1,
+                        beta2: b2,
+                        eps: o.eps,
+                        weight_decay: o.weight_decay,
+                        decay: 1.0 - lr * o.weight_decay,
+                        maximize: o.maximize,
+                        decoupled: o.decoupled,
+                    },
+                }
+            })
+            .collect();
+        adam_steps(&tensors, scale_t.as_ref())?
+    };
+    #[cfg(not(feature = "cuda"))]
+    let done = vec![false; steps.len()];
+    for (step, done) in steps.iter().zip(done) {
+        if !done {
+            let cd = if computes_in_f64(step.p.dtype()) {
+                amp_tensor::DType::F64
+            } else {
+                amp_tensor::DType::F32
+            };
+            adam_on_device(*step, cd)?;
+        }
+    }
+    Ok(())
 }
 
 /// One parameter's update: the parameter, its gradient and state, the group's options
@@ -162,6 +235,16 @@ enum GradScale<'a> {
 }
 
 impl GradScale<'_> {
+    /// The scale as a 1-element float32 tensor on `device`, for the device paths.
+    fn on(self, device: amp_tensor::Device) -> Result<Raw> {
+        Ok(match self {
+            GradScale::Tensor(t) => t.to_device(device)?,
+            GradScale::Host(v) => {
+                Raw::full([1usize], v, amp_tensor::DType::F32).to_device(device)?
+            }
+        })
+    }
+
     /// The value, for the host paths (a device tensor is read back: a device
     /// parameter's update never asks).
     fn value(self) -> Result<f64> {
@@ -174,9 +257,6 @@ impl GradScale<'_> {
 
 /// One parameter's Adam update (its `step` already counted) in the compute type `F`.
 fn adam_update<F: Real>(step: ParamStep<'_>) -> Result<()> {
-    if !step.p.device().is_cpu() {
-        return adam_on_device(step, F::DTYPE);
-    }
     if let Some(done) = fused::<F>(step) {
         return done;
     }
@@ -239,8 +319,9 @@ fn adam_update<F: Real>(step: ParamStep<'_>) -> Result<()> {
     })
 }
 
-/// [`adam_update`] for a parameter on a device: the general path's operations, in its
-/// order, as device kernels over tensors of the compute type `cd`.
+/// [`adam_update`] for a parameter on a device that the fused kernel does not take: the
+/// general path's operations, in its order, as device kernels over tensors of the
+/// compute type `cd`.
 fn adam_on_device(step: ParamStep<'_>, cd: amp_tensor::DType) -> Result<()> {
     use crate::update::dev;
     use amp_kernels::BinaryOp;
@@ -255,33 +336,7 @@ fn adam_on_device(step: ParamStep<'_>, cd: amp_tensor::DType) -> Result<()> {
     let (b1, b2) = o.betas;
     let bc1 = 1.0 - b1.powf(s.step);
     let bc2 = 1.0 - b2.powf(s.step);
-    let scale_t = match grad_scale {
-        Some(GradScale::Tensor(t)) => Some(t.to_device(p.device())?),
-        Some(GradScale::Host(v)) => {
-            Some(Raw::full([1usize], v, amp_tensor::DType::F32).to_device(p.device())?)
-        }
-        None => None,
-    };
-    #[cfg(feature = "cuda")]
-    {
-        let fused = amp_kernels::cuda::optim::AdamStep {
-            step_size: lr / bc1,
-            bc2_sqrt: bc2.sqrt(),
-            beta1: b1,
-            beta2: b2,
-            eps: o.eps,
-            weight_decay: o.weight_decay,
-            decay: 1.0 - lr * o.weight_decay,
-            maximize: o.maximize,
-            decoupled: o.decoupled,
-        };
-        let (m, v) = (&s.exp_avg, &s.exp_avg_sq);
-        let vmax = s.max_exp_avg_sq.as_ref();
-        let p_data = p.data();
-        if amp_kernels::cuda::optim::adam_step(p_data, g, m, v, vmax, scale_t.as_ref(), &fused)? {
-            return Ok(());
-        }
-    }
+    let scale_t = grad_scale.map(|s| s.on(p.device())).transpose()?;
     // Views, shared buffers: the same operations one kernel at a time.
     let mut g = g.to_dtype(cd)?;
     if let Some(scale) = &scale_t {

@@ -676,7 +676,13 @@ fn table() -> Vec<Op> {
         // Cross-attention: three projections of their own.
         op(
             "multi_head_attention_forward_cross",
-            &[N(&[2, 2, 4]), N(&[3, 2, 4]), N(&[12, 4]), N(&[12]), N(&[4, 4])],
+            &[
+                N(&[2, 2, 4]),
+                N(&[3, 2, 4]),
+                N(&[12, 4]),
+                N(&[12]),
+                N(&[4, 4]),
+            ],
             |v| {
                 let w = MultiHeadWeights {
                     in_proj_weight: &v[2],

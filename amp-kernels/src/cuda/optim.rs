@@ -153,9 +153,215 @@ pub fn sgd_step(
     Ok(true)
 }
 
+/// One parameter of a multi-tensor Adam/AdamW step ([`adam_steps`]): the parameter,
+/// its gradient, the moments `m`, `v` and the amsgrad maximum `vmax` (of the compute
+/// type), and its step's constants.
+#[derive(Debug, Clone, Copy)]
+pub struct AdamTensors<'a> {
+    /// The parameter, updated in place.
+    pub p: &'a Tensor,
+    /// Its gradient (the parameter's dtype).
+    pub g: &'a Tensor,
+    /// First moment.
+    pub m: &'a Tensor,
+    /// Second moment.
+    pub v: &'a Tensor,
+    /// The running maximum of `v` (amsgrad).
+    pub vmax: Option<&'a Tensor>,
+    /// The step's constants (each parameter its own bias corrections).
+    pub step: AdamStep,
+}
+
+/// The table row of one chunk (`AdamChunk` in the sources).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct AdamChunk {
+    p: u64,
+    g: u64,
+    m: u64,
+    v: u64,
+    vmax: u64,
+    len: i64,
+    dtype: i64,
+    hyper: i64,
+}
+
+/// Elements per chunk of the multi-tensor table (a block walks one chunk at a time).
+pub const ADAM_CHUNK: usize = 1 << 16;
+
+/// A byte range `[start, end)` of device memory.
+type Span = (u64, u64);
+
+/// The bytes of a contiguous device tensor's elements.
+fn bytes(t: &Tensor) -> Result<Span> {
+    let st = t.storage();
+    let start = super::route::addr(&st, t)?;
+    Ok((
+        start,
+        start + (t.elem_count() * t.dtype().size_in_bytes()) as u64,
+    ))
+}
+
+/// Adam/AdamW steps of many parameters in one launch per device (PyTorch's
+/// `fused=True`), in place; with `grad_scale` (a 1-element float32 tensor on the
+/// parameters' device) every gradient is divided by it on the device, inside the
+/// update. Returns, per parameter, whether it was updated: one that does not fit the
+/// kernel (see `fits`: views, shared buffers, dtypes) or whose buffers overlap a
+/// buffer of an earlier parameter of the batch that it or that one writes is left for
+/// the caller's op-by-op path, to run after this call (stream order keeps such a
+/// parameter's update after the earlier one's).
+///
+/// Each element goes through exactly the operations of the host update, in its order
+/// (see [`super::sources::OPTIM`]): float32 and float64 parameters get the host's bits.
+///
+/// # Errors
+/// Device errors.
+pub fn adam_steps(params: &[AdamTensors<'_>], grad_scale: Option<&Tensor>) -> Result<Vec<bool>> {
+    let mut done = vec![false; params.len()];
+    // Byte ranges of the accepted parameters: (written, read).
+    let mut taken: Vec<(Vec<Span>, Span)> = Vec::new();
+    let mut devices: Vec<amp_tensor::Device> = Vec::new();
+    let mut accepted: Vec<usize> = Vec::new();
+    let overlap = |a: Span, b: Span| a.0 < b.1 && b.0 < a.1 && a.0 < a.1 && b.0 < b.1;
+    for (i, t) in params.iter().enumerate() {
+        let state: Vec<&Tensor> = [t.m, t.v].into_iter().chain(t.vmax).collect();
+        let scale_fits = grad_scale.is_none_or(|s| {
+            s.dtype() == DType::F32 && s.elem_count() == 1 && s.device() == t.p.device()
+        });
+        if !fits(t.p, t.g, &state) || !scale_fits {
+            continue;
+        }
+        let written = [t.p, t.m, t.v]
+            .into_iter()
+            .chain(t.vmax)
+            .map(bytes)
+            .collect::<Result<Vec<_>>>()?;
+        let read = bytes(t.g)?;
+        let clash = taken.iter().any(|(w, r)| {
+            written
+                .iter()
+                .any(|a| overlap(*a, *r) || w.iter().any(|b| overlap(*a, *b)))
+                || w.iter().any(|b| overlap(read, *b))
+        });
+        if clash {
+            continue;
+        }
+        taken.push((written, read));
+        accepted.push(i);
+        done[i] = true;
+        if !devices.contains(&t.p.device()) {
+            devices.push(t.p.device());
+        }
+    }
+    for dev in devices {
+        let on: Vec<&AdamTensors<'_>> = accepted
+            .iter()
+            .map(|&i| &params[i])
+            .filter(|t| t.p.device() == dev)
+            .collect();
+        launch_adam(&on, grad_scale)?;
+    }
+    Ok(done)
+}
+
+/// One `adam_multi` launch over `params` (all fitting, on one device).
+fn launch_adam(params: &[&AdamTensors<'_>], grad_scale: Option<&Tensor>) -> Result<()> {
+    let Some(first) = params.iter().find(|t| t.p.elem_count() > 0) else {
+        return Ok(());
+    };
+    let mut chunks: Vec<AdamChunk> = Vec::new();
+    let mut hypers: Vec<i64> = Vec::with_capacity(params.len() * 8);
+    // The read locks keep every buffer in place until the launch is queued.
+    let mut locks = Vec::with_capacity(params.len() * 5);
+    for (row, t) in params.iter().enumerate() {
+        let h = &t.step;
+        let flags = i64::from(h.maximize)
+            | (i64::from(h.weight_decay != 0.0) << 1)
+            | (i64::from(h.decoupled) << 2);
+        hypers.extend(
+            [
+                h.step_size,
+                h.bc2_sqrt,
+                h.beta1,
+                h.beta2,
+                h.eps,
+                h.weight_decay,
+                h.decay,
+            ]
+            .map(|x| x.to_bits() as i64),
+        );
+        hypers.push(flags);
+        let (guards, [pp, gp, mp, vp, xp]) =
+            addresses([Some(t.p), Some(t.g), Some(t.m), Some(t.v), t.vmax])?;
+        locks.extend(guards);
+        let code = match t.p.dtype() {
+            DType::F16 => 0,
+            DType::BF16 => 1,
+            DType::F32 => 2,
+            _ => 3,
+        };
+        let (ps, ss) = (
+            t.p.dtype().size_in_bytes() as u64,
+            state_dtype(t.p.dtype()).size_in_bytes() as u64,
+        );
+        let n = t.p.elem_count();
+        let mut start = 0;
+        while start < n {
+            let len = ADAM_CHUNK.min(n - start);
+            let (a, b) = (start as u64 * ps, start as u64 * ss);
+            chunks.push(AdamChunk {
+                p: pp + a,
+                g: gp + a,
+                m: mp + b,
+                v: vp + b,
+                vmax: if xp == 0 { 0 } else { xp + b },
+                len: len as i64,
+                dtype: code,
+                hyper: row as i64,
+            });
+            start += len;
+        }
+    }
+    // Chunks, then the hyper-parameter rows, as one upload of int64 words (queued on
+    // the launch's stream, so the cached buffer may be dropped right after).
+    let nchunks = chunks.len();
+    let mut words: Vec<i64> = chunks
+        .iter()
+        .flat_map(|c| {
+            [
+                c.p as i64,
+                c.g as i64,
+                c.m as i64,
+                c.v as i64,
+                c.vmax as i64,
+                c.len,
+                c.dtype,
+                c.hyper,
+            ]
+        })
+        .collect();
+    words.extend(hypers);
+    let table =
+        Tensor::from_vec(words, [nchunks * 8 + params.len() * 8])?.to_device(first.p.device())?;
+    let (_table_lock, [tp]) = addresses([Some(&table)])?;
+    let (_scale_lock, [sp]) = addresses([grad_scale])?;
+    let hp = tp + (nchunks * 8 * 8) as u64;
+    let dc = device_context(first.p.device())?;
+    let m = super::sources::module("optim").expect("the module list names optim");
+    let f = function(&dc, m, "adam_multi")?;
+    let cfg = amp_tensor::cuda::cudarc::driver::LaunchConfig {
+        grid_dim: (nchunks.clamp(1, 65535 * 8) as u32, 1, 1),
+        block_dim: (amp_tensor::cuda::launch::THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let nc = nchunks as i64;
+    amp_tensor::cuda_launch!(dc, f, cfg, &tp, &nc, &hp, &sp);
+    drop(locks);
+    Ok(())
+}
+
 /// One Adam/AdamW step of `p` from `g`, in place, with the moments `m`, `v` and the
-/// amsgrad maximum `vmax` (of the compute type). With `grad_scale` (a 1-element float32
-/// device tensor) the gradient is divided by it on the device, inside the update.
+/// amsgrad maximum `vmax` (of the compute type): [`adam_steps`] for one parameter.
 /// `Ok(false)` (nothing done) when the tensors do not fit the fused kernel.
 ///
 /// # Errors
@@ -169,42 +375,13 @@ pub fn adam_step(
     grad_scale: Option<&Tensor>,
     h: &AdamStep,
 ) -> Result<bool> {
-    let state: Vec<&Tensor> = [m, v].into_iter().chain(vmax).collect();
-    let scale_fits = grad_scale
-        .is_none_or(|s| s.dtype() == DType::F32 && s.elem_count() == 1 && s.device() == p.device());
-    if !fits(p, g, &state) || !scale_fits {
-        return Ok(false);
-    }
-    let n = p.elem_count();
-    if n == 0 {
-        return Ok(true);
-    }
-    let (dc, f) = kernel(p, "adam_step")?;
-    let flags = i32::from(h.maximize)
-        | (i32::from(h.weight_decay != 0.0) << 1)
-        | (i32::from(h.decoupled) << 2);
-    let (_locks, [pp, gp, mp, vp, xp, scp]) =
-        addresses([Some(p), Some(g), Some(m), Some(v), vmax, grad_scale])?;
-    let n64 = n as i64;
-    amp_tensor::cuda_launch!(
-        dc,
-        f,
-        grid_for(n),
-        &pp,
-        &gp,
-        &mp,
-        &vp,
-        &xp,
-        &n64,
-        &scp,
-        &h.step_size,
-        &h.bc2_sqrt,
-        &h.beta1,
-        &h.beta2,
-        &h.eps,
-        &h.weight_decay,
-        &h.decay,
-        &flags
-    );
-    Ok(true)
+    let t = AdamTensors {
+        p,
+        g,
+        m,
+        v,
+        vmax,
+        step: *h,
+    };
+    Ok(adam_steps(&[t], grad_scale)?[0])
 }

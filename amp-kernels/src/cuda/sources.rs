@@ -358,10 +358,12 @@ extern "C" __global__ void layer_norm_bwd_fin_f64(const double* pw, const double
 /// step's direction), 16 momentum (SGD).
 ///
 /// * `sgd_step`: PyTorch's SGD with momentum, dampening, Nesterov, weight decay.
-/// * `adam_step`: Adam / AdamW (amsgrad when `vmax` is not null); the gradient is
-///   divided by `*grad_scale` on the device when `grad_scale` is not null (the
-///   scaling-aware step: no host read of the scale); `step_size` is `lr / bc1`,
-///   `bc2_sqrt` is `sqrt(bc2)`.
+/// * `adam_multi`: Adam / AdamW over a device table of chunks of many parameters of
+///   mixed dtypes in one launch (PyTorch's `fused=True`), each chunk pointing at its
+///   parameter's hyper-parameter row: `step_size` is `lr / bc1`, `bc2_sqrt` is
+///   `sqrt(bc2)` (each parameter's own step count); amsgrad where `vmax` is not null;
+///   every gradient is divided by `*grad_scale` on the device when `grad_scale` is not
+///   null (the scaling-aware step: no host read of the scale).
 pub const OPTIM: &str = r#"
 __device__ __forceinline__ float rmul(float a, float b) { return __fmul_rn(a, b); }
 __device__ __forceinline__ double rmul(double a, double b) { return __dmul_rn(a, b); }
@@ -389,16 +391,26 @@ __device__ void sgd_impl(P* __restrict__ p, const P* __restrict__ g, typename Nu
     }
 }
 
+// One entry of the multi-tensor Adam table: a chunk of one parameter (its tensors'
+// addresses at the chunk's first element), the chunk's length, the parameter's storage
+// dtype (0 float16, 1 bfloat16, 2 float32, 3 float64) and its hyper-parameters' row.
+struct AdamChunk { u64 p, g, m, v, vmax; i64 len, dtype, hyper; };
+// One parameter's step constants (its own bias corrections) and flags.
+struct AdamHyper { double step_size, bc2_sqrt, beta1, beta2, eps, wd, decay; i64 flags; };
+
 template <typename P>
-__device__ void adam_impl(P* __restrict__ p, const P* __restrict__ g, typename Num<P>::acc* __restrict__ m,
-                          typename Num<P>::acc* __restrict__ v, typename Num<P>::acc* __restrict__ vmax, i64 n,
-                          const float* __restrict__ grad_scale, double step_size, double bc2_sqrt, double beta1,
-                          double beta2, double eps, double wd, double decay, int flags) {
+__device__ void adam_chunk(const AdamChunk& c, const AdamHyper& h, const float* __restrict__ grad_scale) {
     typedef typename Num<P>::acc A;
-    const A SS = (A)step_size, BS = (A)bc2_sqrt, EPS = (A)eps, WD = (A)wd, DEC = (A)decay;
-    const A OB1 = radd(A(1), -(A)beta1), B2 = (A)beta2, OB2 = radd(A(1), -(A)beta2);
+    P* __restrict__ p = (P*)c.p;
+    const P* __restrict__ g = (const P*)c.g;
+    A* __restrict__ m = (A*)c.m;
+    A* __restrict__ v = (A*)c.v;
+    A* __restrict__ vmax = (A*)c.vmax;
+    const int flags = (int)h.flags;
+    const A SS = (A)h.step_size, BS = (A)h.bc2_sqrt, EPS = (A)h.eps, WD = (A)h.wd, DEC = (A)h.decay;
+    const A OB1 = radd(A(1), -(A)h.beta1), B2 = (A)h.beta2, OB2 = radd(A(1), -(A)h.beta2);
     const A GS = grad_scale ? (A)(*grad_scale) : A(1);
-    AMP_GRID_STRIDE(i, n) {
+    for (i64 i = threadIdx.x; i < c.len; i += blockDim.x) {
         A gi = Num<P>::load(g[i]);
         if (grad_scale) gi = gi / GS;
         if (flags & 1) gi = -gi;
@@ -417,13 +429,24 @@ __device__ void adam_impl(P* __restrict__ p, const P* __restrict__ g, typename N
     }
 }
 
+// Every chunk of the table, a block per chunk at a time, the parameters of mixed dtypes.
+extern "C" __global__ void adam_multi(const AdamChunk* __restrict__ chunks, i64 nchunks,
+                                      const AdamHyper* __restrict__ hypers, const float* grad_scale) {
+    for (i64 c = blockIdx.x; c < nchunks; c += gridDim.x) {
+        const AdamChunk ch = chunks[c];
+        const AdamHyper h = hypers[ch.hyper];
+        switch (ch.dtype) {
+            case 0: adam_chunk<amp_half>(ch, h, grad_scale); break;
+            case 1: adam_chunk<amp_bf16>(ch, h, grad_scale); break;
+            case 2: adam_chunk<float>(ch, h, grad_scale); break;
+            default: adam_chunk<double>(ch, h, grad_scale); break;
+        }
+    }
+}
+
 #define AMP_OPTIM(T, SUF, _) \
     extern "C" __global__ void sgd_step_##SUF(T* p, const T* g, Num<T>::acc* buf, i64 n, double lr, \
-        double momentum, double damp, double wd, int flags) { sgd_impl<T>(p, g, buf, n, lr, momentum, damp, wd, flags); } \
-    extern "C" __global__ void adam_step_##SUF(T* p, const T* g, Num<T>::acc* m, Num<T>::acc* v, Num<T>::acc* vmax, \
-        i64 n, const float* grad_scale, double step_size, double bc2_sqrt, double beta1, double beta2, double eps, \
-        double wd, double decay, int flags) { \
-        adam_impl<T>(p, g, m, v, vmax, n, grad_scale, step_size, bc2_sqrt, beta1, beta2, eps, wd, decay, flags); }
+        double momentum, double damp, double wd, int flags) { sgd_impl<T>(p, g, buf, n, lr, momentum, damp, wd, flags); }
 AMP_FOR_FLOATS(AMP_OPTIM, 0)
 "#;
 
@@ -663,9 +686,9 @@ pub const MODULES: [Module; 9] = [
         name: "optim",
         body: OPTIM,
         kernels: || {
-            floats()
-                .flat_map(|d| [format!("sgd_step_{d}"), format!("adam_step_{d}")])
-                .collect()
+            let mut names: Vec<String> = floats().map(|d| format!("sgd_step_{d}")).collect();
+            names.push("adam_multi".into());
+            names
         },
     },
     Module {

@@ -362,11 +362,14 @@ fn a_conv_net_trains_on_cuda_as_on_the_host() {
     });
 }
 
-/// Three steps of the optimizer `make` builds over one parameter of `dtype` on
-/// `device` (same values everywhere), with gradients set directly; with `scaled`, the
-/// steps go through `step_with_scaling` with a loss scale of 1024 (gradients scaled
-/// by it) and a clean flag, then one with an inf flag that must skip. The final
-/// parameter and the state dict's tensors, on the host.
+/// Three steps of the optimizer `make` builds over three parameters on `device` (same
+/// values everywhere): 257 elements of `dtype`, 70001 of `dtype` (two chunks of the
+/// multi-tensor table) and 5 of float32 (mixed dtypes in one launch), with gradients set
+/// directly; with `scaled`, the steps go through `step_with_scaling` with a loss scale of
+/// 1024 (gradients scaled by it) and a clean flag, then one with an inf flag that must
+/// skip; with `view`, the first parameter's second gradient is a strided view (the
+/// op-by-op path beside the kernel). The final parameters and the state dict's
+/// tensors, on the host.
 fn optimizer_run(
     device: Device,
     dtype: DType,
@@ -375,32 +378,40 @@ fn optimizer_run(
     make: &dyn Fn(Vec<Tensor>) -> Box<dyn Optimizer>,
 ) -> (Vec<f64>, Vec<Vec<f64>>) {
     let mut g = Generator::new(3);
-    let init = Raw::randn([257], DType::F64, &mut g).unwrap();
-    let p = Tensor::parameter(init.to_dtype(dtype).unwrap().to_device(device).unwrap()).unwrap();
-    let mut opt = make(vec![p.clone()]);
+    let shapes = [(257usize, dtype), (70_001, dtype), (5, DType::F32)];
+    let params: Vec<Tensor> = shapes
+        .iter()
+        .map(|&(n, dt)| {
+            let init = Raw::randn([n], DType::F64, &mut g).unwrap();
+            Tensor::parameter(init.to_dtype(dt).unwrap().to_device(device).unwrap()).unwrap()
+        })
+        .collect();
+    let mut opt = make(params.clone());
     let scale = Raw::full([1usize], 1024.0f64, DType::F32)
         .to_device(device)
         .unwrap();
     for step in 0..3 {
-        let grad = Raw::randn([257], DType::F64, &mut g).unwrap();
-        let grad = if scaled {
-            amp::kernels::binary_scalar(amp::kernels::BinaryOp::Mul, &grad, 1024.0).unwrap()
-        } else {
-            grad
-        };
-        let grad = grad.to_dtype(dtype).unwrap().to_device(device).unwrap();
-        // A strided gradient view exercises the op-by-op path instead of the kernel.
-        let grad = if view && step == 1 {
-            let wide = Raw::zeros_on([257, 2], dtype, device).unwrap();
-            wide.narrow(1, 0, 1)
-                .unwrap()
-                .copy_(&grad.reshape([257, 1]).unwrap())
-                .unwrap();
-            wide.narrow(1, 0, 1).unwrap().reshape([257]).unwrap()
-        } else {
-            grad
-        };
-        p.set_grad(Some(Tensor::from_raw(grad))).unwrap();
+        for (i, (p, &(n, dt))) in params.iter().zip(&shapes).enumerate() {
+            let grad = Raw::randn([n], DType::F64, &mut g).unwrap();
+            let grad = if scaled {
+                amp::kernels::binary_scalar(amp::kernels::BinaryOp::Mul, &grad, 1024.0).unwrap()
+            } else {
+                grad
+            };
+            let grad = grad.to_dtype(dt).unwrap().to_device(device).unwrap();
+            // A strided gradient view exercises the op-by-op path instead of the kernel.
+            let grad = if view && step == 1 && i == 0 {
+                let wide = Raw::zeros_on([n, 2], dt, device).unwrap();
+                wide.narrow(1, 0, 1)
+                    .unwrap()
+                    .copy_(&grad.reshape([n, 1]).unwrap())
+                    .unwrap();
+                wide.narrow(1, 0, 1).unwrap().reshape([n]).unwrap()
+            } else {
+                grad
+            };
+            p.set_grad(Some(Tensor::from_raw(grad))).unwrap();
+        }
         if scaled {
             let clean = Raw::zeros_on([1], DType::F32, device).unwrap();
             assert!(opt.step_with_scaling(Some(&scale), &clean).unwrap());
@@ -408,8 +419,10 @@ fn optimizer_run(
             opt.step().unwrap();
         }
     }
+    let values =
+        |ps: &[Tensor]| -> Vec<f64> { ps.iter().flat_map(|p| p.data().to_vec_f64()).collect() };
     if scaled {
-        let before = p.data().to_vec_f64();
+        let before = values(&params);
         let inf = Raw::full([1usize], 1.0f64, DType::F32)
             .to_device(device)
             .unwrap();
@@ -418,9 +431,9 @@ fn optimizer_run(
             "an inf flag skips"
         );
         assert_eq!(
-            p.data().to_vec_f64(),
+            values(&params),
             before,
-            "a skipped step leaves the parameter"
+            "a skipped step leaves the parameters"
         );
     }
     let sd = opt.state_dict();
@@ -433,7 +446,7 @@ fn optimizer_run(
             amp::optim::StateValue::Number(n) => vec![*n],
         })
         .collect();
-    (p.data().to_vec_f64(), state)
+    (values(&params), state)
 }
 
 #[test]
