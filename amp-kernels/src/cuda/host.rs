@@ -262,6 +262,44 @@ pub fn softmax_rows(x: &CudaStorage, rows: usize, n: usize, log: bool) -> Result
     Ok(out)
 }
 
+/// The backward of softmax (`log` false: `y (g - Σ g y)`) or log-softmax
+/// (`g - e^y Σ g`) over each row of contiguous `[rows, n]` buffers `g` and `y` (the
+/// forward's output) of one float dtype, in one launch (a block per row, computed in
+/// the accumulation type, rounded once).
+///
+/// # Errors
+/// Shape or dtype mismatches, device errors.
+pub fn softmax_backward_rows(
+    g: &CudaStorage,
+    y: &CudaStorage,
+    rows: usize,
+    n: usize,
+    log: bool,
+) -> Result<CudaStorage> {
+    const OP: &str = "cuda softmax_backward";
+    check_rows(OP, g, rows, n)?;
+    check_rows(OP, y, rows, n)?;
+    y.expect_dtype(OP, g.dtype())?;
+    let dc = g.context().clone();
+    let out = CudaStorage::uninit(dc.device, g.dtype(), rows * n)?;
+    if rows > 0 && n > 0 {
+        let name = if log {
+            "log_softmax_bwd"
+        } else {
+            "softmax_bwd"
+        };
+        let f = function(
+            &dc,
+            module("softmax"),
+            &format!("{name}_{}", float_suffix(OP, g.dtype())?),
+        )?;
+        let (gp, yp, op_) = (g.device_ptr(), y.device_ptr(), out.device_ptr());
+        let (r64, n64) = (rows as i64, n as i64);
+        amp_tensor::cuda_launch!(dc, f, rows_grid(rows), &gp, &yp, &op_, &r64, &n64);
+    }
+    Ok(out)
+}
+
 /// Layer norm forward over each row of a contiguous `[rows, n]` float buffer with
 /// optional `[n]` weight and bias of the same dtype. Returns `(out, mean, rstd)`, the
 /// statistics in float32 for 16-bit inputs (float64 for float64).

@@ -235,25 +235,38 @@ pub fn softmax(x: &Tensor, dim: usize, dtype: Option<DType>, log: bool) -> Resul
 }
 
 /// The backward of softmax (`log` false: `y (g - Σ g y)`) or log-softmax (`g - e^y Σ g`)
-/// over `dim`, from the forward's output `y`; float32 for 16-bit.
+/// over `dim`, from the forward's output `y`, in one launch
+/// ([`host::softmax_backward_rows`]; float32 arithmetic for 16-bit, one rounding).
 pub fn softmax_backward(g: &Tensor, y: &Tensor, dim: usize, log: bool) -> Result<Tensor> {
-    let od = g.dtype();
-    let cd = compute_dtype(od);
-    let (g, y) = (g.to_dtype(cd)?, y.to_dtype(cd)?);
-    let mut mask = vec![false; g.rank()];
-    if let Some(m) = mask.get_mut(dim) {
-        *m = true;
-    }
-    let out = if log {
-        let s = reduce("sum", &g, &mask, true)?;
-        let e = unary(UnaryOp::Exp, &y)?;
-        raw_binary("sub", &g, &raw_binary("mul", &e, &s)?)?
+    let name = if log {
+        "log_softmax_backward"
     } else {
-        let gy = raw_binary("mul", &g, &y)?;
-        let s = reduce("sum", &gy, &mask, true)?;
-        raw_binary("mul", &y, &raw_binary("sub", &g, &s)?)?
+        "softmax_backward"
     };
-    out.to_dtype(od)
+    floating(name, g.dtype(), g.device())?;
+    let y = y.to_dtype(g.dtype())?;
+    let last = g.rank().saturating_sub(1);
+    let n = if g.rank() == 0 { 1 } else { g.dims()[dim] };
+    let rows = g.elem_count() / n.max(1);
+    let moved = g.rank() > 1 && dim != last;
+    let rows_of = |t: &Tensor| -> Result<Tensor> {
+        if moved {
+            dense(&t.transpose(dim, last)?)
+        } else {
+            dense(t)
+        }
+    };
+    let (gt, yt) = (rows_of(g)?, rows_of(&y)?);
+    let out = {
+        let (sg, sy) = (gt.storage(), yt.storage());
+        host::softmax_backward_rows(sg.cuda()?, sy.cuda()?, rows, n, log)?
+    };
+    let out = wrap(out, gt.dims())?;
+    if moved {
+        out.transpose(dim, last)?.try_contiguous()
+    } else {
+        Ok(out)
+    }
 }
 
 // ----- layer norm ------------------------------------------------------------------

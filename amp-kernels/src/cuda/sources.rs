@@ -194,7 +194,7 @@ AMP_FOR_FLOATS(AMP_REDUCE_MAX, 0) AMP_FOR_FLOATS(AMP_REDUCE_MIN, 0)
 
 /// Softmax and log-softmax over the rows of a contiguous `[rows, n]` input (the host
 /// moves the softmax dimension last), max-subtracted, accumulated in float32 for
-/// 16-bit types.
+/// 16-bit types, and their backwards from the output, one block per row.
 pub const SOFTMAX: &str = r#"
 template <typename T, bool LOG>
 __device__ void softmax_rows(const T* __restrict__ x, T* __restrict__ out, i64 rows, i64 n) {
@@ -216,9 +216,34 @@ __device__ void softmax_rows(const T* __restrict__ x, T* __restrict__ out, i64 r
         }
     }
 }
+// The backward from the forward's output y: softmax y (g - sum g y), log-softmax
+// g - exp(y) sum g; the row sum and every product in the accumulation type, one
+// rounding per output.
+template <typename T, bool LOG>
+__device__ void softmax_bwd_rows(const T* __restrict__ g, const T* __restrict__ y, T* __restrict__ out, i64 rows,
+                                 i64 n) {
+    typedef typename Num<T>::acc A;
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T* gr = g + r * n;
+        const T* yr = y + r * n;
+        T* orow = out + r * n;
+        A s = A(0);
+        for (i64 j = threadIdx.x; j < n; j += blockDim.x)
+            s += LOG ? Num<T>::load(gr[j]) : Num<T>::load(gr[j]) * Num<T>::load(yr[j]);
+        s = block_reduce<A, RSum<A> >(s);
+        for (i64 j = threadIdx.x; j < n; j += blockDim.x) {
+            A gj = Num<T>::load(gr[j]), yj = Num<T>::load(yr[j]);
+            orow[j] = Num<T>::store(LOG ? gj - amp_exp(yj) * s : yj * (gj - s));
+        }
+    }
+}
 #define AMP_SOFTMAX(T, SUF, _) \
     extern "C" __global__ void softmax_fwd_##SUF(const T* x, T* out, i64 rows, i64 n) { softmax_rows<T, false>(x, out, rows, n); } \
-    extern "C" __global__ void log_softmax_fwd_##SUF(const T* x, T* out, i64 rows, i64 n) { softmax_rows<T, true>(x, out, rows, n); }
+    extern "C" __global__ void log_softmax_fwd_##SUF(const T* x, T* out, i64 rows, i64 n) { softmax_rows<T, true>(x, out, rows, n); } \
+    extern "C" __global__ void softmax_bwd_##SUF(const T* g, const T* y, T* out, i64 rows, i64 n) { \
+        softmax_bwd_rows<T, false>(g, y, out, rows, n); } \
+    extern "C" __global__ void log_softmax_bwd_##SUF(const T* g, const T* y, T* out, i64 rows, i64 n) { \
+        softmax_bwd_rows<T, true>(g, y, out, rows, n); }
 AMP_FOR_FLOATS(AMP_SOFTMAX, 0)
 "#;
 
@@ -635,7 +660,15 @@ pub const MODULES: [Module; 9] = [
         body: SOFTMAX,
         kernels: || {
             floats()
-                .flat_map(|d| [format!("softmax_fwd_{d}"), format!("log_softmax_fwd_{d}")])
+                .flat_map(|d| {
+                    [
+                        "softmax_fwd",
+                        "log_softmax_fwd",
+                        "softmax_bwd",
+                        "log_softmax_bwd",
+                    ]
+                    .map(|f| format!("{f}_{d}"))
+                })
                 .collect()
         },
     },
