@@ -337,6 +337,61 @@ pub fn log_softmax_backward(grad_out: &Tensor, out: &Tensor, dim: i64) -> Result
     backward_lines("log_softmax_backward", grad_out, out, dim, true)
 }
 
+/// Attention's probabilities: `softmax(scale · x)` over the last dim, with `causal` each
+/// trailing `[L, S]` matrix masked above its diagonal (row `i` keeps columns `0..=i`;
+/// the others get probability 0). On a device one launch; on the host the scalar
+/// product, the mask (`where` with -inf) and [`softmax`] in turn, the math path's
+/// kernels.
+pub fn scaled_softmax(x: &Tensor, scale: f64, causal: bool) -> Result<Tensor> {
+    const OP: &str = "scaled_softmax";
+    if x.rank() < 1 + usize::from(causal) {
+        return Err(Error::invalid(
+            OP,
+            format!(
+                "expects a tensor of at least {} dims, got {}",
+                1 + usize::from(causal),
+                x.rank()
+            ),
+        ));
+    }
+    if !x.dtype().is_floating_point() {
+        return Err(Error::UnsupportedDType {
+            op: OP,
+            dtype: x.dtype(),
+        });
+    }
+    crate::compute::on_device!(
+        OP,
+        [x],
+        crate::cuda::route::scaled_softmax(x, scale, causal)
+    );
+    let mut w = crate::binary_scalar(crate::BinaryOp::Mul, x, scale)?;
+    if causal {
+        let (l, s) = (x.dims()[x.rank() - 2], x.dims()[x.rank() - 1]);
+        let keep: Vec<bool> = (0..l).flat_map(|i| (0..s).map(move |j| j <= i)).collect();
+        let keep = Tensor::from_vec(keep, [l, s])?;
+        let neg_inf = Tensor::scalar(f32::NEG_INFINITY).to_dtype(w.dtype())?;
+        w = crate::where_cond(&keep, &w, &neg_inf)?;
+    }
+    softmax(&w, -1, None)
+}
+
+/// The gradient of [`scaled_softmax`] given its output: `scale · out (g - Σ g out)`
+/// over the last dim (a masked entry's is 0: its output is).
+pub fn scaled_softmax_backward(grad_out: &Tensor, out: &Tensor, scale: f64) -> Result<Tensor> {
+    const OP: &str = "scaled_softmax_backward";
+    if grad_out.dims() != out.dims() {
+        return Err(Error::shape_mismatch(OP, grad_out.dims(), out.dims()));
+    }
+    crate::compute::on_device!(
+        OP,
+        [grad_out, out],
+        crate::cuda::route::scaled_softmax_backward(grad_out, out, scale)
+    );
+    let d = softmax_backward(grad_out, out, -1)?;
+    crate::binary_scalar(crate::BinaryOp::Mul, &d, scale)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

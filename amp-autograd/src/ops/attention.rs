@@ -23,7 +23,7 @@ use super::reduce::sum;
 use super::shape::transpose;
 use super::{check::refused, enter_vec, sum_to};
 use crate::grad_mode::is_grad_enabled;
-use crate::graph::record;
+use crate::graph::{record, SavedOutput};
 use crate::{Error, Result, Tensor};
 
 /// The optional arguments of [`scaled_dot_product_attention`], PyTorch's defaults by
@@ -175,6 +175,9 @@ fn probabilities(
     scale: f64,
 ) -> Result<Tensor> {
     let (l, s) = (q.dims()[q.rank() - 2], k.dims()[k.rank() - 2]);
+    if mask.is_none() {
+        return scaled_softmax(&matmul(q, &transpose(k, -2, -1)?)?, scale, causal);
+    }
     let mut w = mul_scalar(&matmul(q, &transpose(k, -2, -1)?)?, scale)?;
     let wdt = w.dtype();
     let neg_inf = || Tensor::scalar(f32::NEG_INFINITY).to_dtype(wdt);
@@ -190,6 +193,28 @@ fn probabilities(
         None => {}
     }
     softmax(&w, -1, None)
+}
+
+/// `softmax(scale · w)` over the last dim, causally masked with `causal`, as one op
+/// ([`amp_kernels::scaled_softmax`]: one launch on a device for the math path's scalar
+/// product, mask and softmax, and one for their backward). Under `create_graph` the
+/// backward is the formula in differentiable ops, `scale · y (g - Σ g y)`.
+fn scaled_softmax(w: &Tensor, scale: f64, causal: bool) -> Result<Tensor> {
+    let out = amp_kernels::scaled_softmax(w.data(), scale, causal)?;
+    let y = SavedOutput::new(&out, 0);
+    Ok(record(out, "SoftmaxBackward0", &[w], move |g| {
+        let y = y.get();
+        Ok(vec![Some(if is_grad_enabled() {
+            let gy = sum(&mul(g, &y)?, &[-1], true, None)?;
+            mul_scalar(&mul(&y, &sub(g, &gy)?)?, scale)?
+        } else {
+            Tensor::from_raw(amp_kernels::scaled_softmax_backward(
+                g.data(),
+                y.data(),
+                scale,
+            )?)
+        })])
+    }))
 }
 
 /// The attention through the block-at-a-time kernel ([`amp_kernels::flash_attention`]),
@@ -365,13 +390,19 @@ pub fn multi_head_attention_forward(
     // none on the way out.
     let packed = query.id() == key.id() && key.id() == value.id();
     let batch_major = packed && n > 1 && l > 1 && query.data().transpose(0, 1)?.is_contiguous();
-    // [L, N, E] (or [N, L, E] batch-major) -> [N, heads, len, hd]
+    // [L, N, heads, hd] (or [N, L, heads, hd] batch-major) -> [N, heads, L, hd]
+    let order: &[i64] = if batch_major {
+        &[0, 2, 1, 3]
+    } else {
+        &[1, 2, 0, 3]
+    };
     let heads = |x: &Tensor, len: usize| -> Result<Tensor> {
-        if batch_major {
-            permute(&reshape(x, [n, len, num_heads, hd])?, &[0, 2, 1, 3])
+        let dims = if batch_major {
+            [n, len, num_heads, hd]
         } else {
-            permute(&reshape(x, [len, n, num_heads, hd])?, &[1, 2, 0, 3])
-        }
+            [len, n, num_heads, hd]
+        };
+        permute(&reshape(x, dims)?, order)
     };
     let (q, k, v) = if packed {
         let x = if batch_major {
@@ -379,8 +410,17 @@ pub fn multi_head_attention_forward(
         } else {
             query.clone()
         };
-        let qkv = split(&linear(&x, w, b)?, e, -1)?;
-        (heads(&qkv[0], l)?, heads(&qkv[1], l)?, heads(&qkv[2], l)?)
+        // [.., 3E] -> [.., 3, heads, hd], split on the 3: the backward's `cat` writes
+        // each head-strided gradient straight into place (splitting [.., 3E] would
+        // first copy each into [.., E] rows to undo the head reshape).
+        let (a, c) = if batch_major { (n, l) } else { (l, n) };
+        let qkv = split(
+            &reshape(&linear(&x, w, b)?, [a, c, 3, num_heads, hd])?,
+            1,
+            2,
+        )?;
+        let part = |i: usize| heads(&qkv[i], l);
+        (part(0)?, part(1)?, part(2)?)
     } else {
         let part = |t: &Tensor, i: usize| narrow(t, 0, i * e, e);
         let proj = |x: &Tensor, i: usize| -> Result<Tensor> {
@@ -417,12 +457,12 @@ pub fn multi_head_attention_forward(
         },
     )?;
     // [N, heads, L, hd] -> [L, N, E] (batch-major: [N, L, E], returned transposed)
-    let order: &[i64] = if batch_major {
+    let back: &[i64] = if batch_major {
         &[0, 2, 1, 3]
     } else {
         &[2, 0, 1, 3]
     };
-    let o = reshape(&contiguous(&permute(&o, order)?)?, [l * n, e])?;
+    let o = reshape(&contiguous(&permute(&o, back)?)?, [l * n, e])?;
     let o = linear(&o, weights.out_proj_weight, weights.out_proj_bias)?;
     if batch_major {
         transpose(&reshape(&o, [n, l, e])?, 0, 1)

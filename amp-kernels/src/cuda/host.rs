@@ -217,6 +217,70 @@ pub fn reduce_rows(op: &str, x: &CudaStorage, rows: usize, n: usize) -> Result<C
     Ok(out)
 }
 
+/// `op` (one of [`REDUCE_OPS`]) over the rows of a contiguous `[rows, n]` float buffer,
+/// one result per column (the reduced dims leading, as in a bias gradient's sum): the
+/// column sums of chunks of [`column_chunk`] rows, then each column's chunks in order,
+/// in the accumulation type; no transposing copy.
+///
+/// # Errors
+/// Unknown op, non-float dtype, `rows * n` not the buffer length, `max`/`min` over no
+/// rows, device errors.
+pub fn reduce_cols(op: &str, x: &CudaStorage, rows: usize, n: usize) -> Result<CudaStorage> {
+    const OP: &str = "cuda reduce";
+    ensure!(
+        REDUCE_OPS.contains(&op),
+        invalid(OP, "unknown reduction '{op}'")
+    );
+    check_rows(OP, x, rows, n)?;
+    ensure!(
+        !(rows == 0 && (op == "max" || op == "min")),
+        invalid(
+            OP,
+            "Expected reduction dim to be specified for input.numel() == 0."
+        )
+    );
+    let dc = x.context().clone();
+    let out = CudaStorage::uninit(dc.device, x.dtype(), n)?;
+    if n == 0 {
+        return Ok(out);
+    }
+    let suffix = float_suffix(OP, x.dtype())?;
+    let acc = if x.dtype() == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    };
+    let chunk = column_chunk(rows);
+    let chunks = rows.div_ceil(chunk).max(1);
+    let part = CudaStorage::uninit(dc.device, acc, chunks * n)?;
+    let (xp, pp, op_) = (x.device_ptr(), part.device_ptr(), out.device_ptr());
+    let (r64, n64, c64, k64) = (rows as i64, n as i64, chunk as i64, chunks as i64);
+    let f = function(
+        &dc,
+        module("reduce"),
+        &format!("reduce_col_part_{op}_{suffix}"),
+    )?;
+    let cfg = LaunchConfig {
+        grid_dim: (n.div_ceil(32) as u32, chunks as u32, 1),
+        block_dim: (32, 8, 1),
+        shared_mem_bytes: 0,
+    };
+    amp_tensor::cuda_launch!(dc, f, cfg, &xp, &pp, &r64, &n64, &c64);
+    let f = function(
+        &dc,
+        module("reduce"),
+        &format!("reduce_col_fin_{op}_{suffix}"),
+    )?;
+    amp_tensor::cuda_launch!(dc, f, grid_for(n), &pp, &op_, &r64, &n64, &k64);
+    Ok(out)
+}
+
+/// Rows per chunk of a column reduction ([`reduce_cols`], the layer norm backward's
+/// parameter sums): at least 64, and at most 512 chunks. A function of the shape only.
+pub fn column_chunk(rows: usize) -> usize {
+    rows.div_ceil(512).max(64)
+}
+
 /// Blocks a split reduction aims at: enough to keep every multiprocessor of a large GPU
 /// (132 on an H100) streaming with several blocks each.
 pub const SPLIT_BLOCKS: usize = 1024;
@@ -236,11 +300,19 @@ pub fn split_count(rows: usize, n: usize) -> usize {
 }
 
 /// Softmax (or log-softmax with `log`) over each row of a contiguous `[rows, n]`
-/// float buffer.
+/// float buffer of `scale` times the input; with `causal > 0` the buffer is a stack of
+/// `[causal, n]` matrices and row `i` of each keeps columns `0..=i` only (attention's
+/// causal mask: probability 0, log-probability -inf, past them).
 ///
 /// # Errors
-/// Non-float dtype, `rows * n` not the buffer length, device errors.
-pub fn softmax_rows(x: &CudaStorage, rows: usize, n: usize, log: bool) -> Result<CudaStorage> {
+/// Shape or dtype mismatches, device errors.
+pub fn softmax_rows(
+    x: &CudaStorage,
+    rows: usize,
+    n: usize,
+    log: bool,
+    (scale, causal): (f64, usize),
+) -> Result<CudaStorage> {
     const OP: &str = "cuda softmax";
     check_rows(OP, x, rows, n)?;
     let dc = x.context().clone();
@@ -257,15 +329,17 @@ pub fn softmax_rows(x: &CudaStorage, rows: usize, n: usize, log: bool) -> Result
             &format!("{name}_{}", float_suffix(OP, x.dtype())?),
         )?;
         let (xp, op_, r64, n64) = (x.device_ptr(), out.device_ptr(), rows as i64, n as i64);
-        amp_tensor::cuda_launch!(dc, f, rows_grid(rows), &xp, &op_, &r64, &n64);
+        let c64 = causal as i64;
+        amp_tensor::cuda_launch!(dc, f, rows_grid(rows), &xp, &op_, &r64, &n64, &scale, &c64);
     }
     Ok(out)
 }
 
 /// The backward of softmax (`log` false: `y (g - Σ g y)`) or log-softmax
-/// (`g - e^y Σ g`) over each row of contiguous `[rows, n]` buffers `g` and `y` (the
-/// forward's output) of one float dtype, in one launch (a block per row, computed in
-/// the accumulation type, rounded once).
+/// (`g - e^y Σ g`), times `scale` (the forward's input scale), over each row of
+/// contiguous `[rows, n]` buffers `g` and `y` (the forward's output) of one float
+/// dtype, in one launch (a block per row, computed in the accumulation type, rounded
+/// once).
 ///
 /// # Errors
 /// Shape or dtype mismatches, device errors.
@@ -275,6 +349,7 @@ pub fn softmax_backward_rows(
     rows: usize,
     n: usize,
     log: bool,
+    scale: f64,
 ) -> Result<CudaStorage> {
     const OP: &str = "cuda softmax_backward";
     check_rows(OP, g, rows, n)?;
@@ -295,7 +370,7 @@ pub fn softmax_backward_rows(
         )?;
         let (gp, yp, op_) = (g.device_ptr(), y.device_ptr(), out.device_ptr());
         let (r64, n64) = (rows as i64, n as i64);
-        amp_tensor::cuda_launch!(dc, f, rows_grid(rows), &gp, &yp, &op_, &r64, &n64);
+        amp_tensor::cuda_launch!(dc, f, rows_grid(rows), &gp, &yp, &op_, &r64, &n64, &scale);
     }
     Ok(out)
 }
@@ -361,19 +436,13 @@ pub fn layer_norm_rows(
     Ok((out, mean, rstd))
 }
 
-/// Rows per chunk of [`layer_norm_backward_rows`]'s weight and bias sums: at least 64,
-/// and at most 512 chunks (the partial sums take `2 * chunks * n` values).
-fn layer_norm_chunk(rows: usize) -> usize {
-    rows.div_ceil(512).max(64)
-}
-
 /// The backward of [`layer_norm_rows`] over a contiguous `[rows, n]` float buffer `x`
 /// and its gradient `g` (the same dtype), from the forward's per-row `mean` and `rstd`
 /// (the accumulation type: float32, float64 for float64): the input gradient (`x`'s
 /// dtype), and with a `weight` (`n` values of the accumulation type) the weight's and
 /// bias's gradients (`n` each, the accumulation type). Three launches: the input
 /// gradient one block per row, the parameter sums over chunks of
-/// [`layer_norm_chunk`] rows, then over the chunks in order.
+/// [`column_chunk`] rows, then over the chunks in order.
 ///
 /// # Errors
 /// Buffers of other lengths or dtypes, device errors.
@@ -443,7 +512,7 @@ pub fn layer_norm_backward_rows(
         &n64
     );
     if let Some((gw, gb)) = &params {
-        let chunk = layer_norm_chunk(rows);
+        let chunk = column_chunk(rows);
         let chunks = rows.div_ceil(chunk);
         let pw = CudaStorage::uninit(dc.device, stat, chunks * n)?;
         let pb = CudaStorage::uninit(dc.device, stat, chunks * n)?;

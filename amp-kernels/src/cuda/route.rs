@@ -188,17 +188,27 @@ pub fn gelu_backward(grad: &Tensor, x: &Tensor) -> Result<Tensor> {
 
 // ----- reductions ------------------------------------------------------------------
 
-/// Reduce `x` over the dims `mask` marks with the row kernel `op` (`sum`, `mean`,
-/// `max`, `min`), keeping them as size 1 when `keepdim`.
+/// Reduce `x` over the dims `mask` marks with `op` (`sum`, `mean`, `max`, `min`; the
+/// column kernels when the reduced dims lead a contiguous `x`, else the row kernels),
+/// keeping them as size 1 when `keepdim`.
 pub fn reduce(op: &'static str, x: &Tensor, mask: &[bool], keepdim: bool) -> Result<Tensor> {
     floating(op, x.dtype(), x.device())?;
     let kept: Vec<usize> = (0..x.rank()).filter(|&d| !mask[d]).collect();
     let red: Vec<usize> = (0..x.rank()).filter(|&d| mask[d]).collect();
     let rows: usize = kept.iter().map(|&d| x.dims()[d]).product();
     let n: usize = red.iter().map(|&d| x.dims()[d]).product();
-    let order: Vec<usize> = kept.iter().chain(&red).copied().collect();
-    let xc = permuted(x, &order)?;
-    let out = with_buf(&xc, |b| host::reduce_rows(op, b, rows, n))?;
+    // Reduced dims leading a contiguous input (a bias gradient's sum over the batch):
+    // column reductions in place; otherwise the reduced dims moved last, row reductions.
+    let leading =
+        !red.is_empty() && !kept.is_empty() && red.iter().enumerate().all(|(i, &d)| i == d);
+    let out = if leading && x.is_contiguous() {
+        let xc = dense(x)?;
+        with_buf(&xc, |b| host::reduce_cols(op, b, n, rows))?
+    } else {
+        let order: Vec<usize> = kept.iter().chain(&red).copied().collect();
+        let xc = permuted(x, &order)?;
+        with_buf(&xc, |b| host::reduce_rows(op, b, rows, n))?
+    };
     let dims: Vec<usize> = (0..x.rank())
         .filter_map(|d| match (mask[d], keepdim) {
             (false, _) => Some(x.dims()[d]),
@@ -226,7 +236,7 @@ pub fn softmax(x: &Tensor, dim: usize, dtype: Option<DType>, log: bool) -> Resul
     } else {
         x.transpose(dim, last)?.try_contiguous()?
     };
-    let out = with_buf(&xt, |b| host::softmax_rows(b, rows, n, log))?;
+    let out = with_buf(&xt, |b| host::softmax_rows(b, rows, n, log, (1.0, 0)))?;
     let out = wrap(out, xt.dims())?;
     if rank == 1 || dim == last {
         return Ok(out);
@@ -259,7 +269,7 @@ pub fn softmax_backward(g: &Tensor, y: &Tensor, dim: usize, log: bool) -> Result
     let (gt, yt) = (rows_of(g)?, rows_of(&y)?);
     let out = {
         let (sg, sy) = (gt.storage(), yt.storage());
-        host::softmax_backward_rows(sg.cuda()?, sy.cuda()?, rows, n, log)?
+        host::softmax_backward_rows(sg.cuda()?, sy.cuda()?, rows, n, log, 1.0)?
     };
     let out = wrap(out, gt.dims())?;
     if moved {
@@ -267,6 +277,34 @@ pub fn softmax_backward(g: &Tensor, y: &Tensor, dim: usize, log: bool) -> Result
     } else {
         Ok(out)
     }
+}
+
+/// `softmax(scale · x)` over the last dim, `causal`: each trailing `[L, S]` matrix
+/// masked above its diagonal (attention's probabilities), in one launch.
+pub fn scaled_softmax(x: &Tensor, scale: f64, causal: bool) -> Result<Tensor> {
+    floating("softmax", x.dtype(), x.device())?;
+    let n = x.dims().last().copied().unwrap_or(1);
+    let rows = x.elem_count() / n.max(1);
+    let period = if causal { x.dims()[x.rank() - 2] } else { 0 };
+    let xc = dense(x)?;
+    let out = with_buf(&xc, |b| {
+        host::softmax_rows(b, rows, n, false, (scale, period))
+    })?;
+    wrap(out, x.dims())
+}
+
+/// The backward of [`scaled_softmax`] from its output `y`: `scale · y (g - Σ g y)`
+/// over the last dim, in one launch.
+pub fn scaled_softmax_backward(g: &Tensor, y: &Tensor, scale: f64) -> Result<Tensor> {
+    floating("softmax_backward", g.dtype(), g.device())?;
+    let n = g.dims().last().copied().unwrap_or(1);
+    let rows = g.elem_count() / n.max(1);
+    let (gc, yc) = (dense(g)?, dense(&y.to_dtype(g.dtype())?)?);
+    let out = {
+        let (sg, sy) = (gc.storage(), yc.storage());
+        host::softmax_backward_rows(sg.cuda()?, sy.cuda()?, rows, n, false, scale)?
+    };
+    wrap(out, g.dims())
 }
 
 // ----- layer norm ------------------------------------------------------------------

@@ -178,7 +178,43 @@ __device__ void reduce_fin(const typename Num<T>::acc* __restrict__ part, T* __r
         if (threadIdx.x == 0) out[r] = Num<T>::store(MEAN ? v / (A)n : v);
     }
 }
+/* Column reductions of a contiguous [rows, n] input (reduced dims leading, as a bias
+   gradient's): part one folds chunks of `chunk` rows of 32 columns per block (32 x 8
+   threads, a fixed order), part two each column's partials in chunk order. */
+template <typename T, template <typename> class R>
+__device__ void reduce_col_part(const T* __restrict__ x, typename Num<T>::acc* __restrict__ part, i64 rows,
+                                i64 n, i64 chunk) {
+    typedef typename Num<T>::acc A;
+    __shared__ A sh[8][33];
+    const i64 j = (i64)blockIdx.x * 32 + threadIdx.x;
+    const i64 lo = (i64)blockIdx.y * chunk;
+    const i64 hi = lo + chunk < rows ? lo + chunk : rows;
+    A a = R<A>::identity();
+    if (j < n)
+        for (i64 r = lo + threadIdx.y; r < hi; r += 8) a = R<A>::op(a, Num<T>::load(x[r * n + j]));
+    sh[threadIdx.y][threadIdx.x] = a;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < n) {
+        A t = sh[0][threadIdx.x];
+        for (int k = 1; k < 8; ++k) t = R<A>::op(t, sh[k][threadIdx.x]);
+        part[(i64)blockIdx.y * n + j] = t;
+    }
+}
+template <typename T, template <typename> class R, bool MEAN>
+__device__ void reduce_col_fin(const typename Num<T>::acc* __restrict__ part, T* __restrict__ out, i64 rows, i64 n,
+                               i64 chunks) {
+    typedef typename Num<T>::acc A;
+    AMP_GRID_STRIDE(j, n) {
+        A t = part[j];
+        for (i64 c = 1; c < chunks; ++c) t = R<A>::op(t, part[c * n + j]);
+        out[j] = Num<T>::store(MEAN ? t / (A)rows : t);
+    }
+}
 #define AMP_REDUCE(T, SUF, OP, R, MEAN) \
+    extern "C" __global__ void reduce_col_part_##OP##_##SUF(const T* x, Num<T>::acc* part, i64 rows, i64 n, i64 chunk) { \
+        reduce_col_part<T, R>(x, part, rows, n, chunk); } \
+    extern "C" __global__ void reduce_col_fin_##OP##_##SUF(const Num<T>::acc* part, T* out, i64 rows, i64 n, i64 chunks) { \
+        reduce_col_fin<T, R, MEAN>(part, out, rows, n, chunks); } \
     extern "C" __global__ void reduce_##OP##_##SUF(const T* x, T* out, i64 rows, i64 n) { reduce_rows<T, R, MEAN>(x, out, rows, n); } \
     extern "C" __global__ void reduce_part_##OP##_##SUF(const T* x, Num<T>::acc* part, i64 rows, i64 n, i64 splits) { \
         reduce_part<T, R>(x, part, rows, n, splits); } \
@@ -194,35 +230,45 @@ AMP_FOR_FLOATS(AMP_REDUCE_MAX, 0) AMP_FOR_FLOATS(AMP_REDUCE_MIN, 0)
 
 /// Softmax and log-softmax over the rows of a contiguous `[rows, n]` input (the host
 /// moves the softmax dimension last), max-subtracted, accumulated in float32 for
-/// 16-bit types, and their backwards from the output, one block per row.
+/// 16-bit types, and their backwards from the output, one block per row; the input
+/// optionally scaled and causally masked first (attention's probabilities, one launch
+/// for what the math path does in three).
 pub const SOFTMAX: &str = r#"
+// Row r holds scale * x; with `causal` (the rows of each [causal, n] matrix) its
+// entries past column r % causal are masked: probability 0 (log-softmax -inf).
 template <typename T, bool LOG>
-__device__ void softmax_rows(const T* __restrict__ x, T* __restrict__ out, i64 rows, i64 n) {
+__device__ void softmax_rows(const T* __restrict__ x, T* __restrict__ out, i64 rows, i64 n, double scale_d,
+                             i64 causal) {
     typedef typename Num<T>::acc A;
+    const A scale = (A)scale_d;
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
         const T* row = x + r * n;
         T* orow = out + r * n;
+        const i64 len = causal > 0 && r % causal + 1 < n ? r % causal + 1 : n;
         A m = RMax<A>::identity();
-        for (i64 j = threadIdx.x; j < n; j += blockDim.x) m = RMax<A>::op(m, Num<T>::load(row[j]));
+        for (i64 j = threadIdx.x; j < len; j += blockDim.x) m = RMax<A>::op(m, Num<T>::load(row[j]) * scale);
         m = block_reduce<A, RMax<A> >(m);
         A s = A(0);
-        for (i64 j = threadIdx.x; j < n; j += blockDim.x) s += amp_exp(Num<T>::load(row[j]) - m);
+        for (i64 j = threadIdx.x; j < len; j += blockDim.x) s += amp_exp(Num<T>::load(row[j]) * scale - m);
         s = block_reduce<A, RSum<A> >(s);
         if (LOG) {
             A ls = amp_log(s);
-            for (i64 j = threadIdx.x; j < n; j += blockDim.x) orow[j] = Num<T>::store(Num<T>::load(row[j]) - m - ls);
+            for (i64 j = threadIdx.x; j < n; j += blockDim.x)
+                orow[j] = Num<T>::store(j < len ? Num<T>::load(row[j]) * scale - m - ls : amp_neg_inf(A(0)));
         } else {
-            for (i64 j = threadIdx.x; j < n; j += blockDim.x) orow[j] = Num<T>::store(amp_exp(Num<T>::load(row[j]) - m) / s);
+            for (i64 j = threadIdx.x; j < n; j += blockDim.x)
+                orow[j] = Num<T>::store(j < len ? amp_exp(Num<T>::load(row[j]) * scale - m) / s : A(0));
         }
     }
 }
-// The backward from the forward's output y: softmax y (g - sum g y), log-softmax
-// g - exp(y) sum g; the row sum and every product in the accumulation type, one
-// rounding per output.
+// The backward from the forward's output y: softmax scale y (g - sum g y), log-softmax
+// scale (g - exp(y) sum g); the row sum and every product in the accumulation type,
+// one rounding per output.
 template <typename T, bool LOG>
 __device__ void softmax_bwd_rows(const T* __restrict__ g, const T* __restrict__ y, T* __restrict__ out, i64 rows,
-                                 i64 n) {
+                                 i64 n, double scale_d) {
     typedef typename Num<T>::acc A;
+    const A scale = (A)scale_d;
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
         const T* gr = g + r * n;
         const T* yr = y + r * n;
@@ -233,17 +279,20 @@ __device__ void softmax_bwd_rows(const T* __restrict__ g, const T* __restrict__ 
         s = block_reduce<A, RSum<A> >(s);
         for (i64 j = threadIdx.x; j < n; j += blockDim.x) {
             A gj = Num<T>::load(gr[j]), yj = Num<T>::load(yr[j]);
-            orow[j] = Num<T>::store(LOG ? gj - amp_exp(yj) * s : yj * (gj - s));
+            A d = LOG ? gj - amp_exp(yj) * s : yj * (gj - s);
+            orow[j] = Num<T>::store(scale == A(1) ? d : d * scale);
         }
     }
 }
 #define AMP_SOFTMAX(T, SUF, _) \
-    extern "C" __global__ void softmax_fwd_##SUF(const T* x, T* out, i64 rows, i64 n) { softmax_rows<T, false>(x, out, rows, n); } \
-    extern "C" __global__ void log_softmax_fwd_##SUF(const T* x, T* out, i64 rows, i64 n) { softmax_rows<T, true>(x, out, rows, n); } \
-    extern "C" __global__ void softmax_bwd_##SUF(const T* g, const T* y, T* out, i64 rows, i64 n) { \
-        softmax_bwd_rows<T, false>(g, y, out, rows, n); } \
-    extern "C" __global__ void log_softmax_bwd_##SUF(const T* g, const T* y, T* out, i64 rows, i64 n) { \
-        softmax_bwd_rows<T, true>(g, y, out, rows, n); }
+    extern "C" __global__ void softmax_fwd_##SUF(const T* x, T* out, i64 rows, i64 n, double scale, i64 causal) { \
+        softmax_rows<T, false>(x, out, rows, n, scale, causal); } \
+    extern "C" __global__ void log_softmax_fwd_##SUF(const T* x, T* out, i64 rows, i64 n, double scale, i64 causal) { \
+        softmax_rows<T, true>(x, out, rows, n, scale, causal); } \
+    extern "C" __global__ void softmax_bwd_##SUF(const T* g, const T* y, T* out, i64 rows, i64 n, double scale) { \
+        softmax_bwd_rows<T, false>(g, y, out, rows, n, scale); } \
+    extern "C" __global__ void log_softmax_bwd_##SUF(const T* g, const T* y, T* out, i64 rows, i64 n, double scale) { \
+        softmax_bwd_rows<T, true>(g, y, out, rows, n, scale); }
 AMP_FOR_FLOATS(AMP_SOFTMAX, 0)
 "#;
 
@@ -649,10 +698,16 @@ pub const MODULES: [Module; 9] = [
         name: "reduce",
         body: REDUCE,
         kernels: || {
-            ["reduce", "reduce_part", "reduce_fin"]
-                .iter()
-                .flat_map(|f| per_op(f, &REDUCE_OPS))
-                .collect()
+            [
+                "reduce",
+                "reduce_part",
+                "reduce_fin",
+                "reduce_col_part",
+                "reduce_col_fin",
+            ]
+            .iter()
+            .flat_map(|f| per_op(f, &REDUCE_OPS))
+            .collect()
         },
     },
     Module {

@@ -257,7 +257,10 @@ fn reductions_softmax_layer_norm_matmul_match_the_host() {
         row_reductions_match(&x, rows, n);
         let dx = up(&x);
         for log in [false, true] {
-            let got = down(&k::softmax_rows(&dx, rows, n, log).unwrap(), &[rows, n]);
+            let got = down(
+                &k::softmax_rows(&dx, rows, n, log, (1.0, 0)).unwrap(),
+                &[rows, n],
+            );
             let want = if log {
                 amp_kernels::log_softmax(&x, 1, None).unwrap()
             } else {
@@ -471,14 +474,20 @@ fn tensor_entries_route_to_the_device() {
             2.0,
             |t| kx::gelu_backward(&t[0], &t[1]).unwrap(),
         );
+        // Leading dims reduced take the column kernels: [300, 200] over dim 0 is five
+        // chunks of 64 rows and a partial last block of 32 columns.
         let cube = rand(&[4, 5, 6], d, 4);
-        for (dims, keep) in [
-            (&[][..], false),
-            (&[0][..], true),
-            (&[-1][..], false),
-            (&[0, 2][..], false),
+        let tall = rand(&[300, 200], d, 5);
+        for (x, dims, keep) in [
+            (&cube, &[][..], false),
+            (&cube, &[0][..], true),
+            (&cube, &[0, 1][..], false),
+            (&cube, &[-1][..], false),
+            (&cube, &[0, 2][..], false),
+            (&tall, &[0][..], false),
         ] {
-            let w = format!("{dims:?} keepdim {keep} {d}");
+            let cube = x.clone();
+            let w = format!("{:?} over {dims:?} keepdim {keep} {d}", x.dims());
             same_on_device(&format!("sum {w}"), vec![cube.clone()], 4.0, |t| {
                 kx::sum(&t[0], dims, keep, None).unwrap()
             });
@@ -521,6 +530,28 @@ fn tensor_entries_route_to_the_device() {
                 },
             );
             checked += 4;
+        }
+        // Attention's probabilities: causal with fewer and with more rows than columns.
+        for (x, causal, scale) in [
+            (cube.clone(), false, 0.5),
+            (cube.clone(), true, 0.35),
+            (rand(&[2, 7, 5], d, 8), true, 1.0),
+        ] {
+            let w = format!("{:?} causal {causal} scale {scale} {d}", x.dims());
+            let g = rand(x.dims(), d, 9);
+            same_on_device(&format!("scaled_softmax {w}"), vec![x.clone()], 2.0, |t| {
+                kx::scaled_softmax(&t[0], scale, causal).unwrap()
+            });
+            same_on_device(
+                &format!("scaled_softmax_backward {w}"),
+                vec![g, x],
+                4.0,
+                |t| {
+                    let y = kx::scaled_softmax(&t[1], scale, causal).unwrap();
+                    kx::scaled_softmax_backward(&t[0], &y, scale).unwrap()
+                },
+            );
+            checked += 2;
         }
         let (w, b) = (rand(&[6], d, 6), rand(&[6], d, 7));
         same_on_device(

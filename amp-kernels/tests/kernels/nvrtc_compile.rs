@@ -43,7 +43,7 @@ fn every_module_compiles_with_nvrtc() {
     }
     eprintln!("nvrtc_compile: {kernels} kernel entries checked over 2 architectures");
     // Per architecture: unary, binary (+ scalar), cast, reduce (one pass, split part and
-    // fin), softmax (forward and backward, plain and log), layer norm (forward, backward,
+    // fin, column part and fin), softmax (forward and backward, plain and log), layer norm (forward, backward,
     // its parameter sums' part per float dtype, and their fin for float32 and float64),
     // index, optim (SGD per float dtype, one multi-tensor Adam), amp.
     assert_eq!(
@@ -51,7 +51,7 @@ fn every_module_compiles_with_nvrtc() {
         2 * (30 * 4
             + 2 * 9 * 4
             + 49
-            + 3 * 4 * 4
+            + 5 * 4 * 4
             + 4 * 4
             + (3 * 4 + 2)
             + (3 * 7 + 6 * 7 + 4)
