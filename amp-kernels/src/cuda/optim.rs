@@ -186,11 +186,6 @@ struct AdamChunk {
     hyper: i64,
 }
 
-/// Elements per chunk of the multi-tensor table (a block walks one chunk at a time):
-/// small enough that a model's parameters give hundreds of blocks. With 65536 (the
-/// unscale table's), the main job's ~830k parameters made ~60 blocks, and the one
-/// launch took 264 µs on an H200 against 197 µs for the 54 launches it replaced.
-pub const ADAM_CHUNK: usize = 1 << 11;
 
 /// A byte range `[start, end)` of device memory.
 type Span = (u64, u64);
@@ -310,7 +305,7 @@ fn launch_adam(params: &[&AdamTensors<'_>], grad_scale: Option<&Tensor>) -> Resu
         let n = t.p.elem_count();
         let mut start = 0;
         while start < n {
-            let len = ADAM_CHUNK.min(n - start);
+            let len = super::host::MULTI_TENSOR_CHUNK.min(n - start);
             let (a, b) = (start as u64 * ps, start as u64 * ss);
             chunks.push(AdamChunk {
                 p: pp + a,
