@@ -186,7 +186,6 @@ struct AdamChunk {
     hyper: i64,
 }
 
-
 /// A byte range `[start, end)` of device memory.
 type Span = (u64, u64);
 
@@ -268,6 +267,7 @@ fn launch_adam(params: &[&AdamTensors<'_>], grad_scale: Option<&Tensor>) -> Resu
         return Ok(());
     };
     let mut chunks: Vec<AdamChunk> = Vec::new();
+    let chunk = super::host::multi_tensor_chunk(params.iter().map(|t| t.p.elem_count()).sum());
     let mut hypers: Vec<i64> = Vec::with_capacity(params.len() * 8);
     // The read locks keep every buffer in place until the launch is queued.
     let mut locks = Vec::with_capacity(params.len() * 5);
@@ -305,7 +305,7 @@ fn launch_adam(params: &[&AdamTensors<'_>], grad_scale: Option<&Tensor>) -> Resu
         let n = t.p.elem_count();
         let mut start = 0;
         while start < n {
-            let len = super::host::MULTI_TENSOR_CHUNK.min(n - start);
+            let len = chunk.min(n - start);
             let (a, b) = (start as u64 * ps, start as u64 * ss);
             chunks.push(AdamChunk {
                 p: pp + a,

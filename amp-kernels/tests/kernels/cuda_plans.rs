@@ -4,7 +4,7 @@
 //! the elementwise kernels ([`StridedArg::of`]).
 #![cfg(feature = "cuda")]
 
-use amp_kernels::cuda::{split_count, MatrixView};
+use amp_kernels::cuda::{column_chunk, multi_tensor_chunk, split_count, MatrixView};
 use amp_tensor::cuda::launch::StridedArg;
 use amp_tensor::Layout;
 
@@ -112,4 +112,27 @@ fn strided_args_collapse_and_address_the_layouts_elements() {
             assert_eq!(a.element_offset(i), off, "{l:?} element {i}");
         }
     }
+}
+
+#[test]
+fn multi_tensor_tables_aim_at_a_thousand_blocks_and_column_sums_at_512_chunks() {
+    // A model's parameters (the main job's ~830k) get the smallest chunks: hundreds
+    // of blocks; one large buffer (64M elements) the largest: a small table.
+    assert_eq!(multi_tensor_chunk(0), 2048);
+    assert_eq!(multi_tensor_chunk(830_000), 2048);
+    assert_eq!(multi_tensor_chunk(4 << 20), 4096);
+    assert_eq!(multi_tensor_chunk(64 << 20), 65536);
+    assert_eq!(multi_tensor_chunk(usize::MAX / 2), 65536);
+    let mut last = 0;
+    for total in (0..28).map(|p| 3usize << p) {
+        let c = multi_tensor_chunk(total);
+        assert!(c.is_power_of_two() && c >= last, "{total}: {c}");
+        last = c;
+    }
+    // Column sums: at least 64 rows per chunk, at most 512 chunks.
+    assert_eq!(column_chunk(2048), 64);
+    assert_eq!(column_chunk(1 << 20), 2048);
+    assert!((1usize..100_000)
+        .step_by(997)
+        .all(|r| r.div_ceil(column_chunk(r)) <= 512));
 }
