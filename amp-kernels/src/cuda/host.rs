@@ -180,6 +180,31 @@ fn check_rows(op: &'static str, x: &CudaStorage, rows: usize, n: usize) -> Resul
     Ok(())
 }
 
+/// The checks of a reduction `op` over a `[rows, n]` buffer `x` that folds `reduced`
+/// elements into each result: a known op, the buffer's length, and PyTorch's error for
+/// `max`/`min` over nothing.
+fn check_reduce(
+    op: &str,
+    x: &CudaStorage,
+    (rows, n): (usize, usize),
+    reduced: usize,
+) -> Result<()> {
+    const OP: &str = "cuda reduce";
+    ensure!(
+        REDUCE_OPS.contains(&op),
+        invalid(OP, "unknown reduction '{op}'")
+    );
+    check_rows(OP, x, rows, n)?;
+    ensure!(
+        !(reduced == 0 && (op == "max" || op == "min")),
+        invalid(
+            OP,
+            "Expected reduction dim to be specified for input.numel() == 0."
+        )
+    );
+    Ok(())
+}
+
 /// Reduce each row of a contiguous `[rows, n]` float buffer: `op` one of
 /// [`REDUCE_OPS`] (`sum`, `mean` accumulate in float32 for 16-bit dtypes).
 ///
@@ -188,18 +213,7 @@ fn check_rows(op: &'static str, x: &CudaStorage, rows: usize, n: usize) -> Resul
 /// empty row (PyTorch's error), device errors.
 pub fn reduce_rows(op: &str, x: &CudaStorage, rows: usize, n: usize) -> Result<CudaStorage> {
     const OP: &str = "cuda reduce";
-    ensure!(
-        REDUCE_OPS.contains(&op),
-        invalid(OP, "unknown reduction '{op}'")
-    );
-    check_rows(OP, x, rows, n)?;
-    ensure!(
-        !(n == 0 && (op == "max" || op == "min")),
-        invalid(
-            OP,
-            "Expected reduction dim to be specified for input.numel() == 0."
-        )
-    );
+    check_reduce(op, x, (rows, n), n)?;
     let dc = x.context().clone();
     let out = CudaStorage::uninit(dc.device, x.dtype(), rows)?;
     if rows == 0 {
@@ -213,11 +227,7 @@ pub fn reduce_rows(op: &str, x: &CudaStorage, rows: usize, n: usize) -> Result<C
         amp_tensor::cuda_launch!(dc, f, rows_grid(rows), &xp, &op_, &r64, &n64);
         return Ok(out);
     }
-    let acc = if x.dtype() == DType::F64 {
-        DType::F64
-    } else {
-        DType::F32
-    };
+    let acc = super::route::compute_dtype(x.dtype());
     let part = CudaStorage::uninit(dc.device, acc, rows * splits)?;
     let (pp, s64) = (part.device_ptr(), splits as i64);
     let f = function(&dc, module("reduce"), &format!("reduce_part_{op}_{suffix}"))?;
@@ -237,29 +247,14 @@ pub fn reduce_rows(op: &str, x: &CudaStorage, rows: usize, n: usize) -> Result<C
 /// rows, device errors.
 pub fn reduce_cols(op: &str, x: &CudaStorage, rows: usize, n: usize) -> Result<CudaStorage> {
     const OP: &str = "cuda reduce";
-    ensure!(
-        REDUCE_OPS.contains(&op),
-        invalid(OP, "unknown reduction '{op}'")
-    );
-    check_rows(OP, x, rows, n)?;
-    ensure!(
-        !(rows == 0 && (op == "max" || op == "min")),
-        invalid(
-            OP,
-            "Expected reduction dim to be specified for input.numel() == 0."
-        )
-    );
+    check_reduce(op, x, (rows, n), rows)?;
     let dc = x.context().clone();
     let out = CudaStorage::uninit(dc.device, x.dtype(), n)?;
     if n == 0 {
         return Ok(out);
     }
     let suffix = float_suffix(OP, x.dtype())?;
-    let acc = if x.dtype() == DType::F64 {
-        DType::F64
-    } else {
-        DType::F32
-    };
+    let acc = super::route::compute_dtype(x.dtype());
     let chunk = column_chunk(rows);
     let chunks = rows.div_ceil(chunk).max(1);
     let part = CudaStorage::uninit(dc.device, acc, chunks * n)?;
@@ -408,11 +403,7 @@ pub fn layer_norm_rows(
         }
     }
     let sfx = float_suffix(OP, x.dtype())?;
-    let stat = if x.dtype() == DType::F64 {
-        DType::F64
-    } else {
-        DType::F32
-    };
+    let stat = super::route::compute_dtype(x.dtype());
     let dc = x.context().clone();
     let out = CudaStorage::uninit(dc.device, x.dtype(), rows * n)?;
     let mean = CudaStorage::uninit(dc.device, stat, rows)?;
@@ -469,11 +460,7 @@ pub fn layer_norm_backward_rows(
     check_rows(OP, g, rows, n)?;
     g.expect_dtype(OP, x.dtype())?;
     let sfx = float_suffix(OP, x.dtype())?;
-    let stat = if x.dtype() == DType::F64 {
-        DType::F64
-    } else {
-        DType::F32
-    };
+    let stat = super::route::compute_dtype(x.dtype());
     for (s, len) in [(Some(mean), rows), (Some(rstd), rows), (weight, n)] {
         if let Some(s) = s {
             s.expect_dtype(OP, stat)?;
