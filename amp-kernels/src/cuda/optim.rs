@@ -186,26 +186,30 @@ struct AdamChunk {
     hyper: i64,
 }
 
-/// A byte range `[start, end)` of device memory.
-type Span = (u64, u64);
-
-/// The bytes of a contiguous device tensor's elements.
-fn bytes(t: &Tensor) -> Result<Span> {
+/// The device bytes `t` may touch: its elements' range when contiguous, else its whole
+/// buffer; `None` on the host.
+fn bytes(t: &Tensor) -> Result<Option<(u64, u64)>> {
+    if t.device().is_cpu() {
+        return Ok(None);
+    }
     let st = t.storage();
-    let start = super::route::addr(&st, t)?;
-    Ok((
-        start,
-        start + (t.elem_count() * t.dtype().size_in_bytes()) as u64,
-    ))
+    let size = t.dtype().size_in_bytes() as u64;
+    Ok(Some(if t.is_contiguous() {
+        let start = super::route::addr(&st, t)?;
+        (start, start + t.elem_count() as u64 * size)
+    } else {
+        let buf = st.cuda()?;
+        (buf.device_ptr(), buf.device_ptr() + buf.len() as u64 * size)
+    }))
 }
 
 /// Adam/AdamW steps of many parameters in one launch per device (PyTorch's
 /// `fused=True`), in place; with `grad_scale` (a 1-element float32 tensor on the
 /// parameters' device) every gradient is divided by it on the device, inside the
 /// update. Returns, per parameter, whether it was updated: one that does not fit the
-/// kernel (see `fits`: views, shared buffers, dtypes) or whose buffers overlap a
-/// buffer of an earlier parameter of the batch that it or that one writes is left for
-/// the caller's op-by-op path, to run after this call (stream order keeps such a
+/// kernel (see `fits`: views, shared buffers, dtypes) or whose memory overlaps an
+/// earlier parameter's where either writes it ([`later_overlaps`]) is left for the
+/// caller's op-by-op path, to run after this call in order (stream order keeps such a
 /// parameter's update after the earlier one's).
 ///
 /// Each element goes through exactly the operations of the host update, in its order
@@ -214,51 +218,75 @@ fn bytes(t: &Tensor) -> Result<Span> {
 /// # Errors
 /// Device errors.
 pub fn adam_steps(params: &[AdamTensors<'_>], grad_scale: Option<&Tensor>) -> Result<Vec<bool>> {
-    let mut done = vec![false; params.len()];
-    // Byte ranges of the accepted parameters: (written, read).
-    let mut taken: Vec<(Vec<Span>, Span)> = Vec::new();
-    let mut devices: Vec<amp_tensor::Device> = Vec::new();
-    let mut accepted: Vec<usize> = Vec::new();
-    let overlap = |a: Span, b: Span| a.0 < b.1 && b.0 < a.1 && a.0 < a.1 && b.0 < b.1;
+    let mut fit = Vec::with_capacity(params.len());
+    let mut spans: Vec<MemSpan> = Vec::new();
     for (i, t) in params.iter().enumerate() {
         let state: Vec<&Tensor> = [t.m, t.v].into_iter().chain(t.vmax).collect();
         let scale_fits = grad_scale.is_none_or(|s| {
             s.dtype() == DType::F32 && s.elem_count() == 1 && s.device() == t.p.device()
         });
-        if !fits(t.p, t.g, &state) || !scale_fits {
-            continue;
-        }
-        let written = [t.p, t.m, t.v]
+        fit.push(fits(t.p, t.g, &state) && scale_fits);
+        for (tensor, written) in [(t.p, true), (t.g, false), (t.m, true), (t.v, true)]
             .into_iter()
-            .chain(t.vmax)
-            .map(bytes)
-            .collect::<Result<Vec<_>>>()?;
-        let read = bytes(t.g)?;
-        let clash = taken.iter().any(|(w, r)| {
-            written
-                .iter()
-                .any(|a| overlap(*a, *r) || w.iter().any(|b| overlap(*a, *b)))
-                || w.iter().any(|b| overlap(read, *b))
-        });
-        if clash {
-            continue;
+            .chain(t.vmax.map(|x| (x, true)))
+        {
+            if let Some(bytes) = bytes(tensor)? {
+                spans.push(MemSpan {
+                    bytes,
+                    param: i,
+                    written,
+                });
+            }
         }
-        taken.push((written, read));
-        accepted.push(i);
-        done[i] = true;
+    }
+    let clash = later_overlaps(spans, params.len());
+    let done: Vec<bool> = fit.iter().zip(&clash).map(|(f, c)| *f && !c).collect();
+    let mut devices: Vec<amp_tensor::Device> = Vec::new();
+    for (t, _) in params.iter().zip(&done).filter(|(_, d)| **d) {
         if !devices.contains(&t.p.device()) {
             devices.push(t.p.device());
         }
     }
     for dev in devices {
-        let on: Vec<&AdamTensors<'_>> = accepted
+        let on: Vec<&AdamTensors<'_>> = params
             .iter()
-            .map(|&i| &params[i])
-            .filter(|t| t.p.device() == dev)
+            .zip(&done)
+            .filter(|(t, d)| **d && t.p.device() == dev)
+            .map(|(t, _)| t)
             .collect();
         launch_adam(&on, grad_scale)?;
     }
     Ok(done)
+}
+
+/// Device memory one parameter of a batch touches: its bytes, the parameter's place in
+/// the batch, and whether the update writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemSpan {
+    /// `[start, end)` device addresses.
+    pub bytes: (u64, u64),
+    /// The parameter's index in the batch.
+    pub param: usize,
+    /// Written (parameter, moments) rather than only read (gradient).
+    pub written: bool,
+}
+
+/// Per parameter of a batch of `n`, whether its memory overlaps an earlier parameter's
+/// where either writes it: such a parameter must wait for the earlier one's update
+/// (the op-by-op path, after the launch). Sorted by start, each span is compared only
+/// with the spans that begin before it ends: O(n log n) for disjoint parameters.
+pub fn later_overlaps(mut spans: Vec<MemSpan>, n: usize) -> Vec<bool> {
+    spans.retain(|s| s.bytes.0 < s.bytes.1);
+    spans.sort_unstable_by_key(|s| s.bytes.0);
+    let mut clash = vec![false; n];
+    for (i, a) in spans.iter().enumerate() {
+        for b in spans[i + 1..].iter().take_while(|b| b.bytes.0 < a.bytes.1) {
+            if a.param != b.param && (a.written || b.written) {
+                clash[a.param.max(b.param)] = true;
+            }
+        }
+    }
+    clash
 }
 
 /// One `adam_multi` launch over `params` (all fitting, on one device).

@@ -136,3 +136,30 @@ fn multi_tensor_tables_aim_at_a_thousand_blocks_and_column_sums_at_512_chunks() 
         .step_by(997)
         .all(|r| r.div_ceil(column_chunk(r)) <= 512));
 }
+
+#[test]
+fn a_parameter_overlapping_an_earlier_ones_written_memory_waits() {
+    use amp_kernels::cuda::optim::{later_overlaps, MemSpan};
+    let span = |start: u64, end: u64, param: usize, written: bool| MemSpan {
+        bytes: (start, end),
+        param,
+        written,
+    };
+    // 0 and 1 disjoint; 2 reads 0's parameter (its gradient aliases it): 2 waits; 3
+    // reads what 2 reads (both only read): free; 4 writes into 1's moments: waits;
+    // an empty span touches nothing.
+    let spans = vec![
+        span(150, 250, 4, true),
+        span(0, 10, 0, true),
+        span(10, 20, 0, false),
+        span(50, 60, 1, true),
+        span(200, 300, 1, true),
+        span(5, 6, 2, false),
+        span(30, 40, 2, true),
+        span(12, 14, 3, false),
+        span(40, 45, 3, true),
+        span(55, 55, 3, true),
+    ];
+    assert_eq!(later_overlaps(spans, 5), [false, false, true, false, true]);
+    assert_eq!(later_overlaps(Vec::new(), 2), [false, false]);
+}
