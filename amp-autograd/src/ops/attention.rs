@@ -410,16 +410,22 @@ pub fn multi_head_attention_forward(
         } else {
             query.clone()
         };
-        // [.., 3E] -> [.., 3, heads, hd], split on the 3: the backward's `cat` writes
-        // each head-strided gradient straight into place (splitting [.., 3E] would
-        // first copy each into [.., E] rows to undo the head reshape).
+        // [.., 3E] -> [.., 3, heads, hd] -> [3, N, heads, L, hd] in one copy, split on
+        // the 3: q, k and v come out contiguous, so the batched products read them in
+        // place (split first, each would be gathered on its own), and the backward
+        // is one `cat` of contiguous gradients and one copy back.
         let (a, c) = if batch_major { (n, l) } else { (l, n) };
-        let qkv = split(
+        let to_heads: &[i64] = if batch_major {
+            &[2, 0, 3, 1, 4]
+        } else {
+            &[2, 1, 3, 0, 4]
+        };
+        let qkv = contiguous(&permute(
             &reshape(&linear(&x, w, b)?, [a, c, 3, num_heads, hd])?,
-            1,
-            2,
-        )?;
-        let part = |i: usize| heads(&qkv[i], l);
+            to_heads,
+        )?)?;
+        let qkv = split(&qkv, 1, 0)?;
+        let part = |i: usize| reshape(&qkv[i], [n, num_heads, l, hd]);
         (part(0)?, part(1)?, part(2)?)
     } else {
         let part = |t: &Tensor, i: usize| narrow(t, 0, i * e, e);

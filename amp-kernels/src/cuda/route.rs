@@ -563,16 +563,61 @@ pub fn clamp_tensor(x: &Tensor, min: Option<&Tensor>, max: Option<&Tensor>) -> R
 }
 
 /// `cat` of `parts` (checked by the caller) along `dim` into a fresh `dims` tensor of
-/// `dtype`: each part is copied (converted) into its slice of the output.
+/// `dtype`: each part is copied (converted) into its slice of the output, which the
+/// parts cover (nothing is zeroed first). Parts of the output's dtype are copied
+/// together, one launch per [`COPY_PIECES`](amp_tensor::cuda::launch::COPY_PIECES) of
+/// them (`copy_many`); the others one by one.
 pub fn cat(parts: &[&Tensor], dim: usize, dims: &[usize], dtype: DType) -> Result<Tensor> {
-    let out = Tensor::zeros_on(dims.to_vec(), dtype, device(parts))?;
+    use amp_tensor::cuda::launch::{copy_many, CopyPiece};
+    let n: usize = dims.iter().product();
+    let out = wrap(CudaStorage::uninit(device(parts), dtype, n)?, dims)?;
+    let mut slices = Vec::with_capacity(parts.len());
     let mut at = 0;
     for t in parts {
         let len = t.dims()[dim];
-        if len > 0 {
-            out.narrow(dim, at, len)?.copy_(t)?;
-        }
+        slices.push(out.narrow(dim, at, len)?);
         at += len;
+    }
+    let (same, other): (Vec<_>, Vec<_>) = parts
+        .iter()
+        .zip(&slices)
+        .partition(|(t, _)| t.dtype() == dtype && t.device() == out.device());
+    {
+        let st = out.storage();
+        let out_buf = st.cuda()?;
+        // One read guard per distinct buffer (a part may repeat, `cat([x, x])`).
+        let mut owners: Vec<&Tensor> = Vec::new();
+        let which: Vec<usize> = same
+            .iter()
+            .map(
+                |(t, _)| match owners.iter().position(|o| o.same_storage(t)) {
+                    Some(i) => i,
+                    None => {
+                        owners.push(t);
+                        owners.len() - 1
+                    }
+                },
+            )
+            .collect();
+        let srcs: Vec<_> = owners.iter().map(|t| t.storage()).collect();
+        let pieces = same
+            .iter()
+            .zip(&which)
+            .map(|((t, slice), &i)| {
+                Ok(CopyPiece {
+                    x: srcs[i].cuda()?,
+                    src: t.layout(),
+                    out: out_buf,
+                    dst: slice.layout(),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        copy_many(&pieces)?;
+    }
+    for (t, slice) in other {
+        if t.elem_count() > 0 {
+            slice.copy_(t)?;
+        }
     }
     Ok(out)
 }

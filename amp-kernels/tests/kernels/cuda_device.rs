@@ -724,13 +724,35 @@ fn tensor_entries_route_to_the_device() {
                 kx::cat(&[t[0].clone(), yt, t[2].clone()], 1).unwrap()
             },
         );
+        // Seven parts: two `copy_many` launches for the six of the output's dtype (one
+        // strided, one empty, one buffer three times), the bool part converted alone.
+        let flags =
+            Tensor::from_vec((0..28).map(|i| i % 3 == 0).collect::<Vec<_>>(), [7, 4]).unwrap();
+        same_on_device(
+            &format!("cat of seven {d}"),
+            vec![x.clone(), y.clone(), flags, rand(&[7, 0], d, 5)],
+            1.0,
+            |t| {
+                let strided = t[1].narrow(1, 3, 10).unwrap();
+                let parts = [
+                    t[0].clone(),
+                    strided,
+                    t[0].clone(),
+                    t[3].clone(),
+                    t[1].clone(),
+                    t[2].clone(),
+                    t[0].clone(),
+                ];
+                kx::cat(&parts, 1).unwrap()
+            },
+        );
         same_on_device(
             &format!("stack {d}"),
             vec![x.clone(), y.clone()],
             1.0,
             |t| kx::stack(&[t[0].clone(), t[1].clone()], 0).unwrap(),
         );
-        checked += 6;
+        checked += 7;
     }
     eprintln!("tensor_entries_route_to_the_device: {checked} entries matched the host");
 }

@@ -319,6 +319,117 @@ pub fn cast_into(x: &CudaStorage, src: &Layout, out: &CudaStorage, dst: &Layout)
     Ok(())
 }
 
+/// Most pieces one `copy_many` launch takes (`AMP_COPY_PIECES` in the sources).
+pub const COPY_PIECES: usize = 4;
+
+/// The pieces of one `copy_many` launch (`CopyPieces` in the sources): unused slots
+/// are never read (`count`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CopyPieces {
+    count: i64,
+    start: [i64; COPY_PIECES + 1],
+    src: [u64; COPY_PIECES],
+    dst: [u64; COPY_PIECES],
+    xs: [StridedArg; COPY_PIECES],
+    os: [StridedArg; COPY_PIECES],
+}
+// SAFETY: plain `repr(C)` data matching the device struct (8-byte fields only).
+unsafe impl DeviceRepr for CopyPieces {}
+
+/// One copy of [`copy_many`]: the view `src` of `x` into the view `dst` of `out`.
+#[derive(Debug, Clone, Copy)]
+pub struct CopyPiece<'a> {
+    /// The source buffer.
+    pub x: &'a CudaStorage,
+    /// The source view.
+    pub src: &'a Layout,
+    /// The destination buffer.
+    pub out: &'a CudaStorage,
+    /// The destination view (as many elements as `src`).
+    pub dst: &'a Layout,
+}
+
+/// Several copies of one dtype in one launch per [`COPY_PIECES`] pieces (a `cat`'s
+/// parts, the heads of attention): each as [`cast_into`] without the conversion. No
+/// piece's destination may overlap another piece's source or destination.
+///
+/// # Errors
+/// Pieces of different dtypes or devices, element counts that differ, views outside
+/// their buffers, device errors.
+pub fn copy_many(pieces: &[CopyPiece<'_>]) -> Result<()> {
+    const OP: &str = "cuda copy";
+    let Some(first) = pieces.first() else {
+        return Ok(());
+    };
+    let (dtype, device) = (first.x.dtype(), first.x.device());
+    for p in pieces {
+        check_len(OP, p.x, p.src)?;
+        check_len(OP, p.out, p.dst)?;
+        ensure!(
+            p.src.elem_count() == p.dst.elem_count(),
+            invalid(
+                OP,
+                "source of {} elements, destination of {}",
+                p.src.elem_count(),
+                p.dst.elem_count()
+            )
+        );
+        ensure!(
+            p.x.dtype() == dtype && p.out.dtype() == dtype,
+            invalid(
+                OP,
+                "copy_many copies one dtype: {dtype:?}, got {:?} into {:?}",
+                p.x.dtype(),
+                p.out.dtype()
+            )
+        );
+        for d in [p.x.device(), p.out.device()] {
+            if d != device {
+                return Err(Error::DeviceMismatch {
+                    op: OP,
+                    lhs: device,
+                    rhs: d,
+                });
+            }
+        }
+    }
+    let dc = first.x.context().clone();
+    let f = function(
+        &dc,
+        &CAST_MODULE,
+        &format!("copy_many_{}", dtype.size_in_bytes()),
+    )?;
+    let nonempty: Vec<&CopyPiece<'_>> = pieces.iter().filter(|p| p.src.elem_count() > 0).collect();
+    for group in nonempty.chunks(COPY_PIECES) {
+        let blank = StridedArg {
+            ndim: 1,
+            offset: 0,
+            narrow: 1,
+            dims: [1; 8],
+            strides: [0; 8],
+        };
+        let mut arg = CopyPieces {
+            count: group.len() as i64,
+            start: [0; COPY_PIECES + 1],
+            src: [0; COPY_PIECES],
+            dst: [0; COPY_PIECES],
+            xs: [blank; COPY_PIECES],
+            os: [blank; COPY_PIECES],
+        };
+        for (j, p) in group.iter().enumerate() {
+            arg.start[j + 1] = arg.start[j] + p.src.elem_count() as i64;
+            arg.src[j] = p.x.device_ptr();
+            arg.dst[j] = p.out.device_ptr();
+            arg.xs[j] = StridedArg::of(OP, p.src)?;
+            arg.os[j] = StridedArg::of(OP, p.dst)?;
+        }
+        let n = arg.start[group.len()] as usize;
+        crate::cuda_launch!(dc, f, grid_for(n), &arg);
+    }
+    Ok(())
+}
+
 /// A contiguous copy of the view `layout` of `x` converted to `dtype`.
 ///
 /// # Errors

@@ -236,6 +236,32 @@ __device__ void cast_impl(const S* __restrict__ x, StridedArg xs, D* __restrict_
     AMP_CAST(S, SS, double, f64) AMP_CAST(S, SS, int, i32) AMP_CAST(S, SS, i64, i64) AMP_CAST(S, SS, unsigned char, bool)
 AMP_CAST_TO_ALL(amp_half, f16) AMP_CAST_TO_ALL(amp_bf16, bf16) AMP_CAST_TO_ALL(float, f32)
 AMP_CAST_TO_ALL(double, f64) AMP_CAST_TO_ALL(int, i32) AMP_CAST_TO_ALL(i64, i64) AMP_CAST_TO_ALL(unsigned char, bool)
+
+/* Up to AMP_COPY_PIECES strided copies of one element width in one launch (`copy_many`):
+   element i of the launch belongs to the piece j with start[j] <= i < start[j + 1], and
+   is its element i - start[j] in row-major order. Pieces never overlap each other's
+   destinations (the host's contract). */
+#define AMP_COPY_PIECES 4
+struct CopyPieces {
+    i64 count;
+    i64 start[AMP_COPY_PIECES + 1];
+    u64 src[AMP_COPY_PIECES];
+    u64 dst[AMP_COPY_PIECES];
+    StridedArg xs[AMP_COPY_PIECES];
+    StridedArg os[AMP_COPY_PIECES];
+};
+template <typename T>
+__device__ void copy_many_impl(const CopyPieces& p) {
+    AMP_GRID_STRIDE(i, p.start[p.count]) {
+        int j = 0;
+        while (j + 1 < p.count && i >= p.start[j + 1]) ++j;
+        const i64 e = i - p.start[j];
+        ((T*)p.dst[j])[amp_offset(p.os[j], e)] = ((const T*)p.src[j])[amp_offset(p.xs[j], e)];
+    }
+}
+#define AMP_COPY_MANY(T, W) \
+    extern "C" __global__ void copy_many_##W(CopyPieces p) { copy_many_impl<T>(p); }
+AMP_COPY_MANY(unsigned char, 1) AMP_COPY_MANY(unsigned short, 2) AMP_COPY_MANY(unsigned int, 4) AMP_COPY_MANY(u64, 8)
 "#;
 
 /// A compilation unit: the prelude followed by one family's source.
@@ -261,7 +287,8 @@ impl Module {
     }
 }
 
-/// The conversion module: `cast_<from>_<to>` for every pair of storage dtypes.
+/// The conversion module: `cast_<from>_<to>` for every pair of storage dtypes, and
+/// `copy_many_<bytes>` (several same-dtype copies in one launch) for every element width.
 pub const CAST_MODULE: Module = Module {
     name: "cast",
     body: CAST,
@@ -269,6 +296,7 @@ pub const CAST_MODULE: Module = Module {
         ALL_TYPES
             .iter()
             .flat_map(|(s, _)| ALL_TYPES.iter().map(move |(d, _)| format!("cast_{s}_{d}")))
+            .chain([1, 2, 4, 8].map(|w| format!("copy_many_{w}")))
             .collect()
     },
 };
