@@ -42,7 +42,7 @@ fn every_module_compiles_with_nvrtc() {
         }
     }
     eprintln!("nvrtc_compile: {kernels} kernel entries checked over 2 architectures");
-    // Per architecture: unary, binary (+ scalar), cast, reduce (one pass, split part and
+    // Per architecture: unary, binary (+ scalar), cast (+ copy_many per element width), reduce (one pass, split part and
     // fin, column part and fin), softmax (forward and backward, plain and log), layer norm (forward, backward,
     // its parameter sums' part per float dtype, and their fin for float32 and float64),
     // index, optim (SGD per float dtype, one multi-tensor Adam), amp.
@@ -50,7 +50,7 @@ fn every_module_compiles_with_nvrtc() {
         kernels,
         2 * (30 * 4
             + 2 * 9 * 4
-            + 49
+            + (49 + 4)
             + 5 * 4 * 4
             + 4 * 4
             + (3 * 4 + 2)
