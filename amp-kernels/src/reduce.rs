@@ -1104,6 +1104,15 @@ fn check_nonempty(op: &'static str, name: &str, x: &Tensor, dims: &[i64]) -> Res
 pub fn sum(x: &Tensor, dims: &[i64], keepdim: bool, dtype: Option<DType>) -> Result<Tensor> {
     let x = cast_opt(x, dtype)?;
     let out_dtype = dtype.unwrap_or_else(|| long_if_int(x.dtype()));
+    // On a device a float sum is one reduction in its own dtype: the kernels load a
+    // 16-bit input into float32 sums and round once on the way out, the bits of a float32
+    // sum cast down, without the two casts around it (a bias gradient under autocast).
+    if x.dtype().is_floating_point() {
+        crate::compute::on_device!("sum", [&x], {
+            let mask = reduce_mask("sum", x.rank(), dims)?;
+            crate::cuda::route::reduce("sum", &x, &mask, keepdim)
+        });
+    }
     sum_accumulated(&x, dims, keepdim)?.to_dtype(out_dtype)
 }
 

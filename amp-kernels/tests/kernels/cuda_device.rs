@@ -757,6 +757,37 @@ fn tensor_entries_route_to_the_device() {
     eprintln!("tensor_entries_route_to_the_device: {checked} entries matched the host");
 }
 
+/// A 16-bit sum on the device is one reduction in its dtype (float32 sums, one
+/// rounding): the same bits as the float32 sum of the widened input cast down, over
+/// column chunks, row blocks and split rows.
+#[test]
+fn sixteen_bit_sums_round_a_float32_sum_once() {
+    use amp_kernels as kx;
+    if !device_or_skip() {
+        return;
+    }
+    for d in [DType::F16, DType::BF16] {
+        for (dims, axes) in [
+            (vec![300, 200], vec![0i64]),
+            (vec![4, 75, 200], vec![0, 1]),
+            (vec![300, 200], vec![1]),
+            (vec![3, 70001], vec![-1]),
+            (vec![30, 20, 10], vec![0, 2]),
+        ] {
+            let x = dev(&rand(&dims, d, 11));
+            let direct = kx::sum(&x, &axes, false, None).unwrap();
+            let wide = kx::sum(&x.to_dtype(DType::F32).unwrap(), &axes, false, None)
+                .unwrap()
+                .to_dtype(d)
+                .unwrap();
+            assert_eq!(direct.dtype(), d);
+            let bits =
+                |t: &Tensor| -> Vec<u64> { t.to_vec_f64().iter().map(|v| v.to_bits()).collect() };
+            assert_eq!(bits(&direct), bits(&wide), "{d} {dims:?} over {axes:?}");
+        }
+    }
+}
+
 #[test]
 fn device_errors_are_typed_with_pytorch_texts() {
     if !device_or_skip() {
