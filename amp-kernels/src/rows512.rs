@@ -496,16 +496,48 @@ const STACK_ROW: usize = 1024;
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
 pub(crate) unsafe fn softmax_rows<S: Lane>(x: &[S], out: &mut [MaybeUninit<S>], n: usize) {
     // SAFETY: the caller's contract; `ne` only where the CPU has AVX512-BF16.
-    unsafe { softmax_rows_with(x, out, n, bf16_ne::<S>()) }
+    unsafe { softmax_rows_with(x, out, n, bf16_ne::<S>(), 1.0, 0, 0) }
 }
 
-/// [`softmax_rows`], rounding bfloat16 outputs with `vcvtneps2bf16` when `ne` (see
-/// [`map_row_bf16_ne`]).
+/// The softmax of `scale · x` over each row (attention's probabilities, one pass for
+/// what the math path does in three); with `causal > 0` row `r` (counted from `r0`, the
+/// first row's index in the whole input, so a block of rows may start anywhere) keeps
+/// its first `r % causal + 1` elements and the others get probability 0, never
+/// computed. The maximum is `scale` times the row's maximum, which is the maximum of
+/// the products (rounding is monotonic and `scale > 0`), so every exponent is the
+/// plain kernel's of the scaled row; with `scale = 1` and no mask the bits are
+/// [`softmax_rows`]'.
 ///
 /// # Safety
-/// As [`softmax_rows`]; `ne` only for bfloat16 on a CPU with AVX512-BF16.
+/// As [`softmax_rows`]; `scale > 0`.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
-unsafe fn softmax_rows_with<S: Lane>(x: &[S], out: &mut [MaybeUninit<S>], n: usize, ne: bool) {
+pub(crate) unsafe fn scaled_softmax_rows<S: Lane>(
+    x: &[S],
+    out: &mut [MaybeUninit<S>],
+    n: usize,
+    scale: f32,
+    causal: usize,
+    r0: usize,
+) {
+    // SAFETY: the caller's contract; `ne` only where the CPU has AVX512-BF16.
+    unsafe { softmax_rows_with(x, out, n, bf16_ne::<S>(), scale, causal, r0) }
+}
+
+/// [`scaled_softmax_rows`], rounding bfloat16 outputs with `vcvtneps2bf16` when `ne`
+/// (see [`map_row_bf16_ne`]).
+///
+/// # Safety
+/// As [`scaled_softmax_rows`]; `ne` only for bfloat16 on a CPU with AVX512-BF16.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+unsafe fn softmax_rows_with<S: Lane>(
+    x: &[S],
+    out: &mut [MaybeUninit<S>],
+    n: usize,
+    ne: bool,
+    scale: f32,
+    causal: usize,
+    r0: usize,
+) {
     let mut stack = [MaybeUninit::<f32>::uninit(); STACK_ROW];
     let mut heap = Vec::new();
     let scratch: *mut f32 = if S::F32 {
@@ -516,32 +548,40 @@ unsafe fn softmax_rows_with<S: Lane>(x: &[S], out: &mut [MaybeUninit<S>], n: usi
         heap.resize(n, 0f32);
         heap.as_mut_ptr()
     };
-    for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+    for (r, (xr, or)) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)).enumerate() {
         let (xp, op) = (xr.as_ptr(), or.as_mut_ptr().cast::<S>());
+        let len = if causal > 0 {
+            ((r0 + r) % causal + 1).min(n)
+        } else {
+            n
+        };
         // The float32 row: the output itself when it is float32.
         let buf: *mut f32 = if S::F32 { op.cast() } else { scratch };
-        // SAFETY: every pointer covers `n` elements (`buf` is the output row or
+        // SAFETY: every pointer covers `n >= len` elements (`buf` is the output row or
         // `n <= STACK_ROW` / `heap.len() == n` elements); the features are this
         // function's. `buf` is written before it is read back.
         unsafe {
-            let m = _mm512_set1_ps(max_nan(xp, n));
+            let sc = _mm512_set1_ps(scale);
+            let m = _mm512_set1_ps(max_nan(xp, len) * scale);
             let mut acc = Sum16::new();
             let mut i = 0;
-            while i + 16 <= n {
-                let e = exp_fma(_mm512_sub_ps(S::load(xp.add(i)), m));
+            while i + 16 <= len {
+                let e = exp_fma(_mm512_sub_ps(_mm512_mul_ps(S::load(xp.add(i)), sc), m));
                 _mm512_storeu_ps(buf.add(i), e);
                 acc.add(e);
                 i += 16;
             }
-            if i < n {
-                let k = n - i;
+            if i < len {
+                let k = len - i;
                 let v = S::load_tail(xp.add(i), k, _mm512_setzero_ps());
-                let e = exp_fma(_mm512_sub_ps(v, m));
+                let e = exp_fma(_mm512_sub_ps(_mm512_mul_ps(v, sc), m));
                 f32::store_tail(buf.add(i), k, e);
                 acc.add_tail(k, e);
             }
             let inv = _mm512_set1_ps(1.0 / acc.finish());
-            map_row_ne(buf.cast_const(), op, n, |e, _| _mm512_mul_ps(e, inv), ne);
+            map_row_ne(buf.cast_const(), op, len, |e, _| _mm512_mul_ps(e, inv), ne);
+            // Masked entries: probability 0 (all-zero bits in every storage type).
+            std::ptr::write_bytes(op.add(len), 0, n - len);
         }
     }
 }
@@ -664,7 +704,8 @@ pub(crate) unsafe fn log_softmax_rows<S: Lane>(x: &[S], out: &mut [MaybeUninit<S
 
 /// The gradient of each row of softmax (`LOG = false`: `y * (g - sum(g * y))`, the sum
 /// in [`Sum16`]'s order) or of log-softmax (`LOG = true`: `g - exp(y) * sum(g)`, `exp`
-/// without fused multiply-adds, of `y - 0` as the portable kernel computes it).
+/// without fused multiply-adds, of `y - 0` as the portable kernel computes it), times
+/// `scale` ([`scaled_softmax_rows`]' backward) before the one rounding.
 ///
 /// # Safety
 /// As [`softmax_rows`], and `g.len() == y.len() == out.len()`.
@@ -674,6 +715,7 @@ pub(crate) unsafe fn softmax_backward_rows<S: Lane, const LOG: bool>(
     y: &[S],
     out: &mut [MaybeUninit<S>],
     n: usize,
+    scale: f32,
 ) {
     let ne = bf16_ne::<S>();
     for ((gr, yr), or) in g
@@ -706,13 +748,16 @@ pub(crate) unsafe fn softmax_backward_rows<S: Lane, const LOG: bool>(
                 acc.finish()
             };
             let s = _mm512_set1_ps(s);
+            let sc = _mm512_set1_ps(scale);
+            // Times `scale` (exact when it is 1: the plain kernel's bits).
             let grad = |gv, i| {
                 let yv = lanes(yp, i, (n - i).min(16));
-                if LOG {
+                let d = if LOG {
                     _mm512_sub_ps(gv, _mm512_mul_ps(exp(_mm512_sub_ps(yv, zero)), s))
                 } else {
                     _mm512_mul_ps(yv, _mm512_sub_ps(gv, s))
-                }
+                };
+                _mm512_mul_ps(d, sc)
             };
             map_row_ne(gp, op, n, grad, ne);
         }
@@ -827,6 +872,11 @@ pub(crate) enum RowOp {
     SoftmaxBackward,
     /// [`softmax_backward_rows`] with `LOG` (`ins = [g, y]`).
     LogSoftmaxBackward,
+    /// [`scaled_softmax_rows`] (`ins = [x]`): `scale` as float32 bits, `causal` the
+    /// rows of each masked matrix (0: none).
+    ScaledSoftmax { scale: u32, causal: usize },
+    /// [`softmax_backward_rows`] times `scale` (float32 bits; `ins = [g, y]`).
+    ScaledSoftmaxBackward { scale: u32 },
 }
 
 /// `op` over the `rows` contiguous rows of `n > 0` elements of `ins` (each
@@ -849,11 +899,21 @@ fn run_rows<S: Lane + Send + Sync>(
                 RowOp::Softmax => softmax_rows(part(0), block, n),
                 RowOp::LogSoftmax => log_softmax_rows(part(0), block, n),
                 RowOp::SoftmaxBackward => {
-                    softmax_backward_rows::<_, false>(part(0), part(1), block, n)
+                    softmax_backward_rows::<_, false>(part(0), part(1), block, n, 1.0)
                 }
                 RowOp::LogSoftmaxBackward => {
-                    softmax_backward_rows::<_, true>(part(0), part(1), block, n)
+                    softmax_backward_rows::<_, true>(part(0), part(1), block, n, 1.0)
                 }
+                RowOp::ScaledSoftmax { scale, causal } => {
+                    scaled_softmax_rows(part(0), block, n, f32::from_bits(scale), causal, r0)
+                }
+                RowOp::ScaledSoftmaxBackward { scale } => softmax_backward_rows::<_, false>(
+                    part(0),
+                    part(1),
+                    block,
+                    n,
+                    f32::from_bits(scale),
+                ),
             }
         }
     };
@@ -873,8 +933,10 @@ pub(crate) fn line_rows<T: Element>(
         return None;
     }
     let need = match op {
-        RowOp::Softmax | RowOp::LogSoftmax => 1,
-        RowOp::SoftmaxBackward | RowOp::LogSoftmaxBackward => 2,
+        RowOp::Softmax | RowOp::LogSoftmax | RowOp::ScaledSoftmax { .. } => 1,
+        RowOp::SoftmaxBackward
+        | RowOp::LogSoftmaxBackward
+        | RowOp::ScaledSoftmaxBackward { .. } => 2,
     };
     assert!(
         ins.len() == need && ins.iter().all(|s| s.len() == rows * n),
@@ -1031,7 +1093,7 @@ mod tests {
             let mut out = vec![MaybeUninit::<bf16>::uninit(); x.len()];
             // SAFETY: `available()` (implied by `has_bf16_ne`) and AVX512-BF16 checked;
             // whole rows.
-            unsafe { softmax_rows_with(&x, &mut out, n, ne) };
+            unsafe { softmax_rows_with(&x, &mut out, n, ne, 1.0, 0, 0) };
             // SAFETY: every element was written.
             out.iter()
                 .map(|o| unsafe { o.assume_init() }.to_bits())

@@ -339,9 +339,11 @@ pub fn log_softmax_backward(grad_out: &Tensor, out: &Tensor, dim: i64) -> Result
 
 /// Attention's probabilities: `softmax(scale · x)` over the last dim, with `causal` each
 /// trailing `[L, S]` matrix masked above its diagonal (row `i` keeps columns `0..=i`;
-/// the others get probability 0). On a device one launch; on the host the scalar
-/// product, the mask (`where` with -inf) and [`softmax`] in turn, the math path's
-/// kernels.
+/// the others get probability 0). On a device one launch; on the host one pass per
+/// row on the AVX-512 row kernels where they apply (the masked part of a row never
+/// computed; float32 gives the bits of the math path's kernels, 16-bit rounds once
+/// where they round `scale · x` first), else the scalar product, the mask (`where` with
+/// -inf) and [`softmax`] in turn.
 pub fn scaled_softmax(x: &Tensor, scale: f64, causal: bool) -> Result<Tensor> {
     const OP: &str = "scaled_softmax";
     if x.rank() < 1 + usize::from(causal) {
@@ -365,6 +367,14 @@ pub fn scaled_softmax(x: &Tensor, scale: f64, causal: bool) -> Result<Tensor> {
         [x],
         crate::cuda::route::scaled_softmax(x, scale, causal)
     );
+    let causal_rows = if causal { x.dims()[x.rank() - 2] } else { 0 };
+    let rows_op = |scale: u32| RowOp::ScaledSoftmax {
+        scale,
+        causal: causal_rows,
+    };
+    if let Some(y) = scaled_rows(OP, rows_op, &[x], scale)? {
+        return Ok(y);
+    }
     let mut w = crate::binary_scalar(crate::BinaryOp::Mul, x, scale)?;
     if causal {
         let (l, s) = (x.dims()[x.rank() - 2], x.dims()[x.rank() - 1]);
@@ -388,8 +398,66 @@ pub fn scaled_softmax_backward(grad_out: &Tensor, out: &Tensor, scale: f64) -> R
         [grad_out, out],
         crate::cuda::route::scaled_softmax_backward(grad_out, out, scale)
     );
+    if grad_out.dtype() == out.dtype() {
+        let rows_op = |scale: u32| RowOp::ScaledSoftmaxBackward { scale };
+        if let Some(d) = scaled_rows(OP, rows_op, &[grad_out, out], scale)? {
+            return Ok(d);
+        }
+    }
     let d = softmax_backward(grad_out, out, -1)?;
     crate::binary_scalar(crate::BinaryOp::Mul, &d, scale)
+}
+
+/// A scaled softmax row op (`op` of the scale's float32 bits) over the last dim of
+/// `ins` (one dtype and shape) on the AVX-512 row kernels, one pass per row (a causal
+/// row's masked part never computed), where they apply: float32, bfloat16 or float16
+/// rows of at most [`ROWS512_MAX`], `scale` positive and finite as float32, a CPU that
+/// has them. `None` elsewhere (the caller runs the ops in turn); the rows give what the
+/// ops give up to their intermediate roundings: float32 bit for bit, 16-bit rounded once.
+fn scaled_rows(
+    name: &'static str,
+    op: impl Fn(u32) -> RowOp,
+    ins: &[&Tensor],
+    scale: f64,
+) -> Result<Option<Tensor>> {
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (name, op, ins, scale);
+        Ok(None)
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let x = ins[0];
+        let n = x.dims().last().copied().unwrap_or(1);
+        let s = scale as f32;
+        let kind = matches!(x.dtype(), DType::F32 | DType::BF16 | DType::F16);
+        if !(kind && s > 0.0 && s.is_finite()) || n == 0 || n > ROWS512_MAX {
+            return Ok(None);
+        }
+        let rows = x.elem_count() / n;
+        let cs = ins
+            .iter()
+            .map(|t| t.try_contiguous())
+            .collect::<Result<Vec<_>>>()?;
+        float_kernel!(x.dtype(), name, |T, C| {
+            let run = |a: &[T], b: Option<&[T]>| -> Option<Result<Vec<T>>> {
+                let parts: Vec<&[T]> = std::iter::once(a).chain(b).collect();
+                rows512::line_rows::<T>(op(s.to_bits()), &parts, rows, n)
+            };
+            let out = match &cs[..] {
+                [a] => with_slice::<T, _>(a, |a| run(a, None))?,
+                [a, b, ..] => {
+                    with_slice::<T, _>(a, |a| with_slice::<T, _>(b, |b| run(a, Some(b))))??
+                }
+                [] => None,
+            };
+            let _: Option<C> = None;
+            match out {
+                Some(v) => Ok(Some(Tensor::from_vec(v?, x.dims().to_vec())?)),
+                None => Ok(None),
+            }
+        })
+    }
 }
 
 #[cfg(test)]

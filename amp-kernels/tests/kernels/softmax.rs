@@ -298,3 +298,62 @@ fn dims_and_shapes() {
     assert_eq!(softmax(&e, 1, None).unwrap().dims(), &[0, 4]);
     assert_eq!(softmax(&e, 0, None).unwrap().dims(), &[0, 4]);
 }
+
+/// `scaled_softmax` and its backward on the host against the math path's ops in turn
+/// (scalar product, `where` with -inf, softmax; softmax backward, scalar product):
+/// float32 bit for bit, 16-bit within a rounding of the products. Rows past the fast
+/// kernel's length take the ops themselves; the [4, 8, 64, 64] case is cut into row
+/// blocks that start inside a causal matrix.
+#[test]
+fn scaled_softmax_is_the_math_path_in_one_pass() {
+    for dims in [
+        vec![2usize, 3, 37, 37],
+        vec![3, 5, 40],
+        vec![2, 7, 19],
+        vec![4, 8, 64, 64],
+        vec![2, 3, 300],
+    ] {
+        let count: usize = dims.iter().product();
+        let (l, s) = (dims[dims.len() - 2], dims[dims.len() - 1]);
+        let x = Tensor::from_vec(uniform(count, 3, 4.0), dims.clone()).unwrap();
+        let g = Tensor::from_vec(uniform(count, 5, 1.0), dims.clone()).unwrap();
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            let (x, g) = (x.to_dtype(dtype).unwrap(), g.to_dtype(dtype).unwrap());
+            for (scale, causal) in [(0.125, true), (0.3, false), (1.0, true)] {
+                let what = format!("{dtype} {dims:?} scale {scale} causal {causal}");
+                let fused = scaled_softmax(&x, scale, causal).unwrap();
+                let w = binary_scalar(BinaryOp::Mul, &x, scale).unwrap();
+                let w = if causal {
+                    let keep: Vec<bool> =
+                        (0..l).flat_map(|i| (0..s).map(move |j| j <= i)).collect();
+                    let keep = Tensor::from_vec(keep, [l, s]).unwrap();
+                    let inf = Tensor::scalar(f32::NEG_INFINITY).to_dtype(dtype).unwrap();
+                    where_cond(&keep, &w, &inf).unwrap()
+                } else {
+                    w
+                };
+                let ops = softmax(&w, -1, None).unwrap();
+                let fused_back = scaled_softmax_backward(&g, &fused, scale).unwrap();
+                let ops_back = binary_scalar(
+                    BinaryOp::Mul,
+                    &softmax_backward(&g, &fused, -1).unwrap(),
+                    scale,
+                )
+                .unwrap();
+                if dtype == DType::F32 {
+                    let bits = |t: &Tensor| -> Vec<u64> {
+                        t.to_vec_f64().iter().map(|v| v.to_bits()).collect()
+                    };
+                    assert_eq!(bits(&fused), bits(&ops), "{what}");
+                    assert_eq!(bits(&fused_back), bits(&ops_back), "{what} backward");
+                } else {
+                    let near = |got: &Tensor, want: &Tensor, k: f64, what: &str| {
+                        check(got, &want.to_vec_f64(), &dims, dtype, k * tol(dtype), what)
+                    };
+                    near(&fused, &ops, 2.0, &what);
+                    near(&fused_back, &ops_back, 4.0, &format!("{what} backward"));
+                }
+            }
+        }
+    }
+}
