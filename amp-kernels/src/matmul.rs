@@ -957,40 +957,62 @@ fn native<C: GemmFloat>(p: &Plan<'_>) -> Result<Tensor> {
     Tensor::from_vec(out, p.out_dims.clone())
 }
 
-/// f16 / bf16: on the direct kernel when [`direct16`] takes the product, else on a
-/// packing kernel when [`native16::chosen`] picks one, else widened.
+/// f16 / bf16: on the direct kernel when small enough ([`DIRECT16_WORK`]), else on a
+/// packing kernel when [`native16::chosen`] picks one, else widened: a batch of
+/// products one per task ([`per_product16`]) when it is spread over the threads by
+/// entry, a single product or a batch sum whole ([`widened`]).
 fn half<T: native16::Half>(p: &Plan<'_>) -> Result<Tensor> {
     let input = p.input.is_some() && p.beta != 0.0;
     let fits = [p.m * p.k, p.k * p.n, p.m * p.n]
         .iter()
         .all(|&l| l <= DIRECT16_LEN);
     let direct16_size = p.m * p.n * p.k <= DIRECT16_WORK && direct(p.m, p.n, p.k, &p.sb);
-    if !input && !p.reduce && fits && direct16_size && small::vector_kernel() {
-        return direct16::<T>(p);
+    let plain = !input && !p.reduce && p.m > 0 && p.n > 0 && p.k > 0;
+    if plain && fits && direct16_size && small::vector_kernel() {
+        return per_product16::<T>(p);
     }
     match native16::chosen(T::DTYPE, p.m, p.n, p.k) {
         Some(kernel) => packed16::<T>(p, kernel),
+        None if plain && by_entry(p.sa.offsets.len(), p.m * p.n * p.k) => per_product16::<T>(p),
         None => widened::<T>(p),
     }
 }
 
-/// The longest operand or output of a 16-bit product on [`direct16`] (elements).
+/// Whether a batch of `batch` products of `work` multiply-adds each is spread over
+/// the threads one whole product per task (as `gemm_into` splits float32 batches).
+fn by_entry(batch: usize, work: usize) -> bool {
+    batch > 1 && (work < BIG_WORK || whole_entries(batch))
+}
+
+/// The longest operand or output of a 16-bit product on the direct kernel (elements).
 const DIRECT16_LEN: usize = 4096;
 
 /// 16-bit products with at most this many multiply-adds (and taken by `direct`) run
-/// on `direct16`; larger ones on the packing kernels, faster from there (AMX:
+/// on the direct kernel ([`per_product16`]); larger ones on the packing kernels, faster from there (AMX:
 /// `bmm` of `[32, 32, 64] × [32, 64, 32]` in bfloat16 took 21 µs on AMX tiles, 30–38 µs
 /// on the direct kernel).
 pub const DIRECT16_WORK: usize = 16 * 64 * 16;
 
-/// f16 / bf16 products that [`direct`] sends to the direct kernel, without an input
-/// term or a batch sum: per product, both operands widened into one pooled float32
-/// buffer, multiplied by the float32 direct kernel and the sums rounded once — the
-/// arithmetic of [`widened`], with no batch-sized float32 copies; a batch of at least
-/// `BATCH_PARALLEL_WORK` multiply-adds is one parallel loop over its products. Before
-/// it, `bmm` of `[32, 8, 64] × [32, 64, 8]` took 1.8× as long in bfloat16 (widened
-/// whole) as in float32, and `[32, 16, 64] × [32, 64, 16]` 1.9× (on AMX tiles).
-fn direct16<T: Element>(p: &Plan<'_>) -> Result<Tensor> {
+/// The float32 sums [`per_product16`] keeps of a product at a time (elements): blocks
+/// of rows small enough that the sums are rounded into the output from the core's
+/// cache.
+const SUMS16_LEN: usize = 64 * 1024;
+
+/// f16 / bf16 products without an input term or a batch sum, one per task: per
+/// product, `B` widened into a pooled float32 buffer, then per block of rows
+/// ([`SUMS16_LEN`] sums) `A`'s rows widened beside it, multiplied on the calling
+/// thread (the direct kernel where `direct` takes the block, else faer's) and the sums
+/// rounded once into the output — the arithmetic of [`widened`], with no batch-sized
+/// float32 copies. A batch of at least `BATCH_PARALLEL_WORK` multiply-adds is one
+/// parallel loop over its products.
+///
+/// Small products (up to [`DIRECT16_WORK`], on the direct kernel): before it, `bmm` of
+/// `[32, 8, 64] × [32, 64, 8]` took 1.8× as long in bfloat16 (widened whole) as in
+/// float32, and `[32, 16, 64] × [32, 64, 16]` 1.9× (on AMX tiles). Batches on the
+/// widened path (CPUs without AVX-512): `bmm` of `[32, 2048, 64] × [32, 64, 2048]` in
+/// bfloat16 ran at 30 GFLOP/s widened whole (a 512 MiB float32 output written and read
+/// back) against 127 in float32, on an AVX2-only EPYC.
+fn per_product16<T: Element>(p: &Plan<'_>) -> Result<Tensor> {
     let (m, n, k) = (p.m, p.n, p.k);
     let batch = p.sa.offsets.len();
     let len = out_len(p);
@@ -1001,32 +1023,45 @@ fn direct16<T: Element>(p: &Plan<'_>) -> Result<Tensor> {
     let dst = SendPtr(out.spare_capacity_mut().as_mut_ptr());
     let (sa, sb) = (Side::row_major(k), Side::row_major(n));
     let alpha = p.alpha as f32;
-    // Product `i` with `buf` (at least `m·k + k·n + m·n` long) as its scratch.
+    let rows = (SUMS16_LEN / n.max(1))
+        .clamp(MIN_BLOCK, m.max(MIN_BLOCK))
+        .min(m);
+    // Product `i` with `buf` (at least `k·n + rows·(k + n)` long) as its scratch.
     let one = |i: usize, buf: &mut [f32]| {
-        let (wa, rest) = buf.split_at_mut(m * k);
-        let (wb, acc) = rest.split_at_mut(k * n);
-        gather_matrix(a, &p.sa.shifted_to(p.sa.offsets[i]), m, k, wa);
+        let (wb, rest) = buf.split_at_mut(k * n);
+        let (wa, acc) = rest.split_at_mut(rows * k);
         gather_matrix(b, &p.sb.shifted_to(p.sb.offsets[i]), k, n, wb);
-        let product = Product {
-            m,
-            n,
-            k,
-            a: (wa, &sa, 0),
-            b: (wb, &sb, 0),
-            d: acc.as_mut_ptr(),
-            dst_factor: 0.0,
-            read_dst: false,
-            alpha,
-        };
-        // SAFETY: `wa` and `wb` hold the row-major matrices `sa` and `sb` describe, and
-        // `acc` an `m×n` block (the split above).
-        unsafe { small_product(product) };
-        // SAFETY: product `i` writes only its own `m×n` block of the output, inside the
-        // capacity.
-        let d = unsafe { std::slice::from_raw_parts_mut(dst.at(i * m * n), m * n) };
-        cast_into_uninit(&acc[..m * n], d);
+        for r0 in (0..m).step_by(rows) {
+            let h = rows.min(m - r0);
+            let at = p.sa.offsets[i] + r0 * p.sa.rs;
+            gather_matrix(a, &p.sa.shifted_to(at), h, k, &mut wa[..h * k]);
+            let product = Product {
+                m: h,
+                n,
+                k,
+                a: (wa, &sa, 0),
+                b: (wb, &sb, 0),
+                d: acc.as_mut_ptr(),
+                dst_factor: 0.0,
+                read_dst: false,
+                alpha,
+            };
+            // SAFETY: `wa` and `wb` hold the row-major matrices `sa` and `sb` describe,
+            // and `acc` an `h×n` block (the splits above).
+            unsafe {
+                if direct(h, n, k, &sb) {
+                    small_product(product)
+                } else {
+                    faer_product(product, Parallelism::None)
+                }
+            };
+            // SAFETY: rows `r0..r0 + h` of product `i` are written by this call only,
+            // inside the capacity.
+            let d = unsafe { std::slice::from_raw_parts_mut(dst.at((i * m + r0) * n), h * n) };
+            cast_into_uninit(&acc[..h * n], d);
+        }
     };
-    let need = m * k + k * n + m * n;
+    let need = k * n + rows * (k + n);
     if m * n * k * batch < BATCH_PARALLEL_WORK {
         let mut buf = scratch(need)?;
         (0..batch).for_each(|i| one(i, &mut buf));

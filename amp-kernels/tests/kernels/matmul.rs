@@ -1088,6 +1088,27 @@ fn every_16bit_kernel_on_a_large_product() {
     }
 }
 
+/// Widened 16-bit batches run one product per task, widened a block of rows at a time
+/// when a product's float32 sums would not fit the cache (here 43 of 100 rows per
+/// block): every block, the short last one included, and a transposed `A` read per
+/// block from its own rows.
+#[test]
+fn widened_batches_in_blocks_of_rows() {
+    for dt in [DType::BF16, DType::F16] {
+        for ta in [false, true] {
+            let a = operand(dt, &[3], 100, 9, ta, 92);
+            let b = operand(dt, &[3], 9, 1500, false, 93);
+            let got = with_kernel16(Kernel16::Widened, || bmm(&a, &b).unwrap()).unwrap();
+            assert_close(
+                &got,
+                &ref_matmul(&a, &b),
+                dt,
+                &format!("{dt}, A transposed: {ta}"),
+            );
+        }
+    }
+}
+
 #[test]
 fn forcing_a_kernel_is_scoped_and_checked() {
     let before = kernel16(DType::BF16);
