@@ -110,7 +110,11 @@ fn exp_le0(x: f32) -> f32 {
 }
 
 /// Define a line kernel `fn $name<C: FastExp>(ins: &[&[C]], out: &mut [C])` whose body
-/// runs compiled for AVX2 on f32 when the CPU has it (portable code otherwise).
+/// runs on f32 compiled for AVX-512 or AVX2 with FMA (the `exp` polynomial fused, the
+/// same bits at both widths), or for AVX2 alone, as the CPU has them (portable code
+/// otherwise). Fused on an AVX2-only EPYC, one core, softmax over `[1024, 1024]` went
+/// from 6.5 to 8.5 GB/s in float32 and from 3.1 to 3.7 in bfloat16 (medians of
+/// interleaved runs).
 macro_rules! line_kernel {
     ($(#[$meta:meta])* $vis:vis fn $name:ident(|$ins:ident, $out:ident| $body:block)) => {
         $(#[$meta])*
@@ -122,6 +126,12 @@ macro_rules! line_kernel {
             #[cfg(target_arch = "x86_64")]
             #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma")]
             unsafe fn avx512(ins: &[&[f32]], out: &mut [f32]) {
+                body::<f32, true>(ins, out)
+            }
+
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn avx2_fma(ins: &[&[f32]], out: &mut [f32]) {
                 body::<f32, true>(ins, out)
             }
 
@@ -138,10 +148,12 @@ macro_rules! line_kernel {
                 {
                     let lines = [a, b];
                     let lines = &lines[..ins.len()];
-                    if vmath::level() == Some(Level::Avx512) {
+                    match vmath::level() {
                         // SAFETY: the CPU has AVX-512F/DQ/VL and FMA (checked by `level`).
-                        unsafe { avx512(lines, o) };
-                        return;
+                        Some(Level::Avx512) => return unsafe { avx512(lines, o) },
+                        // SAFETY: the CPU has AVX2 and FMA (checked by `level`).
+                        Some(Level::Avx2) => return unsafe { avx2_fma(lines, o) },
+                        None => {}
                     }
                     if std::arch::is_x86_feature_detected!("avx2") {
                         // SAFETY: the CPU supports AVX2 (checked just above).
