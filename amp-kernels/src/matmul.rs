@@ -988,7 +988,7 @@ fn by_entry(batch: usize, work: usize) -> bool {
 const DIRECT16_LEN: usize = 4096;
 
 /// 16-bit products with at most this many multiply-adds (and taken by `direct`) run
-/// on the direct kernel ([`per_product16`]); larger ones on the packing kernels, faster from there (AMX:
+/// on the direct kernel (`per_product16`); larger ones on the packing kernels, faster from there (AMX:
 /// `bmm` of `[32, 32, 64] × [32, 64, 32]` in bfloat16 took 21 µs on AMX tiles, 30–38 µs
 /// on the direct kernel).
 pub const DIRECT16_WORK: usize = 16 * 64 * 16;
