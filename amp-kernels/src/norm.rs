@@ -85,21 +85,27 @@ fn wide_sum<C: Num>(xs: &[C], g: impl Fn(C) -> C) -> C {
     lane_sum(&acc)
 }
 
-/// Normalise rows `r0..` (`out.len() / n` of them) of `s` into `out`, writing their
-/// statistics to `mean` and `rstd` (see [`norm_rows`]). Always inlined, so it takes the
-/// SIMD level of its caller.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn norm_block<T: Element, C: Real + Num, A: Fn(usize, &mut [C])>(
-    s: &[T],
-    r0: usize,
+/// The input of [`norm_rows`] every block of rows reads: rows of `n` elements of `s`,
+/// `eps`, and the affine step applied to each normalised row.
+struct NormInput<'a, T, C, A> {
+    s: &'a [T],
     n: usize,
     eps: C,
-    affine: &A,
+    affine: &'a A,
+}
+
+/// Normalise rows `r0..` (`out.len() / n` of them) of the input into `out`, writing
+/// their statistics to `mean` and `rstd` (see [`norm_rows`]). Always inlined, so it
+/// takes the SIMD level of its caller.
+#[inline(always)]
+fn norm_block<T: Element, C: Real + Num, A: Fn(usize, &mut [C])>(
+    input: &NormInput<'_, T, C, A>,
+    r0: usize,
     out: &mut [T],
     mean: &mut [C],
     rstd: &mut [C],
 ) {
+    let NormInput { s, n, eps, affine } = *input;
     let nc = C::from_f64c(n as f64);
     let same = as_same::<T, C>(&[]).is_some();
     let scratch = if same { 0 } else { n };
@@ -137,38 +143,30 @@ fn norm_block<T: Element, C: Real + Num, A: Fn(usize, &mut [C])>(
 /// [`norm_block`] compiled for AVX-512 (identical results: no fused or reordered
 /// arithmetic, only wider registers).
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma")]
 unsafe fn norm_block_avx512<T: Element, C: Real + Num, A: Fn(usize, &mut [C])>(
-    s: &[T],
+    input: &NormInput<'_, T, C, A>,
     r0: usize,
-    n: usize,
-    eps: C,
-    affine: &A,
     out: &mut [T],
     mean: &mut [C],
     rstd: &mut [C],
 ) {
-    norm_block(s, r0, n, eps, affine, out, mean, rstd)
+    norm_block(input, r0, out, mean, rstd)
 }
 
 /// [`norm_block`] compiled for AVX2 (identical results, as [`norm_block_avx512`]): on
 /// CPUs without AVX-512 the baseline build ran it 4 lanes wide, and layer norm over
 /// `[512, 512]` float32 took 1.3× PyTorch's time on an AVX2-only EPYC.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn norm_block_avx2<T: Element, C: Real + Num, A: Fn(usize, &mut [C])>(
-    s: &[T],
+    input: &NormInput<'_, T, C, A>,
     r0: usize,
-    n: usize,
-    eps: C,
-    affine: &A,
     out: &mut [T],
     mean: &mut [C],
     rstd: &mut [C],
 ) {
-    norm_block(s, r0, n, eps, affine, out, mean, rstd)
+    norm_block(input, r0, out, mean, rstd)
 }
 
 /// Normalise each of the `rows` contiguous rows of `n` elements of `s` to zero mean and
@@ -195,25 +193,26 @@ fn norm_rows<T: Element, C: Real + Num>(
     let mut out = try_recycled_vec::<T>(rows * n)?;
     let mut mean = try_zeroed::<C>(rows)?;
     let mut rstd = try_zeroed::<C>(rows)?;
-    let epsc = C::from_f64c(eps);
+    let input = NormInput {
+        s,
+        n,
+        eps: C::from_f64c(eps),
+        affine: &affine,
+    };
     let level = vmath::level();
     let body = |r0: usize, out: &mut [T], mean: &mut [C], rstd: &mut [C]| {
         #[cfg(target_arch = "x86_64")]
         match level {
             // SAFETY: the CPU has AVX-512F/DQ/VL and FMA (checked by `vmath::level`).
-            Some(Level::Avx512) => unsafe {
-                norm_block_avx512(s, r0, n, epsc, &affine, out, mean, rstd)
-            },
+            Some(Level::Avx512) => unsafe { norm_block_avx512(&input, r0, out, mean, rstd) },
             // SAFETY: the CPU has AVX2 and FMA (checked by `vmath::level`).
-            Some(Level::Avx2) => unsafe {
-                norm_block_avx2(s, r0, n, epsc, &affine, out, mean, rstd)
-            },
-            None => norm_block(s, r0, n, epsc, &affine, out, mean, rstd),
+            Some(Level::Avx2) => unsafe { norm_block_avx2(&input, r0, out, mean, rstd) },
+            None => norm_block(&input, r0, out, mean, rstd),
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
             let _ = level;
-            norm_block(s, r0, n, epsc, &affine, out, mean, rstd)
+            norm_block(&input, r0, out, mean, rstd)
         }
     };
     if rows > 1 && rows * n >= LINE_PAR_MIN {
