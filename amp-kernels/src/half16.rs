@@ -291,29 +291,12 @@ pub(crate) mod lanes {
         // SAFETY: the caller's contract (16 writable lanes, AVX2 enabled).
         unsafe {
             let [even, odd] = transmute::<[f32; 16], [__m256; 2]>(r);
-            let lo = _mm256_srli_epi32::<16>(round_bf16_high_8(even));
+            let lo = _mm256_srli_epi32::<16>(amp_tensor::simd::round_bf16_high_avx2(even));
             let hi = _mm256_and_si256(
-                round_bf16_high_8(odd),
+                amp_tensor::simd::round_bf16_high_avx2(odd),
                 _mm256_set1_epi32(0xFFFF_0000u32 as i32),
             );
             _mm256_storeu_si256(p.cast(), _mm256_or_si256(lo, hi));
-        }
-    }
-    /// The bfloat16 rounding of 8 float32 lanes in the high half of each lane
-    /// (`round_bf16!` without its last shift; the low halves are left over); NaN lanes
-    /// take `0x7FC0` there.
-    ///
-    /// # Safety
-    /// The caller runs with AVX2.
-    #[inline(always)]
-    unsafe fn round_bf16_high_8(r: __m256) -> __m256i {
-        // SAFETY: register-only intrinsics; AVX2 is the caller's.
-        unsafe {
-            let bits = _mm256_castps_si256(r);
-            let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(bits), _mm256_set1_epi32(1));
-            let t = _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), lsb);
-            let nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(r, r));
-            _mm256_blendv_epi8(t, _mm256_set1_epi32(0x7FC0_0000), nan)
         }
     }
     #[inline(always)]

@@ -39,6 +39,8 @@ mod storage;
 mod tensor;
 mod transpose;
 
+#[cfg(target_arch = "x86_64")]
+pub use convert::simd;
 pub use convert::{
     cast_into, cast_into_uninit, cast_slice, copy_cast, gather_cast, round_to_bf16, scatter_cast,
     transpose_into, PARALLEL_THRESHOLD, STREAM_BYTES,
