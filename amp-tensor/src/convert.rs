@@ -729,7 +729,8 @@ mod tests {
             .map(f32::from_bits)
             .chain([1.5, -0.25, 3.0])
             .collect();
-        let check = |what: &str, f: &dyn Fn(&[f32], &mut [MaybeUninit<bf16>])| {
+        type Narrow<'a> = &'a dyn Fn(&[f32], &mut [MaybeUninit<bf16>]);
+        let check = |what: &str, f: Narrow<'_>| {
             let mut dst = vec![MaybeUninit::<bf16>::uninit(); src.len()];
             f(&src, &mut dst);
             for (k, (d, &x)) in dst.iter().zip(&src).enumerate() {
