@@ -2,9 +2,9 @@
 //! `softplus` and the `isfinite`/`isnan`/`isinf` tests, with PyTorch's dtype rules.
 //!
 //! float16 and bfloat16 are widened to float32 a chunk at a time (vectorised casts),
-//! computed in float32 and rounded once (`erf`, `gelu` and `gelu_tanh` then read the
+//! computed in float32 and rounded once (the ops computed in float then read the
 //! rounded results from a table of the 65536 inputs, built by that same path once a
-//! process has mapped as many elements: [`table16`]); float32 computes in float32 and float64 in
+//! process has computed as many elements: [`table16`]); float32 computes in float32 and float64 in
 //! float64. Integer inputs keep their dtype for `neg`, `abs`, `sign`, `square`,
 //! `relu`, `floor`, `ceil` and `round`; the transcendental ops give float32 for them,
 //! as PyTorch does.
@@ -1118,8 +1118,34 @@ fn erfinv_c<C: Real>(y: C) -> C {
     x
 }
 
-/// Run `op` on a floating tensor with storage `T`, computing in `C`.
+/// Run `op` on a floating tensor with storage `T`, computing in `C`: from the op's
+/// [`table16`] where `T` is 16 bits wide and the table is there, else directly.
 fn float_unary<T: amp_tensor::Element, C: Real + RoundEven>(
+    op: UnaryOp,
+    x: &Tensor,
+) -> Result<Tensor> {
+    // AVX-512 CPUs compute 16-bit `gelu` in registers from its own table of Φ, 32
+    // elements a step, faster than one load per element.
+    let native = op == UnaryOp::Gelu && vmath::has_gelu_table();
+    let build = || table16::build::<T>(|all| float_unary_direct::<T, C>(op, all));
+    if let Some(table) = (!native)
+        .then(|| table16::table_for::<T>(op, x.elem_count(), build))
+        .transpose()?
+        .flatten()
+    {
+        let xc = x.try_contiguous()?;
+        let out = with_slice::<T, _>(&xc, |src| {
+            ewise::run_tasks(src.len(), |out: &mut [MaybeUninit<T>], lo| {
+                table16::look_up(table, &src[lo..lo + out.len()], out)
+            })
+        })??;
+        return Tensor::from_vec(out, x.dims().to_vec());
+    }
+    float_unary_direct::<T, C>(op, x)
+}
+
+/// [`float_unary`] computing every element.
+fn float_unary_direct<T: amp_tensor::Element, C: Real + RoundEven>(
     op: UnaryOp,
     x: &Tensor,
 ) -> Result<Tensor> {
@@ -1220,11 +1246,6 @@ fn float_unary_simd<T: Element, C: 'static>(op: UnaryOp, x: &Tensor) -> Option<R
         return Some(out.and_then(|out| Tensor::from_vec(out?, x.dims().to_vec())));
     }
     let out = with_slice::<T, _>(x, |src| {
-        if let Some(table) = table16::table_for::<T>(level, map, src.len()) {
-            return ewise::run_tasks(src.len(), |out: &mut [MaybeUninit<T>], lo| {
-                table16::look_up(table, &src[lo..lo + out.len()], out)
-            });
-        }
         ewise::run_tasks(src.len(), |out: &mut [MaybeUninit<T>], lo| {
             map_widened(level, map, &src[lo..lo + out.len()], out)
         })
@@ -1263,61 +1284,70 @@ fn map_widened<T: Element>(
     }
 }
 
-/// Tables of a float32 map's result for each of the 65536 bfloat16 or float16 inputs.
+/// Tables of a unary op's result for each of the 65536 bfloat16 or float16 inputs.
 ///
-/// A 16-bit storage type has only 65536 values, so `erf`, `gelu` and `gelu_tanh` of a
-/// 16-bit tensor are one load per element from a 128 KiB table (in L2), built once per
-/// process, op and type ([`table16::BUILD_AFTER`]) by [`map_widened`] itself over every
-/// bit pattern: the bits
-/// are those of the direct path on this CPU (which computes each element on its own, so
-/// no neighbour or chunk boundary changes a result). Where the CPU has no 16-bit
-/// arithmetic (AVX2), the direct path costs the float32 map (~36 cycles per 8 lanes for
-/// `gelu` on an AMD EPYC) plus the widening and the rounding, so a 16-bit `gelu` was
-/// slower than the float32 one although it moves half the bytes.
+/// A 16-bit storage type has only 65536 values, so an op computed in float (every op
+/// but the ones that [keep integers](UnaryOp::keeps_integers): `neg`, `abs`, `relu`,
+/// ... are a few vector instructions) of a 16-bit tensor is one load per element from
+/// a 128 KiB table (in L2), built once per process, op and type ([`BUILD_AFTER`]) by
+/// the direct path itself over a tensor of every bit pattern: the bits are the direct
+/// path's on this CPU, which computes each element on its own, so no neighbour or
+/// chunk boundary changes a result. Where the CPU has no 16-bit arithmetic (AVX2), the
+/// direct path costs the float32 op (~36 cycles per 8 lanes for `gelu` on an AMD EPYC;
+/// `exp`, `tanh`, `sin`, ... call the scalar library per element) plus the widening and
+/// the rounding, so a 16-bit `gelu` was slower than the float32 one although it moves
+/// half the bytes.
 mod table16 {
     use std::mem::MaybeUninit;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::OnceLock;
 
     use amp_tensor::half::{bf16, f16};
-    use amp_tensor::Element;
+    use amp_tensor::{Element, Result, Tensor};
 
-    use super::{ewise, map_widened};
-    use crate::vmath::{F32Map, Level};
+    use super::{ewise, UnaryOp};
 
-    /// A table is built once the elements mapped directly by `(map, type)` reach this
-    /// many, the table's own cost (the map of 65536 elements), so the process spends at
+    /// A table is built once the elements computed directly by `(op, type)` reach this
+    /// many, the table's own cost (the op over 65536 elements), so the process spends at
     /// most twice the work it would with a table from the start (the rent-or-buy rule)
     /// and a program that maps a few small tensors never builds one.
     pub(super) const BUILD_AFTER: usize = 1 << 16;
 
-    /// The tables, by `(map, type)` ([`slot`]); each built once.
-    static TABLES: [OnceLock<Box<[u16]>>; 6] = [const { OnceLock::new() }; 6];
+    /// One slot per `(op, type)`.
+    const SLOTS: usize = 2 * UnaryOp::ALL.len();
 
-    /// The elements mapped directly so far, by `(map, type)`.
-    static MAPPED: [AtomicUsize; 6] = [const { AtomicUsize::new(0) }; 6];
+    /// The tables, by `(op, type)` ([`slot`]); each built once.
+    static TABLES: [OnceLock<Box<[u16]>>; SLOTS] = [const { OnceLock::new() }; SLOTS];
 
-    /// The table of `map` for the 16-bit type `T` when it is built or this call of `n`
-    /// elements brings the direct work to [`BUILD_AFTER`]; `None` for other types and
-    /// otherwise (the caller maps directly).
+    /// The elements computed directly so far, by `(op, type)`.
+    static COMPUTED: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
+
+    /// The table of `op` for the 16-bit type `T` when it is built or this call of `n`
+    /// elements brings the direct work to [`BUILD_AFTER`] (then `build` makes it);
+    /// `None` for other types, for the ops that keep integers, and otherwise (the
+    /// caller computes directly). Errors are `build`'s.
     pub(super) fn table_for<T: Element>(
-        level: Level,
-        map: F32Map,
+        op: UnaryOp,
         n: usize,
-    ) -> Option<&'static [u16]> {
-        let slot = slot::<T>(map)?;
+        build: impl FnOnce() -> Result<Box<[u16]>>,
+    ) -> Result<Option<&'static [u16]>> {
+        let Some(slot) = slot::<T>(op) else {
+            return Ok(None);
+        };
         let cell = &TABLES[slot];
         if let Some(t) = cell.get() {
-            return Some(t);
+            return Ok(Some(t));
         }
-        if MAPPED[slot].fetch_add(n, Ordering::Relaxed) + n < BUILD_AFTER {
-            return None;
+        if COMPUTED[slot].fetch_add(n, Ordering::Relaxed) + n < BUILD_AFTER {
+            return Ok(None);
         }
-        Some(cell.get_or_init(|| build::<T>(level, map)))
+        let table = build()?;
+        Ok(Some(cell.get_or_init(|| table)))
     }
 
-    /// The index of `(map, T)` in [`TABLES`], `None` unless `T` is bfloat16 or float16.
-    fn slot<T: Element>(map: F32Map) -> Option<usize> {
+    /// The index of `(op, T)` in [`TABLES`], `None` unless `T` is bfloat16 or float16
+    /// and `op` computes in float.
+    fn slot<T: Element>(op: UnaryOp) -> Option<usize> {
         let ty = if ewise::same::<T, bf16>(&[]).is_some() {
             0
         } else if ewise::same::<T, f16>(&[]).is_some() {
@@ -1325,21 +1355,20 @@ mod table16 {
         } else {
             return None;
         };
-        let m = match map {
-            F32Map::Erf => 0,
-            F32Map::Gelu => 1,
-            F32Map::GeluTanh => 2,
-        };
-        Some(2 * m + ty)
+        (!op.keeps_integers()).then_some(2 * op as usize + ty)
     }
 
-    /// The bits of `map` of each bit pattern of `T` (16 bits), by [`map_widened`].
-    pub(super) fn build<T: Element>(level: Level, map: F32Map) -> Box<[u16]> {
-        let x: Vec<T> = (0..=u16::MAX).map(|b| from_bits::<T>(b)).collect();
-        let mut y = vec![MaybeUninit::<T>::uninit(); x.len()];
-        map_widened(level, map, &x, &mut y);
-        // SAFETY: `map_widened` wrote every element.
-        y.iter().map(|v| bits(unsafe { v.assume_init() })).collect()
+    /// The bits of `direct` (the op computed element by element) over a tensor of each
+    /// bit pattern of `T` (16 bits), in pattern order.
+    pub(super) fn build<T: Element>(
+        direct: impl FnOnce(&Tensor) -> Result<Tensor>,
+    ) -> Result<Box<[u16]>> {
+        let all = Tensor::from_vec(
+            (0..=u16::MAX).map(from_bits::<T>).collect::<Vec<T>>(),
+            vec![1 << 16],
+        )?;
+        let y: Vec<T> = direct(&all)?.host_vec()?;
+        Ok(y.into_iter().map(bits).collect())
     }
 
     /// `out[i] = table[bits(src[i])]` (`T` is bfloat16 or float16, as [`table_for`]
@@ -1381,37 +1410,32 @@ mod table16 {
         use super::*;
 
         /// A table lookup gives the direct path's bits for every bit pattern of both
-        /// types and all three maps, with the patterns shuffled and a length that is
-        /// not a multiple of any vector width (so the direct path's chunk boundaries and
-        /// scalar tails fall elsewhere than when the table was built).
+        /// types and every op computed in float, with the patterns shuffled and a length
+        /// that is not a multiple of any vector width (so the direct path's chunk
+        /// boundaries and scalar tails fall elsewhere than when the table was built).
         #[test]
         fn lookups_give_the_direct_bits_of_every_pattern() {
-            let Some(level) = crate::vmath::level() else {
-                eprintln!("skipped: the 16-bit tables (the CPU lacks AVX2 + FMA)");
-                return;
-            };
-            fn check<T: Element>(level: Level, what: &str) {
+            fn check<T: Element, C: crate::compute::Real + super::super::RoundEven>() {
                 // A fixed permutation of the patterns (an odd multiplier), one left out.
                 let x: Vec<T> = (0..u16::MAX)
                     .map(|i| from_bits::<T>(i.wrapping_mul(40503).wrapping_add(7)))
                     .collect();
-                for map in [F32Map::Erf, F32Map::Gelu, F32Map::GeluTanh] {
-                    let table = build::<T>(level, map);
-                    let (mut direct, mut looked) = (
-                        vec![MaybeUninit::<T>::uninit(); x.len()],
-                        vec![MaybeUninit::<T>::uninit(); x.len()],
-                    );
-                    map_widened(level, map, &x, &mut direct);
+                let xt = Tensor::from_vec(x.clone(), vec![x.len()]).unwrap();
+                for op in UnaryOp::ALL.into_iter().filter(|op| !op.keeps_integers()) {
+                    let direct = |t: &Tensor| super::super::float_unary_direct::<T, C>(op, t);
+                    let table = build::<T>(direct).unwrap();
+                    let want: Vec<T> = direct(&xt).unwrap().host_vec().unwrap();
+                    let mut looked = vec![MaybeUninit::<T>::uninit(); x.len()];
                     look_up(&table, &x, &mut looked);
-                    for (k, (d, l)) in direct.iter().zip(&looked).enumerate() {
-                        // SAFETY: both loops wrote every element.
-                        let (d, l) = unsafe { (bits(d.assume_init()), bits(l.assume_init())) };
-                        assert_eq!(l, d, "{what} {map:?}: element {k} ({:#06x})", bits(x[k]));
+                    for (k, (w, l)) in want.iter().zip(&looked).enumerate() {
+                        // SAFETY: `look_up` wrote every element.
+                        let l = bits(unsafe { l.assume_init() });
+                        assert_eq!(l, bits(*w), "{op:?}: element {k} ({:#06x})", bits(x[k]));
                     }
                 }
             }
-            check::<bf16>(level, "bfloat16");
-            check::<f16>(level, "float16");
+            check::<bf16, f32>();
+            check::<f16, f32>();
         }
     }
 }
