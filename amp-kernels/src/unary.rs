@@ -4,8 +4,8 @@
 //! float16 and bfloat16 are widened to float32 a chunk at a time (vectorised casts),
 //! computed in float32 and rounded once (the ops computed in float then read the
 //! rounded results from a table of the 65536 inputs, built by that same path once a
-//! process has computed as many elements: [`table16`]); float32 computes in float32 and float64 in
-//! float64. Integer inputs keep their dtype for `neg`, `abs`, `sign`, `square`,
+//! process has computed as many elements: [`table16`]); float32 computes in float32
+//! and float64 in float64. Integer inputs keep their dtype for `neg`, `abs`, `sign`, `square`,
 //! `relu`, `floor`, `ceil` and `round`; the transcendental ops give float32 for them,
 //! as PyTorch does.
 //!
