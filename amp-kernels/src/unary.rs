@@ -1124,15 +1124,8 @@ fn float_unary<T: amp_tensor::Element, C: Real + RoundEven>(
     op: UnaryOp,
     x: &Tensor,
 ) -> Result<Tensor> {
-    // AVX-512 CPUs compute 16-bit `gelu` in registers from its own table of Φ, 32
-    // elements a step, faster than one load per element.
-    let native = op == UnaryOp::Gelu && vmath::has_gelu_table();
     let build = || table16::build::<T>(|all| float_unary_direct::<T, C>(op, all));
-    if let Some(table) = (!native)
-        .then(|| table16::table_for::<T>(op, x.elem_count(), build))
-        .transpose()?
-        .flatten()
-    {
+    if let Some(table) = table16::table_for::<T>(op, x.elem_count(), build)? {
         let xc = x.try_contiguous()?;
         let out = with_slice::<T, _>(&xc, |src| {
             ewise::run_tasks(src.len(), |out: &mut [MaybeUninit<T>], lo| {
@@ -1346,8 +1339,13 @@ mod table16 {
     }
 
     /// The index of `(op, T)` in [`TABLES`], `None` unless `T` is bfloat16 or float16
-    /// and `op` computes in float.
+    /// and `op` computes in float, and for `gelu` where the CPU computes it in
+    /// registers from its own table of Φ (AVX-512), 32 elements a step, faster than one
+    /// load per element.
     fn slot<T: Element>(op: UnaryOp) -> Option<usize> {
+        if op == UnaryOp::Gelu && crate::vmath::has_gelu_table() {
+            return None;
+        }
         let ty = if ewise::same::<T, bf16>(&[]).is_some() {
             0
         } else if ewise::same::<T, f16>(&[]).is_some() {

@@ -93,23 +93,31 @@ fn bf16_to_f32_loop(src: &[bf16], dst: &mut [MaybeUninit<f32>]) {
     }
 }
 
-vectorised!(f32_to_bf16_auto, f32_to_bf16_loop, f32, bf16);
 vectorised!(bf16_to_f32_chunk, bf16_to_f32_loop, bf16, f32);
 
-/// f32 → bfloat16 ([`round_to_bf16`]'s bits): 16 lanes at a time with AVX2 intrinsics
-/// where the CPU has AVX2 but not AVX-512 BW, else the loop compiled for the CPU
-/// ([`vectorised!`]). Compiled for AVX2, the scalar loop packed and blended every 8
-/// lanes in two 128-bit halves (14 instructions per 8 elements); rounding 16 lanes and
-/// packing them with one `vpackusdw` and one permute takes 19 per 16.
+/// f32 → bfloat16 ([`round_to_bf16`]'s bits): the scalar loop compiled for AVX-512
+/// where the CPU has it (as [`vectorised!`] does), else 16 lanes at a time with AVX2
+/// intrinsics ([`simd::f32_to_bf16_avx2`]), else the plain loop. Compiled for AVX2, the
+/// scalar loop packed and blended every 8 lanes in two 128-bit halves (14 instructions
+/// per 8 elements); rounding 16 lanes and packing them with one `vpackusdw` and one
+/// permute takes 19 per 16.
 fn f32_to_bf16_chunk(src: &[f32], dst: &mut [MaybeUninit<bf16>]) {
     #[cfg(target_arch = "x86_64")]
-    if !std::arch::is_x86_feature_detected!("avx512bw")
-        && std::arch::is_x86_feature_detected!("avx2")
     {
-        // SAFETY: the CPU has AVX2 (checked just above).
-        return unsafe { simd::f32_to_bf16_avx2(src, dst) };
+        #[target_feature(enable = "avx512f,avx512bw")]
+        unsafe fn avx512(src: &[f32], dst: &mut [MaybeUninit<bf16>]) {
+            f32_to_bf16_loop(src, dst)
+        }
+        if std::arch::is_x86_feature_detected!("avx512bw") {
+            // SAFETY: the CPU supports AVX-512 F and BW (checked just above).
+            return unsafe { avx512(src, dst) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { simd::f32_to_bf16_avx2(src, dst) };
+        }
     }
-    f32_to_bf16_auto(src, dst)
+    f32_to_bf16_loop(src, dst)
 }
 
 /// SIMD pieces of the bfloat16 rounding that kernels of other crates fuse into their
@@ -745,7 +753,7 @@ mod tests {
             }
         };
         check("f32_to_bf16_chunk", &|s, d| f32_to_bf16_chunk(s, d));
-        check("f32_to_bf16_auto", &|s, d| f32_to_bf16_auto(s, d));
+        check("f32_to_bf16_loop", &|s, d| f32_to_bf16_loop(s, d));
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2 (checked just above).
