@@ -1257,14 +1257,7 @@ fn map_widened<T: Element>(
     let (mut xb, mut yb) = ([0f32; CHUNK], [MaybeUninit::<f32>::uninit(); CHUNK]);
     for (k, o) in out.chunks_mut(CHUNK).enumerate() {
         let len = o.len();
-        let s = &src[k * CHUNK..][..len];
-        let xs: &[f32] = match ewise::same::<T, f32>(s) {
-            Some(v) => v,
-            None => {
-                cast_into(s, &mut xb[..len]);
-                &xb[..len]
-            }
-        };
+        let xs = as_f32(&src[k * CHUNK..][..len], &mut xb);
         match ewise::same_mut::<MaybeUninit<T>, MaybeUninit<f32>>(o) {
             Some(d) => {
                 vmath::map_f32(level, map, xs, d);
@@ -1273,6 +1266,18 @@ fn map_widened<T: Element>(
                 let y = vmath::map_f32(level, map, xs, &mut yb[..len]);
                 cast_into_uninit(y, o);
             }
+        }
+    }
+}
+
+/// `s` as float32: itself when it is float32, else widened into the front of `buf`
+/// (at least as long).
+fn as_f32<'a, T: Element>(s: &'a [T], buf: &'a mut [f32]) -> &'a [f32] {
+    match ewise::same::<T, f32>(s) {
+        Some(v) => v,
+        None => {
+            cast_into(s, &mut buf[..s.len()]);
+            &buf[..s.len()]
         }
     }
 }
@@ -1482,14 +1487,19 @@ fn gelu_backward_slices<T: Element, C: Real>(g: &[T], x: &[T]) -> Result<Vec<T>>
             let (gs, xs) = (&g[lo + k * CHUNK..][..n], &x[lo + k * CHUNK..][..n]);
             match level {
                 Some(level) => {
-                    cast_into(gs, &mut gb[..n]);
-                    cast_into(xs, &mut xb[..n]);
-                    let y = {
-                        vmath::gelu_grad_f32(level, &gb[..n], &xb[..n], &mut yb[..n]);
-                        // SAFETY: `gelu_grad_f32` wrote all `n` elements.
-                        unsafe { &*(&yb[..n] as *const [MaybeUninit<f32>] as *const [f32]) }
-                    };
-                    cast_into_uninit(y, o);
+                    // float32 storage is read and written in place.
+                    let (gw, xw) = (as_f32(gs, &mut gb), as_f32(xs, &mut xb));
+                    match ewise::same_mut::<MaybeUninit<T>, MaybeUninit<f32>>(o) {
+                        Some(d) => vmath::gelu_grad_f32(level, gw, xw, d),
+                        None => {
+                            vmath::gelu_grad_f32(level, gw, xw, &mut yb[..n]);
+                            // SAFETY: `gelu_grad_f32` wrote all `n` elements.
+                            let y = unsafe {
+                                &*(&yb[..n] as *const [MaybeUninit<f32>] as *const [f32])
+                            };
+                            cast_into_uninit(y, o);
+                        }
+                    }
                 }
                 None => {
                     let half = C::from_f64c(0.5);

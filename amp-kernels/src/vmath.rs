@@ -230,6 +230,16 @@ mod gelu512 {
     /// The caller runs with AVX-512F/DQ and FMA.
     #[inline(always)]
     unsafe fn lanes_gelu(coef: &[(__m512, __m512); 7], v: __m512) -> __m512 {
+        // SAFETY: the features are the caller's.
+        unsafe { _mm512_mul_ps(v, lanes_cdf(coef, v)) }
+    }
+
+    /// `Φ(v)` on 16 lanes (0 below -6).
+    ///
+    /// # Safety
+    /// The caller runs with AVX-512F/DQ and FMA.
+    #[inline(always)]
+    unsafe fn lanes_cdf(coef: &[(__m512, __m512); 7], v: __m512) -> __m512 {
         // SAFETY: register-only intrinsics; the features are the caller's.
         unsafe {
             let (lo, hi) = (_mm512_set1_ps(LO), _mm512_set1_ps(-LO));
@@ -249,7 +259,7 @@ mod gelu512 {
                 p = _mm512_fmadd_ps(p, d, c(k));
             }
             let below = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(v, lo);
-            _mm512_mul_ps(v, _mm512_mask_mov_ps(p, below, _mm512_setzero_ps()))
+            _mm512_mask_mov_ps(p, below, _mm512_setzero_ps())
         }
     }
 
@@ -323,6 +333,29 @@ mod gelu512 {
         }
     }
 
+    /// [`super::gelu_grad_f32`] with `Φ` from the table.
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+    pub(crate) fn gelu_grad(g: &[f32], x: &[f32], y: &mut [MaybeUninit<f32>]) {
+        // SAFETY: the features are this function's.
+        let coef = unsafe { table() };
+        super::gelu_grad_blocks(g, x, y, |x, c| {
+            let mut i = 0;
+            while i < x.len() {
+                let mut t = [0f32; 16];
+                let n = (x.len() - i).min(16);
+                t[..n].copy_from_slice(&x[i..i + n]);
+                // SAFETY: `t` is 16 floats; the features are this function's.
+                let r = unsafe { lanes_cdf(&coef, _mm512_loadu_ps(t.as_ptr())) };
+                // SAFETY: as above, into `t`.
+                unsafe { _mm512_storeu_ps(t.as_mut_ptr(), r) };
+                for (c, &t) in c[i..i + n].iter_mut().zip(&t) {
+                    c.write(t);
+                }
+                i += 16;
+            }
+        })
+    }
+
     gelu_loop!(
         gelu_f32,
         f32,
@@ -379,12 +412,23 @@ mod gelu256 {
     const HI: f32 = 6.0;
     const H: f32 = 0.75;
 
-    /// `v·Φ(v)` on 8 lanes.
+    /// The [`TAIL`] table, one register per coefficient.
+    ///
+    /// # Safety
+    /// The caller runs with AVX.
+    #[inline(always)]
+    unsafe fn table() -> [__m256; 8] {
+        // SAFETY: `TAIL[k]` is 8 floats; AVX is the caller's.
+        std::array::from_fn(|k| unsafe { _mm256_loadu_ps(TAIL[k].as_ptr()) })
+    }
+
+    /// `Φ(v)` on 8 lanes: 0 from -6 down, 1 from 6 up; a NaN lane gives a number (the
+    /// callers' products with `v` make it NaN).
     ///
     /// # Safety
     /// The caller runs with AVX2 and FMA.
     #[inline(always)]
-    unsafe fn lanes_gelu(coef: &[__m256; 8], v: __m256) -> __m256 {
+    unsafe fn lanes_cdf(coef: &[__m256; 8], v: __m256) -> __m256 {
         // SAFETY: register-only intrinsics; the features are the caller's.
         unsafe {
             let a = _mm256_andnot_ps(_mm256_set1_ps(-0.0), v);
@@ -405,43 +449,57 @@ mod gelu256 {
             }
             let q = _mm256_and_ps(q, _mm256_cmp_ps::<_CMP_LT_OQ>(a, _mm256_set1_ps(HI)));
             // The sign bit of `v` picks `Q` (negative) or `1 - Q`.
-            let phi = _mm256_blendv_ps(_mm256_sub_ps(_mm256_set1_ps(1.0), q), q, v);
-            _mm256_mul_ps(v, phi)
+            _mm256_blendv_ps(_mm256_sub_ps(_mm256_set1_ps(1.0), q), q, v)
         }
     }
 
-    /// `y[i] = GELU(x[i])`; the tail goes through the same lanes, padded, so a value's
-    /// result does not depend on where it sits.
-    #[target_feature(enable = "avx2,fma")]
-    pub(crate) fn gelu_f32(x: &[f32], y: &mut [MaybeUninit<f32>]) {
-        let n = x.len().min(y.len());
-        // SAFETY: `TAIL[k]` is 8 floats; AVX is this function's.
-        let coef: [__m256; 8] =
-            std::array::from_fn(|k| unsafe { _mm256_loadu_ps(TAIL[k].as_ptr()) });
+    /// `f` over `x` 8 lanes at a time into `y` (as long as `x`); the tail goes through
+    /// the same lanes, padded, so a value's result does not depend on where it sits.
+    ///
+    /// # Safety
+    /// The caller runs with AVX.
+    #[inline(always)]
+    unsafe fn map8(x: &[f32], y: &mut [MaybeUninit<f32>], f: impl Fn(__m256) -> __m256) {
+        let n = x.len();
+        assert_eq!(n, y.len(), "map8: length mismatch");
         let mut i = 0;
         while i + 8 <= n {
-            // SAFETY: `i + 8 <= n` for both slices; the features are this function's.
+            // SAFETY: `i + 8 <= n` for both slices; AVX is the caller's.
             unsafe {
                 let v = _mm256_loadu_ps(x.as_ptr().add(i));
-                _mm256_storeu_ps(y.as_mut_ptr().add(i).cast(), lanes_gelu(&coef, v));
+                _mm256_storeu_ps(y.as_mut_ptr().add(i).cast(), f(v));
             }
             i += 8;
         }
         if i < n {
             let mut t = [0f32; 8];
             t[..n - i].copy_from_slice(&x[i..n]);
-            let mut o = [0f32; 8];
-            // SAFETY: `t` and `o` are 8 elements; the features are this function's.
-            unsafe {
-                _mm256_storeu_ps(
-                    o.as_mut_ptr(),
-                    lanes_gelu(&coef, _mm256_loadu_ps(t.as_ptr())),
-                )
-            };
-            for (y, &o) in y[i..n].iter_mut().zip(&o) {
-                y.write(o);
+            // SAFETY: `t` is 8 floats; AVX is the caller's.
+            unsafe { _mm256_storeu_ps(t.as_mut_ptr(), f(_mm256_loadu_ps(t.as_ptr()))) };
+            for (y, &t) in y[i..n].iter_mut().zip(&t) {
+                y.write(t);
             }
         }
+    }
+
+    /// `y[i] = GELU(x[i])`, every element of `y` (as long as `x`) written.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn gelu_f32(x: &[f32], y: &mut [MaybeUninit<f32>]) {
+        // SAFETY: the features are this function's.
+        let coef = unsafe { table() };
+        // SAFETY: as above (and for the register-only closure).
+        unsafe { map8(x, y, |v| _mm256_mul_ps(v, lanes_cdf(&coef, v))) }
+    }
+
+    /// [`super::gelu_grad_f32`] with `Φ` from the table.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn gelu_grad(g: &[f32], x: &[f32], y: &mut [MaybeUninit<f32>]) {
+        // SAFETY: the features are this function's.
+        let coef = unsafe { table() };
+        super::gelu_grad_blocks(g, x, y, |x, c| {
+            // SAFETY: as above (and for the register-only closure).
+            unsafe { map8(x, c, |v| lanes_cdf(&coef, v)) }
+        })
     }
 }
 
@@ -545,34 +603,34 @@ unsafe fn map_avx2(op: F32Map, x: &[f32], y: &mut [MaybeUninit<f32>]) {
 }
 
 /// The derivative factor of exact GELU times the incoming gradient,
-/// `g · (Φ(x) + x·φ(x))`, as PyTorch's `gelu_backward` writes it (`Φ` through [`erf`],
+/// `g · (Φ(x) + x·φ(x))`, as PyTorch's `gelu_backward` writes it, given `Φ(x)` (`cdf`;
 /// `φ(x) = e^(-x²/2)/√(2π)` through [`exp_fma_checked`]).
 #[inline(always)]
-fn gelu_grad(g: f32, x: f32) -> f32 {
+fn gelu_grad(g: f32, x: f32, cdf: f32) -> f32 {
     const PDF: f32 =
         (std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2 * 0.5) as f32;
-    let cdf = 0.5 * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2));
     let pdf = exp_fma_checked(-0.5 * x * x) * PDF;
     g * (cdf + x * pdf)
 }
 
+/// [`gelu_grad`] over blocks of 64 elements: `cdf` writes `Φ` of a block's `x` (every
+/// element), then a loop the compiler vectorises in the caller's features finishes it.
 #[inline(always)]
-fn gelu_grad_body(g: &[f32], x: &[f32], y: &mut [MaybeUninit<f32>]) {
-    for ((o, &g), &x) in y.iter_mut().zip(g).zip(x) {
-        o.write(gelu_grad(g, x));
+fn gelu_grad_blocks(
+    g: &[f32],
+    x: &[f32],
+    y: &mut [MaybeUninit<f32>],
+    cdf: impl Fn(&[f32], &mut [MaybeUninit<f32>]),
+) {
+    let mut c = [MaybeUninit::<f32>::uninit(); 64];
+    for ((g, x), y) in g.chunks(64).zip(x.chunks(64)).zip(y.chunks_mut(64)) {
+        let c = &mut c[..x.len()];
+        cdf(x, c);
+        for (((o, &g), &x), c) in y.iter_mut().zip(g).zip(x).zip(c.iter()) {
+            // SAFETY: `cdf` wrote every element of `c`.
+            o.write(gelu_grad(g, x, unsafe { c.assume_init() }));
+        }
     }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma")]
-fn gelu_grad_avx512(g: &[f32], x: &[f32], y: &mut [MaybeUninit<f32>]) {
-    gelu_grad_body(g, x, y)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn gelu_grad_avx2(g: &[f32], x: &[f32], y: &mut [MaybeUninit<f32>]) {
-    gelu_grad_body(g, x, y)
 }
 
 /// `y[i] = g[i] · GELU'(x[i])` at `level` (from [`level`]), vectorised; every element of
@@ -584,16 +642,19 @@ pub(crate) fn gelu_grad_f32(level: Level, g: &[f32], x: &[f32], y: &mut [MaybeUn
     );
     #[cfg(target_arch = "x86_64")]
     match level {
-        // SAFETY: `level` came from `level()`, which checked the CPU has AVX-512F/DQ/VL
-        // and FMA.
-        Level::Avx512 => unsafe { gelu_grad_avx512(g, x, y) },
-        // SAFETY: `level` came from `level()`, which checked AVX2 and FMA.
-        Level::Avx2 => unsafe { gelu_grad_avx2(g, x, y) },
+        // SAFETY: the CPU has the table's features (`has_gelu_table()`).
+        Level::Avx512 if has_gelu_table() => unsafe { gelu512::gelu_grad(g, x, y) },
+        // SAFETY: every level's CPU has AVX2 and FMA (`level()` checked them).
+        _ => unsafe { gelu256::gelu_grad(g, x, y) },
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = level;
-        gelu_grad_body(g, x, y)
+        gelu_grad_blocks(g, x, y, |x, c| {
+            for (c, &x) in c.iter_mut().zip(x) {
+                c.write(0.5 * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2)));
+            }
+        })
     }
 }
 
@@ -786,6 +847,66 @@ mod tests {
             assert_eq!(s[3], 6.0, "{form}");
             assert!(s[4] == 0.0 && s[4].is_sign_negative(), "{form}: {}", s[4]);
         }
+    }
+
+    #[test]
+    fn gelu_grad_close_to_f64() {
+        if level().is_none() {
+            return;
+        }
+        let xs: Vec<f32> = sweep(1009)
+            .filter(|x| x.abs() < 1e30)
+            .chain((0..=140_001).map(|k| -7.0 + k as f32 * 1.0e-4))
+            .collect();
+        let exact = |x: f64| {
+            let pdf = (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt();
+            0.5 * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2)) + x * pdf
+        };
+        for g in [1.0f32, -3.0] {
+            let gs = vec![g; xs.len()];
+            let mut forms = Vec::new();
+            if let Some(l) = level() {
+                forms.push(("map", grad_at(|y| gelu_grad_f32(l, &gs, &xs, y), xs.len())));
+            }
+            match gelu_avx2_grad(&gs, &xs) {
+                Some(ys) => forms.push(("AVX2 table", ys)),
+                None => eprintln!("skipped: the AVX2 GELU table (the CPU lacks AVX2 or FMA)"),
+            }
+            for (form, ys) in forms {
+                for (&x, &y) in xs.iter().zip(&ys) {
+                    let want = g as f64 * exact(x as f64);
+                    // Φ(x) + x·φ(x) cancels for x < 0: an error of a few ulp of the
+                    // larger term, |g|·max(Φ(x), |x|·φ(x)) <= |g|.
+                    let err = (y as f64 - want).abs() / (g.abs() as f64 * f32::EPSILON as f64);
+                    assert!(
+                        ulps(y, want) <= 4.0 || err <= 2.0,
+                        "{form}: gelu_backward({g}, {x:e}) = {y:e}, want {want:e}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Runs a kernel that writes every element of its output, and returns the output.
+    fn grad_at(f: impl FnOnce(&mut [MaybeUninit<f32>]), n: usize) -> Vec<f32> {
+        let mut y = vec![MaybeUninit::uninit(); n];
+        f(&mut y);
+        // SAFETY: `f` wrote every element.
+        y.into_iter().map(|v| unsafe { v.assume_init() }).collect()
+    }
+
+    /// [`gelu256::gelu_grad`] where the CPU has AVX2 and FMA.
+    fn gelu_avx2_grad(g: &[f32], xs: &[f32]) -> Option<Vec<f32>> {
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has AVX2 and FMA (checked just above).
+            return Some(grad_at(
+                |y| unsafe { gelu256::gelu_grad(g, xs, y) },
+                xs.len(),
+            ));
+        }
+        let _ = (g, xs);
+        None
     }
 
     /// [`gelu256::gelu_f32`] over `xs` where the CPU has AVX2 and FMA.
