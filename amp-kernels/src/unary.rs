@@ -1210,8 +1210,8 @@ fn float_unary_direct<T: amp_tensor::Element, C: Real + RoundEven>(
     Tensor::from_vec(out, dims.to_vec())
 }
 
-/// `erf`, `gelu` and `gelu(approximate='tanh')` computed in float32 through the
-/// vectorised [`vmath`] kernels (AVX-512 or AVX2 + FMA, chosen at run time), in pieces
+/// `exp`, `tanh`, `sigmoid`, `erf`, `gelu` and `gelu(approximate='tanh')` computed in
+/// float32 through the vectorised [`vmath`] kernels (AVX-512 or AVX2 + FMA, chosen at run time), in pieces
 /// of [`CHUNK`] widened / computed / narrowed elements over [`ewise::run_tasks`]. `None`
 /// when the op, the compute type or the CPU does not qualify (the scalar path runs).
 fn float_unary_simd<T: Element, C: 'static>(op: UnaryOp, x: &Tensor) -> Option<Result<Tensor>> {
@@ -1219,6 +1219,9 @@ fn float_unary_simd<T: Element, C: 'static>(op: UnaryOp, x: &Tensor) -> Option<R
         return None;
     }
     let map = match op {
+        UnaryOp::Exp => F32Map::Exp,
+        UnaryOp::Tanh => F32Map::Tanh,
+        UnaryOp::Sigmoid => F32Map::Sigmoid,
         UnaryOp::Erf => F32Map::Erf,
         UnaryOp::Gelu => F32Map::Gelu,
         UnaryOp::GeluTanh => F32Map::GeluTanh,
@@ -1291,10 +1294,10 @@ fn as_f32<'a, T: Element>(s: &'a [T], buf: &'a mut [f32]) -> &'a [f32] {
 /// the direct path itself over a tensor of every bit pattern: the bits are the direct
 /// path's on this CPU, which computes each element on its own, so no neighbour or
 /// chunk boundary changes a result. Where the CPU has no 16-bit arithmetic (AVX2), the
-/// direct path costs the float32 op (~36 cycles per 8 lanes for `gelu` on an AMD EPYC;
-/// `exp`, `tanh`, `sin`, ... call the scalar library per element) plus the widening and
-/// the rounding, so a 16-bit `gelu` was slower than the float32 one although it moves
-/// half the bytes.
+/// direct path costs the float32 op (`sin`, `log`, ... call the scalar library per
+/// element; `gelu` took ~36 cycles per 8 lanes on an AMD EPYC before its AVX2 table)
+/// plus the widening and the rounding, so a 16-bit `gelu` was slower than the float32
+/// one although it moves half the bytes.
 mod table16 {
     use std::mem::MaybeUninit;
     use std::sync::atomic::{AtomicUsize, Ordering};
