@@ -63,18 +63,26 @@ pub(crate) const EXP_POLY: [f32; 6] = [
     0.5,
 ];
 
-/// `exp(x)` for finite `x` in `[-87, 88]` (no range checks), with fused multiply-adds:
-/// Cephes' `expf` polynomial, about 1 ulp. Only for callers compiled with FMA.
+/// `exp(x) = y · 2^n` with fused multiply-adds, Cephes' `expf` polynomial (about 1
+/// ulp): `(y, t)`, `y` in `[0.7, 1.42]` and `n = round(x · log2 e)` in the low mantissa
+/// bits of `t` (`t.to_bits() - 0x4B40_0000`). For `|x| < 2^21`; no range checks.
 #[inline(always)]
-fn exp_fma(x: f32) -> f32 {
+fn exp_parts(x: f32) -> (f32, f32) {
     const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
     let t = x.mul_add(std::f32::consts::LOG2_E, MAGIC);
     let n = t - MAGIC;
     let r = n.mul_add(-0.693_359_4, x);
     let r = n.mul_add(2.121_944_4e-4, r);
     let p = horner(r, EXP_POLY);
-    let y = p.mul_add(r * r, r) + 1.0;
-    // The low mantissa bits of `t` hold n; (n + 127) << 23 is 2^n.
+    (p.mul_add(r * r, r) + 1.0, t)
+}
+
+/// `exp(x)` for finite `x` in `[-87, 88]` (no range checks), with fused multiply-adds:
+/// Cephes' `expf` polynomial, about 1 ulp. Only for callers compiled with FMA.
+#[inline(always)]
+fn exp_fma(x: f32) -> f32 {
+    let (y, t) = exp_parts(x);
+    // (n + 127) << 23 is 2^n.
     y * f32::from_bits(t.to_bits().wrapping_sub(0x4B40_0000 - 127) << 23)
 }
 
@@ -100,16 +108,9 @@ pub(crate) fn exp_fma_checked(x: f32) -> f32 {
 /// about -103.97, NaN propagates. About 1 ulp. Needs FMA.
 #[inline(always)]
 pub(crate) fn exp_full(x: f32) -> f32 {
-    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
-                                     // n = round(x·log2 e) stays in [-150, 128]: both halves of 2^n are normal floats.
-    let xc = x.clamp(-104.0, 89.0); // NaN stays NaN
-    let t = xc.mul_add(std::f32::consts::LOG2_E, MAGIC);
-    let n = t - MAGIC;
-    let r = n.mul_add(-0.693_359_4, xc);
-    let r = n.mul_add(2.121_944_4e-4, r);
-    let p = horner(r, EXP_POLY);
-    let y = p.mul_add(r * r, r) + 1.0;
-    // The low mantissa bits of `t` hold n; 2^n = 2^(n >> 1) · 2^(n - (n >> 1)).
+    // n = round(x·log2 e) stays in [-150, 128]: both halves of 2^n are normal floats.
+    let (y, t) = exp_parts(x.clamp(-104.0, 89.0)); // NaN stays NaN
+                                                   // 2^n = 2^(n >> 1) · 2^(n - (n >> 1)).
     let ni = (t.to_bits() as i32).wrapping_sub(0x4B40_0000);
     let (n1, n2) = (ni >> 1, ni - (ni >> 1));
     let pow2 = |k: i32| f32::from_bits(((k + 127) << 23) as u32);
@@ -622,26 +623,20 @@ pub(crate) enum F32Map {
 
 #[inline(always)]
 fn map_body(op: F32Map, x: &[f32], y: &mut [MaybeUninit<f32>]) {
-    let y = y.iter_mut().zip(x);
+    // Each arm a loop of its own (the function items inline into it).
+    #[inline(always)]
+    fn each(x: &[f32], y: &mut [MaybeUninit<f32>], f: impl Fn(f32) -> f32) {
+        for (o, &v) in y.iter_mut().zip(x) {
+            o.write(f(v));
+        }
+    }
     match op {
-        F32Map::Exp => y.for_each(|(o, &v)| {
-            o.write(exp_full(v));
-        }),
-        F32Map::Tanh => y.for_each(|(o, &v)| {
-            o.write(tanh(v));
-        }),
-        F32Map::Sigmoid => y.for_each(|(o, &v)| {
-            o.write(sigmoid(v));
-        }),
-        F32Map::Erf => y.for_each(|(o, &v)| {
-            o.write(erf(v));
-        }),
-        F32Map::Gelu => y.for_each(|(o, &v)| {
-            o.write(gelu(v));
-        }),
-        F32Map::GeluTanh => y.for_each(|(o, &v)| {
-            o.write(gelu_tanh(v));
-        }),
+        F32Map::Exp => each(x, y, exp_full),
+        F32Map::Tanh => each(x, y, tanh),
+        F32Map::Sigmoid => each(x, y, sigmoid),
+        F32Map::Erf => each(x, y, erf),
+        F32Map::Gelu => each(x, y, gelu),
+        F32Map::GeluTanh => each(x, y, gelu_tanh),
     }
 }
 
@@ -797,15 +792,12 @@ mod tests {
 
     /// Run `f` through the SIMD map when this CPU has one, else the scalar function.
     fn through_map(op: F32Map, xs: &[f32]) -> Vec<f32> {
-        let mut y = vec![MaybeUninit::uninit(); xs.len()];
-        match level() {
-            Some(l) => map_f32(l, op, xs, &mut y).to_vec(),
-            None => {
-                map_body(op, xs, &mut y);
-                // SAFETY: `map_body` wrote every element.
-                y.into_iter().map(|v| unsafe { v.assume_init() }).collect()
+        written(xs.len(), |y| match level() {
+            Some(l) => {
+                map_f32(l, op, xs, y);
             }
-        }
+            None => map_body(op, xs, y),
+        })
     }
 
     #[test]
@@ -921,31 +913,56 @@ mod tests {
         assert_eq!(g[6..], [0.5, 0.5]);
     }
 
+    /// The GELU tests' points: the whole range, and densely where the tables' pieces
+    /// lie (an odd count, so the lanes' tails run too), then `specials`.
+    fn gelu_points(specials: &[f32]) -> Vec<f32> {
+        sweep(1009)
+            .filter(|x| x.abs() < 1e30)
+            .chain((0..=140_001).map(|k| -7.0 + k as f32 * 1.0e-4))
+            .chain(specials.iter().copied())
+            .collect()
+    }
+
+    /// Runs a kernel that writes every element of its `n`-element output; returns it.
+    fn written(n: usize, f: impl FnOnce(&mut [MaybeUninit<f32>])) -> Vec<f32> {
+        let mut y = vec![MaybeUninit::uninit(); n];
+        f(&mut y);
+        // SAFETY: `f` wrote every element.
+        y.into_iter().map(|v| unsafe { v.assume_init() }).collect()
+    }
+
+    /// The AVX2 table's GELU of `xs` (`g` `None`), or its gradient times `g`, where the
+    /// CPU has AVX2 and FMA (which an AVX-512 CPU's map does not take); else `None`, and
+    /// the test says it skipped it.
+    fn avx2_table(xs: &[f32], g: Option<&[f32]>) -> Option<Vec<f32>> {
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has AVX2 and FMA (checked just above).
+            return Some(written(xs.len(), |y| unsafe {
+                match g {
+                    None => gelu256::gelu_f32(xs, y),
+                    Some(g) => gelu256::gelu_grad(g, xs, y),
+                }
+            }));
+        }
+        let _ = (xs, g);
+        eprintln!("skipped: the AVX2 GELU table (the CPU lacks AVX2 or FMA)");
+        None
+    }
+
     #[test]
     fn gelu_close_to_f64() {
         if level().is_none() {
             return;
         }
-        // The whole range, and densely where the AVX-512 table's pieces lie (an odd
-        // count, so the lanes' tail runs too).
-        let xs: Vec<f32> = sweep(1009)
-            .filter(|x| x.abs() < 1e30)
-            .chain((0..=140_001).map(|k| -7.0 + k as f32 * 1.0e-4))
-            .collect();
-        let exact = |x: f64| x * 0.5 * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2));
         let specials = [f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 6.0, -6.0];
-        // The map's choice, and the AVX2 table, which an AVX-512 CPU's map does not take.
-        let mut forms = vec![(
-            "map",
-            through_map(F32Map::Gelu, &xs),
-            through_map(F32Map::Gelu, &specials),
-        )];
-        match gelu_avx2(&xs).zip(gelu_avx2(&specials)) {
-            Some((ys, s)) => forms.push(("AVX2 table", ys, s)),
-            None => eprintln!("skipped: the AVX2 GELU table (the CPU lacks AVX2 or FMA)"),
-        }
-        for (form, ys, s) in forms {
-            for (&x, &y) in xs.iter().zip(&ys) {
+        let xs = gelu_points(&specials);
+        let exact = |x: f64| x * 0.5 * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2));
+        let mut forms = vec![("map", through_map(F32Map::Gelu, &xs))];
+        forms.extend(avx2_table(&xs, None).map(|ys| ("AVX2 table", ys)));
+        let finite = xs.len() - specials.len();
+        for (form, ys) in forms {
+            for (&x, &y) in xs[..finite].iter().zip(&ys) {
                 let want = exact(x as f64);
                 // For x < 0, 1 + erf cancels (in every float32 evaluation, libm's too):
                 // an absolute error of about an ulp of 1 in that sum, scaled by x/2.
@@ -953,6 +970,7 @@ mod tests {
                 let ok = ulps(y, want) <= 3.0 || (y as f64 - want).abs() <= tol;
                 assert!(ok, "{form}: gelu({x:e}) = {y:e}, want {want:e}");
             }
+            let s = &ys[finite..];
             assert_eq!(s[0], f32::INFINITY, "{form}");
             assert!(s[1].is_nan(), "{form}"); // -inf * 0, as the scalar formula (and PyTorch) give
             assert!(s[2].is_nan(), "{form}");
@@ -963,27 +981,21 @@ mod tests {
 
     #[test]
     fn gelu_grad_close_to_f64() {
-        if level().is_none() {
+        let Some(level) = level() else {
             return;
-        }
-        let xs: Vec<f32> = sweep(1009)
-            .filter(|x| x.abs() < 1e30)
-            .chain((0..=140_001).map(|k| -7.0 + k as f32 * 1.0e-4))
-            .collect();
+        };
+        let xs = gelu_points(&[]);
         let exact = |x: f64| {
             let pdf = (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt();
             0.5 * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2)) + x * pdf
         };
         for g in [1.0f32, -3.0] {
             let gs = vec![g; xs.len()];
-            let mut forms = Vec::new();
-            if let Some(l) = level() {
-                forms.push(("map", grad_at(|y| gelu_grad_f32(l, &gs, &xs, y), xs.len())));
-            }
-            match gelu_avx2_grad(&gs, &xs) {
-                Some(ys) => forms.push(("AVX2 table", ys)),
-                None => eprintln!("skipped: the AVX2 GELU table (the CPU lacks AVX2 or FMA)"),
-            }
+            let mut forms = vec![(
+                "map",
+                written(xs.len(), |y| gelu_grad_f32(level, &gs, &xs, y)),
+            )];
+            forms.extend(avx2_table(&xs, Some(&gs)).map(|ys| ("AVX2 table", ys)));
             for (form, ys) in forms {
                 for (&x, &y) in xs.iter().zip(&ys) {
                     let want = g as f64 * exact(x as f64);
@@ -997,42 +1009,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    /// Runs a kernel that writes every element of its output, and returns the output.
-    fn grad_at(f: impl FnOnce(&mut [MaybeUninit<f32>]), n: usize) -> Vec<f32> {
-        let mut y = vec![MaybeUninit::uninit(); n];
-        f(&mut y);
-        // SAFETY: `f` wrote every element.
-        y.into_iter().map(|v| unsafe { v.assume_init() }).collect()
-    }
-
-    /// [`gelu256::gelu_grad`] where the CPU has AVX2 and FMA.
-    fn gelu_avx2_grad(g: &[f32], xs: &[f32]) -> Option<Vec<f32>> {
-        #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU has AVX2 and FMA (checked just above).
-            return Some(grad_at(
-                |y| unsafe { gelu256::gelu_grad(g, xs, y) },
-                xs.len(),
-            ));
-        }
-        let _ = (g, xs);
-        None
-    }
-
-    /// [`gelu256::gelu_f32`] over `xs` where the CPU has AVX2 and FMA.
-    fn gelu_avx2(xs: &[f32]) -> Option<Vec<f32>> {
-        #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            let mut y = vec![MaybeUninit::uninit(); xs.len()];
-            // SAFETY: the CPU has AVX2 and FMA (checked just above).
-            unsafe { gelu256::gelu_f32(xs, &mut y) };
-            // SAFETY: `gelu_f32` wrote every element.
-            return Some(y.into_iter().map(|v| unsafe { v.assume_init() }).collect());
-        }
-        let _ = xs;
-        None
     }
 
     #[test]
