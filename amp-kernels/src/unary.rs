@@ -1211,9 +1211,10 @@ fn float_unary_direct<T: amp_tensor::Element, C: Real + RoundEven>(
 }
 
 /// `exp`, `tanh`, `sigmoid`, `erf`, `gelu` and `gelu(approximate='tanh')` computed in
-/// float32 through the vectorised [`vmath`] kernels (AVX-512 or AVX2 + FMA, chosen at run time), in pieces
-/// of [`CHUNK`] widened / computed / narrowed elements over [`ewise::run_tasks`]. `None`
-/// when the op, the compute type or the CPU does not qualify (the scalar path runs).
+/// float32 through the vectorised [`vmath`] kernels (AVX-512 or AVX2 + FMA, chosen at
+/// run time), in pieces of [`CHUNK`] widened / computed / narrowed elements over
+/// [`ewise::run_tasks`]. `None` when the op, the compute type or the CPU does not
+/// qualify (the scalar path runs).
 fn float_unary_simd<T: Element, C: 'static>(op: UnaryOp, x: &Tensor) -> Option<Result<Tensor>> {
     if TypeId::of::<C>() != TypeId::of::<f32>() {
         return None;
