@@ -913,12 +913,23 @@ mod tests {
         assert_eq!(g[6..], [0.5, 0.5]);
     }
 
-    /// The GELU tests' points: the whole range, and densely where the tables' pieces
-    /// lie (an odd count, so the lanes' tails run too), then `specials`.
+    /// The GELU tests' points: the whole range, densely where the tables' pieces lie
+    /// (an odd count, so the lanes' tails run too), each end of the AVX2 table's pieces
+    /// and its neighbours (the piece index is rounded from `|x| · 4/3`), then
+    /// `specials`.
     fn gelu_points(specials: &[f32]) -> Vec<f32> {
+        let ends = (1..=8).flat_map(|k| {
+            let e = k as f32 * 0.75;
+            let (below, above) = (
+                f32::from_bits(e.to_bits() - 1),
+                f32::from_bits(e.to_bits() + 1),
+            );
+            [below, e, above, -below, -e, -above]
+        });
         sweep(1009)
             .filter(|x| x.abs() < 1e30)
             .chain((0..=140_001).map(|k| -7.0 + k as f32 * 1.0e-4))
+            .chain(ends)
             .chain(specials.iter().copied())
             .collect()
     }
