@@ -109,8 +109,9 @@ pub(crate) fn exp_fma_checked(x: f32) -> f32 {
 #[inline(always)]
 pub(crate) fn exp_full(x: f32) -> f32 {
     // n = round(x·log2 e) stays in [-150, 128]: both halves of 2^n are normal floats.
-    let (y, t) = exp_parts(x.clamp(-104.0, 89.0)); // NaN stays NaN
-                                                   // 2^n = 2^(n >> 1) · 2^(n - (n >> 1)).
+    // NaN stays NaN through the clamp.
+    let (y, t) = exp_parts(x.clamp(-104.0, 89.0));
+    // 2^n = 2^(n >> 1) · 2^(n - (n >> 1)).
     let ni = (t.to_bits() as i32).wrapping_sub(0x4B40_0000);
     let (n1, n2) = (ni >> 1, ni - (ni >> 1));
     let pow2 = |k: i32| f32::from_bits(((k + 127) << 23) as u32);
@@ -383,19 +384,29 @@ mod gelu512 {
         // SAFETY: the features are this function's.
         let coef = unsafe { table() };
         super::gelu_grad_blocks(g, x, y, |x, c| {
+            let n = x.len();
             let mut i = 0;
-            while i < x.len() {
-                let mut t = [0f32; 16];
-                let n = (x.len() - i).min(16);
-                t[..n].copy_from_slice(&x[i..i + n]);
-                // SAFETY: `t` is 16 floats; the features are this function's.
-                let r = unsafe { lanes_cdf(&coef, _mm512_loadu_ps(t.as_ptr())) };
-                // SAFETY: as above, into `t`.
-                unsafe { _mm512_storeu_ps(t.as_mut_ptr(), r) };
-                for (c, &t) in c[i..i + n].iter_mut().zip(&t) {
-                    c.write(t);
+            while i + 16 <= n {
+                // SAFETY: `i + 16 <= n` for `x` and `c` (as long); the features are this
+                // function's.
+                unsafe {
+                    let r = lanes_cdf(&coef, _mm512_loadu_ps(x.as_ptr().add(i)));
+                    _mm512_storeu_ps(c.as_mut_ptr().add(i).cast(), r);
                 }
                 i += 16;
+            }
+            if i < n {
+                // The tail through the same lanes, padded.
+                let mut t = [0f32; 16];
+                t[..n - i].copy_from_slice(&x[i..n]);
+                // SAFETY: `t` is 16 floats; the features are this function's.
+                unsafe {
+                    let r = lanes_cdf(&coef, _mm512_loadu_ps(t.as_ptr()));
+                    _mm512_storeu_ps(t.as_mut_ptr(), r);
+                }
+                for (c, &t) in c[i..n].iter_mut().zip(&t) {
+                    c.write(t);
+                }
             }
         })
     }
