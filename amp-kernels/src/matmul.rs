@@ -16,8 +16,8 @@
 //! 16-bit products run on the fastest [`Kernel16`] of the CPU (the kernel ladder, see
 //! `native16.rs`): bfloat16 on AMX tiles (`tdpbf16ps`) where the CPU has AMX-BF16 and
 //! Linux grants the tile state, else on `vdpbf16ps` where it has AVX-512 BF16, float16 (and
-//! bfloat16 without it) on float32 FMA tiles where it has AVX-512 — on both, operands
-//! are packed straight from their 16-bit storage and strides, the float32 sums stay in
+//! bfloat16 without it) on float32 FMA tiles where it has AVX-512, else on 6-row AVX2 FMA
+//! tiles where it has AVX2, FMA and F16C — on all, operands are packed straight from their 16-bit storage and strides, the float32 sums stay in
 //! registers and are rounded once, with `alpha` and `beta * input` applied on the way
 //! out. Elsewhere, and for products too thin for a tile, the operands are widened to
 //! float32 (vectorised; for a cut product block by block, on the block's thread),

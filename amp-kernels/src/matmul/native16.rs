@@ -23,10 +23,15 @@
 //!    widened rung, no float32 copy of an operand or of the output is ever written to
 //!    memory: the pack buffers are the only copies, and the output tile is rounded to
 //!    16 bits straight from the registers.
-//! 3. **Widened** ([`Kernel16::Widened`], every CPU, both dtypes): the operands are
+//! 3. **AVX2 FMA** ([`Kernel16::Avx2Fma`], float16 and bfloat16, CPUs with AVX2, FMA
+//!    and F16C): the same float32 words as the AVX-512 FMA rung, packed with 256-bit
+//!    instructions, in tiles of [`AVX2_MR`] rows: a 6×16 block of sums is 12 of the 16
+//!    `ymm` registers, with two for `B` and one for the broadcast `A` value, and a
+//!    tile's 32 columns are two such blocks one after the other.
+//! 4. **Widened** ([`Kernel16::Widened`], every CPU, both dtypes): the operands are
 //!    widened to float32 block by block and multiplied by the float32 kernel.
 //!
-//! On the first two rungs both operands are packed from their 16-bit storage with any
+//! On the first four rungs both operands are packed from their 16-bit storage with any
 //! strides (a transposed operand is read in place); the float32 sums of a whole output
 //! tile stay in registers for the full inner dimension and are rounded once, with
 //! `alpha` and `beta · input` applied on the way out.
@@ -44,7 +49,8 @@
 //!
 //! The output is cut into tiles of [`MR`] rows by [`NR`] columns. `A` is packed in
 //! panels of `MR` rows, `B` in strips of `NR` columns, both as 32-bit words: word `p`
-//! of a line holds inner index `p` as float32 ([`Kernel16::Avx512Fma`]), or inner
+//! of a line holds inner index `p` as float32 ([`Kernel16::Avx512Fma`],
+//! [`Kernel16::Avx2Fma`], whose panels have [`AVX2_MR`] rows), or inner
 //! indices `(2p, 2p+1)` as a bfloat16 pair ([`Kernel16::Avx512Bf16`], "VNNI pairs"; an
 //! odd inner size is padded with a zero half). Short panels and strips are padded with
 //! zero lines; padded lanes of a tile are never stored. Summed products (`addbmm`) are
@@ -77,6 +83,8 @@ pub const MR: usize = 8;
 pub const NR: usize = 32;
 /// `A` panels a worker packs and keeps in its cache at a time.
 const PANELS: usize = 4;
+/// Rows of an AVX2 output tile: 6×16 float32 sums fill 12 `ymm` registers.
+pub const AVX2_MR: usize = 6;
 /// Rows of an AMX output block (one AMX `A` panel: two tiles of 16 rows).
 const AMX_MR: usize = 32;
 /// Pairs of inner indices per AMX tile (a tile row is 64 bytes).
@@ -95,26 +103,31 @@ pub enum Kernel16 {
     /// float32 FMA tiles on operands widened while packed (both dtypes; CPUs with
     /// AVX-512 F/BW/VL).
     Avx512Fma,
+    /// float32 FMA tiles of [`AVX2_MR`] rows on operands widened while packed (both
+    /// dtypes; CPUs with AVX2, FMA and F16C).
+    Avx2Fma,
     /// Operands widened to float32 for the float32 kernel (every CPU, both dtypes).
     Widened,
 }
 
 impl Kernel16 {
     /// Every kernel, fastest first.
-    pub const ALL: [Kernel16; 4] = [
+    pub const ALL: [Kernel16; 5] = [
         Kernel16::Amx,
         Kernel16::Avx512Bf16,
         Kernel16::Avx512Fma,
+        Kernel16::Avx2Fma,
         Kernel16::Widened,
     ];
 
-    /// A short name (`amx_bf16`, `avx512_bf16`, `avx512_fma`, `widened`), as the
+    /// A short name (`amx_bf16`, `avx512_bf16`, `avx512_fma`, `avx2_fma`, `widened`), as the
     /// benchmark reports it.
     pub fn name(self) -> &'static str {
         match self {
             Kernel16::Amx => "amx_bf16",
             Kernel16::Avx512Bf16 => "avx512_bf16",
             Kernel16::Avx512Fma => "avx512_fma",
+            Kernel16::Avx2Fma => "avx2_fma",
             Kernel16::Widened => "widened",
         }
     }
@@ -126,6 +139,7 @@ impl Kernel16 {
             Kernel16::Amx => dtype == DType::BF16 && has_amx(),
             Kernel16::Avx512Bf16 => dtype == DType::BF16 && has_avx512_bf16(),
             Kernel16::Avx512Fma => half && has_avx512(),
+            Kernel16::Avx2Fma => half && has_avx2_fma(),
             Kernel16::Widened => half,
         }
     }
@@ -145,6 +159,20 @@ fn has_avx512() -> bool {
             && std::arch::is_x86_feature_detected!("avx512bw")
             && std::arch::is_x86_feature_detected!("avx512vl")
             && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// AVX2, FMA and F16C (the 256-bit packing and FMA tiles, float16 widening).
+fn has_avx2_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -290,14 +318,17 @@ pub(super) fn product<T: Half>(
     match (kernel, T::F16) {
         (Kernel16::Amx, _) => batched::<T, { x86::AMX }>(job, out),
         (Kernel16::Avx512Bf16, _) => batched::<T, { x86::RAW }>(job, out),
+        (Kernel16::Avx2Fma, false) => batched::<T, { x86::AVX2_BF16 }>(job, out),
+        (Kernel16::Avx2Fma, true) => batched::<T, { x86::AVX2_F16 }>(job, out),
         (_, false) => batched::<T, { x86::FROM_BF16 }>(job, out),
         (_, true) => batched::<T, { x86::FROM_F16 }>(job, out),
     }
 }
 
 /// [`product`] with packed words of kind `LOAD` ([`x86::RAW`]: bfloat16 pairs for
-/// `vdpbf16ps`; else one value widened to float32 for the FMA tiles): the batch entries one after another (each split over
-/// the threads), or spread over the threads when each is small.
+/// `vdpbf16ps`; else one value widened to float32 for the FMA tiles): the batch entries
+/// one after another (each split over the threads), or spread over the threads when
+/// each is small.
 fn batched<T: Half, const LOAD: u8>(job: &Job<'_, T>, out: &mut [MaybeUninit<T>]) -> Result<()> {
     let (m, n, k) = (job.m, job.n, job.k);
     super::check_bounds(job.a, job.sa, m, k);
@@ -346,7 +377,11 @@ fn single<T: Half, const LOAD: u8>(
         return Ok(());
     }
     let amx = LOAD == x86::AMX;
-    let mr = if amx { AMX_MR } else { MR };
+    let mr = match LOAD {
+        x86::AMX => AMX_MR,
+        x86::AVX2_BF16 | x86::AVX2_F16 => AVX2_MR,
+        _ => MR,
+    };
     let kp_seg = k.div_ceil(step(LOAD));
     // Words packed per line; AMX reads whole tiles of 16 pairs, the rest zero pairs.
     let kp_used = kp_seg * segs.len();
@@ -374,30 +409,34 @@ fn single<T: Half, const LOAD: u8>(
     } else {
         1
     };
-    let mut bpack = take_pack(strips * strip_len)?;
-    let strips_of = Strips::new(&mut bpack[..strips * strip_len], strip_len, |s, dst| {
-        let j0 = s * NR;
-        let w = NR.min(n - j0);
-        for (seg, d) in segs.iter().zip(dst.chunks_mut(kp_seg * NR)) {
-            let (o, cs, rs) = (seg.1 + j0 * job.sb.cs, job.sb.cs, job.sb.rs);
-            // SAFETY: the operands lie in their buffers (checked by `product`); the
-            // strip reads columns `j0..j0+w` and inner rows `0..k` of matrix `seg`.
-            // (AMX strips start as `vdpbf16ps`'s: raw pairs.)
-            unsafe {
-                if amx {
-                    pack::<NR, { x86::RAW }>(xb, o, cs, rs, k, w, d)
-                } else {
-                    pack::<NR, LOAD>(xb, o, cs, rs, k, w, d)
-                }
-            };
-        }
-        dst[kp_used * NR..].fill(0);
-        if amx {
-            // SAFETY: AMX implies AVX-512 F (`has_amx`); the strip holds `kp` words of
-            // 32 lines, `kp` a multiple of 16.
-            unsafe { x86::amx_cols(dst) };
-        }
-    })?;
+    let mut bpack = take_pack(strips * strip_len + LINE_WORDS)?;
+    let strips_of = Strips::new(
+        lines(&mut bpack, strips * strip_len),
+        strip_len,
+        |s, dst| {
+            let j0 = s * NR;
+            let w = NR.min(n - j0);
+            for (seg, d) in segs.iter().zip(dst.chunks_mut(kp_seg * NR)) {
+                let (o, cs, rs) = (seg.1 + j0 * job.sb.cs, job.sb.cs, job.sb.rs);
+                // SAFETY: the operands lie in their buffers (checked by `product`); the
+                // strip reads columns `j0..j0+w` and inner rows `0..k` of matrix `seg`.
+                // (AMX strips start as `vdpbf16ps`'s: raw pairs.)
+                unsafe {
+                    if amx {
+                        pack::<NR, { x86::RAW }>(xb, o, cs, rs, k, w, d)
+                    } else {
+                        pack::<NR, LOAD>(xb, o, cs, rs, k, w, d)
+                    }
+                };
+            }
+            dst[kp_used * NR..].fill(0);
+            if amx {
+                // SAFETY: AMX implies AVX-512 F (`has_amx`); the strip holds `kp` words of
+                // 32 lines, `kp` a multiple of 16.
+                unsafe { x86::amx_cols(dst) };
+            }
+        },
+    )?;
     let dst = SendPtr(out.as_mut_ptr().cast::<u16>());
     let panel_len = kp * mr;
     // A task's only allocation comes first, before it claims a strip, so a task that
@@ -405,11 +444,9 @@ fn single<T: Half, const LOAD: u8>(
     let task = |t: usize| -> Result<()> {
         let (rb, g) = (t / groups, t % groups);
         let (p0, p1) = (rb * panels / row_blocks, (rb + 1) * panels / row_blocks);
-        let mut apack = take_pack((p1 - p0) * panel_len)?;
-        for (pi, d) in apack[..(p1 - p0) * panel_len]
-            .chunks_mut(panel_len)
-            .enumerate()
-        {
+        let mut apack = take_pack((p1 - p0) * panel_len + LINE_WORDS)?;
+        let panels_of = lines(&mut apack, (p1 - p0) * panel_len);
+        for (pi, d) in panels_of.chunks_mut(panel_len).enumerate() {
             let r0 = (p0 + pi) * mr;
             let h = mr.min(m - r0);
             if amx && job.sa.cs == 1 && segs.len() == 1 {
@@ -427,10 +464,10 @@ fn single<T: Half, const LOAD: u8>(
                 let (o, rs, cs) = (seg.0 + r0 * job.sa.rs, job.sa.rs, job.sa.cs);
                 // SAFETY: as for the strips: rows `r0..r0+h`, inner columns `0..k`.
                 unsafe {
-                    if amx {
-                        pack::<AMX_MR, { x86::RAW }>(xa, o, rs, cs, k, h, d)
-                    } else {
-                        pack::<MR, LOAD>(xa, o, rs, cs, k, h, d)
+                    match mr {
+                        AMX_MR => pack::<AMX_MR, { x86::RAW }>(xa, o, rs, cs, k, h, d),
+                        AVX2_MR => pack::<AVX2_MR, LOAD>(xa, o, rs, cs, k, h, d),
+                        _ => pack::<MR, LOAD>(xa, o, rs, cs, k, h, d),
                     }
                 };
             }
@@ -468,7 +505,7 @@ fn single<T: Half, const LOAD: u8>(
                     beta: job.beta,
                     alpha: job.alpha,
                 };
-                let ap = &apack[pi * panel_len..(pi + 1) * panel_len];
+                let ap = &panels_of[pi * panel_len..(pi + 1) * panel_len];
                 // SAFETY: the CPU runs this format (asserted by `product`); both packs
                 // hold `kp` words of the tile's rows and columns; the tile lies in
                 // `out` (and `input`, same layout).
@@ -477,7 +514,9 @@ fn single<T: Half, const LOAD: u8>(
                         x86::AMX => x86::micro_amx(tiles.as_ref().expect("AMX"), kp, ap, bs, tile),
                         x86::RAW => x86::micro(kp, ap, bs, tile),
                         x86::FROM_F16 => x86::micro_fma::<true>(kp, ap, bs, tile),
-                        _ => x86::micro_fma::<false>(kp, ap, bs, tile),
+                        x86::FROM_BF16 => x86::micro_fma::<false>(kp, ap, bs, tile),
+                        x86::AVX2_F16 => x86::micro_avx2::<true>(kp, ap, bs, tile),
+                        _ => x86::micro_avx2::<false>(kp, ap, bs, tile),
                     }
                 };
             }
@@ -572,13 +611,14 @@ const fn step(load: u8) -> usize {
 /// `x[o + r·ls + q·qs]`) into `dst` (`k.div_ceil(step)·W` words): word `p` of line `r`
 /// at `dst[p·W + r]` — for [`x86::RAW`] the bfloat16 pair of inner indices `2p` (low
 /// half) and `2p + 1`, else inner index `p` widened to float32 from bfloat16
-/// ([`x86::FROM_BF16`]) or float16 ([`x86::FROM_F16`]). Lines `h..W` and the missing
-/// half of a last pair are zero. An `A` panel's lines are its `MR` rows
-/// (`ls, qs = rs, cs`), a `B` strip's its `NR` columns (`ls, qs = cs, rs`).
+/// ([`x86::FROM_BF16`], [`x86::AVX2_BF16`]) or float16 ([`x86::FROM_F16`],
+/// [`x86::AVX2_F16`]). Lines `h..W` and the missing half of a last pair are zero. An
+/// `A` panel's lines are its rows (`ls, qs = rs, cs`), a `B` strip's its `NR` columns
+/// (`ls, qs = cs, rs`).
 ///
 /// # Safety
 /// Every index `o + r·ls + q·qs` (`r < h`, `q < k`) lies inside `x`; the CPU has
-/// AVX-512 F/BW/VL.
+/// AVX-512 F/BW/VL, or AVX2, FMA and F16C for the `AVX2_` kinds.
 unsafe fn pack<const W: usize, const LOAD: u8>(
     x: &[u16],
     o: usize,
@@ -601,7 +641,7 @@ unsafe fn pack<const W: usize, const LOAD: u8>(
                 at(r, 2 * p),
                 if 2 * p + 1 < k { at(r, 2 * p + 1) } else { 0 },
             ),
-            x86::FROM_F16 => f16::from_bits(at(r, p)).to_f32().to_bits(),
+            x86::FROM_F16 | x86::AVX2_F16 => f16::from_bits(at(r, p)).to_f32().to_bits(),
             _ => (at(r, p) as u32) << 16,
         }
     };
@@ -615,12 +655,12 @@ unsafe fn pack<const W: usize, const LOAD: u8>(
             // SAFETY: lines `0..h`, inner indices of words `16b..16b+16 ≤ full` lie
             // inside `x`; `dst` holds words up to `words`.
             unsafe {
-                x86::transpose_words::<W, LOAD>(
-                    src.add(o + 16 * st * b),
-                    ls,
-                    h,
-                    &mut dst[16 * b * W..],
-                )
+                let (line, d) = (src.add(o + 16 * st * b), &mut dst[16 * b * W..]);
+                match LOAD {
+                    x86::AVX2_F16 => x86::transpose_words256::<W, true>(line, ls, h, d),
+                    x86::AVX2_BF16 => x86::transpose_words256::<W, false>(line, ls, h, d),
+                    _ => x86::transpose_words::<W, LOAD>(line, ls, h, d),
+                }
             };
         }
         done = 16 * blocks;
@@ -629,7 +669,13 @@ unsafe fn pack<const W: usize, const LOAD: u8>(
         // lines at one inner index are one masked load.
         // SAFETY: lines `0..h` at the inner indices of words `0..full` lie inside `x`;
         // `dst` holds `full` words per line.
-        unsafe { x86::gather_words::<W, LOAD>(src.add(o), qs, h, full, dst) };
+        unsafe {
+            match LOAD {
+                x86::AVX2_F16 => x86::gather_words256::<W, true>(src.add(o), qs, h, full, dst),
+                x86::AVX2_BF16 => x86::gather_words256::<W, false>(src.add(o), qs, h, full, dst),
+                _ => x86::gather_words::<W, LOAD>(src.add(o), qs, h, full, dst),
+            }
+        };
         done = full;
     }
     // Any strides, the last words of the first case, a last odd pair: one at a time.
@@ -653,6 +699,18 @@ fn take_pack(len: usize) -> Result<Vec<u32>> {
     super::take_buffer(&PACKS, len)
 }
 
+/// 32-bit words per 64-byte cache line.
+const LINE_WORDS: usize = 16;
+
+/// The first `len` words of `v` (at least `len + LINE_WORDS` long) that start on a
+/// cache line: every strip (`kp·NR` words, whole lines) then starts on one too, so no
+/// 8-word load of a strip straddles two lines (on a Zen 3 core the AVX2 tiles of a
+/// `[16, 256, 64] @ [16, 64, 256]` bmm ran 14–19% slower from a buffer off a line).
+fn lines(v: &mut [u32], len: usize) -> &mut [u32] {
+    let skip = v.as_ptr().align_offset(64).min(LINE_WORDS);
+    &mut v[skip..skip + len]
+}
+
 /// Give a pack buffer back to this thread's pool.
 fn give_pack(v: Vec<u32>) {
     super::give_buffer(&PACKS, v, 4, 16 << 20)
@@ -660,7 +718,7 @@ fn give_pack(v: Vec<u32>) {
 
 // ----- x86 kernels ----------------------------------------------------------------------
 
-/// Where a micro-kernel writes its `rows × cols` tile (`rows ≤ MR`, or 32 on AMX;
+/// Where a micro-kernel writes its `rows × cols` tile (`rows ≤ MR`, 32 on AMX, 6 on AVX2;
 /// `cols ≤ NR`):
 /// `out[r·ld + c] = round(beta · input[r·ld + c] + alpha · sum)` (no input term when
 /// `input` is `None`).
@@ -676,7 +734,7 @@ struct Tile {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{Tile, AMX_KP, AMX_MR, MR, NR};
+    use super::{Tile, AMX_KP, AMX_MR, AVX2_MR, MR, NR};
     use std::arch::asm;
     use std::arch::x86_64::*;
     use std::mem::MaybeUninit;
@@ -1160,6 +1218,10 @@ mod x86 {
     pub(super) const FROM_BF16: u8 = 1;
     pub(super) const FROM_F16: u8 = 2;
     pub(super) const AMX: u8 = 3;
+    /// The words of [`FROM_BF16`] and [`FROM_F16`], packed with AVX2 for
+    /// [`micro_avx2`]'s tiles of [`AVX2_MR`] rows.
+    pub(super) const AVX2_BF16: u8 = 4;
+    pub(super) const AVX2_F16: u8 = 5;
 
     /// 16 words of `h ≤ W` contiguous lines (line `r` at `src + r·ls`, read as `LOAD`
     /// says) into `dst[p·W + r]`, `p < 16`, lines `h..W` zero: per 16 lines, one
@@ -1261,6 +1323,321 @@ mod x86 {
             }
         }
     }
+
+    // ----- AVX2 ---------------------------------------------------------------------
+
+    /// One output tile on AVX2 FMAs: the `AVX2_MR × NR` float32 sums of
+    /// `A_panel @ B_strip` over `kp` inner indices (one float32 per word), as two blocks
+    /// of 6×16 sums one after the other, each in 12 registers for the whole inner
+    /// dimension (one broadcast `A` value against two registers of `B` per row and
+    /// index), then `alpha`, the input term and the rounding as [`micro_fma`]'s.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C; `a` holds `kp·AVX2_MR` words, `b` `kp·NR`; the
+    /// tile's rows and columns lie in the output (and the input) buffer.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn micro_avx2<const F16: bool>(kp: usize, a: &[u32], b: &[u32], tile: Tile) {
+        assert!(a.len() >= kp * AVX2_MR && b.len() >= kp * NR);
+        assert!(tile.rows <= AVX2_MR && tile.cols <= NR);
+        let (pa, pb) = (a.as_ptr().cast::<f32>(), b.as_ptr().cast::<f32>());
+        for half in 0..tile.cols.div_ceil(16) {
+            let mut acc = [[_mm256_setzero_ps(); 2]; AVX2_MR];
+            for p in 0..kp {
+                // SAFETY: `p·NR + 16·half + 16 ≤ kp·NR` and `p·AVX2_MR + AVX2_MR ≤
+                // kp·AVX2_MR` words (asserted).
+                unsafe {
+                    let bp = pb.add(p * NR + 16 * half);
+                    let (b0, b1) = (_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8)));
+                    let ar = pa.add(p * AVX2_MR);
+                    for (r, acc) in acc.iter_mut().enumerate() {
+                        let av = _mm256_broadcast_ss(&*ar.add(r));
+                        acc[0] = _mm256_fmadd_ps(av, b0, acc[0]);
+                        acc[1] = _mm256_fmadd_ps(av, b1, acc[1]);
+                    }
+                }
+            }
+            // SAFETY: the tile lies in the output (the caller's contract).
+            unsafe { store_block_avx2::<F16>(&acc, 16 * half, &tile) }
+        }
+    }
+
+    /// Apply `alpha` and the input term to the sums of a tile's columns
+    /// `col0..col0 + 16` (as [`finish`] does, in the same order) and store those inside
+    /// the tile, rounded to float16 when `F16`, else to bfloat16 (nearest even, NaN as
+    /// `0x7FC0`). A block's last columns, when the tile ends inside 8 of them, go
+    /// through a copy on the stack with the same instructions. A whole block with no
+    /// `alpha` and no input term (the common case) is only rounded: each row's 16
+    /// values in one store.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and F16C (the caller is compiled with them); the tile lies in
+    /// the output (and the input) buffer.
+    #[inline(always)]
+    unsafe fn store_block_avx2<const F16: bool>(
+        acc: &[[__m256; 2]; AVX2_MR],
+        col0: usize,
+        tile: &Tile,
+    ) {
+        // SAFETY: register-only intrinsics, stack copies, and loads and stores of the
+        // tile's own rows and columns (`at + n` stays inside row `r` of the tile).
+        unsafe {
+            if tile.rows == AVX2_MR
+                && col0 + 16 <= tile.cols
+                && tile.alpha == 1.0
+                && tile.input.is_none()
+            {
+                for (r, &[lo, hi]) in acc.iter().enumerate() {
+                    let at = tile.out.add(r * tile.ld + col0);
+                    if F16 {
+                        let lo = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(lo);
+                        let hi = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(hi);
+                        _mm256_storeu_si256(at.cast(), _mm256_set_m128i(hi, lo));
+                    } else {
+                        let bits =
+                            |v| _mm256_srli_epi32::<16>(amp_tensor::simd::round_bf16_high_avx2(v));
+                        // `vpackusdw` interleaves the 128-bit halves; the permute puts
+                        // them back in order.
+                        let packed = _mm256_packus_epi32(bits(lo), bits(hi));
+                        _mm256_storeu_si256(at.cast(), _mm256_permute4x64_epi64::<0xD8>(packed));
+                    }
+                }
+                return;
+            }
+            for (r, acc) in acc.iter().enumerate().take(tile.rows) {
+                for (c, &sum) in acc.iter().enumerate() {
+                    let col = col0 + 8 * c;
+                    if col >= tile.cols {
+                        break;
+                    }
+                    let (at, n) = (r * tile.ld + col, (tile.cols - col).min(8));
+                    let mut v = sum;
+                    if tile.alpha != 1.0 {
+                        v = _mm256_mul_ps(v, _mm256_set1_ps(tile.alpha));
+                    }
+                    if let Some(input) = tile.input {
+                        let mut i = if n == 8 {
+                            _mm256_loadu_ps(input.add(at))
+                        } else {
+                            let mut t = [0f32; 8];
+                            std::ptr::copy_nonoverlapping(input.add(at), t.as_mut_ptr(), n);
+                            _mm256_loadu_ps(t.as_ptr())
+                        };
+                        if tile.beta != 1.0 {
+                            i = _mm256_mul_ps(i, _mm256_set1_ps(tile.beta));
+                        }
+                        v = _mm256_add_ps(i, v);
+                    }
+                    let bits = if F16 {
+                        _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v)
+                    } else {
+                        let t = _mm256_srli_epi32::<16>(amp_tensor::simd::round_bf16_high_avx2(v));
+                        _mm_packus_epi32(
+                            _mm256_castsi256_si128(t),
+                            _mm256_extracti128_si256::<1>(t),
+                        )
+                    };
+                    if n == 8 {
+                        _mm_storeu_si128(tile.out.add(at).cast(), bits);
+                    } else {
+                        let mut t = [0u16; 8];
+                        _mm_storeu_si128(t.as_mut_ptr().cast(), bits);
+                        std::ptr::copy_nonoverlapping(t.as_ptr(), tile.out.add(at), n);
+                    }
+                }
+            }
+        }
+    }
+
+    /// 8 float16 (`F16`) or bfloat16 values widened to float32.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and F16C (the caller is compiled with them).
+    #[inline(always)]
+    unsafe fn widen8<const F16: bool>(x: __m128i) -> __m256i {
+        // SAFETY: register-only intrinsics (the caller's contract).
+        unsafe {
+            if F16 {
+                _mm256_castps_si256(_mm256_cvtph_ps(x))
+            } else {
+                _mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(x))
+            }
+        }
+    }
+
+    /// 8 values at `src`, of which the first `n` are kept and the rest zero. With
+    /// `over` the 8 are read whole and masked (the caller knows them readable, as when
+    /// a later inner index of the same operand lies at least 8 values on); otherwise
+    /// values from `n` on are never read.
+    ///
+    /// # Safety
+    /// `src` is readable for 8 values when `n ≥ 8`, or `over` and `n > 0`, else for
+    /// `n`; the CPU has AVX2.
+    #[inline(always)]
+    unsafe fn load8(src: *const u16, n: usize, over: bool) -> __m128i {
+        /// `KEEP[8 - n..16 - n]` keeps the first `n` of 8 words.
+        const KEEP: [u16; 16] = [
+            u16::MAX,
+            u16::MAX,
+            u16::MAX,
+            u16::MAX,
+            u16::MAX,
+            u16::MAX,
+            u16::MAX,
+            u16::MAX,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+        ];
+        // SAFETY: the caller's contract; a short line that may not be read whole goes
+        // through a zeroed stack copy.
+        unsafe {
+            if n >= 8 {
+                _mm_loadu_si128(src.cast())
+            } else if n == 0 {
+                _mm_setzero_si128()
+            } else if over {
+                let keep = _mm_loadu_si128(KEEP.as_ptr().add(8 - n).cast());
+                _mm_and_si128(_mm_loadu_si128(src.cast()), keep)
+            } else {
+                let mut t = [0u16; 8];
+                for (i, t) in t.iter_mut().enumerate().take(n) {
+                    *t = *src.add(i);
+                }
+                _mm_loadu_si128(t.as_ptr().cast())
+            }
+        }
+    }
+
+    /// The first `n ≤ 8` words of `v` stored at `dst`.
+    ///
+    /// # Safety
+    /// `dst` is writable for `n` words; the CPU has AVX2.
+    #[inline(always)]
+    unsafe fn store_first(dst: *mut u32, v: __m256i, n: usize) {
+        // SAFETY: the caller's contract; a short store goes through a stack copy, but for
+        // the 6 words of an AVX2 panel (4 + 2).
+        unsafe {
+            if n >= 8 {
+                _mm256_storeu_si256(dst.cast(), v);
+            } else if n == AVX2_MR {
+                _mm_storeu_si128(dst.cast(), _mm256_castsi256_si128(v));
+                _mm_storel_epi64(dst.add(4).cast(), _mm256_extracti128_si256::<1>(v));
+            } else {
+                let mut t = [0u32; 8];
+                _mm256_storeu_si256(t.as_mut_ptr().cast(), v);
+                std::ptr::copy_nonoverlapping(t.as_ptr(), dst, n);
+            }
+        }
+    }
+
+    /// Transpose 8 rows of 8 words: `out[c]` holds word `c` of every row.
+    ///
+    /// # Safety
+    /// The CPU has AVX (the caller is compiled with AVX2).
+    #[inline(always)]
+    unsafe fn transpose8(r: [__m256i; 8]) -> [__m256i; 8] {
+        // SAFETY: register-only intrinsics (the caller's contract).
+        unsafe {
+            let r = r.map(|v| _mm256_castsi256_ps(v));
+            let mut t = [_mm256_setzero_ps(); 8];
+            for i in 0..4 {
+                t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+                t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+            }
+            // u[4h + j], 128-bit lane l: word 4l + j of rows 4h..4h + 4.
+            let mut u = [_mm256_setzero_ps(); 8];
+            for h in 0..2 {
+                let t = &t[4 * h..];
+                u[4 * h] = _mm256_shuffle_ps::<0x44>(t[0], t[2]);
+                u[4 * h + 1] = _mm256_shuffle_ps::<0xEE>(t[0], t[2]);
+                u[4 * h + 2] = _mm256_shuffle_ps::<0x44>(t[1], t[3]);
+                u[4 * h + 3] = _mm256_shuffle_ps::<0xEE>(t[1], t[3]);
+            }
+            let mut out = [_mm256_setzero_si256(); 8];
+            for j in 0..4 {
+                out[j] = _mm256_castps_si256(_mm256_permute2f128_ps::<0x20>(u[j], u[4 + j]));
+                out[4 + j] = _mm256_castps_si256(_mm256_permute2f128_ps::<0x31>(u[j], u[4 + j]));
+            }
+            out
+        }
+    }
+
+    /// [`transpose_words`] with AVX2 for the float32 words: 16 values of `h ≤ W`
+    /// contiguous lines (line `r` at `src + r·ls`), widened from float16 (`F16`) or
+    /// bfloat16, into `dst[p·W + r]`, `p < 16`, lines `h..W` zero: per 8 lines and 8
+    /// words, one register transpose.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and F16C; the lines are readable for 16 values; `dst` holds
+    /// `16·W` words.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn transpose_words256<const W: usize, const F16: bool>(
+        src: *const u16,
+        ls: usize,
+        h: usize,
+        dst: &mut [u32],
+    ) {
+        assert!(dst.len() >= 16 * W && h <= W);
+        for half in 0..2 {
+            for c in 0..W.div_ceil(8) {
+                let mut l = [_mm256_setzero_si256(); 8];
+                for (i, l) in l.iter_mut().enumerate().take(h.saturating_sub(8 * c)) {
+                    let line = src.wrapping_add((8 * c + i) * ls + 8 * half);
+                    // SAFETY: line `8c + i < h`, readable for 16 values (the caller's
+                    // contract).
+                    *l = unsafe { widen8::<F16>(_mm_loadu_si128(line.cast())) };
+                }
+                // SAFETY: registers only.
+                let t = unsafe { transpose8(l) };
+                for (p, t) in t.iter().enumerate() {
+                    // SAFETY: words `(8·half + p)·W + 8c ..` up to `(8·half + p)·W + W`
+                    // of `dst` (asserted).
+                    unsafe {
+                        let d = dst.as_mut_ptr().add((8 * half + p) * W + 8 * c);
+                        store_first(d, *t, (W - 8 * c).min(8))
+                    };
+                }
+            }
+        }
+    }
+
+    /// [`gather_words`] with AVX2 for the float32 words: inner indices `0..words` of
+    /// `h ≤ W` neighbouring lines (inner index `q` of line `r` at `src + q·qs + r`),
+    /// widened from float16 (`F16`) or bfloat16, into `dst[p·W + r]`, lines `h..W`
+    /// zero, 8 lines per load.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and F16C; the first `h` lines at each inner index read are
+    /// readable; `dst` holds `words·W` words.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn gather_words256<const W: usize, const F16: bool>(
+        src: *const u16,
+        qs: usize,
+        h: usize,
+        words: usize,
+        dst: &mut [u32],
+    ) {
+        assert!(dst.len() >= words * W && h <= W);
+        // SAFETY: the caller's contract; the loads keep lines `< h` (reading 8 lines
+        // whole only where inner index `p + 1` of line 0, readable, lies at least 8
+        // values on), the stores write words `< W` of word `p`.
+        unsafe {
+            for p in 0..words {
+                let q0 = src.add(p * qs);
+                let over = p + 1 < words && qs >= 8;
+                for c in 0..W.div_ceil(8) {
+                    let x = load8(q0.wrapping_add(8 * c), h.saturating_sub(8 * c), over);
+                    let d = dst.as_mut_ptr().add(p * W + 8 * c);
+                    store_first(d, widen8::<F16>(x), (W - 8 * c).min(8));
+                }
+            }
+        }
+    }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -1276,6 +1653,8 @@ mod x86 {
     pub(super) const FROM_BF16: u8 = 1;
     pub(super) const FROM_F16: u8 = 2;
     pub(super) const AMX: u8 = 3;
+    pub(super) const AVX2_BF16: u8 = 4;
+    pub(super) const AVX2_F16: u8 = 5;
 
     /// No AMX off x86-64.
     pub(super) fn amx_permitted() -> bool {
@@ -1336,5 +1715,31 @@ mod x86 {
     /// Never called, as above.
     pub(super) unsafe fn micro_fma<const F16: bool>(_: usize, _: &[u32], _: &[u32], _: Tile) {
         unreachable!("AVX-512 kernel on a non-x86 CPU")
+    }
+
+    /// Never called, as above.
+    pub(super) unsafe fn micro_avx2<const F16: bool>(_: usize, _: &[u32], _: &[u32], _: Tile) {
+        unreachable!("AVX2 kernel on a non-x86 CPU")
+    }
+
+    /// Never called, as above.
+    pub(super) unsafe fn transpose_words256<const W: usize, const F16: bool>(
+        _: *const u16,
+        _: usize,
+        _: usize,
+        _: &mut [u32],
+    ) {
+        unreachable!("AVX2 kernel on a non-x86 CPU")
+    }
+
+    /// Never called, as above.
+    pub(super) unsafe fn gather_words256<const W: usize, const F16: bool>(
+        _: *const u16,
+        _: usize,
+        _: usize,
+        _: usize,
+        _: &mut [u32],
+    ) {
+        unreachable!("AVX2 kernel on a non-x86 CPU")
     }
 }
