@@ -966,7 +966,7 @@ fn half<T: native16::Half>(p: &Plan<'_>) -> Result<Tensor> {
     let fits = [p.m * p.k, p.k * p.n, p.m * p.n]
         .iter()
         .all(|&l| l <= DIRECT16_LEN);
-    let direct16_size = p.m * p.n * p.k <= DIRECT16_WORK && direct(p.m, p.n, p.k, &p.sb);
+    let direct16_size = p.m * p.n * p.k <= direct16_work(T::DTYPE) && direct(p.m, p.n, p.k, &p.sb);
     let plain = !input && !p.reduce && p.m > 0 && p.n > 0 && p.k > 0;
     if plain && fits && direct16_size && small::vector_kernel() {
         return per_product16::<T>(p);
@@ -984,11 +984,25 @@ fn by_entry(batch: usize, work: usize) -> bool {
     batch > 1 && (work < BIG_WORK || whole_entries(batch))
 }
 
+/// The most multiply-adds a 16-bit product of `dtype` runs on the direct kernel with:
+/// [`DIRECT16_WORK`] where the CPU has an AVX-512 packing kernel for it, else as many as
+/// a float32 product ([`DIRECT_WORK`]): the AVX2 tiles' packing and 6-row panels cost
+/// more than widening at these sizes (on a Zen 3 EPYC, bfloat16 `mm` of 32³ took
+/// 1.33 µs widened for the direct kernel against 1.72 on the AVX2 tiles, and `bmm` of
+/// `[32, 32, 64] × [32, 64, 32]` 35 µs against 39).
+fn direct16_work(dtype: DType) -> usize {
+    match native16::kernel16(dtype) {
+        Some(Kernel16::Avx2Fma | Kernel16::Widened) => DIRECT_WORK,
+        _ => DIRECT16_WORK,
+    }
+}
+
 /// The longest operand or output of a 16-bit product on the direct kernel (elements).
 const DIRECT16_LEN: usize = 4096;
 
 /// 16-bit products with at most this many multiply-adds (and taken by `direct`) run
-/// on the direct kernel (`per_product16`); larger ones on the packing kernels, faster from there (AMX:
+/// on the direct kernel (`per_product16`) where the CPU has an AVX-512 packing kernel
+/// (see `direct16_work`); larger ones on the packing kernels, faster from there (AMX:
 /// `bmm` of `[32, 32, 64] × [32, 64, 32]` in bfloat16 took 21 µs on AMX tiles, 30–38 µs
 /// on the direct kernel).
 pub const DIRECT16_WORK: usize = 16 * 64 * 16;
