@@ -89,6 +89,12 @@ pub const AVX2_MR: usize = 6;
 const AMX_MR: usize = 32;
 /// Pairs of inner indices per AMX tile (a tile row is 64 bytes).
 const AMX_KP: usize = 16;
+/// The longest inner dimension the AVX2 tiles take when no kernel is forced. Their
+/// sums stay in registers for the whole inner dimension, so each 6×16 block streams its
+/// half of a `B` strip (`k·128` bytes) from the L2 cache; at `k = 2048` (256 KiB strips)
+/// that ran about 20% behind the widened path's cache-blocked float32 kernel (bfloat16
+/// `mm` of 2048³ on a Zen 3 EPYC: 118–125 against 148–153 GFLOP/s, level at 1024³).
+pub const AVX2_MAX_K: usize = 1024;
 /// The fewest output rows a product needs to run on AMX when no kernel is forced.
 pub const AMX_MIN_ROWS: usize = 16;
 
@@ -241,14 +247,18 @@ pub fn with_kernel16<R>(kernel: Kernel16, f: impl FnOnce() -> R) -> Result<R> {
 /// The packing kernel a `dtype` (`m×k @ k×n`) product runs on, or `None` for the
 /// widened path: the forced kernel when a test forces one, else the fastest the CPU has
 /// when the product is wide enough that a tile's padding does not dominate (thinner
-/// products are memory-bound either way; the widened path handles them).
+/// products are memory-bound either way; the widened path handles them) and, on the
+/// AVX2 tiles, its inner dimension at most [`AVX2_MAX_K`].
 pub(super) fn chosen(dtype: DType, m: usize, n: usize, k: usize) -> Option<Kernel16> {
     let mut kernel = kernel16(dtype)?;
     let forced = FORCED.get().is_some_and(|f| f.supports(dtype));
     if kernel == Kernel16::Amx && !forced && m < AMX_MIN_ROWS {
         kernel = Kernel16::Avx512Bf16;
     }
-    let fits = m * n * k >= super::SMALL_WORK && n >= NR / 2 && m >= MR / 2;
+    let fits = m * n * k >= super::SMALL_WORK
+        && n >= NR / 2
+        && m >= MR / 2
+        && (kernel != Kernel16::Avx2Fma || k <= AVX2_MAX_K);
     (kernel != Kernel16::Widened && (forced || fits)).then_some(kernel)
 }
 
