@@ -109,7 +109,7 @@ pub enum Kernel16 {
     /// float32 FMA tiles on operands widened while packed (both dtypes; CPUs with
     /// AVX-512 F/BW/VL).
     Avx512Fma,
-    /// float32 FMA tiles of [`AVX2_MR`] rows on operands widened while packed (both
+    /// float32 FMA tiles of 6 rows on operands widened while packed (both
     /// dtypes; CPUs with AVX2, FMA and F16C).
     Avx2Fma,
     /// Operands widened to float32 for the float32 kernel (every CPU, both dtypes).
