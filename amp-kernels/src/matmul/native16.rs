@@ -1633,9 +1633,11 @@ mod x86 {
         dst: &mut [u32],
     ) {
         assert!(dst.len() >= words * W && h <= W);
-        // SAFETY: the caller's contract; the loads keep lines `< h` (reading 8 lines
-        // whole only where inner index `p + 1` of line 0, readable, lies at least 8
-        // values on), the stores write words `< W` of word `p`.
+        // SAFETY: the caller's contract; the loads keep lines `< h`, the stores write
+        // words `< W` of word `p`. A group of lines `8c..8c + 8` with `0 < h - 8c < 8`
+        // is read whole only when inner index `p + 1` is read too and `qs ≥ 8`: its last
+        // value, at `p·qs + 8c + 7`, then lies before line `h - 1` of inner index
+        // `p + 1` (at `(p + 1)·qs + h - 1`, as `h > 8c`), inside the operand.
         unsafe {
             for p in 0..words {
                 let q0 = src.add(p * qs);
