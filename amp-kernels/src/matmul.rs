@@ -50,10 +50,10 @@
 //!   (16×16 register transposes for row-major A and column-major B), strips packed
 //!   lazily by the first task that needs them, tasks taken from a shared counter. On
 //!   AMX the block is 32×32 (four accumulator tiles), and products with fewer than 16
-//!   rows stay on the `vdpbf16ps` tile. On AVX2 the tile is 6×32, from 32×64×32
-//!   multiply-adds (`direct16_work`: below, widening for the direct kernel is faster)
-//!   and up to an inner dimension of `AVX2_MAX_K` (1024; longer products go widened to
-//!   faer's cache-blocked kernel).
+//!   rows stay on the `vdpbf16ps` tile. On AVX2 the tile is 6×32; plain products up
+//!   to 32×64×32 multiply-adds stay on the direct kernel there (`direct16_work`:
+//!   widening for it is faster at those sizes), and products with an inner dimension
+//!   over `AVX2_MAX_K` (1024) go widened to faer's cache-blocked kernel.
 
 use amp_tensor::half::{bf16, f16};
 use std::cell::RefCell;
