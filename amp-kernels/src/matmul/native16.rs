@@ -1397,19 +1397,8 @@ mod x86 {
                 && tile.input.is_none()
             {
                 for (r, &[lo, hi]) in acc.iter().enumerate() {
-                    let at = tile.out.add(r * tile.ld + col0);
-                    if F16 {
-                        let lo = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(lo);
-                        let hi = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(hi);
-                        _mm256_storeu_si256(at.cast(), _mm256_set_m128i(hi, lo));
-                    } else {
-                        let bits =
-                            |v| _mm256_srli_epi32::<16>(amp_tensor::simd::round_bf16_high_avx2(v));
-                        // `vpackusdw` interleaves the 128-bit halves; the permute puts
-                        // them back in order.
-                        let packed = _mm256_packus_epi32(bits(lo), bits(hi));
-                        _mm256_storeu_si256(at.cast(), _mm256_permute4x64_epi64::<0xD8>(packed));
-                    }
+                    let bits = _mm256_set_m128i(narrow8::<F16>(hi), narrow8::<F16>(lo));
+                    _mm256_storeu_si256(tile.out.add(r * tile.ld + col0).cast(), bits);
                 }
                 return;
             }
@@ -1437,15 +1426,7 @@ mod x86 {
                         }
                         v = _mm256_add_ps(i, v);
                     }
-                    let bits = if F16 {
-                        _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v)
-                    } else {
-                        let t = _mm256_srli_epi32::<16>(amp_tensor::simd::round_bf16_high_avx2(v));
-                        _mm_packus_epi32(
-                            _mm256_castsi256_si128(t),
-                            _mm256_extracti128_si256::<1>(t),
-                        )
-                    };
+                    let bits = narrow8::<F16>(v);
                     if n == 8 {
                         _mm_storeu_si128(tile.out.add(at).cast(), bits);
                     } else {
@@ -1454,6 +1435,24 @@ mod x86 {
                         std::ptr::copy_nonoverlapping(t.as_ptr(), tile.out.add(at), n);
                     }
                 }
+            }
+        }
+    }
+
+    /// 8 float32 lanes rounded to float16 (`F16`: `vcvtps2ph`) or bfloat16 (nearest
+    /// even, NaN as `0x7FC0`), in order.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and F16C (the caller is compiled with them).
+    #[inline(always)]
+    unsafe fn narrow8<const F16: bool>(v: __m256) -> __m128i {
+        // SAFETY: register-only intrinsics (the caller's contract).
+        unsafe {
+            if F16 {
+                _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v)
+            } else {
+                let t = _mm256_srli_epi32::<16>(amp_tensor::simd::round_bf16_high_avx2(v));
+                _mm_packus_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256::<1>(t))
             }
         }
     }
