@@ -45,6 +45,73 @@ pub(super) unsafe fn small_product<C: GemmFloat>(pr: Product<'_, C>) {
     unsafe { small_body(pr, false) }
 }
 
+/// `pr`, a float16 or bfloat16 product, on the vector form of the direct kernel: each
+/// value widened to float32 as it is loaded, float32 sums (in the order of the inner
+/// dim, fused multiply-adds, as for float32), each output rounded once as it is stored
+/// — the bits [`small_product`] gives for the widened operands, rounded after — with
+/// no widened copy of an operand or of the output. Returns false (nothing done) where
+/// the CPU has no AVX2, FMA and F16C, or `B`'s rows are not contiguous and it holds more
+/// than [`PACK`] values; the caller then widens.
+///
+/// # Safety
+/// As for [`small_product`].
+pub(super) unsafe fn direct16<S: Half16>(pr: Product<'_, f32, S>) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: the caller's contract.
+        unsafe { S::vector_product16(pr) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = pr;
+        false
+    }
+}
+
+/// Values the direct kernel stages a `B` with strided rows in (on the stack).
+pub(super) const PACK: usize = 4096;
+
+/// The 16-bit float types of [`direct16`].
+pub(crate) trait Half16: amp_tensor::Element {
+    /// The value as float32 (exact).
+    fn widen(self) -> f32;
+
+    /// [`direct16`] for this type.
+    ///
+    /// # Safety
+    /// As for [`small_product`].
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn vector_product16(pr: Product<'_, f32, Self>) -> bool;
+}
+
+macro_rules! half16 {
+    ($($t:ty: $direct:ident),*) => {$(
+        impl Half16 for $t {
+            fn widen(self) -> f32 {
+                self.to_f32()
+            }
+            #[cfg(target_arch = "x86_64")]
+            unsafe fn vector_product16(pr: Product<'_, f32, Self>) -> bool {
+                // SAFETY: the caller's contract.
+                unsafe { x86::$direct(pr) }
+            }
+        }
+    )*};
+}
+half16!(amp_tensor::half::bf16: direct_bf16, amp_tensor::half::f16: direct_f16);
+
+/// Whether the CPU has the vector form of [`direct16`] (AVX2, FMA and F16C).
+pub(super) fn vector_kernel16() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        vector_kernel() && std::arch::is_x86_feature_detected!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// Whether the CPU has the vector form of the direct kernel (AVX2 and FMA).
 pub(super) fn vector_kernel() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -189,18 +256,16 @@ fn madd<C: GemmFloat>(a: C, b: C, c: C, fused: bool) -> C {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     //! The vector kernel: one register type per float type and instruction set
-    //! ([`Lanes`]), one tile loop generic over it.
-    use super::{GemmFloat, Product, SmallVector};
+    //! ([`Lanes`]), one tile loop generic over it and over the storage type
+    //! ([`Stored`]: the register's own type, or a 16-bit type widened to it).
+    use super::{GemmFloat, Half16, Product, SmallVector, PACK};
+    use amp_tensor::half::{bf16, f16};
     use std::arch::x86_64::*;
     use std::mem::MaybeUninit;
 
     /// Rows of `A` per register tile: eight independent multiply-add chains, enough
     /// for two FMA units with four cycles of latency.
     const ROWS: usize = 8;
-
-    /// A `B` whose rows are not contiguous is copied into a stack buffer of this many
-    /// elements when it fits (else the portable loop takes the product).
-    const PACK: usize = 4096;
 
     /// One vector register of float type `E` on one instruction set.
     ///
@@ -331,6 +396,144 @@ mod x86 {
         |p, v, len| _mm512_mask_storeu_pd(p, ((1u32 << len) - 1) as u8, v),
         _mm512_fmadd_pd, _mm512_mul_pd, _mm512_add_pd);
 
+    /// How the tiles read values stored as `Self` into registers `L` and write them
+    /// back: `L`'s own element type as it is, a 16-bit type widened to float32 on
+    /// loading and rounded once on storing.
+    ///
+    /// # Safety
+    /// As for [`Lanes`]: each method needs `L`'s CPU features (F16C too for the 16-bit
+    /// types); the pointer methods read or write exactly `len` (1..=N) elements.
+    trait Stored<L: Lanes>: Copy {
+        /// The value at `p` in every lane.
+        unsafe fn splat(p: *const Self) -> L;
+        /// The `len` values at `p`, the other lanes 0; nothing past them is read.
+        unsafe fn load(p: *const Self, len: usize) -> L;
+        /// Writes the first `len` lanes of `v` to `p`.
+        unsafe fn store(v: L, p: *mut Self, len: usize);
+    }
+
+    /// `L`'s element type, read and written as it is.
+    macro_rules! stored_as_is {
+        ($($e:ty: $($l:ty),*;)*) => {$($(
+            impl Stored<$l> for $e {
+                #[inline(always)]
+                unsafe fn splat(p: *const $e) -> $l {
+                    // SAFETY: the trait's contract.
+                    unsafe { <$l>::splat(*p) }
+                }
+                #[inline(always)]
+                unsafe fn load(p: *const $e, len: usize) -> $l {
+                    // SAFETY: the trait's contract.
+                    unsafe { <$l>::load(p, len) }
+                }
+                #[inline(always)]
+                unsafe fn store(v: $l, p: *mut $e, len: usize) {
+                    // SAFETY: the trait's contract.
+                    unsafe { v.store(p, len) }
+                }
+            }
+        )*)*};
+    }
+    stored_as_is!(f32: Avx2F32, Avx512F32; f64: Avx2F64, Avx512F64;);
+
+    /// 16-bit values in [`Avx2F32`]'s eight float32 lanes: `widen` turns 8 values (an
+    /// `__m128i`) into float32 lanes exactly, `narrow` rounds 8 lanes back (the
+    /// rounding of [`amp_tensor::cast_into`]: nearest even, NaN as `0x7FC0` for
+    /// bfloat16; `vcvtps2ph` for float16, the bits of `half`'s conversion).
+    macro_rules! stored_16 {
+        ($e:ty, |$w:ident| $widen:expr, |$n:ident| $narrow:expr) => {
+            impl Stored<Avx2F32> for $e {
+                #[inline(always)]
+                unsafe fn splat(p: *const $e) -> Avx2F32 {
+                    // SAFETY: the trait's contract.
+                    unsafe {
+                        let $w = _mm_set1_epi16((*p).to_bits() as i16);
+                        Avx2F32($widen)
+                    }
+                }
+                #[inline(always)]
+                unsafe fn load(p: *const $e, len: usize) -> Avx2F32 {
+                    // SAFETY: the trait's contract; a short load goes through a zeroed
+                    // stack copy, so nothing past `len` is read.
+                    unsafe {
+                        let $w = if len == 8 {
+                            _mm_loadu_si128(p.cast())
+                        } else {
+                            let mut t = [0u16; 8];
+                            std::ptr::copy_nonoverlapping(p.cast::<u16>(), t.as_mut_ptr(), len);
+                            _mm_loadu_si128(t.as_ptr().cast())
+                        };
+                        Avx2F32($widen)
+                    }
+                }
+                #[inline(always)]
+                unsafe fn store(v: Avx2F32, p: *mut $e, len: usize) {
+                    // SAFETY: the trait's contract; a short store goes through a stack
+                    // copy, so nothing past `len` is written.
+                    unsafe {
+                        let $n = v.0;
+                        let bits: __m128i = $narrow;
+                        if len == 8 {
+                            _mm_storeu_si128(p.cast(), bits);
+                        } else {
+                            let mut t = [0u16; 8];
+                            _mm_storeu_si128(t.as_mut_ptr().cast(), bits);
+                            std::ptr::copy_nonoverlapping(t.as_ptr(), p.cast::<u16>(), len);
+                        }
+                    }
+                }
+            }
+        };
+    }
+    stored_16!(
+        bf16,
+        |x| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(x))),
+        |v| {
+            let t = _mm256_srli_epi32::<16>(amp_tensor::simd::round_bf16_high_avx2(v));
+            _mm_packus_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256::<1>(t))
+        }
+    );
+    stored_16!(f16, |x| _mm256_cvtph_ps(x), |v| _mm256_cvtps_ph::<
+        _MM_FROUND_TO_NEAREST_INT,
+    >(v));
+
+    /// [`super::direct16`] for bfloat16.
+    ///
+    /// # Safety
+    /// The contract of [`run`].
+    pub(super) unsafe fn direct_bf16(pr: Product<'_, f32, bf16>) -> bool {
+        // SAFETY: the caller's contract.
+        unsafe { on_avx2_f16c(pr) }
+    }
+
+    /// [`super::direct16`] for float16.
+    ///
+    /// # Safety
+    /// The contract of [`run`].
+    pub(super) unsafe fn direct_f16(pr: Product<'_, f32, f16>) -> bool {
+        // SAFETY: the caller's contract.
+        unsafe { on_avx2_f16c(pr) }
+    }
+
+    /// A 16-bit product on [`Avx2F32`] (also where the CPU has AVX-512: these products
+    /// are at most `DIRECT_WORK` multiply-adds, and 8 lanes need no masked 16-bit
+    /// loads); false where the CPU lacks AVX2, FMA or F16C.
+    ///
+    /// # Safety
+    /// The contract of [`run`].
+    unsafe fn on_avx2_f16c<S: Stored<Avx2F32> + Half16>(pr: Product<'_, f32, S>) -> bool {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn go<S: Stored<Avx2F32> + Half16>(pr: Product<'_, f32, S>) -> bool {
+            // SAFETY: the caller's contract.
+            unsafe { run16::<S>(pr) }
+        }
+        let has = is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c");
+        // SAFETY: the CPU has the features `go` is compiled for; the caller's contract.
+        has && unsafe { go(pr) }
+    }
+
     impl SmallVector for f32 {
         unsafe fn vector_product(pr: Product<'_, f32>) -> bool {
             // SAFETY: the caller's contract.
@@ -350,7 +553,10 @@ mod x86 {
     ///
     /// # Safety
     /// The contract of [`run`].
-    unsafe fn widest<Wide: Lanes, Narrow: Lanes<E = Wide::E>>(pr: Product<'_, Wide::E>) -> bool {
+    unsafe fn widest<Wide: Lanes, Narrow: Lanes<E = Wide::E>>(pr: Product<'_, Wide::E>) -> bool
+    where
+        Wide::E: Stored<Wide> + Stored<Narrow>,
+    {
         // SAFETY: each kernel runs only where the CPU has its features; the caller's
         // contract.
         unsafe {
@@ -369,9 +575,12 @@ mod x86 {
     /// # Safety
     /// The CPU has AVX2 and FMA, and `L` needs no more; the contract of [`run`].
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn on_avx2<L: Lanes>(pr: Product<'_, L::E>) -> bool {
+    unsafe fn on_avx2<L: Lanes>(pr: Product<'_, L::E>) -> bool
+    where
+        L::E: Stored<L>,
+    {
         // SAFETY: the caller's contract.
-        unsafe { run::<L>(pr) }
+        unsafe { run::<L, L::E>(pr) }
     }
 
     /// [`run`] compiled for AVX-512F.
@@ -379,9 +588,12 @@ mod x86 {
     /// # Safety
     /// The CPU has AVX-512F, and `L` needs no more; the contract of [`run`].
     #[target_feature(enable = "avx512f")]
-    unsafe fn on_avx512<L: Lanes>(pr: Product<'_, L::E>) -> bool {
+    unsafe fn on_avx512<L: Lanes>(pr: Product<'_, L::E>) -> bool
+    where
+        L::E: Stored<L>,
+    {
         // SAFETY: the caller's contract.
-        unsafe { run::<L>(pr) }
+        unsafe { run::<L, L::E>(pr) }
     }
 
     /// `pr` on register type `L`, with `B` copied row-major first when its rows are
@@ -391,69 +603,151 @@ mod x86 {
     /// The contract of [`small_product`](super::small_product); the CPU has `L`'s
     /// features.
     #[inline(always)]
-    unsafe fn run<L: Lanes>(pr: Product<'_, L::E>) -> bool {
+    unsafe fn run<L: Lanes, S: Stored<L>>(pr: Product<'_, L::E, S>) -> bool {
+        let (a, sa, ia) = pr.a;
+        let mut buf = [MaybeUninit::<S>::uninit(); PACK];
+        // SAFETY: the caller's contract.
+        let Some((b, brs)) = (unsafe { b_rows(&pr, &mut buf) }) else {
+            return false;
+        };
+        // SAFETY: the caller's contract; `A` is `pr`'s own; `b` holds `B`'s rows.
+        unsafe {
+            let a0 = a.as_ptr().add(sa.offsets[ia]);
+            tiles::<L, S, S>(&pr, pr.m, pr.d, a0, sa.rs, sa.cs, b, brs);
+        }
+        true
+    }
+
+    /// `pr`'s `B` with contiguous rows, and the distance between them: in place when
+    /// its rows are contiguous, else copied row-major into `buf`; `None` when such a
+    /// `B` is larger than [`PACK`]. (No closure: a closure would not take its caller's
+    /// target features, and the tile loop would call each intrinsic.)
+    ///
+    /// # Safety
+    /// Matrix `ib` of `pr`'s `B` lies inside its buffer.
+    #[inline(always)]
+    unsafe fn b_rows<C, S: Copy>(
+        pr: &Product<'_, C, S>,
+        buf: &mut [MaybeUninit<S>; PACK],
+    ) -> Option<(*const S, usize)> {
         let (b, sb, ib) = pr.b;
         let (k, n) = (pr.k, pr.n);
         // SAFETY: matrix `ib` of `b` lies inside it (the caller's contract).
         let b0 = unsafe { b.as_ptr().add(sb.offsets[ib]) };
         if sb.cs == 1 {
-            // SAFETY: `B`'s rows are contiguous, `sb.rs` apart; the caller's contract.
-            unsafe { tiles::<L>(pr, b0, sb.rs) };
-            return true;
+            return Some((b0, sb.rs));
         }
         if k * n > PACK {
-            return false;
+            return None;
         }
-        let mut buf = [MaybeUninit::<L::E>::uninit(); PACK];
         for j in 0..n {
             for p in 0..k {
                 // SAFETY: element (p, j) of matrix `ib`, inside `b`.
                 buf[p * n + j].write(unsafe { *b0.add(p * sb.rs + j * sb.cs) });
             }
         }
-        // SAFETY: `buf` holds `B` row-major (`k×n`, all written above).
-        unsafe { tiles::<L>(pr, buf.as_ptr().cast(), n) };
+        // `buf` holds `B` row-major (`k×n`, all written above).
+        Some((buf.as_ptr().cast(), n))
+    }
+
+    /// A 16-bit `pr` on [`Avx2F32`]: `A` widened to float32 into a stack buffer, as
+    /// many whole rows at a time as [`PACK`] values hold (a broadcast 16-bit value
+    /// would cost three instructions per multiply-add), `B` widened as its rows are
+    /// loaded, each output rounded as it is stored. False (nothing done) when a row of
+    /// `A` is longer than `PACK`, or `B` has strided rows and more than `PACK` values.
+    ///
+    /// # Safety
+    /// The contract of [`small_product`](super::small_product); the CPU has AVX2, FMA
+    /// and F16C.
+    #[inline(always)]
+    unsafe fn run16<S: Stored<Avx2F32> + Half16>(pr: Product<'_, f32, S>) -> bool {
+        let (a, sa, ia) = pr.a;
+        let (m, n, k) = (pr.m, pr.n, pr.k);
+        if k > PACK {
+            return false;
+        }
+        let chunk = PACK / k;
+        let mut buf = [MaybeUninit::<S>::uninit(); PACK];
+        // SAFETY: the caller's contract.
+        let Some((b, brs)) = (unsafe { b_rows(&pr, &mut buf) }) else {
+            return false;
+        };
+        // Not zeroed: 16 KiB of stores would cost more than a small product.
+        let mut wa = [MaybeUninit::<f32>::uninit(); PACK];
+        for r0 in (0..m).step_by(chunk) {
+            let h = chunk.min(m - r0);
+            for r in 0..h {
+                let row = sa.offsets[ia] + (r0 + r) * sa.rs;
+                let dst = &mut wa[r * k..(r + 1) * k];
+                if sa.cs == 1 {
+                    // 8 values at a time with the tiles' own loads (no call).
+                    let (src, dst) = (a[row..row + k].as_ptr(), dst.as_mut_ptr().cast::<f32>());
+                    let full = k / 8 * 8;
+                    // SAFETY: values `p..p + 8` (`p + 8 ≤ full`) of the row and `dst`,
+                    // then the last `k - full`.
+                    unsafe {
+                        for p in (0..full).step_by(8) {
+                            S::load(src.add(p), 8).store(dst.add(p), 8);
+                        }
+                        if full < k {
+                            S::load(src.add(full), k - full).store(dst.add(full), k - full);
+                        }
+                    }
+                } else {
+                    for (p, d) in dst.iter_mut().enumerate() {
+                        d.write(a[row + p * sa.cs].widen());
+                    }
+                }
+            }
+            // SAFETY: the caller's contract: rows `r0..r0 + h` of the output; `wa`
+            // holds those rows of `A` (row-major, `h·k` values written above), `b`
+            // holds `B`'s rows.
+            unsafe {
+                let d = pr.d.add(r0 * n);
+                tiles::<Avx2F32, f32, S>(&pr, h, d, wa.as_ptr().cast(), k, 1, b, brs);
+            }
+        }
         true
     }
 
-    /// `pr` with `B`'s rows contiguous at `b`, `brs` apart, in register tiles of `R`
-    /// output rows × `V` vectors of columns with `R·V` = [`ROWS`] accumulators (fewer
-    /// rows, more columns for short outputs), the columns left over in one-vector tiles
-    /// (the last one masked).
+    /// Rows `0..m` of `pr`'s output at `d` (row length `pr.n`), from `A` at `a` (stored
+    /// as `SA`, rows `ars` apart, inner stride `acs`) and `B`'s contiguous rows at `b`,
+    /// `brs` apart: register tiles of `R` output rows × `V` vectors of columns with
+    /// `R·V` = [`ROWS`] accumulators (fewer rows, more columns for short outputs), the
+    /// columns left over in one-vector tiles (the last one masked).
     ///
     /// # Safety
-    /// As for [`run`], with `b` pointing at `B`.
+    /// As for [`run`], with `a`, `b` and `d` pointing at `m` rows of `A`, at `B` and
+    /// at `m` rows of the output.
     #[inline(always)]
-    unsafe fn tiles<L: Lanes>(pr: Product<'_, L::E>, b: *const L::E, brs: usize) {
-        let Product {
-            m,
-            n,
-            k,
-            a: (a, sa, ia),
-            d,
-            dst_factor,
-            read_dst,
-            alpha,
-            ..
-        } = pr;
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tiles<L: Lanes, SA: Stored<L>, S: Stored<L>>(
+        pr: &Product<'_, L::E, S>,
+        m: usize,
+        d: *mut S,
+        a: *const SA,
+        ars: usize,
+        acs: usize,
+        b: *const S,
+        brs: usize,
+    ) {
+        let zero = <L::E as num_traits::Zero>::zero();
         // SAFETY: (all the pointer arithmetic below) rows `i..i + R` of `A`, the
         // columns `j..j + V·N` of `B` and of the output lie inside their matrices.
         unsafe {
-            let zero = <L::E as num_traits::Zero>::zero();
-            let input = read_dst && dst_factor != zero;
             let at = Tile {
-                a: a.as_ptr().add(sa.offsets[ia]),
-                ars: sa.rs,
-                acs: sa.cs,
+                a,
+                ars,
+                acs,
                 b,
                 brs,
-                k,
+                k: pr.k,
                 len: L::N,
                 d,
-                n,
-                alpha: L::splat(alpha),
-                factor: L::splat(dst_factor),
-                input,
+                n: pr.n,
+                alpha: L::splat(pr.alpha),
+                factor: L::splat(pr.dst_factor),
+                input: pr.read_dst && pr.dst_factor != zero,
             };
             let mut i = 0;
             while i < m {
@@ -467,20 +761,20 @@ mod x86 {
         }
     }
 
-    /// One vector of output columns: where its operands and output start.
-    #[derive(Clone, Copy)]
-    struct Tile<L: Lanes> {
-        a: *const L::E,
+    /// One vector of output columns: where its operands and output start (`A` stored
+    /// as `SA`, `B` and the output as `S`).
+    struct Tile<L: Lanes, SA, S> {
+        a: *const SA,
         ars: usize,
         acs: usize,
         /// `B`'s first row at this tile's first column.
-        b: *const L::E,
+        b: *const S,
         brs: usize,
         k: usize,
         /// Columns in this tile (1..=N).
         len: usize,
         /// The output's row 0 at this tile's first column.
-        d: *mut L::E,
+        d: *mut S,
         /// The output's row length.
         n: usize,
         alpha: L,
@@ -489,7 +783,15 @@ mod x86 {
         input: bool,
     }
 
-    impl<L: Lanes> Tile<L> {
+    // (Not derived: the derive would ask `S: Copy` of the pointers' target.)
+    impl<L: Lanes, SA, S> Clone for Tile<L, SA, S> {
+        fn clone(&self) -> Self {
+            *self
+        }
+    }
+    impl<L: Lanes, SA, S> Copy for Tile<L, SA, S> {}
+
+    impl<L: Lanes, SA: Stored<L>, S: Stored<L>> Tile<L, SA, S> {
         /// Output rows `i..i + R`, all columns: tiles of `V` vectors while they fit,
         /// then one vector at a time; returns `R`.
         ///
@@ -542,10 +844,10 @@ mod x86 {
                 let mut acc = [[L::zero(); V]; R];
                 for p in 0..self.k {
                     let brow = self.b.add(p * self.brs);
-                    let bv: [L; V] = std::array::from_fn(|v| L::load(brow.add(v * L::N), self.len));
+                    let bv: [L; V] = std::array::from_fn(|v| S::load(brow.add(v * L::N), self.len));
                     let ap = a.add(p * self.acs);
                     for (r, row) in acc.iter_mut().enumerate() {
-                        let av = L::splat(*ap.add(r * self.ars));
+                        let av = SA::splat(ap.add(r * self.ars));
                         for (s, &b) in row.iter_mut().zip(&bv) {
                             *s = av.fma(b, *s);
                         }
@@ -556,9 +858,9 @@ mod x86 {
                         let o = self.d.add((i + r) * self.n + v * L::N);
                         let mut out = self.alpha.mul(s);
                         if self.input {
-                            out = self.factor.mul(L::load(o, self.len)).add(out);
+                            out = self.factor.mul(S::load(o, self.len)).add(out);
                         }
-                        out.store(o, self.len);
+                        S::store(out, o, self.len);
                     }
                 }
             }

@@ -1088,6 +1088,52 @@ fn every_16bit_kernel_on_a_large_product() {
     }
 }
 
+/// Small 16-bit products (the direct kernel, reading 16-bit operands in place where
+/// the CPU has AVX2, FMA and F16C) give the bits of the float32 product of the widened
+/// operands rounded once, which takes the same direct kernel in the same order: a
+/// transposed `A`, a `B` with strided rows (staged on the stack), edge columns, rows of
+/// `A` widened in several chunks (`m·k` over the 4096-value stack buffer), an inner
+/// dimension longer than that buffer (widened elsewhere), and a batch spread over the
+/// threads.
+#[test]
+fn small_16bit_products_round_the_float32_sums_once() {
+    // (batch, m, k, n, A transposed, B transposed)
+    let cases = [
+        (1, 8, 8, 8, false, false),
+        (1, 5, 13, 11, true, false),
+        (1, 6, 9, 10, false, true),
+        (1, 100, 60, 10, false, false),
+        (1, 100, 60, 10, true, false),
+        (1, 2, 6000, 4, false, false),
+        (40, 16, 32, 16, false, false),
+        (40, 16, 32, 16, true, true),
+    ];
+    for dt in [DType::BF16, DType::F16] {
+        for (i, &(batch, m, k, n, ta, tb)) in cases.iter().enumerate() {
+            let bdims: &[usize] = if batch > 1 { &[batch] } else { &[] };
+            let seed = 700 + i as u64;
+            let a = operand(dt, bdims, m, k, ta, seed);
+            let b = operand(dt, bdims, k, n, tb, seed ^ 1);
+            let prod = |a: &Tensor, b: &Tensor| {
+                if batch > 1 {
+                    bmm(a, b).unwrap()
+                } else {
+                    mm(a, b).unwrap()
+                }
+            };
+            let wide = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+            let want = prod(&wide(&a), &wide(&b)).to_dtype(dt).unwrap();
+            let got = prod(&a, &b);
+            let what = format!("{dt} case {i}: [{batch}] {m}x{k}x{n}, transposed {ta}/{tb}");
+            assert_eq!(got.dims(), want.dims(), "{what}");
+            let bits =
+                |t: &Tensor| -> Vec<u64> { t.to_vec_f64().iter().map(|v| v.to_bits()).collect() };
+            assert_eq!(bits(&got), bits(&want), "{what}");
+            assert_close(&got, &ref_matmul(&a, &b), dt, &what);
+        }
+    }
+}
+
 /// Widened 16-bit batches run one product per task, widened a block of rows at a time
 /// when a product's float32 sums would not fit the cache (here 43 of 100 rows per
 /// block): every block, the short last one included, and a transposed `A` read per
