@@ -86,13 +86,18 @@ fn wide_sum<C: Num>(xs: &[C], g: impl Fn(C) -> C) -> C {
 }
 
 /// The input of [`norm_rows`] every block of rows reads: rows of `n` elements of `s`,
-/// `eps`, and the affine step applied to each normalised row.
+/// `eps`, a per-element weight and bias applied as each row is normalised, and the
+/// affine step applied to each normalised row after.
 struct NormInput<'a, T, C, A> {
     s: &'a [T],
     n: usize,
     eps: C,
+    wb: Params<'a, C>,
     affine: &'a A,
 }
+
+/// The weight and bias of each element of a row (`n` each), if any.
+type Params<'a, C> = (Option<&'a [C]>, Option<&'a [C]>);
 
 /// Normalise rows `r0..` (`out.len() / n` of them) of the input into `out`, writing
 /// their statistics to `mean` and `rstd` (see [`norm_rows`]). Always inlined, so it
@@ -105,7 +110,13 @@ fn norm_block<T: Element, C: Real + Num, A: Fn(usize, &mut [C])>(
     mean: &mut [C],
     rstd: &mut [C],
 ) {
-    let NormInput { s, n, eps, affine } = *input;
+    let NormInput {
+        s,
+        n,
+        eps,
+        wb,
+        affine,
+    } = *input;
     let nc = C::from_f64c(n as f64);
     let same = as_same::<T, C>(&[]).is_some();
     let scratch = if same { 0 } else { n };
@@ -124,9 +135,17 @@ fn norm_block<T: Element, C: Real + Num, A: Fn(usize, &mut [C])>(
         let var = wide_sum(xr, |v: C| (v - mu) * (v - mu)) / nc;
         let rs = C::ONE / (var + eps).sqrt();
         (mean[k], rstd[k]) = (mu, rs);
+        // The weight and bias in the same pass (`y · w + b`, rounded as two steps).
         let write = |y: &mut [C]| {
-            for (y, &v) in y.iter_mut().zip(xr) {
-                *y = (v - mu) * rs;
+            let it = y.iter_mut().zip(xr);
+            match wb {
+                (Some(w), Some(b)) => it
+                    .zip(w)
+                    .zip(b)
+                    .for_each(|(((y, &v), &w), &b)| *y = (v - mu) * rs * w + b),
+                (Some(w), None) => it.zip(w).for_each(|((y, &v), &w)| *y = (v - mu) * rs * w),
+                (None, Some(b)) => it.zip(b).for_each(|((y, &v), &b)| *y = (v - mu) * rs + b),
+                (None, None) => it.for_each(|(y, &v)| *y = (v - mu) * rs),
             }
             affine(r, y);
         };
@@ -170,8 +189,9 @@ unsafe fn norm_block_avx2<T: Element, C: Real + Num, A: Fn(usize, &mut [C])>(
 }
 
 /// Normalise each of the `rows` contiguous rows of `n` elements of `s` to zero mean and
-/// unit variance (`rstd = 1 / sqrt(var + eps)`), then let `affine(row, y)` scale and
-/// shift row `row` in place. Returns the output and the per-row mean and rstd
+/// unit variance (`rstd = 1 / sqrt(var + eps)`), times `wb`'s weight plus its bias
+/// element by element in the same pass, then let `affine(row, y)` scale and shift row
+/// `row` in place. Returns the output and the per-row mean and rstd
 /// ([`amp_tensor::Error::OutOfMemory`] when they cannot be allocated). Large inputs
 /// split into blocks of rows ([`rows_per_task`]) taken by the threads as they come.
 fn norm_rows<T: Element, C: Real + Num>(
@@ -179,6 +199,7 @@ fn norm_rows<T: Element, C: Real + Num>(
     rows: usize,
     n: usize,
     eps: f64,
+    wb: Params<'_, C>,
     affine: impl Fn(usize, &mut [C]) + Sync + Send,
 ) -> Result<(Vec<T>, Vec<C>, Vec<C>)> {
     use amp_tensor::pool::{try_filled, try_recycled_vec, try_zeroed};
@@ -197,6 +218,7 @@ fn norm_rows<T: Element, C: Real + Num>(
         s,
         n,
         eps: C::from_f64c(eps),
+        wb,
         affine: &affine,
     };
     let level = vmath::level();
@@ -313,18 +335,9 @@ fn layer_norm_with(
         }
         #[cfg(not(target_arch = "x86_64"))]
         let _ = fast;
-        let affine = |_: usize, y: &mut [C]| match (&w, &b) {
-            (Some(w), Some(b)) => y
-                .iter_mut()
-                .zip(w)
-                .zip(b)
-                .for_each(|((y, &w), &b)| *y = *y * w + b),
-            (Some(w), None) => y.iter_mut().zip(w).for_each(|(y, &w)| *y *= w),
-            (None, Some(b)) => y.iter_mut().zip(b).for_each(|(y, &b)| *y += b),
-            (None, None) => {}
-        };
+        let wb = (w.as_deref(), b.as_deref());
         let (out, mean, rstd) =
-            with_slice::<T, _>(&xc, |s| norm_rows::<T, C>(s, m, n, eps, affine))??;
+            with_slice::<T, _>(&xc, |s| norm_rows::<T, C>(s, m, n, eps, wb, |_, _| {}))??;
         Ok((
             Tensor::from_vec(out, x.dims().to_vec())?,
             Tensor::from_vec(mean, stat_shape.clone())?,
@@ -577,7 +590,7 @@ pub fn group_norm(
             }
         };
         let (out, mean, rstd) = with_slice::<T, _>(&xc, |s| {
-            norm_rows::<T, C>(s, nb * num_groups, cg * hw, eps, affine)
+            norm_rows::<T, C>(s, nb * num_groups, cg * hw, eps, (None, None), affine)
         })??;
         Ok((
             Tensor::from_vec(out, x.dims().to_vec())?,
