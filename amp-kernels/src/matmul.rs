@@ -35,7 +35,8 @@
 //! - Up to `SMALL_WORK` (16³) multiply-adds, and up to `DIRECT_WORK` (32×64×32) when
 //!   `B`'s rows are contiguous, the direct kernel (`small.rs`: eight vector
 //!   accumulators of up to eight output rows, no packing, no allocation): `gemm`
-//!   allocates and zeroes 4 KiB per call, more than such a product costs.
+//!   allocates and zeroes 4 KiB per call, more than such a product costs. 16-bit
+//!   products run on it reading their operands in place (`direct16`).
 //! - Products under `PARALLEL_WORK` (96³) and batches under `BATCH_PARALLEL_WORK`
 //!   (256K multiply-adds in all) stay on the calling thread: below that a wake-up costs
 //!   more than the second core gives.

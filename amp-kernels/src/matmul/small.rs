@@ -11,6 +11,11 @@
 //! copied row-major into a buffer on the stack. Elsewhere a portable loop does the same
 //! arithmetic one element at a time.
 //!
+//! bfloat16 and float16 products take the same tiles on AVX2 + FMA + F16C
+//! ([`direct16`]): the tile loop is generic over the storage type as well as the
+//! register type, so `A` (widened once into a stack buffer), `B` (widened as each row
+//! is loaded) and the output (rounded as stored) keep their 16-bit storage.
+//!
 //! Every output element is `alpha * sum` (plus `dst_factor * input`, multiplied and
 //! added as two roundings), its sum taken in the order of the inner dim with one
 //! rounding per multiply-add (fused where the CPU has FMA): the same arithmetic on
