@@ -1039,38 +1039,37 @@ fn direct16<T: Element + small::Half16>(p: &Plan<'_>) -> Result<Tensor> {
     let batch = p.sa.offsets.len();
     let len = out_len(p);
     let mut out: Vec<T> = try_vec_with_capacity(len)?;
-    let (sta, stb) = (p.a.storage(), p.b.storage());
-    let a = T::slice(sta.cpu()?).expect("dtype matches storage");
-    let b = T::slice(stb.cpu()?).expect("dtype matches storage");
-    check_bounds(a, &p.sa, m, k);
-    check_bounds(b, &p.sb, k, n);
     let dst = SendPtr(out.spare_capacity_mut().as_mut_ptr().cast::<T>());
-    let alpha = p.alpha as f32;
-    let one = |i: usize| {
-        let product = Product {
-            m,
-            n,
-            k,
-            a: (a, &p.sa, i),
-            b: (b, &p.sb, i),
-            d: dst.at(i * m * n),
-            dst_factor: 0.0,
-            read_dst: false,
-            alpha,
+    with_operands::<T, _>(p, |a, b| {
+        check_bounds(a, &p.sa, m, k);
+        check_bounds(b, &p.sb, k, n);
+        let one = |i: usize| {
+            let product = Product {
+                m,
+                n,
+                k,
+                a: (a, &p.sa, i),
+                b: (b, &p.sb, i),
+                d: dst.at(i * m * n),
+                dst_factor: 0.0,
+                read_dst: false,
+                alpha: p.alpha as f32,
+            };
+            // SAFETY: the operands' matrices lie inside `a` and `b` (checked above);
+            // `d` is product `i`'s `m×n` block of the output's capacity, written only
+            // by this call, and not read (`read_dst` false).
+            let done = unsafe { small::direct16(product) };
+            // `direct` takes a `B` with strided rows only up to `SMALL_WORK`
+            // multiply-adds, so `k·n ≤ small::PACK`; the CPU has the kernel (checked by
+            // the caller).
+            assert!(done, "the direct 16-bit kernel declined a product it takes");
         };
-        // SAFETY: the operands' matrices lie inside `a` and `b` (checked above); `d` is
-        // product `i`'s `m×n` block of the output's capacity, written only by this
-        // call, and not read (`read_dst` false).
-        let done = unsafe { small::direct16(product) };
-        // `direct` takes a `B` with strided rows only up to `SMALL_WORK` multiply-adds,
-        // so `k·n ≤ small::PACK`; the CPU has the kernel (checked by the caller).
-        assert!(done, "the direct 16-bit kernel declined a product it takes");
-    };
-    if m * n * k * batch < BATCH_PARALLEL_WORK {
-        (0..batch).for_each(one);
-    } else {
-        amp_tensor::parallel::for_each(batch, &one);
-    }
+        if m * n * k * batch < BATCH_PARALLEL_WORK {
+            (0..batch).for_each(one);
+        } else {
+            amp_tensor::parallel::for_each(batch, &one);
+        }
+    })?;
     // SAFETY: every product wrote its `m×n` block: `batch·m·n = len` elements.
     unsafe { out.set_len(len) };
     Tensor::from_vec(out, p.out_dims.clone())
