@@ -1028,12 +1028,12 @@ const SUMS16_LEN: usize = 64 * 1024;
 /// widened path ([`per_product16`]: the same float32 sums, in the same order).
 ///
 /// Measured on a Zen 3 EPYC (AVX2, no AVX-512), float32 time over 16-bit time, widened
-/// (`per_product16`) → here, bfloat16 / float16: `mm` 8³ 0.71 / 0.71 → 0.93 / 0.90,
-/// 32³ 0.82 / 0.84 → 0.80 / 0.91; `bmm` `[32, 8, 64] × [32, 64, 8]` 0.69 / 0.72 →
-/// 0.79 / 0.83, `[32, 32, 64] × [32, 64, 32]` 0.87 / 0.88 → 0.83 / 0.98. What is
-/// left is the widening itself: each value of `A` once (into a stack buffer), each row
-/// of `B` as it is loaded, two instructions per 8 bfloat16 values against the float32
-/// kernel's none.
+/// (`per_product16`, one run) → here (three runs), bfloat16 / float16: `mm` 8³
+/// 0.71 / 0.71 → 0.79–0.93 / 0.81–0.90; `bmm` `[32, 8, 64] × [32, 64, 8]` 0.69 / 0.72
+/// → 0.72–0.83 / 0.74–0.83, `[32, 32, 64] × [32, 64, 32]` 0.87 / 0.88 → 0.83–0.92 /
+/// 0.90–0.99. What is left is the widening itself: each value of `A` once (into a
+/// stack buffer), each row of `B` as it is loaded, two instructions per 8 bfloat16
+/// values against the float32 kernel's none.
 fn direct16<T: Element + small::Half16>(p: &Plan<'_>) -> Result<Tensor> {
     let (m, n, k) = (p.m, p.n, p.k);
     let batch = p.sa.offsets.len();
