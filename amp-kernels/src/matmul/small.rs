@@ -78,9 +78,6 @@ pub(super) const PACK: usize = 4096;
 
 /// The 16-bit float types of [`direct16`].
 pub(crate) trait Half16: amp_tensor::Element {
-    /// The value as float32 (exact).
-    fn widen(self) -> f32;
-
     /// [`direct16`] for this type.
     ///
     /// # Safety
@@ -92,9 +89,6 @@ pub(crate) trait Half16: amp_tensor::Element {
 macro_rules! half16 {
     ($($t:ty: $direct:ident),*) => {$(
         impl Half16 for $t {
-            fn widen(self) -> f32 {
-                self.to_f32()
-            }
             #[cfg(target_arch = "x86_64")]
             unsafe fn vector_product16(pr: Product<'_, f32, Self>) -> bool {
                 // SAFETY: the caller's contract.
@@ -700,7 +694,7 @@ mod x86 {
                     }
                 } else {
                     for (p, d) in dst.iter_mut().enumerate() {
-                        d.write(a[row + p * sa.cs].widen());
+                        d.write(a[row + p * sa.cs].to_f32());
                     }
                 }
             }
