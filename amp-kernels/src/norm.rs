@@ -72,17 +72,22 @@ fn wide_sum<C: Num>(xs: &[C], g: impl Fn(C) -> C) -> C {
     if xs.len() < 4 * W {
         return lane_reduce(xs, C::ZERO, C::nadd, g);
     }
-    let mut acc = [C::ZERO; W];
+    // Lane `8j + i` is `acc[j][i]`: eight blocks of eight with constant indices, which
+    // the compiler keeps in registers (one flat array of 64 it kept on the stack,
+    // storing and reloading every lane per chunk).
+    let mut acc = [[C::ZERO; 8]; W / 8];
     let mut chunks = xs.chunks_exact(W);
     for c in &mut chunks {
-        for (a, &x) in acc.iter_mut().zip(c) {
-            *a = a.nadd(g(x));
+        for (a, x) in acc.iter_mut().zip(c.chunks_exact(8)) {
+            let x: &[C; 8] = x.try_into().expect("chunks of 8");
+            *a = std::array::from_fn(|i| a[i].nadd(g(x[i])));
         }
     }
-    for (a, &x) in acc.iter_mut().zip(chunks.remainder()) {
+    let flat = acc.as_flattened_mut();
+    for (a, &x) in flat.iter_mut().zip(chunks.remainder()) {
         *a = a.nadd(g(x));
     }
-    lane_sum(&acc)
+    lane_sum(flat)
 }
 
 /// The input of [`norm_rows`] every block of rows reads: rows of `n` elements of `s`,
