@@ -43,6 +43,13 @@ pub const SLOW_S: f64 = 1.0;
 /// `bmm` is shaped like attention scores: `[BH, T, HEAD] × [BH, HEAD, T]` with `T = n`.
 const BH: usize = 32;
 const HEAD: usize = 64;
+/// The pause between PyTorch's side of an entry and ours, both ways, so that neither
+/// side's idle workers are still awake when the other is timed. PyTorch's OpenMP
+/// workers (libgomp, `OMP_WAIT_POLICY` unset) spin 300,000 pauses after each parallel
+/// region, some milliseconds, where ours linger 200 µs: without the pause our `add` of
+/// 384² on a 2-core EPYC varied 57–121% between its rounds beside PyTorch against 6–25%
+/// alone.
+const SETTLE: std::time::Duration = std::time::Duration::from_millis(50);
 /// The spread (max/min − 1 over the rounds) an entry is trusted within.
 const SPREAD_OK: f64 = 0.20;
 
@@ -211,12 +218,14 @@ fn interleaved(
     mut run: impl FnMut(),
 ) -> Result<(Timing, Option<Timing>), String> {
     let torch = server.measure(key)?;
+    std::thread::sleep(SETTLE);
     let ours = measure(&mut run);
     let ours = if ours.is_one_call() {
         ours
     } else {
         Timing::pooled(ours, measure(&mut run))
     };
+    std::thread::sleep(SETTLE);
     let torch = match torch {
         Some(t) if !t.is_one_call() => server.measure(key)?.map(|u| Timing::pooled(t, u)),
         t => t,
