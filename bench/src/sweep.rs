@@ -12,9 +12,9 @@
 //!
 //! PyTorch's figures come either from a `torch-baseline --sweep` JSON (`--compare`), or,
 //! with `--with-torch`, from `torch-baseline --sweep --serve` run beside this process and
-//! asked for each entry in turn: PyTorch, ours, ours, PyTorch, each side's figure the
-//! median of its pooled rounds, so that both sides of a ratio are measured within a
-//! second or so of each other (on a shared host, two runs minutes apart differ by up to
+//! asked for each entry in turn: PyTorch, ours, ours, PyTorch (with a pause of
+//! [`SETTLE`] at each change of side), each side's figure the median of its pooled
+//! rounds, so that both sides of a ratio are measured within a second or so of each other (on a shared host, two runs minutes apart differ by up to
 //! 2× on memory-bound entries). An entry whose first call is over [`SLOW_S`] is measured
 //! once per side.
 //!
