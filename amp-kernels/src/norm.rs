@@ -73,8 +73,9 @@ fn wide_sum<C: Num>(xs: &[C], g: impl Fn(C) -> C) -> C {
         return lane_reduce(xs, C::ZERO, C::nadd, g);
     }
     // Lane `8j + i` is `acc[j][i]`: eight blocks of eight with constant indices, which
-    // the compiler keeps in registers (one flat array of 64 it kept on the stack,
-    // storing and reloading every lane per chunk).
+    // the compiler adds in registers (one flat array of 64 it reloaded from the stack
+    // for every chunk). Float32 layer norm of `[n, n]` on an AVX2 EPYC, old time over
+    // new (medians of four alternations): 1.11–1.33 for n = 256–1024.
     let mut acc = [[C::ZERO; 8]; W / 8];
     let mut chunks = xs.chunks_exact(W);
     for c in &mut chunks {

@@ -14,9 +14,9 @@
 //! with `--with-torch`, from `torch-baseline --sweep --serve` run beside this process and
 //! asked for each entry in turn: PyTorch, ours, ours, PyTorch (with a pause of
 //! [`SETTLE`] at each change of side), each side's figure the median of its pooled
-//! rounds, so that both sides of a ratio are measured within a second or so of each other (on a shared host, two runs minutes apart differ by up to
-//! 2× on memory-bound entries). An entry whose first call is over [`SLOW_S`] is measured
-//! once per side.
+//! rounds, so that both sides of a ratio are measured within a second or so of each
+//! other (on a shared host, two runs minutes apart differ by up to 2× on memory-bound
+//! entries). An entry whose first call is over [`SLOW_S`] is measured once per side.
 //!
 //! The run writes `<out>/<machine>.json` (ours, and PyTorch's when compared) and `<out>/<machine>.svg` (ours / PyTorch per size, one panel per op), where
 //! `<machine>` is the CPU flags the kernels choose by; `xtask/sweeps/` keeps one per
@@ -45,10 +45,10 @@ const BH: usize = 32;
 const HEAD: usize = 64;
 /// The pause between PyTorch's side of an entry and ours, both ways, so that neither
 /// side's idle workers are still awake when the other is timed. PyTorch's OpenMP
-/// workers (libgomp, `OMP_WAIT_POLICY` unset) spin 300,000 pauses after each parallel
-/// region, some milliseconds, where ours linger 200 µs: without the pause our `add` of
-/// 384² on a 2-core EPYC varied 57–121% between its rounds beside PyTorch against 6–25%
-/// alone.
+/// workers (libgomp, `OMP_WAIT_POLICY` unset) spin for 300,000 pause instructions after
+/// each parallel region (milliseconds), where ours linger 200 µs. On a 2-core EPYC our
+/// float32 `add` of 384² varied 57–121% between its rounds beside PyTorch without the
+/// pause, 15–24% with it, and 6–25% alone (three runs each).
 const SETTLE: std::time::Duration = std::time::Duration::from_millis(50);
 /// The spread (max/min − 1 over the rounds) an entry is trusted within.
 const SPREAD_OK: f64 = 0.20;
