@@ -627,3 +627,26 @@ pub fn normalize(x: &Tensor, p: f64, dim: i64, eps: f64) -> Result<Tensor> {
         Tensor::from_vec(out, x.dims().to_vec())
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `wide_sum` adds element `i` of a long row into lane `i mod 64`, in order, then
+    /// folds the lanes as `lane_sum` does: the order the AVX-512 row kernels share with
+    /// it, which keeps layer norm's bits the same at every width.
+    #[test]
+    fn wide_sum_adds_each_lane_in_order() {
+        for n in [256usize, 300, 1000, 4103] {
+            let xs: Vec<f32> = (0..n)
+                .map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1.0e-3 + (i as f32).sin() * 1.0e3)
+                .collect();
+            let mut lanes = [0f32; 64];
+            for (i, &x) in xs.iter().enumerate() {
+                lanes[i % 64] += x * x;
+            }
+            let got = wide_sum(&xs, |v| v * v);
+            assert_eq!(got.to_bits(), lane_sum(&lanes).to_bits(), "n = {n}");
+        }
+    }
+}
