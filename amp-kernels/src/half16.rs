@@ -651,6 +651,12 @@ mod tests {
             .collect()
     }
 
+    /// Every pair of an `x` operand and a `y` operand (each pair of kinds has its own
+    /// loop).
+    fn pairs<'a, A, B>(xs: &'a [A], ys: &'a [B]) -> impl Iterator<Item = (&'a A, &'a B)> {
+        xs.iter().flat_map(move |a| ys.iter().map(move |b| (a, b)))
+    }
+
     type Bin<S> =
         fn(Operand<'_, S>, Operand<'_, S>, &mut [MaybeUninit<S>], &dyn Fn(f32, f32) -> f32);
     type Un<S> = fn(&[S], &mut [MaybeUninit<S>], &dyn Fn(f32) -> f32);
@@ -676,7 +682,7 @@ mod tests {
             ],
         );
         for f in ops {
-            for ((xo, xa), (yo, ya)) in xs.iter().flat_map(|a| ys.iter().map(move |b| (a, b))) {
+            for ((xo, xa), (yo, ya)) in pairs(&xs, &ys) {
                 bin(*xo, *yo, &mut out, f);
                 for (k, o) in out.iter().enumerate() {
                     let a = xa.unwrap_or_else(|| x[k].widen());
@@ -732,9 +738,8 @@ mod tests {
                 (Operand::Splat(-2.5), &|_| -2.5),
             ],
         );
-        let pairs = || xs.iter().flat_map(|a| ys.iter().map(move |b| (a, b)));
         for f in ops {
-            for ((xo, xv), (yo, yv)) in pairs() {
+            for ((xo, xv), (yo, yv)) in pairs(&xs, &ys) {
                 // SAFETY: `avx2()` checked the features.
                 unsafe { bin_f32_256(*xo, *yo, &mut out, &f) };
                 same(&out, &|k| f(xv(k), yv(k)));
@@ -748,7 +753,7 @@ mod tests {
             return;
         }
         for f in ops {
-            for ((xo, xv), (yo, yv)) in pairs() {
+            for ((xo, xv), (yo, yv)) in pairs(&xs, &ys) {
                 // SAFETY: `width()` checked the AVX-512 features.
                 unsafe { bin_f32_512(*xo, *yo, &mut out, &f) };
                 same(&out, &|k| f(xv(k), yv(k)));
