@@ -53,8 +53,8 @@
 //!   AMX the block is 32×32 (four accumulator tiles), and products with fewer than 16
 //!   rows stay on the `vdpbf16ps` tile. On AVX2 the tile is 6×32; plain products up
 //!   to 32×64×32 multiply-adds stay on the direct kernel there (`direct16_work`:
-//!   widening for it is faster at those sizes), and products with an inner dimension
-//!   over `AVX2_MAX_K` (1024) go widened to faer's cache-blocked kernel.
+//!   widening for it is faster at those sizes), and products whose packed `B` is over
+//!   `AVX2_MAX_KN` words (8 MiB) go widened to faer's cache-blocked kernel.
 
 use amp_tensor::half::{bf16, f16};
 use std::cell::RefCell;

@@ -50,7 +50,8 @@
 //! The output is cut into tiles of [`MR`] rows by [`NR`] columns. `A` is packed in
 //! panels of `MR` rows, `B` in strips of `NR` columns, both as 32-bit words: word `p`
 //! of a line holds inner index `p` as float32 ([`Kernel16::Avx512Fma`],
-//! [`Kernel16::Avx2Fma`], whose panels have [`AVX2_MR`] rows), or inner
+//! [`Kernel16::Avx2Fma`], whose panels have [`AVX2_MR`] rows and whose strips are two
+//! halves of 16 columns, one after the other), or inner
 //! indices `(2p, 2p+1)` as a bfloat16 pair ([`Kernel16::Avx512Bf16`], "VNNI pairs"; an
 //! odd inner size is padded with a zero half). Short panels and strips are padded with
 //! zero lines; padded lanes of a tile are never stored. Summed products (`addbmm`) are
@@ -85,16 +86,25 @@ pub const NR: usize = 32;
 const PANELS: usize = 4;
 /// Rows of an AVX2 output tile: 6×16 float32 sums fill 12 `ymm` registers.
 pub const AVX2_MR: usize = 6;
+/// Columns of an AVX2 block of sums (two 8-lane registers): an AVX2 strip of [`NR`]
+/// columns is packed as two halves of this many, one after the other.
+const AVX2_NR: usize = 16;
 /// Rows of an AMX output block (one AMX `A` panel: two tiles of 16 rows).
 const AMX_MR: usize = 32;
 /// Pairs of inner indices per AMX tile (a tile row is 64 bytes).
 const AMX_KP: usize = 16;
-/// The longest inner dimension the AVX2 tiles take when no kernel is forced. Their
-/// sums stay in registers for the whole inner dimension, so each 6×16 block streams its
-/// half of a `B` strip (`k·128` bytes) from the L2 cache; at `k = 2048` (256 KiB strips)
-/// that ran about 20% behind the widened path's cache-blocked float32 kernel (bfloat16
-/// `mm` of 2048³ on a Zen 3 EPYC: 118–125 against 148–153 GFLOP/s, level at 1024³).
-pub const AVX2_MAX_K: usize = 1024;
+/// The most words of packed `B` (`k·n`, 4 bytes each) a product runs on the AVX2 tiles
+/// when no kernel is forced. Their sums stay in registers for the whole inner
+/// dimension, so every row block of four panels streams all of `B`'s strips; past
+/// 8 MiB the strips no longer stay in the L3 cache from one row block to the next, and
+/// the widened path's cache-blocked float32 kernel is as fast or faster. Measured on a
+/// Zen 3 EPYC (512 KiB L2, 32 MiB L3), bfloat16 GFLOP/s on the tiles against widened
+/// (medians of 15 alternations), `m×k×n`: 2048×2048×1024 147/133, 2048×1024×2048
+/// 145/123; past the limit 1024×2048×2048 111/117, 2048×2048×2048 127–142/136–147,
+/// `Aᵀ` 128×2048×2048 77/93. The limit was `k ≤ 1024`, which sent the main job's
+/// weight gradients (`k` = 2048 tokens) widened: `Aᵀ` 384×2048×128 141–163 against
+/// 107–129, `Aᵀ` 512×2048×128 161/121.
+pub const AVX2_MAX_KN: usize = 2048 * 1024;
 /// The fewest output rows a product needs to run on AMX when no kernel is forced.
 pub const AMX_MIN_ROWS: usize = 16;
 
@@ -248,7 +258,7 @@ pub fn with_kernel16<R>(kernel: Kernel16, f: impl FnOnce() -> R) -> Result<R> {
 /// widened path: the forced kernel when a test forces one, else the fastest the CPU has
 /// when the product is wide enough that a tile's padding does not dominate (thinner
 /// products are memory-bound either way; the widened path handles them) and, on the
-/// AVX2 tiles, its inner dimension at most [`AVX2_MAX_K`].
+/// AVX2 tiles, its packed `B` at most [`AVX2_MAX_KN`] words.
 pub(super) fn chosen(dtype: DType, m: usize, n: usize, k: usize) -> Option<Kernel16> {
     let mut kernel = kernel16(dtype)?;
     let forced = FORCED.get().is_some_and(|f| f.supports(dtype));
@@ -258,7 +268,7 @@ pub(super) fn chosen(dtype: DType, m: usize, n: usize, k: usize) -> Option<Kerne
     let fits = m * n * k >= super::SMALL_WORK
         && n >= NR / 2
         && m >= MR / 2
-        && (kernel != Kernel16::Avx2Fma || k <= AVX2_MAX_K);
+        && (kernel != Kernel16::Avx2Fma || k * n <= AVX2_MAX_KN);
     (kernel != Kernel16::Widened && (forced || fits)).then_some(kernel)
 }
 
@@ -387,6 +397,7 @@ fn single<T: Half, const LOAD: u8>(
         return Ok(());
     }
     let amx = LOAD == x86::AMX;
+    let avx2 = matches!(LOAD, x86::AVX2_BF16 | x86::AVX2_F16);
     let mr = match LOAD {
         x86::AMX => AMX_MR,
         x86::AVX2_BF16 | x86::AVX2_F16 => AVX2_MR,
@@ -425,6 +436,26 @@ fn single<T: Half, const LOAD: u8>(
         strip_len,
         |s, dst| {
             let j0 = s * NR;
+            if avx2 {
+                // Two halves of 16 columns, each inner-major on its own, so that a block
+                // of sums reads whole cache lines of its half one after the other
+                // (interleaved, each of its passes used half of every line it loaded).
+                for (c0, d) in [0, AVX2_NR].into_iter().zip(dst.chunks_mut(kp * AVX2_NR)) {
+                    let w = AVX2_NR.min(n.saturating_sub(j0 + c0));
+                    if w == 0 {
+                        // A tile of at most 16 columns never reads its second half.
+                        continue;
+                    }
+                    for (seg, d) in segs.iter().zip(d.chunks_mut(kp_seg * AVX2_NR)) {
+                        let (o, cs, rs) = (seg.1 + (j0 + c0) * job.sb.cs, job.sb.cs, job.sb.rs);
+                        // SAFETY: the operands lie in their buffers (checked by
+                        // `product`); the half reads columns `j0+c0..j0+c0+w` and inner
+                        // rows `0..k` of matrix `seg`.
+                        unsafe { pack::<AVX2_NR, LOAD>(xb, o, cs, rs, k, w, d) };
+                    }
+                }
+                return;
+            }
             let w = NR.min(n - j0);
             for (seg, d) in segs.iter().zip(dst.chunks_mut(kp_seg * NR)) {
                 let (o, cs, rs) = (seg.1 + j0 * job.sb.cs, job.sb.cs, job.sb.rs);
@@ -744,7 +775,7 @@ struct Tile {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{Tile, AMX_KP, AMX_MR, AVX2_MR, MR, NR};
+    use super::{Tile, AMX_KP, AMX_MR, AVX2_MR, AVX2_NR, MR, NR};
     use std::arch::asm;
     use std::arch::x86_64::*;
     use std::mem::MaybeUninit;
@@ -1340,7 +1371,8 @@ mod x86 {
     /// `A_panel @ B_strip` over `kp` inner indices (one float32 per word), as two blocks
     /// of 6×16 sums one after the other, each in 12 registers for the whole inner
     /// dimension (one broadcast `A` value against two registers of `B` per row and
-    /// index), then `alpha`, the input term and the rounding as [`micro_fma`]'s.
+    /// index), then `alpha`, the input term and the rounding as [`micro_fma`]'s. The
+    /// strip is two halves of `kp·AVX2_NR` words, one per block.
     ///
     /// # Safety
     /// The CPU has AVX2, FMA and F16C; `a` holds `kp·AVX2_MR` words, `b` `kp·NR`; the
@@ -1349,14 +1381,15 @@ mod x86 {
     pub(super) unsafe fn micro_avx2<const F16: bool>(kp: usize, a: &[u32], b: &[u32], tile: Tile) {
         assert!(a.len() >= kp * AVX2_MR && b.len() >= kp * NR);
         assert!(tile.rows <= AVX2_MR && tile.cols <= NR);
-        let (pa, pb) = (a.as_ptr().cast::<f32>(), b.as_ptr().cast::<f32>());
-        for half in 0..tile.cols.div_ceil(16) {
+        let pa = a.as_ptr().cast::<f32>();
+        for half in 0..tile.cols.div_ceil(AVX2_NR) {
+            let pb = b[half * kp * AVX2_NR..].as_ptr().cast::<f32>();
             let mut acc = [[_mm256_setzero_ps(); 2]; AVX2_MR];
             for p in 0..kp {
-                // SAFETY: `p·NR + 16·half + 16 ≤ kp·NR` and `p·AVX2_MR + AVX2_MR ≤
-                // kp·AVX2_MR` words (asserted).
+                // SAFETY: `p·AVX2_NR + 16 ≤ kp·AVX2_NR` words of the half and
+                // `p·AVX2_MR + AVX2_MR ≤ kp·AVX2_MR` of the panel (asserted).
                 unsafe {
-                    let bp = pb.add(p * NR + 16 * half);
+                    let bp = pb.add(p * AVX2_NR);
                     let (b0, b1) = (_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8)));
                     let ar = pa.add(p * AVX2_MR);
                     for (r, acc) in acc.iter_mut().enumerate() {
@@ -1367,7 +1400,7 @@ mod x86 {
                 }
             }
             // SAFETY: the tile lies in the output (the caller's contract).
-            unsafe { store_block_avx2::<F16>(&acc, 16 * half, &tile) }
+            unsafe { store_block_avx2::<F16>(&acc, AVX2_NR * half, &tile) }
         }
     }
 
