@@ -436,39 +436,35 @@ fn single<T: Half, const LOAD: u8>(
         strip_len,
         |s, dst| {
             let j0 = s * NR;
-            if avx2 {
-                // Two halves of 16 columns, each inner-major on its own, so that a block
-                // of sums reads whole cache lines of its half one after the other
-                // (interleaved, each of its passes used half of every line it loaded).
-                for (c0, d) in [0, AVX2_NR].into_iter().zip(dst.chunks_mut(kp * AVX2_NR)) {
-                    let w = AVX2_NR.min(n.saturating_sub(j0 + c0));
-                    if w == 0 {
-                        // A tile of at most 16 columns never reads its second half.
-                        continue;
-                    }
-                    for (seg, d) in segs.iter().zip(d.chunks_mut(kp_seg * AVX2_NR)) {
-                        let (o, cs, rs) = (seg.1 + (j0 + c0) * job.sb.cs, job.sb.cs, job.sb.rs);
-                        // SAFETY: the operands lie in their buffers (checked by
-                        // `product`); the half reads columns `j0+c0..j0+c0+w` and inner
-                        // rows `0..k` of matrix `seg`.
-                        unsafe { pack::<AVX2_NR, LOAD>(xb, o, cs, rs, k, w, d) };
-                    }
+            // An AVX2 strip is two halves of 16 columns, each inner-major on its own, so
+            // that a block of sums reads whole cache lines of its half one after the
+            // other (interleaved, each of its passes used half of every line it loaded).
+            let (blocks, bw): (&[usize], usize) = if avx2 {
+                (&[0, AVX2_NR], AVX2_NR)
+            } else {
+                (&[0], NR)
+            };
+            for (&c0, d) in blocks.iter().zip(dst.chunks_mut(kp * bw)) {
+                let w = bw.min(n.saturating_sub(j0 + c0));
+                if w == 0 {
+                    // A tile of at most 16 columns never reads its second half.
+                    continue;
                 }
-                return;
-            }
-            let w = NR.min(n - j0);
-            for (seg, d) in segs.iter().zip(dst.chunks_mut(kp_seg * NR)) {
-                let (o, cs, rs) = (seg.1 + j0 * job.sb.cs, job.sb.cs, job.sb.rs);
-                // SAFETY: the operands lie in their buffers (checked by `product`); the
-                // strip reads columns `j0..j0+w` and inner rows `0..k` of matrix `seg`.
-                // (AMX strips start as `vdpbf16ps`'s: raw pairs.)
-                unsafe {
-                    if amx {
-                        pack::<NR, { x86::RAW }>(xb, o, cs, rs, k, w, d)
-                    } else {
-                        pack::<NR, LOAD>(xb, o, cs, rs, k, w, d)
-                    }
-                };
+                for (seg, d) in segs.iter().zip(d.chunks_mut(kp_seg * bw)) {
+                    let (o, cs, rs) = (seg.1 + (j0 + c0) * job.sb.cs, job.sb.cs, job.sb.rs);
+                    // SAFETY: the operands lie in their buffers (checked by `product`);
+                    // the block reads columns `j0+c0..j0+c0+w` and inner rows `0..k` of
+                    // matrix `seg`. (AMX strips start as `vdpbf16ps`'s: raw pairs.)
+                    unsafe {
+                        if amx {
+                            pack::<NR, { x86::RAW }>(xb, o, cs, rs, k, w, d)
+                        } else if avx2 {
+                            pack::<AVX2_NR, LOAD>(xb, o, cs, rs, k, w, d)
+                        } else {
+                            pack::<NR, LOAD>(xb, o, cs, rs, k, w, d)
+                        }
+                    };
+                }
             }
             dst[kp_used * NR..].fill(0);
             if amx {
