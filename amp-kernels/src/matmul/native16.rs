@@ -27,7 +27,11 @@
 //!    and F16C): the same float32 words as the AVX-512 FMA rung, packed with 256-bit
 //!    instructions, in tiles of [`AVX2_MR`] rows: a 6×16 block of sums is 12 of the 16
 //!    `ymm` registers, with two for `B` and one for the broadcast `A` value, and a
-//!    tile's 32 columns are two such blocks one after the other.
+//!    tile's 32 columns are two such blocks one after the other. A packed `B` of over
+//!    [`AVX2_BLOCK_KN`] words is multiplied in column blocks of whole strips, each by
+//!    every row block before the next. On CPUs without AVX-512 this rung also runs
+//!    large float32 products ([`AVX2_F32_WORK`]): their words are copied where 16-bit
+//!    ones are widened, and the sums stored as they are.
 //! 4. **Widened** ([`Kernel16::Widened`], every CPU, both dtypes): the operands are
 //!    widened to float32 block by block and multiplied by the float32 kernel.
 //!
@@ -93,18 +97,29 @@ const AVX2_NR: usize = 16;
 const AMX_MR: usize = 32;
 /// Pairs of inner indices per AMX tile (a tile row is 64 bytes).
 const AMX_KP: usize = 16;
-/// The most words of packed `B` (`k·n`, 4 bytes each) a product runs on the AVX2 tiles
-/// when no kernel is forced. Their sums stay in registers for the whole inner
-/// dimension, so every row block of four panels streams all of `B`'s strips; past
-/// 8 MiB the strips no longer stay in the L3 cache from one row block to the next, and
-/// the widened path's cache-blocked float32 kernel is as fast or faster. Measured on a
-/// Zen 3 EPYC (512 KiB L2, 32 MiB L3), bfloat16 GFLOP/s on the tiles against widened
-/// (medians of 15 alternations), `m×k×n`: 2048×2048×1024 147/133, 2048×1024×2048
-/// 145/123; past the limit 1024×2048×2048 111/117, 2048×2048×2048 127–142/136–147,
-/// `Aᵀ` 128×2048×2048 77/93. The limit was `k ≤ 1024`, which sent the main job's
-/// weight gradients (`k` = 2048 tokens) widened: `Aᵀ` 384×2048×128 141–163 against
-/// 107–129, `Aᵀ` 512×2048×128 161/121.
-pub const AVX2_MAX_KN: usize = 2048 * 1024;
+/// The most words of packed `B` (`k·n`, 4 bytes each) the AVX2 tiles multiply by every
+/// row block before going on to the next column block (of whole strips). Their sums
+/// stay in registers for the whole inner dimension, so every row block of four panels
+/// streams all the strips of a column block; past a few MiB the strips no longer stay
+/// in the cache from one row block to the next. Measured on a Zen 3 EPYC (512 KiB L2,
+/// 32 MiB L3), in one process, GFLOP/s with column blocks of 512K / 1M words / none,
+/// then faer's float32 kernel: float32 2048³ 172/178/156/158, 1024×2048×2048
+/// 166/162/149/158; bfloat16 2048³ 171/179/142 (widened 154), 2048×2048×1024
+/// 172/180/177/155.
+pub const AVX2_BLOCK_KN: usize = 1 << 20;
+/// The fewest multiply-adds a float32 product needs to run on the AVX2 tiles when no
+/// kernel is forced, with every side at least [`AVX2_F32_SIDE`]; smaller and thinner
+/// ones run on faer's kernel. The tiles win where faer cuts a long inner dimension
+/// into blocks (it stores and reloads its sums between them); below that both sum in
+/// the same order (the same bits) and faer is as fast or faster. Measured on a Zen 3
+/// EPYC, GFLOP/s tiles/faer in one process: 640³ 178/167, 1024³ 173/159, 2048³
+/// 178/158, 1024×512×1024 141/134; 512³ 148/144 and 133/141, 512×1024×512 122/122,
+/// 256³ 125/131, 2048×64×2048 100/109, 1024×1024×64 137/150, `Aᵀ` 128×2048×128
+/// 97/114.
+pub const AVX2_F32_WORK: usize = 1 << 28;
+/// The shortest side (`m`, `n` or `k`) of a float32 product on the AVX2 tiles when no
+/// kernel is forced (see [`AVX2_F32_WORK`]).
+pub const AVX2_F32_SIDE: usize = 512;
 /// The fewest output rows a product needs to run on AMX when no kernel is forced.
 pub const AMX_MIN_ROWS: usize = 16;
 
@@ -148,22 +163,30 @@ impl Kernel16 {
         }
     }
 
-    /// Whether this kernel can run products of `dtype` on this CPU.
+    /// Whether this kernel can run products of `dtype` on this CPU. float32 products
+    /// run on the AVX2 tiles (their words copied instead of widened) or, as
+    /// [`Kernel16::Widened`], on the float32 kernel itself.
     pub fn supports(self, dtype: DType) -> bool {
         let half = matches!(dtype, DType::BF16 | DType::F16);
+        let float = half || dtype == DType::F32;
         match self {
             Kernel16::Amx => dtype == DType::BF16 && has_amx(),
             Kernel16::Avx512Bf16 => dtype == DType::BF16 && has_avx512_bf16(),
             Kernel16::Avx512Fma => half && has_avx512(),
-            Kernel16::Avx2Fma => half && has_avx2_fma(),
-            Kernel16::Widened => half,
+            Kernel16::Avx2Fma => float && has_avx2_fma(),
+            Kernel16::Widened => float,
         }
     }
 
-    /// The fastest kernel this CPU has for `dtype` products (`None` for dtypes that are
-    /// not 16-bit floats).
+    /// The fastest kernel this CPU has for `dtype` products (`None` for dtypes other
+    /// than the 16-bit floats and float32). float32 products take the AVX2 tiles only
+    /// on CPUs without AVX-512, whose own float32 kernel (faer's) is faster there.
     pub fn best(dtype: DType) -> Option<Kernel16> {
-        Kernel16::ALL.into_iter().find(|k| k.supports(dtype))
+        let faster_elsewhere =
+            |k: Kernel16| k == Kernel16::Avx2Fma && dtype == DType::F32 && has_avx512();
+        Kernel16::ALL
+            .into_iter()
+            .find(|&k| k.supports(dtype) && !faster_elsewhere(k))
     }
 }
 
@@ -255,44 +278,56 @@ pub fn with_kernel16<R>(kernel: Kernel16, f: impl FnOnce() -> R) -> Result<R> {
 }
 
 /// The packing kernel a `dtype` (`m×k @ k×n`) product runs on, or `None` for the
-/// widened path: the forced kernel when a test forces one, else the fastest the CPU has
-/// when the product is wide enough that a tile's padding does not dominate (thinner
-/// products are memory-bound either way; the widened path handles them) and, on the
-/// AVX2 tiles, its packed `B` at most [`AVX2_MAX_KN`] words.
+/// widened path (the float32 kernel itself for float32): the forced kernel when a test
+/// forces one, else the fastest the CPU has when the product is wide enough that a
+/// tile's padding does not dominate (thinner products are memory-bound either way; the
+/// widened path handles them), and for float32 large enough on every side
+/// ([`AVX2_F32_WORK`]).
 pub(super) fn chosen(dtype: DType, m: usize, n: usize, k: usize) -> Option<Kernel16> {
     let mut kernel = kernel16(dtype)?;
     let forced = FORCED.get().is_some_and(|f| f.supports(dtype));
     if kernel == Kernel16::Amx && !forced && m < AMX_MIN_ROWS {
         kernel = Kernel16::Avx512Bf16;
     }
-    let fits = m * n * k >= super::SMALL_WORK
-        && n >= NR / 2
-        && m >= MR / 2
-        && (kernel != Kernel16::Avx2Fma || k * n <= AVX2_MAX_KN);
+    let fits = if dtype == DType::F32 {
+        m * n * k >= AVX2_F32_WORK && m.min(n).min(k) >= AVX2_F32_SIDE
+    } else {
+        m * n * k >= super::SMALL_WORK && n >= NR / 2 && m >= MR / 2
+    };
     (kernel != Kernel16::Widened && (forced || fits)).then_some(kernel)
 }
 
-/// A 16-bit storage type the packing kernels read (`bf16` or `f16`).
-pub(super) trait Half: amp_tensor::Element {
-    /// Whether this is float16 (the rounding of the output differs).
-    const F16: bool;
+/// A storage type the packing kernels read: `bf16` and `f16` on every rung, `f32` on
+/// the AVX2 tiles (see [`Kernel16::supports`]).
+pub(super) trait Packed: amp_tensor::Element {
+    /// The raw bits of one value.
+    type Bits: Copy + Into<u32> + Sync;
     /// The raw bits of a slice.
-    fn bits(x: &[Self]) -> &[u16];
+    fn bits(x: &[Self]) -> &[Self::Bits];
 }
 
-impl Half for bf16 {
-    const F16: bool = false;
+impl Packed for bf16 {
+    type Bits = u16;
     fn bits(x: &[Self]) -> &[u16] {
         use amp_tensor::half::slice::HalfFloatSliceExt;
         x.reinterpret_cast()
     }
 }
 
-impl Half for f16 {
-    const F16: bool = true;
+impl Packed for f16 {
+    type Bits = u16;
     fn bits(x: &[Self]) -> &[u16] {
         use amp_tensor::half::slice::HalfFloatSliceExt;
         x.reinterpret_cast()
+    }
+}
+
+impl Packed for f32 {
+    type Bits = u32;
+    fn bits(x: &[Self]) -> &[u32] {
+        // SAFETY: `f32` and `u32` have the same size and alignment, and every bit
+        // pattern is a valid `u32`.
+        unsafe { std::slice::from_raw_parts(x.as_ptr().cast(), x.len()) }
     }
 }
 
@@ -324,7 +359,7 @@ pub(super) struct Job<'a, T> {
 /// # Panics
 /// If an operand's matrices do not lie inside its buffer, or the CPU cannot run
 /// `kernel` on `T`.
-pub(super) fn product<T: Half>(
+pub(super) fn product<T: Packed>(
     kernel: Kernel16,
     job: &Job<'_, T>,
     out: &mut [MaybeUninit<T>],
@@ -335,13 +370,14 @@ pub(super) fn product<T: Half>(
         kernel.name(),
         T::DTYPE
     );
-    match (kernel, T::F16) {
+    match (kernel, T::DTYPE) {
         (Kernel16::Amx, _) => batched::<T, { x86::AMX }>(job, out),
         (Kernel16::Avx512Bf16, _) => batched::<T, { x86::RAW }>(job, out),
-        (Kernel16::Avx2Fma, false) => batched::<T, { x86::AVX2_BF16 }>(job, out),
-        (Kernel16::Avx2Fma, true) => batched::<T, { x86::AVX2_F16 }>(job, out),
-        (_, false) => batched::<T, { x86::FROM_BF16 }>(job, out),
-        (_, true) => batched::<T, { x86::FROM_F16 }>(job, out),
+        (Kernel16::Avx2Fma, DType::F32) => batched::<T, { x86::AVX2_F32 }>(job, out),
+        (Kernel16::Avx2Fma, DType::F16) => batched::<T, { x86::AVX2_F16 }>(job, out),
+        (Kernel16::Avx2Fma, _) => batched::<T, { x86::AVX2_BF16 }>(job, out),
+        (_, DType::F16) => batched::<T, { x86::FROM_F16 }>(job, out),
+        (_, _) => batched::<T, { x86::FROM_BF16 }>(job, out),
     }
 }
 
@@ -349,7 +385,7 @@ pub(super) fn product<T: Half>(
 /// `vdpbf16ps`; else one value widened to float32 for the FMA tiles): the batch entries
 /// one after another (each split over the threads), or spread over the threads when
 /// each is small.
-fn batched<T: Half, const LOAD: u8>(job: &Job<'_, T>, out: &mut [MaybeUninit<T>]) -> Result<()> {
+fn batched<T: Packed, const LOAD: u8>(job: &Job<'_, T>, out: &mut [MaybeUninit<T>]) -> Result<()> {
     let (m, n, k) = (job.m, job.n, job.k);
     super::check_bounds(job.a, job.sa, m, k);
     super::check_bounds(job.b, job.sb, k, n);
@@ -385,7 +421,7 @@ fn batched<T: Half, const LOAD: u8>(job: &Job<'_, T>, out: &mut [MaybeUninit<T>]
 
 /// One output matrix: `out = input + alpha · Σ_s A_s @ B_s` over the segments `s`
 /// (storage offsets of `A` and `B`), all sums in registers, rounded once.
-fn single<T: Half, const LOAD: u8>(
+fn single<T: Packed, const LOAD: u8>(
     job: &Job<'_, T>,
     segs: &[(usize, usize)],
     out: &mut [MaybeUninit<T>],
@@ -397,10 +433,10 @@ fn single<T: Half, const LOAD: u8>(
         return Ok(());
     }
     let amx = LOAD == x86::AMX;
-    let avx2 = matches!(LOAD, x86::AVX2_BF16 | x86::AVX2_F16);
+    let avx2 = matches!(LOAD, x86::AVX2_BF16 | x86::AVX2_F16 | x86::AVX2_F32);
     let mr = match LOAD {
         x86::AMX => AMX_MR,
-        x86::AVX2_BF16 | x86::AVX2_F16 => AVX2_MR,
+        _ if avx2 => AVX2_MR,
         _ => MR,
     };
     let kp_seg = k.div_ceil(step(LOAD));
@@ -425,8 +461,15 @@ fn single<T: Half, const LOAD: u8>(
         row_blocks = row_blocks.max((2 * threads).min(panels));
         row_blocks = row_blocks.next_multiple_of(threads).min(panels);
     }
+    // Column blocks of whole strips, each multiplied by every row block before the
+    // next, so that its strips stay in the cache from one row block to the next.
+    let blocks = if avx2 {
+        strips.div_ceil((AVX2_BLOCK_KN / strip_len).max(1))
+    } else {
+        1
+    };
     let groups = if parallel {
-        (2 * threads).div_ceil(row_blocks).clamp(1, strips)
+        (2 * threads).div_ceil(row_blocks).clamp(1, strips / blocks)
     } else {
         1
     };
@@ -457,11 +500,11 @@ fn single<T: Half, const LOAD: u8>(
                     // matrix `seg`. (AMX strips start as `vdpbf16ps`'s: raw pairs.)
                     unsafe {
                         if amx {
-                            pack::<NR, { x86::RAW }>(xb, o, cs, rs, k, w, d)
+                            pack::<NR, { x86::RAW }, _>(xb, o, cs, rs, k, w, d)
                         } else if avx2 {
-                            pack::<AVX2_NR, LOAD>(xb, o, cs, rs, k, w, d)
+                            pack::<AVX2_NR, LOAD, _>(xb, o, cs, rs, k, w, d)
                         } else {
-                            pack::<NR, LOAD>(xb, o, cs, rs, k, w, d)
+                            pack::<NR, LOAD, _>(xb, o, cs, rs, k, w, d)
                         }
                     };
                 }
@@ -474,11 +517,11 @@ fn single<T: Half, const LOAD: u8>(
             }
         },
     )?;
-    let dst = SendPtr(out.as_mut_ptr().cast::<u16>());
+    let dst = SendPtr(out.as_mut_ptr().cast::<T>());
     let panel_len = kp * mr;
     // A task's only allocation comes first, before it claims a strip, so a task that
     // cannot have it leaves no strip half-packed for the others to wait on.
-    let task = |t: usize| -> Result<()> {
+    let task = |cb: usize, t: usize| -> Result<()> {
         let (rb, g) = (t / groups, t % groups);
         let (p0, p1) = (rb * panels / row_blocks, (rb + 1) * panels / row_blocks);
         let mut apack = take_pack((p1 - p0) * panel_len + LINE_WORDS)?;
@@ -502,9 +545,9 @@ fn single<T: Half, const LOAD: u8>(
                 // SAFETY: as for the strips: rows `r0..r0+h`, inner columns `0..k`.
                 unsafe {
                     match mr {
-                        AMX_MR => pack::<AMX_MR, { x86::RAW }>(xa, o, rs, cs, k, h, d),
-                        AVX2_MR => pack::<AVX2_MR, LOAD>(xa, o, rs, cs, k, h, d),
-                        _ => pack::<MR, LOAD>(xa, o, rs, cs, k, h, d),
+                        AMX_MR => pack::<AMX_MR, { x86::RAW }, _>(xa, o, rs, cs, k, h, d),
+                        AVX2_MR => pack::<AVX2_MR, LOAD, _>(xa, o, rs, cs, k, h, d),
+                        _ => pack::<MR, LOAD, _>(xa, o, rs, cs, k, h, d),
                     }
                 };
             }
@@ -520,7 +563,11 @@ fn single<T: Half, const LOAD: u8>(
         // Strips split evenly over the groups (`groups <= strips`, so none is empty;
         // rounding each group up instead left the last ones past the end with many
         // threads: 16 threads, 16 strips, 7 groups of 3).
-        let (s0, s1) = (g * strips / groups, (g + 1) * strips / groups);
+        let (c0, c1) = (cb * strips / blocks, (cb + 1) * strips / blocks);
+        let (s0, s1) = (
+            c0 + g * (c1 - c0) / groups,
+            c0 + (g + 1) * (c1 - c0) / groups,
+        );
         // SAFETY: `amx` only when this process holds the tile data permission
         // (`product` asserted `Kernel16::Amx.supports`).
         let tiles = amx.then(|| unsafe { x86::Tiles::configure() });
@@ -548,12 +595,13 @@ fn single<T: Half, const LOAD: u8>(
                 // `out` (and `input`, same layout).
                 unsafe {
                     match LOAD {
-                        x86::AMX => x86::micro_amx(tiles.as_ref().expect("AMX"), kp, ap, bs, tile),
-                        x86::RAW => x86::micro(kp, ap, bs, tile),
-                        x86::FROM_F16 => x86::micro_fma::<true>(kp, ap, bs, tile),
-                        x86::FROM_BF16 => x86::micro_fma::<false>(kp, ap, bs, tile),
-                        x86::AVX2_F16 => x86::micro_avx2::<true>(kp, ap, bs, tile),
-                        _ => x86::micro_avx2::<false>(kp, ap, bs, tile),
+                        x86::AMX => {
+                            x86::micro_amx(tiles.as_ref().expect("AMX"), kp, ap, bs, tile.of())
+                        }
+                        x86::RAW => x86::micro(kp, ap, bs, tile.of()),
+                        x86::FROM_F16 => x86::micro_fma::<true>(kp, ap, bs, tile.of()),
+                        x86::FROM_BF16 => x86::micro_fma::<false>(kp, ap, bs, tile.of()),
+                        _ => x86::micro_avx2::<T, LOAD>(kp, ap, bs, tile),
                     }
                 };
             }
@@ -562,13 +610,15 @@ fn single<T: Half, const LOAD: u8>(
         give_pack(apack);
         Ok(())
     };
-    let done = if parallel {
-        let failed = FirstError::new();
-        amp_tensor::parallel::for_each(row_blocks * groups, &|t| failed.record(task(t)));
-        failed.into_result()
-    } else {
-        (0..row_blocks * groups).try_for_each(task)
-    };
+    let done = (0..blocks).try_for_each(|cb| {
+        if parallel {
+            let failed = FirstError::new();
+            amp_tensor::parallel::for_each(row_blocks * groups, &|t| failed.record(task(cb, t)));
+            failed.into_result()
+        } else {
+            (0..row_blocks * groups).try_for_each(|t| task(cb, t))
+        }
+    });
     give_pack(bpack);
     done
 }
@@ -649,15 +699,16 @@ const fn step(load: u8) -> usize {
 /// at `dst[p·W + r]` — for [`x86::RAW`] the bfloat16 pair of inner indices `2p` (low
 /// half) and `2p + 1`, else inner index `p` widened to float32 from bfloat16
 /// ([`x86::FROM_BF16`], [`x86::AVX2_BF16`]) or float16 ([`x86::FROM_F16`],
-/// [`x86::AVX2_F16`]). Lines `h..W` and the missing half of a last pair are zero. An
-/// `A` panel's lines are its rows (`ls, qs = rs, cs`), a `B` strip's its `NR` columns
-/// (`ls, qs = cs, rs`).
+/// [`x86::AVX2_F16`]), or copied as float32 bits ([`x86::AVX2_F32`]). Lines `h..W` and
+/// the missing half of a last pair are zero. An `A` panel's lines are its rows
+/// (`ls, qs = rs, cs`), a `B` strip's its `NR` columns (`ls, qs = cs, rs`).
 ///
 /// # Safety
-/// Every index `o + r·ls + q·qs` (`r < h`, `q < k`) lies inside `x`; the CPU has
-/// AVX-512 F/BW/VL, or AVX2, FMA and F16C for the `AVX2_` kinds.
-unsafe fn pack<const W: usize, const LOAD: u8>(
-    x: &[u16],
+/// Every index `o + r·ls + q·qs` (`r < h`, `q < k`) lies inside `x`; `S` is the 16-bit
+/// bits `LOAD` reads, or `u32` for [`x86::AVX2_F32`]; the CPU has AVX-512 F/BW/VL, or
+/// AVX2, FMA and F16C for the `AVX2_` kinds.
+unsafe fn pack<const W: usize, const LOAD: u8, S: Copy + Into<u32>>(
+    x: &[S],
     o: usize,
     ls: usize,
     qs: usize,
@@ -671,15 +722,20 @@ unsafe fn pack<const W: usize, const LOAD: u8>(
     let dst = &mut dst[..words * W];
     let src = x.as_ptr();
     // SAFETY: every (r, q) read below is inside `x` (the caller's contract).
-    let at = |r: usize, q: usize| unsafe { *src.add(o + r * ls + q * qs) };
+    let at = |r: usize, q: usize| -> u32 { unsafe { *src.add(o + r * ls + q * qs) }.into() };
     let word = |r: usize, p: usize| -> u32 {
         match LOAD {
             x86::RAW => pair(
-                at(r, 2 * p),
-                if 2 * p + 1 < k { at(r, 2 * p + 1) } else { 0 },
+                at(r, 2 * p) as u16,
+                if 2 * p + 1 < k {
+                    at(r, 2 * p + 1) as u16
+                } else {
+                    0
+                },
             ),
-            x86::FROM_F16 | x86::AVX2_F16 => f16::from_bits(at(r, p)).to_f32().to_bits(),
-            _ => (at(r, p) as u32) << 16,
+            x86::FROM_F16 | x86::AVX2_F16 => f16::from_bits(at(r, p) as u16).to_f32().to_bits(),
+            x86::AVX2_F32 => at(r, p),
+            _ => at(r, p) << 16,
         }
     };
     let mut done = 0;
@@ -694,9 +750,10 @@ unsafe fn pack<const W: usize, const LOAD: u8>(
             unsafe {
                 let (line, d) = (src.add(o + 16 * st * b), &mut dst[16 * b * W..]);
                 match LOAD {
-                    x86::AVX2_F16 => x86::transpose_words256::<W, true>(line, ls, h, d),
-                    x86::AVX2_BF16 => x86::transpose_words256::<W, false>(line, ls, h, d),
-                    _ => x86::transpose_words::<W, LOAD>(line, ls, h, d),
+                    x86::AVX2_F16 | x86::AVX2_BF16 | x86::AVX2_F32 => {
+                        x86::transpose_words256::<W, LOAD, S>(line, ls, h, d)
+                    }
+                    _ => x86::transpose_words::<W, LOAD>(line.cast(), ls, h, d),
                 }
             };
         }
@@ -708,9 +765,10 @@ unsafe fn pack<const W: usize, const LOAD: u8>(
         // `dst` holds `full` words per line.
         unsafe {
             match LOAD {
-                x86::AVX2_F16 => x86::gather_words256::<W, true>(src.add(o), qs, h, full, dst),
-                x86::AVX2_BF16 => x86::gather_words256::<W, false>(src.add(o), qs, h, full, dst),
-                _ => x86::gather_words::<W, LOAD>(src.add(o), qs, h, full, dst),
+                x86::AVX2_F16 | x86::AVX2_BF16 | x86::AVX2_F32 => {
+                    x86::gather_words256::<W, LOAD, S>(src.add(o), qs, h, full, dst)
+                }
+                _ => x86::gather_words::<W, LOAD>(src.add(o).cast(), qs, h, full, dst),
             }
         };
         done = full;
@@ -756,17 +814,33 @@ fn give_pack(v: Vec<u32>) {
 // ----- x86 kernels ----------------------------------------------------------------------
 
 /// Where a micro-kernel writes its `rows × cols` tile (`rows ≤ MR`, 32 on AMX, 6 on AVX2;
-/// `cols ≤ NR`):
+/// `cols ≤ NR`) of `O` values (16-bit bits, or `f32` on the AVX2 tiles):
 /// `out[r·ld + c] = round(beta · input[r·ld + c] + alpha · sum)` (no input term when
-/// `input` is `None`).
-struct Tile {
+/// `input` is `None`; no rounding into `f32`).
+struct Tile<O = u16> {
     rows: usize,
     cols: usize,
-    out: *mut u16,
+    out: *mut O,
     ld: usize,
     input: Option<*const f32>,
     beta: f32,
     alpha: f32,
+}
+
+impl<O> Tile<O> {
+    /// The same tile with its output read as `P` values (the caller's kernel knows what
+    /// the output holds).
+    fn of<P>(self) -> Tile<P> {
+        Tile {
+            rows: self.rows,
+            cols: self.cols,
+            out: self.out.cast(),
+            ld: self.ld,
+            input: self.input,
+            beta: self.beta,
+            alpha: self.alpha,
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -983,10 +1057,12 @@ mod x86 {
     /// pairs past `k` and zero rows from `h`: 64 bytes per load and store.
     ///
     /// # Safety
-    /// The CPU has AVX-512 F/BW; `x[r·rs + q]` is readable for `r < h`, `q < k`;
-    /// `d.len()` is a multiple of 512 and holds at least `k.div_ceil(2)` words per row.
+    /// The CPU has AVX-512 F/BW; `S` is bfloat16 bits (16 wide); `x[r·rs + q]` is
+    /// readable for `r < h`, `q < k`; `d.len()` is a multiple of 512 and holds at least
+    /// `k.div_ceil(2)` words per row.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    pub(super) unsafe fn amx_copy_rows(x: &[u16], rs: usize, k: usize, h: usize, d: &mut [u32]) {
+    pub(super) unsafe fn amx_copy_rows<S>(x: &[S], rs: usize, k: usize, h: usize, d: &mut [u32]) {
+        assert_eq!(size_of::<S>(), 2);
         let blocks = d.len() / (AMX_KP * AMX_MR);
         assert!(d.len().is_multiple_of(AMX_KP * AMX_MR) && 2 * AMX_KP * blocks >= k && h <= AMX_MR);
         let (src, dst) = (x.as_ptr(), d.as_mut_ptr());
@@ -1259,6 +1335,8 @@ mod x86 {
     /// [`micro_avx2`]'s tiles of [`AVX2_MR`] rows.
     pub(super) const AVX2_BF16: u8 = 4;
     pub(super) const AVX2_F16: u8 = 5;
+    /// float32 words copied as they are, for [`micro_avx2`]'s tiles (float32 products).
+    pub(super) const AVX2_F32: u8 = 6;
 
     /// 16 words of `h ≤ W` contiguous lines (line `r` at `src + r·ls`, read as `LOAD`
     /// says) into `dst[p·W + r]`, `p < 16`, lines `h..W` zero: per 16 lines, one
@@ -1367,14 +1445,20 @@ mod x86 {
     /// `A_panel @ B_strip` over `kp` inner indices (one float32 per word), as two blocks
     /// of 6×16 sums one after the other, each in 12 registers for the whole inner
     /// dimension (one broadcast `A` value against two registers of `B` per row and
-    /// index), then `alpha`, the input term and the rounding as [`micro_fma`]'s. The
-    /// strip is two halves of `kp·AVX2_NR` words, one per block.
+    /// index), then `alpha`, the input term and the rounding as [`micro_fma`]'s (none
+    /// for [`AVX2_F32`]). The strip is two halves of `kp·AVX2_NR` words, one per block.
     ///
     /// # Safety
-    /// The CPU has AVX2, FMA and F16C; `a` holds `kp·AVX2_MR` words, `b` `kp·NR`; the
-    /// tile's rows and columns lie in the output (and the input) buffer.
+    /// The CPU has AVX2, FMA and F16C; `O` is the output `LOAD` names (16-bit bits, or
+    /// `f32` for [`AVX2_F32`]); `a` holds `kp·AVX2_MR` words, `b` `kp·NR`; the tile's
+    /// rows and columns lie in the output (and the input) buffer.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn micro_avx2<const F16: bool>(kp: usize, a: &[u32], b: &[u32], tile: Tile) {
+    pub(super) unsafe fn micro_avx2<O, const LOAD: u8>(
+        kp: usize,
+        a: &[u32],
+        b: &[u32],
+        tile: Tile<O>,
+    ) {
         assert!(a.len() >= kp * AVX2_MR && b.len() >= kp * NR);
         assert!(tile.rows <= AVX2_MR && tile.cols <= NR);
         let pa = a.as_ptr().cast::<f32>();
@@ -1395,27 +1479,28 @@ mod x86 {
                     }
                 }
             }
-            // SAFETY: the tile lies in the output (the caller's contract).
-            unsafe { store_block_avx2::<F16>(&acc, AVX2_NR * half, &tile) }
+            // SAFETY: the tile lies in the output, which holds what `LOAD` names (the
+            // caller's contract).
+            unsafe { store_block_avx2::<O, LOAD>(&acc, AVX2_NR * half, &tile) }
         }
     }
 
     /// Apply `alpha` and the input term to the sums of a tile's columns
     /// `col0..col0 + 16` (as [`finish`] does, in the same order) and store those inside
-    /// the tile, rounded to float16 when `F16`, else to bfloat16 (nearest even, NaN as
-    /// `0x7FC0`). A block's last columns, when the tile ends inside 8 of them, go
-    /// through a copy on the stack with the same instructions. A whole block with no
-    /// `alpha` and no input term (the common case) is only rounded: each row's 16
-    /// values in one store.
+    /// the tile: rounded to float16 for [`AVX2_F16`], to bfloat16 for [`AVX2_BF16`]
+    /// (nearest even, NaN as `0x7FC0`), as they are for [`AVX2_F32`]. A block's last
+    /// columns, when the tile ends inside 8 of them, go through a copy on the stack with
+    /// the same instructions. A whole block with no `alpha` and no input term (the
+    /// common case) is stored row by row, 16 values at a time.
     ///
     /// # Safety
-    /// The CPU has AVX2 and F16C (the caller is compiled with them); the tile lies in
-    /// the output (and the input) buffer.
+    /// The CPU has AVX2 and F16C (the caller is compiled with them); `O` is the output
+    /// `LOAD` names; the tile lies in the output (and the input) buffer.
     #[inline(always)]
-    unsafe fn store_block_avx2<const F16: bool>(
+    unsafe fn store_block_avx2<O, const LOAD: u8>(
         acc: &[[__m256; 2]; AVX2_MR],
         col0: usize,
-        tile: &Tile,
+        tile: &Tile<O>,
     ) {
         // SAFETY: register-only intrinsics, stack copies, and loads and stores of the
         // tile's own rows and columns (`at + n` stays inside row `r` of the tile).
@@ -1426,8 +1511,14 @@ mod x86 {
                 && tile.input.is_none()
             {
                 for (r, &[lo, hi]) in acc.iter().enumerate() {
-                    let bits = _mm256_set_m128i(narrow8::<F16>(hi), narrow8::<F16>(lo));
-                    _mm256_storeu_si256(tile.out.add(r * tile.ld + col0).cast(), bits);
+                    let at = tile.out.add(r * tile.ld + col0);
+                    if LOAD == AVX2_F32 {
+                        store8::<O, LOAD>(at, lo, 8);
+                        store8::<O, LOAD>(at.add(8), hi, 8);
+                    } else {
+                        let bits = _mm256_set_m128i(narrow::<LOAD>(hi), narrow::<LOAD>(lo));
+                        _mm256_storeu_si256(at.cast(), bits);
+                    }
                 }
                 return;
             }
@@ -1455,15 +1546,55 @@ mod x86 {
                         }
                         v = _mm256_add_ps(i, v);
                     }
-                    let bits = narrow8::<F16>(v);
-                    if n == 8 {
-                        _mm_storeu_si128(tile.out.add(at).cast(), bits);
-                    } else {
-                        let mut t = [0u16; 8];
-                        _mm_storeu_si128(t.as_mut_ptr().cast(), bits);
-                        std::ptr::copy_nonoverlapping(t.as_ptr(), tile.out.add(at), n);
-                    }
+                    store8::<O, LOAD>(tile.out.add(at), v, n);
                 }
+            }
+        }
+    }
+
+    /// The first `n ≤ 8` of 8 sums stored at `dst`: as they are for [`AVX2_F32`], else
+    /// rounded as [`narrow`] does.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and F16C (the caller is compiled with them); `O` is the output
+    /// `LOAD` names; `dst` is writable for `n` values.
+    #[inline(always)]
+    unsafe fn store8<O, const LOAD: u8>(dst: *mut O, v: __m256, n: usize) {
+        // SAFETY: the caller's contract; a short row goes through a stack copy.
+        unsafe {
+            if LOAD == AVX2_F32 {
+                if n == 8 {
+                    _mm256_storeu_ps(dst.cast(), v);
+                } else {
+                    let mut t = [0f32; 8];
+                    _mm256_storeu_ps(t.as_mut_ptr(), v);
+                    std::ptr::copy_nonoverlapping(t.as_ptr(), dst.cast(), n);
+                }
+            } else {
+                let bits = narrow::<LOAD>(v);
+                if n == 8 {
+                    _mm_storeu_si128(dst.cast(), bits);
+                } else {
+                    let mut t = [0u16; 8];
+                    _mm_storeu_si128(t.as_mut_ptr().cast(), bits);
+                    std::ptr::copy_nonoverlapping(t.as_ptr(), dst.cast(), n);
+                }
+            }
+        }
+    }
+
+    /// [`narrow8`] for the 16-bit output `LOAD` names ([`AVX2_F16`] or [`AVX2_BF16`]).
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and F16C (the caller is compiled with them).
+    #[inline(always)]
+    unsafe fn narrow<const LOAD: u8>(v: __m256) -> __m128i {
+        // SAFETY: the caller's contract.
+        unsafe {
+            if LOAD == AVX2_F16 {
+                narrow8::<true>(v)
+            } else {
+                narrow8::<false>(v)
             }
         }
     }
@@ -1605,17 +1736,35 @@ mod x86 {
         }
     }
 
-    /// [`transpose_words`] with AVX2 for the float32 words: 16 values of `h ≤ W`
-    /// contiguous lines (line `r` at `src + r·ls`), widened from float16 (`F16`) or
-    /// bfloat16, into `dst[p·W + r]`, `p < 16`, lines `h..W` zero: per 8 lines and 8
-    /// words, one register transpose.
+    /// 8 values of a line at `src` as float32 words: widened from float16
+    /// ([`AVX2_F16`]) or bfloat16 ([`AVX2_BF16`]), or copied ([`AVX2_F32`]).
     ///
     /// # Safety
-    /// The CPU has AVX2 and F16C; the lines are readable for 16 values; `dst` holds
-    /// `16·W` words.
+    /// The CPU has AVX2 and F16C (the caller is compiled with them); `S` is the storage
+    /// `LOAD` names; `src` is readable for 8 values.
+    #[inline(always)]
+    unsafe fn line8<S, const LOAD: u8>(src: *const S) -> __m256i {
+        // SAFETY: the caller's contract.
+        unsafe {
+            match LOAD {
+                AVX2_F32 => _mm256_loadu_si256(src.cast()),
+                AVX2_F16 => widen8::<true>(_mm_loadu_si128(src.cast())),
+                _ => widen8::<false>(_mm_loadu_si128(src.cast())),
+            }
+        }
+    }
+
+    /// [`transpose_words`] with AVX2 for the float32 words: 16 values of `h ≤ W`
+    /// contiguous lines (line `r` at `src + r·ls`), read as [`line8`] does, into
+    /// `dst[p·W + r]`, `p < 16`, lines `h..W` zero: per 8 lines and 8 words, one
+    /// register transpose.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and F16C; `S` is the storage `LOAD` names; the lines are
+    /// readable for 16 values; `dst` holds `16·W` words.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn transpose_words256<const W: usize, const F16: bool>(
-        src: *const u16,
+    pub(super) unsafe fn transpose_words256<const W: usize, const LOAD: u8, S>(
+        src: *const S,
         ls: usize,
         h: usize,
         dst: &mut [u32],
@@ -1628,7 +1777,7 @@ mod x86 {
                     let line = src.wrapping_add((8 * c + i) * ls + 8 * half);
                     // SAFETY: line `8c + i < h`, readable for 16 values (the caller's
                     // contract).
-                    *l = unsafe { widen8::<F16>(_mm_loadu_si128(line.cast())) };
+                    *l = unsafe { line8::<S, LOAD>(line) };
                 }
                 // SAFETY: registers only.
                 let t = unsafe { transpose8(l) };
@@ -1646,15 +1795,16 @@ mod x86 {
 
     /// [`gather_words`] with AVX2 for the float32 words: inner indices `0..words` of
     /// `h ≤ W` neighbouring lines (inner index `q` of line `r` at `src + q·qs + r`),
-    /// widened from float16 (`F16`) or bfloat16, into `dst[p·W + r]`, lines `h..W`
-    /// zero, 8 lines per load.
+    /// widened from float16 ([`AVX2_F16`]) or bfloat16 ([`AVX2_BF16`]), or copied
+    /// ([`AVX2_F32`], with masked loads), into `dst[p·W + r]`, lines `h..W` zero, 8
+    /// lines per load.
     ///
     /// # Safety
-    /// The CPU has AVX2 and F16C; the first `h` lines at each inner index read are
-    /// readable; `dst` holds `words·W` words.
+    /// The CPU has AVX2 and F16C; `S` is the storage `LOAD` names; the first `h` lines at
+    /// each inner index read are readable; `dst` holds `words·W` words.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn gather_words256<const W: usize, const F16: bool>(
-        src: *const u16,
+    pub(super) unsafe fn gather_words256<const W: usize, const LOAD: u8, S>(
+        src: *const S,
         qs: usize,
         h: usize,
         words: usize,
@@ -1662,19 +1812,46 @@ mod x86 {
     ) {
         assert!(dst.len() >= words * W && h <= W);
         // SAFETY: the caller's contract; the loads keep lines `< h`, the stores write
-        // words `< W` of word `p`. A group of lines `8c..8c + 8` with `0 < h - 8c < 8`
-        // is read whole only when inner index `p + 1` is read too and `qs ≥ 8`: its last
-        // value, at `p·qs + 8c + 7`, then lies before line `h - 1` of inner index
-        // `p + 1` (at `(p + 1)·qs + h - 1`, as `h > 8c`), inside the operand.
+        // words `< W` of word `p`. A group of 16-bit lines `8c..8c + 8` with
+        // `0 < h - 8c < 8` is read whole only when inner index `p + 1` is read too and
+        // `qs ≥ 8`: its last value, at `p·qs + 8c + 7`, then lies before line `h - 1` of
+        // inner index `p + 1` (at `(p + 1)·qs + h - 1`, as `h > 8c`), inside the
+        // operand. A masked float32 load reads no masked-off lane.
         unsafe {
             for p in 0..words {
                 let q0 = src.add(p * qs);
                 let over = p + 1 < words && qs >= 8;
                 for c in 0..W.div_ceil(8) {
-                    let x = load8(q0.wrapping_add(8 * c), h.saturating_sub(8 * c), over);
+                    let (at, n) = (q0.wrapping_add(8 * c), h.saturating_sub(8 * c));
+                    let v = match LOAD {
+                        AVX2_F32 => load8x32(at.cast(), n),
+                        AVX2_F16 => widen8::<true>(load8(at.cast(), n, over)),
+                        _ => widen8::<false>(load8(at.cast(), n, over)),
+                    };
                     let d = dst.as_mut_ptr().add(p * W + 8 * c);
-                    store_first(d, widen8::<F16>(x), (W - 8 * c).min(8));
+                    store_first(d, v, (W - 8 * c).min(8));
                 }
+            }
+        }
+    }
+
+    /// 8 float32 words at `src`, of which the first `n` are kept and the rest zero
+    /// (`vpmaskmovd`: values from `n` on are never read).
+    ///
+    /// # Safety
+    /// `src` is readable for `n.min(8)` words; the CPU has AVX2.
+    #[inline(always)]
+    unsafe fn load8x32(src: *const i32, n: usize) -> __m256i {
+        // SAFETY: the caller's contract; masked-off lanes are not accessed.
+        unsafe {
+            if n >= 8 {
+                _mm256_loadu_si256(src.cast())
+            } else if n == 0 {
+                _mm256_setzero_si256()
+            } else {
+                let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+                let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), lane);
+                _mm256_maskload_epi32(src, mask)
             }
         }
     }
@@ -1695,6 +1872,7 @@ mod x86 {
     pub(super) const AMX: u8 = 3;
     pub(super) const AVX2_BF16: u8 = 4;
     pub(super) const AVX2_F16: u8 = 5;
+    pub(super) const AVX2_F32: u8 = 6;
 
     /// No AMX off x86-64.
     pub(super) fn amx_permitted() -> bool {
@@ -1717,7 +1895,7 @@ mod x86 {
     }
 
     /// Never called, as above.
-    pub(super) unsafe fn amx_copy_rows(_: &[u16], _: usize, _: usize, _: usize, _: &mut [u32]) {
+    pub(super) unsafe fn amx_copy_rows<S>(_: &[S], _: usize, _: usize, _: usize, _: &mut [u32]) {
         unreachable!("AMX kernel on a non-x86 CPU")
     }
 
@@ -1758,13 +1936,13 @@ mod x86 {
     }
 
     /// Never called, as above.
-    pub(super) unsafe fn micro_avx2<const F16: bool>(_: usize, _: &[u32], _: &[u32], _: Tile) {
+    pub(super) unsafe fn micro_avx2<O, const LOAD: u8>(_: usize, _: &[u32], _: &[u32], _: Tile<O>) {
         unreachable!("AVX2 kernel on a non-x86 CPU")
     }
 
     /// Never called, as above.
-    pub(super) unsafe fn transpose_words256<const W: usize, const F16: bool>(
-        _: *const u16,
+    pub(super) unsafe fn transpose_words256<const W: usize, const LOAD: u8, S>(
+        _: *const S,
         _: usize,
         _: usize,
         _: &mut [u32],
@@ -1773,8 +1951,8 @@ mod x86 {
     }
 
     /// Never called, as above.
-    pub(super) unsafe fn gather_words256<const W: usize, const F16: bool>(
-        _: *const u16,
+    pub(super) unsafe fn gather_words256<const W: usize, const LOAD: u8, S>(
+        _: *const S,
         _: usize,
         _: usize,
         _: usize,

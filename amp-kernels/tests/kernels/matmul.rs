@@ -1025,10 +1025,15 @@ fn check_case(c: &Case, dt: DType, kernel: Kernel16) {
 }
 
 /// Whether `kernel` runs `dt` products here; a kernel made for `dt` that this CPU lacks
-/// is reported as skipped (the bfloat16-only kernel is simply not run on float16).
+/// is reported as skipped (the bfloat16-only kernels are simply not run on float16, nor
+/// any but the AVX2 tiles and the float32 kernel on float32).
 fn applicable(dt: DType, kernel: Kernel16, test: &str) -> bool {
     let bf16_only = matches!(kernel, Kernel16::Amx | Kernel16::Avx512Bf16);
-    let made_for = !(bf16_only && dt == DType::F16);
+    let made_for = match dt {
+        DType::F16 => !bf16_only,
+        DType::F32 => matches!(kernel, Kernel16::Avx2Fma | Kernel16::Widened),
+        _ => true,
+    };
     let ok = kernel.supports(dt);
     if made_for && !ok {
         amp_testing::report_skip(
@@ -1040,20 +1045,23 @@ fn applicable(dt: DType, kernel: Kernel16, test: &str) -> bool {
     ok
 }
 
-/// Every 16-bit kernel this CPU has, forced in turn for each dtype it runs, against the
-/// f64 reference on random shapes: odd sizes, `m` or `n` below a tile, `k` odd and not
-/// a multiple of 16 or 32, transposed and strided operands, batches, a broadcast
-/// operand, the fused forms. A kernel the CPU lacks is reported as skipped in the test
-/// output.
+/// The dtypes the packing kernels run.
+const PACKED: [DType; 3] = [DType::BF16, DType::F16, DType::F32];
+
+/// Every product kernel this CPU has, forced in turn for each dtype it runs (float32 on
+/// the AVX2 tiles too), against the f64 reference on random shapes: odd sizes, `m` or
+/// `n` below a tile, `k` odd and not a multiple of 16 or 32, transposed and strided
+/// operands, batches, a broadcast operand, the fused forms. A kernel the CPU lacks is
+/// reported as skipped in the test output.
 #[test]
-fn every_16bit_kernel_on_random_shapes() {
+fn every_product_kernel_on_random_shapes() {
     use proptest::test_runner::TestRunner;
-    let runs: Vec<(DType, Kernel16)> = [DType::BF16, DType::F16]
+    let runs: Vec<(DType, Kernel16)> = PACKED
         .into_iter()
         .flat_map(|dt| Kernel16::ALL.map(|k| (dt, k)))
-        .filter(|&(dt, k)| applicable(dt, k, "every_16bit_kernel_on_random_shapes"))
+        .filter(|&(dt, k)| applicable(dt, k, "every_product_kernel_on_random_shapes"))
         .collect();
-    for dt in [DType::BF16, DType::F16] {
+    for dt in PACKED {
         assert!(
             runs.contains(&(dt, Kernel16::Widened)),
             "the widened path runs everywhere"
@@ -1071,19 +1079,31 @@ fn every_16bit_kernel_on_random_shapes() {
 }
 
 /// A large product on every kernel (the parallel split, many strips and panels), and
-/// the kernels agree with each other to float32 summation order.
+/// one whose packed `B` spans several of the AVX2 tiles' column blocks (a long inner
+/// dimension: 13 strips of 4100 words per line, 7 to a block, split 6 and 7), with a
+/// partial last strip, an input term and `alpha`: the kernels agree with each other to
+/// float32 summation order.
 #[test]
-fn every_16bit_kernel_on_a_large_product() {
-    for dt in [DType::BF16, DType::F16] {
+fn every_product_kernel_on_a_large_product() {
+    for dt in PACKED {
         let a = randn(&[300, 257], dt, 90);
         let b = randn(&[190, 257], dt, 91).t().unwrap();
         let want = ref_matmul(&a, &b);
+        let (long_a, long_b) = (randn(&[30, 4100], dt, 92), randn(&[4100, 400], dt, 93));
+        let input = randn(&[400], dt, 94);
+        let long = with_input(&ref_matmul(&long_a, &long_b), &input, 0.5, 2.0);
         for kernel in Kernel16::ALL {
-            if !applicable(dt, kernel, "every_16bit_kernel_on_a_large_product") {
+            if !applicable(dt, kernel, "every_product_kernel_on_a_large_product") {
                 continue;
             }
+            let what = format!("{dt} on {}", kernel.name());
             let got = with_kernel16(kernel, || mm(&a, &b).unwrap()).unwrap();
-            assert_close(&got, &want, dt, &format!("{dt} on {}", kernel.name()));
+            assert_close(&got, &want, dt, &what);
+            let got = with_kernel16(kernel, || {
+                addmm(&input, &long_a, &long_b, 0.5, 2.0).unwrap()
+            })
+            .unwrap();
+            assert_close(&got, &long, dt, &format!("{what}, column blocks"));
         }
     }
 }
@@ -1173,7 +1193,16 @@ fn forcing_a_kernel_is_scoped_and_checked() {
         .unwrap();
     }
     assert_eq!(kernel16(DType::BF16), before);
-    assert_eq!(kernel16(DType::F32), None);
+    // float32 products take the AVX2 tiles where they are the CPU's best vector
+    // kernel, faer's float32 kernel elsewhere; float64 products never a packing kernel.
+    let tiles = Kernel16::Avx2Fma.supports(DType::F32) && !Kernel16::Avx512Fma.supports(DType::F16);
+    let f32_kernel = if tiles {
+        Kernel16::Avx2Fma
+    } else {
+        Kernel16::Widened
+    };
+    assert_eq!(kernel16(DType::F32), Some(f32_kernel));
+    assert_eq!(kernel16(DType::F64), None);
     if !Kernel16::Avx512Bf16.supports(DType::BF16) {
         let e = with_kernel16(Kernel16::Avx512Bf16, || ()).unwrap_err();
         assert!(e.to_string().contains("avx512_bf16"), "{e}");
