@@ -17,6 +17,9 @@ use crate::reduce::{
 };
 use crate::vmath::{self, Level};
 
+#[cfg(target_arch = "x86_64")]
+mod rows16;
+
 /// `(outer rows, normalized elements)` of a layer norm over the trailing
 /// `normalized_shape`, with PyTorch's checks.
 fn ln_geometry(x: &Tensor, ns: &[usize]) -> Result<(usize, usize)> {
@@ -100,10 +103,17 @@ struct NormInput<'a, T, C, A> {
     eps: C,
     wb: Params<'a, C>,
     affine: &'a A,
+    /// Whether `affine` does nothing (layer norm), so that 16-bit rows may take the
+    /// AVX2 row kernel (`rows16`).
+    plain: bool,
 }
 
 /// The weight and bias of each element of a row (`n` each), if any.
 type Params<'a, C> = (Option<&'a [C]>, Option<&'a [C]>);
+
+/// A step applied to each normalised row in place (`affine(row, y)`), after the weight
+/// and bias.
+type Affine<'a, C> = &'a (dyn Fn(usize, &mut [C]) + Sync);
 
 /// Normalise rows `r0..` (`out.len() / n` of them) of the input into `out`, writing
 /// their statistics to `mean` and `rstd` (see [`norm_rows`]). Always inlined, so it
@@ -122,6 +132,7 @@ fn norm_block<T: Element, C: Real + Num, A: Fn(usize, &mut [C])>(
         eps,
         wb,
         affine,
+        plain: _,
     } = *input;
     let nc = C::from_f64c(n as f64);
     let same = as_same::<T, C>(&[]).is_some();
@@ -181,7 +192,9 @@ unsafe fn norm_block_avx512<T: Element, C: Real + Num, A: Fn(usize, &mut [C])>(
 
 /// [`norm_block`] compiled for AVX2 (identical results, as [`norm_block_avx512`]): on
 /// CPUs without AVX-512 the baseline build ran it 4 lanes wide, and layer norm over
-/// `[512, 512]` float32 took 1.3× PyTorch's time on an AVX2-only EPYC.
+/// `[512, 512]` float32 took 1.3× PyTorch's time on an AVX2-only EPYC. Layer norm of
+/// bfloat16 and float16 rows (float32 statistics and parameters) runs on
+/// [`rows16::rows`] where the CPU has F16C, with the same bits.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn norm_block_avx2<T: Element, C: Real + Num, A: Fn(usize, &mut [C])>(
@@ -191,13 +204,34 @@ unsafe fn norm_block_avx2<T: Element, C: Real + Num, A: Fn(usize, &mut [C])>(
     mean: &mut [C],
     rstd: &mut [C],
 ) {
+    if input.plain && std::arch::is_x86_feature_detected!("f16c") {
+        let n = input.n;
+        let eps = as_same::<C, f32>(std::slice::from_ref(&input.eps));
+        let stats = (as_same_mut::<C, f32>(mean), as_same_mut::<C, f32>(rstd));
+        if let (Some(&[eps]), (Some(m), Some(r))) = (eps, stats) {
+            let (w, b) = input.wb;
+            let wb = (w.and_then(as_same::<C, f32>), b.and_then(as_same::<C, f32>));
+            let s = &input.s[r0 * n..r0 * n + out.len()];
+            macro_rules! typed {
+                ($($S:ty),*) => {$(
+                    if let (Some(s), Some(o)) = (as_same::<T, $S>(s), as_same_mut::<T, $S>(out)) {
+                        // SAFETY: the CPU has AVX2 and FMA (this function's features)
+                        // and F16C (checked above).
+                        unsafe { rows16::rows::<$S>(s, n, eps, wb, o, (m, r)) };
+                        return;
+                    }
+                )*};
+            }
+            typed!(amp_tensor::half::bf16, amp_tensor::half::f16);
+        }
+    }
     norm_block(input, r0, out, mean, rstd)
 }
 
 /// Normalise each of the `rows` contiguous rows of `n` elements of `s` to zero mean and
 /// unit variance (`rstd = 1 / sqrt(var + eps)`), times `wb`'s weight plus its bias
-/// element by element in the same pass, then let `affine(row, y)` scale and shift row
-/// `row` in place. Returns the output and the per-row mean and rstd
+/// element by element in the same pass, then let `affine(row, y)` (when given) scale and
+/// shift row `row` in place. Returns the output and the per-row mean and rstd
 /// ([`amp_tensor::Error::OutOfMemory`] when they cannot be allocated). Large inputs
 /// split into blocks of rows ([`rows_per_task`]) taken by the threads as they come.
 fn norm_rows<T: Element, C: Real + Num>(
@@ -206,7 +240,7 @@ fn norm_rows<T: Element, C: Real + Num>(
     n: usize,
     eps: f64,
     wb: Params<'_, C>,
-    affine: impl Fn(usize, &mut [C]) + Sync + Send,
+    affine: Option<Affine<'_, C>>,
 ) -> Result<(Vec<T>, Vec<C>, Vec<C>)> {
     use amp_tensor::pool::{try_filled, try_recycled_vec, try_zeroed};
     if n == 0 {
@@ -225,7 +259,12 @@ fn norm_rows<T: Element, C: Real + Num>(
         n,
         eps: C::from_f64c(eps),
         wb,
-        affine: &affine,
+        affine: &|r: usize, y: &mut [C]| {
+            if let Some(f) = affine {
+                f(r, y)
+            }
+        },
+        plain: affine.is_none(),
     };
     let level = vmath::level();
     let body = |r0: usize, out: &mut [T], mean: &mut [C], rstd: &mut [C]| {
@@ -343,7 +382,7 @@ fn layer_norm_with(
         let _ = fast;
         let wb = (w.as_deref(), b.as_deref());
         let (out, mean, rstd) =
-            with_slice::<T, _>(&xc, |s| norm_rows::<T, C>(s, m, n, eps, wb, |_, _| {}))??;
+            with_slice::<T, _>(&xc, |s| norm_rows::<T, C>(s, m, n, eps, wb, None))??;
         Ok((
             Tensor::from_vec(out, x.dims().to_vec())?,
             Tensor::from_vec(mean, stat_shape.clone())?,
@@ -596,7 +635,14 @@ pub fn group_norm(
             }
         };
         let (out, mean, rstd) = with_slice::<T, _>(&xc, |s| {
-            norm_rows::<T, C>(s, nb * num_groups, cg * hw, eps, (None, None), affine)
+            norm_rows::<T, C>(
+                s,
+                nb * num_groups,
+                cg * hw,
+                eps,
+                (None, None),
+                Some(&affine),
+            )
         })??;
         Ok((
             Tensor::from_vec(out, x.dims().to_vec())?,
