@@ -79,9 +79,12 @@ fn avx2() -> bool {
     has!("avx2") && has!("fma")
 }
 
-/// One element widened (the loops' tails).
-trait Scalar: Copy {
+/// One element widened and rounded back (the loops' tails; `norm/rows16.rs`'s too): the
+/// bits of the vector forms.
+pub(crate) trait Scalar: Copy {
+    /// The value as float32 (exact).
     fn widen(self) -> f32;
+    /// `v` rounded to this type (nearest even; a bfloat16 NaN as `0x7FC0`).
     fn narrow(v: f32) -> Self;
 }
 impl Scalar for bf16 {

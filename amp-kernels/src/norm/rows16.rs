@@ -15,10 +15,12 @@ use std::arch::x86_64::*;
 
 use amp_tensor::half::{bf16, f16};
 
+use crate::half16::Scalar;
 use crate::reduce::lane_sum;
 
-/// A 16-bit storage type loaded and stored 8 float32 lanes at a time.
-pub(super) trait Io16: Copy + 'static {
+/// A 16-bit storage type loaded and stored 8 float32 lanes at a time (one element at a
+/// time by [`Scalar`]).
+pub(super) trait Io16: Scalar + 'static {
     /// 8 elements widened, in order.
     ///
     /// # Safety
@@ -35,10 +37,6 @@ pub(super) trait Io16: Copy + 'static {
     /// # Safety
     /// `p` is writable for 16 elements; the CPU has AVX2 and F16C (as above).
     unsafe fn store16(p: *mut Self, lo: __m256, hi: __m256);
-    /// One element widened.
-    fn widen(self) -> f32;
-    /// One value rounded (the bits [`Io16::store8`] gives).
-    fn narrow(v: f32) -> Self;
 }
 
 impl Io16 for bf16 {
@@ -72,14 +70,6 @@ impl Io16 for bf16 {
             _mm256_storeu_si256(p.cast(), bits);
         }
     }
-    #[inline(always)]
-    fn widen(self) -> f32 {
-        self.to_f32()
-    }
-    #[inline(always)]
-    fn narrow(v: f32) -> bf16 {
-        amp_tensor::round_to_bf16(v)
-    }
 }
 
 impl Io16 for f16 {
@@ -104,14 +94,6 @@ impl Io16 for f16 {
             let hi = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(hi);
             _mm256_storeu_si256(p.cast(), _mm256_set_m128i(hi, lo));
         }
-    }
-    #[inline(always)]
-    fn widen(self) -> f32 {
-        self.to_f32()
-    }
-    #[inline(always)]
-    fn narrow(v: f32) -> f16 {
-        f16::from_f32(v)
     }
 }
 
