@@ -147,6 +147,37 @@ pub mod simd {
         }
     }
 
+    /// 8 float32 lanes rounded to bfloat16 ([`round_bf16_high_avx2`]) and packed in
+    /// order into 8 16-bit lanes.
+    ///
+    /// # Safety
+    /// The caller runs with AVX2.
+    #[inline(always)]
+    pub unsafe fn bf16_bits8_avx2(v: __m256) -> __m128i {
+        // SAFETY: register-only intrinsics; AVX2 is the caller's. Every lane is in
+        // 0..=0xFFFF after the shift, so the saturating pack keeps it.
+        unsafe {
+            let t = _mm256_srli_epi32::<16>(round_bf16_high_avx2(v));
+            _mm_packus_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256::<1>(t))
+        }
+    }
+
+    /// 16 float32 lanes (`lo` then `hi`) rounded to bfloat16 ([`round_bf16_high_avx2`])
+    /// and packed in order into 16 16-bit lanes: `vpackusdw` interleaves the two
+    /// vectors' 128-bit halves, the permute puts them in order.
+    ///
+    /// # Safety
+    /// The caller runs with AVX2.
+    #[inline(always)]
+    pub unsafe fn bf16_bits16_avx2(lo: __m256, hi: __m256) -> __m256i {
+        // SAFETY: as [`bf16_bits8_avx2`].
+        unsafe {
+            let a = _mm256_srli_epi32::<16>(round_bf16_high_avx2(lo));
+            let b = _mm256_srli_epi32::<16>(round_bf16_high_avx2(hi));
+            _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi32(a, b))
+        }
+    }
+
     /// [`super::f32_to_bf16_chunk`] with AVX2: 16 lanes rounded, shifted down, packed
     /// (`vpackusdw` interleaves the two vectors' 128-bit halves, the permute puts them in
     /// order) and stored; the last `n % 16` by the scalar loop.
@@ -162,11 +193,7 @@ pub mod simd {
             unsafe {
                 let a = _mm256_loadu_ps(src.as_ptr().add(i));
                 let b = _mm256_loadu_ps(src.as_ptr().add(i + 8));
-                let a = _mm256_srli_epi32::<16>(round_bf16_high_avx2(a));
-                let b = _mm256_srli_epi32::<16>(round_bf16_high_avx2(b));
-                // Every lane is in 0..=0xFFFF, so the saturating pack keeps it.
-                let p = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi32(a, b));
-                _mm256_storeu_si256(dst.as_mut_ptr().add(i).cast(), p);
+                _mm256_storeu_si256(dst.as_mut_ptr().add(i).cast(), bf16_bits16_avx2(a, b));
             }
             i += 16;
         }

@@ -1611,8 +1611,7 @@ mod x86 {
             if F16 {
                 _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v)
             } else {
-                let t = _mm256_srli_epi32::<16>(amp_tensor::simd::round_bf16_high_avx2(v));
-                _mm_packus_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256::<1>(t))
+                amp_tensor::simd::bf16_bits8_avx2(v)
             }
         }
     }

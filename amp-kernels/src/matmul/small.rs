@@ -487,10 +487,7 @@ mod x86 {
     stored_16!(
         bf16,
         |x| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(x))),
-        |v| {
-            let t = _mm256_srli_epi32::<16>(amp_tensor::simd::round_bf16_high_avx2(v));
-            _mm_packus_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256::<1>(t))
-        }
+        |v| { amp_tensor::simd::bf16_bits8_avx2(v) }
     );
     stored_16!(f16, |x| _mm256_cvtph_ps(x), |v| _mm256_cvtps_ph::<
         _MM_FROUND_TO_NEAREST_INT,

@@ -50,25 +50,13 @@ impl Io16 for bf16 {
     }
     #[inline(always)]
     unsafe fn store8(p: *mut bf16, v: __m256) {
-        // SAFETY: the caller's contract; the rounded halves fit 16 bits, so the
-        // saturating pack keeps them.
-        unsafe {
-            let t = _mm256_srli_epi32::<16>(amp_tensor::simd::round_bf16_high_avx2(v));
-            let bits =
-                _mm_packus_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256::<1>(t));
-            _mm_storeu_si128(p.cast(), bits);
-        }
+        // SAFETY: the caller's contract.
+        unsafe { _mm_storeu_si128(p.cast(), amp_tensor::simd::bf16_bits8_avx2(v)) }
     }
     #[inline(always)]
     unsafe fn store16(p: *mut bf16, lo: __m256, hi: __m256) {
-        // SAFETY: the caller's contract; as `store8`, then `vpackusdw` interleaves the
-        // two vectors' 128-bit halves and the permute puts them in order.
-        unsafe {
-            let a = _mm256_srli_epi32::<16>(amp_tensor::simd::round_bf16_high_avx2(lo));
-            let b = _mm256_srli_epi32::<16>(amp_tensor::simd::round_bf16_high_avx2(hi));
-            let bits = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi32(a, b));
-            _mm256_storeu_si256(p.cast(), bits);
-        }
+        // SAFETY: the caller's contract.
+        unsafe { _mm256_storeu_si256(p.cast(), amp_tensor::simd::bf16_bits16_avx2(lo, hi)) }
     }
 }
 
