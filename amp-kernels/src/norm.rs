@@ -97,15 +97,14 @@ fn wide_sum<C: Num>(xs: &[C], g: impl Fn(C) -> C) -> C {
 /// The input of [`norm_rows`] every block of rows reads: rows of `n` elements of `s`,
 /// `eps`, a per-element weight and bias applied as each row is normalised, and the
 /// affine step applied to each normalised row after.
-struct NormInput<'a, T, C, A> {
+struct NormInput<'a, T, C> {
     s: &'a [T],
     n: usize,
     eps: C,
     wb: Params<'a, C>,
-    affine: &'a A,
-    /// Whether `affine` does nothing (layer norm), so that 16-bit rows may take the
-    /// AVX2 row kernel (`rows16`).
-    plain: bool,
+    /// None for layer norm, whose 16-bit rows may then take the AVX2 row kernel
+    /// (`rows16`).
+    affine: Option<Affine<'a, C>>,
 }
 
 /// The weight and bias of each element of a row (`n` each), if any.
@@ -119,8 +118,8 @@ type Affine<'a, C> = &'a (dyn Fn(usize, &mut [C]) + Sync);
 /// their statistics to `mean` and `rstd` (see [`norm_rows`]). Always inlined, so it
 /// takes the SIMD level of its caller.
 #[inline(always)]
-fn norm_block<T: Element, C: Real + Num, A: Fn(usize, &mut [C])>(
-    input: &NormInput<'_, T, C, A>,
+fn norm_block<T: Element, C: Real + Num>(
+    input: &NormInput<'_, T, C>,
     r0: usize,
     out: &mut [T],
     mean: &mut [C],
@@ -132,7 +131,6 @@ fn norm_block<T: Element, C: Real + Num, A: Fn(usize, &mut [C])>(
         eps,
         wb,
         affine,
-        plain: _,
     } = *input;
     let nc = C::from_f64c(n as f64);
     let same = as_same::<T, C>(&[]).is_some();
@@ -164,7 +162,9 @@ fn norm_block<T: Element, C: Real + Num, A: Fn(usize, &mut [C])>(
                 (None, Some(b)) => it.zip(b).for_each(|((y, &v), &b)| *y = (v - mu) * rs + b),
                 (None, None) => it.for_each(|(y, &v)| *y = (v - mu) * rs),
             }
-            affine(r, y);
+            if let Some(f) = affine {
+                f(r, y);
+            }
         };
         match as_same_mut::<T, C>(orow) {
             Some(o) => write(o),
@@ -180,8 +180,8 @@ fn norm_block<T: Element, C: Real + Num, A: Fn(usize, &mut [C])>(
 /// arithmetic, only wider registers).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma")]
-unsafe fn norm_block_avx512<T: Element, C: Real + Num, A: Fn(usize, &mut [C])>(
-    input: &NormInput<'_, T, C, A>,
+unsafe fn norm_block_avx512<T: Element, C: Real + Num>(
+    input: &NormInput<'_, T, C>,
     r0: usize,
     out: &mut [T],
     mean: &mut [C],
@@ -197,14 +197,14 @@ unsafe fn norm_block_avx512<T: Element, C: Real + Num, A: Fn(usize, &mut [C])>(
 /// [`rows16::rows`] where the CPU has F16C, with the same bits.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn norm_block_avx2<T: Element, C: Real + Num, A: Fn(usize, &mut [C])>(
-    input: &NormInput<'_, T, C, A>,
+unsafe fn norm_block_avx2<T: Element, C: Real + Num>(
+    input: &NormInput<'_, T, C>,
     r0: usize,
     out: &mut [T],
     mean: &mut [C],
     rstd: &mut [C],
 ) {
-    if input.plain && std::arch::is_x86_feature_detected!("f16c") {
+    if input.affine.is_none() && std::arch::is_x86_feature_detected!("f16c") {
         let n = input.n;
         let eps = as_same::<C, f32>(std::slice::from_ref(&input.eps));
         let stats = (as_same_mut::<C, f32>(mean), as_same_mut::<C, f32>(rstd));
@@ -259,12 +259,7 @@ fn norm_rows<T: Element, C: Real + Num>(
         n,
         eps: C::from_f64c(eps),
         wb,
-        affine: &|r: usize, y: &mut [C]| {
-            if let Some(f) = affine {
-                f(r, y)
-            }
-        },
-        plain: affine.is_none(),
+        affine,
     };
     let level = vmath::level();
     let body = |r0: usize, out: &mut [T], mean: &mut [C], rstd: &mut [C]| {

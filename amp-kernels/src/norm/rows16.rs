@@ -296,8 +296,7 @@ mod tests {
                     n,
                     eps: 1e-5f32,
                     wb,
-                    affine: &|_: usize, _: &mut [f32]| {},
-                    plain: true,
+                    affine: None,
                 };
                 let zero = narrow(0.0);
                 let (mut want, mut wm, mut wr) =
