@@ -239,7 +239,7 @@ const PHI: [[f32; 32]; 7] = [
 /// selects the coefficients from two registers (`vpermt2ps`), so no `exp` and no
 /// branch-both-ways select run. 1.7× the speed of [`gelu`] (whose `erf` evaluates
 /// both its halves and an `exp`), which left PyTorch's AVX-512 GELU 1.7× faster.
-/// `x < -6` gives `x·0` (−0, or NaN for −∞), `x ≥ 6` gives `x`, NaN propagates.
+/// `x ≤ -6`, as in [`gelu256`] and the scalar [`gelu`], gives `x·0` (−0, or NaN for −∞), `x ≥ 6` gives `x`, NaN propagates.
 #[cfg(target_arch = "x86_64")]
 mod gelu512 {
     use std::arch::x86_64::*;
@@ -279,7 +279,7 @@ mod gelu512 {
         unsafe { _mm512_mul_ps(v, lanes_cdf(coef, v)) }
     }
 
-    /// `Φ(v)` on 16 lanes (0 below -6).
+    /// `Φ(v)` on 16 lanes (0 from -6 down, where `1 + erf(v/√2)` is 0 in float32).
     ///
     /// # Safety
     /// The caller runs with AVX-512F/DQ and FMA.
@@ -303,7 +303,7 @@ mod gelu512 {
             for k in (0..6).rev() {
                 p = _mm512_fmadd_ps(p, d, c(k));
             }
-            let below = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(v, lo);
+            let below = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(v, lo);
             _mm512_mask_mov_ps(p, below, _mm512_setzero_ps())
         }
     }
