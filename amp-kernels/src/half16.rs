@@ -337,6 +337,26 @@ pub(crate) mod lanes {
     }
 }
 
+/// How many leading elements of `dst` a fused loop of `L` lanes runs one by one so that
+/// its vector stores start at a multiple of their size: 0 for short outputs. Large
+/// buffers from the system allocator sit 16 bytes past a 64-byte line (glibc's chunk
+/// header), so every unaligned 64-byte store would split across two lines; all the
+/// operands of an op are usually placed alike, so aligning the output aligns the loads
+/// too. Measured on a Zen 4 EPYC, a float32 `add` of 1M elements, one thread: 6-8%
+/// faster aligned. Each element's bits are the same either way (the one-by-one form
+/// is the scalar form the tails use).
+#[inline(always)]
+fn aligned_start<S, const L: usize>(dst: &[MaybeUninit<S>]) -> usize {
+    const { assert!(L > 0) };
+    let n = dst.len();
+    if n < 16 * L {
+        return 0;
+    }
+    dst.as_ptr()
+        .align_offset(L * std::mem::size_of::<S>())
+        .min(L - 1)
+}
+
 /// The body of a fused binary loop for one pair of operand kinds (`run`: a slice read
 /// `L` lanes at a time; `splat`: one widened value), then the last `n mod L` elements
 /// one by one. Expanded inside the `#[target_feature]` function (no closure around the
@@ -359,7 +379,13 @@ macro_rules! bin_loop {
     ($L:literal, $S:ty, $ld:ident, $st:ident, $dst:ident, $f:ident,
      $x:ident: $xk:ident, $y:ident: $yk:ident) => {{
         let n = $dst.len();
-        let mut i = 0;
+        // The first elements one by one, up to where the stores are whole vectors at
+        // aligned addresses (see `aligned_start`).
+        let mut i = aligned_start::<$S, $L>($dst);
+        for k in 0..i {
+            let (a, b) = (bin_loop!(@at $xk, $x, k), bin_loop!(@at $yk, $y, k));
+            $dst[k].write(<$S>::narrow($f(a, b)));
+        }
         while i + $L <= n {
             let a = bin_loop!(@load $xk, $L, $ld, $x, i);
             let b = bin_loop!(@load $yk, $L, $ld, $y, i);
@@ -415,7 +441,10 @@ macro_rules! fused {
         fn $un(x: &[$S], dst: &mut [MaybeUninit<$S>], f: &impl Fn(f32) -> f32) {
             let n = dst.len();
             assert!(x.len() >= n, "fused loop: operand shorter than the output");
-            let mut i = 0;
+            let mut i = aligned_start::<$S, $L>(dst);
+            for (d, &v) in dst[..i].iter_mut().zip(&x[..i]) {
+                d.write(<$S>::narrow(f(v.widen())));
+            }
             while i + $L <= n {
                 // SAFETY: `i + L <= n <= x.len()`; the features are this function's.
                 let a = unsafe { lanes::$ld(x.as_ptr().add(i)) };
@@ -847,5 +876,54 @@ mod tests {
         } else {
             eprintln!("skipped: the AVX2 fused 16-bit loops (the CPU lacks AVX2/FMA/F16C)");
         }
+    }
+
+    #[test]
+    fn every_start_and_length_gives_the_scalar_bits() {
+        // The loops run the first elements one by one up to an aligned store
+        // (`aligned_start`): outputs starting at every element of a 64-byte line, of
+        // lengths on both sides of where that starts, operands placed alike or not.
+        fn run<S: Scalar + Element>(from: impl Fn(f32) -> S) {
+            let data = |k: usize| from((k % 97) as f32 * 0.37 - 17.0);
+            let (x, y): (Vec<S>, Vec<S>) =
+                ((0..1200).map(data).collect(), (7..1207).map(data).collect());
+            let f = |a: f32, b: f32| a * b - a;
+            let g = |a: f32| a * 3.0 - 1.0;
+            let mut buf = [MaybeUninit::<S>::uninit(); 1200];
+            for start in 0..32 {
+                for len in [255, 256, 257, 300, 1100] {
+                    for shift in [0, 1] {
+                        let (xs, ys) = (&x[start + shift..][..len], &y[start..][..len]);
+                        let dst = &mut buf[start..][..len];
+                        if !binary(Operand::Run(xs), Operand::Run(ys), dst, &f) {
+                            eprintln!("skipped: the fused loops (the CPU lacks the features)");
+                            return;
+                        }
+                        for (k, d) in dst.iter().enumerate() {
+                            // SAFETY: the loop wrote every element.
+                            let got = unsafe { d.assume_init() };
+                            let want = S::narrow(f(xs[k].widen(), ys[k].widen()));
+                            assert!(
+                                got.widen().to_bits() == want.widen().to_bits(),
+                                "binary at {start}+{k} of {len}"
+                            );
+                        }
+                        assert!(unary(xs, dst, &g));
+                        for (k, d) in dst.iter().enumerate() {
+                            // SAFETY: as above.
+                            let got = unsafe { d.assume_init() };
+                            let want = S::narrow(g(xs[k].widen()));
+                            assert!(
+                                got.widen().to_bits() == want.widen().to_bits(),
+                                "unary at {start}+{k} of {len}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        run::<f32>(|v| v);
+        run::<bf16>(bf16::from_f32);
+        run::<f16>(f16::from_f32);
     }
 }
