@@ -327,17 +327,41 @@ impl Sum16 {
 /// `x` is valid for `n` reads; the caller runs with the kernels' features.
 #[inline(always)]
 unsafe fn sum16<S: Lane>(x: *const S, n: usize, g: impl Fn(__m512) -> __m512) -> f32 {
-    // SAFETY: the loads stay within `n` elements; the features are the caller's.
+    // SAFETY: the caller's contract (nothing kept).
+    unsafe { sum16_keep::<S, false>(x, n, g, std::ptr::null_mut()) }
+}
+
+/// [`sum16`], also storing the elements widened to float32 at `keep` when `KEEP`.
+///
+/// # Safety
+/// As [`sum16`]; with `KEEP`, `keep` is valid for `n` float32 writes.
+#[inline(always)]
+unsafe fn sum16_keep<S: Lane, const KEEP: bool>(
+    x: *const S,
+    n: usize,
+    g: impl Fn(__m512) -> __m512,
+    keep: *mut f32,
+) -> f32 {
+    // SAFETY: the loads (and stores) stay within `n` elements; the features are the
+    // caller's.
     unsafe {
         let mut acc = Sum16::new();
         let mut i = 0;
         while i + 16 <= n {
-            acc.add(g(S::load(x.add(i))));
+            let v = S::load(x.add(i));
+            if KEEP {
+                f32::store(keep.add(i), v);
+            }
+            acc.add(g(v));
             i += 16;
         }
         if i < n {
             let k = n - i;
-            acc.add_tail(k, g(S::load_tail(x.add(i), k, _mm512_setzero_ps())));
+            let v = S::load_tail(x.add(i), k, _mm512_setzero_ps());
+            if KEEP {
+                f32::store_tail(keep.add(i), k, v);
+            }
+            acc.add_tail(k, g(v));
         }
         acc.finish()
     }
@@ -351,28 +375,56 @@ unsafe fn sum16<S: Lane>(x: *const S, n: usize, g: impl Fn(__m512) -> __m512) ->
 /// As [`sum16`].
 #[inline(always)]
 unsafe fn wide_sum<S: Lane>(x: *const S, n: usize, g: impl Fn(__m512) -> __m512) -> f32 {
+    // SAFETY: the caller's contract (nothing kept).
+    unsafe { wide_sum_keep::<S, false>(x, n, g, std::ptr::null_mut()) }
+}
+
+/// [`wide_sum`], also storing the elements widened to float32 at `keep` when `KEEP`
+/// (a 16-bit layer norm's first pass: one pass where widening first took two).
+///
+/// # Safety
+/// As [`sum16_keep`].
+#[inline(always)]
+unsafe fn wide_sum_keep<S: Lane, const KEEP: bool>(
+    x: *const S,
+    n: usize,
+    g: impl Fn(__m512) -> __m512,
+    keep: *mut f32,
+) -> f32 {
     if n < 256 {
         // SAFETY: the caller's contract.
-        return unsafe { sum16(x, n, g) };
+        return unsafe { sum16_keep::<S, KEEP>(x, n, g, keep) };
     }
-    // SAFETY: the loads stay within `n` elements; the features are the caller's.
+    // SAFETY: the loads (and stores) stay within `n` elements; the features are the
+    // caller's.
     unsafe {
         let z = _mm512_setzero_ps();
+        let load = |i: usize| {
+            let v = S::load(x.add(i));
+            if KEEP {
+                f32::store(keep.add(i), v);
+            }
+            v
+        };
         let mut a = [z; 4];
         let mut i = 0;
         while i + 64 <= n {
             for (q, a) in a.iter_mut().enumerate() {
-                *a = _mm512_add_ps(*a, g(S::load(x.add(i + 16 * q))));
+                *a = _mm512_add_ps(*a, g(load(i + 16 * q)));
             }
             i += 64;
         }
         for a in a.iter_mut() {
             if i + 16 <= n {
-                *a = _mm512_add_ps(*a, g(S::load(x.add(i))));
+                *a = _mm512_add_ps(*a, g(load(i)));
                 i += 16;
             } else if i < n {
                 let k = n - i;
-                *a = _mm512_mask_add_ps(*a, low(k), *a, g(S::load_tail(x.add(i), k, z)));
+                let v = S::load_tail(x.add(i), k, z);
+                if KEEP {
+                    f32::store_tail(keep.add(i), k, v);
+                }
+                *a = _mm512_mask_add_ps(*a, low(k), *a, g(v));
                 i = n;
             }
         }
@@ -768,8 +820,9 @@ pub(crate) unsafe fn softmax_backward_rows<S: Lane, const LOG: bool>(
 /// `var = wide_sum((x - mean)²) / n`, `rstd = 1 / sqrt(var + eps)`, then
 /// `y = (x - mean) * rstd`, times `w` and plus `b` when given (float32, `n` each),
 /// rounded once. The statistics of row `k` go to `mean[k]`, `rstd[k]`. A 16-bit row
-/// of at most [`STACK_ROW`] elements is widened once into float32 scratch (the three
-/// passes would each widen it again); longer rows read their storage three times.
+/// of at most [`STACK_ROW`] elements is widened once into float32 scratch by the mean's
+/// pass (the other two then read the scratch); longer rows read their storage three
+/// times.
 ///
 /// # Safety
 /// As [`softmax_rows`]; `mean` and `rstd` hold one value per row.
@@ -813,9 +866,8 @@ unsafe fn layer_norm_rows_with<S: Lane>(
     // One row read from `$xp` (the storage, or the widened scratch), written to `$op`.
     // The closures are written here so that they have this function's features.
     macro_rules! row {
-        ($xp:expr, $op:expr, $k:expr) => {{
-            let (xp, op) = ($xp, $op);
-            let mu = wide_sum(xp, n, |v| v) / nc;
+        ($sum:expr, $xp:expr, $op:expr, $k:expr) => {{
+            let (mu, xp, op) = ($sum / nc, $xp, $op);
             let muv = _mm512_set1_ps(mu);
             let var = wide_sum(xp, n, |v| {
                 let d = _mm512_sub_ps(v, muv);
@@ -850,10 +902,11 @@ unsafe fn layer_norm_rows_with<S: Lane>(
         // features are this function's.
         unsafe {
             if widen {
-                map_row(xr.as_ptr(), buf, n, |v, _| v);
-                row!(buf.cast_const(), op, k);
+                // The mean's pass widens the row into `buf` as it sums it.
+                let sum = wide_sum_keep::<S, true>(xr.as_ptr(), n, |v| v, buf);
+                row!(sum, buf.cast_const(), op, k);
             } else {
-                row!(xr.as_ptr(), op, k);
+                row!(wide_sum(xr.as_ptr(), n, |v| v), xr.as_ptr(), op, k);
             }
         }
     }
