@@ -347,7 +347,6 @@ pub(crate) mod lanes {
 /// is the scalar form the tails use).
 #[inline(always)]
 fn aligned_start<S, const L: usize>(dst: &[MaybeUninit<S>]) -> usize {
-    const { assert!(L > 0) };
     let n = dst.len();
     if n < 16 * L {
         return 0;

@@ -321,6 +321,37 @@ impl Sum16 {
     }
 }
 
+/// Elements `i..i + k` of `x` (16 lanes, the lanes from `k` on zero), also stored
+/// widened to float32 at `keep + i` when `KEEP`.
+///
+/// # Safety
+/// `x` is valid for `i + k` reads (and, with `KEEP`, `keep` for `i + k` writes),
+/// `k <= 16`; the caller runs with the kernels' features.
+#[inline(always)]
+unsafe fn load_keep<S: Lane, const KEEP: bool>(
+    x: *const S,
+    keep: *mut f32,
+    i: usize,
+    k: usize,
+) -> __m512 {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if k == 16 {
+            let v = S::load(x.add(i));
+            if KEEP {
+                f32::store(keep.add(i), v);
+            }
+            v
+        } else {
+            let v = S::load_tail(x.add(i), k, _mm512_setzero_ps());
+            if KEEP {
+                f32::store_tail(keep.add(i), k, v);
+            }
+            v
+        }
+    }
+}
+
 /// `sum(g(x[i]))` over `n` elements at `x` in [`Sum16`]'s order (`lane_sum`).
 ///
 /// # Safety
@@ -348,20 +379,12 @@ unsafe fn sum16_keep<S: Lane, const KEEP: bool>(
         let mut acc = Sum16::new();
         let mut i = 0;
         while i + 16 <= n {
-            let v = S::load(x.add(i));
-            if KEEP {
-                f32::store(keep.add(i), v);
-            }
-            acc.add(g(v));
+            acc.add(g(load_keep::<S, KEEP>(x, keep, i, 16)));
             i += 16;
         }
         if i < n {
             let k = n - i;
-            let v = S::load_tail(x.add(i), k, _mm512_setzero_ps());
-            if KEEP {
-                f32::store_tail(keep.add(i), k, v);
-            }
-            acc.add_tail(k, g(v));
+            acc.add_tail(k, g(load_keep::<S, KEEP>(x, keep, i, k)));
         }
         acc.finish()
     }
@@ -399,13 +422,7 @@ unsafe fn wide_sum_keep<S: Lane, const KEEP: bool>(
     // caller's.
     unsafe {
         let z = _mm512_setzero_ps();
-        let load = |i: usize| {
-            let v = S::load(x.add(i));
-            if KEEP {
-                f32::store(keep.add(i), v);
-            }
-            v
-        };
+        let load = |i: usize| load_keep::<S, KEEP>(x, keep, i, 16);
         let mut a = [z; 4];
         let mut i = 0;
         while i + 64 <= n {
@@ -420,10 +437,7 @@ unsafe fn wide_sum_keep<S: Lane, const KEEP: bool>(
                 i += 16;
             } else if i < n {
                 let k = n - i;
-                let v = S::load_tail(x.add(i), k, z);
-                if KEEP {
-                    f32::store_tail(keep.add(i), k, v);
-                }
+                let v = load_keep::<S, KEEP>(x, keep, i, k);
                 *a = _mm512_mask_add_ps(*a, low(k), *a, g(v));
                 i = n;
             }
