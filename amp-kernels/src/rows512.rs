@@ -453,6 +453,16 @@ unsafe fn wide_sum_keep<S: Lane, const KEEP: bool>(
 /// The maximum of the `n` elements at `x`, or the first NaN among them, as
 /// `reduce::max_nan` (16 lanes, strictly greater wins, the lanes folded in order).
 ///
+/// Four running maxima (`vmaxps`) take it at the loads' pace, where the one running
+/// compare-and-select of the exact fold waited on its own latency every vector (a
+/// fifth of a 1024-wide softmax). The value is the fold's, all but the sign of a zero
+/// maximum (`+0` and `-0` tie; the fold keeps the lower lane's). That sign never
+/// reaches an output: a row with one zero
+/// at its maximum has that zero's sign either way, and a row with two has `sum >= 2`,
+/// where `exp(±0) = 1` and `(±0) - lse` are the same for either sign (pinned by
+/// `a_zero_maximum_gives_the_portable_bits`). A NaN (the first one) is found again in
+/// the exact order ([`first_nan`]).
+///
 /// # Safety
 /// As [`sum16`].
 #[inline(always)]
@@ -460,29 +470,32 @@ unsafe fn max_nan<S: Lane>(x: *const S, n: usize) -> f32 {
     // SAFETY: the loads stay within `n` elements; the features are the caller's.
     unsafe {
         let lowest = _mm512_set1_ps(f32::NEG_INFINITY);
-        let mut acc = lowest;
+        let mut acc = [lowest; 4];
         let mut nan: __mmask16 = 0;
-        let step = |acc: __m512, v: __m512, nan: &mut __mmask16| {
+        let step = |acc: &mut __m512, v: __m512, nan: &mut __mmask16| {
             *nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
-            _mm512_mask_mov_ps(acc, _mm512_cmp_ps_mask::<_CMP_GT_OQ>(v, acc), v)
+            *acc = _mm512_max_ps(*acc, v);
         };
         let mut i = 0;
+        while i + 64 <= n {
+            for (j, a) in acc.iter_mut().enumerate() {
+                step(a, S::load(x.add(i + 16 * j)), &mut nan);
+            }
+            i += 64;
+        }
         while i + 16 <= n {
-            acc = step(acc, S::load(x.add(i)), &mut nan);
+            step(&mut acc[0], S::load(x.add(i)), &mut nan);
             i += 16;
         }
         if i < n {
             // `-inf` never beats a lane, as the untouched lanes of the portable loop.
-            acc = step(acc, S::load_tail(x.add(i), n - i, lowest), &mut nan);
+            step(&mut acc[0], S::load_tail(x.add(i), n - i, lowest), &mut nan);
         }
         if nan != 0 {
             return first_nan(x, n);
         }
-        let mut lanes = [0f32; 16];
-        _mm512_storeu_ps(lanes.as_mut_ptr(), acc);
-        lanes
-            .iter()
-            .fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a })
+        let m = _mm512_max_ps(_mm512_max_ps(acc[0], acc[1]), _mm512_max_ps(acc[2], acc[3]));
+        _mm512_reduce_max_ps(m)
     }
 }
 
@@ -496,23 +509,27 @@ unsafe fn first_nan<S: Lane>(x: *const S, n: usize) -> f32 {
     let mut i = 0;
     while i < n {
         let k = (n - i).min(16);
-        let mut lanes = [0f32; 16];
-        // SAFETY: `k` elements from `i` are in the row; AVX-512F/BW is the caller's
-        // (this function is only called from the kernels).
-        unsafe {
-            let v = if k == 16 {
-                S::load(x.add(i))
-            } else {
-                S::load_tail(x.add(i), k, _mm512_setzero_ps())
-            };
-            _mm512_storeu_ps(lanes.as_mut_ptr(), v);
-        }
+        // SAFETY: `k` elements from `i` are in the row (the caller's contract).
+        let lanes = unsafe { widened(x, i, k) };
         if let Some(v) = lanes[..k].iter().find(|v| v.is_nan()) {
             return *v;
         }
         i += k;
     }
     f32::NAN
+}
+
+/// Elements `i..i + k` of the row at `x` widened into an array (`k <= 16`, zeros past
+/// `k`), for the cold scan of [`first_nan`].
+///
+/// # Safety
+/// `x` is valid for those `k` elements; the CPU has the kernels' features (this is
+/// only called from the kernels).
+unsafe fn widened<S: Lane>(x: *const S, i: usize, k: usize) -> [f32; 16] {
+    let mut out = [0f32; 16];
+    // SAFETY: the caller's contract.
+    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), lanes(x, i, k)) };
+    out
 }
 
 /// `out[i] = f(x[i])` over `n` elements (16 at a time, the tail masked).
@@ -665,7 +682,11 @@ unsafe fn softmax_rows_with<S: Lane>(
 /// `out` is valid for `n` elements and `f` reads only what its `(i, k)` cover; the CPU
 /// has AVX-512 and AVX512-BF16.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c,avx512bf16")]
-unsafe fn map_row_bf16_ne(out: *mut bf16, n: usize, f: impl Fn(usize, usize) -> __m512) -> bool {
+unsafe fn map_row_bf16_ne(
+    out: &mut [MaybeUninit<bf16>],
+    f: impl Fn(usize, usize) -> __m512,
+) -> bool {
+    let (n, out) = (out.len(), out.as_mut_ptr().cast::<bf16>());
     // fpclass categories: 0x01 quiet NaN, 0x80 signalling NaN, 0x20 subnormal.
     const ODD: i32 = 0xA1;
     // SAFETY: the stores stay within `n` elements; the features are this function's.
@@ -712,7 +733,11 @@ unsafe fn map_row_ne<S: Lane, D: Lane>(
 ) {
     // SAFETY: the caller's contract.
     unsafe {
-        if !(ne && map_row_bf16_ne(out.cast(), n, |i, k| f(lanes(x, i, k), i))) {
+        if !(ne
+            && map_row_bf16_ne(std::slice::from_raw_parts_mut(out.cast(), n), |i, k| {
+                f(lanes(x, i, k), i)
+            }))
+        {
             map_row(x, out, n, f);
         }
     }
@@ -1380,6 +1405,42 @@ mod same_as_portable {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_zero_maximum_gives_the_portable_bits() {
+        if !available() {
+            eprintln!("skipped: no AVX-512");
+            return;
+        }
+        // Rows whose maximum is zero, `-0` and `+0` in every pair of lanes and
+        // accumulators, the rest far below: the kernels' four running maxima may keep
+        // the other zero than the portable fold, which must not change a bit of
+        // log-softmax (`x - max - lse`), the kernel where a sign could show.
+        fn check<T: Element>(from: fn(f32) -> T) {
+            for n in [20, 100, 300] {
+                for (i, j) in (0..n)
+                    .step_by(7)
+                    .flat_map(|i| (0..n).step_by(5).map(move |j| (i, j)))
+                {
+                    if i == j {
+                        continue;
+                    }
+                    let mut x = vec![-40.0f32; n];
+                    (x[i], x[j]) = (-0.0, 0.0);
+                    let x: Vec<T> = x.into_iter().map(from).collect();
+                    let want = map_lines::<T, f32>(&[&x], (1, n, 1), log_softmax_line::<f32>)
+                        .expect("portable");
+                    let got = line_rows(RowOp::LogSoftmax, &[&x], 1, n)
+                        .expect("kernel")
+                        .expect("alloc");
+                    assert_eq!(bits(&got), bits(&want), "n {n}, -0 at {i}, +0 at {j}");
+                }
+            }
+        }
+        check::<f32>(|v| v);
+        check::<bf16>(amp_tensor::round_to_bf16);
+        check::<f16>(f16::from_f32);
     }
 
     #[test]

@@ -16,13 +16,6 @@ use crate::reduce::{
 use crate::rows512::{self, RowOp};
 use crate::vmath::{self, Level};
 
-/// The longest rows the AVX-512 row kernels ([`rows512::line_rows`]) take: up to 256
-/// they beat the portable line kernels in every dtype (softmax/f32/64 2.1 µs against
-/// 4.0 µs), but on longer rows they measured slower (softmax/f32/512 46.6 µs against
-/// 40.7 µs, bf16 58.6 against 47.0), so those keep the portable kernels.
-#[cfg(target_arch = "x86_64")]
-const ROWS512_MAX: usize = 256;
-
 /// Float compute types with a fast shifted exponential over slices.
 pub(crate) trait FastExp: Real + Num {
     /// `y[i] = exp(x[i] - shift)` for `x[i] <= shift` (NaN propagates), returning the
@@ -263,8 +256,10 @@ fn unary_lines(
 }
 
 /// The lines of `ins` (`geom`: outer, length, inner) through the AVX-512 row kernel `k`
-/// where it applies (contiguous rows of at most `ROWS512_MAX`, a CPU that has it), else
-/// through the portable `line` kernel: both give the same bits.
+/// where it applies (contiguous rows, a CPU that has it), else through the portable
+/// `line` kernel: both give the same bits. The row kernels are as fast or faster at
+/// every row length (since their maximum runs four accumulators: softmax/f32/2048 and
+/// the 16-bit ones at 384–2048 used to be slower).
 fn lines<T: Element, C: Real>(
     k: RowOp,
     ins: &[&[T]],
@@ -272,7 +267,7 @@ fn lines<T: Element, C: Real>(
     line: impl Fn(&[&[C]], &mut [C]) + Sync + Send,
 ) -> Result<Vec<T>> {
     #[cfg(target_arch = "x86_64")]
-    if geom.2 == 1 && geom.1 <= ROWS512_MAX {
+    if geom.2 == 1 {
         if let Some(out) = rows512::line_rows::<T>(k, ins, geom.0, geom.1) {
             return out;
         }
@@ -423,7 +418,7 @@ pub fn scaled_softmax_backward(grad_out: &Tensor, out: &Tensor, scale: f64) -> R
 /// A scaled softmax row op (`op` of the scale's float32 bits) over the last dim of
 /// `ins` (one dtype and shape) on the AVX-512 row kernels, one pass per row (a causal
 /// row's masked part never computed), where they apply: float32, bfloat16 or float16
-/// rows of at most [`ROWS512_MAX`], `scale` positive and finite as float32, a CPU that
+/// rows, `scale` positive and finite as float32, a CPU that
 /// has them. `None` elsewhere (the caller runs the ops in turn); the rows give what the
 /// ops give up to their intermediate roundings: float32 bit for bit, 16-bit rounded once.
 fn scaled_rows(
@@ -443,7 +438,7 @@ fn scaled_rows(
         let n = x.dims().last().copied().unwrap_or(1);
         let s = scale as f32;
         let kind = matches!(x.dtype(), DType::F32 | DType::BF16 | DType::F16);
-        if !(kind && s > 0.0 && s.is_finite()) || n == 0 || n > ROWS512_MAX {
+        if !(kind && s > 0.0 && s.is_finite()) || n == 0 {
             return Ok(None);
         }
         let rows = x.elem_count() / n;
