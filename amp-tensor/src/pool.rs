@@ -38,8 +38,11 @@ use std::sync::Mutex;
 use crate::{CpuStorage, Element, Error, Result, ZeroBits};
 
 /// Buffers smaller than this are left to the allocator. (At 256 KiB the allocator's
-/// `calloc` of a reused block zeroes it first: a tenth of a 512×512 bfloat16 `mul`.)
-pub const MIN_POOLED_BYTES: usize = 1 << 18;
+/// `calloc` of a reused block zeroes it first: a tenth of a 512×512 bfloat16 `mul`.
+/// At 64–128 KiB glibc gives freed blocks back to the kernel and faults them in again:
+/// the two 64 KiB bfloat16 casts of a `bmm` of [32, 16, 64] × [32, 64, 16] under
+/// autocast made it take 47 µs with a 256 KiB floor, 21 µs with this one.)
+pub const MIN_POOLED_BYTES: usize = 1 << 16;
 /// At most this many buffers are cached (the oldest go first), so a lookup stays short.
 pub const MAX_CACHED_BUFFERS: usize = 256;
 /// The default bound on cached bytes (1 GiB).
