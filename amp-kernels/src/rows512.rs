@@ -336,19 +336,13 @@ unsafe fn load_keep<S: Lane, const KEEP: bool>(
 ) -> __m512 {
     // SAFETY: the caller's contract.
     unsafe {
-        if k == 16 {
-            let v = S::load(x.add(i));
-            if KEEP {
-                f32::store(keep.add(i), v);
-            }
-            v
-        } else {
-            let v = S::load_tail(x.add(i), k, _mm512_setzero_ps());
-            if KEEP {
-                f32::store_tail(keep.add(i), k, v);
-            }
-            v
+        let v = lanes(x, i, k);
+        if KEEP && k == 16 {
+            f32::store(keep.add(i), v);
+        } else if KEEP {
+            f32::store_tail(keep.add(i), k, v);
         }
+        v
     }
 }
 
