@@ -73,7 +73,6 @@
 
 use std::cell::{Cell, RefCell};
 use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicU8, Ordering};
 
 use amp_tensor::half::{bf16, f16};
 use amp_tensor::pool::try_collect;
@@ -88,6 +87,9 @@ pub const MR: usize = 8;
 pub const NR: usize = 32;
 /// `A` panels a worker packs and keeps in its cache at a time.
 const PANELS: usize = 4;
+/// The most strips of `B` a parallel task multiplies for which it packs its own copy
+/// of each (see [`single`]).
+const PRIVATE_STRIPS: usize = 4;
 /// Rows of an AVX2 output tile: 6×16 float32 sums fill 12 `ymm` registers.
 pub const AVX2_MR: usize = 6;
 /// Columns of an AVX2 block of sums (two 8-lane registers): an AVX2 strip of [`NR`]
@@ -397,8 +399,8 @@ fn batched<T: Packed, const LOAD: u8>(job: &Job<'_, T>, out: &mut [MaybeUninit<T
         return single::<T, LOAD>(job, &segs, out, job.input, true);
     }
     let threads = rayon::current_num_threads();
-    // Split products wait for the strips another task packs: 15% of a [32, 512, 64]
-    // bmm, hence `whole_entries`.
+    // Split products share packed strips between cores (a [32, 512, 64] bmm lost 15%
+    // when its tasks waited for strips that others packed), hence `whole_entries`.
     if batch == 1
         || (m * n * k >= super::BIG_WORK && !super::whole_entries(batch))
         || m * n * k * batch < super::BATCH_PARALLEL_WORK
@@ -473,59 +475,77 @@ fn single<T: Packed, const LOAD: u8>(
     } else {
         1
     };
-    let mut bpack = take_pack(strips * strip_len + LINE_WORDS)?;
-    let strips_of = Strips::new(
-        lines(&mut bpack, strips * strip_len),
-        strip_len,
-        |s, dst| {
-            let j0 = s * NR;
-            // An AVX2 strip is two halves of 16 columns, each inner-major on its own, so
-            // that a block of sums reads whole cache lines of its half one after the
-            // other (interleaved, each of its passes used half of every line it loaded).
-            let (blocks, bw): (&[usize], usize) = if avx2 {
-                (&[0, AVX2_NR], AVX2_NR)
-            } else {
-                (&[0], NR)
-            };
-            for (&c0, d) in blocks.iter().zip(dst.chunks_mut(kp * bw)) {
-                let w = bw.min(n.saturating_sub(j0 + c0));
-                if w == 0 {
-                    // A tile of at most 16 columns never reads its second half.
-                    continue;
-                }
-                for (seg, d) in segs.iter().zip(d.chunks_mut(kp_seg * bw)) {
-                    let (o, cs, rs) = (seg.1 + (j0 + c0) * job.sb.cs, job.sb.cs, job.sb.rs);
-                    // SAFETY: the operands lie in their buffers (checked by `product`);
-                    // the block reads columns `j0+c0..j0+c0+w` and inner rows `0..k` of
-                    // matrix `seg`. (AMX strips start as `vdpbf16ps`'s: raw pairs.)
-                    unsafe {
-                        if amx {
-                            pack::<NR, { x86::RAW }, _>(xb, o, cs, rs, k, w, d)
-                        } else if avx2 {
-                            pack::<AVX2_NR, LOAD, _>(xb, o, cs, rs, k, w, d)
-                        } else {
-                            pack::<NR, LOAD, _>(xb, o, cs, rs, k, w, d)
-                        }
-                    };
-                }
+    // Strips are packed once and shared by the tasks, in a phase of their own before
+    // the tiles (no task waits for a strip another is packing), except when a parallel
+    // task multiplies few strips: it then packs its own copy of each, which costs less
+    // than reading strips that another core wrote. Measured on a Zen 4 EPYC, 2 threads,
+    // GFLOP/s of float16 `mm` (float32 alongside), shared/own copies: 96³ 132/166
+    // (193), 128³ 165/182 (214); shared strips packed by whichever task came first, as
+    // before: 139 and 159, and 189 at 256³ against 198 in a phase of their own.
+    let private = parallel && strips.div_ceil(blocks * groups) <= PRIVATE_STRIPS;
+    let pack_strip = |s: usize, dst: &mut [u32]| {
+        let j0 = s * NR;
+        // An AVX2 strip is two halves of 16 columns, each inner-major on its own, so
+        // that a block of sums reads whole cache lines of its half one after the
+        // other (interleaved, each of its passes used half of every line it loaded).
+        let (blocks, bw): (&[usize], usize) = if avx2 {
+            (&[0, AVX2_NR], AVX2_NR)
+        } else {
+            (&[0], NR)
+        };
+        for (&c0, d) in blocks.iter().zip(dst.chunks_mut(kp * bw)) {
+            let w = bw.min(n.saturating_sub(j0 + c0));
+            if w == 0 {
+                // A tile of at most 16 columns never reads its second half.
+                continue;
             }
-            dst[kp_used * NR..].fill(0);
-            if amx {
-                // SAFETY: AMX implies AVX-512 F (`has_amx`); the strip holds `kp` words of
-                // 32 lines, `kp` a multiple of 16.
-                unsafe { x86::amx_cols(dst) };
+            for (seg, d) in segs.iter().zip(d.chunks_mut(kp_seg * bw)) {
+                let (o, cs, rs) = (seg.1 + (j0 + c0) * job.sb.cs, job.sb.cs, job.sb.rs);
+                // SAFETY: the operands lie in their buffers (checked by `product`);
+                // the block reads columns `j0+c0..j0+c0+w` and inner rows `0..k` of
+                // matrix `seg`. (AMX strips start as `vdpbf16ps`'s: raw pairs.)
+                unsafe {
+                    if amx {
+                        pack::<NR, { x86::RAW }, _>(xb, o, cs, rs, k, w, d)
+                    } else if avx2 {
+                        pack::<AVX2_NR, LOAD, _>(xb, o, cs, rs, k, w, d)
+                    } else {
+                        pack::<NR, LOAD, _>(xb, o, cs, rs, k, w, d)
+                    }
+                };
             }
-        },
-    )?;
+        }
+        dst[kp_used * NR..].fill(0);
+        if amx {
+            // SAFETY: AMX implies AVX-512 F (`has_amx`); the strip holds `kp` words of
+            // 32 lines, `kp` a multiple of 16.
+            unsafe { x86::amx_cols(dst) };
+        }
+    };
+    let mut bpack = take_pack(if private {
+        0
+    } else {
+        strips * strip_len + LINE_WORDS
+    })?;
+    let shared: &mut [u32] = if private {
+        &mut []
+    } else {
+        lines(&mut bpack, strips * strip_len)
+    };
     let dst = SendPtr(out.as_mut_ptr().cast::<T>());
     let panel_len = kp * mr;
-    // A task's only allocation comes first, before it claims a strip, so a task that
-    // cannot have it leaves no strip half-packed for the others to wait on.
-    let task = |cb: usize, t: usize| -> Result<()> {
+    let task = |cb: usize, t: usize, shared: &[u32]| -> Result<()> {
         let (rb, g) = (t / groups, t % groups);
         let (p0, p1) = (rb * panels / row_blocks, (rb + 1) * panels / row_blocks);
-        let mut apack = take_pack((p1 - p0) * panel_len + LINE_WORDS)?;
-        let panels_of = lines(&mut apack, (p1 - p0) * panel_len);
+        let own = if private { strip_len + LINE_WORDS } else { 0 };
+        let mut apack = take_pack((p1 - p0) * panel_len + LINE_WORDS + own)?;
+        let (panels_of, own) = apack.split_at_mut((p1 - p0) * panel_len + LINE_WORDS);
+        let panels_of = lines(panels_of, (p1 - p0) * panel_len);
+        let own: &mut [u32] = if private {
+            lines(own, strip_len)
+        } else {
+            &mut []
+        };
         for (pi, d) in panels_of.chunks_mut(panel_len).enumerate() {
             let r0 = (p0 + pi) * mr;
             let h = mr.min(m - r0);
@@ -559,9 +579,8 @@ fn single<T: Packed, const LOAD: u8>(
             }
         }
         // The group's strips, each row block starting at its own one, so that workers
-        // pack different strips at the same time instead of waiting for each other.
-        // Strips split evenly over the groups (`groups <= strips`, so none is empty;
-        // rounding each group up instead left the last ones past the end with many
+        // read different strips at the same time. Strips split evenly over the groups
+        // (`groups <= strips`, so none is empty; rounding each group up instead left the last ones past the end with many
         // threads: 16 threads, 16 strips, 7 groups of 3).
         let (c0, c1) = (cb * strips / blocks, (cb + 1) * strips / blocks);
         let (s0, s1) = (
@@ -575,7 +594,12 @@ fn single<T: Packed, const LOAD: u8>(
         let first = rb * len / row_blocks;
         for s in (0..len).map(|i| s0 + (first + i) % len) {
             let j0 = s * NR;
-            let bs = strips_of.get(s);
+            let bs: &[u32] = if private {
+                pack_strip(s, own);
+                own
+            } else {
+                &shared[s * strip_len..(s + 1) * strip_len]
+            };
             for pi in 0..p1 - p0 {
                 let r0 = (p0 + pi) * mr;
                 let tile = Tile {
@@ -611,69 +635,32 @@ fn single<T: Packed, const LOAD: u8>(
         Ok(())
     };
     let done = (0..blocks).try_for_each(|cb| {
+        let (c0, c1) = (cb * strips / blocks, (cb + 1) * strips / blocks);
+        if !private {
+            let block = &mut shared[c0 * strip_len..c1 * strip_len];
+            if parallel {
+                amp_tensor::parallel::for_each_chunk_mut(block, strip_len, &|i, d| {
+                    pack_strip(c0 + i, d)
+                });
+            } else {
+                for (i, d) in block.chunks_mut(strip_len).enumerate() {
+                    pack_strip(c0 + i, d);
+                }
+            }
+        }
+        let shared = &*shared;
         if parallel {
             let failed = FirstError::new();
-            amp_tensor::parallel::for_each(row_blocks * groups, &|t| failed.record(task(cb, t)));
+            amp_tensor::parallel::for_each(row_blocks * groups, &|t| {
+                failed.record(task(cb, t, shared))
+            });
             failed.into_result()
         } else {
-            (0..row_blocks * groups).try_for_each(|t| task(cb, t))
+            (0..row_blocks * groups).try_for_each(|t| task(cb, t, shared))
         }
     });
     give_pack(bpack);
     done
-}
-
-/// The packed strips of `B`, each packed by the first task that needs it (the others
-/// wait for it), so that packing is spread over the workers with no phase of its own.
-struct Strips<'a, F> {
-    buf: SendPtr<u32>,
-    strip_len: usize,
-    /// Per strip: 0 not packed, 1 being packed, 2 ready.
-    state: Vec<AtomicU8>,
-    pack: F,
-    _buf: std::marker::PhantomData<&'a mut [u32]>,
-}
-
-impl<'a, F: Fn(usize, &mut [u32]) + Sync> Strips<'a, F> {
-    fn new(buf: &'a mut [u32], strip_len: usize, pack: F) -> Result<Self> {
-        let count = buf.len() / strip_len.max(1);
-        Ok(Strips {
-            buf: SendPtr(buf.as_mut_ptr()),
-            strip_len,
-            state: try_collect(count, (0..count).map(|_| AtomicU8::new(0)))?,
-            pack,
-            _buf: std::marker::PhantomData,
-        })
-    }
-
-    /// Strip `s`, packed.
-    fn get(&self, s: usize) -> &[u32] {
-        let at = self.buf.at(s * self.strip_len);
-        let state = &self.state[s];
-        match state.compare_exchange(0, 1, Ordering::Acquire, Ordering::Acquire) {
-            Ok(_) => {
-                // SAFETY: this thread won the strip (state 0 → 1): no one else writes
-                // or reads it until it is marked ready; it lies inside the buffer.
-                let d = unsafe { std::slice::from_raw_parts_mut(at, self.strip_len) };
-                (self.pack)(s, d);
-                state.store(2, Ordering::Release);
-            }
-            Err(_) => {
-                let mut spins = 0u32;
-                while state.load(Ordering::Acquire) != 2 {
-                    spins += 1;
-                    if spins < 1 << 10 {
-                        std::hint::spin_loop();
-                    } else {
-                        std::thread::yield_now();
-                    }
-                }
-            }
-        }
-        // SAFETY: the strip is ready (state 2, published with Release and seen with
-        // Acquire) and is never written again while `self` lives.
-        unsafe { std::slice::from_raw_parts(at, self.strip_len) }
-    }
 }
 
 // ----- packing --------------------------------------------------------------------------

@@ -1081,8 +1081,9 @@ fn every_product_kernel_on_random_shapes() {
 /// A large product on every kernel (the parallel split, many strips and panels), and
 /// one whose packed `B` spans several of the AVX2 tiles' column blocks (a long inner
 /// dimension: 13 strips of 4100 words per line, 7 to a block, split 6 and 7), with a
-/// partial last strip, an input term and `alpha`: the kernels agree with each other to
-/// float32 summation order.
+/// partial last strip, an input term and `alpha`, and a parallel one of few strips
+/// (four, the last partial: each task packs its own copy of each, on two threads or
+/// more): the kernels agree with each other to float32 summation order.
 #[test]
 fn every_product_kernel_on_a_large_product() {
     for dt in PACKED {
@@ -1092,6 +1093,8 @@ fn every_product_kernel_on_a_large_product() {
         let (long_a, long_b) = (randn(&[30, 4100], dt, 92), randn(&[4100, 400], dt, 93));
         let input = randn(&[400], dt, 94);
         let long = with_input(&ref_matmul(&long_a, &long_b), &input, 0.5, 2.0);
+        let (few_a, few_b) = (randn(&[250, 130], dt, 95), randn(&[130, 100], dt, 96));
+        let few = ref_matmul(&few_a, &few_b);
         for kernel in Kernel16::ALL {
             if !applicable(dt, kernel, "every_product_kernel_on_a_large_product") {
                 continue;
@@ -1104,6 +1107,8 @@ fn every_product_kernel_on_a_large_product() {
             })
             .unwrap();
             assert_close(&got, &long, dt, &format!("{what}, column blocks"));
+            let got = with_kernel16(kernel, || mm(&few_a, &few_b).unwrap()).unwrap();
+            assert_close(&got, &few, dt, &format!("{what}, own strips"));
         }
     }
 }
