@@ -89,7 +89,7 @@ pub const NR: usize = 32;
 const PANELS: usize = 4;
 /// The most strips of `B` a parallel task multiplies for which it packs its own copy
 /// of each (see [`single`]).
-const PRIVATE_STRIPS: usize = 4;
+const PRIVATE_STRIPS: usize = 8;
 /// Rows of an AVX2 output tile: 6×16 float32 sums fill 12 `ymm` registers.
 pub const AVX2_MR: usize = 6;
 /// Columns of an AVX2 block of sums (two 8-lane registers): an AVX2 strip of [`NR`]
@@ -479,9 +479,10 @@ fn single<T: Packed, const LOAD: u8>(
     // the tiles (no task waits for a strip another is packing), except when a parallel
     // task multiplies few strips: it then packs its own copy of each, which costs less
     // than reading strips that another core wrote. Measured on a Zen 4 EPYC, 2 threads,
-    // GFLOP/s of float16 `mm` (float32 alongside), shared/own copies: 96³ 132/166
-    // (193), 128³ 165/182 (214); shared strips packed by whichever task came first, as
-    // before: 139 and 159, and 189 at 256³ against 198 in a phase of their own.
+    // float16 `mm` GFLOP/s against float32's in one process: 96³ 0.73 with strips
+    // packed by whichever task came first (as before), 0.73 packed in a phase, 0.87
+    // own copies; 256³ 0.85, 0.91, 0.89 (8 strips); 512³ 0.93, 0.96, 0.88 (16). In the
+    // sweep, 192³ (6 strips) 0.67–0.85 shared, 0.86–0.92 own copies.
     let private = parallel && strips.div_ceil(blocks * groups) <= PRIVATE_STRIPS;
     let pack_strip = |s: usize, dst: &mut [u32]| {
         let j0 = s * NR;
