@@ -145,7 +145,7 @@ const BIG_WORK: usize = 192 * 192 * 192;
 /// Whether a batch of products runs whole products per task even when each is at
 /// least [`BIG_WORK`]: with two or more per thread the tasks share nothing and each
 /// keeps its own operands in its core's cache, instead of every product being cut over
-/// all threads (whose tasks wait for each other's packing).
+/// all threads (whose tasks share each other's packing).
 fn whole_entries(batch: usize) -> bool {
     batch >= 2 * rayon::current_num_threads()
 }

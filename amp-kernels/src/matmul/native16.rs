@@ -87,9 +87,9 @@ pub const MR: usize = 8;
 pub const NR: usize = 32;
 /// `A` panels a worker packs and keeps in its cache at a time.
 const PANELS: usize = 4;
-/// The most strips of `B` a parallel task multiplies for which it packs its own copy
-/// of each (see [`single`]).
-const PRIVATE_STRIPS: usize = 8;
+/// The most strip copies (the strips a task multiplies × the row blocks) for which the
+/// tasks of a parallel product pack their own copy of each strip (see [`single`]).
+const PRIVATE_COPIES: usize = 64;
 /// Rows of an AVX2 output tile: 6×16 float32 sums fill 12 `ymm` registers.
 pub const AVX2_MR: usize = 6;
 /// Columns of an AVX2 block of sums (two 8-lane registers): an AVX2 strip of [`NR`]
@@ -476,14 +476,16 @@ fn single<T: Packed, const LOAD: u8>(
         1
     };
     // Strips are packed once and shared by the tasks, in a phase of their own before
-    // the tiles (no task waits for a strip another is packing), except when a parallel
-    // task multiplies few strips: it then packs its own copy of each, which costs less
-    // than reading strips that another core wrote. Measured on a Zen 4 EPYC, 2 threads,
-    // float16 `mm` GFLOP/s against float32's in one process: 96³ 0.73 with strips
-    // packed by whichever task came first (as before), 0.73 packed in a phase, 0.87
-    // own copies; 256³ 0.85, 0.91, 0.89 (8 strips); 512³ 0.93, 0.96, 0.88 (16). In the
-    // sweep, 192³ (6 strips) 0.67–0.85 shared, 0.86–0.92 own copies.
-    let private = parallel && strips.div_ceil(blocks * groups) <= PRIVATE_STRIPS;
+    // the tiles (no task waits for a strip another is packing), except when the tasks
+    // of a parallel product would pack few copies in all: each then packs its own copy
+    // of each of its strips, which costs less than reading strips that another core
+    // wrote. Measured on a Zen 4 EPYC, 2 threads, float16 `mm` GFLOP/s against
+    // float32's in one process: 96³ 0.73 with strips packed by whichever task came
+    // first (as before), 0.73 packed in a phase, 0.87 own copies (12); 256³ 0.85, 0.91,
+    // 0.89 (64); 512³ 0.93, 0.96, 0.88 (256). In the sweep, 192³ 0.67–0.85 shared,
+    // 0.86–0.92 own copies (36). A tall product repacks its strips in every row block:
+    // bfloat16 [2048, 128] @ [128, 512]ᵀ 325 GFLOP/s own copies (256), 418 shared.
+    let private = parallel && strips.div_ceil(blocks * groups) * row_blocks <= PRIVATE_COPIES;
     let pack_strip = |s: usize, dst: &mut [u32]| {
         let j0 = s * NR;
         // An AVX2 strip is two halves of 16 columns, each inner-major on its own, so
