@@ -525,11 +525,12 @@ fn single<T: Packed, const LOAD: u8>(
             unsafe { x86::amx_cols(dst) };
         }
     };
-    let mut bpack = take_pack(if private {
-        0
+    // Tasks with their own copies need no shared buffer (nor one taken from the pool).
+    let mut bpack = if private {
+        Vec::new()
     } else {
-        strips * strip_len + LINE_WORDS
-    })?;
+        take_pack(strips * strip_len + LINE_WORDS)?
+    };
     let shared: &mut [u32] = if private {
         &mut []
     } else {
