@@ -4,14 +4,14 @@
 //! (`_amp_update_scale_`).
 //!
 //! The unscale makes one pass over memory: every gradient is cut into chunks that run
-//! in parallel (rayon), and each chunk is multiplied and checked by a branch-free,
-//! vectorisable loop (an OR of "not finite" bit tests, no per-element branch).
+//! in parallel ([`amp_tensor::parallel`]), and each chunk is multiplied and checked by a
+//! branch-free, vectorisable loop (an OR of "not finite" bit tests, no per-element
+//! branch).
 
 use std::sync::RwLockWriteGuard;
 
 use amp_tensor::half::{bf16, f16};
 use amp_tensor::{cast_into, ensure, DType, Element, Error, Layout, Result, Storage, Tensor};
-use rayon::prelude::*;
 
 use crate::compute::ensure_same_device;
 
@@ -229,18 +229,18 @@ fn unscale_all(grads: &[Tensor], inv: f32) -> Result<bool> {
         }
         g = end;
     }
-    let found = tasks
-        .par_iter()
-        .map(|t| {
-            let buf = bufs[t.buf];
-            amp_tensor::with_float_dtype!(t.dtype, T => {
-                // SAFETY: the buffer's dtype is `t.dtype`; tasks of one buffer cover
-                // disjoint elements (checked above) and the guards outlive this loop.
-                let s = unsafe { buf.slice::<T>() };
-                t.pieces.iter().fold(false, |f, p| f | run_piece::<T>(s, p, inv))
-            }, _ => unreachable!("validated floating dtypes"))
-        })
-        .reduce(|| false, |a, b| a | b);
+    let found = amp_tensor::parallel::map(tasks.len(), &|i| {
+        let t = &tasks[i];
+        let buf = bufs[t.buf];
+        amp_tensor::with_float_dtype!(t.dtype, T => {
+            // SAFETY: the buffer's dtype is `t.dtype`; tasks of one buffer cover
+            // disjoint elements (checked above) and the guards outlive this loop.
+            let s = unsafe { buf.slice::<T>() };
+            t.pieces.iter().fold(false, |f, p| f | run_piece::<T>(s, p, inv))
+        }, _ => unreachable!("validated floating dtypes"))
+    })
+    .into_iter()
+    .any(|f| f);
     drop(guards);
     Ok(found)
 }

@@ -8,7 +8,6 @@
 //! accumulation type). Rows run in parallel when large.
 
 use amp_tensor::{cast_into, ensure, Element, Error, Result, Tensor};
-use rayon::prelude::*;
 
 use crate::compute::{with_slice, Real};
 use crate::reduce::{
@@ -427,7 +426,7 @@ fn ln_backward_rows<C: Real + Num>(
         ln_backward_chunk(&rows, chunk)
     };
     let partials: Vec<(Vec<C>, Vec<C>)> = if rows * n >= PAR_MIN {
-        gi.par_chunks_mut(per * n).enumerate().map(body).collect()
+        amp_tensor::parallel::map_chunks_mut(&mut gi, per * n, &|i, c| body((i, c)))
     } else {
         gi.chunks_mut(per * n).enumerate().map(body).collect()
     };

@@ -22,7 +22,6 @@ use std::ops::Range;
 use amp_tensor::{
     cast_into, ensure, gather_cast, wrap_dim, DType, Element, Error, Layout, Result, Tensor,
 };
-use rayon::prelude::*;
 
 use crate::compute::{with_slice, Real, CHUNK};
 use crate::softmax::FastExp;
@@ -749,7 +748,9 @@ pub(crate) fn run_tasks<R: Send>(
 ) -> Result<Vec<R>> {
     let mut out = amp_tensor::pool::try_with_capacity(len)?;
     if work >= PAR_MIN && n > 1 {
-        let parts: Vec<Vec<R>> = (0..n).into_par_iter().map(task).collect::<Result<_>>()?;
+        let parts: Vec<Vec<R>> = amp_tensor::parallel::map(n, &task)
+            .into_iter()
+            .collect::<Result<_>>()?;
         out.extend(parts.into_iter().flatten());
     } else {
         for t in 0..n {
@@ -784,11 +785,11 @@ fn reduce_rows<T: Element, N: Num, F: Fold<N>>(
         return amp_tensor::pool::try_collect(
             outer,
             (0..outer).map(|o| {
-                let parts: Vec<F::Acc> = row(o)
-                    .par_chunks(SEG)
-                    .enumerate()
-                    .map(|(k, seg)| fold_widened::<T, N, F>(f, f.init(), seg, k * SEG))
-                    .collect();
+                let r = row(o);
+                let parts: Vec<F::Acc> = amp_tensor::parallel::map(red.div_ceil(SEG), &|k| {
+                    let seg = &r[k * SEG..((k + 1) * SEG).min(red)];
+                    fold_widened::<T, N, F>(f, f.init(), seg, k * SEG)
+                });
                 let acc = parts.into_iter().fold(f.init(), |a, b| f.merge(a, b));
                 f.finish(acc, red)
             }),
@@ -1562,9 +1563,9 @@ fn map_cols<T: Element, N: Element>(
         }
     };
     if total >= PAR_MIN {
-        out.par_chunks_mut(rows_per * inner)
-            .enumerate()
-            .for_each(scatter);
+        amp_tensor::parallel::for_each_chunk_mut(&mut out, rows_per * inner, &|c, chunk| {
+            scatter((c, chunk))
+        });
     } else {
         out.chunks_mut(rows_per * inner)
             .enumerate()

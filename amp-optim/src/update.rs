@@ -2,7 +2,10 @@
 //! parameters and in float32 for every other dtype (PyTorch's "opmath" type), whatever the
 //! parameter's storage dtype.
 
+use std::ops::Range;
+
 use amp_autograd::Tensor;
+use amp_tensor::parallel::SendPtr;
 use amp_tensor::{scatter_cast, with_dtype, DType, Element, Layout, Tensor as Raw};
 
 use crate::Result;
@@ -34,25 +37,48 @@ impl Real for f64 {
     }
 }
 
-/// Tensors at least `4 * CHUNK` long are updated over rayon, `CHUNK` elements a task
-/// (each element is computed the same way whatever the split).
-const CHUNK: usize = 1 << 16;
+/// Tensors at least this long are updated by several threads, in about four parts per
+/// thread of at least half this length ([`amp_tensor::parallel::for_each`]'s fork-join
+/// costs well under a microsecond; rayon's parallel iterators, used before, handed each
+/// call to the pool and put the caller to sleep, tens of microseconds, so they started
+/// at 256K elements). Each element is computed the same way whatever the split.
+const PARALLEL_MIN: usize = 1 << 15;
 
-fn parallel(len: usize) -> bool {
-    len >= 4 * CHUNK
+/// `body(range)` over `0..len`: in disjoint ranges on several threads when `len` is at
+/// least [`PARALLEL_MIN`], else as one range on the calling thread.
+fn split(len: usize, body: &(dyn Fn(Range<usize>) + Sync)) {
+    if len < PARALLEL_MIN {
+        return body(0..len);
+    }
+    let threads = rayon::current_num_threads().max(1);
+    let per = len
+        .div_ceil(threads * 4)
+        .max(PARALLEL_MIN / 2)
+        .next_multiple_of(64);
+    amp_tensor::parallel::for_each(len.div_ceil(per), &|i| {
+        body(i * per..((i + 1) * per).min(len))
+    });
+}
+
+/// The elements `r` of the buffer `p` points into.
+///
+/// # Safety
+/// `r` lies inside that buffer, which outlives the returned slice, and no other live
+/// reference reaches the elements `r` (the ranges [`split`] hands out are disjoint).
+unsafe fn part<'a, F>(p: SendPtr<F>, r: Range<usize>) -> &'a mut [F] {
+    // SAFETY: guaranteed by the caller.
+    unsafe { std::slice::from_raw_parts_mut(p.at(r.start), r.len()) }
 }
 
 /// `p += a * d` elementwise.
 pub(crate) fn axpy<F: Real>(p: &mut [F], d: &[F], a: F) {
-    use rayon::prelude::*;
-    let body = |p: &mut [F], d: &[F]| p.iter_mut().zip(d).for_each(|(p, d)| *p += a * *d);
-    if parallel(p.len()) {
-        p.par_chunks_mut(CHUNK)
-            .zip(d.par_chunks(CHUNK))
-            .for_each(|(p, d)| body(p, d));
-    } else {
-        body(p, d);
-    }
+    assert_eq!(p.len(), d.len(), "axpy: length mismatch");
+    let pp = SendPtr(p.as_mut_ptr());
+    split(p.len(), &|r| {
+        // SAFETY: `r` is one of `split`'s disjoint ranges of `p`, borrowed for the call.
+        let p = unsafe { part(pp, r.clone()) };
+        p.iter_mut().zip(&d[r]).for_each(|(p, d)| *p += a * *d)
+    });
 }
 
 /// `f(p[i], g[i], b[i])` for every element (a fused optimizer step with one state buffer).
@@ -62,21 +88,20 @@ pub(crate) fn zip3<F: Real>(
     b: &mut [F],
     f: impl Fn(&mut F, F, &mut F) + Sync,
 ) {
-    use rayon::prelude::*;
-    let body = |p: &mut [F], g: &[F], b: &mut [F]| {
+    assert!(
+        p.len() == g.len() && p.len() == b.len(),
+        "zip3: length mismatch"
+    );
+    let (pp, pb) = (SendPtr(p.as_mut_ptr()), SendPtr(b.as_mut_ptr()));
+    split(p.len(), &|r| {
+        // SAFETY: `r` is one of `split`'s disjoint ranges of `p` and `b` (same length,
+        // two distinct buffers, both borrowed mutably for the call).
+        let (p, b) = unsafe { (part(pp, r.clone()), part(pb, r.clone())) };
         p.iter_mut()
-            .zip(g)
+            .zip(&g[r])
             .zip(b.iter_mut())
             .for_each(|((p, &g), b)| f(p, g, b))
-    };
-    if parallel(p.len()) {
-        p.par_chunks_mut(CHUNK)
-            .zip(g.par_chunks(CHUNK))
-            .zip(b.par_chunks_mut(CHUNK))
-            .for_each(|((p, g), b)| body(p, g, b));
-    } else {
-        body(p, g, b);
-    }
+    });
 }
 
 /// `f(p[i], g[i], m[i], v[i])` for every element (a fused step with two state buffers).
@@ -87,23 +112,31 @@ pub(crate) fn zip4<F: Real>(
     v: &mut [F],
     f: impl Fn(&mut F, F, &mut F, &mut F) + Sync,
 ) {
-    use rayon::prelude::*;
-    let body = |p: &mut [F], g: &[F], m: &mut [F], v: &mut [F]| {
+    assert!(
+        p.len() == g.len() && p.len() == m.len() && p.len() == v.len(),
+        "zip4: length mismatch"
+    );
+    let (pp, pm, pv) = (
+        SendPtr(p.as_mut_ptr()),
+        SendPtr(m.as_mut_ptr()),
+        SendPtr(v.as_mut_ptr()),
+    );
+    split(p.len(), &|r| {
+        // SAFETY: `r` is one of `split`'s disjoint ranges of `p`, `m` and `v` (same
+        // length, three distinct buffers, all borrowed mutably for the call).
+        let (p, m, v) = unsafe {
+            (
+                part(pp, r.clone()),
+                part(pm, r.clone()),
+                part(pv, r.clone()),
+            )
+        };
         p.iter_mut()
-            .zip(g)
+            .zip(&g[r])
             .zip(m.iter_mut())
             .zip(v.iter_mut())
             .for_each(|(((p, &g), m), v)| f(p, g, m, v))
-    };
-    if parallel(p.len()) {
-        p.par_chunks_mut(CHUNK)
-            .zip(g.par_chunks(CHUNK))
-            .zip(m.par_chunks_mut(CHUNK))
-            .zip(v.par_chunks_mut(CHUNK))
-            .for_each(|(((p, g), m), v)| body(p, g, m, v));
-    } else {
-        body(p, g, m, v);
-    }
+    });
 }
 
 /// Whether `t` can be read and updated where it lies as an `F` slice (dtype `F`,
@@ -205,5 +238,40 @@ pub(crate) fn state_dtype(dtype: DType) -> DType {
         DType::F64
     } else {
         DType::F32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every element of a buffer long enough to be split is updated once, with its own
+    /// operands (a split that dropped, repeated or shifted a range would show).
+    #[test]
+    fn split_updates_match_the_element_by_element_loop() {
+        let n = 3 * PARALLEL_MIN + 17;
+        let g: Vec<f32> = (0..n).map(|i| (i % 1013) as f32 * 0.25 - 100.0).collect();
+        let start: Vec<f32> = (0..n).map(|i| (i % 977) as f32 * 0.5).collect();
+
+        let mut p = start.clone();
+        axpy(&mut p, &g, 2.0);
+        assert!((0..n).all(|i| p[i] == start[i] + 2.0 * g[i]), "axpy");
+
+        let (mut p, mut b) = (start.clone(), vec![1.0f32; n]);
+        zip3(&mut p, &g, &mut b, |p, g, b| {
+            *b += g;
+            *p -= *b;
+        });
+        assert!((0..n).all(|i| b[i] == 1.0 + g[i] && p[i] == start[i] - (1.0 + g[i])));
+
+        let (mut p, mut m, mut v) = (start.clone(), vec![0.0f32; n], vec![3.0f32; n]);
+        zip4(&mut p, &g, &mut m, &mut v, |p, g, m, v| {
+            *m = g * 0.5;
+            *v *= g;
+            *p += *m + *v;
+        });
+        assert!((0..n).all(|i| m[i] == g[i] * 0.5
+            && v[i] == 3.0 * g[i]
+            && p[i] == start[i] + (g[i] * 0.5 + 3.0 * g[i])));
     }
 }

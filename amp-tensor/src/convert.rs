@@ -1,20 +1,40 @@
 //! Dtype conversion of whole buffers: generic element casts, with vectorised
 //! f32↔f16 (F16C via `half`, chosen at run time) and f32↔bf16 (AVX2 when present)
 //! fast paths (bf16 loops compiled for AVX-512 and AVX2, picked at run time), tiled
-//! copies of transposed matrices, parallel (rayon) above 256K elements. float32 →
+//! copies of transposed matrices, parallel ([`crate::parallel`]) from 32K elements. float32 →
 //! float16/bfloat16 outputs of `STREAM_BYTES` (64 MB) and more are written with AVX-512
 //! streaming stores, bit-identical to the ordinary loops.
 
 use std::mem::MaybeUninit;
 
-use half::{bf16, f16, slice::HalfFloatSliceExt};
-use rayon::prelude::*;
-
 use crate::{Element, Layout, Result};
+use half::{bf16, f16, slice::HalfFloatSliceExt};
 
-/// Buffers at least this long are converted by several threads.
-pub const PARALLEL_THRESHOLD: usize = 1 << 18;
-const CHUNK: usize = 1 << 16;
+/// Buffers at least this long are converted by several threads. A conversion of this
+/// many float32 elements takes 2–3 µs on one core; [`crate::parallel::for_each`]'s
+/// fork-join costs well under a microsecond. (With a threshold of 256K elements and
+/// rayon's parallel iterators, which hand the call to the pool and put the caller to
+/// sleep, a 256K-element float32 → bfloat16 cast took 45 µs on a 2-core AMD EPYC and a
+/// 128K one 11 µs on one thread.)
+pub const PARALLEL_THRESHOLD: usize = 1 << 15;
+
+/// `f(src_part, dst_part)` over matching parts of `src` and `dst` (same length): on the
+/// calling thread below [`PARALLEL_THRESHOLD`] elements, else in about four parts per
+/// thread (at least half the threshold each, whole cache lines) over
+/// [`crate::parallel::for_each_chunk_mut`].
+fn zip_parts<T: Sync, U: Send>(src: &[T], dst: &mut [U], f: &(dyn Fn(&[T], &mut [U]) + Sync)) {
+    debug_assert_eq!(src.len(), dst.len());
+    let n = dst.len();
+    if n < PARALLEL_THRESHOLD {
+        return f(src, dst);
+    }
+    let threads = rayon::current_num_threads().max(1);
+    let per = n
+        .div_ceil(threads * 4)
+        .max(PARALLEL_THRESHOLD / 2)
+        .next_multiple_of(64);
+    crate::parallel::for_each_chunk_mut(dst, per, &|i, d| f(&src[i * per..][..d.len()], d));
+}
 
 /// A vector of `n` elements written by `fill` (which must write every element), or
 /// [`crate::Error::OutOfMemory`] when the buffer cannot be allocated.
@@ -402,8 +422,8 @@ fn cast_chunk_streaming<T: Element, U: Element>(src: &[T], dst: &mut [MaybeUnini
 mod stream {
     //! 16 lanes at a time, 32-byte aligned streaming stores; the unaligned head and the
     //! tail go through the scalar loops. Each function ends with `sfence`, so its
-    //! stores are ordered before whatever the thread does next (rayon's join then
-    //! publishes them to the caller).
+    //! stores are ordered before whatever the thread does next (the fork-join's
+    //! completion count then publishes them to the caller).
     use std::arch::x86_64::*;
     use std::mem::MaybeUninit;
 
@@ -473,15 +493,9 @@ mod stream {
 pub fn cast_slice<T: Element, U: Element>(src: &[T]) -> Result<Vec<U>> {
     fill_vec(src.len(), |dst| {
         if src.len() * std::mem::size_of::<U>() >= STREAM_BYTES {
-            dst.par_chunks_mut(CHUNK)
-                .zip(src.par_chunks(CHUNK))
-                .for_each(|(d, s)| cast_chunk_streaming(s, d));
-        } else if src.len() >= PARALLEL_THRESHOLD {
-            dst.par_chunks_mut(CHUNK)
-                .zip(src.par_chunks(CHUNK))
-                .for_each(|(d, s)| cast_chunk(s, d));
+            zip_parts(src, dst, &cast_chunk_streaming);
         } else {
-            cast_chunk(src, dst);
+            zip_parts(src, dst, &cast_chunk);
         }
     })
 }
@@ -526,9 +540,9 @@ const RUN: usize = 64;
 
 /// Gather of a layout whose last two dimensions read as a transposed matrix (stride 1
 /// on the second-to-last, a long stride on the last, as `w.t()` or a gradient computed
-/// as `(gᵀ @ x)ᵀ`): copied tile by tile so both sides stay in cache, over rayon when
-/// large. `None` for other layouts (the run-by-run gather handles them); the error of
-/// an output that cannot be allocated.
+/// as `(gᵀ @ x)ᵀ`): copied tile by tile so both sides stay in cache, over
+/// [`crate::parallel::for_each`] when large. `None` for other layouts (the run-by-run
+/// gather handles them); the error of an output that cannot be allocated.
 fn gather_transposed<T: Element, U: Element>(src: &[T], layout: &Layout) -> Option<Result<Vec<U>>> {
     let rank = layout.rank();
     if rank < 2 {
@@ -607,13 +621,20 @@ fn gather_transposed<T: Element, U: Element>(src: &[T], layout: &Layout) -> Opti
     };
     let per_block = RUN * c;
     if out.len() >= PARALLEL_THRESHOLD {
-        out.par_chunks_mut(r * c)
-            .zip(bases.par_iter())
-            .for_each(|(mat, &base)| {
-                mat.par_chunks_mut(per_block)
-                    .enumerate()
-                    .for_each(|(b, rows)| block(rows, base, b * RUN));
-            });
+        // One task per block of `RUN` rows of one matrix.
+        let blocks = r.div_ceil(RUN);
+        let out_ptr = crate::parallel::SendPtr(out.as_mut_ptr());
+        crate::parallel::for_each(bases.len() * blocks, &|t| {
+            let (m, b) = (t / blocks, t % blocks);
+            let start = m * r * c + b * per_block;
+            let len = per_block.min((m + 1) * r * c - start);
+            // SAFETY: task `t` writes rows `b * RUN..` of matrix `m` only, elements
+            // `start..start + len` of `out`, disjoint from every other task's and
+            // inside `out` (`bases.len() * r * c` long); `out` is not touched otherwise
+            // until `for_each` returns.
+            let rows = unsafe { std::slice::from_raw_parts_mut(out_ptr.at(start), len) };
+            block(rows, bases[m], b * RUN);
+        });
     } else {
         for (mat, &base) in out.chunks_mut(r * c).zip(&bases) {
             for (b, rows) in mat.chunks_mut(per_block).enumerate() {
@@ -628,14 +649,7 @@ fn gather_transposed<T: Element, U: Element>(src: &[T], layout: &Layout) -> Opti
 pub fn scatter_cast<T: Element, U: Element>(src: &[T], dst: &mut [U], dst_layout: &Layout) {
     debug_assert_eq!(src.len(), dst_layout.elem_count());
     if let Some(r) = dst_layout.contiguous_range() {
-        let dst = &mut dst[r];
-        if src.len() >= PARALLEL_THRESHOLD {
-            dst.par_chunks_mut(CHUNK)
-                .zip(src.par_chunks(CHUNK))
-                .for_each(|(d, s)| d.iter_mut().zip(s).for_each(|(d, s)| *d = s.cast()));
-        } else {
-            dst.iter_mut().zip(src).for_each(|(d, s)| *d = s.cast());
-        }
+        zip_parts(src, &mut dst[r], &|s, d| cast_into(s, d));
         return;
     }
     let mut i = 0;
@@ -703,14 +717,7 @@ pub fn copy_cast<T: Element, U: Element>(
     debug_assert_eq!(src_layout.elem_count(), dst_layout.elem_count());
     match (src_layout.contiguous_range(), dst_layout.contiguous_range()) {
         (Some(rs), Some(rd)) => {
-            let (src, dst) = (&src[rs], &mut dst[rd]);
-            if src.len() >= PARALLEL_THRESHOLD {
-                dst.par_chunks_mut(CHUNK)
-                    .zip(src.par_chunks(CHUNK))
-                    .for_each(|(d, s)| cast_into(s, d));
-            } else {
-                cast_into(src, dst);
-            }
+            zip_parts(&src[rs], &mut dst[rd], &|s, d| cast_into(s, d));
         }
         (Some(rs), None) => scatter_cast(&src[rs], dst, dst_layout),
         (None, Some(rd)) => {

@@ -249,6 +249,51 @@ pub fn for_each_chunk_mut<T: Send>(
     });
 }
 
+/// `task(0)`, ..., `task(count - 1)` run as [`for_each`] runs them, their results in
+/// index order (the fork-join counterpart of a rayon `into_par_iter().map().collect()`,
+/// without its hand-off of the call to the pool). A panic in a task is re-raised here;
+/// the results of the tasks that finished are then leaked, not dropped.
+///
+/// ```
+/// let squares = amp_tensor::parallel::map(5, &|i| i * i);
+/// assert_eq!(squares, [0, 1, 4, 9, 16]);
+/// ```
+pub fn map<R: Send>(count: usize, task: &(dyn Fn(usize) -> R + Sync)) -> Vec<R> {
+    let mut out: Vec<R> = Vec::with_capacity(count);
+    let slots = SendPtr(out.spare_capacity_mut().as_mut_ptr());
+    for_each(count, &|i| {
+        let r = task(i);
+        // SAFETY: slot `i < count` lies inside the capacity reserved above; each index
+        // runs once, so no two tasks write one slot, and nothing reads the slots until
+        // `for_each` has returned.
+        unsafe { (*slots.at(i)).write(r) };
+    });
+    // SAFETY: `for_each` returned normally, so every task ran and wrote its slot.
+    unsafe { out.set_len(count) };
+    out
+}
+
+/// `f(chunk_index, chunk)` for consecutive chunks of `len` elements of `out` (the last
+/// may be shorter), run as [`for_each_chunk_mut`] runs them, their results in chunk
+/// order.
+pub fn map_chunks_mut<T: Send, R: Send>(
+    out: &mut [T],
+    len: usize,
+    f: &(dyn Fn(usize, &mut [T]) -> R + Sync),
+) -> Vec<R> {
+    assert!(len > 0, "chunk length must be positive");
+    let total = out.len();
+    let base = SendPtr(out.as_mut_ptr());
+    map(total.div_ceil(len), &|i| {
+        let start = i * len;
+        let l = len.min(total - start);
+        // SAFETY: as in `for_each_chunk_mut`: chunk `i` is elements `start..start + l`
+        // of `out`, disjoint from every other chunk; `out` is borrowed for the call.
+        let chunk = unsafe { std::slice::from_raw_parts_mut(base.at(start), l) };
+        f(i, chunk)
+    })
+}
+
 /// A raw pointer that may cross threads, for tasks that each write their own disjoint
 /// elements of one buffer (the user upholds that; see [`for_each_chunk_mut`]).
 pub struct SendPtr<T>(pub *mut T);
@@ -298,6 +343,25 @@ mod tests {
             }
         });
         assert!(v.iter().enumerate().all(|(i, &x)| i == x));
+    }
+
+    #[test]
+    fn map_keeps_index_order() {
+        for count in [0, 1, 2, 3, 17, 1000] {
+            let v = map(count, &|i| vec![i; i % 3]);
+            assert_eq!(v.len(), count);
+            assert!(v.iter().enumerate().all(|(i, x)| *x == vec![i; i % 3]));
+        }
+        let mut data: Vec<usize> = (0..1003).collect();
+        let sums = map_chunks_mut(&mut data, 100, &|i, c| {
+            c.iter_mut().for_each(|x| *x += 1);
+            (i, c.iter().sum::<usize>())
+        });
+        assert_eq!(sums.len(), 11);
+        for (i, &(j, s)) in sums.iter().enumerate() {
+            let expect: usize = (i * 100 + 1..=(i * 100 + 100).min(1003)).sum();
+            assert_eq!((j, s), (i, expect));
+        }
     }
 
     #[test]
