@@ -13,7 +13,8 @@
 //!
 //! Same-shape contiguous operands run as one tight (auto-vectorised) loop, a
 //! single-value operand is splatted, broadcasting walks coalesced runs (a bias add
-//! `[N, M] + [M]` is `N` runs of `M`), and large outputs are split over rayon.
+//! `[N, M] + [M]` is `N` runs of `M`), and large outputs are split over the threads
+//! ([`amp_tensor::parallel`]).
 
 use amp_tensor::{
     broadcast_shapes, ensure, result_type, DType, Element, Error, Operand, Result, Scalar, Tensor,

@@ -11,10 +11,11 @@
 //! - [`conv_input_grad`] (the adjoint in the input, which is also [`conv_transpose`]):
 //!   `cols = Wᵀ @ g` per tile, then col2im accumulates the columns into the input side;
 //! - [`conv_weight_grad`] (the adjoint in the weight): `dW += g @ colsᵀ` per tile,
-//!   accumulated per worker over its part of the batch and summed at the end.
+//!   accumulated per fixed piece of the batch, the pieces summed in order at the end.
 //!
-//! Samples are spread over rayon workers (each `gemm` then runs single-threaded); a
-//! batch smaller than the worker count lets `gemm` use the threads instead. A 1×1
+//! Samples are spread over the threads in fixed pieces ([`amp_tensor::parallel`]; each
+//! `gemm` then runs single-threaded); a batch smaller than the thread count lets `gemm`
+//! use the threads instead. A 1×1
 //! convolution with stride 1 and no padding multiplies the input in place (no im2col).
 //! float16 and bfloat16 are widened to float32, computed with float32 accumulation
 //! and rounded once; float64 computes in float64. A 16-bit 2-d 3×3 stride-1
@@ -24,7 +25,6 @@
 use amp_tensor::pool::{try_recycled_vec, try_with_capacity, try_zeroed};
 use amp_tensor::{cast_into, DType, Element, Error, Result, Tensor};
 use gemm::Parallelism;
-use rayon::prelude::*;
 
 use crate::compute::{ensure_same_device, FirstError, Real};
 use crate::reduce::{as_same, as_same_mut};
@@ -975,19 +975,20 @@ fn for_samples<T: Element, C: Real>(
         }
     };
     if per_sample(n) {
-        let min = samples_per_piece(n);
-        // A worker whose scratch cannot be had skips its samples; the error is returned.
+        // One task per piece of `m` samples, each with its own scratch; a piece whose
+        // scratch cannot be had skips its samples and the error is returned.
+        let m = samples_per_piece(n);
         let failed = FirstError::new();
-        out.par_chunks_mut(per)
-            .enumerate()
-            .with_min_len(min)
-            .for_each_init(
-                || try_zeroed::<C>(scratch_len),
-                |scratch, (i, o)| match scratch {
-                    Ok(scratch) => run(i, o, scratch, Parallelism::None),
-                    Err(e) => failed.record(Err(e.clone())),
-                },
-            );
+        amp_tensor::parallel::for_each_chunk_mut(out, m * per, &|k, piece| match try_zeroed::<C>(
+            scratch_len,
+        ) {
+            Ok(mut scratch) => {
+                for (j, o) in piece.chunks_mut(per).enumerate() {
+                    run(k * m + j, o, &mut scratch, Parallelism::None);
+                }
+            }
+            Err(e) => failed.record(Err(e)),
+        });
         failed.into_result()
     } else {
         let mut scratch = try_zeroed::<C>(scratch_len)?;
@@ -1241,40 +1242,25 @@ fn weight_grad<T: Element, C: Real>(
                 }
             };
             if per_sample(g.n) {
-                // Each piece's buffers are made with its first sample (so that one that
-                // cannot be had is an error); a piece's sums start at zero and pieces
-                // are added in the same order as with zero-filled starting buffers
-                // (`0 + x` is `x`: these sums start at +0 and never hold -0).
-                type Sums<C> = Option<(Vec<C>, Vec<C>)>;
-                (0..g.n)
-                    .into_par_iter()
-                    .with_min_len(samples_per_piece(g.n))
-                    .try_fold(
-                        || None,
-                        |st: Sums<C>, i| -> Result<Sums<C>> {
-                            let (mut acc, mut cols) = match st {
-                                Some(st) => st,
-                                None => (try_zeroed::<C>(wlen)?, try_zeroed::<C>(scratch_len)?),
-                            };
-                            one(i, &mut acc, &mut cols, Parallelism::None);
-                            Ok(Some((acc, cols)))
-                        },
-                    )
-                    .map(|st| st.map(|st| st.map(|(acc, _)| acc)))
-                    .try_reduce(
-                        || None,
-                        |a, b| {
-                            Ok(match (a, b) {
-                                (Some(mut a), Some(b)) => {
-                                    a.iter_mut().zip(&b).for_each(|(x, y)| *x = *x + *y);
-                                    Some(a)
-                                }
-                                (a, None) => a,
-                                (None, b) => b,
-                            })
-                        },
-                    )?
-                    .map_or_else(|| try_zeroed::<C>(wlen), Ok)
+                // Fixed pieces of `m` samples, each summed from zero into its own
+                // buffer, then added in piece order: the sums do not depend on which
+                // thread ran which piece, or when (rayon's `try_fold` cut its pieces
+                // where work was stolen, so the grouping of the sums varied).
+                let m = samples_per_piece(g.n);
+                let pieces = amp_tensor::parallel::map(g.n.div_ceil(m), &|k| -> Result<Vec<C>> {
+                    let (mut acc, mut cols) =
+                        (try_zeroed::<C>(wlen)?, try_zeroed::<C>(scratch_len)?);
+                    for i in k * m..((k + 1) * m).min(g.n) {
+                        one(i, &mut acc, &mut cols, Parallelism::None);
+                    }
+                    Ok(acc)
+                });
+                let mut pieces = pieces.into_iter();
+                let mut acc = pieces.next().expect("per_sample: at least one sample")?;
+                for p in pieces {
+                    acc.iter_mut().zip(&p?).for_each(|(x, y)| *x = *x + *y);
+                }
+                Ok(acc)
             } else {
                 let mut acc = try_zeroed::<C>(wlen)?;
                 let mut cols = try_zeroed::<C>(scratch_len)?;

@@ -5,14 +5,13 @@
 //! float32 and float64 compute in their own type; float16 and bfloat16 are rejected with
 //! [`Error::UnsupportedDType`], as PyTorch's CPU linear algebra rejects them (under CPU
 //! autocast these ops are on the float32 list, so they see float32). Batches run in
-//! parallel over the matrices (rayon) when the work is large.
+//! parallel over the matrices ([`amp_tensor::parallel`]) when the work is large.
 
 use crate::compute::Real;
 use amp_tensor::pool::{try_collect, try_with_capacity, try_zeroed};
 use amp_tensor::{ensure, DType, Element, Error, Result, Tensor};
 use faer::linalg::solvers::{DenseSolveCore, Solve};
 use faer::{Mat, MatRef, Side};
-use rayon::prelude::*;
 
 /// Batches whose total work (matrices × n³) is below this run on the calling thread.
 const PARALLEL_WORK: usize = 64 * 64 * 64;
@@ -127,7 +126,7 @@ fn per_matrix<R: Send>(
         r
     };
     if count > 1 && count.saturating_mul(work) >= PARALLEL_WORK {
-        out.par_extend((0..count).into_par_iter().map(f));
+        out.extend(amp_tensor::parallel::map(count, &f));
     } else {
         out.extend((0..count).map(f));
     }

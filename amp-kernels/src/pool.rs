@@ -5,13 +5,14 @@
 //!
 //! Every op works on `[..., S_1, ..., S_n]` inputs: the trailing `n` (1 to 3) dims are the
 //! spatial ones and every leading index is an independent *plane* (`N * C` of them for
-//! `[N, C, ...]`). Planes run in parallel (rayon); f16/bf16 compute in f32 and round once.
+//! `[N, C, ...]`). Planes run in parallel ([`amp_tensor::parallel`]); f16/bf16 compute in
+//! f32 and round once.
 //! Max-pool indices are flat positions inside an input plane (int64), as PyTorch's.
 
+use amp_tensor::parallel::{for_each_chunk_mut, SendPtr};
 use amp_tensor::pool::{try_collect, try_filled, try_with_capacity, try_zeroed};
 use amp_tensor::{cast_into, cast_slice, ensure, Error, Result, Tensor};
 use num_traits::{Float, Zero};
-use rayon::prelude::*;
 
 use crate::compute::{with_slice, Real};
 
@@ -382,27 +383,30 @@ pub fn max_pool_windows(
             let mut vals = try_zeroed::<C>(times(planes, out_len))?;
             let mut idx = try_zeroed::<i64>(times(planes, out_len))?;
             if out_len > 0 && in_len > 0 {
-                vals.par_chunks_mut(out_len)
-                    .zip(idx.par_chunks_mut(out_len))
-                    .enumerate()
-                    .for_each(|(p, (ov, oi))| {
-                        let mut buf = vec![C::zero(); in_len];
-                        cast_into(&xs[p * in_len..][..in_len], &mut buf);
-                        let (g, s) = &g3[if g3.len() == 1 { 0 } else { p }];
-                        for_each_window(g, |o, w, _| {
-                            let mut best = C::neg_infinity();
-                            let mut at = ((w[0].start * s[1]) + w[1].start) * s[2] + w[2].start;
-                            window_positions(w, *s, |q| {
-                                let v = buf[q];
-                                if v > best || v.is_nan() {
-                                    best = v;
-                                    at = q;
-                                }
-                            });
-                            ov[o] = best;
-                            oi[o] = at as i64;
+                let idx_at = SendPtr(idx.as_mut_ptr());
+                for_each_chunk_mut(&mut vals, out_len, &|p, ov| {
+                    // SAFETY: plane `p`'s indices, elements `p * out_len..` of `idx`
+                    // (as long as `vals`), which no other plane's task touches; `idx`
+                    // is not used otherwise until the loop returns.
+                    let oi =
+                        unsafe { std::slice::from_raw_parts_mut(idx_at.at(p * out_len), out_len) };
+                    let mut buf = vec![C::zero(); in_len];
+                    cast_into(&xs[p * in_len..][..in_len], &mut buf);
+                    let (g, s) = &g3[if g3.len() == 1 { 0 } else { p }];
+                    for_each_window(g, |o, w, _| {
+                        let mut best = C::neg_infinity();
+                        let mut at = ((w[0].start * s[1]) + w[1].start) * s[2] + w[2].start;
+                        window_positions(w, *s, |q| {
+                            let v = buf[q];
+                            if v > best || v.is_nan() {
+                                best = v;
+                                at = q;
+                            }
                         });
+                        ov[o] = best;
+                        oi[o] = at as i64;
                     });
+                });
             }
             Ok((
                 Tensor::from_vec(cast_slice::<C, T>(&vals)?, out_dims.clone())?,
@@ -439,18 +443,16 @@ pub fn avg_pool_windows(
         with_slice::<T, _>(x, |xs| {
             let mut vals = try_zeroed::<C>(times(planes, out_len))?;
             if out_len > 0 && in_len > 0 {
-                vals.par_chunks_mut(out_len)
-                    .enumerate()
-                    .for_each(|(p, ov)| {
-                        let mut buf = vec![C::zero(); in_len];
-                        cast_into(&xs[p * in_len..][..in_len], &mut buf);
-                        for_each_window(&g, |o, w, div| {
-                            let mut acc = C::zero();
-                            window_positions(w, s, |q| acc += buf[q]);
-                            let div = divisor_override.unwrap_or(div);
-                            ov[o] = acc / C::from_f64c(div);
-                        });
+                for_each_chunk_mut(&mut vals, out_len, &|p, ov| {
+                    let mut buf = vec![C::zero(); in_len];
+                    cast_into(&xs[p * in_len..][..in_len], &mut buf);
+                    for_each_window(&g, |o, w, div| {
+                        let mut acc = C::zero();
+                        window_positions(w, s, |q| acc += buf[q]);
+                        let div = divisor_override.unwrap_or(div);
+                        ov[o] = acc / C::from_f64c(div);
                     });
+                });
             }
             Tensor::from_vec(cast_slice::<C, T>(&vals)?, out_dims.clone())
         })?
@@ -484,7 +486,7 @@ pub fn avg_pool_windows_backward(
         with_slice::<T, _>(g, |gs| {
             let mut gi = try_zeroed::<C>(times(planes, in_len))?;
             if out_len > 0 && in_len > 0 {
-                gi.par_chunks_mut(in_len).enumerate().for_each(|(p, gp)| {
+                for_each_chunk_mut(&mut gi, in_len, &|p, gp| {
                     let mut buf = vec![C::zero(); out_len];
                     cast_into(&gs[p * out_len..][..out_len], &mut buf);
                     for_each_window(&g3, |o, w, div| {
@@ -551,17 +553,15 @@ pub fn plane_gather(x: &Tensor, spatial_rank: usize, idx: &Tensor, fill: f64) ->
             let fillv: T = amp_tensor::Element::cast(<C as Real>::from_f64c(fill));
             let mut out = try_filled(times(planes, out_len), fillv)?;
             if out_len > 0 {
-                out.par_chunks_mut(out_len)
-                    .enumerate()
-                    .for_each(|(p, op_)| {
-                        let row = &iv[(p / per) * out_len..][..out_len];
-                        let src = &xs[p * in_len..][..in_len];
-                        for (d, &i) in op_.iter_mut().zip(row) {
-                            if i >= 0 {
-                                *d = src[i as usize];
-                            }
+                for_each_chunk_mut(&mut out, out_len, &|p, op_| {
+                    let row = &iv[(p / per) * out_len..][..out_len];
+                    let src = &xs[p * in_len..][..in_len];
+                    for (d, &i) in op_.iter_mut().zip(row) {
+                        if i >= 0 {
+                            *d = src[i as usize];
                         }
-                    });
+                    }
+                });
             }
             Tensor::from_vec(out, out_dims.clone())
         })?
@@ -607,7 +607,7 @@ pub fn plane_scatter(
         with_slice::<T, _>(g, |gs| {
             let mut acc = try_zeroed::<C>(times(planes, in_len))?;
             if in_len > 0 && out_len > 0 {
-                acc.par_chunks_mut(in_len).enumerate().for_each(|(p, a)| {
+                for_each_chunk_mut(&mut acc, in_len, &|p, a| {
                     let row = &iv[(p / per) * out_len..][..out_len];
                     let mut buf = vec![C::zero(); out_len];
                     cast_into(&gs[p * out_len..][..out_len], &mut buf);

@@ -10,7 +10,6 @@
 
 use amp_tensor::pool::try_with_capacity;
 use amp_tensor::{ensure, DType, Error, Result, Tensor};
-use rayon::prelude::*;
 
 use crate::compute::Real;
 
@@ -159,7 +158,7 @@ fn rows_impl<C: Real>(
     };
     let mut per: Vec<Vec<(C, i64, i64, C)>> = try_with_capacity(rows)?;
     if rows > 1 && rows * n >= 1 << 15 {
-        per.par_extend((0..rows).into_par_iter().map(one_row));
+        per.extend(amp_tensor::parallel::map(rows, &one_row));
     } else {
         per.extend((0..rows).map(one_row));
     }

@@ -15,7 +15,6 @@ fn count(dims: &[usize]) -> usize {
     dims.iter().fold(1usize, |a, &d| a.saturating_mul(d))
 }
 use num_traits::{One, Zero};
-use rayon::prelude::*;
 
 use crate::compute::{with_slice, Real};
 
@@ -263,7 +262,7 @@ pub fn grid_sample(
         with_slice::<T, _>(input, |xs| {
             let mut out = try_zeroed::<C>(count(&[nb, ch, pts]))?;
             if pts > 0 && in_len > 0 {
-                out.par_chunks_mut(pts).enumerate().for_each(|(plane, o)| {
+                amp_tensor::parallel::for_each_chunk_mut(&mut out, pts, &|plane, o| {
                     let b = plane / ch;
                     let mut buf = vec![C::zero(); in_len];
                     cast_into(&xs[plane * in_len..][..in_len], &mut buf);

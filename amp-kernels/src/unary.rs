@@ -12,7 +12,7 @@
 //! This file also holds [`ewise`], the strided elementwise engine shared with the
 //! binary and ternary ops: operands with any strides, offsets or broadcast (zero)
 //! strides are walked as coalesced runs, widened in chunks, and large outputs are
-//! split over rayon.
+//! split over the threads ([`amp_tensor::parallel`]).
 
 use std::any::TypeId;
 use std::mem::MaybeUninit;
@@ -675,7 +675,7 @@ pub(crate) mod ewise {
         }
     }
 
-    /// A vector of `n` outputs written by `task(chunk, first_index)`, over rayon in
+    /// A vector of `n` outputs written by `task(chunk, first_index)`, over the threads in
     /// large chunks when `n` is large, else on the calling thread; [`Error::OutOfMemory`]
     /// when the output cannot be allocated.
     ///

@@ -4,6 +4,11 @@
 //! - The repository stands alone: no file refers to material outside it (the sibling
 //!   folders it was developed beside, or their files by name). A user's clone has only
 //!   this tree, so such a reference would point nowhere.
+//! - Library code fans out through `amp_tensor::parallel`, never through rayon's
+//!   parallel iterators, `join` or `scope`: called from the user's thread, those hand
+//!   the call to the pool and put the caller to sleep (tens of microseconds, more than
+//!   a 256K-element cast costs), and `try_fold` cuts its pieces where work is stolen,
+//!   so a sum's grouping would depend on timing.
 
 use std::path::{Path, PathBuf};
 
@@ -135,5 +140,61 @@ fn integration_tests_are_modules_of_one_binary_per_crate() {
         "integration test files outside tests/<crate>/ (make each a module of that crate's \
          tests/<crate>/main.rs):\n{}",
         loose.join("\n")
+    );
+}
+
+/// Calls that fan out through rayon from the caller's thread. Spelled in pieces so that
+/// this file does not match itself.
+fn rayon_fan_outs() -> Vec<String> {
+    [
+        "par_iter()",
+        "par_chunks",
+        "par_extend",
+        "par_bridge",
+        "join(",
+        "scope(",
+    ]
+    .iter()
+    .map(|s| match *s {
+        "join(" | "scope(" => ["rayon::", s].concat(),
+        s => [".", s].concat(),
+    })
+    .chain([[".into_", "par_iter()"].concat()])
+    .collect()
+}
+
+#[test]
+fn library_code_fans_out_through_amp_tensor_parallel() {
+    let root = repo_root();
+    let mut sources = Vec::new();
+    for krate in member_crates(&root) {
+        files(&krate.join("src"), &mut sources);
+    }
+    assert!(
+        sources
+            .iter()
+            .any(|p| p.ends_with("amp-kernels/src/conv.rs")),
+        "the scan found the kernels ({} files)",
+        sources.len()
+    );
+    let needles = rayon_fan_outs();
+    let mut found = Vec::new();
+    for p in sources
+        .iter()
+        .filter(|p| p.extension().is_some_and(|x| x == "rs"))
+    {
+        let text = std::fs::read_to_string(p).expect("readable source");
+        for (i, line) in text.lines().enumerate() {
+            for n in needles.iter().filter(|n| line.contains(n.as_str())) {
+                let rel = p.strip_prefix(&root).unwrap_or(p);
+                found.push(format!("{}:{}: {n}", rel.display(), i + 1));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "rayon fan-outs in library code (use amp_tensor::parallel::for_each, \
+         for_each_chunk_mut, map or map_chunks_mut):\n{}",
+        found.join("\n")
     );
 }

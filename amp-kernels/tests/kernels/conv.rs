@@ -446,3 +446,27 @@ fn timing_conv2d_64x64_3x3_batch32() {
         );
     }
 }
+
+/// The weight gradient of a batch spread over threads sums fixed pieces of samples in
+/// a fixed order: repeated calls give the same bits, whichever thread ran which piece
+/// and when (rayon's `try_fold`, used before, cut its pieces where work was stolen).
+#[test]
+fn batch_weight_grad_bits_do_not_depend_on_timing() {
+    let c = case(32, 1, 16, 16, &[16, 16], &[3, 3], &[1], &[1], &[1]);
+    let p = c.params();
+    let mut gen = Generator::new(41);
+    let x = randn(&c.x_dims(), &mut gen).to_dtype(DType::F32).unwrap();
+    let g = randn(&c.y_dims(), &mut gen).to_dtype(DType::F32).unwrap();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    pool.install(|| {
+        let bits = |t: Tensor| -> Vec<u64> { t.to_vec_f64().iter().map(|v| v.to_bits()).collect() };
+        let first = bits(conv_weight_grad(&x, &g, &c.w_dims(), &p).unwrap());
+        for round in 0..20 {
+            let again = bits(conv_weight_grad(&x, &g, &c.w_dims(), &p).unwrap());
+            assert!(again == first, "round {round}: the weight gradient changed");
+        }
+    });
+}
