@@ -15,8 +15,8 @@
 //!
 //! Samples are spread over the threads in fixed pieces ([`amp_tensor::parallel`]; each
 //! `gemm` then runs single-threaded); a batch smaller than the thread count lets `gemm`
-//! use the threads instead. A 1×1
-//! convolution with stride 1 and no padding multiplies the input in place (no im2col).
+//! use the threads instead. A 1×1 convolution with stride 1 and no padding multiplies
+//! the input in place (no im2col).
 //! float16 and bfloat16 are widened to float32, computed with float32 accumulation
 //! and rounded once; float64 computes in float64. A 16-bit 2-d 3×3 stride-1
 //! convolution with enough channels goes through Winograd F(2×2, 3×3) in float32
@@ -979,15 +979,14 @@ fn for_samples<T: Element, C: Real>(
         // scratch cannot be had skips its samples and the error is returned.
         let m = samples_per_piece(n);
         let failed = FirstError::new();
-        amp_tensor::parallel::for_each_chunk_mut(out, m * per, &|k, piece| match try_zeroed::<C>(
-            scratch_len,
-        ) {
-            Ok(mut scratch) => {
-                for (j, o) in piece.chunks_mut(per).enumerate() {
-                    run(k * m + j, o, &mut scratch, Parallelism::None);
-                }
+        amp_tensor::parallel::for_each_chunk_mut(out, m * per, &|k, piece| {
+            let mut scratch = match try_zeroed::<C>(scratch_len) {
+                Ok(s) => s,
+                Err(e) => return failed.record(Err(e)),
+            };
+            for (j, o) in piece.chunks_mut(per).enumerate() {
+                run(k * m + j, o, &mut scratch, Parallelism::None);
             }
-            Err(e) => failed.record(Err(e)),
         });
         failed.into_result()
     } else {

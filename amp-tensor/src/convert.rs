@@ -1,14 +1,15 @@
 //! Dtype conversion of whole buffers: generic element casts, with vectorised
 //! f32↔f16 (F16C via `half`, chosen at run time) and f32↔bf16 (AVX2 when present)
 //! fast paths (bf16 loops compiled for AVX-512 and AVX2, picked at run time), tiled
-//! copies of transposed matrices, parallel ([`crate::parallel`]) from 32K elements. float32 →
-//! float16/bfloat16 outputs of `STREAM_BYTES` (64 MB) and more are written with AVX-512
-//! streaming stores, bit-identical to the ordinary loops.
+//! copies of transposed matrices, parallel ([`crate::parallel`]) from 32K elements.
+//! float32 → float16/bfloat16 outputs of `STREAM_BYTES` (64 MB) and more are written
+//! with AVX-512 streaming stores, bit-identical to the ordinary loops.
 
 use std::mem::MaybeUninit;
 
-use crate::{Element, Layout, Result};
 use half::{bf16, f16, slice::HalfFloatSliceExt};
+
+use crate::{Element, Layout, Result};
 
 /// Buffers at least this long are converted by several threads. A conversion of this
 /// many float32 elements takes 2–3 µs on one core; [`crate::parallel::for_each`]'s
