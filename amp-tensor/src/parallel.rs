@@ -236,17 +236,8 @@ pub fn for_each_chunk_mut<T: Send>(
     len: usize,
     f: &(dyn Fn(usize, &mut [T]) + Sync),
 ) {
-    assert!(len > 0, "chunk length must be positive");
-    let total = out.len();
-    let base = SendPtr(out.as_mut_ptr());
-    for_each(total.div_ceil(len), &|i| {
-        let start = i * len;
-        let l = len.min(total - start);
-        // SAFETY: chunk `i` is elements `start..start + l` of `out`, disjoint from every
-        // other chunk, each index run once; `out` is borrowed mutably for the call.
-        let chunk = unsafe { std::slice::from_raw_parts_mut(base.at(start), l) };
-        f(i, chunk);
-    });
+    // A vector of `()` allocates nothing.
+    map_chunks_mut(out, len, f);
 }
 
 /// `task(0)`, ..., `task(count - 1)` run as [`for_each`] runs them, their results in
@@ -274,8 +265,7 @@ pub fn map<R: Send>(count: usize, task: &(dyn Fn(usize) -> R + Sync)) -> Vec<R> 
 }
 
 /// `f(chunk_index, chunk)` for consecutive chunks of `len` elements of `out` (the last
-/// may be shorter), run as [`for_each_chunk_mut`] runs them, their results in chunk
-/// order.
+/// may be shorter), in parallel as [`for_each`], their results in chunk order.
 pub fn map_chunks_mut<T: Send, R: Send>(
     out: &mut [T],
     len: usize,
@@ -287,8 +277,8 @@ pub fn map_chunks_mut<T: Send, R: Send>(
     map(total.div_ceil(len), &|i| {
         let start = i * len;
         let l = len.min(total - start);
-        // SAFETY: as in `for_each_chunk_mut`: chunk `i` is elements `start..start + l`
-        // of `out`, disjoint from every other chunk; `out` is borrowed for the call.
+        // SAFETY: chunk `i` is elements `start..start + l` of `out`, disjoint from every
+        // other chunk, each index run once; `out` is borrowed mutably for the call.
         let chunk = unsafe { std::slice::from_raw_parts_mut(base.at(start), l) };
         f(i, chunk)
     })
