@@ -688,11 +688,7 @@ pub(crate) mod ewise {
         let mut out = amp_tensor::pool::try_vec_with_capacity::<O>(n)?;
         let spare = &mut out.spare_capacity_mut()[..n];
         if n >= PARALLEL_MIN {
-            let threads = rayon::current_num_threads().max(1);
-            let per = n
-                .div_ceil(threads * 4)
-                .max(PARALLEL_MIN / 2)
-                .next_multiple_of(PIECE);
+            let per = amp_tensor::parallel::part_len(n, PARALLEL_MIN).next_multiple_of(PIECE);
             amp_tensor::parallel::for_each_chunk_mut(spare, per, &|i, c| task(c, i * per));
         } else if n > 0 {
             task(spare, 0);

@@ -37,8 +37,8 @@ impl Real for f64 {
     }
 }
 
-/// Tensors at least this long are updated by several threads, in about four parts per
-/// thread of at least half this length ([`amp_tensor::parallel::for_each`]'s fork-join
+/// Tensors at least this long are updated by several threads, in parts of
+/// [`amp_tensor::parallel::part_len`] ([`amp_tensor::parallel::for_each`]'s fork-join
 /// costs well under a microsecond; rayon's parallel iterators, used before, handed each
 /// call to the pool and put the caller to sleep, tens of microseconds, so they started
 /// at 256K elements). Each element is computed the same way whatever the split.
@@ -50,11 +50,7 @@ fn split(len: usize, body: &(dyn Fn(Range<usize>) + Sync)) {
     if len < PARALLEL_MIN {
         return body(0..len);
     }
-    let threads = rayon::current_num_threads().max(1);
-    let per = len
-        .div_ceil(threads * 4)
-        .max(PARALLEL_MIN / 2)
-        .next_multiple_of(64);
+    let per = amp_tensor::parallel::part_len(len, PARALLEL_MIN);
     amp_tensor::parallel::for_each(len.div_ceil(per), &|i| {
         body(i * per..((i + 1) * per).min(len))
     });

@@ -20,20 +20,15 @@ use crate::{Element, Layout, Result};
 pub const PARALLEL_THRESHOLD: usize = 1 << 15;
 
 /// `f(src_part, dst_part)` over matching parts of `src` and `dst` (same length): on the
-/// calling thread below [`PARALLEL_THRESHOLD`] elements, else in about four parts per
-/// thread (at least half the threshold each, whole cache lines) over
-/// [`crate::parallel::for_each_chunk_mut`].
+/// calling thread below [`PARALLEL_THRESHOLD`] elements, else in parts of
+/// [`crate::parallel::part_len`] over [`crate::parallel::for_each_chunk_mut`].
 fn zip_parts<T: Sync, U: Send>(src: &[T], dst: &mut [U], f: &(dyn Fn(&[T], &mut [U]) + Sync)) {
     debug_assert_eq!(src.len(), dst.len());
     let n = dst.len();
     if n < PARALLEL_THRESHOLD {
         return f(src, dst);
     }
-    let threads = rayon::current_num_threads().max(1);
-    let per = n
-        .div_ceil(threads * 4)
-        .max(PARALLEL_THRESHOLD / 2)
-        .next_multiple_of(64);
+    let per = crate::parallel::part_len(n, PARALLEL_THRESHOLD);
     crate::parallel::for_each_chunk_mut(dst, per, &|i, d| f(&src[i * per..][..d.len()], d));
 }
 

@@ -229,6 +229,22 @@ fn linger() {
     }
 }
 
+/// The part length for splitting `n` elements over the threads: about four parts per
+/// thread (so a worker that joins late, or runs slower, leaves little to wait for), at
+/// least `min / 2` elements each, in whole cache lines (a multiple of 64 elements).
+///
+/// ```
+/// let per = amp_tensor::parallel::part_len(1 << 20, 1 << 15);
+/// assert!(per >= 1 << 14 && per % 64 == 0);
+/// ```
+pub fn part_len(n: usize, min: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    n.div_ceil(threads * 4)
+        .max(min / 2)
+        .max(1)
+        .next_multiple_of(64)
+}
+
 /// `f(chunk_index, chunk)` for consecutive chunks of `len` elements of `out` (the last
 /// may be shorter), in parallel as [`for_each`].
 pub fn for_each_chunk_mut<T: Send>(
