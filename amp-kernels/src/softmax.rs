@@ -81,7 +81,7 @@ impl FastExp for f32 {
     #[inline(always)]
     fn exp_shift_into_fma(x: &[f32], shift: f32, y: &mut [f32]) -> f32 {
         for (o, &v) in y.iter_mut().zip(x) {
-            *o = vmath::exp_fma_checked(v - shift);
+            *o = vmath::exp_fma_le0(v - shift);
         }
         lane_sum(y)
     }

@@ -1290,7 +1290,7 @@ fn as_f32<'a, T: Element>(s: &'a [T], buf: &'a mut [f32]) -> &'a [f32] {
 /// A 16-bit storage type has only 65536 values, so an op computed in float (every op
 /// but the ones that [keep integers](UnaryOp::keeps_integers): `neg`, `abs`, `relu`,
 /// ... are a few vector instructions) of a 16-bit tensor is one load per element from
-/// a 128 KiB table (in L2), built once per process, op and type ([`BUILD_AFTER`]) by
+/// a 128 KiB table (in L2), built once per process, op and type ([`BUILD_AFTER`](table16::BUILD_AFTER)) by
 /// the direct path itself over a tensor of every bit pattern: the bits are the direct
 /// path's on this CPU, which computes each element on its own, so no neighbour or
 /// chunk boundary changes a result. Where the CPU has no 16-bit arithmetic (AVX2), the

@@ -8,7 +8,7 @@
 //! used where the CPU has FMA; elsewhere [`map_f32`] reports that it cannot help and the
 //! callers keep their scalar (libm) code.
 //!
-//! `exp` is Cephes' (~1 ulp; [`exp`] and [`exp_fma_checked`], the row kernels', flush
+//! `exp` is Cephes' (~1 ulp; [`exp`] and [`exp_fma_le0`], the row kernels', flush
 //! results below 2^-126 to 0, [`exp_full`], the `exp` op's, rounds them to subnormals),
 //! `tanh` and `sigmoid` are built on it (≤ 2 and 3 ulp), `erf` is Norbert Juffa's
 //! (≤ 1 ulp). Exact GELU is `x·Φ(x)` from a table of polynomial pieces, fitted and
@@ -88,6 +88,9 @@ fn exp_fma(x: f32) -> f32 {
 
 /// [`exp`] with fused multiply-adds (the same range handling: 0 below `ln(2^-126)`,
 /// +inf above `127.5 * ln 2`, NaN propagates). Only for callers compiled with FMA.
+/// The kernels call [`exp_fma_le0`] (their arguments are `<= 0`); this is the form the
+/// tests check it and the row kernels' lanes against.
+#[cfg(test)]
 #[inline(always)]
 pub(crate) fn exp_fma_checked(x: f32) -> f32 {
     const LO: f32 = -87.336_55;
@@ -97,6 +100,22 @@ pub(crate) fn exp_fma_checked(x: f32) -> f32 {
         0.0
     } else if x > HI {
         f32::INFINITY
+    } else {
+        y
+    }
+}
+
+/// `exp_fma_checked` (the checked form, in the tests) for `x <= 0` or NaN, bit for bit, without the checks such an
+/// argument never needs: it never reaches the upper clamp or `+inf`, and the lower
+/// clamp only changes lanes that are set to 0 anyway (whatever [`exp_fma`] made of
+/// them). A softmax's `x - max` and GELU's `-x²/2` are such arguments. Only for
+/// callers compiled with FMA.
+#[inline(always)]
+pub(crate) fn exp_fma_le0(x: f32) -> f32 {
+    const LO: f32 = -87.336_55;
+    let y = exp_fma(x);
+    if x < LO {
+        0.0
     } else {
         y
     }
@@ -665,12 +684,12 @@ unsafe fn map_avx2(op: F32Map, x: &[f32], y: &mut [MaybeUninit<f32>]) {
 
 /// The derivative factor of exact GELU times the incoming gradient,
 /// `g · (Φ(x) + x·φ(x))`, as PyTorch's `gelu_backward` writes it, given `Φ(x)` (`cdf`;
-/// `φ(x) = e^(-x²/2)/√(2π)` through [`exp_fma_checked`]).
+/// `φ(x) = e^(-x²/2)/√(2π)` through [`exp_fma_le0`]).
 #[inline(always)]
 fn gelu_grad(g: f32, x: f32, cdf: f32) -> f32 {
     const PDF: f32 =
         (std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2 * 0.5) as f32;
-    let pdf = exp_fma_checked(-0.5 * x * x) * PDF;
+    let pdf = exp_fma_le0(-0.5 * x * x) * PDF;
     g * (cdf + x * pdf)
 }
 
@@ -826,6 +845,18 @@ mod tests {
         assert_eq!(exp_fma_checked(f32::NEG_INFINITY), 0.0);
         assert_eq!(exp_fma_checked(-100.0), 0.0);
         assert!(exp_fma_checked(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn exp_fma_le0_is_exp_fma_checked_at_or_below_zero() {
+        let specials = [0.0, -0.0, -87.336_55, -87.336_56, -1e-40, -1e30, f32::MIN];
+        let nans = [f32::NAN, -f32::NAN, f32::from_bits(0x7FA0_0001)];
+        let sweep = (0..400_000).map(|i| -110.0 + i as f32 * 0.000_275);
+        let xs = sweep.chain(specials).chain(nans).chain([f32::NEG_INFINITY]);
+        for x in xs.filter(|x| x.is_nan() || *x <= 0.0) {
+            let (got, want) = (exp_fma_le0(x), exp_fma_checked(x));
+            assert_eq!(got.to_bits(), want.to_bits(), "exp({x})");
+        }
     }
 
     #[test]
