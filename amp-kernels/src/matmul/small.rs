@@ -11,10 +11,11 @@
 //! copied row-major into a buffer on the stack. Elsewhere a portable loop does the same
 //! arithmetic one element at a time.
 //!
-//! bfloat16 and float16 products take the same tiles on AVX2 + FMA + F16C
-//! ([`direct16`]): the tile loop is generic over the storage type as well as the
-//! register type, so `A` (widened once into a stack buffer), `B` (widened as each row
-//! is loaded) and the output (rounded as stored) keep their 16-bit storage.
+//! bfloat16 and float16 products take the same tiles on AVX2 + FMA + F16C, and on
+//! AVX-512 when more than 8 columns wide ([`direct16`]): the tile loop is generic over
+//! the storage type as well as the register type, so `A` (widened once into a stack
+//! buffer), `B` (widened as each row is loaded) and the output (rounded as stored) keep
+//! their 16-bit storage.
 //!
 //! Every output element is `alpha * sum` (plus `dst_factor * input`, multiplied and
 //! added as two roundings), its sum taken in the order of the inner dim with one
@@ -258,6 +259,7 @@ mod x86 {
     //! ([`Lanes`]), one tile loop generic over it and over the storage type
     //! ([`Stored`]: the register's own type, or a 16-bit type widened to it).
     use super::{GemmFloat, Half16, Product, SmallVector, PACK};
+    use crate::half16::lanes::narrow_bf16_16;
     use amp_tensor::half::{bf16, f16};
     use std::arch::x86_64::*;
     use std::mem::MaybeUninit;
@@ -493,13 +495,67 @@ mod x86 {
         _MM_FROUND_TO_NEAREST_INT,
     >(v));
 
+    /// 16-bit values in [`Avx512F32`]'s sixteen float32 lanes: `widen` turns 16 values
+    /// (an `__m256i`) into float32 lanes exactly, `narrow` rounds 16 lanes back (the
+    /// roundings of [`stored_16`]); a short row is a masked 16-bit load or store
+    /// (AVX-512 BW/VL), so nothing past `len` is touched.
+    macro_rules! stored_16_512 {
+        ($e:ty, |$w:ident| $widen:expr, |$n:ident| $narrow:expr) => {
+            impl Stored<Avx512F32> for $e {
+                #[inline(always)]
+                unsafe fn splat(p: *const $e) -> Avx512F32 {
+                    // SAFETY: the trait's contract.
+                    unsafe {
+                        let $w = _mm256_set1_epi16((*p).to_bits() as i16);
+                        Avx512F32($widen)
+                    }
+                }
+                #[inline(always)]
+                unsafe fn load(p: *const $e, len: usize) -> Avx512F32 {
+                    // SAFETY: the trait's contract; the masked-off values are not read.
+                    unsafe {
+                        let $w = if len == 16 {
+                            _mm256_loadu_si256(p.cast())
+                        } else {
+                            _mm256_maskz_loadu_epi16(((1u32 << len) - 1) as u16, p.cast())
+                        };
+                        Avx512F32($widen)
+                    }
+                }
+                #[inline(always)]
+                unsafe fn store(v: Avx512F32, p: *mut $e, len: usize) {
+                    // SAFETY: the trait's contract; the masked-off values are not
+                    // written.
+                    unsafe {
+                        let $n = v.0;
+                        let bits: __m256i = $narrow;
+                        if len == 16 {
+                            _mm256_storeu_si256(p.cast(), bits);
+                        } else {
+                            let mask = ((1u32 << len) - 1) as u16;
+                            _mm256_mask_storeu_epi16(p.cast(), mask, bits);
+                        }
+                    }
+                }
+            }
+        };
+    }
+    stored_16_512!(
+        bf16,
+        |x| _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(x))),
+        |v| narrow_bf16_16(v)
+    );
+    stored_16_512!(f16, |x| _mm512_cvtph_ps(x), |v| _mm512_cvtps_ph::<
+        _MM_FROUND_TO_NEAREST_INT,
+    >(v));
+
     /// [`super::direct16`] for bfloat16.
     ///
     /// # Safety
     /// The contract of [`run`].
     pub(super) unsafe fn direct_bf16(pr: Product<'_, f32, bf16>) -> bool {
         // SAFETY: the caller's contract.
-        unsafe { on_avx2_f16c(pr) }
+        unsafe { on_widest16(pr) }
     }
 
     /// [`super::direct16`] for float16.
@@ -508,26 +564,51 @@ mod x86 {
     /// The contract of [`run`].
     pub(super) unsafe fn direct_f16(pr: Product<'_, f32, f16>) -> bool {
         // SAFETY: the caller's contract.
-        unsafe { on_avx2_f16c(pr) }
+        unsafe { on_widest16(pr) }
     }
 
-    /// A 16-bit product on [`Avx2F32`] (also where the CPU has AVX-512: these products
-    /// are at most `DIRECT_WORK` multiply-adds, and 8 lanes need no masked 16-bit
-    /// loads); false where the CPU lacks AVX2, FMA or F16C.
+    /// A 16-bit product on [`Avx512F32`] where it is more than 8 columns wide and the
+    /// CPU has AVX-512 F/BW/VL, FMA and F16C, else on [`Avx2F32`] where it has AVX2,
+    /// FMA and F16C (the same sums, so the same bits); false where it has neither.
+    /// Measured on a Zen 4 EPYC, bfloat16, best of 15 × 200 calls: `bmm` of
+    /// `[32, 16, 64] × [32, 64, 16]` took 9.3 µs on eight lanes (two vectors per output
+    /// row) and 7.9 on sixteen (float32: 6.2); `[32, 8, 64] × [32, 64, 8]` 5.7 µs on
+    /// eight lanes and 7.4 on sixteen, whose masked 16-bit loads are half empty there
+    /// (float32: 5.6).
     ///
     /// # Safety
     /// The contract of [`run`].
-    unsafe fn on_avx2_f16c<S: Stored<Avx2F32> + Half16>(pr: Product<'_, f32, S>) -> bool {
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn go<S: Stored<Avx2F32> + Half16>(pr: Product<'_, f32, S>) -> bool {
+    unsafe fn on_widest16<S>(pr: Product<'_, f32, S>) -> bool
+    where
+        S: Stored<Avx2F32> + Stored<Avx512F32> + Half16,
+    {
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+        unsafe fn wide<S: Stored<Avx512F32> + Half16>(pr: Product<'_, f32, S>) -> bool {
             // SAFETY: the caller's contract.
-            unsafe { run16::<S>(pr) }
+            unsafe { run16::<Avx512F32, S>(pr) }
         }
-        let has = is_x86_feature_detected!("avx2")
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn narrow<S: Stored<Avx2F32> + Half16>(pr: Product<'_, f32, S>) -> bool {
+            // SAFETY: the caller's contract.
+            unsafe { run16::<Avx2F32, S>(pr) }
+        }
+        let avx2 = is_x86_feature_detected!("avx2")
             && is_x86_feature_detected!("fma")
             && is_x86_feature_detected!("f16c");
-        // SAFETY: the CPU has the features `go` is compiled for; the caller's contract.
-        has && unsafe { go(pr) }
+        let avx512 = avx2
+            && pr.n > 8
+            && is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl");
+        // SAFETY: each form runs only where the CPU has the features it is compiled
+        // for; the caller's contract.
+        unsafe {
+            if avx512 {
+                wide(pr)
+            } else {
+                avx2 && narrow(pr)
+            }
+        }
     }
 
     impl SmallVector for f32 {
@@ -646,17 +727,21 @@ mod x86 {
         Some((buf.as_ptr().cast(), n))
     }
 
-    /// A 16-bit `pr` on [`Avx2F32`]: `A` widened to float32 into a stack buffer, as
+    /// A 16-bit `pr` on register type `L` ([`Avx2F32`] or [`Avx512F32`]): `A` widened
+    /// to float32 into a stack buffer, as
     /// many whole rows at a time as [`PACK`] values hold (a broadcast 16-bit value
     /// would cost three instructions per multiply-add), `B` widened as its rows are
     /// loaded, each output rounded as it is stored. False (nothing done) when a row of
     /// `A` is longer than `PACK`, or `B` has strided rows and more than `PACK` values.
     ///
     /// # Safety
-    /// The contract of [`small_product`](super::small_product); the CPU has AVX2, FMA
-    /// and F16C.
+    /// The contract of [`small_product`](super::small_product); the CPU has `L`'s
+    /// features, FMA and F16C.
     #[inline(always)]
-    unsafe fn run16<S: Stored<Avx2F32> + Half16>(pr: Product<'_, f32, S>) -> bool {
+    unsafe fn run16<L: Lanes<E = f32>, S: Stored<L> + Half16>(pr: Product<'_, f32, S>) -> bool
+    where
+        f32: Stored<L>,
+    {
         let (a, sa, ia) = pr.a;
         let (m, n, k) = (pr.m, pr.n, pr.k);
         if k > PACK {
@@ -676,14 +761,14 @@ mod x86 {
                 let row = sa.offsets[ia] + (r0 + r) * sa.rs;
                 let dst = &mut wa[r * k..(r + 1) * k];
                 if sa.cs == 1 {
-                    // 8 values at a time with the tiles' own loads (no call).
+                    // A vector at a time with the tiles' own loads (no call).
                     let (src, dst) = (a[row..row + k].as_ptr(), dst.as_mut_ptr().cast::<f32>());
-                    let full = k / 8 * 8;
-                    // SAFETY: values `p..p + 8` (`p + 8 ≤ full`) of the row and `dst`,
+                    let full = k / L::N * L::N;
+                    // SAFETY: values `p..p + N` (`p + N ≤ full`) of the row and `dst`,
                     // then the last `k - full`.
                     unsafe {
-                        for p in (0..full).step_by(8) {
-                            S::load(src.add(p), 8).store(dst.add(p), 8);
+                        for p in (0..full).step_by(L::N) {
+                            S::load(src.add(p), L::N).store(dst.add(p), L::N);
                         }
                         if full < k {
                             S::load(src.add(full), k - full).store(dst.add(full), k - full);
@@ -700,7 +785,7 @@ mod x86 {
             // holds `B`'s rows.
             unsafe {
                 let d = pr.d.add(r0 * n);
-                tiles::<Avx2F32, f32, S>(&pr, h, d, wa.as_ptr().cast(), k, 1, b, brs);
+                tiles::<L, f32, S>(&pr, h, d, wa.as_ptr().cast(), k, 1, b, brs);
             }
         }
         true
