@@ -578,5 +578,5 @@ pub fn logical_not(a: &Tensor) -> Result<Tensor> {
         x.arg::<bool, bool>(g.get(0)?, false, OP)?,
         |p: bool| !p,
     )?;
-    Tensor::from_vec(out, a.dims().to_vec())
+    Tensor::from_vec(out, a.dims())
 }

@@ -48,7 +48,7 @@ fn contiguous_slice<'a, T: Element>(
 
 /// `out` (widened to `N`) as a tensor of `x`'s dtype and shape.
 fn narrow_like<N: Element, T: Element>(acc: &[N], x: &Tensor) -> Result<Tensor> {
-    Tensor::from_vec(cast_slice::<N, T>(acc)?, x.dims().to_vec())
+    Tensor::from_vec(cast_slice::<N, T>(acc)?, x.dims())
 }
 
 /// The number of elements of `dims`, saturating: a count that does not fit makes the
@@ -324,7 +324,7 @@ pub fn gather(x: &Tensor, dim: i64, index: &Tensor) -> Result<Tensor> {
     with_dtype!(x.dtype(), T => {
         let s = T::slice(guard.cpu()?).expect("dtype matches storage");
         let out: Vec<T> = try_collect(idx.len(), base.offsets().zip(&idx).map(|(b, &i)| s[b + i as usize * sd]))?;
-        Tensor::from_vec(out, index.dims().to_vec())
+        Tensor::from_vec(out, index.dims())
     })
 }
 
@@ -350,7 +350,7 @@ fn scatter_impl(
     check_scatter_shapes(op, x, d, index, Some(src))?;
     let size = if x.rank() == 0 { 1 } else { x.dims()[d] };
     check_bounds(op, &idx, d, size)?;
-    let contiguous = Layout::contiguous(x.dims().to_vec());
+    let contiguous = Layout::contiguous(x.dims());
     let (strides, sd) = strides_without(contiguous.strides(), d);
     let irank = index.rank();
     let fit = |s: Vec<usize>| if x.rank() == 0 { vec![0; irank] } else { s };
@@ -543,7 +543,7 @@ pub fn index_put(
         );
         bshape = broadcast_shapes(op, &bshape, t.dims())?;
     }
-    let xs = Layout::contiguous(x.dims().to_vec()).strides().to_vec();
+    let xs = Layout::contiguous(x.dims()).strides().to_vec();
     let mut adv_off = try_zeroed::<usize>(count(&bshape))?;
     for &a in &adv {
         let t = indices[a]
@@ -633,7 +633,7 @@ pub fn masked_fill(x: &Tensor, mask: &Tensor, value: f64) -> Result<Tensor> {
                 *o = v;
             }
         }
-        Tensor::from_vec(out, x.dims().to_vec())
+        Tensor::from_vec(out, x.dims())
     })
 }
 

@@ -969,7 +969,7 @@ fn native<C: GemmFloat>(p: &Plan<'_>) -> Result<Tensor> {
     })?;
     // SAFETY: `gemm_into` initialised all `len` elements.
     unsafe { out.set_len(len) };
-    Tensor::from_vec(out, p.out_dims.clone())
+    Tensor::from_vec(out, &p.out_dims)
 }
 
 /// f16 / bf16: on the direct kernel when small enough ([`DIRECT16_WORK`]; reading
@@ -1083,7 +1083,7 @@ fn direct16<T: Element + small::Half16>(p: &Plan<'_>) -> Result<Tensor> {
     })?;
     // SAFETY: every product wrote its `m×n` block: `batch·m·n = len` elements.
     unsafe { out.set_len(len) };
-    Tensor::from_vec(out, p.out_dims.clone())
+    Tensor::from_vec(out, &p.out_dims)
 }
 
 /// f16 / bf16 products without an input term or a batch sum, one per task: per
@@ -1166,7 +1166,7 @@ fn per_product16<T: Element>(p: &Plan<'_>) -> Result<Tensor> {
     }
     // SAFETY: every product wrote its `m×n` block: `batch·m·n = len` elements.
     unsafe { out.set_len(len) };
-    Tensor::from_vec(out, p.out_dims.clone())
+    Tensor::from_vec(out, &p.out_dims)
 }
 
 /// f16 / bf16 on a packing kernel: operands packed straight from their storage,
@@ -1193,7 +1193,7 @@ fn packed16<T: native16::Packed>(p: &Plan<'_>, kernel: Kernel16) -> Result<Tenso
     })??;
     // SAFETY: `product` wrote all `len` elements.
     unsafe { out.set_len(len) };
-    Tensor::from_vec(out, p.out_dims.clone())
+    Tensor::from_vec(out, &p.out_dims)
 }
 
 /// `f` on the storage slices of a plan's two operands (borrowed once when they share
@@ -1259,7 +1259,7 @@ fn widened<T: Element>(p: &Plan<'_>) -> Result<Tensor> {
     recycle(wa);
     recycle(wb);
     recycle(out32);
-    Tensor::from_vec(out, p.out_dims.clone())
+    Tensor::from_vec(out, &p.out_dims)
 }
 
 /// The block split of a single parallel product (`None` for batches, reductions,
@@ -1359,7 +1359,7 @@ fn widened_blocks<T: Element>(p: &Plan<'_>, split: Blocks) -> Result<Tensor> {
     failed.into_result()?;
     // SAFETY: the blocks wrote every element of the `m×n` output.
     unsafe { out.set_len(m * n) };
-    Tensor::from_vec(out, p.out_dims.clone())
+    Tensor::from_vec(out, &p.out_dims)
 }
 
 /// The input term's layout (broadcast to the output `[m, n]`, `[m]`, `[n]` or `[]`)
@@ -2073,5 +2073,5 @@ fn integer<T: Element>(p: &Plan<'_>) -> Result<Tensor> {
     } else {
         try_collect(len, out.into_iter().map(T::from_i64))?
     };
-    Tensor::from_vec(out, p.out_dims.clone())
+    Tensor::from_vec(out, &p.out_dims)
 }

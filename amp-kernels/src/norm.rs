@@ -365,7 +365,7 @@ fn layer_norm_with(
                 if let Some(res) = done {
                     let (out, mean, rstd) = res?;
                     return Ok((
-                        Tensor::from_vec(out, x.dims().to_vec())?,
+                        Tensor::from_vec(out, x.dims())?,
                         Tensor::from_vec(mean, stat_shape.clone())?,
                         Tensor::from_vec(rstd, stat_shape)?,
                     ));
@@ -378,7 +378,7 @@ fn layer_norm_with(
         let (out, mean, rstd) =
             with_slice::<T, _>(&xc, |s| norm_rows::<T, C>(s, m, n, eps, wb, None))??;
         Ok((
-            Tensor::from_vec(out, x.dims().to_vec())?,
+            Tensor::from_vec(out, x.dims())?,
             Tensor::from_vec(mean, stat_shape.clone())?,
             Tensor::from_vec(rstd, stat_shape)?,
         ))
@@ -570,7 +570,7 @@ pub fn layer_norm_backward(
         let (mu, rs): (Vec<C>, Vec<C>) = (mean.host_vec_as()?, rstd.host_vec_as()?);
         let w: Option<Vec<C>> = weight.map(|t| t.host_vec_as()).transpose()?;
         let (gi, gw, gb) = ln_backward_rows::<C>(&g, &xv, (&mu, &rs), w.as_deref(), n)?;
-        let gi = Tensor::from_vec(gi, x.dims().to_vec())?.to_dtype(x.dtype())?;
+        let gi = Tensor::from_vec(gi, x.dims())?.to_dtype(x.dtype())?;
         let param =
             |v: Vec<C>| Tensor::from_vec(v, normalized_shape.to_vec())?.to_dtype(param_dtype);
         let gw = match weight {
@@ -639,7 +639,7 @@ pub fn group_norm(
             )
         })??;
         Ok((
-            Tensor::from_vec(out, x.dims().to_vec())?,
+            Tensor::from_vec(out, x.dims())?,
             Tensor::from_vec(mean, [nb, num_groups])?,
             Tensor::from_vec(rstd, [nb, num_groups])?,
         ))
@@ -664,7 +664,7 @@ pub fn normalize(x: &Tensor, p: f64, dim: i64, eps: f64) -> Result<Tensor> {
                 }
             })
         })??;
-        Tensor::from_vec(out, x.dims().to_vec())
+        Tensor::from_vec(out, x.dims())
     })
 }
 

@@ -409,8 +409,8 @@ pub fn max_pool_windows(
                 });
             }
             Ok((
-                Tensor::from_vec(cast_slice::<C, T>(&vals)?, out_dims.clone())?,
-                Tensor::from_vec(idx, out_dims.clone())?,
+                Tensor::from_vec(cast_slice::<C, T>(&vals)?, &out_dims)?,
+                Tensor::from_vec(idx, &out_dims)?,
             ))
         })?
     })
@@ -454,7 +454,7 @@ pub fn avg_pool_windows(
                     });
                 });
             }
-            Tensor::from_vec(cast_slice::<C, T>(&vals)?, out_dims.clone())
+            Tensor::from_vec(cast_slice::<C, T>(&vals)?, &out_dims)
         })?
     })
 }
@@ -563,7 +563,7 @@ pub fn plane_gather(x: &Tensor, spatial_rank: usize, idx: &Tensor, fill: f64) ->
                     }
                 });
             }
-            Tensor::from_vec(out, out_dims.clone())
+            Tensor::from_vec(out, &out_dims)
         })?
     })
 }

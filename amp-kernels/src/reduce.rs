@@ -1592,7 +1592,7 @@ fn scan(x: &Tensor, dim: i64, dtype: Option<DType>, mul: bool) -> Result<Tensor>
                 }
             })
         })??;
-        Tensor::from_vec(out, x.dims().to_vec())
+        Tensor::from_vec(out, x.dims())
     })
 }
 

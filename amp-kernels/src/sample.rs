@@ -277,7 +277,7 @@ pub fn grid_sample(
                     }
                 });
             }
-            Tensor::from_vec(cast_slice::<C, T>(&out)?, out_dims.clone())
+            Tensor::from_vec(cast_slice::<C, T>(&out)?, &out_dims)
         })?
     })
 }

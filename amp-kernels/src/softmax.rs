@@ -251,7 +251,7 @@ fn unary_lines(
                 lines::<T, C>(RowOp::Softmax, &[s], geom, softmax_line::<C>)
             }
         })??;
-        Tensor::from_vec(out, x.dims().to_vec())
+        Tensor::from_vec(out, x.dims())
     })
 }
 
@@ -316,7 +316,7 @@ fn backward_lines(
                 }
             })
         })???;
-        Tensor::from_vec(res, out.dims().to_vec())
+        Tensor::from_vec(res, out.dims())
     })
 }
 
@@ -460,7 +460,7 @@ fn scaled_rows(
             };
             let _: Option<C> = None;
             match out {
-                Some(v) => Ok(Some(Tensor::from_vec(v?, x.dims().to_vec())?)),
+                Some(v) => Ok(Some(Tensor::from_vec(v?, x.dims())?)),
                 None => Ok(None),
             }
         })

@@ -1131,7 +1131,7 @@ fn float_unary<T: amp_tensor::Element, C: Real + RoundEven>(
                 table16::look_up(table, &src[lo..lo + out.len()], out)
             })
         })??;
-        return Tensor::from_vec(out, x.dims().to_vec());
+        return Tensor::from_vec(out, x.dims());
     }
     float_unary_direct::<T, C>(op, x)
 }
@@ -1239,14 +1239,14 @@ fn float_unary_simd<T: Element, C: 'static>(op: UnaryOp, x: &Tensor) -> Option<R
                 assert!(done, "gelu_table: the CPU and the type were checked above");
             })
         });
-        return Some(out.and_then(|out| Tensor::from_vec(out?, x.dims().to_vec())));
+        return Some(out.and_then(|out| Tensor::from_vec(out?, x.dims())));
     }
     let out = with_slice::<T, _>(x, |src| {
         ewise::run_tasks(src.len(), |out: &mut [MaybeUninit<T>], lo| {
             map_widened(level, map, &src[lo..lo + out.len()], out)
         })
     });
-    Some(out.and_then(|out| Tensor::from_vec(out?, x.dims().to_vec())))
+    Some(out.and_then(|out| Tensor::from_vec(out?, x.dims())))
 }
 
 /// `out[i] = map(src[i])` computed in float32: [`CHUNK`] elements at a time widened,
@@ -1475,7 +1475,7 @@ pub fn gelu_backward(grad: &Tensor, x: &Tensor) -> Result<Tensor> {
         let out = with_slice::<T, _>(&g, |gs| {
             with_slice::<T, _>(&xc, |xs| gelu_backward_slices::<T, C>(gs, xs))
         })???;
-        Tensor::from_vec(out, x.dims().to_vec())
+        Tensor::from_vec(out, x.dims())
     })
 }
 
@@ -1679,7 +1679,7 @@ pub fn softplus(x: &Tensor, beta: f64, threshold: f64) -> Result<Tensor> {
                 (v * b).exp().ln_1p() / b
             }
         })?;
-        Tensor::from_vec(out, x.dims().to_vec())
+        Tensor::from_vec(out, x.dims())
     })
 }
 
@@ -1700,7 +1700,7 @@ fn float_test(
         let src = Src::full(x);
         let a: Arg<T, C> = src.arg(g.get(0)?, false, op)?;
         let out: Vec<bool> = zip1(x.dims(), a, |v: C| pred(v.to_f64c()))?;
-        Tensor::from_vec(out, x.dims().to_vec())
+        Tensor::from_vec(out, x.dims())
     })
 }
 

@@ -1,13 +1,13 @@
 //! Shape + strides + offset: how a tensor's elements sit in its storage.
 
-use crate::shape::{broadcast_shapes, Dim};
+use crate::shape::{broadcast_shapes, Dim, DimVec};
 use crate::{ensure, Error, Result, Shape};
 
 /// A strided view into a flat storage. Strides are in elements and never negative.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
     shape: Shape,
-    strides: Vec<usize>,
+    strides: DimVec,
     offset: usize,
 }
 
@@ -15,7 +15,7 @@ impl Layout {
     /// A row-major layout starting at `offset`.
     pub fn contiguous_with_offset(shape: impl Into<Shape>, offset: usize) -> Self {
         let shape = shape.into();
-        let strides = shape.contiguous_strides();
+        let strides = shape.contiguous_dim_vec();
         Layout {
             shape,
             strides,
@@ -28,6 +28,10 @@ impl Layout {
     }
     /// A layout from explicit parts (caller guarantees they fit the storage).
     pub fn new(shape: impl Into<Shape>, strides: Vec<usize>, offset: usize) -> Self {
+        Self::with_strides(shape, DimVec::from_slice(&strides), offset)
+    }
+    /// [`Layout::new`] from inline strides.
+    fn with_strides(shape: impl Into<Shape>, strides: DimVec, offset: usize) -> Self {
         let shape = shape.into();
         debug_assert_eq!(shape.rank(), strides.len());
         Layout {
@@ -88,7 +92,7 @@ impl Layout {
         let (a, b) = (d0.to_index(self.rank())?, d1.to_index(self.rank())?);
         let mut l = self.clone();
         if self.rank() > 0 {
-            let mut dims = l.shape.into_dims();
+            let mut dims = DimVec::from_slice(l.dims());
             dims.swap(a, b);
             l.strides.swap(a, b);
             l.shape = dims.into();
@@ -108,8 +112,8 @@ impl Layout {
             )
         );
         let mut seen = vec![false; n];
-        let mut dims = Vec::with_capacity(n);
-        let mut strides = Vec::with_capacity(n);
+        let mut dims = DimVec::with_capacity(n);
+        let mut strides = DimVec::with_capacity(n);
         for &p in perm {
             let p = p.to_index(n)?;
             ensure!(
@@ -119,7 +123,7 @@ impl Layout {
             dims.push(self.dims()[p]);
             strides.push(self.strides[p]);
         }
-        Ok(Layout::new(dims, strides, self.offset))
+        Ok(Layout::with_strides(dims, strides, self.offset))
     }
 
     /// Keep `len` entries of `dim` starting at `start`.
@@ -133,14 +137,14 @@ impl Layout {
                 "start ({start}) + length ({len}) exceeds dimension size ({size})."
             )
         );
-        let mut dims = self.dims().to_vec();
+        let mut dims = DimVec::from_slice(self.dims());
         dims[d] = len;
         let offset = if len == 0 {
             self.offset
         } else {
             self.offset + start * self.strides[d]
         };
-        Ok(Layout::new(dims, self.strides.clone(), offset))
+        Ok(Layout::with_strides(dims, self.strides.clone(), offset))
     }
 
     /// Every `step`-th entry of `dim` in `start..end` (Python's `x[start:end:step]`).
@@ -151,7 +155,7 @@ impl Layout {
         let end = end.min(size);
         let start = start.min(end);
         let len = (end - start).div_ceil(step);
-        let mut dims = self.dims().to_vec();
+        let mut dims = DimVec::from_slice(self.dims());
         let mut strides = self.strides.clone();
         dims[d] = len;
         let offset = if len == 0 {
@@ -160,7 +164,7 @@ impl Layout {
             self.offset + start * strides[d]
         };
         strides[d] *= step;
-        Ok(Layout::new(dims, strides, offset))
+        Ok(Layout::with_strides(dims, strides, offset))
     }
 
     /// Pick entry `index` of `dim` and drop that dimension (negative counts from the end).
@@ -184,17 +188,21 @@ impl Layout {
                 size,
             });
         }
-        let mut dims = self.dims().to_vec();
+        let mut dims = DimVec::from_slice(self.dims());
         let mut strides = self.strides.clone();
         dims.remove(d);
         let st = strides.remove(d);
-        Ok(Layout::new(dims, strides, self.offset + i as usize * st))
+        Ok(Layout::with_strides(
+            dims,
+            strides,
+            self.offset + i as usize * st,
+        ))
     }
 
     /// Insert a size-1 dimension at `dim`.
     pub fn unsqueeze(&self, dim: impl Dim) -> Result<Layout> {
         let d = dim.to_insert_index(self.rank())?;
-        let mut dims = self.dims().to_vec();
+        let mut dims = DimVec::from_slice(self.dims());
         let mut strides = self.strides.clone();
         let st = if d < self.rank() {
             dims[d] * strides[d]
@@ -203,7 +211,7 @@ impl Layout {
         };
         dims.insert(d, 1);
         strides.insert(d, st.max(1));
-        Ok(Layout::new(dims, strides, self.offset))
+        Ok(Layout::with_strides(dims, strides, self.offset))
     }
 
     /// Remove dimension `dim` if its size is 1 (otherwise unchanged, as PyTorch).
@@ -212,23 +220,23 @@ impl Layout {
         if self.rank() == 0 || self.dims()[d] != 1 {
             return Ok(self.clone());
         }
-        let mut dims = self.dims().to_vec();
+        let mut dims = DimVec::from_slice(self.dims());
         let mut strides = self.strides.clone();
         dims.remove(d);
         strides.remove(d);
-        Ok(Layout::new(dims, strides, self.offset))
+        Ok(Layout::with_strides(dims, strides, self.offset))
     }
 
     /// Remove every size-1 dimension.
     pub fn squeeze_all(&self) -> Layout {
-        let (dims, strides): (Vec<usize>, Vec<usize>) = self
+        let (dims, strides): (DimVec, DimVec) = self
             .dims()
             .iter()
             .zip(&self.strides)
             .filter(|(&d, _)| d != 1)
             .map(|(&d, &s)| (d, s))
             .unzip();
-        Layout::new(dims, strides, self.offset)
+        Layout::with_strides(dims, strides, self.offset)
     }
 
     /// Broadcast to `shape` with zero strides (`expand`); `shape` must be reachable.
@@ -236,7 +244,7 @@ impl Layout {
         let n = shape.len();
         ensure!(n >= self.rank(), invalid("expand", "the number of sizes provided ({n}) must be greater or equal to the number of dimensions in the tensor ({})", self.rank()));
         let lead = n - self.rank();
-        let mut strides = vec![0; n];
+        let mut strides = DimVec::from_elem(0, n);
         for i in 0..n {
             if i < lead {
                 continue;
@@ -257,7 +265,7 @@ impl Layout {
                 });
             }
         }
-        Ok(Layout::new(shape.to_vec(), strides, self.offset))
+        Ok(Layout::with_strides(shape, strides, self.offset))
     }
 
     /// Broadcast two layouts against each other.

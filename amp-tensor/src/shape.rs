@@ -2,11 +2,21 @@
 
 use std::fmt;
 
+use smallvec::SmallVec;
+
 use crate::{Error, Result};
+
+/// Sizes or strides of up to [`INLINE_DIMS`] dimensions held inline, more on the heap:
+/// a tensor's shape and strides then cost no allocation of their own (two of the six
+/// a small op's output made, measured on `mm` of 8×8).
+pub(crate) type DimVec = SmallVec<[usize; INLINE_DIMS]>;
+
+/// The rank up to which [`DimVec`] needs no allocation (attention's `[B, H, T, D]`).
+pub(crate) const INLINE_DIMS: usize = 4;
 
 /// The sizes of a tensor's dimensions. `[]` is a 0-dim tensor with one element.
 #[derive(Clone, PartialEq, Eq, Hash, Default)]
-pub struct Shape(Vec<usize>);
+pub struct Shape(DimVec);
 
 impl Shape {
     /// The dimension sizes.
@@ -55,7 +65,11 @@ impl Shape {
     }
     /// Row-major (C-contiguous) strides of this shape, in elements.
     pub fn contiguous_strides(&self) -> Vec<usize> {
-        let mut strides = vec![0; self.0.len()];
+        self.contiguous_dim_vec().into_vec()
+    }
+    /// [`Shape::contiguous_strides`], inline.
+    pub(crate) fn contiguous_dim_vec(&self) -> DimVec {
+        let mut strides = DimVec::from_elem(0, self.0.len());
         let mut acc = 1;
         for (s, &d) in strides.iter_mut().zip(&self.0).rev() {
             *s = acc;
@@ -65,7 +79,7 @@ impl Shape {
     }
     /// Consume into the vector of sizes.
     pub fn into_dims(self) -> Vec<usize> {
-        self.0
+        self.0.into_vec()
     }
     /// Size of dimension `dim` (negative counts from the end).
     pub fn dim(&self, dim: impl Dim) -> Result<usize> {
@@ -94,32 +108,37 @@ impl fmt::Display for Shape {
 
 impl From<Vec<usize>> for Shape {
     fn from(v: Vec<usize>) -> Self {
-        Shape(v)
+        Shape(DimVec::from_slice(&v))
     }
 }
 impl From<&Vec<usize>> for Shape {
     fn from(v: &Vec<usize>) -> Self {
-        Shape(v.clone())
+        Shape(DimVec::from_slice(v))
     }
 }
 impl From<&[usize]> for Shape {
     fn from(v: &[usize]) -> Self {
-        Shape(v.to_vec())
+        Shape(DimVec::from_slice(v))
     }
 }
 impl<const N: usize> From<[usize; N]> for Shape {
     fn from(v: [usize; N]) -> Self {
-        Shape(v.to_vec())
+        Shape(DimVec::from_slice(&v))
     }
 }
 impl<const N: usize> From<&[usize; N]> for Shape {
     fn from(v: &[usize; N]) -> Self {
-        Shape(v.to_vec())
+        Shape(DimVec::from_slice(v))
+    }
+}
+impl From<DimVec> for Shape {
+    fn from(v: DimVec) -> Self {
+        Shape(v)
     }
 }
 impl From<()> for Shape {
     fn from(_: ()) -> Self {
-        Shape(Vec::new())
+        Shape(DimVec::new())
     }
 }
 impl From<&Shape> for Shape {
@@ -129,7 +148,7 @@ impl From<&Shape> for Shape {
 }
 impl From<usize> for Shape {
     fn from(n: usize) -> Self {
-        Shape(vec![n])
+        Shape(DimVec::from_slice(&[n]))
     }
 }
 

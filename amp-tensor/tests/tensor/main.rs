@@ -2,6 +2,7 @@
 //! (one link instead of one per file; `cargo test -p amp-tensor --release --test tensor <module>::`
 //! runs one subject).
 
+mod allocations;
 mod cast_stream;
 mod casts;
 mod copy_pool;
