@@ -506,26 +506,47 @@ pub fn gather_cast<T: Element, U: Element>(src: &[T], layout: &Layout) -> Result
     if let Some(out) = gather_transposed(src, layout) {
         return out;
     }
-    fill_vec(layout.elem_count(), |out| {
-        let mut i = 0;
-        layout.for_each_run(|start, len, stride| {
-            let dst = &mut out[i..i + len];
-            if stride == 1 {
-                cast_chunk(&src[start..start + len], dst);
-            } else if stride == 0 {
-                // Broadcast (expanded) dimensions: one value repeated.
-                let v = src[start].cast::<U>();
-                dst.iter_mut().for_each(|d| {
-                    d.write(v);
-                });
-            } else {
-                for (k, d) in dst.iter_mut().enumerate() {
-                    d.write(src[start + k * stride].cast::<U>());
-                }
-            }
-            i += len;
-        });
+    let (n, run) = (layout.elem_count(), layout.run_len());
+    fill_vec(n, |out| {
+        if n >= PARALLEL_THRESHOLD && run > 0 {
+            // Parts of whole runs, each gathered from its own first run.
+            let per = (crate::parallel::part_len(n, PARALLEL_THRESHOLD) / run).max(1);
+            crate::parallel::for_each_chunk_mut(out, per * run, &|c, part| {
+                gather_runs(src, layout, c * per..c * per + part.len() / run, part);
+            });
+        } else if let Some(runs) = n.checked_div(run) {
+            gather_runs(src, layout, 0..runs, out);
+        }
     })
+}
+
+/// Runs `runs` of `layout` ([`Layout::for_each_run_in`]) from `src` into `out`, which
+/// holds exactly their elements, converted to `U`.
+fn gather_runs<T: Element, U: Element>(
+    src: &[T],
+    layout: &Layout,
+    runs: std::ops::Range<usize>,
+    out: &mut [MaybeUninit<U>],
+) {
+    let mut i = 0;
+    layout.for_each_run_in(runs, |start, len, stride| {
+        let dst = &mut out[i..i + len];
+        if stride == 1 {
+            cast_chunk(&src[start..start + len], dst);
+        } else if stride == 0 {
+            // Broadcast (expanded) dimensions: one value repeated.
+            let v = src[start].cast::<U>();
+            dst.iter_mut().for_each(|d| {
+                d.write(v);
+            });
+        } else {
+            for (k, d) in dst.iter_mut().enumerate() {
+                d.write(src[start + k * stride].cast::<U>());
+            }
+        }
+        i += len;
+    });
+    debug_assert_eq!(i, out.len(), "gather_runs: the runs fill the output");
 }
 
 /// [`gather_transposed`] applies to matrices with at least this many rows and columns.
@@ -739,6 +760,47 @@ pub fn copy_cast<T: Element, U: Element>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A gather of at least `PARALLEL_THRESHOLD` elements, split into parts of whole
+    /// runs each started from its own run index, gives the elements in the layout's
+    /// order: attention's head permutation (runs of 32), a transposed slice with a step
+    /// (runs of one strided element), an expanded dim (runs of a repeated value) and a
+    /// run count that does not divide into the parts evenly.
+    #[test]
+    fn parallel_gathers_keep_the_layout_order() {
+        let src: Vec<f32> = (0..(1 << 18)).map(|i| i as f32 * 0.5 - 7.0).collect();
+        let base = Layout::contiguous([4, 64, 8, 32]);
+        let layouts = [
+            base.permute(&[0usize, 2, 1, 3]).unwrap(),
+            Layout::contiguous([256, 1024])
+                .transpose(0usize, 1usize)
+                .unwrap()
+                .slice(1usize, 3, 256, 3)
+                .unwrap(),
+            Layout::contiguous([37, 1, 29])
+                .broadcast_as(&[37, 41, 29])
+                .unwrap(),
+            Layout::contiguous([3, 11, 1000])
+                .slice(2usize, 0, 999, 1)
+                .unwrap(),
+        ];
+        for (i, l) in layouts.iter().enumerate() {
+            assert!(l.elem_count() >= PARALLEL_THRESHOLD, "layout {i} is large");
+            assert!(l.contiguous_range().is_none(), "layout {i} is strided");
+            let want: Vec<f32> = l.offsets().map(|o| src[o]).collect();
+            assert_eq!(
+                gather_cast::<f32, f32>(&src, l).unwrap(),
+                want,
+                "layout {i}"
+            );
+            let narrow: Vec<bf16> = want.iter().map(|&v| round_to_bf16(v)).collect();
+            assert_eq!(
+                gather_cast::<f32, bf16>(&src, l).unwrap(),
+                narrow,
+                "layout {i}"
+            );
+        }
+    }
 
     #[test]
     fn bf16_matches_half_for_every_non_nan_input_pattern_sample() {

@@ -328,9 +328,33 @@ impl Layout {
     /// when its stride is the next one's stride times size, as in a contiguous block or a
     /// run of broadcast dims): `f(start, len, stride)` is called once per run, in
     /// row-major order. Kernels use it to keep inner loops tight.
-    pub fn for_each_run(&self, mut f: impl FnMut(usize, usize, usize)) {
+    pub fn for_each_run(&self, f: impl FnMut(usize, usize, usize)) {
+        if let Some(runs) = self.elem_count().checked_div(self.run_len()) {
+            self.for_each_run_in(0..runs, f);
+        }
+    }
+
+    /// The length of every run [`Layout::for_each_run`] visits: the element count when
+    /// contiguous, 0 when there is no element.
+    pub fn run_len(&self) -> usize {
         let n = self.elem_count();
-        if n == 0 {
+        if n == 0 || self.is_contiguous() {
+            return n;
+        }
+        let (dims, _) = self.coalesced();
+        dims[dims.len() - 1]
+    }
+
+    /// [`Layout::for_each_run`] over the runs `runs` only (numbered from 0 in row-major
+    /// order, each [`Layout::run_len`] long): a gather split into parts starts each part
+    /// at its own run.
+    pub fn for_each_run_in(
+        &self,
+        runs: std::ops::Range<usize>,
+        mut f: impl FnMut(usize, usize, usize),
+    ) {
+        let n = self.elem_count();
+        if n == 0 || runs.is_empty() {
             return;
         }
         if let Some(r) = self.contiguous_range() {
@@ -341,9 +365,16 @@ impl Layout {
         let (inner, inner_stride) = (dims[rank - 1], strides[rank - 1]);
         let outer = &dims[..rank - 1];
         let outer_strides = &strides[..rank - 1];
-        let mut idx = vec![0usize; outer.len()];
+        // The index over the outer dims, and the offset, of run `runs.start`.
+        let mut idx = DimVec::from_elem(0, outer.len());
         let mut off = self.offset;
-        for _ in 0..n / inner {
+        let mut rest = runs.start;
+        for d in (0..outer.len()).rev() {
+            idx[d] = rest % outer[d];
+            rest /= outer[d];
+            off += idx[d] * outer_strides[d];
+        }
+        for _ in runs {
             f(off, inner, inner_stride);
             for d in (0..outer.len()).rev() {
                 idx[d] += 1;
