@@ -437,117 +437,83 @@ mod x86 {
     }
     stored_as_is!(f32: Avx2F32, Avx512F32; f64: Avx2F64, Avx512F64;);
 
-    /// 16-bit values in [`Avx2F32`]'s eight float32 lanes: `widen` turns 8 values (an
-    /// `__m128i`) into float32 lanes exactly, `narrow` rounds 8 lanes back (the
-    /// rounding of [`amp_tensor::cast_into`]: nearest even, NaN as `0x7FC0` for
-    /// bfloat16; `vcvtps2ph` for float16, the bits of `half`'s conversion).
+    /// 16-bit values in the float32 lanes of register `$l` (`$lanes` of them, their bits
+    /// an `$h`): `widen` turns the bits of `$lanes` values (`x`) into float32 lanes
+    /// exactly, `narrow` rounds the lanes (`v`) back (the rounding of
+    /// [`amp_tensor::cast_into`]: nearest even, NaN as `0x7FC0` for bfloat16;
+    /// `vcvtps2ph` for float16, the bits of `half`'s conversion); `short_load` and
+    /// `short_store` move the first `len < $lanes` values only, so nothing past `len` is
+    /// read or written.
     macro_rules! stored_16 {
-        ($e:ty, |$w:ident| $widen:expr, |$n:ident| $narrow:expr) => {
-            impl Stored<Avx2F32> for $e {
+        ($l:ident($h:ty, $lanes:literal), $set1:ident, $loadu:ident, $storeu:ident,
+         |$lp:ident, $ll:ident| $short_load:expr,
+         |$sp:ident, $sb:ident, $sl:ident| $short_store:expr;
+         $($e:ty: |$w:ident| $widen:expr, |$n:ident| $narrow:expr;)*) => {$(
+            impl Stored<$l> for $e {
                 #[inline(always)]
-                unsafe fn splat(p: *const $e) -> Avx2F32 {
+                unsafe fn splat(p: *const $e) -> $l {
                     // SAFETY: the trait's contract.
                     unsafe {
-                        let $w = _mm_set1_epi16((*p).to_bits() as i16);
-                        Avx2F32($widen)
+                        let $w = $set1((*p).to_bits() as i16);
+                        $l($widen)
                     }
                 }
                 #[inline(always)]
-                unsafe fn load(p: *const $e, len: usize) -> Avx2F32 {
-                    // SAFETY: the trait's contract; a short load goes through a zeroed
-                    // stack copy, so nothing past `len` is read.
+                unsafe fn load(p: *const $e, len: usize) -> $l {
+                    // SAFETY: the trait's contract; a short load reads `len` values.
                     unsafe {
-                        let $w = if len == 8 {
-                            _mm_loadu_si128(p.cast())
+                        let $w: $h = if len == $lanes {
+                            $loadu(p.cast())
                         } else {
-                            let mut t = [0u16; 8];
-                            std::ptr::copy_nonoverlapping(p.cast::<u16>(), t.as_mut_ptr(), len);
-                            _mm_loadu_si128(t.as_ptr().cast())
+                            let ($lp, $ll) = (p, len);
+                            $short_load
                         };
-                        Avx2F32($widen)
+                        $l($widen)
                     }
                 }
                 #[inline(always)]
-                unsafe fn store(v: Avx2F32, p: *mut $e, len: usize) {
-                    // SAFETY: the trait's contract; a short store goes through a stack
-                    // copy, so nothing past `len` is written.
+                unsafe fn store(v: $l, p: *mut $e, len: usize) {
+                    // SAFETY: the trait's contract; a short store writes `len` values.
                     unsafe {
                         let $n = v.0;
-                        let bits: __m128i = $narrow;
-                        if len == 8 {
-                            _mm_storeu_si128(p.cast(), bits);
+                        let bits: $h = $narrow;
+                        if len == $lanes {
+                            $storeu(p.cast(), bits);
                         } else {
-                            let mut t = [0u16; 8];
-                            _mm_storeu_si128(t.as_mut_ptr().cast(), bits);
-                            std::ptr::copy_nonoverlapping(t.as_ptr(), p.cast::<u16>(), len);
+                            let ($sp, $sb, $sl) = (p, bits, len);
+                            $short_store
                         }
                     }
                 }
             }
-        };
+        )*};
     }
-    stored_16!(
-        bf16,
-        |x| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(x))),
-        |v| { amp_tensor::simd::bf16_bits8_avx2(v) }
-    );
-    stored_16!(f16, |x| _mm256_cvtph_ps(x), |v| _mm256_cvtps_ph::<
-        _MM_FROUND_TO_NEAREST_INT,
-    >(v));
-
-    /// 16-bit values in [`Avx512F32`]'s sixteen float32 lanes: `widen` turns 16 values
-    /// (an `__m256i`) into float32 lanes exactly, `narrow` rounds 16 lanes back (the
-    /// roundings of [`stored_16`]); a short row is a masked 16-bit load or store
-    /// (AVX-512 BW/VL), so nothing past `len` is touched.
-    macro_rules! stored_16_512 {
-        ($e:ty, |$w:ident| $widen:expr, |$n:ident| $narrow:expr) => {
-            impl Stored<Avx512F32> for $e {
-                #[inline(always)]
-                unsafe fn splat(p: *const $e) -> Avx512F32 {
-                    // SAFETY: the trait's contract.
-                    unsafe {
-                        let $w = _mm256_set1_epi16((*p).to_bits() as i16);
-                        Avx512F32($widen)
-                    }
-                }
-                #[inline(always)]
-                unsafe fn load(p: *const $e, len: usize) -> Avx512F32 {
-                    // SAFETY: the trait's contract; the masked-off values are not read.
-                    unsafe {
-                        let $w = if len == 16 {
-                            _mm256_loadu_si256(p.cast())
-                        } else {
-                            _mm256_maskz_loadu_epi16(((1u32 << len) - 1) as u16, p.cast())
-                        };
-                        Avx512F32($widen)
-                    }
-                }
-                #[inline(always)]
-                unsafe fn store(v: Avx512F32, p: *mut $e, len: usize) {
-                    // SAFETY: the trait's contract; the masked-off values are not
-                    // written.
-                    unsafe {
-                        let $n = v.0;
-                        let bits: __m256i = $narrow;
-                        if len == 16 {
-                            _mm256_storeu_si256(p.cast(), bits);
-                        } else {
-                            let mask = ((1u32 << len) - 1) as u16;
-                            _mm256_mask_storeu_epi16(p.cast(), mask, bits);
-                        }
-                    }
-                }
-            }
+    // Eight lanes: a short row through a stack copy (AVX2 has no 16-bit masks).
+    #[rustfmt::skip]
+    stored_16!(Avx2F32(__m128i, 8), _mm_set1_epi16, _mm_loadu_si128, _mm_storeu_si128,
+        |p, len| {
+            let mut t = [0u16; 8];
+            std::ptr::copy_nonoverlapping(p.cast::<u16>(), t.as_mut_ptr(), len);
+            _mm_loadu_si128(t.as_ptr().cast())
+        },
+        |p, bits, len| {
+            let mut t = [0u16; 8];
+            _mm_storeu_si128(t.as_mut_ptr().cast(), bits);
+            std::ptr::copy_nonoverlapping(t.as_ptr(), p.cast::<u16>(), len);
         };
-    }
-    stored_16_512!(
-        bf16,
-        |x| _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(x))),
-        |v| narrow_bf16_16(v)
+        bf16: |x| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(x))),
+            |v| amp_tensor::simd::bf16_bits8_avx2(v);
+        f16: |x| _mm256_cvtph_ps(x), |v| _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
     );
-    stored_16_512!(f16, |x| _mm512_cvtph_ps(x), |v| _mm512_cvtps_ph::<
-        _MM_FROUND_TO_NEAREST_INT,
-    >(v));
+    // Sixteen lanes: a short row as a masked 16-bit load or store (AVX-512 BW/VL).
+    #[rustfmt::skip]
+    stored_16!(Avx512F32(__m256i, 16), _mm256_set1_epi16, _mm256_loadu_si256, _mm256_storeu_si256,
+        |p, len| _mm256_maskz_loadu_epi16(((1u32 << len) - 1) as u16, p.cast()),
+        |p, bits, len| _mm256_mask_storeu_epi16(p.cast(), ((1u32 << len) - 1) as u16, bits);
+        bf16: |x| _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(x))),
+            |v| narrow_bf16_16(v);
+        f16: |x| _mm512_cvtph_ps(x), |v| _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
+    );
 
     /// [`super::direct16`] for bfloat16.
     ///
