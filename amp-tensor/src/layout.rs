@@ -111,7 +111,7 @@ impl Layout {
                 perm.len()
             )
         );
-        let mut seen = vec![false; n];
+        let mut seen = smallvec::SmallVec::<[bool; 8]>::from_elem(false, n);
         let mut dims = DimVec::with_capacity(n);
         let mut strides = DimVec::with_capacity(n);
         for &p in perm {
@@ -277,16 +277,28 @@ impl Layout {
     /// The strides of a view with shape `new` over these elements, if one exists
     /// without copying (PyTorch's `computeStride`).
     pub fn view_strides(&self, new: &[usize]) -> Option<Vec<usize>> {
+        self.view_dim_vec(new).map(DimVec::into_vec)
+    }
+
+    /// The view of these elements with shape `new` ([`Layout::view_strides`]), if one
+    /// exists without copying.
+    pub(crate) fn view(&self, new: &[usize]) -> Option<Layout> {
+        let strides = self.view_dim_vec(new)?;
+        Some(Layout::with_strides(new, strides, self.offset))
+    }
+
+    /// [`Layout::view_strides`], inline.
+    fn view_dim_vec(&self, new: &[usize]) -> Option<DimVec> {
         let old_dims = self.dims();
         let old_strides = &self.strides;
         let numel = self.elem_count();
         if old_dims.is_empty() {
-            return Some(vec![1; new.len()]);
+            return Some(DimVec::from_elem(1, new.len()));
         }
         if numel == 0 {
-            return Some(Shape::from(new).contiguous_strides());
+            return Some(Shape::from(new).contiguous_dim_vec());
         }
-        let mut new_strides = vec![0usize; new.len()];
+        let mut new_strides = DimVec::from_elem(0, new.len());
         let mut view_d = new.len() as isize - 1;
         let mut chunk_base_stride = *old_strides.last().unwrap();
         let mut tensor_numel = 1usize;

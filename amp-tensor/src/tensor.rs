@@ -728,8 +728,8 @@ impl Tensor {
     /// allow a view (use [`Tensor::reshape`]).
     pub fn view(&self, shape: impl IntoDims) -> Result<Tensor> {
         let dims = shape.resolve("view", self.elem_count())?;
-        match self.layout().view_strides(&dims) {
-            Some(strides) => Ok(self.view_of(Layout::new(dims, strides, self.layout().offset()))),
+        match self.layout().view(&dims) {
+            Some(layout) => Ok(self.view_of(layout)),
             None => Err(Error::invalid(
                 "view",
                 "view size is not compatible with input tensor's size and stride (at least one dimension spans across two contiguous subspaces). Use .reshape(...) instead.",
@@ -740,8 +740,8 @@ impl Tensor {
     /// Another shape over the same elements: a view when possible, else a copy.
     pub fn reshape(&self, shape: impl IntoDims) -> Result<Tensor> {
         let dims = shape.resolve("reshape", self.elem_count())?;
-        match self.layout().view_strides(&dims) {
-            Some(strides) => Ok(self.view_of(Layout::new(dims, strides, self.layout().offset()))),
+        match self.layout().view(&dims) {
+            Some(layout) => Ok(self.view_of(layout)),
             None => self.try_copy()?.view(dims),
         }
     }

@@ -1,6 +1,7 @@
 //! A tensor's shape and strides are held inline up to rank 4 (`Shape`, `Layout`): making
-//! a tensor from its data, or a view of one (`reshape` aside, which still builds its
-//! sizes in vectors), allocates only the tensor and, for new data, its storage. Counted per thread, so the other tests running beside these do
+//! a tensor from its data, or a view of one, allocates only the tensor and, for new
+//! data, its storage (`reshape` and `view` also build the sizes asked for, in the
+//! vectors of the public `IntoDims`). Counted per thread, so the other tests running beside these do
 //! not disturb the counts.
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -56,6 +57,13 @@ fn shapes_and_strides_of_up_to_four_dims_allocate_nothing() {
         "from_vec (the clone of the data, the storage, the tensor)"
     );
     assert_eq!(allocations(|| t.transpose(0, 3).unwrap()), 1, "transpose");
+    assert_eq!(
+        allocations(|| t.permute(&[0, 2, 1, 3]).unwrap()),
+        1,
+        "permute"
+    );
+    // `reshape` and `view` also build the sizes asked for (`IntoDims`'s vectors).
+    assert_eq!(allocations(|| t.reshape([6, 4, 5]).unwrap()), 3, "reshape");
     assert_eq!(allocations(|| t.narrow(1, 1, 2).unwrap()), 1, "narrow");
     assert_eq!(allocations(|| t.slice(2, 0, 4, 2).unwrap()), 1, "slice");
     assert_eq!(allocations(|| t.select(0, 1).unwrap()), 1, "select");
