@@ -473,18 +473,33 @@ fn ln_backward_chunk<C: Real + Num>(rows: &LnRows<'_, C>, chunk: &mut [C]) -> (V
         let r = first + k;
         let (gr, xr) = (&g[r * n..(r + 1) * n], &x[r * n..(r + 1) * n]);
         let (mu, rs) = (mean[r], rstd[r]);
-        for j in 0..n {
-            xh[j] = (xr[j] - mu) * rs;
-            gx[j] = match w {
-                Some(w) => gr[j] * w[j],
-                None => gr[j],
-            };
-            gw[j] = gw[j] + gr[j] * xh[j];
-            gb[j] = gb[j] + gr[j];
-            t[j] = gx[j] * xh[j];
+        // Every slice cut to `n` first: with the bounds the compiler can see, the loop is
+        // vectorised (indexing the vectors themselves left it scalar, 60% of the
+        // kernel's time on a Zen 4 at [2048, 128]).
+        let (xh, gx, t) = (&mut xh[..n], &mut gx[..n], &mut t[..n]);
+        let (gw, gb) = (&mut gw[..n], &mut gb[..n]);
+        match w.map(|w| &w[..n]) {
+            Some(w) => {
+                for j in 0..n {
+                    xh[j] = (xr[j] - mu) * rs;
+                    gx[j] = gr[j] * w[j];
+                    gw[j] = gw[j] + gr[j] * xh[j];
+                    gb[j] = gb[j] + gr[j];
+                    t[j] = gx[j] * xh[j];
+                }
+            }
+            None => {
+                for j in 0..n {
+                    xh[j] = (xr[j] - mu) * rs;
+                    gx[j] = gr[j];
+                    gw[j] = gw[j] + gr[j] * xh[j];
+                    gb[j] = gb[j] + gr[j];
+                    t[j] = gx[j] * xh[j];
+                }
+            }
         }
-        let (a, b) = (lane_sum(&gx) / nc, lane_sum(&t) / nc);
-        for ((o, &gxj), &xhj) in out.iter_mut().zip(&gx).zip(&xh) {
+        let (a, b) = (lane_sum(gx) / nc, lane_sum(t) / nc);
+        for ((o, &gxj), &xhj) in out.iter_mut().zip(gx.iter()).zip(xh.iter()) {
             *o = rs * (gxj - a - xhj * b);
         }
     }
@@ -687,6 +702,57 @@ mod tests {
             }
             let got = wide_sum(&xs, |v| v * v);
             assert_eq!(got.to_bits(), lane_sum(&lanes).to_bits(), "n = {n}");
+        }
+    }
+
+    /// The layer-norm backward's vector forms (AVX-512 and AVX2, as the CPU has them)
+    /// give the bits of the baseline form: the input gradient and the partial weight
+    /// and bias gradients, with a weight and without, on rows with a vector tail.
+    #[test]
+    fn ln_backward_forms_give_the_baseline_bits() {
+        let (rows, n) = (7usize, 75usize);
+        let val = |i: usize, k: usize| ((i * k % 997) as f32 - 498.0) * 3.1e-3 + (i as f32).cos();
+        let g: Vec<f32> = (0..rows * n).map(|i| val(i, 31)).collect();
+        let x: Vec<f32> = (0..rows * n).map(|i| val(i, 17)).collect();
+        let w: Vec<f32> = (0..n).map(|i| 0.5 + val(i, 7) * 0.1).collect();
+        let mean: Vec<f32> = (0..rows).map(|r| val(r, 3) * 0.1).collect();
+        let rstd: Vec<f32> = (0..rows).map(|r| 1.0 + val(r, 5).abs()).collect();
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        for w in [Some(&w[..]), None] {
+            let lr = LnRows {
+                g: &g,
+                x: &x,
+                mean: &mean,
+                rstd: &rstd,
+                w,
+                n,
+                first: 0,
+            };
+            let mut want = vec![0f32; rows * n];
+            let (ww, wb) = ln_backward_chunk(&lr, &mut want);
+            #[allow(clippy::type_complexity)]
+            let mut forms: Vec<(
+                &str,
+                unsafe fn(&LnRows<'_, f32>, &mut [f32]) -> (Vec<f32>, Vec<f32>),
+            )> = Vec::new();
+            #[cfg(target_arch = "x86_64")]
+            {
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    forms.push(("avx512", ln_backward_chunk_avx512::<f32>));
+                }
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    forms.push(("avx2", ln_backward_chunk_avx2::<f32>));
+                }
+            }
+            for (name, form) in forms {
+                let mut got = vec![0f32; rows * n];
+                // SAFETY: the CPU has the form's features (checked above).
+                let (gw, gb) = unsafe { form(&lr, &mut got) };
+                let what = format!("{name}, weight {}", w.is_some());
+                assert_eq!(bits(&got), bits(&want), "input gradient, {what}");
+                assert_eq!(bits(&gw), bits(&ww), "weight gradient, {what}");
+                assert_eq!(bits(&gb), bits(&wb), "bias gradient, {what}");
+            }
         }
     }
 }
