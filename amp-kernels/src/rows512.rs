@@ -38,7 +38,7 @@ use crate::reduce::{as_same, as_same_mut, for_row_blocks};
 
 use crate::half16::lanes::narrow_bf16_16;
 use crate::vmath;
-use crate::vmath::EXP_POLY;
+use crate::vmath::{EXP_HI, EXP_LO, EXP_POLY};
 
 /// Whether the CPU has the features the kernels are compiled with.
 pub(crate) fn available() -> bool {
@@ -210,8 +210,6 @@ unsafe fn pow2(t: __m512) -> __m512 {
     }
 }
 
-const EXP_LO: f32 = -87.336_55;
-const EXP_HI: f32 = 88.376_26;
 const MAGIC: f32 = 12_582_912.0;
 
 /// `(y, t)` of [`vmath::exp`] (`FMA = false`, no fused operations) or

@@ -18,16 +18,20 @@
 //! tables.
 use std::mem::MaybeUninit;
 
+/// Below this `exp` is 0 (`ln(2^-126)`, the smallest normal result): every exponential
+/// here and in the row kernels (`rows512`) flushes there.
+pub(crate) const EXP_LO: f32 = -87.336_55;
+/// Above this `exp` is `+inf` (`127.5 · ln 2`).
+pub(crate) const EXP_HI: f32 = 88.376_26;
+
 /// `exp(x)`, vectorisable: Cephes' `expf` polynomial (about 1 ulp) with the power of
 /// two built from the exponent bits. Below `ln(2^-126)` the result is 0 (so `exp(-inf)`
 /// is exactly 0, as masked softmax needs); above `127.5 * ln 2` (≈ 88.38) it is +inf;
 /// NaN propagates.
 #[inline(always)]
 pub(crate) fn exp(x: f32) -> f32 {
-    const LO: f32 = -87.336_55;
-    const HI: f32 = 88.376_26;
     const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
-    let xc = x.clamp(LO, HI); // NaN stays NaN
+    let xc = x.clamp(EXP_LO, EXP_HI); // NaN stays NaN
     let t = xc * std::f32::consts::LOG2_E + MAGIC;
     let n = t - MAGIC;
     let r = xc - n * 0.693_359_4 - n * -2.121_944_4e-4;
@@ -36,9 +40,9 @@ pub(crate) fn exp(x: f32) -> f32 {
     let y = p * (r * r) + r + 1.0;
     // The low mantissa bits of `t` hold n; (n + 127) << 23 is 2^n.
     let pow2 = f32::from_bits(t.to_bits().wrapping_sub(0x4B40_0000 - 127) << 23);
-    if x < LO {
+    if x < EXP_LO {
         0.0
-    } else if x > HI {
+    } else if x > EXP_HI {
         f32::INFINITY
     } else {
         y * pow2
@@ -93,12 +97,10 @@ fn exp_fma(x: f32) -> f32 {
 #[cfg(test)]
 #[inline(always)]
 pub(crate) fn exp_fma_checked(x: f32) -> f32 {
-    const LO: f32 = -87.336_55;
-    const HI: f32 = 88.376_26;
-    let y = exp_fma(x.clamp(LO, HI)); // NaN stays NaN
-    if x < LO {
+    let y = exp_fma(x.clamp(EXP_LO, EXP_HI)); // NaN stays NaN
+    if x < EXP_LO {
         0.0
-    } else if x > HI {
+    } else if x > EXP_HI {
         f32::INFINITY
     } else {
         y
@@ -112,9 +114,8 @@ pub(crate) fn exp_fma_checked(x: f32) -> f32 {
 /// callers compiled with FMA.
 #[inline(always)]
 pub(crate) fn exp_fma_le0(x: f32) -> f32 {
-    const LO: f32 = -87.336_55;
     let y = exp_fma(x);
-    if x < LO {
+    if x < EXP_LO {
         0.0
     } else {
         y
@@ -849,7 +850,7 @@ mod tests {
 
     #[test]
     fn exp_fma_le0_is_exp_fma_checked_at_or_below_zero() {
-        let specials = [0.0, -0.0, -87.336_55, -87.336_56, -1e-40, -1e30, f32::MIN];
+        let specials = [0.0, -0.0, EXP_LO, -87.336_56, -1e-40, -1e30, f32::MIN];
         let nans = [f32::NAN, -f32::NAN, f32::from_bits(0x7FA0_0001)];
         let sweep = (0..400_000).map(|i| -110.0 + i as f32 * 0.000_275);
         let xs = sweep.chain(specials).chain(nans).chain([f32::NEG_INFINITY]);

@@ -353,7 +353,7 @@ impl Layout {
         if n == 0 || self.is_contiguous() {
             return n;
         }
-        let (dims, _) = self.coalesced();
+        let (dims, _) = self.coalesced_inline();
         dims[dims.len() - 1]
     }
 
@@ -372,7 +372,7 @@ impl Layout {
         if let Some(r) = self.contiguous_range() {
             return f(r.start, n, 1);
         }
-        let (dims, strides) = self.coalesced();
+        let (dims, strides) = self.coalesced_inline();
         let rank = dims.len();
         let (inner, inner_stride) = (dims[rank - 1], strides[rank - 1]);
         let outer = &dims[..rank - 1];
@@ -407,8 +407,15 @@ impl Layout {
     /// dim); at least one dim. The same elements in the same order (the CUDA kernels'
     /// strided arguments are built from it).
     pub fn coalesced(&self) -> (Vec<usize>, Vec<usize>) {
-        let mut dims: Vec<usize> = Vec::with_capacity(self.rank());
-        let mut strides: Vec<usize> = Vec::with_capacity(self.rank());
+        let (dims, strides) = self.coalesced_inline();
+        (dims.into_vec(), strides.into_vec())
+    }
+
+    /// [`Layout::coalesced`], inline: the run iteration computes it once per call (and
+    /// once per part of a split gather) without allocating.
+    fn coalesced_inline(&self) -> (DimVec, DimVec) {
+        let mut dims = DimVec::new();
+        let mut strides = DimVec::new();
         for (&d, &s) in self.dims().iter().zip(&self.strides) {
             if d == 1 {
                 continue;
@@ -425,7 +432,7 @@ impl Layout {
             }
         }
         if dims.is_empty() {
-            (vec![1], vec![1])
+            (DimVec::from_slice(&[1]), DimVec::from_slice(&[1]))
         } else {
             (dims, strides)
         }
