@@ -8,8 +8,10 @@
 //! Inputs are `[B, L, E]` queries, `[B, S, E]` keys and `[B, S, Ev]` values
 //! (contiguous; the caller flattens and broadcasts leading dims), an optional additive
 //! bias `[1 or B, L, S]` (a boolean mask is `0` / `-inf`), the causal flag (query `i`
-//! sees keys `0..=i`, PyTorch's top-left `tril`) and the scale. A row whose keys are
-//! all masked gives NaN, as `softmax` over `-inf` scores does.
+//! sees keys `0..=i`, PyTorch's top-left `tril`) and the scale. A row whose scores are
+//! all `-inf` (every key masked) gives zeros and no gradient, as PyTorch's attention
+//! does (its `_safe_softmax`; a plain `softmax` over such a row is NaN); its
+//! log-sum-exp is `-inf`.
 
 use std::sync::Mutex;
 
@@ -34,6 +36,17 @@ pub struct FlashOptions<'a> {
     pub causal: bool,
     /// An additive bias `[1 or B, L, S]` (any floating dtype).
     pub bias: Option<&'a Tensor>,
+}
+
+/// The larger of `a` and `b`, NaN if either is (so a NaN score makes its row NaN, as
+/// in `softmax`, instead of being skipped by `f32::max`).
+#[inline(always)]
+fn max_nan<C: Real>(a: C, b: C) -> C {
+    if b.is_nan() || b > a {
+        b
+    } else {
+        a
+    }
 }
 
 /// The shapes, checked: `(B, L, S, E, Ev)`.
@@ -176,8 +189,8 @@ impl<C: Real> Batch<'_, C> {
                 self.scores(i0, i1, j0, j1, &mut sc);
                 for r in 0..i1 - i0 {
                     let row = &mut sc[r * BK..r * BK + (j1 - j0)];
-                    let bmax = row.iter().fold(C::neg_infinity(), |a, &x| a.max(x));
-                    let m_new = m[r].max(bmax);
+                    let bmax = row.iter().fold(C::neg_infinity(), |a, &x| max_nan(a, x));
+                    let m_new = max_nan(m[r], bmax);
                     if m_new == C::neg_infinity() {
                         row.fill(C::zero()); // nothing visible yet in this row
                         continue;
@@ -199,6 +212,11 @@ impl<C: Real> Batch<'_, C> {
                 product(i1 - i0, ev, j1 - j0, acc, ev, true, p, v);
             }
             for r in 0..i1 - i0 {
+                if m[r] == C::neg_infinity() {
+                    // Every score -inf: the row stays 0 (`acc` was never added to).
+                    lse[i0 + r] = C::neg_infinity();
+                    continue;
+                }
                 let inv = C::one() / sum[r];
                 for o in &mut acc[r * ev..(r + 1) * ev] {
                     *o = *o * inv;
@@ -236,7 +254,12 @@ impl<C: Real> Batch<'_, C> {
                 let bq = i1 - i0;
                 self.scores(i0, i1, j0, j1, &mut p);
                 for (r, i) in (i0..i1).enumerate() {
-                    for x in &mut p[r * BK..r * BK + nk] {
+                    let row = &mut p[r * BK..r * BK + nk];
+                    if lse[i] == C::neg_infinity() {
+                        row.fill(C::zero()); // a row with every key masked: probability 0
+                        continue;
+                    }
+                    for x in row {
                         *x = (*x - lse[i]).exp_v();
                     }
                 }

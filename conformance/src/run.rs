@@ -13,31 +13,35 @@ use crate::suite::{self, guarded, Outcome};
 use crate::vectors::{Cases, Suite, VectorFile};
 use crate::ConformanceError;
 
+/// `(name, text)` of each named file of `conformance/data/`, embedded at build time.
+macro_rules! embedded {
+    ($($name:literal),* $(,)?) => {
+        [$(($name, include_str!(concat!("../data/", $name)))),*]
+    };
+}
+
 /// The built-in copy of the vectors (`conformance/data/`), embedded at build time:
-/// `(file name, text)`, sorted by name as [`load_dir`] sorts a directory's files.
-pub const BUILTIN: [(&str, &str); 10] = [
-    (
-        "autocast_cpu.json",
-        include_str!("../data/autocast_cpu.json"),
-    ),
-    ("errors.json", include_str!("../data/errors.json")),
-    (
-        "errors_variants.json",
-        include_str!("../data/errors_variants.json"),
-    ),
-    ("grad_f32.json", include_str!("../data/grad_f32.json")),
-    ("grad_f64.json", include_str!("../data/grad_f64.json")),
-    (
-        "grad_layers_f32.json",
-        include_str!("../data/grad_layers_f32.json"),
-    ),
-    (
-        "grad_layers_f64.json",
-        include_str!("../data/grad_layers_f64.json"),
-    ),
-    ("policy.json", include_str!("../data/policy.json")),
-    ("scaler.json", include_str!("../data/scaler.json")),
-    ("train.json", include_str!("../data/train.json")),
+/// `(file name, text)`, sorted by name as [`load_dir`] sorts a directory's files. The
+/// `*_values.json` files are `tools/value_variants.py`'s: every case of the file of the
+/// same stem again with other input values, its expectations computed by PyTorch.
+pub const BUILTIN: [(&str, &str); 17] = embedded![
+    "autocast_cpu.json",
+    "autocast_cpu_values.json",
+    "errors.json",
+    "errors_variants.json",
+    "grad_f32.json",
+    "grad_f32_values.json",
+    "grad_f64.json",
+    "grad_f64_values.json",
+    "grad_layers_f32.json",
+    "grad_layers_f32_values.json",
+    "grad_layers_f64.json",
+    "grad_layers_f64_values.json",
+    "policy.json",
+    "scaler.json",
+    "scaler_values.json",
+    "train.json",
+    "train_values.json",
 ];
 
 /// The built-in vector files, parsed once per process.

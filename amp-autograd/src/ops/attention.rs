@@ -17,7 +17,7 @@ use amp_tensor::{DType, Generator};
 
 use super::matmul::matmul;
 use super::names::SDPA;
-use super::nn::{dropout, softmax};
+use super::nn::{dropout, safe_softmax};
 use super::pointwise::*;
 use super::reduce::sum;
 use super::shape::transpose;
@@ -192,7 +192,7 @@ fn probabilities(
         Some(m) => w = add(&w, m)?,
         None => {}
     }
-    softmax(&w, -1, None)
+    safe_softmax(&w)
 }
 
 /// `softmax(scale · w)` over the last dim, causally masked with `causal`, as one op

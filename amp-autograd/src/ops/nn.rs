@@ -35,15 +35,57 @@ fn softmax_or_log(x: &Tensor, dim: i64, log: bool) -> Result<Tensor> {
         )
     };
     let out = forward(x.data(), dim, None)?;
+    Ok(record_softmax(x, out, dim, log, backward, name))
+}
+
+/// PyTorch's `_safe_softmax` over the last dim, the softmax of its math attention: a row
+/// whose elements are all `-inf` (every key masked) gives zeros, not NaN, and so no
+/// gradient (the softmax backward `y (g - Σ g y)` is 0 where `y` is). A row is all `-inf`
+/// exactly when its maximum is (a NaN makes the maximum NaN).
+pub(crate) fn safe_softmax(x: &Tensor) -> Result<Tensor> {
+    use amp_kernels::CmpOp;
+    let raw = x.data();
+    let mut out = amp_kernels::softmax(raw, -1, None)?;
+    let dead = amp_kernels::compare_scalar(
+        CmpOp::Eq,
+        &amp_kernels::amax(raw, &[-1], true)?,
+        f64::NEG_INFINITY,
+    )?;
+    // On the host, the rewrite only where a row is dead; a device always rewrites (no
+    // read back).
+    if !dead.device().is_cpu() || dead.try_to_vec_as::<bool>()?.contains(&true) {
+        let zero = Raw::scalar_of(0.0, out.dtype()).to_device(out.device())?;
+        out = amp_kernels::where_cond(&dead, &zero, &out)?;
+    }
+    Ok(record_softmax(
+        x,
+        out,
+        -1,
+        false,
+        amp_kernels::softmax_backward,
+        "SafeSoftmaxBackward0",
+    ))
+}
+
+/// Records a softmax (`log`: log-softmax) output `out` of `x` along `dim`, keeping only
+/// the output; `backward` is the fused kernel of the backward.
+fn record_softmax(
+    x: &Tensor,
+    out: Raw,
+    dim: i64,
+    log: bool,
+    backward: fn(&Raw, &Raw, i64) -> amp_tensor::Result<Raw>,
+    name: &'static str,
+) -> Tensor {
     let y = SavedOutput::new(&out, 0);
-    Ok(record(out, name, &[x], move |g| {
+    record(out, name, &[x], move |g| {
         let y = y.get();
         Ok(vec![Some(match (is_grad_enabled(), log) {
             (false, _) => Tensor::from_raw(backward(g.data(), y.data(), dim)?),
             (true, false) => mul(&y, &sub(g, &sum(&mul(g, &y)?, &[dim], true, None)?)?)?,
             (true, true) => sub(g, &mul(&exp(&y)?, &sum(g, &[dim], true, None)?)?)?,
         })])
-    }))
+    })
 }
 
 /// A softmax kernel, its backward, and the backward node's name.

@@ -1140,6 +1140,117 @@ fn attention_matches_a_reference_and_refuses_bad_options() {
     assert!(e.to_string().contains("No available kernel"), "{e}");
 }
 
+/// A query row whose keys are all masked (a boolean row of `false`, a float row of
+/// `-inf`) gives zeros and no gradient on both paths, as PyTorch's attention does (its
+/// `_safe_softmax`; `softmax` alone gives NaN there); the other rows are the attention
+/// of their keys, and second derivatives stay finite. A NaN in a query still makes its
+/// row NaN on both paths (the blocked loop's maximum used to skip NaN scores).
+#[test]
+fn attention_rows_with_every_key_masked_are_zero() {
+    let mut gen = Generator::new(5);
+    let (l, s, e, ev) = (4, 70, 3, 2);
+    let (q, k, v) = (
+        randn_leaf(&[2, l, e], &mut gen),
+        randn_leaf(&[2, s, e], &mut gen),
+        randn_leaf(&[2, s, ev], &mut gen),
+    );
+    // Row 1 sees no key; the others every key but those divisible by 3.
+    let keep: Vec<bool> = (0..l * s).map(|i| i / s != 1 && (i % s) % 3 != 0).collect();
+    let bias: Vec<f64> = keep
+        .iter()
+        .map(|&t| if t { 0.0 } else { f64::NEG_INFINITY })
+        .collect();
+    let keep = Tensor::from_vec(keep, [l, s]).unwrap();
+    let bias = Tensor::from_vec(bias, [l, s]).unwrap();
+    let run = |q: &Tensor, mask: &Tensor, backend| {
+        let opts = ops::Attention {
+            attn_mask: Some(mask),
+            backend,
+            ..Default::default()
+        };
+        ops::scaled_dot_product_attention(q, &k, &v, opts).unwrap()
+    };
+    let paths = [ops::SdpBackend::Math, ops::SdpBackend::Flash];
+    let mut outs = Vec::new();
+    for mask in [&keep, &bias] {
+        for backend in paths {
+            let what = format!("{:?} mask, {backend:?}", mask.dtype());
+            let y = run(&q, mask, backend);
+            let yv = vals(&y);
+            for b in 0..2 {
+                let row = &yv[(b * l + 1) * ev..(b * l + 2) * ev];
+                assert!(row.iter().all(|&x| x == 0.0), "{what}: {row:?}");
+            }
+            // Row 0 against the attention of its visible keys alone.
+            let (qv, kv, vv) = (vals(&q), vals(&k), vals(&v));
+            let js: Vec<usize> = (0..s).filter(|j| j % 3 != 0).collect();
+            let sc: Vec<f64> = js
+                .iter()
+                .map(|&j| (0..e).map(|t| qv[t] * kv[j * e + t]).sum::<f64>() / (e as f64).sqrt())
+                .collect();
+            let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = sc.iter().map(|x| (x - m).exp()).sum();
+            let want: Vec<f64> = (0..ev)
+                .map(|c| {
+                    js.iter()
+                        .zip(&sc)
+                        .map(|(&j, x)| (x - m).exp() / z * vv[j * ev + c])
+                        .sum()
+                })
+                .collect();
+            assert_near(&yv[..ev], &want, 1e-12, &what);
+            let g = grad(
+                &[ops::sum(&ops::mul(&y, &y).unwrap(), &[], false, None).unwrap()],
+                &[q.clone(), k.clone(), v.clone()],
+                &[None],
+                GradOptions::default(),
+            )
+            .unwrap();
+            let g: Vec<Vec<f64>> = g.iter().map(|t| vals(t.as_ref().unwrap())).collect();
+            assert!(g.iter().flatten().all(|x| x.is_finite()), "{what}");
+            for b in 0..2 {
+                let dq_row = &g[0][(b * l + 1) * e..(b * l + 2) * e];
+                assert!(dq_row.iter().all(|&x| x == 0.0), "{what}: {dq_row:?}");
+            }
+            outs.push((what, yv, g));
+        }
+    }
+    for (what, y, g) in &outs[1..] {
+        assert_near(y, &outs[0].1, 1e-12, what);
+        for (a, b) in g.iter().zip(&outs[0].2) {
+            assert_near(a, b, 1e-12, what);
+        }
+    }
+    // Second derivatives through the dead row: finite, by the gradient checker.
+    for backend in paths {
+        let small = [
+            randn_leaf(&[l, e], &mut gen),
+            randn_leaf(&[5, e], &mut gen),
+            randn_leaf(&[5, ev], &mut gen),
+        ];
+        let keep5: Vec<bool> = (0..l * 5).map(|i| i / 5 != 1 && i % 5 != 2).collect();
+        let keep5 = Tensor::from_vec(keep5, [l, 5]).unwrap();
+        let f5 = |x: &[Tensor]| -> Result<Tensor> {
+            let opts = ops::Attention {
+                attn_mask: Some(&keep5),
+                backend,
+                ..Default::default()
+            };
+            ops::scaled_dot_product_attention(&x[0], &x[1], &x[2], opts)
+        };
+        check_grads(&f5, &small, true);
+    }
+    // A NaN query: its row is NaN, the others are not, on both paths.
+    let mut qn = vals(&q);
+    qn[2 * e] = f64::NAN;
+    let qn = Tensor::from_vec(qn, [2, l, e]).unwrap();
+    for backend in paths {
+        let y = vals(&run(&qn, &keep, backend));
+        assert!(y[2 * ev..3 * ev].iter().all(|x| x.is_nan()), "{backend:?}");
+        assert!(y[..ev].iter().all(|x| x.is_finite()), "{backend:?}");
+    }
+}
+
 /// The block-at-a-time attention (the flash path: no dropout) against the same formula
 /// written with the differentiable ops (matmul, softmax), forward and gradients, in
 /// float64 and float32 (bfloat16: within its rounding): several key and query blocks

@@ -390,11 +390,12 @@ fn real_torch_dot_vectors_pass_and_the_rest_is_skipped() {
     let report = run_files(&tape(), &grad_files);
     let grad = report.suite(Suite::Grad);
     assert!(report.passed(), "{report}");
-    // dot/float64/1 (with second-order grads) and dot/float32/2.
-    assert_eq!(grad.passed, 2, "{report}");
+    // dot/float64/1 (with second-order grads) and dot/float32/2, and their value
+    // variants.
+    assert_eq!(grad.passed, 4, "{report}");
     // Every other grad case (all the embedded grad files) is skipped, none hidden.
     let cases: usize = grad_files.iter().map(|f| f.cases.len()).sum();
-    assert_eq!(grad.skipped.len(), cases - 2, "{report}");
+    assert_eq!(grad.skipped.len(), cases - 4, "{report}");
     assert!(grad
         .skipped
         .iter()
@@ -677,7 +678,7 @@ fn a_device_run_skips_missing_kernels_and_host_only_suites_and_counts_them() {
     assert!(text.contains("on cuda:0  no kernel  files"), "{text}");
     assert!(
         text.contains(
-            "\non cuda:0: 2 cases ran, 2 skipped for lack of a device kernel, 640 not run there\n"
+            "\non cuda:0: 2 cases ran, 2 skipped for lack of a device kernel, 906 not run there\n"
         ),
         "{text}"
     );
@@ -694,7 +695,7 @@ fn a_device_run_skips_missing_kernels_and_host_only_suites_and_counts_them() {
     assert!(
         text.contains(concat!(
             "  scaler: host-only: the GradScaler programs build cpu tensors ",
-            "(the cpu run checks them) (28): every case of scaler.json\n"
+            "(the cpu run checks them) (56): every case of scaler.json, scaler_values.json\n"
         )),
         "{text}"
     );

@@ -1,0 +1,317 @@
+"""Value variants of the vector files: every case again with other numbers, its
+expectations computed by PyTorch itself (the way `torch_runner.py` replays a case).
+
+PyTorch's vectors are kept aside with other values as well; a port that passes its copy of
+the files only because of the particular numbers in them fails these. A variant keeps the
+case's op, call, shapes, dtypes, non-tensor arguments, integer and boolean tensors
+(indices, targets, masks), tolerances and program; each floating-point tensor is redrawn:
+its elements permuted and each finite one multiplied by a factor drawn from [0.5, 1)
+(so a value keeps its sign and the domain of ops such as `log`, `acos` or `log1p`), then
+rounded to the tensor's dtype. Infinities and NaNs keep their count and move with the
+permutation. A variant PyTorch refuses, or whose expectations PyTorch does not reproduce
+on a second replay (`torch_runner.py`'s check), is left out and counted.
+
+usage: python value_variants.py [--seed S] [--per-case K] IN.json [...] OUTDIR
+       (each IN.json's variants go to OUTDIR/<name>_values.json; needs torch, CPU)"""
+import argparse
+import contextlib
+import copy
+import json
+import math
+import os
+import random
+import sys
+import warnings
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_runner as tr  # noqa: E402
+
+warnings.filterwarnings("ignore")
+
+NAME = {v: k for k, v in tr.DT.items()}
+
+
+def num(v):
+    """A JSON number or the format's string for a non-finite float."""
+    if math.isnan(v):
+        return "nan"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return v
+
+
+def lit(t, requires_grad=None):
+    """The tensor literal of `t` (its values exactly: they are read from its dtype)."""
+    t = t.detach()
+    if t._is_zerotensor():  # autograd's efficient zeros have no storage to read
+        t = torch.zeros(t.shape, dtype=t.dtype)
+    t = t.contiguous()
+    if t.dtype.is_floating_point:
+        data = [num(v) for v in t.double().reshape(-1).tolist()]
+    else:
+        data = t.reshape(-1).tolist()
+    out = {"dtype": NAME[t.dtype], "shape": list(t.shape), "data": data}
+    if requires_grad:
+        out["requires_grad"] = True
+    return out
+
+
+# Ops whose inputs have structure a permutation breaks (a positive-definite matrix): their
+# tensors are only scaled, all by one factor.
+SCALED_ONLY = ("cholesky",)
+
+
+def redraw(x, rng, whole=False):
+    """`x` (any argument value) with each floating-point tensor literal redrawn (`whole`:
+    scaled by one factor, not permuted)."""
+    if tr.is_tensor_lit(x):
+        if not tr.DT[x["dtype"]].is_floating_point or not x["data"]:
+            return x
+        vals = [float(v) for v in x["data"]]
+        if whole:
+            f = rng.uniform(0.5, 1.0)
+            vals = [v * f for v in vals]
+        else:
+            rng.shuffle(vals)
+            vals = [v * rng.uniform(0.5, 1.0) if math.isfinite(v) else v for v in vals]
+        t = torch.tensor(vals, dtype=torch.float64).to(tr.DT[x["dtype"]]).reshape(x["shape"])
+        return lit(t, x.get("requires_grad"))
+    if isinstance(x, list):
+        return [redraw(v, rng, whole) for v in x]
+    if isinstance(x, dict):
+        return {k: redraw(v, rng, whole) for k, v in x.items()}
+    return x
+
+
+def like(shape_of, tensors):
+    """`tensors` as a list, or its one element where the original expectation was one
+    literal rather than a list."""
+    if isinstance(shape_of, list):
+        return tensors
+    return tensors[0]
+
+
+def expect_autocast(case):
+    args = [tr.arg(a) for a in case["args"]]
+    kwargs = {k: tr.arg(v) for k, v in case["kwargs"].items()}
+    with contextlib.ExitStack() as es:
+        for st in case["autocast"]:
+            dt = tr.DT[st["dtype"]] if st.get("dtype") else None
+            es.enter_context(torch.autocast(case["device"], dtype=dt, enabled=st["enabled"]))
+        res = tr.call(case["call"], args, kwargs)
+    case["expect"]["output"] = like(case["expect"]["output"], [lit(o) for o in tr.outs(res)])
+
+
+def expect_grad(case):
+    if "second_order_grads" in case["expect"]:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        with sdpa_kernel(SDPBackend.MATH):
+            return expect_grad_in(case)
+    return expect_grad_in(case)
+
+
+def expect_grad_in(case):
+    leaves = []
+    args = [tr.arg(a, leaves) for a in case["args"]]
+    kwargs = {k: tr.arg(v) for k, v in case["kwargs"].items()}
+    o = tr.outs(tr.call(case["call"], args, kwargs))
+    e = case["expect"]
+    e["output"] = like(e["output"], [lit(t) for t in o])
+    go = case["grad_output"]
+    gouts = [tr.tensor(x) for x in (go if isinstance(go, list) else [go])]
+    second = "second_order_grads" in e
+    grads = torch.autograd.grad(o, leaves, gouts, allow_unused=True, create_graph=second)
+    e["grads"] = [None if g is None else lit(g) for g in grads]
+    if not second:
+        return
+    pen = [(g * g).sum() for g in grads if g is not None and g.requires_grad]
+    if not pen:
+        raise ValueError("no first-order gradient depends on an input")
+    g2 = torch.autograd.grad(sum(pen), leaves, allow_unused=True)
+    e["second_order_grads"] = [None if g is None else lit(g) for g in g2]
+
+
+def expect_train(case):
+    layers, params = [], []
+    for spec in case["model"]:
+        if spec["type"] == "linear":
+            w = tr.tensor(spec["weight"]).requires_grad_(True)
+            b = tr.tensor(spec["bias"]).requires_grad_(True)
+            params += [w, b]
+            layers.append(lambda x, w=w, b=b: torch.nn.functional.linear(x, w, b))
+        else:
+            layers.append({"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid,
+                           "gelu": torch.nn.functional.gelu}[spec["type"]])
+    o = case["optimizer"]
+    opt = torch.optim.SGD(params, lr=o["lr"], momentum=o["momentum"])
+    scaler = torch.amp.GradScaler("cpu", **case["scaler"])
+    acc = case["accumulate"]
+    losses, scales, skipped = [], [], []
+    step = 0
+    for i, b in enumerate(case["batches"]):
+        x, y = tr.tensor(b["input"]), tr.tensor(b["target"])
+        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if case["autocast"] else contextlib.nullcontext()
+        with ctx:
+            h = x
+            for f in layers:
+                h = f(h)
+            loss = torch.nn.functional.mse_loss(h, y)
+        losses.append(loss.item())
+        scaler.scale(loss / acc).backward()
+        if (i + 1) % acc:
+            continue
+        for inj in case["inject_inf"]:
+            if inj["step"] == step:
+                params[inj["param"]].grad.fill_(float("inf"))
+        if case["clip_grad_norm"] is not None:
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(params, case["clip_grad_norm"])
+        before = [p.detach().clone() for p in params]
+        scaler.step(opt)
+        skipped.append(all(torch.equal(bb, p.detach()) for bb, p in zip(before, params)))
+        scaler.update()
+        scales.append(scaler.get_scale())
+        opt.zero_grad(set_to_none=True)
+        step += 1
+    e = case["expect"]
+    e["losses"], e["scales"], e["skipped"] = losses, scales, skipped
+    e["final_params"] = like(e["final_params"], [lit(p) for p in params])
+
+
+def expect_scaler(case):
+    """Replays the program, writing what PyTorch does into each action's expectation; an
+    action expected to fail must still fail with the same text (else the variant is
+    dropped)."""
+    if "expect_init_error" in case:
+        return
+    scaler = torch.amp.GradScaler("cpu", **case["init"])
+    params, opts = {}, {}
+    for o in case["optimizers"]:
+        ps = [tr.tensor(p).requires_grad_(True) for p in o["params"]]
+        params[o["name"]] = ps
+        opts[o["name"]] = torch.optim.SGD(ps, lr=o["lr"])
+    for a in case["actions"]:
+        act = a["action"]
+        try:
+            if act == "scale":
+                inp = a["input"]
+                res = scaler.scale(tr.tensor(inp) if tr.is_tensor_lit(inp) else [tr.tensor(x) for x in inp])
+                got = [lit(r) for r in tr.outs(res)]
+                if "expect" in a:
+                    a["expect"] = like(a["expect"], got)
+            elif act == "set_grads":
+                for p, g in zip(params[a["optimizer"]], a["grads"]):
+                    p.grad = None if g is None else tr.tensor(g)
+            elif act == "unscale_":
+                scaler.unscale_(opts[a["optimizer"]])
+                if "expect_grads" in a:
+                    a["expect_grads"] = [None if p.grad is None else lit(p.grad) for p in params[a["optimizer"]]]
+            elif act == "step":
+                scaler.step(opts[a["optimizer"]])
+                skipped = False
+                if scaler.is_enabled():
+                    st = scaler._per_optimizer_states[id(opts[a["optimizer"]])]
+                    skipped = bool(sum(v.item() for v in st["found_inf_per_device"].values()))
+                if "expect_skipped" in a:
+                    a["expect_skipped"] = skipped
+                    a["expect_params"] = [lit(p) for p in params[a["optimizer"]]]
+            elif act == "update":
+                scaler.update(a.get("new_scale"))
+                if "expect_scale" in a:
+                    a["expect_scale"] = scaler.get_scale()
+                    a["expect_growth_tracker"] = scaler._get_growth_tracker()
+            elif act == "zero_grad":
+                opts[a["optimizer"]].zero_grad(set_to_none=True)
+            elif act == "get_scale":
+                if "expect" in a:
+                    a["expect"] = scaler.get_scale()
+            elif act == "state_dict":
+                if "expect" in a:
+                    a["expect"] = dict(scaler.state_dict())
+            elif act == "load_state_dict":
+                scaler.load_state_dict(a["state"])
+            elif act == "new_scaler":
+                scaler = torch.amp.GradScaler("cpu", **a["init"])
+            elif act == "set":
+                getattr(scaler, f"set_{a['field']}")(a["value"])
+            else:
+                raise ValueError(f"unknown action {act}")
+        except Exception as ex:  # noqa
+            if "expect_error" in a and a["expect_error"] in str(ex):
+                return
+            raise
+        if "expect_error" in a:
+            raise ValueError("the failing action no longer fails")
+
+
+def vary(suite, case, rng):
+    """A variant of `case` (its inputs redrawn, its expectations PyTorch's)."""
+    v = copy.deepcopy(case)
+    if suite in ("autocast", "grad"):
+        whole = any(w in v["op"] for w in SCALED_ONLY)
+        v["args"] = redraw(v["args"], rng, whole)
+        v["kwargs"] = redraw(v["kwargs"], rng, whole)
+        if suite == "grad":
+            v["grad_output"] = redraw(v["grad_output"], rng)
+            expect_grad(v)
+        else:
+            expect_autocast(v)
+    elif suite == "train":
+        v["model"] = redraw(v["model"], rng)
+        v["batches"] = redraw(v["batches"], rng)
+        expect_train(v)
+    elif suite == "scaler":
+        for o in v.get("optimizers", []):
+            o["params"] = redraw(o["params"], rng)
+        for a in v.get("actions", []):
+            if a["action"] in ("scale", "set_grads"):
+                key = "input" if a["action"] == "scale" else "grads"
+                a[key] = redraw(a[key], rng)
+        expect_scaler(v)
+    else:
+        raise ValueError(f"suite {suite} has no value variants")
+    return v
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--per-case", type=int, default=1)
+    p.add_argument("files", nargs="+")
+    a = p.parse_args()
+    *inputs, outdir = a.files
+    os.makedirs(outdir, exist_ok=True)
+    torch.manual_seed(a.seed)
+    for path in inputs:
+        doc = json.load(open(path))
+        suite = doc["suite"]
+        rng = random.Random(f"{a.seed}/{os.path.basename(path)}")
+        cases, dropped = [], []
+        for case in doc["cases"]:
+            for k in range(a.per_case):
+                try:
+                    v = vary(suite, case, rng)
+                    v["id"] = f"{case['id']}/values{a.seed}.{k}"
+                    m = tr.RUN[suite](v)
+                    if m:
+                        raise ValueError(f"PyTorch does not reproduce it: {m}")
+                    cases.append(v)
+                except Exception as ex:  # noqa
+                    dropped.append((case["id"], str(ex).splitlines()[0][:160]))
+        out = dict(doc)
+        out["source"] = f"torch {torch.__version__} (cpu), conformance/tools/value_variants.py --seed {a.seed}"
+        out["notes"] = (f"Value variants of {os.path.basename(path)}'s cases (inputs redrawn, "
+                        f"expectations computed by PyTorch). " + doc.get("notes", ""))
+        out["cases"] = cases
+        name = os.path.splitext(os.path.basename(path))[0]
+        with open(os.path.join(outdir, f"{name}_values.json"), "w") as f:
+            json.dump(out, f)
+        print(f"{path}: {len(cases)} variants, {len(dropped)} left out", file=sys.stderr)
+        for cid, why in dropped[:30]:
+            print(f"  left out {cid}: {why}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
