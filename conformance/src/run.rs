@@ -23,9 +23,12 @@ macro_rules! embedded {
 /// The built-in copy of the vectors (`conformance/data/`), embedded at build time:
 /// `(file name, text)`, sorted by name as [`load_dir`] sorts a directory's files. The
 /// `*_values.json` files are `tools/value_variants.py`'s: every case of the file of the
-/// same stem again with other input values, its expectations computed by PyTorch.
-pub const BUILTIN: [(&str, &str); 17] = embedded![
+/// same stem again with other input values, its expectations computed by PyTorch;
+/// `autocast_cpu_scenarios.json` is its `--scenarios` (float16 autocast, float64,
+/// float16 and mixed-dtype inputs).
+pub const BUILTIN: [(&str, &str); 18] = embedded![
     "autocast_cpu.json",
+    "autocast_cpu_scenarios.json",
     "autocast_cpu_values.json",
     "errors.json",
     "errors_variants.json",

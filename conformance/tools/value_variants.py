@@ -11,7 +11,16 @@ rounded to the tensor's dtype. Infinities and NaNs keep their count and move wit
 permutation. A variant PyTorch refuses, or whose expectations PyTorch does not reproduce
 on a second replay (`torch_runner.py`'s check), is left out and counted.
 
-usage: python value_variants.py [--seed S] [--per-case K] IN.json [...] OUTDIR
+With `--scenarios`, an autocast file gets scenario variants instead (to
+OUTDIR/<name>_scenarios.json): each case under float16 autocast (its bfloat16 inputs made
+float16), with its float32 inputs made float64 (which CPU autocast never casts), made
+float16, or with its first float32 input made bfloat16 (mixed dtypes). A 16-bit output is
+compared with the tolerance the file gives 16-bit outputs; ops listed in
+`autocast_cpu_torch_differs.txt` (where PyTorch no longer follows the documented lists for
+16-bit inputs) are left out of the 16-bit input scenarios.
+
+usage: python value_variants.py [--seed S] [--per-case K] [--range LO HI] IN.json [...] OUTDIR
+       python value_variants.py --scenarios AUTOCAST.json OUTDIR
        (each IN.json's variants go to OUTDIR/<name>_values.json; needs torch, CPU)"""
 import argparse
 import contextlib
@@ -63,6 +72,10 @@ def lit(t, requires_grad=None):
 SCALED_ONLY = ("cholesky",)
 
 
+# The range of the factors a redraw multiplies by (`--range`).
+RANGE = [0.5, 1.0]
+
+
 def redraw(x, rng, whole=False):
     """`x` (any argument value) with each floating-point tensor literal redrawn (`whole`:
     scaled by one factor, not permuted)."""
@@ -71,11 +84,11 @@ def redraw(x, rng, whole=False):
             return x
         vals = [float(v) for v in x["data"]]
         if whole:
-            f = rng.uniform(0.5, 1.0)
+            f = rng.uniform(*RANGE)
             vals = [v * f for v in vals]
         else:
             rng.shuffle(vals)
-            vals = [v * rng.uniform(0.5, 1.0) if math.isfinite(v) else v for v in vals]
+            vals = [v * rng.uniform(*RANGE) if math.isfinite(v) else v for v in vals]
         t = torch.tensor(vals, dtype=torch.float64).to(tr.DT[x["dtype"]]).reshape(x["shape"])
         return lit(t, x.get("requires_grad"))
     if isinstance(x, list):
@@ -275,18 +288,111 @@ def vary(suite, case, rng):
     return v
 
 
+def converted(x, frm, to, first=None):
+    """`x` with its tensor literals of dtype `frm` made `to` (only the first one when
+    `first` is a one-element list, set to True once it is done)."""
+    if tr.is_tensor_lit(x):
+        if x["dtype"] != frm or (first is not None and first[0]):
+            return x
+        if first is not None:
+            first[0] = True
+        return lit(tr.tensor(x).to(tr.DT[to]), x.get("requires_grad"))
+    if isinstance(x, list):
+        return [converted(v, frm, to, first) for v in x]
+    if isinstance(x, dict):
+        return {k: converted(v, frm, to, first) for k, v in x.items()}
+    return x
+
+
+def scenario(case, name):
+    """The autocast `case` in scenario `name`, or None where it would not differ."""
+    v = copy.deepcopy(case)
+    if name == "float16_autocast":
+        for st in v["autocast"]:
+            if st.get("dtype") == "bfloat16":
+                st["dtype"] = "float16"
+        v["args"] = converted(v["args"], "bfloat16", "float16")
+        v["kwargs"] = converted(v["kwargs"], "bfloat16", "float16")
+    elif name in ("float64_inputs", "float16_inputs"):
+        to = name.split("_")[0]
+        v["args"] = converted(v["args"], "float32", to)
+        v["kwargs"] = converted(v["kwargs"], "float32", to)
+    elif name == "mixed_inputs":
+        v["args"] = converted(v["args"], "float32", "bfloat16", [False])
+    else:
+        raise ValueError(name)
+    return None if v == case else v
+
+
+SCENARIOS = ("float16_autocast", "float64_inputs", "float16_inputs", "mixed_inputs")
+
+
+def scenarios(doc, differs_path):
+    """The scenario variants of an autocast file's cases, and the ones left out."""
+    tol16 = {(c["expect"]["rtol"], c["expect"]["atol"]) for c in doc["cases"]
+             if any(o["dtype"] in ("bfloat16", "float16")
+                    for o in (c["expect"]["output"] if isinstance(c["expect"]["output"], list)
+                              else [c["expect"]["output"]]))}
+    assert len(tol16) == 1, tol16
+    (rtol16, atol16), = tol16
+    differs = {line.split()[0] for line in open(differs_path) if line.strip()}
+    cases, dropped = [], []
+    for case in doc["cases"]:
+        for name in SCENARIOS:
+            if name in ("float16_inputs", "mixed_inputs") and case["op"] in differs:
+                continue
+            try:
+                v = scenario(case, name)
+                if v is None:
+                    continue
+                v["id"] = f"{case['id']}/{name}"
+                expect_autocast(v)
+                out = v["expect"]["output"]
+                if any(o["dtype"] in ("bfloat16", "float16") for o in (out if isinstance(out, list) else [out])):
+                    v["expect"]["rtol"], v["expect"]["atol"] = rtol16, atol16
+                m = tr.run_autocast(v)
+                if m:
+                    raise ValueError(f"PyTorch does not reproduce it: {m}")
+                cases.append(v)
+            except Exception as ex:  # noqa
+                dropped.append((f"{case['id']}/{name}", str(ex).splitlines()[0][:160]))
+    return cases, dropped
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--per-case", type=int, default=1)
+    p.add_argument("--range", type=float, nargs=2, default=RANGE, metavar=("LO", "HI"),
+                   help="the factors' range (default 0.5 1; a range past 1 or below 0 "
+                        "leaves ops' domains, and PyTorch's NaNs become expectations)")
     p.add_argument("files", nargs="+")
+    p.add_argument("--scenarios", action="store_true",
+                   help="scenario variants of an autocast file (see above)")
     a = p.parse_args()
+    RANGE[:] = a.range
     *inputs, outdir = a.files
     os.makedirs(outdir, exist_ok=True)
     torch.manual_seed(a.seed)
     for path in inputs:
         doc = json.load(open(path))
         suite = doc["suite"]
+        if a.scenarios:
+            assert suite == "autocast", f"{path}: --scenarios takes an autocast file"
+            differs = os.path.join(os.path.dirname(path), "autocast_cpu_torch_differs.txt")
+            cases, dropped = scenarios(doc, differs)
+            out = dict(doc)
+            out["source"] = f"torch {torch.__version__} (cpu), conformance/tools/value_variants.py --scenarios"
+            out["notes"] = (f"Scenario variants of {os.path.basename(path)}'s cases: "
+                            + ", ".join(SCENARIOS) + " (see the tool). " + doc.get("notes", ""))
+            out["cases"] = cases
+            name = os.path.splitext(os.path.basename(path))[0]
+            with open(os.path.join(outdir, f"{name}_scenarios.json"), "w") as f:
+                json.dump(out, f)
+            print(f"{path}: {len(cases)} scenario variants, {len(dropped)} left out", file=sys.stderr)
+            for cid, why in dropped:
+                print(f"  left out {cid}: {why}", file=sys.stderr)
+            continue
         rng = random.Random(f"{a.seed}/{os.path.basename(path)}")
         cases, dropped = [], []
         for case in doc["cases"]:

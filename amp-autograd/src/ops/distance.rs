@@ -68,14 +68,17 @@ pub fn renorm(x: &Tensor, p: f64, dim: i64, maxnorm: f64) -> Result<Tensor> {
 /// PyTorch), then the products are summed.
 pub fn cosine_similarity(x1: &Tensor, x2: &Tensor, dim: i64, eps: f64) -> Result<Tensor> {
     let ([x1, x2], _body) = enter(&COSINE_SIMILARITY, [x1, x2])?;
-    let dt = promote_types(x1.dtype(), x2.dtype());
     let shape = broadcast_shapes("cosine_similarity", x1.dims(), x2.dims())?;
-    let a = expand(&acc(&x1)?, &shape)?;
-    let b = expand(&acc(&x2)?, &shape)?;
-    let na = clamped_norm(&a, dim, eps)?;
-    let nb = clamped_norm(&b, dim, eps)?;
-    let s = sum(&mul(&div(&a, &na)?, &div(&b, &nb)?)?, &[dim], false, None)?;
-    back(s, dt)
+    // Each input over its norm in its own dtype, as PyTorch (a 16-bit norm and quotient
+    // computed in float32 and rounded to it), so that with mixed dtypes the 16-bit side
+    // is rounded where PyTorch's is; the product and sum in the promoted dtype.
+    let unit = |x: &Tensor| -> Result<Tensor> {
+        let dt = x.dtype();
+        let xa = acc(&expand(x, &shape)?)?;
+        let n = back(clamped_norm(&xa, dim, eps)?, dt)?;
+        back(div(&xa, &acc(&n)?)?, dt)
+    };
+    sum(&mul(&unit(&x1)?, &unit(&x2)?)?, &[dim], false, None)
 }
 
 /// The 2-norm along `dim` (kept), its value clamped below at `eps` without changing its

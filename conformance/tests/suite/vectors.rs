@@ -24,10 +24,11 @@ fn builtin_vectors_have_no_failures() {
 #[test]
 fn every_builtin_case_is_counted() {
     let report = run_builtin();
-    // Every file but policy.json and errors.json has its value variants, case for case.
+    // Every file but policy.json and errors.json has its value variants, case for case;
+    // autocast_cpu.json also its 558 scenario variants.
     let expected = [
         (Suite::Policy, 374),
-        (Suite::Autocast, 2 * 232),
+        (Suite::Autocast, 2 * 232 + 558),
         // grad_f32/f64 (246) and grad_layers_f32/f64 (34).
         (Suite::Grad, 2 * (246 + 34)),
         (Suite::Scaler, 2 * 28),
