@@ -1,4 +1,9 @@
 //! Stochastic gradient descent with momentum, dampening, Nesterov and weight decay.
+//!
+//! Each step rounds where PyTorch's CPU step does: its `x.add(y, alpha=a)` is one fused
+//! multiply-add (`fmadd(y, a, x)`), so the weight decay, the momentum update (after
+//! `buf * momentum`, rounded), Nesterov's term and the parameter update are `mul_add`s
+//! here, and a float32 step gives PyTorch's bits.
 
 use std::collections::BTreeMap;
 
@@ -13,7 +18,7 @@ use crate::json_float::to_json;
 use crate::optimizer::{check_lr, IdSlot, ParamGroup};
 use crate::state_dict::{GroupReader, StateEntry};
 use crate::update::{
-    axpy, computes_in_f64, in_place, read, update, with_slice, with_slice_mut, zip3, Real,
+    axpy, computes_in_f64, in_place, read, update, with_fma, with_slice, with_slice_mut, zip3, Real,
 };
 use crate::{Error, Optimizer, OptimizerStateDict, Result, StateValue, TensorData};
 
@@ -77,6 +82,9 @@ fn sgd_update<F: Real>(step: ParamStep<'_>, buf: &mut Option<Raw>) -> Result<()>
     let ParamStep { p, g, o, lr } = step;
     let lr = F::of(lr);
     let plain = !o.maximize && o.weight_decay == 0.0 && o.momentum == 0.0;
+    if plain && p.dtype().is_reduced_float() && g.dtype() == p.dtype() {
+        return plain16(p.data(), g, step.lr);
+    }
     if plain && in_place::<F>(g) && !p.data().same_storage(g) {
         // Plain SGD reads the gradient where it lies: no copy of it.
         return with_slice(g, |gv| update::<F>(p.data(), |pv| axpy(pv, gv, -lr)));
@@ -91,26 +99,70 @@ fn sgd_update<F: Real>(step: ParamStep<'_>, buf: &mut Option<Raw>) -> Result<()>
     if o.weight_decay != 0.0 {
         let wd = F::of(o.weight_decay);
         let pv = read::<F>(p.data());
-        d.iter_mut().zip(&pv).for_each(|(d, p)| *d += wd * *p);
+        with_fma(|| {
+            d.iter_mut()
+                .zip(&pv)
+                .for_each(|(d, &p)| *d = p.mul_add(wd, *d))
+        });
     }
     if o.momentum != 0.0 {
         let (m, damp) = (F::of(o.momentum), F::of(1.0 - o.dampening));
         match buf {
             None => *buf = Some(Raw::from_vec(d.clone(), p.dims())?),
             Some(b) => update::<F>(b, |b| {
-                b.iter_mut()
-                    .zip(&d)
-                    .for_each(|(b, d)| *b = *b * m + damp * *d)
+                with_fma(|| {
+                    b.iter_mut()
+                        .zip(&d)
+                        .for_each(|(b, &d)| *b = d.mul_add(damp, *b * m))
+                })
             })?,
         }
         let bv = read::<F>(buf.as_ref().expect("set above"));
         if o.nesterov {
-            d.iter_mut().zip(&bv).for_each(|(d, b)| *d += m * *b);
+            with_fma(|| {
+                d.iter_mut()
+                    .zip(&bv)
+                    .for_each(|(d, &b)| *d = b.mul_add(m, *d))
+            });
         } else {
             d = bv;
         }
     }
     update::<F>(p.data(), |pv| axpy(pv, &d, -lr))
+}
+
+/// Elements PyTorch's CPU kernels take a vector at a time for bfloat16 and float16
+/// (`Vectorized<BFloat16>` on AVX-512, the width its CPU capability picks on the
+/// machines the vectors come from); the last `n % VEC16` go through its scalar loop.
+const VEC16: usize = 32;
+
+/// Plain SGD on a bfloat16 or float16 parameter with a gradient of its dtype, rounded as
+/// PyTorch's `p.add_(g, alpha=-lr)` is: `alpha` rounded to the parameter's dtype; the
+/// elements of its vector loop (whole groups of [`VEC16`] from the start) one fused
+/// multiply-add in float32, rounded once; the others as its scalar loop does 16-bit
+/// arithmetic, the product rounded to 16 bits, then the sum. (Past one thread's grain,
+/// 32768 elements, PyTorch splits the loop by its thread count; the split here stays
+/// whole.)
+fn plain16(p: &Raw, g: &Raw, lr: f64) -> Result<()> {
+    use amp_tensor::half::f16;
+    let round: fn(f32) -> f32 = match p.dtype() {
+        DType::BF16 => |x| amp_tensor::round_to_bf16(x).to_f32(),
+        _ => |x| f16::from_f32(x).to_f32(),
+    };
+    let a = round(-lr as f32);
+    let gv = read::<f32>(g);
+    let vec_end = gv.len() - gv.len() % VEC16;
+    update::<f32>(p, |pv| {
+        with_fma(|| {
+            for (i, (p, &g)) in pv.iter_mut().zip(&gv).enumerate() {
+                *p = if i < vec_end {
+                    round(g.mul_add(a, *p))
+                } else {
+                    round(*p + round(a * g))
+                };
+            }
+        })
+    })
 }
 
 /// [`sgd_update`] for a parameter on a device: the general path's operations, in its
@@ -193,15 +245,15 @@ fn fused<F: Real>(step: ParamStep<'_>, buf: &mut Option<Raw>) -> Option<Result<(
     let elem = move |p: &mut F, g: F, b: &mut F| {
         let mut d = if o.maximize { -g } else { g };
         if o.weight_decay != 0.0 {
-            d += wd * *p;
+            d = p.mul_add(wd, d);
         }
-        *b = if first { d } else { *b * m + damp * d };
+        *b = if first { d } else { d.mul_add(damp, *b * m) };
         if o.nesterov {
-            d += m * *b;
+            d = b.mul_add(m, d);
         } else {
             d = *b;
         }
-        *p += -lr * d;
+        *p = d.mul_add(-lr, *p);
     };
     let mut run = || -> Result<()> {
         let fresh;

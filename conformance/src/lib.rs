@@ -8,7 +8,7 @@
 //! // Skips (ops the workspace does not implement yet) are allowed; failures are not:
 //! // `report.passed()` is what `cargo xtask conformance` (and this crate's tests) check.
 //! let scaler = report.suite(conformance::Suite::Scaler);
-//! assert_eq!(scaler.total(), 56); // scaler.json and its value variants
+//! assert_eq!(scaler.total(), 134); // scaler.json, its value variants, random programs
 //! assert!(scaler.skipped.is_empty());
 //! let policy = report.suite(conformance::Suite::Policy);
 //! assert_eq!(policy.passed, 374);

@@ -25,8 +25,9 @@ macro_rules! embedded {
 /// `*_values.json` files are `tools/value_variants.py`'s: every case of the file of the
 /// same stem again with other input values, its expectations computed by PyTorch;
 /// `autocast_cpu_scenarios.json` is its `--scenarios` (float16 autocast, float64,
-/// float16 and mixed-dtype inputs).
-pub const BUILTIN: [(&str, &str); 18] = embedded![
+/// float16 and mixed-dtype inputs); `scaler_programs.json` holds random GradScaler
+/// programs recorded from PyTorch (`tools/scaler_programs.py`).
+pub const BUILTIN: [(&str, &str); 19] = embedded![
     "autocast_cpu.json",
     "autocast_cpu_scenarios.json",
     "autocast_cpu_values.json",
@@ -42,6 +43,7 @@ pub const BUILTIN: [(&str, &str); 18] = embedded![
     "grad_layers_f64_values.json",
     "policy.json",
     "scaler.json",
+    "scaler_programs.json",
     "scaler_values.json",
     "train.json",
     "train_values.json",

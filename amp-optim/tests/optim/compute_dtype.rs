@@ -33,16 +33,23 @@ fn sgd_with_momentum_in_float64() {
     for g in G {
         set_grad(&p, g.to_vec());
         opt.step().unwrap();
-        let d: Vec<f64> = g.iter().zip(&want).map(|(g, p)| g + 0.01 * p).collect();
+        // PyTorch's roundings: each `x.add(y, alpha=a)` is one fused multiply-add.
+        let d: Vec<f64> = g
+            .iter()
+            .zip(&want)
+            .map(|(g, p)| p.mul_add(0.01, *g))
+            .collect();
         let b = match buf {
             None => d,
             Some(b) => b
                 .iter()
                 .zip(&d)
-                .map(|(b, d)| b * 0.9 + (1.0 - 0.1) * d)
+                .map(|(b, d)| d.mul_add(1.0 - 0.1, b * 0.9))
                 .collect(),
         };
-        want.iter_mut().zip(&b).for_each(|(p, b)| *p += -0.1 * b);
+        want.iter_mut()
+            .zip(&b)
+            .for_each(|(p, b)| *p = b.mul_add(-0.1, *p));
         buf = Some(b);
         assert_eq!(p.dtype(), DType::F64);
         assert_eq!(p.to_vec::<f64>().unwrap(), want);

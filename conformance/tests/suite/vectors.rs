@@ -31,7 +31,8 @@ fn every_builtin_case_is_counted() {
         (Suite::Autocast, 2 * 232 + 558),
         // grad_f32/f64 (246) and grad_layers_f32/f64 (34).
         (Suite::Grad, 2 * (246 + 34)),
-        (Suite::Scaler, 2 * 28),
+        // scaler.json, its value variants and 78 random programs.
+        (Suite::Scaler, 2 * 28 + 78),
         (Suite::Train, 2 * 6),
         (Suite::Errors, 722 + 1755),
     ];
