@@ -26,8 +26,9 @@ macro_rules! embedded {
 /// same stem again with other input values, its expectations computed by PyTorch;
 /// `autocast_cpu_scenarios.json` is its `--scenarios` (float16 autocast, float64,
 /// float16 and mixed-dtype inputs); `scaler_programs.json` holds random GradScaler
-/// programs recorded from PyTorch (`tools/scaler_programs.py`).
-pub const BUILTIN: [(&str, &str); 19] = embedded![
+/// programs recorded from PyTorch (`tools/scaler_programs.py`), `train_programs.json`
+/// random training runs (`tools/train_programs.py`).
+pub const BUILTIN: [(&str, &str); 20] = embedded![
     "autocast_cpu.json",
     "autocast_cpu_scenarios.json",
     "autocast_cpu_values.json",
@@ -46,6 +47,7 @@ pub const BUILTIN: [(&str, &str); 19] = embedded![
     "scaler_programs.json",
     "scaler_values.json",
     "train.json",
+    "train_programs.json",
     "train_values.json",
 ];
 

@@ -33,7 +33,8 @@ fn every_builtin_case_is_counted() {
         (Suite::Grad, 2 * (246 + 34)),
         // scaler.json, its value variants and 78 random programs.
         (Suite::Scaler, 2 * 28 + 78),
-        (Suite::Train, 2 * 6),
+        // train.json, its value variants and 30 random training programs.
+        (Suite::Train, 2 * 6 + 30),
         (Suite::Errors, 722 + 1755),
     ];
     for (suite, n) in expected {
