@@ -152,11 +152,13 @@ pub(crate) fn zip4<F: Real>(
                 part(pv, r.clone()),
             )
         };
-        p.iter_mut()
-            .zip(&g[r])
-            .zip(m.iter_mut())
-            .zip(v.iter_mut())
-            .for_each(|(((p, &g), m), v)| f(p, g, m, v))
+        with_fma(|| {
+            p.iter_mut()
+                .zip(&g[r])
+                .zip(m.iter_mut())
+                .zip(v.iter_mut())
+                .for_each(|(((p, &g), m), v)| f(p, g, m, v))
+        })
     });
 }
 

@@ -65,12 +65,13 @@ fn adam_reference<F: num_traits::Float + std::ops::AddAssign>(lr: f64, of: fn(f6
         let step = (k + 1) as f64;
         for i in 0..3 {
             let g = of(g[i]);
-            let mi = m[i];
-            m[i] += (g - mi) * (F::one() - of(b1));
-            v[i] = v[i] * of(b2) + (F::one() - of(b2)) * g * g;
-            let step_size = of(lr / (1.0 - b1.powf(step)));
+            // PyTorch's roundings: lerp_ and addcmul_ are fused multiply-adds, each scalar
+            // is computed in float64 and rounded once.
+            m[i] = (g - m[i]).mul_add(of(1.0 - b1), m[i]);
+            v[i] = (of(1.0 - b2) * g).mul_add(g, v[i] * of(b2));
+            let neg_step = of(-(lr / (1.0 - b1.powf(step))));
             let bc2_sqrt = of((1.0 - b2.powf(step)).sqrt());
-            p[i] = p[i] - step_size * m[i] / (v[i].sqrt() / bc2_sqrt + of(eps));
+            p[i] += (neg_step * m[i]) / (v[i].sqrt() / bc2_sqrt + of(eps));
         }
     }
     p
