@@ -23,7 +23,7 @@ use crate::optimizer::{check_lr, IdSlot, ParamGroup};
 use crate::state_dict::GroupReader;
 use crate::update::{
     computes_in_f64, in_place, read, update, with_fma, with_slice, with_slice_mut, zeros_state,
-    zip4, Real,
+    zip4, Real, Step4,
 };
 use crate::{Error, Optimizer, OptimizerStateDict, Result, StateValue, TensorData};
 
@@ -327,6 +327,42 @@ fn adam_update<F: Real>(step: ParamStep<'_>) -> Result<()> {
     })
 }
 
+/// The fused path's step of one element (a [`Step4`], inlined into the loop [`zip4`]
+/// compiles with FMA, where its `mul_add`s are one instruction each).
+#[derive(Clone, Copy)]
+struct Element1<F> {
+    k: Coefficients<F>,
+    /// The gradient's divisor (the fused scaling-aware step).
+    scale: Option<F>,
+    maximize: bool,
+    /// AdamW's factor `1 - lr·wd`.
+    decay: Option<F>,
+    /// Adam's coupled weight decay.
+    coupled: Option<F>,
+}
+
+impl<F: Real> Step4<F> for Element1<F> {
+    #[inline(always)]
+    fn step(&self, p: &mut F, g: F, m: &mut F, v: &mut F) {
+        let mut g = g;
+        if let Some(scale) = self.scale {
+            g /= scale;
+        }
+        if self.maximize {
+            g = -g;
+        }
+        if let Some(decay) = self.decay {
+            *p *= decay;
+        }
+        if let Some(wd) = self.coupled {
+            g = p.mul_add(wd, g);
+        }
+        *m = self.k.lerp(*m, g);
+        *v = self.k.second(*v, g);
+        *p = self.k.param(*p, *m, *v);
+    }
+}
+
 /// `torch.maximum`: NaN if either is.
 fn maximum<F: Real>(a: F, b: F) -> F {
     if a.is_nan() || b.is_nan() {
@@ -494,29 +530,17 @@ fn fused<F: Real>(step: ParamStep<'_>) -> Option<Result<()>> {
         None => None,
     };
     let k = Coefficients::<F>::new(o, lr, s.step);
-    let elem = move |p: &mut F, g: F, m: &mut F, v: &mut F| {
-        let mut g = g;
-        if let Some(scale) = scale {
-            g /= scale;
-        }
-        if o.maximize {
-            g = -g;
-        }
-        if wd != 0.0 {
-            if o.decoupled {
-                *p *= decay;
-            } else {
-                g = p.mul_add(coupled, g);
-            }
-        }
-        *m = k.lerp(*m, g);
-        *v = k.second(*v, g);
-        *p = k.param(*p, *m, *v);
+    let one = Element1 {
+        k,
+        scale,
+        maximize: o.maximize,
+        decay: (wd != 0.0 && o.decoupled).then_some(decay),
+        coupled: (wd != 0.0 && !o.decoupled).then_some(coupled),
     };
     Some(with_slice(g, |gv| {
         with_slice_mut(m, |mv| {
             with_slice_mut(v, |vv| {
-                update::<F>(p.data(), |pv| zip4(pv, gv, mv, vv, elem))
+                update::<F>(p.data(), |pv| zip4(pv, gv, mv, vv, one))
             })
         })
     }))

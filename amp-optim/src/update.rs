@@ -116,23 +116,55 @@ pub(crate) fn zip3<F: Real>(
         // SAFETY: `r` is one of `split`'s disjoint ranges of `p` and `b` (same length,
         // two distinct buffers, both borrowed mutably for the call).
         let (p, b) = unsafe { (part(pp, r.clone()), part(pb, r.clone())) };
-        with_fma(|| {
-            p.iter_mut()
-                .zip(&g[r])
-                .zip(b.iter_mut())
-                .for_each(|((p, &g), b)| f(p, g, b))
-        })
+        with_fma(|| each3(p, &g[r], b, &f))
     });
 }
 
-/// `f(p[i], g[i], m[i], v[i])` for every element (a fused step with two state buffers).
-pub(crate) fn zip4<F: Real>(
-    p: &mut [F],
-    g: &[F],
-    m: &mut [F],
-    v: &mut [F],
-    f: impl Fn(&mut F, F, &mut F, &mut F) + Sync,
-) {
+/// The loop of [`zip3`], `#[inline(always)]` so that it is compiled inside
+/// [`with_fma`]'s FMA function (a closure holding it was not inlined there, and each of
+/// its `mul_add`s became a libm call: AdamW 12× slower).
+#[inline(always)]
+fn each3<F: Copy>(p: &mut [F], g: &[F], b: &mut [F], f: &impl Fn(&mut F, F, &mut F)) {
+    for ((p, &g), b) in p.iter_mut().zip(g).zip(b.iter_mut()) {
+        f(p, g, b)
+    }
+}
+
+/// One element's step of [`zip4`], `#[inline(always)]` so that it lands inside the FMA
+/// loop (a closure holding a whole Adam step was not inlined there).
+pub(crate) trait Step4<F>: Sync {
+    /// Updates `p`, `m` and `v` from `g`.
+    fn step(&self, p: &mut F, g: F, m: &mut F, v: &mut F);
+}
+
+impl<F, T: Fn(&mut F, F, &mut F, &mut F) + Sync> Step4<F> for T {
+    #[inline(always)]
+    fn step(&self, p: &mut F, g: F, m: &mut F, v: &mut F) {
+        self(p, g, m, v)
+    }
+}
+
+/// The loop of [`zip4`].
+#[inline(always)]
+fn each4<F: Copy>(p: &mut [F], g: &[F], m: &mut [F], v: &mut [F], s: &impl Step4<F>) {
+    for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+        s.step(p, g, m, v)
+    }
+}
+
+/// [`each4`] compiled with FMA.
+///
+/// # Safety
+/// The CPU has FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn each4_fma<F: Copy>(p: &mut [F], g: &[F], m: &mut [F], v: &mut [F], s: &impl Step4<F>) {
+    each4(p, g, m, v, s)
+}
+
+/// `f.step(p[i], g[i], m[i], v[i])` for every element (a fused step with two state
+/// buffers), compiled with FMA where the CPU has it.
+pub(crate) fn zip4<F: Real>(p: &mut [F], g: &[F], m: &mut [F], v: &mut [F], f: impl Step4<F>) {
     assert!(
         p.len() == g.len() && p.len() == m.len() && p.len() == v.len(),
         "zip4: length mismatch"
@@ -152,13 +184,12 @@ pub(crate) fn zip4<F: Real>(
                 part(pv, r.clone()),
             )
         };
-        with_fma(|| {
-            p.iter_mut()
-                .zip(&g[r])
-                .zip(m.iter_mut())
-                .zip(v.iter_mut())
-                .for_each(|(((p, &g), m), v)| f(p, g, m, v))
-        })
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has FMA (checked just above).
+            return unsafe { each4_fma(p, &g[r], m, v, &f) };
+        }
+        each4(p, &g[r], m, v, &f)
     });
 }
 
@@ -302,11 +333,17 @@ mod tests {
         assert!((0..n).all(|i| b[i] == 1.0 + g[i] && p[i] == start[i] - (1.0 + g[i])));
 
         let (mut p, mut m, mut v) = (start.clone(), vec![0.0f32; n], vec![3.0f32; n]);
-        zip4(&mut p, &g, &mut m, &mut v, |p, g, m, v| {
-            *m = g * 0.5;
-            *v *= g;
-            *p += *m + *v;
-        });
+        zip4(
+            &mut p,
+            &g,
+            &mut m,
+            &mut v,
+            |p: &mut f32, g: f32, m: &mut f32, v: &mut f32| {
+                *m = g * 0.5;
+                *v *= g;
+                *p += *m + *v;
+            },
+        );
         assert!((0..n).all(|i| m[i] == g[i] * 0.5
             && v[i] == 3.0 * g[i]
             && p[i] == start[i] + (g[i] * 0.5 + 3.0 * g[i])));
