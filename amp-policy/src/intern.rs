@@ -118,8 +118,8 @@ impl fmt::Display for OpId {
 /// the op itself alone, as PyTorch re-dispatches the ops of a composite that has no
 /// autocast policy (`tensordot` on CPU inherits the casts of its products). An opaque op
 /// stands for one PyTorch kernel that happens to be written from other ops
-/// (`cosine_similarity`, the recurrent cells, `lu_solve`, ...): a layer never sees its
-/// body, whatever it did with the op itself.
+/// (`cosine_similarity`, `lu_solve`, ...): a layer never sees its body, whatever it did
+/// with the op itself. (PyTorch's recurrent cells are composites: transparent.)
 ///
 /// ```
 /// use amp_policy::{CastPolicy, DeviceType, OpName, Profile};

@@ -13,8 +13,9 @@ on a second replay (`torch_runner.py`'s check), is left out and counted.
 
 With `--scenarios`, an autocast file gets scenario variants instead (to
 OUTDIR/<name>_scenarios.json): each case under float16 autocast (its bfloat16 inputs made
-float16), with its float32 inputs made float64 (which CPU autocast never casts), made
-float16, or with its first float32 input made bfloat16 (mixed dtypes). A 16-bit output is
+float16, or kept), with its float32 inputs made float64 (which CPU autocast never casts),
+made float16, or with its first float32 input made bfloat16 (mixed dtypes), and with
+float32 inputs where the file has only the bfloat16 case (the recurrent cells). A 16-bit output is
 compared with the tolerance the file gives 16-bit outputs; ops listed in
 `autocast_cpu_torch_differs.txt` (where PyTorch no longer follows the documented lists for
 16-bit inputs) are left out of the 16-bit input scenarios.
@@ -319,12 +320,20 @@ def scenario(case, name):
         v["kwargs"] = converted(v["kwargs"], "float32", to)
     elif name == "mixed_inputs":
         v["args"] = converted(v["args"], "float32", "bfloat16", [False])
+    elif name == "float16_autocast_bfloat16_inputs":
+        for st in v["autocast"]:
+            if st.get("dtype") == "bfloat16":
+                st["dtype"] = "float16"
+    elif name == "float32_inputs":
+        v["args"] = converted(v["args"], "bfloat16", "float32")
+        v["kwargs"] = converted(v["kwargs"], "bfloat16", "float32")
     else:
         raise ValueError(name)
     return None if v == case else v
 
 
-SCENARIOS = ("float16_autocast", "float64_inputs", "float16_inputs", "mixed_inputs")
+SCENARIOS = ("float16_autocast", "float64_inputs", "float16_inputs", "mixed_inputs",
+             "float16_autocast_bfloat16_inputs", "float32_inputs")
 
 
 def scenarios(doc, differs_path):
@@ -337,9 +346,16 @@ def scenarios(doc, differs_path):
     (rtol16, atol16), = tol16
     differs = {line.split()[0] for line in open(differs_path) if line.strip()}
     cases, dropped = [], []
+    ids = {c["id"] for c in doc["cases"]}
     for case in doc["cases"]:
         for name in SCENARIOS:
-            if name in ("float16_inputs", "mixed_inputs") and case["op"] in differs:
+            if name in ("float16_inputs", "mixed_inputs", "float16_autocast_bfloat16_inputs") \
+                    and case["op"] in differs:
+                continue
+            # float32 inputs where the file has only the bfloat16 case (the cells).
+            if name == "float32_inputs" and ("bf16_inputs" not in case["id"]
+                                             or case["id"].replace("bf16_inputs", "f32_inputs") in ids
+                                             or case["op"] in differs):
                 continue
             try:
                 v = scenario(case, name)

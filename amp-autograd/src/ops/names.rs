@@ -221,10 +221,10 @@ op_names! {
     FAKE_QUANTIZE = new("fake_quantize_per_tensor_affine");
     // attention
     SDPA = opaque("scaled_dot_product_attention");
-    // rnn
-    RNN_CELL = opaque("RNNCell");
-    GRU_CELL = opaque("GRUCell");
-    LSTM_CELL = opaque("LSTMCell");
+    // rnn: PyTorch's CPU cells are composites, their linears autocast
+    RNN_CELL = new("RNNCell");
+    GRU_CELL = new("GRUCell");
+    LSTM_CELL = new("LSTMCell");
     // pointwise
     SOFTPLUS = new("softplus");
     WHERE = new("where");

@@ -25,10 +25,10 @@ fn builtin_vectors_have_no_failures() {
 fn every_builtin_case_is_counted() {
     let report = run_builtin();
     // Every file but policy.json and errors.json has its value variants, case for case;
-    // autocast_cpu.json also its 558 scenario variants.
+    // autocast_cpu.json also its 775 scenario variants.
     let expected = [
         (Suite::Policy, 374),
-        (Suite::Autocast, 2 * 232 + 558),
+        (Suite::Autocast, 2 * 232 + 775),
         // grad_f32/f64 (246) and grad_layers_f32/f64 (34).
         (Suite::Grad, 2 * (246 + 34)),
         // scaler.json, its value variants and 78 random programs.
