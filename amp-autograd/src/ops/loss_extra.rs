@@ -190,8 +190,43 @@ pub fn margin_ranking_loss(
 pub fn soft_margin_loss(input: &Tensor, target: &Tensor, reduction: Reduction) -> Result<Tensor> {
     let a = args(&SOFT_MARGIN, input, target)?;
     check::soft_margin_loss(&a.input, &a.target)?;
-    let l = log1p(&exp(&neg(&mul(&a.x, &a.t)?)?)?)?;
+    let l = log1p_exp(&neg(&mul(&a.x, &a.t)?)?)?;
     back(reduce(l, reduction)?, a.dt)
+}
+
+/// `log1p(exp(v))` (soft_margin_loss's element, PyTorch's formula) with PyTorch's
+/// closed-form derivatives: `g · z / (1 + z)` with `z = exp(v)`, and of that
+/// `g · z / ((1 + z)(1 + z))` ([`logistic_of_exp`]). Through autograd of the composite the
+/// second derivative was `z/(1+z) - z·z/(1+z)²`, whose second term is 0 once `(1 + z)²`
+/// overflows (`v` over 355 in float64), leaving the first (about 1) where PyTorch's
+/// closed form gives 0.
+fn log1p_exp(v: &Tensor) -> Result<Tensor> {
+    let out = crate::grad_mode::no_grad(|| log1p(&exp(v)?))?;
+    let saved = v.clone();
+    Ok(crate::graph::record(
+        out.data().clone(),
+        "SoftMarginLossBackward0",
+        &[v],
+        move |g| Ok(vec![Some(mul(g, &logistic_of_exp(&saved)?)?)]),
+    ))
+}
+
+/// `z / (1 + z)` with `z = exp(v)`, differentiable, its derivative the closed form
+/// `g · z / ((1 + z)(1 + z))` (PyTorch's `soft_margin_loss_double_backward`).
+fn logistic_of_exp(v: &Tensor) -> Result<Tensor> {
+    let (out, z) = crate::grad_mode::no_grad(|| -> Result<(Tensor, Tensor)> {
+        let z = exp(v)?;
+        Ok((div(&z, &add_scalar(&z, 1.0)?)?, z))
+    })?;
+    Ok(crate::graph::record(
+        out.data().clone(),
+        "SoftMarginLossBackwardBackward0",
+        &[v],
+        move |g| {
+            let zp1 = add_scalar(&z, 1.0)?;
+            Ok(vec![Some(mul(g, &div(&z, &mul(&zp1, &zp1)?)?)?)])
+        },
+    ))
 }
 
 /// Integer values of an index tensor (no gradient).

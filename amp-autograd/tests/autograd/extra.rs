@@ -373,6 +373,42 @@ fn pointwise_losses_match_references() {
     );
 }
 
+/// soft_margin_loss's second derivative in `x` is PyTorch's closed form
+/// `t² z / ((1 + z)(1 + z))`, `z = exp(-x t)`: 0 once `(1 + z)²` overflows (`x t = -400`
+/// here), where autograd of `log1p(exp(v))` left a term of about `t²`; and it still
+/// matches the closed form where nothing overflows.
+#[test]
+fn soft_margin_second_derivative_is_the_closed_form() {
+    let x = leaf(vec![-10.0, 0.3], &[2]);
+    let t = Tensor::from_vec(vec![40.0f64, -1.5], [2]).unwrap();
+    let l = ops::soft_margin_loss(&x, &t, Reduction::Sum).unwrap();
+    let opts = GradOptions {
+        create_graph: true,
+        ..Default::default()
+    };
+    let g1 = grad(&[l], std::slice::from_ref(&x), &[None], opts).unwrap()[0]
+        .clone()
+        .unwrap();
+    let g2 = grad(
+        &[ops::sum(&g1, &[], false, None).unwrap()],
+        std::slice::from_ref(&x),
+        &[None],
+        GradOptions::default(),
+    )
+    .unwrap()[0]
+        .clone()
+        .unwrap();
+    let g2 = vals(&g2);
+    assert_eq!(g2[0], 0.0, "{g2:?}");
+    let z = (0.3f64 * 1.5).exp();
+    assert_near(
+        &g2[1..],
+        &[1.5 * 1.5 * z / ((1.0 + z) * (1.0 + z))],
+        1e-15,
+        "x t = -0.45",
+    );
+}
+
 #[test]
 fn margin_losses_match_loops() {
     let mut g = Generator::new(40);
