@@ -24,7 +24,6 @@ usage: python value_variants.py [--seed S] [--per-case K] [--range LO HI] IN.jso
        python value_variants.py --scenarios AUTOCAST.json OUTDIR
        (each IN.json's variants go to OUTDIR/<name>_values.json; needs torch, CPU)"""
 import argparse
-import contextlib
 import copy
 import json
 import math
@@ -108,22 +107,13 @@ def like(shape_of, tensors):
 
 
 def expect_autocast(case):
-    args = [tr.arg(a) for a in case["args"]]
-    kwargs = {k: tr.arg(v) for k, v in case["kwargs"].items()}
-    with contextlib.ExitStack() as es:
-        for st in case["autocast"]:
-            dt = tr.DT[st["dtype"]] if st.get("dtype") else None
-            es.enter_context(torch.autocast(case["device"], dtype=dt, enabled=st["enabled"]))
-        res = tr.call(case["call"], args, kwargs)
-    case["expect"]["output"] = like(case["expect"]["output"], [lit(o) for o in tr.outs(res)])
+    outs = tr.autocast_outputs(case)
+    case["expect"]["output"] = like(case["expect"]["output"], [lit(o) for o in outs])
 
 
 def expect_grad(case):
-    if "second_order_grads" in case["expect"]:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        with sdpa_kernel(SDPBackend.MATH):
-            return expect_grad_in(case)
-    return expect_grad_in(case)
+    with tr.grad_backend(case):
+        return expect_grad_in(case)
 
 
 def expect_grad_in(case):
@@ -148,47 +138,7 @@ def expect_grad_in(case):
 
 
 def expect_train(case):
-    layers, params = [], []
-    for spec in case["model"]:
-        if spec["type"] == "linear":
-            w = tr.tensor(spec["weight"]).requires_grad_(True)
-            b = tr.tensor(spec["bias"]).requires_grad_(True)
-            params += [w, b]
-            layers.append(lambda x, w=w, b=b: torch.nn.functional.linear(x, w, b))
-        else:
-            layers.append({"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid,
-                           "gelu": torch.nn.functional.gelu}[spec["type"]])
-    o = case["optimizer"]
-    opt = torch.optim.SGD(params, lr=o["lr"], momentum=o["momentum"])
-    scaler = torch.amp.GradScaler("cpu", **case["scaler"])
-    acc = case["accumulate"]
-    losses, scales, skipped = [], [], []
-    step = 0
-    for i, b in enumerate(case["batches"]):
-        x, y = tr.tensor(b["input"]), tr.tensor(b["target"])
-        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if case["autocast"] else contextlib.nullcontext()
-        with ctx:
-            h = x
-            for f in layers:
-                h = f(h)
-            loss = torch.nn.functional.mse_loss(h, y)
-        losses.append(loss.item())
-        scaler.scale(loss / acc).backward()
-        if (i + 1) % acc:
-            continue
-        for inj in case["inject_inf"]:
-            if inj["step"] == step:
-                params[inj["param"]].grad.fill_(float("inf"))
-        if case["clip_grad_norm"] is not None:
-            scaler.unscale_(opt)
-            torch.nn.utils.clip_grad_norm_(params, case["clip_grad_norm"])
-        before = [p.detach().clone() for p in params]
-        scaler.step(opt)
-        skipped.append(all(torch.equal(bb, p.detach()) for bb, p in zip(before, params)))
-        scaler.update()
-        scales.append(scaler.get_scale())
-        opt.zero_grad(set_to_none=True)
-        step += 1
+    losses, scales, skipped, params = tr.train(case)
     e = case["expect"]
     e["losses"], e["scales"], e["skipped"] = losses, scales, skipped
     e["final_params"] = like(e["final_params"], [lit(p) for p in params])
