@@ -100,7 +100,8 @@ pub(crate) fn axpy<F: Real>(p: &mut [F], d: &[F], a: F) {
     });
 }
 
-/// `f(p[i], g[i], b[i])` for every element (a fused optimizer step with one state buffer).
+/// `f(p[i], g[i], b[i])` for every element (a fused optimizer step with one state buffer),
+/// compiled with FMA where the CPU has it.
 pub(crate) fn zip3<F: Real>(
     p: &mut [F],
     g: &[F],
@@ -116,18 +117,33 @@ pub(crate) fn zip3<F: Real>(
         // SAFETY: `r` is one of `split`'s disjoint ranges of `p` and `b` (same length,
         // two distinct buffers, both borrowed mutably for the call).
         let (p, b) = unsafe { (part(pp, r.clone()), part(pb, r.clone())) };
-        with_fma(|| each3(p, &g[r], b, &f))
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has FMA (checked just above).
+            return unsafe { each3_fma(p, &g[r], b, &f) };
+        }
+        each3(p, &g[r], b, &f)
     });
 }
 
 /// The loop of [`zip3`], `#[inline(always)]` so that it is compiled inside
-/// [`with_fma`]'s FMA function (a closure holding it was not inlined there, and each of
-/// its `mul_add`s became a libm call: AdamW 12× slower).
+/// [`each3_fma`] (passed to [`with_fma`] inside a closure, the loop of [`zip4`] was not
+/// inlined there, and each of its `mul_add`s became a libm call: AdamW 12× slower).
 #[inline(always)]
 fn each3<F: Copy>(p: &mut [F], g: &[F], b: &mut [F], f: &impl Fn(&mut F, F, &mut F)) {
     for ((p, &g), b) in p.iter_mut().zip(g).zip(b.iter_mut()) {
         f(p, g, b)
     }
+}
+
+/// [`each3`] compiled with FMA.
+///
+/// # Safety
+/// The CPU has FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn each3_fma<F: Copy>(p: &mut [F], g: &[F], b: &mut [F], f: &impl Fn(&mut F, F, &mut F)) {
+    each3(p, g, b, f)
 }
 
 /// One element's step of [`zip4`], `#[inline(always)]` so that it lands inside the FMA
