@@ -25,10 +25,11 @@ macro_rules! embedded {
 /// `*_values.json` files are `tools/value_variants.py`'s: every case of the file of the
 /// same stem again with other input values, its expectations computed by PyTorch;
 /// `autocast_cpu_scenarios.json` is its `--scenarios` (float16 autocast, float64,
-/// float16 and mixed-dtype inputs); `scaler_programs.json` holds random GradScaler
+/// float16 and mixed-dtype inputs); the `*_subsets.json` are its `--subsets` (one input
+/// at a time not requiring grad); `scaler_programs.json` holds random GradScaler
 /// programs recorded from PyTorch (`tools/scaler_programs.py`), `train_programs.json`
 /// random training runs (`tools/train_programs.py`).
-pub const BUILTIN: [(&str, &str); 20] = embedded![
+pub const BUILTIN: [(&str, &str); 22] = embedded![
     "autocast_cpu.json",
     "autocast_cpu_scenarios.json",
     "autocast_cpu_values.json",
@@ -37,10 +38,12 @@ pub const BUILTIN: [(&str, &str); 20] = embedded![
     "grad_f32.json",
     "grad_f32_values.json",
     "grad_f64.json",
+    "grad_f64_subsets.json",
     "grad_f64_values.json",
     "grad_layers_f32.json",
     "grad_layers_f32_values.json",
     "grad_layers_f64.json",
+    "grad_layers_f64_subsets.json",
     "grad_layers_f64_values.json",
     "policy.json",
     "scaler.json",

@@ -20,8 +20,14 @@ compared with the tolerance the file gives 16-bit outputs; ops listed in
 `autocast_cpu_torch_differs.txt` (where PyTorch no longer follows the documented lists for
 16-bit inputs) are left out of the 16-bit input scenarios.
 
+With `--subsets`, a grad file gets, for each case with several inputs that require grad,
+two variants: the first such input, then the last, not requiring grad (to
+OUTDIR/<name>_subsets.json): the gradients and second-order gradients of the others, as
+PyTorch computes them.
+
 usage: python value_variants.py [--seed S] [--per-case K] [--range LO HI] IN.json [...] OUTDIR
        python value_variants.py --scenarios AUTOCAST.json OUTDIR
+       python value_variants.py --subsets GRAD.json [...] OUTDIR
        (each IN.json's variants go to OUTDIR/<name>_values.json; needs torch, CPU)"""
 import argparse
 import copy
@@ -132,7 +138,8 @@ def expect_grad_in(case):
         return
     pen = [(g * g).sum() for g in grads if g is not None and g.requires_grad]
     if not pen:
-        raise ValueError("no first-order gradient depends on an input")
+        del e["second_order_grads"]  # the format: absent where none depends on an input
+        return
     g2 = torch.autograd.grad(sum(pen), leaves, allow_unused=True)
     e["second_order_grads"] = [None if g is None else lit(g) for g in g2]
 
@@ -325,6 +332,58 @@ def scenarios(doc, differs_path):
     return cases, dropped
 
 
+def grad_leaves(x, out):
+    """The tensor literals of `x` that require grad, in argument order, into `out`."""
+    if tr.is_tensor_lit(x):
+        if x.get("requires_grad"):
+            out.append(x)
+    elif isinstance(x, list):
+        for v in x:
+            grad_leaves(v, out)
+    elif isinstance(x, dict):
+        for v in x.values():
+            grad_leaves(v, out)
+    return out
+
+
+def subsets(doc):
+    """A grad file's cases with one input at a time not requiring grad, and the ones
+    left out."""
+    cases, dropped = [], []
+    for case in doc["cases"]:
+        n = len(grad_leaves(case["args"], []))
+        if n < 2:
+            continue
+        # The first and the last (a layer's input and its last weight or bias).
+        for k in sorted({0, n - 1}):
+            v = copy.deepcopy(case)
+            del grad_leaves(v["args"], [])[k]["requires_grad"]
+            v["id"] = f"{case['id']}/no_grad_{k}"
+            try:
+                expect_grad(v)
+                m = tr.run_grad(v)
+                if m:
+                    raise ValueError(f"PyTorch does not reproduce it: {m}")
+                cases.append(v)
+            except Exception as ex:  # noqa
+                dropped.append((v["id"], str(ex).splitlines()[0][:160]))
+    return cases, dropped
+
+
+def write(doc, cases, dropped, path, outdir, suffix, how):
+    """Writes the derived file `<name>_<suffix>.json` and reports it."""
+    out = dict(doc)
+    out["source"] = f"torch {torch.__version__} (cpu), conformance/tools/value_variants.py {how}"
+    out["notes"] = f"{suffix} of {os.path.basename(path)}'s cases (see the tool). " + doc.get("notes", "")
+    out["cases"] = cases
+    name = os.path.splitext(os.path.basename(path))[0]
+    with open(os.path.join(outdir, f"{name}_{suffix}.json"), "w") as f:
+        json.dump(out, f)
+    print(f"{path}: {len(cases)} {suffix}, {len(dropped)} left out", file=sys.stderr)
+    for cid, why in dropped:
+        print(f"  left out {cid}: {why}", file=sys.stderr)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seed", type=int, default=7)
@@ -335,6 +394,8 @@ def main():
     p.add_argument("files", nargs="+")
     p.add_argument("--scenarios", action="store_true",
                    help="scenario variants of an autocast file (see above)")
+    p.add_argument("--subsets", action="store_true",
+                   help="requires-grad subsets of grad files (see above)")
     a = p.parse_args()
     RANGE[:] = a.range
     *inputs, outdir = a.files
@@ -343,6 +404,11 @@ def main():
     for path in inputs:
         doc = json.load(open(path))
         suite = doc["suite"]
+        if a.subsets:
+            assert suite == "grad", f"{path}: --subsets takes a grad file"
+            cases, dropped = subsets(doc)
+            write(doc, cases, dropped, path, outdir, "subsets", "--subsets")
+            continue
         if a.scenarios:
             assert suite == "autocast", f"{path}: --scenarios takes an autocast file"
             differs = os.path.join(os.path.dirname(path), "autocast_cpu_torch_differs.txt")

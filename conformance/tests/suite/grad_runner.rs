@@ -390,12 +390,12 @@ fn real_torch_dot_vectors_pass_and_the_rest_is_skipped() {
     let report = run_files(&tape(), &grad_files);
     let grad = report.suite(Suite::Grad);
     assert!(report.passed(), "{report}");
-    // dot/float64/1 (with second-order grads) and dot/float32/2, and their value
-    // variants.
-    assert_eq!(grad.passed, 4, "{report}");
+    // dot/float64/1 (with second-order grads) and dot/float32/2, their value variants,
+    // and dot/float64/1 with either input not requiring grad.
+    assert_eq!(grad.passed, 6, "{report}");
     // Every other grad case (all the embedded grad files) is skipped, none hidden.
     let cases: usize = grad_files.iter().map(|f| f.cases.len()).sum();
-    assert_eq!(grad.skipped.len(), cases - 4, "{report}");
+    assert_eq!(grad.skipped.len(), cases - 6, "{report}");
     assert!(grad
         .skipped
         .iter()
@@ -493,23 +493,37 @@ fn null_gradients_accept_none_or_zeros_but_not_values() {
     );
 }
 
+/// Where no first-order gradient depends on an input, every second-order gradient is
+/// zero: expectations of null or zeros pass (PyTorch's graph can link a gradient to an
+/// input its value does not depend on, and then records them), a nonzero one fails.
 #[test]
-fn second_order_grads_need_a_first_order_grad_that_depends_on_an_input() {
-    // d(a)/da = grad_output: a constant, so no second-order gradients exist.
+fn second_order_grads_are_zero_where_no_first_order_grad_depends_on_an_input() {
+    // d(a)/da = grad_output: a constant, so every second-order gradient is 0.
     let base = json!({
         "id": "identity/absent", "op": "first", "call": "test.first",
         "args": [input(&[1.0, 2.0]), input(&[3.0, 4.0])], "kwargs": {},
         "grad_output": f64s(&[1.0, 1.0]),
         "expect": {"output": f64s(&[1.0, 2.0]), "grads": [f64s(&[1.0, 1.0]), null]}
     });
-    let mut present = base.clone();
-    present["id"] = json!("identity/present");
-    present["expect"]["second_order_grads"] = json!([null, null]);
-    assert_outcomes(grad_file(json!([base, present])), &[(
-            "identity/present",
-            "fail: second_order_grads are expected, but no first-order gradient depends on an input \
-             (computed with create_graph, none requires grad)"
-        )]);
+    let with = |id: &str, second: serde_json::Value| {
+        let mut c = base.clone();
+        c["id"] = json!(id);
+        c["expect"]["second_order_grads"] = second;
+        c
+    };
+    let cases = json!([
+        base.clone(),
+        with("identity/nulls", json!([null, null])),
+        with("identity/zeros", json!([f64s(&[0.0, 0.0]), null])),
+        with("identity/nonzero", json!([f64s(&[0.0, 2.0]), null])),
+    ]);
+    assert_outcomes(
+        grad_file(cases),
+        &[(
+            "identity/nonzero",
+            "fail: element 1 of second_order_grads[0]: got 0.0 (float64), expected 2.0 (exact)",
+        )],
+    );
 }
 
 #[test]

@@ -29,8 +29,9 @@ fn every_builtin_case_is_counted() {
     let expected = [
         (Suite::Policy, 374),
         (Suite::Autocast, 2 * 232 + 775),
-        // grad_f32/f64 (246) and grad_layers_f32/f64 (34).
-        (Suite::Grad, 2 * (246 + 34)),
+        // grad_f32/f64 (246) and grad_layers_f32/f64 (34), their value variants, and the
+        // float64 files' requires-grad subsets (108 + 34).
+        (Suite::Grad, 2 * (246 + 34) + 108 + 34),
         // scaler.json, its value variants and 78 random programs.
         (Suite::Scaler, 2 * 28 + 78),
         // train.json, its value variants and 30 random training programs.
