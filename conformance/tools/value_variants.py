@@ -370,11 +370,12 @@ def subsets(doc):
     return cases, dropped
 
 
-def write(doc, cases, dropped, path, outdir, suffix, how):
-    """Writes the derived file `<name>_<suffix>.json` and reports it."""
+def write(doc, cases, dropped, path, outdir, suffix, how, what):
+    """Writes the derived file `<name>_<suffix>.json` (`what`: its notes' first sentence,
+    about the cases of `path`) and reports it."""
     out = dict(doc)
     out["source"] = f"torch {torch.__version__} (cpu), conformance/tools/value_variants.py {how}"
-    out["notes"] = f"{suffix} of {os.path.basename(path)}'s cases (see the tool). " + doc.get("notes", "")
+    out["notes"] = f"{what} of {os.path.basename(path)}'s cases {NOTES[suffix]} " + doc.get("notes", "")
     out["cases"] = cases
     name = os.path.splitext(os.path.basename(path))[0]
     with open(os.path.join(outdir, f"{name}_{suffix}.json"), "w") as f:
@@ -382,6 +383,14 @@ def write(doc, cases, dropped, path, outdir, suffix, how):
     print(f"{path}: {len(cases)} {suffix}, {len(dropped)} left out", file=sys.stderr)
     for cid, why in dropped:
         print(f"  left out {cid}: {why}", file=sys.stderr)
+
+
+# The notes each derived file's cases get, by suffix.
+NOTES = {
+    "values": "(inputs redrawn, expectations computed by PyTorch).",
+    "scenarios": "(" + ", ".join(SCENARIOS) + "; see the tool).",
+    "subsets": "(one input at a time not requiring grad; see the tool).",
+}
 
 
 def main():
@@ -407,23 +416,13 @@ def main():
         if a.subsets:
             assert suite == "grad", f"{path}: --subsets takes a grad file"
             cases, dropped = subsets(doc)
-            write(doc, cases, dropped, path, outdir, "subsets", "--subsets")
+            write(doc, cases, dropped, path, outdir, "subsets", "--subsets", "Requires-grad subsets")
             continue
         if a.scenarios:
             assert suite == "autocast", f"{path}: --scenarios takes an autocast file"
             differs = os.path.join(os.path.dirname(path), "autocast_cpu_torch_differs.txt")
             cases, dropped = scenarios(doc, differs)
-            out = dict(doc)
-            out["source"] = f"torch {torch.__version__} (cpu), conformance/tools/value_variants.py --scenarios"
-            out["notes"] = (f"Scenario variants of {os.path.basename(path)}'s cases: "
-                            + ", ".join(SCENARIOS) + " (see the tool). " + doc.get("notes", ""))
-            out["cases"] = cases
-            name = os.path.splitext(os.path.basename(path))[0]
-            with open(os.path.join(outdir, f"{name}_scenarios.json"), "w") as f:
-                json.dump(out, f)
-            print(f"{path}: {len(cases)} scenario variants, {len(dropped)} left out", file=sys.stderr)
-            for cid, why in dropped:
-                print(f"  left out {cid}: {why}", file=sys.stderr)
+            write(doc, cases, dropped, path, outdir, "scenarios", "--scenarios", "Scenario variants")
             continue
         rng = random.Random(f"{a.seed}/{os.path.basename(path)}")
         cases, dropped = [], []
@@ -438,17 +437,7 @@ def main():
                     cases.append(v)
                 except Exception as ex:  # noqa
                     dropped.append((case["id"], str(ex).splitlines()[0][:160]))
-        out = dict(doc)
-        out["source"] = f"torch {torch.__version__} (cpu), conformance/tools/value_variants.py --seed {a.seed}"
-        out["notes"] = (f"Value variants of {os.path.basename(path)}'s cases (inputs redrawn, "
-                        f"expectations computed by PyTorch). " + doc.get("notes", ""))
-        out["cases"] = cases
-        name = os.path.splitext(os.path.basename(path))[0]
-        with open(os.path.join(outdir, f"{name}_values.json"), "w") as f:
-            json.dump(out, f)
-        print(f"{path}: {len(cases)} variants, {len(dropped)} left out", file=sys.stderr)
-        for cid, why in dropped[:30]:
-            print(f"  left out {cid}: {why}", file=sys.stderr)
+        write(doc, cases, dropped, path, outdir, "values", f"--seed {a.seed}", "Value variants")
 
 
 if __name__ == "__main__":
