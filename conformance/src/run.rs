@@ -26,11 +26,13 @@ macro_rules! embedded {
 /// same stem again with other input values, its expectations computed by PyTorch;
 /// `autocast_cpu_scenarios.json` is its `--scenarios` (float16 autocast, float64,
 /// float16 and mixed-dtype inputs); the `*_subsets.json` are its `--subsets` (one input
-/// at a time not requiring grad); `scaler_programs.json` holds random GradScaler
+/// at a time not requiring grad), the `*_kwargs.json` its `--kwargs` (one keyword
+/// argument changed at a time); `scaler_programs.json` holds random GradScaler
 /// programs recorded from PyTorch (`tools/scaler_programs.py`), `train_programs.json`
 /// random training runs (`tools/train_programs.py`).
-pub const BUILTIN: [(&str, &str); 22] = embedded![
+pub const BUILTIN: [(&str, &str); 24] = embedded![
     "autocast_cpu.json",
+    "autocast_cpu_kwargs.json",
     "autocast_cpu_scenarios.json",
     "autocast_cpu_values.json",
     "errors.json",
@@ -38,6 +40,7 @@ pub const BUILTIN: [(&str, &str); 22] = embedded![
     "grad_f32.json",
     "grad_f32_values.json",
     "grad_f64.json",
+    "grad_f64_kwargs.json",
     "grad_f64_subsets.json",
     "grad_f64_values.json",
     "grad_layers_f32.json",

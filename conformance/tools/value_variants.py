@@ -25,9 +25,16 @@ two variants: the first such input, then the last, not requiring grad (to
 OUTDIR/<name>_subsets.json): the gradients and second-order gradients of the others, as
 PyTorch computes them.
 
+With `--kwargs`, an autocast or grad file gets each case again with one keyword argument
+changed to another value from `KWARGS` (a loss without `reduction` also gets each
+reduction), to OUTDIR/<name>_kwargs.json; PyTorch computes the expectations and variants
+it refuses are left out. (`grid_sample`'s `bicubic` mode is not in `KWARGS`: the
+workspace refuses it.)
+
 usage: python value_variants.py [--seed S] [--per-case K] [--range LO HI] IN.json [...] OUTDIR
        python value_variants.py --scenarios AUTOCAST.json OUTDIR
        python value_variants.py --subsets GRAD.json [...] OUTDIR
+       python value_variants.py --kwargs FILE.json [...] OUTDIR
        (each IN.json's variants go to OUTDIR/<name>_values.json; needs torch, CPU)"""
 import argparse
 import copy
@@ -217,8 +224,8 @@ def expect_scaler(case):
             raise ValueError("the failing action no longer fails")
 
 
-def vary(suite, case, rng):
-    """A variant of `case` (its inputs redrawn, its expectations PyTorch's)."""
+def redrawn(suite, case, rng):
+    """`case` with its inputs redrawn (its expectations still the original's)."""
     v = copy.deepcopy(case)
     if suite in ("autocast", "grad"):
         whole = any(w in v["op"] for w in SCALED_ONLY)
@@ -226,13 +233,9 @@ def vary(suite, case, rng):
         v["kwargs"] = redraw(v["kwargs"], rng, whole)
         if suite == "grad":
             v["grad_output"] = redraw(v["grad_output"], rng)
-            expect_grad(v)
-        else:
-            expect_autocast(v)
     elif suite == "train":
         v["model"] = redraw(v["model"], rng)
         v["batches"] = redraw(v["batches"], rng)
-        expect_train(v)
     elif suite == "scaler":
         for o in v.get("optimizers", []):
             o["params"] = redraw(o["params"], rng)
@@ -240,7 +243,6 @@ def vary(suite, case, rng):
             if a["action"] in ("scale", "set_grads"):
                 key = "input" if a["action"] == "scale" else "grads"
                 a[key] = redraw(a[key], rng)
-        expect_scaler(v)
     else:
         raise ValueError(f"suite {suite} has no value variants")
     return v
@@ -302,6 +304,12 @@ def scenarios(doc, differs_path):
     assert len(tol16) == 1, tol16
     (rtol16, atol16), = tol16
     differs = {line.split()[0] for line in open(differs_path) if line.strip()}
+    def adjust(v):
+        """The file's 16-bit tolerance for a 16-bit output."""
+        out = v["expect"]["output"]
+        if any(o["dtype"] in ("bfloat16", "float16") for o in (out if isinstance(out, list) else [out])):
+            v["expect"]["rtol"], v["expect"]["atol"] = rtol16, atol16
+
     cases, dropped = [], []
     ids = {c["id"] for c in doc["cases"]}
     for case in doc["cases"]:
@@ -314,22 +322,33 @@ def scenarios(doc, differs_path):
                                              or case["id"].replace("bf16_inputs", "f32_inputs") in ids
                                              or case["op"] in differs):
                 continue
-            try:
-                v = scenario(case, name)
-                if v is None:
-                    continue
-                v["id"] = f"{case['id']}/{name}"
-                expect_autocast(v)
-                out = v["expect"]["output"]
-                if any(o["dtype"] in ("bfloat16", "float16") for o in (out if isinstance(out, list) else [out])):
-                    v["expect"]["rtol"], v["expect"]["atol"] = rtol16, atol16
-                m = tr.run_autocast(v)
-                if m:
-                    raise ValueError(f"PyTorch does not reproduce it: {m}")
-                cases.append(v)
-            except Exception as ex:  # noqa
-                dropped.append((f"{case['id']}/{name}", str(ex).splitlines()[0][:160]))
+            v = scenario(case, name)
+            if v is None:
+                continue
+            v["id"] = f"{case['id']}/{name}"
+            derive(v, "autocast", expect_autocast, cases, dropped, adjust)
     return cases, dropped
+
+
+# How each suite's expectations are computed.
+EXPECT = {"autocast": expect_autocast, "grad": expect_grad, "train": expect_train,
+          "scaler": expect_scaler}
+
+
+def derive(v, suite, expect, cases, dropped, adjust=None):
+    """Fills the derived case `v`'s expectations with `expect` (then `adjust(v)`) and keeps
+    it in `cases` when PyTorch replays it; else records why in `dropped`."""
+    try:
+        expect(v)
+        if adjust is not None:
+            adjust(v)
+        json.dumps(v, allow_nan=False)
+        m = tr.RUN[suite](v)
+        if m:
+            raise ValueError(f"PyTorch does not reproduce it: {m}")
+        cases.append(v)
+    except Exception as ex:  # noqa
+        dropped.append((v["id"], str(ex).splitlines()[0][:160]))
 
 
 def grad_leaves(x, out):
@@ -359,14 +378,41 @@ def subsets(doc):
             v = copy.deepcopy(case)
             del grad_leaves(v["args"], [])[k]["requires_grad"]
             v["id"] = f"{case['id']}/no_grad_{k}"
-            try:
-                expect_grad(v)
-                m = tr.run_grad(v)
-                if m:
-                    raise ValueError(f"PyTorch does not reproduce it: {m}")
-                cases.append(v)
-            except Exception as ex:  # noqa
-                dropped.append((v["id"], str(ex).splitlines()[0][:160]))
+            derive(v, "grad", expect_grad, cases, dropped)
+    return cases, dropped
+
+
+# Other values for the keyword arguments the files use.
+KWARGS = {
+    "accumulate": [True], "align_corners": [True], "alpha": [-0.5, 3.0],
+    "beta": [0.0, 2.0, 0.25], "dim": [0, -1, 2], "eps": [1e-3, 0.1],
+    "margin": [0.0, 1.5, -0.3], "p": [1, 3, 1.5, float("inf")],
+    "mode": ["nearest", "circular", "constant"], "padding_mode": ["border", "reflection"],
+    "reduction": ["none", "sum", "mean"], "scale": [1.7], "threshold": [1.0, 0.5],
+    "value": [-2.0], "momentum": [0.5], "stride": [3], "padding": [0, 2], "kernel_size": [3],
+    "training": [True, False],
+}
+# Ops that take `reduction` (a variant adds it where the case leaves the default).
+LOSSES = ("loss", "kl_div", "cross_entropy", "nll")
+
+
+def kwarg_variants(doc):
+    """The file's cases with one keyword argument changed at a time, and the ones left
+    out."""
+    cases, dropped = [], []
+    expect = expect_grad if doc["suite"] == "grad" else expect_autocast
+    for case in doc["cases"]:
+        keys = list(case["kwargs"].items())
+        if any(w in case["op"] for w in LOSSES) and "reduction" not in case["kwargs"]:
+            keys.append(("reduction", "mean"))
+        for k, was in keys:
+            for value in KWARGS.get(k, []):
+                if value == was:
+                    continue
+                v = copy.deepcopy(case)
+                v["kwargs"][k] = value
+                v["id"] = f"{case['id']}/{k}={value}"
+                derive(v, doc["suite"], expect, cases, dropped)
     return cases, dropped
 
 
@@ -390,6 +436,7 @@ NOTES = {
     "values": "(inputs redrawn, expectations computed by PyTorch).",
     "scenarios": "(" + ", ".join(SCENARIOS) + "; see the tool).",
     "subsets": "(one input at a time not requiring grad; see the tool).",
+    "kwargs": "(one keyword argument changed at a time; see the tool).",
 }
 
 
@@ -405,6 +452,8 @@ def main():
                    help="scenario variants of an autocast file (see above)")
     p.add_argument("--subsets", action="store_true",
                    help="requires-grad subsets of grad files (see above)")
+    p.add_argument("--kwargs", action="store_true",
+                   help="keyword-argument variants of autocast and grad files (see above)")
     a = p.parse_args()
     RANGE[:] = a.range
     *inputs, outdir = a.files
@@ -413,6 +462,10 @@ def main():
     for path in inputs:
         doc = json.load(open(path))
         suite = doc["suite"]
+        if a.kwargs:
+            cases, dropped = kwarg_variants(doc)
+            write(doc, cases, dropped, path, outdir, "kwargs", "--kwargs", "Keyword variants")
+            continue
         if a.subsets:
             assert suite == "grad", f"{path}: --subsets takes a grad file"
             cases, dropped = subsets(doc)
@@ -428,15 +481,9 @@ def main():
         cases, dropped = [], []
         for case in doc["cases"]:
             for k in range(a.per_case):
-                try:
-                    v = vary(suite, case, rng)
-                    v["id"] = f"{case['id']}/values{a.seed}.{k}"
-                    m = tr.RUN[suite](v)
-                    if m:
-                        raise ValueError(f"PyTorch does not reproduce it: {m}")
-                    cases.append(v)
-                except Exception as ex:  # noqa
-                    dropped.append((case["id"], str(ex).splitlines()[0][:160]))
+                v = redrawn(suite, case, rng)
+                v["id"] = f"{case['id']}/values{a.seed}.{k}"
+                derive(v, suite, EXPECT[suite], cases, dropped)
         write(doc, cases, dropped, path, outdir, "values", f"--seed {a.seed}", "Value variants")
 
 

@@ -134,14 +134,30 @@ pub fn addmm(input: &Tensor, m1: &Tensor, m2: &Tensor, beta: f64, alpha: f64) ->
         &[&input, &m1, &m2],
         move |g| {
             Ok(vec![
-                grad_if(ri && beta != 0.0, || {
-                    sum_to(&maybe_mul(g.clone(), beta)?, &di)
-                })?,
+                // beta = 0 ignores the input's value but not its gradient: grad · 0, as
+                // PyTorch's `maybe_multiply(grad, beta)`.
+                grad_if(ri, || sum_to(&maybe_mul(g.clone(), beta)?, &di))?,
                 grad_if(r1, || maybe_mul(mm_mat1_grad(g, c1, k2.get())?, alpha))?,
                 grad_if(r2, || maybe_mul(mm_mat2_grad(g, k1.get(), c2)?, alpha))?,
             ])
         },
     ))
+}
+
+/// `p`, recorded as also depending on `input` through `0 · input`: with `beta = 0` the
+/// input's value is ignored (NaN too), but its gradient is PyTorch's `grad · 0` (zeros,
+/// NaN where `grad` is not finite) summed to its shape, not none.
+fn ignoring(input: &Tensor, p: Tensor) -> Tensor {
+    if !crate::grad_mode::is_grad_enabled() || !input.requires_grad() {
+        return p;
+    }
+    let di = input.dims().to_vec();
+    record(p.data().clone(), "AddBackward0", &[&p, input], move |g| {
+        Ok(vec![
+            Some(g.clone()),
+            Some(sum_to(&mul_scalar(g, 0.0)?, &di)?),
+        ])
+    })
 }
 
 fn scaled_sum(input: &Tensor, beta: f64, prod: Tensor, alpha: f64) -> Result<Tensor> {
@@ -152,7 +168,7 @@ fn scaled_sum(input: &Tensor, beta: f64, prod: Tensor, alpha: f64) -> Result<Ten
     };
     if beta == 0.0 {
         let z = Tensor::zeros_on(input.dims().to_vec(), input.dtype(), input.device())?;
-        return add(&z, &p);
+        return Ok(ignoring(input, add(&z, &p)?));
     }
     let i = if beta == 1.0 {
         input.clone()

@@ -587,7 +587,7 @@ pub fn pad(x: &Tensor, pad: &[i64], mode: &str, value: Option<f64>) -> Result<Te
 
 /// `torch.nn.functional.grid_sample(input, grid, mode, padding_mode, align_corners)` for
 /// 4-d (`grid` `[N, H, W, 2]`) and 5-d (`grid` `[N, D, H, W, 3]`) inputs. Differentiable
-/// in `input` and in `grid` (bilinear; nearest gives the grid no gradient), to any order.
+/// in `input` and in `grid` (bilinear; nearest gives the grid a zero gradient, as PyTorch), to any order.
 pub fn grid_sample(
     input: &Tensor,
     grid: &Tensor,
@@ -628,7 +628,8 @@ pub fn grid_sample(
         Ok(plan.index.narrow(1, c, 1)?.try_contiguous()?)
     };
     let out = match mode {
-        GridMode::Nearest => plane_gather(&xc, n, &corner_index(0)?)?,
+        // The grid's gradient is zeros, as PyTorch's grid_sampler backward gives it.
+        GridMode::Nearest => link_zero(plane_gather(&xc, n, &corner_index(0)?)?, &gc),
         GridMode::Bilinear => {
             // t_d = coord_d - floor_d as a differentiable function of the grid:
             // coord_d = grid_d * mult_d + (coord_d - grid_d * mult_d) (piecewise linear).
