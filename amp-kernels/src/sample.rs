@@ -1,5 +1,7 @@
-//! Grid sampling (`torch.nn.functional.grid_sample`), 2-d and 3-d, bilinear and nearest,
-//! with zeros / border / reflection padding and both `align_corners` conventions.
+//! Grid sampling (`torch.nn.functional.grid_sample`), 2-d and 3-d, bilinear and nearest
+//! (and 2-d bicubic, PyTorch's cubic convolution with `A = -0.75` over a 4×4 neighbourhood
+//! whose taps are each padded), with zeros / border / reflection padding and both
+//! `align_corners` conventions.
 //!
 //! [`grid_sample_plan`] turns a grid into, per output point, the flat input positions of
 //! its corners (`-1` outside) with their weights, plus the source coordinates and their
@@ -25,8 +27,11 @@ named_mode! {
         Bilinear = "bilinear",
         /// The nearest input position (ties to even).
         Nearest = "nearest",
+        /// Cubic convolution (`A = -0.75`) of the 4×4 neighbourhood, 4-d inputs only; the
+        /// source coordinate is not padded, each tap is.
+        Bicubic = "bicubic",
     }
-    else |other| -> Error { Error::invalid("grid_sample", format!("nn.functional.grid_sample(): mode '{other}' is not supported (bilinear, nearest)")) }
+    else |other| -> Error { Error::invalid("grid_sample", format!("nn.functional.grid_sample(): expected mode to be 'bilinear', 'nearest' or 'bicubic', but got: '{other}'")) }
 }
 
 named_mode! {
@@ -42,7 +47,8 @@ named_mode! {
     else |other| -> Error { Error::invalid("grid_sample", format!("nn.functional.grid_sample(): expected padding_mode to be 'zeros', 'border', or 'reflection', but got: '{other}'")) }
 }
 
-/// The sampling plan of a grid (see the module docs). `K` is `2^n` (bilinear) or 1.
+/// The sampling plan of a grid (see the module docs). `K` is `2^n` (bilinear), 16
+/// (bicubic: tap `4·i + j` at row offset `i - 1`, column offset `j - 1`) or 1.
 #[derive(Clone, Debug)]
 pub struct GridPlan {
     /// int64 `[N, K, out...]`: flat input position of each corner, `-1` outside.
@@ -53,8 +59,25 @@ pub struct GridPlan {
     pub coord: Tensor,
     /// `[N, n, out...]`: derivative of each source coordinate w.r.t. its grid value.
     pub mult: Tensor,
-    /// `[N, n, out...]`: the floor of each source coordinate (bilinear) or the rounded one.
+    /// `[N, n, out...]`: the floor of each source coordinate (bilinear, bicubic) or the
+    /// rounded one.
     pub base: Tensor,
+}
+
+/// PyTorch's bicubic coefficients of the four taps at offsets -1, 0, 1, 2 for the
+/// fraction `t` (`get_cubic_upsample_coefficients`, `A = -0.75`).
+pub fn cubic_weights<C: Real>(t: C) -> [C; 4] {
+    let c = |v: f64| C::from_f64c(v);
+    let a = c(-0.75);
+    // |x| <= 1 and 1 < |x| < 2 (PyTorch's cubic_convolution1 / cubic_convolution2).
+    let near = |x: C| ((a + c(2.0)) * x - (a + c(3.0))) * x * x + C::one();
+    let far = |x: C| ((a * x - c(5.0) * a) * x + c(8.0) * a) * x - c(4.0) * a;
+    [
+        far(t + C::one()),
+        near(t),
+        near(C::one() - t),
+        far(c(2.0) - t),
+    ]
 }
 
 /// PyTorch's `reflect_coordinates` with the derivative sign.
@@ -91,16 +114,28 @@ fn clip<C: Real>(x: C, size: usize) -> (C, C) {
     }
 }
 
-/// The source coordinate of grid value `g` along a dim of `size`, and its derivative.
-fn source<C: Real>(g: C, size: usize, padding: GridPadding, align: bool) -> (C, C) {
+/// PyTorch's `grid_sampler_unnormalize`: the unpadded source coordinate of grid value `g`
+/// along a dim of `size`, and its derivative.
+fn unnormalize<C: Real>(g: C, size: usize, align: bool) -> (C, C) {
     let s = C::from_f64c(size as f64);
     let one = C::one();
     let two = one + one;
-    let (mut x, mut m) = if align {
+    if align {
         ((g + one) / two * (s - one), (s - one) / two)
     } else {
         (((g + one) * s - one) / two, s / two)
-    };
+    }
+}
+
+/// The source coordinate of grid value `g` along a dim of `size`, and its derivative.
+fn source<C: Real>(g: C, size: usize, padding: GridPadding, align: bool) -> (C, C) {
+    let (x, m) = unnormalize(g, size, align);
+    pad(x, m, size, padding, align)
+}
+
+/// PyTorch's `compute_coordinates`: coordinate `x` (derivative `m`) under `padding`.
+fn pad<C: Real>(x: C, m: C, size: usize, padding: GridPadding, align: bool) -> (C, C) {
+    let (mut x, mut m) = (x, m);
     match padding {
         GridPadding::Zeros => {}
         GridPadding::Border => {
@@ -152,12 +187,20 @@ pub fn grid_sample_plan(
     let op = "grid_sample";
     crate::ensure_float(op, grid)?;
     let (nb, n, out_sp) = check(input, grid)?;
+    ensure!(
+        !(mode == GridMode::Bicubic && n != 2),
+        invalid(
+            op,
+            "grid_sampler(): bicubic interpolation only supports 4D input"
+        )
+    );
     let pts: usize = out_sp.iter().product();
     // Sizes in grid order (x: last input dim).
     let sizes: Vec<usize> = (0..n).map(|d| input[input.len() - 1 - d]).collect();
     let k = match mode {
         GridMode::Bilinear => 1usize << n,
         GridMode::Nearest => 1,
+        GridMode::Bicubic => 16,
     };
     let shape = |m: usize| {
         let mut s = vec![nb, m];
@@ -183,7 +226,11 @@ pub fn grid_sample_plan(
                 let mut t = [C::zero(); 3];
                 let mut finite = true;
                 for d in 0..n {
-                    let (x, m) = source(gp[d], sizes[d], padding, align_corners);
+                    let (x, m) = if mode == GridMode::Bicubic {
+                        unnormalize(gp[d], sizes[d], align_corners)
+                    } else {
+                        source(gp[d], sizes[d], padding, align_corners)
+                    };
                     let at = (b * n + d) * pts + p;
                     coord[at] = x;
                     mult[at] = m;
@@ -193,7 +240,7 @@ pub fn grid_sample_plan(
                         continue;
                     }
                     let f = match mode {
-                        GridMode::Bilinear => x.floor(),
+                        GridMode::Bilinear | GridMode::Bicubic => x.floor(),
                         GridMode::Nearest => C::from_f64c(x.to_f64c().round_ties_even()),
                     };
                     base[at] = f;
@@ -201,6 +248,25 @@ pub fn grid_sample_plan(
                     t[d] = x - f;
                 }
                 if !finite {
+                    continue;
+                }
+                if mode == GridMode::Bicubic {
+                    let (cx, cy) = (cubic_weights(t[0]), cubic_weights(t[1]));
+                    let (w_in, h_in) = (sizes[0], sizes[1]);
+                    for c in 0..16 {
+                        let (i, j) = (c / 4, c % 4);
+                        // Each tap padded on its own (PyTorch's `get_value_bounded`).
+                        let tap = |base: i64, off: usize, size: usize| -> i64 {
+                            let v = C::from_f64c((base + off as i64 - 1) as f64);
+                            pad(v, C::one(), size, padding, align_corners).0.to_f64c() as i64
+                        };
+                        let (col, row) = (tap(lo[0], j, w_in), tap(lo[1], i, h_in));
+                        let at = (b * k + c) * pts + p;
+                        if col >= 0 && row >= 0 && (col as usize) < w_in && (row as usize) < h_in {
+                            index[at] = row * w_in as i64 + col;
+                        }
+                        weight[at] = cy[i] * cx[j];
+                    }
                     continue;
                 }
                 for c in 0..k {

@@ -28,8 +28,7 @@ PyTorch computes them.
 With `--kwargs`, an autocast or grad file gets each case again with one keyword argument
 changed to another value from `KWARGS` (a loss without `reduction` also gets each
 reduction), to OUTDIR/<name>_kwargs.json; PyTorch computes the expectations and variants
-it refuses are left out. (`grid_sample`'s `bicubic` mode is not in `KWARGS`: the
-workspace refuses it.)
+it refuses are left out.
 
 usage: python value_variants.py [--seed S] [--per-case K] [--range LO HI] IN.json [...] OUTDIR
        python value_variants.py --scenarios AUTOCAST.json OUTDIR
@@ -387,7 +386,8 @@ KWARGS = {
     "accumulate": [True], "align_corners": [True], "alpha": [-0.5, 3.0],
     "beta": [0.0, 2.0, 0.25], "dim": [0, -1, 2], "eps": [1e-3, 0.1],
     "margin": [0.0, 1.5, -0.3], "p": [1, 3, 1.5, float("inf")],
-    "mode": ["nearest", "circular", "constant"], "padding_mode": ["border", "reflection"],
+    "mode": ["nearest", "bicubic", "circular", "constant"],
+    "padding_mode": ["border", "reflection"],
     "reduction": ["none", "sum", "mean"], "scale": [1.7], "threshold": [1.0, 0.5],
     "value": [-2.0], "momentum": [0.5], "stride": [3], "padding": [0, 2], "kernel_size": [3],
     "training": [True, False],

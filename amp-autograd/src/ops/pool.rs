@@ -587,7 +587,8 @@ pub fn pad(x: &Tensor, pad: &[i64], mode: &str, value: Option<f64>) -> Result<Te
 
 /// `torch.nn.functional.grid_sample(input, grid, mode, padding_mode, align_corners)` for
 /// 4-d (`grid` `[N, H, W, 2]`) and 5-d (`grid` `[N, D, H, W, 3]`) inputs. Differentiable
-/// in `input` and in `grid` (bilinear; nearest gives the grid a zero gradient, as PyTorch), to any order.
+/// in `input` and in `grid` (bilinear and bicubic; nearest gives the grid a zero gradient, as PyTorch),
+/// to any order.
 pub fn grid_sample(
     input: &Tensor,
     grid: &Tensor,
@@ -630,7 +631,7 @@ pub fn grid_sample(
     let out = match mode {
         // The grid's gradient is zeros, as PyTorch's grid_sampler backward gives it.
         GridMode::Nearest => link_zero(plane_gather(&xc, n, &corner_index(0)?)?, &gc),
-        GridMode::Bilinear => {
+        GridMode::Bilinear | GridMode::Bicubic => {
             // t_d = coord_d - floor_d as a differentiable function of the grid:
             // coord_d = grid_d * mult_d + (coord_d - grid_d * mult_d) (piecewise linear).
             let mut t = Vec::with_capacity(n);
@@ -647,11 +648,21 @@ pub fn grid_sample(
                 let offset = sub(&sub(&coord, &mul(&gdv, &mult)?)?, &base)?;
                 t.push(add(&mul(&gd, &mult)?, &offset)?);
             }
+            // Per tap, the product over dims of its weight along each: bilinear `t` or
+            // `1 - t` by the corner's bit; bicubic the cubic coefficient of its offset.
+            let cubic = if mode == GridMode::Bicubic {
+                t.iter().map(cubic_weights).collect::<Result<Vec<_>>>()?
+            } else {
+                Vec::new()
+            };
             let mut acc: Option<Tensor> = None;
             for c in 0..k {
                 let mut w: Option<Tensor> = None;
                 for (d, td) in t.iter().enumerate() {
-                    let f = if (c >> d) & 1 == 1 {
+                    let f = if mode == GridMode::Bicubic {
+                        // Tap `4·i + j`: column offset `j` along x (d = 0), row `i` along y.
+                        cubic[d][if d == 0 { c % 4 } else { c / 4 }].clone()
+                    } else if (c >> d) & 1 == 1 {
                         td.clone()
                     } else {
                         super::pointwise::rsub_scalar(td, 1.0)?
@@ -674,6 +685,29 @@ pub fn grid_sample(
     };
     let out = out.to_dtype(dtype)?;
     Ok(out)
+}
+
+/// PyTorch's bicubic coefficients of the taps at offsets -1, 0, 1, 2 for the fractions
+/// `t` (`amp_kernels::cubic_weights`, `A = -0.75`), differentiable in `t`.
+fn cubic_weights(t: &Tensor) -> Result<[Tensor; 4]> {
+    use super::pointwise::{add_scalar, mul_scalar, rsub_scalar};
+    const A: f64 = -0.75;
+    // |x| <= 1: ((A + 2) x - (A + 3)) x x + 1; 1 < |x| < 2: ((A x - 5A) x + 8A) x - 4A.
+    let near = |x: &Tensor| -> Result<Tensor> {
+        let p = add_scalar(&mul_scalar(x, A + 2.0)?, -(A + 3.0))?;
+        add_scalar(&mul(&mul(&p, x)?, x)?, 1.0)
+    };
+    let far = |x: &Tensor| -> Result<Tensor> {
+        let p = add_scalar(&mul_scalar(x, A)?, -5.0 * A)?;
+        let p = add_scalar(&mul(&p, x)?, 8.0 * A)?;
+        add_scalar(&mul(&p, x)?, -4.0 * A)
+    };
+    Ok([
+        far(&add_scalar(t, 1.0)?)?,
+        near(t)?,
+        near(&rsub_scalar(t, 1.0)?)?,
+        far(&rsub_scalar(t, 2.0)?)?,
+    ])
 }
 
 // ----- embedding with padding_idx ---------------------------------------------------------

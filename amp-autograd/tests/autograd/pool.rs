@@ -203,17 +203,19 @@ fn fractional_intervals_follow_pytorch() {
 fn grid_sample_gradients_input_and_grid_first_and_second_order() {
     let x = uniform_leaf(&[1, 2, 3, 4], 10, -1.0, 1.0);
     let g = uniform_leaf(&[1, 2, 3, 2], 11, -1.2, 1.2);
-    for pm in [
-        GridPadding::Zeros,
-        GridPadding::Border,
-        GridPadding::Reflection,
-    ] {
-        for align in [false, true] {
-            check_grad(
-                &[x.clone(), g.clone()],
-                &|v| ops::grid_sample(&v[0], &v[1], GridMode::Bilinear, pm, align),
-                1e-5,
-            );
+    for mode in [GridMode::Bilinear, GridMode::Bicubic] {
+        for pm in [
+            GridPadding::Zeros,
+            GridPadding::Border,
+            GridPadding::Reflection,
+        ] {
+            for align in [false, true] {
+                check_grad(
+                    &[x.clone(), g.clone()],
+                    &|v| ops::grid_sample(&v[0], &v[1], mode, pm, align),
+                    1e-5,
+                );
+            }
         }
     }
     check_second_order(
@@ -225,6 +227,11 @@ fn grid_sample_gradients_input_and_grid_first_and_second_order() {
         std::slice::from_ref(&x),
         &|v| ops::grid_sample(&v[0], &g, GridMode::Nearest, GridPadding::Border, false),
         1e-6,
+    );
+    check_second_order(
+        &[x.clone(), g.clone()],
+        &|v| ops::grid_sample(&v[0], &v[1], GridMode::Bicubic, GridPadding::Border, false),
+        1e-4,
     );
     let x3 = uniform_leaf(&[1, 2, 3, 2, 3], 12, -1.0, 1.0);
     let g3 = uniform_leaf(&[1, 2, 2, 1, 3], 13, -1.0, 1.0);

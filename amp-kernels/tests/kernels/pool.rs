@@ -309,13 +309,17 @@ fn ref_grid_point(
     pad_mode: GridPadding,
     align: bool,
 ) -> f64 {
-    let src = |g: f64, size: usize| -> f64 {
+    let unnorm = |g: f64, size: usize| -> f64 {
         let s = size as f64;
-        let mut c = if align {
+        if align {
             (g + 1.0) / 2.0 * (s - 1.0)
         } else {
             ((g + 1.0) * s - 1.0) / 2.0
-        };
+        }
+    };
+    let padded = |c: f64, size: usize| -> f64 {
+        let s = size as f64;
+        let mut c = c;
         let clip = |c: f64| c.max(0.0).min(s - 1.0);
         match pad_mode {
             GridPadding::Zeros => {}
@@ -344,6 +348,7 @@ fn ref_grid_point(
         }
         c
     };
+    let src = |g: f64, size: usize| padded(unnorm(g, size), size);
     let (x, y) = (src(gx, w), src(gy, h));
     let at = |r: i64, c: i64| -> f64 {
         if r >= 0 && c >= 0 && (r as usize) < h && (c as usize) < w {
@@ -363,6 +368,32 @@ fn ref_grid_point(
                 + at(r0 + 1, c0) * (1.0 - tx) * ty
                 + at(r0 + 1, c0 + 1) * tx * ty
         }
+        GridMode::Bicubic => {
+            // Keys' cubic convolution, A = -0.75, over the unpadded coordinate's 4×4
+            // neighbourhood; each tap's coordinate padded, then truncated.
+            let a = -0.75;
+            let kernel = |d: f64| {
+                let d = d.abs();
+                if d <= 1.0 {
+                    (a + 2.0) * d * d * d - (a + 3.0) * d * d + 1.0
+                } else {
+                    a * d * d * d - 5.0 * a * d * d + 8.0 * a * d - 4.0 * a
+                }
+            };
+            let (x, y) = (unnorm(gx, w), unnorm(gy, h));
+            let (x0, y0) = (x.floor(), y.floor());
+            let mut sum = 0.0;
+            for i in -1..3 {
+                let mut row = 0.0;
+                for j in -1..3 {
+                    let (cx, cy) = (x0 + j as f64, y0 + i as f64);
+                    let v = at(padded(cy, h) as i64, padded(cx, w) as i64);
+                    row += kernel(x - cx) * v;
+                }
+                sum += kernel(y - (y0 + i as f64)) * row;
+            }
+            sum
+        }
     }
 }
 
@@ -373,7 +404,7 @@ fn grid_sample2d_matches_reference_for_every_mode() {
     let mut gen = Generator::new(7);
     let grid = Tensor::uniform([n, oh, ow, 2], -1.6, 1.6, DType::F64, &mut gen).unwrap();
     let (xv, gv) = (x.to_vec_f64(), grid.to_vec_f64());
-    for mode in [GridMode::Bilinear, GridMode::Nearest] {
+    for mode in [GridMode::Bilinear, GridMode::Nearest, GridMode::Bicubic] {
         for pm in [
             GridPadding::Zeros,
             GridPadding::Border,
@@ -416,6 +447,13 @@ fn grid_sample3d_identity_grid_reproduces_input() {
         let out = grid_sample(&x, &grid, mode, GridPadding::Zeros, true).unwrap();
         close(&out.to_vec_f64(), &x.to_vec_f64(), 1e-12);
     }
+    // Bicubic is 2-d only, as in PyTorch.
+    let e = grid_sample(&x, &grid, GridMode::Bicubic, GridPadding::Zeros, true).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("bicubic interpolation only supports 4D input"),
+        "{e}"
+    );
 }
 
 #[test]

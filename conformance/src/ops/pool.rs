@@ -221,13 +221,13 @@ mod tests {
         );
         let img = t(&[1.0, 2.0, 3.0, 4.0], &[1, 1, 2, 2]);
         let grid_sample = || call("torch.nn.functional.grid_sample").arg(&img).arg(&grid);
-        for mode in ["bilinear", "nearest"] {
+        for mode in ["bilinear", "nearest", "bicubic"] {
             let g = grid_sample().op("grid_sampler_2d").kw("mode", mode);
             let g = g.kw("padding_mode", "border").kw("align_corners", true);
             assert_eq!(g.values(), [1.0, 2.0, 3.0, 4.0]);
         }
-        let e = grid_sample().kw("mode", "bicubic").err();
-        assert!(e.contains("bicubic"), "{e}");
+        let e = grid_sample().kw("mode", "bicubical").err();
+        assert!(e.contains("bicubical"), "{e}");
         // Constant pad with a value.
         let pad = call("torch.nn.functional.pad")
             .op("constant_pad_nd")

@@ -692,7 +692,7 @@ fn a_device_run_skips_missing_kernels_and_host_only_suites_and_counts_them() {
     assert!(text.contains("on cuda:0  no kernel  files"), "{text}");
     assert!(
         text.contains(
-            "\non cuda:0: 2 cases ran, 2 skipped for lack of a device kernel, 1999 not run there\n"
+            "\non cuda:0: 2 cases ran, 2 skipped for lack of a device kernel, 2001 not run there\n"
         ),
         "{text}"
     );
