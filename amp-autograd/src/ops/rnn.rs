@@ -3,9 +3,12 @@
 //!
 //! Each cell enters the dispatch point once under its listed name (so autocast casts the
 //! cell's inputs as the policy says) and then runs its body, built from differentiable
-//! ops (`linear`, `sigmoid`, `tanh`, `narrow`). The cells are opaque ops
-//! ([`OpName::opaque`]): the body runs with the dispatch layer excluded, in the dtypes
-//! the cell was entered with, as PyTorch's autocast wrapper does.
+//! ops (`linear`, `sigmoid`, `tanh`, `narrow`). The cells are transparent ops
+//! ([`OpName::new`]): where a list gives the cell a policy (the CUDA lists), the body runs
+//! with the dispatch layer excluded, in the dtypes the cell was entered with, as
+//! PyTorch's autocast wrapper does; where none does (CPU), the body's ops are dispatched
+//! again, so autocast casts its `linear`s, as it does inside PyTorch's CPU cells, which
+//! are composites.
 
 use super::check::{refused, size};
 use super::enter_vec;
