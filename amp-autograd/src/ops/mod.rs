@@ -1,4 +1,4 @@
-//! The differentiable ops. Each enters through [`crate::dispatch`] under its documented
+//! The differentiable ops. Each enters through [`crate::dispatch()`] under its documented
 //! name, runs its kernel, and records a backward written in differentiable ops (so
 //! `create_graph` gives higher-order gradients).
 
