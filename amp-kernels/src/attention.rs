@@ -38,17 +38,6 @@ pub struct FlashOptions<'a> {
     pub bias: Option<&'a Tensor>,
 }
 
-/// The larger of `a` and `b`, NaN if either is (so a NaN score makes its row NaN, as
-/// in `softmax`, instead of being skipped by `f32::max`).
-#[inline(always)]
-fn max_nan<C: Real>(a: C, b: C) -> C {
-    if b.is_nan() || b > a {
-        b
-    } else {
-        a
-    }
-}
-
 /// The shapes, checked: `(B, L, S, E, Ev)`.
 fn geometry(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(usize, usize, usize, usize, usize)> {
     let bad = |why: String| Err(Error::invalid("scaled_dot_product_attention", why));
@@ -189,11 +178,16 @@ impl<C: Real> Batch<'_, C> {
                 self.scores(i0, i1, j0, j1, &mut sc);
                 for r in 0..i1 - i0 {
                     let row = &mut sc[r * BK..r * BK + (j1 - j0)];
-                    let bmax = row.iter().fold(C::neg_infinity(), |a, &x| max_nan(a, x));
-                    let m_new = max_nan(m[r], bmax);
+                    let bmax = row.iter().fold(C::neg_infinity(), |a, &x| a.max(x));
+                    let mut m_new = m[r].max(bmax);
                     if m_new == C::neg_infinity() {
-                        row.fill(C::zero()); // nothing visible yet in this row
-                        continue;
+                        // `max` skips NaN: a block of NaN (and `-inf`) scores is NaN, not
+                        // masked (a NaN beside finite scores reaches the sums anyway).
+                        if !row.iter().any(|x| x.is_nan()) {
+                            row.fill(C::zero()); // nothing visible yet in this row
+                            continue;
+                        }
+                        m_new = C::nan();
                     }
                     let alpha = (m[r] - m_new).exp_v();
                     let mut bsum = C::zero();

@@ -66,7 +66,7 @@ pub struct GridPlan {
 
 /// PyTorch's bicubic coefficients of the four taps at offsets -1, 0, 1, 2 for the
 /// fraction `t` (`get_cubic_upsample_coefficients`, `A = -0.75`).
-pub fn cubic_weights<C: Real>(t: C) -> [C; 4] {
+fn cubic_weights<C: Real>(t: C) -> [C; 4] {
     let c = |v: f64| C::from_f64c(v);
     let a = c(-0.75);
     // |x| <= 1 and 1 < |x| < 2 (PyTorch's cubic_convolution1 / cubic_convolution2).

@@ -688,7 +688,7 @@ pub fn grid_sample(
 }
 
 /// PyTorch's bicubic coefficients of the taps at offsets -1, 0, 1, 2 for the fractions
-/// `t` (`amp_kernels::cubic_weights`, `A = -0.75`), differentiable in `t`.
+/// `t` (the plan's weights in `amp_kernels`' `sample.rs`, `A = -0.75`), differentiable in `t`.
 fn cubic_weights(t: &Tensor) -> Result<[Tensor; 4]> {
     use super::pointwise::{add_scalar, mul_scalar, rsub_scalar};
     const A: f64 = -0.75;
