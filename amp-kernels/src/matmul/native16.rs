@@ -470,7 +470,7 @@ fn single<T: Packed, const LOAD: u8>(
     } else {
         1
     };
-    let groups = if parallel {
+    let mut groups = if parallel {
         (2 * threads).div_ceil(row_blocks).clamp(1, strips / blocks)
     } else {
         1
@@ -485,7 +485,11 @@ fn single<T: Packed, const LOAD: u8>(
     // 0.89 (64); 512³ 0.93, 0.96, 0.88 (256). In the sweep, 192³ 0.67–0.85 shared,
     // 0.86–0.92 own copies (36). A tall product repacks its strips in every row block:
     // bfloat16 [2048, 128] @ [128, 512]ᵀ 325 GFLOP/s own copies (256), 418 shared.
-    let private = parallel && strips.div_ceil(blocks * groups) * row_blocks <= PRIVATE_COPIES;
+    let mut private = parallel && strips.div_ceil(blocks * groups) * row_blocks <= PRIVATE_COPIES;
+    if parallel && blocks == 1 && by_columns(LOAD, threads, m, n, strips, kp_used * mr * panels) {
+        // One task per thread, each multiplying all of `A` by its own strips.
+        (row_blocks, groups, private) = (1, threads, true);
+    }
     let pack_strip = |s: usize, dst: &mut [u32]| {
         let j0 = s * NR;
         // An AVX2 strip is two halves of 16 columns, each inner-major on its own, so
@@ -665,6 +669,35 @@ fn single<T: Packed, const LOAD: u8>(
     });
     give_pack(bpack);
     done
+}
+
+/// The most bytes of packed `A` for which a parallel product is split by columns
+/// ([`by_columns`]): every task packs all of `A` and reads it once per strip, so it
+/// should stay in a core's L2 (1 MiB on the Zen 4 where it was measured).
+const COLUMN_SPLIT_A: usize = 1 << 20;
+/// The most threads for which [`by_columns`] splits a product by columns (each thread
+/// packs `A` once: the copies grow with the threads).
+const COLUMN_SPLIT_THREADS: usize = 4;
+
+/// Whether a parallel product on the `LOAD` rung, `m×n` with `strips` strips of `B` and
+/// `a_words` 32-bit words of packed `A`, runs as one task per thread, each packing all of `A` and
+/// its own share of the strips (one copy of `B` in all, `threads` of `A`), instead of
+/// row blocks that each pack or read every strip. It does where `A` is small enough to
+/// stay in the cache ([`COLUMN_SPLIT_A`]), the product is not much taller than wide,
+/// the strips share out evenly (a multiple of the threads, or at least four each) and
+/// there are few threads ([`COLUMN_SPLIT_THREADS`]). Measured on a Zen 4 EPYC, 2
+/// threads, µs row blocks / columns, medians of 15 interleaved rounds: bfloat16
+/// (`vdpbf16ps`) 128³ 14.5/12.9, 192³ 40.1/36.0, 256³ 90.6/81.6, 384³ 275/265, 512³
+/// 634/619, 64×256×1024 110/90, 256×512×256 182/160; float16 (widened FMA tiles)
+/// 256³ 172/158, 64×256×1024 208/161. Not taken: 96³ (3 strips) 6.3/7.8, 1024³
+/// 4906/4926, 4096×256×256 1272/1309. Only the AVX-512 rungs, the ones measured.
+fn by_columns(load: u8, threads: usize, m: usize, n: usize, strips: usize, a_words: usize) -> bool {
+    matches!(load, x86::RAW | x86::FROM_BF16 | x86::FROM_F16)
+        && (2..=COLUMN_SPLIT_THREADS).contains(&threads)
+        && strips >= threads
+        && (strips % threads == 0 || strips >= 4 * threads)
+        && m <= 2 * n
+        && a_words * 4 <= COLUMN_SPLIT_A
 }
 
 // ----- packing --------------------------------------------------------------------------
@@ -1949,5 +1982,37 @@ mod x86 {
         _: &mut [u32],
     ) {
         unreachable!("AVX2 kernel on a non-x86 CPU")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shapes the column split was measured faster on take it on 2 threads, and the
+    /// ones it lost on (or was not measured on) do not.
+    #[test]
+    fn products_split_by_columns_where_that_was_measured_faster() {
+        let cols = |load: u8, threads: usize, (m, k, n): (usize, usize, usize)| {
+            let words = k.div_ceil(step(load)) * MR * m.div_ceil(MR);
+            by_columns(load, threads, m, n, n.div_ceil(NR), words)
+        };
+        for shape in [
+            (128, 128, 128),
+            (256, 256, 256),
+            (512, 512, 512),
+            (64, 256, 1024),
+        ] {
+            assert!(cols(x86::RAW, 2, shape), "bfloat16 {shape:?}");
+        }
+        assert!(cols(x86::FROM_F16, 2, (512, 512, 512)));
+        for shape in [(96, 96, 96), (1024, 1024, 1024), (4096, 256, 256)] {
+            assert!(!cols(x86::RAW, 2, shape), "bfloat16 {shape:?}");
+        }
+        assert!(!cols(x86::FROM_F16, 2, (768, 768, 768)));
+        assert!(!cols(x86::AMX, 2, (256, 256, 256)), "AMX was not measured");
+        assert!(!cols(x86::RAW, 1, (256, 256, 256)), "one thread");
+        assert!(!cols(x86::RAW, 16, (256, 256, 256)), "16 copies of A");
+        assert!(!cols(x86::RAW, 3, (256, 256, 256)), "8 strips on 3 threads");
     }
 }

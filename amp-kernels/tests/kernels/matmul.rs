@@ -1243,6 +1243,55 @@ fn many_workers_split_a_thin_product() {
     }
 }
 
+/// A product gives the same bits however many threads split it: each output element
+/// sums its whole inner dimension in one tile, so row blocks, tasks that pack their own
+/// strips, and one task per thread that packs all of `A` and its share of the strips
+/// (256³ and the wide 64×256×1024 on 2 and 4 threads; 3 threads share 8 strips
+/// unevenly and take row blocks) only change which thread computes a tile.
+#[test]
+fn every_split_of_a_product_gives_the_serial_bits() {
+    let pools: Vec<rayon::ThreadPool> = [1, 2, 3, 4]
+        .into_iter()
+        .map(|t| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(t)
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let shapes = [
+        (256, 256, 256),
+        (64, 256, 1024),
+        (96, 96, 96),
+        (250, 130, 100),
+        (1024, 64, 128),
+    ];
+    for dt in [DType::BF16, DType::F16] {
+        let kernels: Vec<Kernel16> = Kernel16::ALL
+            .into_iter()
+            .filter(|&k| applicable(dt, k, "every_split_of_a_product_gives_the_serial_bits"))
+            .collect();
+        for (m, k, n) in shapes {
+            let (a, b) = (randn(&[m, k], dt, 97), randn(&[k, n], dt, 98));
+            for &kernel in &kernels {
+                let bits = |pool: &rayon::ThreadPool| -> Vec<u64> {
+                    let c = pool.install(|| with_kernel16(kernel, || mm(&a, &b).unwrap()).unwrap());
+                    c.to_vec_f64().iter().map(|v| v.to_bits()).collect()
+                };
+                let serial = bits(&pools[0]);
+                for pool in &pools[1..] {
+                    assert!(
+                        bits(pool) == serial,
+                        "{dt} {m}x{k}x{n} on {} with {} threads",
+                        kernel.name(),
+                        pool.current_num_threads()
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// Sums that round to a NaN with a payload or to a bfloat16 subnormal (an `addmm` input
 /// passed through by zero rows of `A`, or added to a product) come out of every 16-bit
 /// kernel with the bits of the integer rounding PyTorch uses (NaN as `0x7FC0`,
