@@ -695,7 +695,7 @@ fn by_columns(load: u8, threads: usize, m: usize, n: usize, strips: usize, a_wor
     matches!(load, x86::RAW | x86::FROM_BF16 | x86::FROM_F16)
         && (2..=COLUMN_SPLIT_THREADS).contains(&threads)
         && strips >= threads
-        && (strips % threads == 0 || strips >= 4 * threads)
+        && (strips.is_multiple_of(threads) || strips >= 4 * threads)
         && m <= 2 * n
         && a_words * 4 <= COLUMN_SPLIT_A
 }
