@@ -680,9 +680,9 @@ const COLUMN_SPLIT_A: usize = 1 << 20;
 const COLUMN_SPLIT_THREADS: usize = 4;
 
 /// Whether a parallel product on the `LOAD` rung, `m×n` with `strips` strips of `B` and
-/// `a_words` 32-bit words of packed `A`, runs as one task per thread, each packing all of `A` and
-/// its own share of the strips (one copy of `B` in all, `threads` of `A`), instead of
-/// row blocks that each pack or read every strip. It does where `A` is small enough to
+/// `a_words` 32-bit words of packed `A`, runs as one task per thread, each packing all
+/// of `A` and its own share of the strips (one copy of `B` in all, `threads` of `A`),
+/// instead of row blocks that each pack or read every strip. It does where `A` is small enough to
 /// stay in the cache ([`COLUMN_SPLIT_A`]), the product is not much taller than wide,
 /// the strips share out evenly (a multiple of the threads, or at least four each) and
 /// there are few threads ([`COLUMN_SPLIT_THREADS`]). Measured on a Zen 4 EPYC, 2
