@@ -1004,14 +1004,16 @@ fn by_entry(batch: usize, work: usize) -> bool {
 }
 
 /// The most multiply-adds a 16-bit product of `dtype` runs on the direct kernel with:
-/// [`DIRECT16_WORK`] where the CPU has an AVX-512 packing kernel for it, else as many as
-/// a float32 product ([`DIRECT_WORK`]): the AVX2 tiles' packing and 6-row panels cost
-/// more than widening at these sizes (on a Zen 3 EPYC, bfloat16 `mm` of 32³ took
-/// 1.33 µs widened for the direct kernel against 1.72 on the AVX2 tiles, and `bmm` of
-/// `[32, 32, 64] × [32, 64, 32]` 35 µs against 39).
+/// [`DIRECT16_WORK`] where the CPU multiplies it faster than float32 (AMX, AVX-512
+/// BF16), else as many as a float32 product ([`DIRECT_WORK`]). On float32 FMA tiles the
+/// packing costs more than widening at these sizes: on a Zen 3 EPYC (AVX2 tiles),
+/// bfloat16 `mm` of 32³ took 1.33 µs widened for the direct kernel against 1.72 on the
+/// tiles, and `bmm` of `[32, 32, 64] × [32, 64, 32]` 35 µs against 39; on a Zen 4 EPYC
+/// (AVX-512 FMA tiles, float16), that `bmm` ran at 183–185 GFLOP/s on the direct kernel
+/// against 130–150 packed, and `mm` of 32³ at 64–75 against 57–59 (two runs each).
 fn direct16_work(dtype: DType) -> usize {
     match native16::kernel16(dtype) {
-        Some(Kernel16::Avx2Fma | Kernel16::Widened) => DIRECT_WORK,
+        Some(Kernel16::Avx512Fma | Kernel16::Avx2Fma | Kernel16::Widened) => DIRECT_WORK,
         _ => DIRECT16_WORK,
     }
 }
@@ -1020,8 +1022,8 @@ fn direct16_work(dtype: DType) -> usize {
 const DIRECT16_LEN: usize = 4096;
 
 /// 16-bit products with at most this many multiply-adds (and taken by `direct`) run
-/// on the direct kernel (`per_product16`) where the CPU has an AVX-512 packing kernel
-/// (see `direct16_work`); larger ones on the packing kernels, faster from there (AMX:
+/// on the direct kernel (`per_product16`) where the CPU multiplies them faster than
+/// float32 (AMX, AVX-512 BF16; see `direct16_work`); larger ones on the packing kernels, faster from there (AMX:
 /// `bmm` of `[32, 32, 64] × [32, 64, 32]` in bfloat16 took 21 µs on AMX tiles, 30–38 µs
 /// on the direct kernel).
 pub const DIRECT16_WORK: usize = 16 * 64 * 16;

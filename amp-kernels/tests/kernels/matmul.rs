@@ -1120,8 +1120,8 @@ fn every_product_kernel_on_a_large_product() {
 /// `A` widened in several chunks (`m·k` over the 4096-value stack buffer), an inner
 /// dimension longer than that buffer (widened elsewhere), and a batch spread over the
 /// threads. The widened rung is forced so that every CPU takes the direct kernel up to
-/// `DIRECT_WORK` (with an AVX-512 packing kernel it stops at `DIRECT16_WORK`, and AMX
-/// sums in pairs).
+/// `DIRECT_WORK` (with AMX or AVX-512 BF16 it stops at `DIRECT16_WORK`, and both sum
+/// in pairs).
 #[test]
 fn small_16bit_products_round_the_float32_sums_once() {
     // (batch, m, k, n, A transposed, B transposed)
