@@ -1023,9 +1023,9 @@ const DIRECT16_LEN: usize = 4096;
 
 /// 16-bit products with at most this many multiply-adds (and taken by `direct`) run
 /// on the direct kernel (`per_product16`) where the CPU multiplies them faster than
-/// float32 (AMX, AVX-512 BF16; see `direct16_work`); larger ones on the packing kernels, faster from there (AMX:
-/// `bmm` of `[32, 32, 64] × [32, 64, 32]` in bfloat16 took 21 µs on AMX tiles, 30–38 µs
-/// on the direct kernel).
+/// float32 (AMX, AVX-512 BF16; see `direct16_work`); larger ones on the packing
+/// kernels, faster from there (AMX: `bmm` of `[32, 32, 64] × [32, 64, 32]` in bfloat16
+/// took 21 µs on AMX tiles, 30–38 µs on the direct kernel).
 pub const DIRECT16_WORK: usize = 16 * 64 * 16;
 
 /// The float32 sums [`per_product16`] keeps of a product at a time (elements): blocks

@@ -1,7 +1,7 @@
 //! Seeded test data and per-dtype tolerances.
 //!
 //! `uniform` needs nothing; with the `tensor` feature come seeded standard-normal values
-//! and raw tensors (the workspace's ChaCha8 generator, so a seed names the same values
+//! and raw tensors, `bits` (a result's values for comparing bit for bit) (the workspace's ChaCha8 generator, so a seed names the same values
 //! everywhere), `tolerance`, `Tolerances` and `assert_close_as` (one tolerance per
 //! floating dtype; `DType::FLOATS` lists the dtypes) and the dtype type of
 //! `each_dtype!`; with the `autograd` feature the leaves of autograd tests (`leaf`,
@@ -47,6 +47,18 @@ mod raw {
     /// `raw_randn(dims, F64, seed)`).
     pub fn randn_vec(dims: &[usize], seed: u64) -> Vec<f64> {
         raw_randn(dims, DType::F64, seed).to_vec_f64()
+    }
+
+    /// The bits of `t`'s values widened to float64 (exact from every floating dtype), for
+    /// tests that compare two results bit for bit.
+    ///
+    /// ```
+    /// use amp_testing::tensors::{bits, raw_randn, DType};
+    /// let t = raw_randn(&[3], DType::BF16, 1);
+    /// assert_eq!(bits(&t), bits(&t.clone()));
+    /// ```
+    pub fn bits(t: &Raw) -> Vec<u64> {
+        t.to_vec_f64().iter().map(|v| v.to_bits()).collect()
     }
 
     /// One tolerance per floating dtype: a test's own table where [`tolerance`]'s does

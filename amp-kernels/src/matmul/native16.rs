@@ -485,11 +485,14 @@ fn single<T: Packed, const LOAD: u8>(
     // 0.89 (64); 512³ 0.93, 0.96, 0.88 (256). In the sweep, 192³ 0.67–0.85 shared,
     // 0.86–0.92 own copies (36). A tall product repacks its strips in every row block:
     // bfloat16 [2048, 128] @ [128, 512]ᵀ 325 GFLOP/s own copies (256), 418 shared.
-    let mut private = parallel && strips.div_ceil(blocks * groups) * row_blocks <= PRIVATE_COPIES;
-    if parallel && blocks == 1 && by_columns(LOAD, threads, m, n, strips, kp_used * mr * panels) {
+    let columns =
+        parallel && blocks == 1 && by_columns(LOAD, threads, m, n, strips, kp_used * mr * panels);
+    if columns {
         // One task per thread, each multiplying all of `A` by its own strips.
-        (row_blocks, groups, private) = (1, threads, true);
+        (row_blocks, groups) = (1, threads);
     }
+    let private =
+        columns || (parallel && strips.div_ceil(blocks * groups) * row_blocks <= PRIVATE_COPIES);
     let pack_strip = |s: usize, dst: &mut [u32]| {
         let j0 = s * NR;
         // An AVX2 strip is two halves of 16 columns, each inner-major on its own, so

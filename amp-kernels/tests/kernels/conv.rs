@@ -7,6 +7,7 @@ use amp_kernels::{
     ConvParams,
 };
 use amp_tensor::{DType, Generator, Tensor};
+use amp_testing::tensors::bits;
 use proptest::prelude::*;
 
 /// One convolution problem, spatial dims padded to 3.
@@ -462,10 +463,9 @@ fn batch_weight_grad_bits_do_not_depend_on_timing() {
         .build()
         .unwrap();
     pool.install(|| {
-        let bits = |t: Tensor| -> Vec<u64> { t.to_vec_f64().iter().map(|v| v.to_bits()).collect() };
-        let first = bits(conv_weight_grad(&x, &g, &c.w_dims(), &p).unwrap());
+        let first = bits(&conv_weight_grad(&x, &g, &c.w_dims(), &p).unwrap());
         for round in 0..20 {
-            let again = bits(conv_weight_grad(&x, &g, &c.w_dims(), &p).unwrap());
+            let again = bits(&conv_weight_grad(&x, &g, &c.w_dims(), &p).unwrap());
             assert!(again == first, "round {round}: the weight gradient changed");
         }
     });

@@ -7,6 +7,7 @@ use amp_kernels::cuda as k;
 use amp_kernels::{BinaryOp, UnaryOp};
 use amp_tensor::cuda::{self, CudaStorage};
 use amp_tensor::{DType, Device, Layout, Tensor};
+use amp_testing::tensors::bits;
 
 const DEV: Device = Device::Cuda(0);
 const FLOATS: [DType; 4] = [DType::F16, DType::BF16, DType::F32, DType::F64];
@@ -781,8 +782,6 @@ fn sixteen_bit_sums_round_a_float32_sum_once() {
                 .to_dtype(d)
                 .unwrap();
             assert_eq!(direct.dtype(), d);
-            let bits =
-                |t: &Tensor| -> Vec<u64> { t.to_vec_f64().iter().map(|v| v.to_bits()).collect() };
             assert_eq!(bits(&direct), bits(&wide), "{d} {dims:?} over {axes:?}");
         }
     }

@@ -6,6 +6,7 @@ use amp_kernels::{
     Kernel16,
 };
 use amp_tensor::{DType, Generator, Tensor};
+use amp_testing::tensors::bits;
 
 const FLOATS: [DType; 4] = [DType::F16, DType::BF16, DType::F32, DType::F64];
 
@@ -1153,8 +1154,6 @@ fn small_16bit_products_round_the_float32_sums_once() {
             let got = with_kernel16(Kernel16::Widened, || prod(&a, &b)).unwrap();
             let what = format!("{dt} case {i}: [{batch}] {m}x{k}x{n}, transposed {ta}/{tb}");
             assert_eq!(got.dims(), want.dims(), "{what}");
-            let bits =
-                |t: &Tensor| -> Vec<u64> { t.to_vec_f64().iter().map(|v| v.to_bits()).collect() };
             assert_eq!(bits(&got), bits(&want), "{what}");
             assert_close(&got, &ref_matmul(&a, &b), dt, &what);
         }
@@ -1274,14 +1273,13 @@ fn every_split_of_a_product_gives_the_serial_bits() {
         for (m, k, n) in shapes {
             let (a, b) = (randn(&[m, k], dt, 97), randn(&[k, n], dt, 98));
             for &kernel in &kernels {
-                let bits = |pool: &rayon::ThreadPool| -> Vec<u64> {
-                    let c = pool.install(|| with_kernel16(kernel, || mm(&a, &b).unwrap()).unwrap());
-                    c.to_vec_f64().iter().map(|v| v.to_bits()).collect()
+                let on = |pool: &rayon::ThreadPool| {
+                    bits(&pool.install(|| with_kernel16(kernel, || mm(&a, &b).unwrap()).unwrap()))
                 };
-                let serial = bits(&pools[0]);
+                let serial = on(&pools[0]);
                 for pool in &pools[1..] {
                     assert!(
-                        bits(pool) == serial,
+                        on(pool) == serial,
                         "{dt} {m}x{k}x{n} on {} with {} threads",
                         kernel.name(),
                         pool.current_num_threads()

@@ -6,7 +6,7 @@ use amp_kernels::*;
 use amp_tensor::{DType, Tensor};
 
 // Shape, dtype, contiguity, and the values rounded to the dtype within a tolerance.
-use amp_testing::tensors::{assert_tensor_close as check, uniform, Tolerances};
+use amp_testing::tensors::{assert_tensor_close as check, bits, uniform, Tolerances};
 
 /// The reductions' tolerances for the 16-bit types, tighter ones for float32 and float64.
 fn tol(dtype: DType) -> f64 {
@@ -341,9 +341,6 @@ fn scaled_softmax_is_the_math_path_in_one_pass() {
                 )
                 .unwrap();
                 if dtype == DType::F32 {
-                    let bits = |t: &Tensor| -> Vec<u64> {
-                        t.to_vec_f64().iter().map(|v| v.to_bits()).collect()
-                    };
                     assert_eq!(bits(&fused), bits(&ops), "{what}");
                     assert_eq!(bits(&fused_back), bits(&ops_back), "{what} backward");
                 } else {
