@@ -983,8 +983,9 @@ fn half<T: native16::Packed + small::Half16>(p: &Plan<'_>) -> Result<Tensor> {
         .iter()
         .all(|&l| l <= DIRECT16_LEN);
     let direct16_size = p.m * p.n * p.k <= direct16_work(T::DTYPE) && direct(p.m, p.n, p.k, &p.sb);
-    let plain = !input && !p.reduce && p.m > 0 && p.n > 0 && p.k > 0;
-    if plain && direct16_size && p.k <= small::PACK && small::vector_kernel16() {
+    let whole = !p.reduce && p.m > 0 && p.n > 0 && p.k > 0;
+    let plain = whole && !input;
+    if whole && direct16_size && p.k <= small::PACK && small::vector_kernel16() {
         return direct16::<T>(p);
     }
     if plain && fits && direct16_size && small::vector_kernel() {
@@ -1034,9 +1035,13 @@ pub const DIRECT16_WORK: usize = 16 * 64 * 16;
 const SUMS16_LEN: usize = 64 * 1024;
 
 /// f16 / bf16 products of at most [`DIRECT_WORK`] multiply-adds taken by `direct`,
-/// without an input term or a batch sum, on the direct kernel reading the 16-bit
-/// operands in place and rounding each sum as it stores it (`small::direct16`): no
-/// widened copy, no scratch buffer. A batch of at least [`BATCH_PARALLEL_WORK`]
+/// without a batch sum, on the direct kernel reading the 16-bit operands in place and
+/// rounding each sum as it stores it (`small::direct16`): no widened copy, no scratch
+/// buffer. An input term (`addmm`, `baddbmm`; a linear layer's bias) is gathered into
+/// the output first and read back by the tiles, `beta · input + alpha · sum` in float32
+/// as the packing kernels compute it. Before, those products went to the packing
+/// kernels whatever their size: a bfloat16 linear layer's forward and backward of
+/// `[16, 16]` took 5.0 µs against float32's 3.7 on a Zen 4 EPYC. A batch of at least [`BATCH_PARALLEL_WORK`]
 /// multiply-adds is one parallel loop over its products. The bits are those of the
 /// widened path ([`per_product16`]: the same float32 sums, in the same order).
 ///
@@ -1051,8 +1056,15 @@ fn direct16<T: Element + small::Half16>(p: &Plan<'_>) -> Result<Tensor> {
     let (m, n, k) = (p.m, p.n, p.k);
     let batch = p.sa.offsets.len();
     let len = out_len(p);
-    let mut out: Vec<T> = try_vec_with_capacity(len)?;
-    let dst = SendPtr(out.spare_capacity_mut().as_mut_ptr().cast::<T>());
+    // The input term (`beta != 0`) is gathered into the output, where the tiles read it
+    // back (exactly: it has the output's dtype) and add `beta` times it to each sum.
+    let init = gathered_input::<T, T>(p)?;
+    let read_dst = init.is_some();
+    let mut out: Vec<T> = match init {
+        Some(v) => v,
+        None => try_vec_with_capacity(len)?,
+    };
+    let dst = SendPtr(out.spare_or_init().as_mut_ptr().cast::<T>());
     with_operands::<T, _>(p, |a, b| {
         check_bounds(a, &p.sa, m, k);
         check_bounds(b, &p.sb, k, n);
@@ -1064,13 +1076,14 @@ fn direct16<T: Element + small::Half16>(p: &Plan<'_>) -> Result<Tensor> {
                 a: (a, &p.sa, i),
                 b: (b, &p.sb, i),
                 d: dst.at(i * m * n),
-                dst_factor: 0.0,
-                read_dst: false,
+                dst_factor: p.beta as f32,
+                read_dst,
                 alpha: p.alpha as f32,
             };
             // SAFETY: the operands' matrices lie inside `a` and `b` (checked above);
             // `d` is product `i`'s `m×n` block of the output's capacity, written only
-            // by this call, and not read (`read_dst` false).
+            // by this call, and read only when `read_dst` (then initialised with the
+            // input above).
             let done = unsafe { small::direct16(product) };
             // `direct` takes a `B` with strided rows only up to `SMALL_WORK`
             // multiply-adds, so `k·n ≤ small::PACK`; the CPU has the kernel (checked by

@@ -1479,7 +1479,8 @@ fn in_order_three(
 /// `DIRECT_WORK` with a row-major `B`) gives the bits of the in-order sum on every tile
 /// shape: 8, 4, 2 and 1 rows, one to eight vectors of columns, masked last columns, a
 /// column-major `A`, a column-major `B` (copied first), `beta`/`alpha`, and a batch; in
-/// bfloat16 and float16 (up to `DIRECT16_WORK`), the same float32 sums rounded once.
+/// bfloat16 and float16 (up to `DIRECT16_WORK`), the same float32 sums rounded once,
+/// with an input term too (`addmm` of a bias row).
 #[test]
 fn direct_kernel_sums_in_order() {
     use amp_kernels::{DIRECT_WORK, SMALL_WORK};
@@ -1552,6 +1553,20 @@ fn direct_kernel_sums_in_order() {
                 .to_vec_f64();
             let what = format!("{dtype} {m}x{k}x{n} a_cols={a_cols} b_cols={b_cols}");
             assert_eq!(bmm(&a, &b).unwrap().to_vec_f64(), want, "bmm {what}");
+            // With an input term (a bias row, broadcast down the rows, as a linear
+            // layer's): `beta · input + alpha · sum` in float32, rounded once.
+            let (a0, b0) = (a.select(0, 0).unwrap(), b.select(0, 0).unwrap());
+            let bias = randn(&[n], dtype, seed + 2);
+            let iv: Vec<f64> = (0..m).flat_map(|_| bias.to_vec_f64()).collect();
+            let (av, bv) = (a0.to_vec_f64(), b0.to_vec_f64());
+            let sums = in_order(&av, &bv, &iv, (m, k, n), (0.5, -1.5), true, fused);
+            let sums: Vec<f32> = sums.into_iter().map(|v| v as f32).collect();
+            let want = Tensor::from_vec(sums, [m, n])
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let got = addmm(&bias, &a0, &b0, 0.5, -1.5).unwrap();
+            assert_eq!(bits(&got), bits(&want), "addmm {what}");
         }
     }
 }
