@@ -721,40 +721,71 @@ mod x86 {
         };
         // Not zeroed: 16 KiB of stores would cost more than a small product.
         let mut wa = [MaybeUninit::<f32>::uninit(); PACK];
+        // A column-major `A` (a transposed operand: `gᵀ·x`, a linear layer's weight
+        // gradient) is widened column by column and read column-major by the tiles
+        // (the same multiply-adds in the same order, so the same bits); one value at
+        // a time it took a float16 linear layer's backward of `[32, 32]` twice as long
+        // as float32's.
+        let columns = sa.cs != 1 && sa.rs == 1;
         for r0 in (0..m).step_by(chunk) {
             let h = chunk.min(m - r0);
-            for r in 0..h {
-                let row = sa.offsets[ia] + (r0 + r) * sa.rs;
-                let dst = &mut wa[r * k..(r + 1) * k];
-                if sa.cs == 1 {
-                    // A vector at a time with the tiles' own loads (no call).
-                    let (src, dst) = (a[row..row + k].as_ptr(), dst.as_mut_ptr().cast::<f32>());
-                    let full = k / L::N * L::N;
-                    // SAFETY: values `p..p + N` (`p + N ≤ full`) of the row and `dst`,
-                    // then the last `k - full`.
-                    unsafe {
-                        for p in (0..full).step_by(L::N) {
-                            S::load(src.add(p), L::N).store(dst.add(p), L::N);
+            let at = sa.offsets[ia] + r0 * sa.rs;
+            let dst = wa.as_mut_ptr().cast::<f32>();
+            if columns {
+                for p in 0..k {
+                    let src = a[at + p * sa.cs..at + p * sa.cs + h].as_ptr();
+                    // SAFETY: `h` values of column `p`; `p·h + h ≤ k·h ≤ PACK` values of
+                    // `wa`.
+                    unsafe { widen_run::<L, S>(src, dst.add(p * h), h) };
+                }
+            } else {
+                for r in 0..h {
+                    let row = at + r * sa.rs;
+                    if sa.cs == 1 {
+                        // SAFETY: `k` values of the row; `r·k + k ≤ h·k ≤ PACK` values of
+                        // `wa`.
+                        unsafe { widen_run::<L, S>(a[row..row + k].as_ptr(), dst.add(r * k), k) };
+                    } else {
+                        for (p, d) in wa[r * k..(r + 1) * k].iter_mut().enumerate() {
+                            d.write(a[row + p * sa.cs].to_f32());
                         }
-                        if full < k {
-                            S::load(src.add(full), k - full).store(dst.add(full), k - full);
-                        }
-                    }
-                } else {
-                    for (p, d) in dst.iter_mut().enumerate() {
-                        d.write(a[row + p * sa.cs].to_f32());
                     }
                 }
             }
+            let (ars, acs) = if columns { (1, h) } else { (k, 1) };
             // SAFETY: the caller's contract: rows `r0..r0 + h` of the output; `wa`
-            // holds those rows of `A` (row-major, `h·k` values written above), `b`
-            // holds `B`'s rows.
+            // holds those rows of `A` (`h·k` values written above, row-major or
+            // column-major as `ars`, `acs` say), `b` holds `B`'s rows.
             unsafe {
                 let d = pr.d.add(r0 * n);
-                tiles::<L, f32, S>(&pr, h, d, wa.as_ptr().cast(), k, 1, b, brs);
+                tiles::<L, f32, S>(&pr, h, d, wa.as_ptr().cast(), ars, acs, b, brs);
             }
         }
         true
+    }
+
+    /// `len` contiguous values at `src` widened into `dst`, a vector at a time with the
+    /// tiles' own loads (a function, not a closure, so that it takes its caller's target
+    /// features when inlined).
+    ///
+    /// # Safety
+    /// `src` and `dst` are valid for `len` values; the CPU has `L`'s features and F16C.
+    #[inline(always)]
+    unsafe fn widen_run<L: Lanes<E = f32>, S: Stored<L>>(src: *const S, dst: *mut f32, len: usize)
+    where
+        f32: Stored<L>,
+    {
+        let full = len / L::N * L::N;
+        // SAFETY: values `p..p + N` (`p + N ≤ full`) of `src` and `dst`, then the last
+        // `len - full` (the caller's contract).
+        unsafe {
+            for p in (0..full).step_by(L::N) {
+                S::load(src.add(p), L::N).store(dst.add(p), L::N);
+            }
+            if full < len {
+                S::load(src.add(full), len - full).store(dst.add(full), len - full);
+            }
+        }
     }
 
     /// Rows `0..m` of `pr`'s output at `d` (row length `pr.n`), from `A` at `a` (stored
