@@ -303,7 +303,7 @@ pub(super) fn chosen(dtype: DType, m: usize, n: usize, k: usize) -> Option<Kerne
 /// the AVX2 tiles (see [`Kernel16::supports`]).
 pub(super) trait Packed: amp_tensor::Element {
     /// The raw bits of one value.
-    type Bits: Copy + Into<u32> + Sync;
+    type Bits: Copy + Into<u32> + Sync + x86::Word;
     /// The raw bits of a slice.
     fn bits(x: &[Self]) -> &[Self::Bits];
 }
@@ -361,9 +361,9 @@ pub(super) struct Job<'a, T> {
 /// # Panics
 /// If an operand's matrices do not lie inside its buffer, or the CPU cannot run
 /// `kernel` on `T`.
-pub(super) fn product<T: Packed>(
+pub(super) fn product<T: Packed, S: Packed>(
     kernel: Kernel16,
-    job: &Job<'_, T>,
+    job: &Job<'_, S>,
     out: &mut [MaybeUninit<T>],
 ) -> Result<()> {
     assert!(
@@ -372,22 +372,41 @@ pub(super) fn product<T: Packed>(
         kernel.name(),
         T::DTYPE
     );
+    assert!(
+        S::DTYPE == T::DTYPE || (S::DTYPE == DType::F32 && rounds_f32(kernel)),
+        "the {} kernel cannot pack {} operands for a {} product",
+        kernel.name(),
+        S::DTYPE,
+        T::DTYPE
+    );
     match (kernel, T::DTYPE) {
-        (Kernel16::Amx, _) => batched::<T, { x86::AMX }>(job, out),
-        (Kernel16::Avx512Bf16, _) => batched::<T, { x86::RAW }>(job, out),
-        (Kernel16::Avx2Fma, DType::F32) => batched::<T, { x86::AVX2_F32 }>(job, out),
-        (Kernel16::Avx2Fma, DType::F16) => batched::<T, { x86::AVX2_F16 }>(job, out),
-        (Kernel16::Avx2Fma, _) => batched::<T, { x86::AVX2_BF16 }>(job, out),
-        (_, DType::F16) => batched::<T, { x86::FROM_F16 }>(job, out),
-        (_, _) => batched::<T, { x86::FROM_BF16 }>(job, out),
+        (Kernel16::Amx, _) => batched::<T, S, { x86::AMX }>(job, out),
+        (Kernel16::Avx512Bf16, _) => batched::<T, S, { x86::RAW }>(job, out),
+        (Kernel16::Avx2Fma, DType::F32) => batched::<T, S, { x86::AVX2_F32 }>(job, out),
+        (Kernel16::Avx2Fma, DType::F16) => batched::<T, S, { x86::AVX2_F16 }>(job, out),
+        (Kernel16::Avx2Fma, _) => batched::<T, S, { x86::AVX2_BF16 }>(job, out),
+        (_, DType::F16) => batched::<T, S, { x86::FROM_F16 }>(job, out),
+        (_, _) => batched::<T, S, { x86::FROM_BF16 }>(job, out),
     }
+}
+
+/// Whether `kernel` packs float32 operands of a 16-bit product by rounding each value
+/// to the product's type as it packs it ([`product`] with `S = f32`): the AVX-512
+/// rungs that pack from 16-bit storage, [`Kernel16::Avx512Bf16`] and
+/// [`Kernel16::Avx512Fma`]. The words are those of the operands cast first, so are the
+/// bits.
+pub(super) fn rounds_f32(kernel: Kernel16) -> bool {
+    matches!(kernel, Kernel16::Avx512Bf16 | Kernel16::Avx512Fma)
 }
 
 /// [`product`] with packed words of kind `LOAD` ([`x86::RAW`]: bfloat16 pairs for
 /// `vdpbf16ps`; else one value widened to float32 for the FMA tiles): the batch entries
 /// one after another (each split over the threads), or spread over the threads when
 /// each is small.
-fn batched<T: Packed, const LOAD: u8>(job: &Job<'_, T>, out: &mut [MaybeUninit<T>]) -> Result<()> {
+fn batched<T: Packed, S: Packed, const LOAD: u8>(
+    job: &Job<'_, S>,
+    out: &mut [MaybeUninit<T>],
+) -> Result<()> {
     let (m, n, k) = (job.m, job.n, job.k);
     super::check_bounds(job.a, job.sa, m, k);
     super::check_bounds(job.b, job.sb, k, n);
@@ -396,7 +415,7 @@ fn batched<T: Packed, const LOAD: u8>(job: &Job<'_, T>, out: &mut [MaybeUninit<T
     let segments = |i: usize| (job.sa.offsets[i], job.sb.offsets[i]);
     if job.reduce {
         let segs: Vec<_> = try_collect(batch, (0..batch).map(segments))?;
-        return single::<T, LOAD>(job, &segs, out, job.input, true);
+        return single::<T, S, LOAD>(job, &segs, out, job.input, true);
     }
     let threads = rayon::current_num_threads();
     // Split products share packed strips between cores (a [32, 512, 64] bmm lost 15%
@@ -408,13 +427,13 @@ fn batched<T: Packed, const LOAD: u8>(job: &Job<'_, T>, out: &mut [MaybeUninit<T
     {
         for (i, o) in out.chunks_mut(mn).enumerate().take(batch) {
             let input = job.input.map(|v| &v[i * mn..(i + 1) * mn]);
-            single::<T, LOAD>(job, &[segments(i)], o, input, true)?;
+            single::<T, S, LOAD>(job, &[segments(i)], o, input, true)?;
         }
     } else {
         let failed = FirstError::new();
         amp_tensor::parallel::for_each_chunk_mut(&mut out[..batch * mn], mn, &|i, o| {
             let input = job.input.map(|v| &v[i * mn..(i + 1) * mn]);
-            failed.record(single::<T, LOAD>(job, &[segments(i)], o, input, false));
+            failed.record(single::<T, S, LOAD>(job, &[segments(i)], o, input, false));
         });
         failed.into_result()?;
     }
@@ -423,8 +442,8 @@ fn batched<T: Packed, const LOAD: u8>(job: &Job<'_, T>, out: &mut [MaybeUninit<T
 
 /// One output matrix: `out = input + alpha · Σ_s A_s @ B_s` over the segments `s`
 /// (storage offsets of `A` and `B`), all sums in registers, rounded once.
-fn single<T: Packed, const LOAD: u8>(
-    job: &Job<'_, T>,
+fn single<T: Packed, S: Packed, const LOAD: u8>(
+    job: &Job<'_, S>,
     segs: &[(usize, usize)],
     out: &mut [MaybeUninit<T>],
     input: Option<&[f32]>,
@@ -449,7 +468,7 @@ fn single<T: Packed, const LOAD: u8>(
     } else {
         kp_used
     };
-    let (xa, xb) = (T::bits(job.a), T::bits(job.b));
+    let (xa, xb) = (S::bits(job.a), S::bits(job.b));
     let strips = n.div_ceil(NR);
     let strip_len = kp * NR;
     let work = m * n * k * segs.len();
@@ -734,7 +753,7 @@ const fn step(load: u8) -> usize {
 /// Every index `o + r·ls + q·qs` (`r < h`, `q < k`) lies inside `x`; `S` is the 16-bit
 /// bits `LOAD` reads, or `u32` for [`x86::AVX2_F32`]; the CPU has AVX-512 F/BW/VL, or
 /// AVX2, FMA and F16C for the `AVX2_` kinds.
-unsafe fn pack<const W: usize, const LOAD: u8, S: Copy + Into<u32>>(
+unsafe fn pack<const W: usize, const LOAD: u8, S: Copy + Into<u32> + x86::Word>(
     x: &[S],
     o: usize,
     ls: usize,
@@ -748,8 +767,19 @@ unsafe fn pack<const W: usize, const LOAD: u8, S: Copy + Into<u32>>(
     let (words, full) = (k.div_ceil(st), k / st);
     let dst = &mut dst[..words * W];
     let src = x.as_ptr();
-    // SAFETY: every (r, q) read below is inside `x` (the caller's contract).
-    let at = |r: usize, q: usize| -> u32 { unsafe { *src.add(o + r * ls + q * qs) }.into() };
+    // float32 words of a 16-bit product: each value rounded to the product's type.
+    let round = std::mem::size_of::<S>() == 4 && LOAD != x86::AVX2_F32;
+    let at = |r: usize, q: usize| -> u32 {
+        // SAFETY: every (r, q) read here is inside `x` (the caller's contract).
+        let v: u32 = unsafe { *src.add(o + r * ls + q * qs) }.into();
+        match (round, LOAD) {
+            (false, _) | (_, x86::AVX2_F32) => v,
+            (_, x86::FROM_F16 | x86::AVX2_F16) => f16::from_f32(f32::from_bits(v)).to_bits().into(),
+            _ => amp_tensor::round_to_bf16(f32::from_bits(v))
+                .to_bits()
+                .into(),
+        }
+    };
     let word = |r: usize, p: usize| -> u32 {
         match LOAD {
             x86::RAW => pair(
@@ -780,7 +810,7 @@ unsafe fn pack<const W: usize, const LOAD: u8, S: Copy + Into<u32>>(
                     x86::AVX2_F16 | x86::AVX2_BF16 | x86::AVX2_F32 => {
                         x86::transpose_words256::<W, LOAD, S>(line, ls, h, d)
                     }
-                    _ => x86::transpose_words::<W, LOAD>(line.cast(), ls, h, d),
+                    _ => x86::transpose_words::<W, LOAD, S>(line, ls, h, d),
                 }
             };
         }
@@ -795,7 +825,7 @@ unsafe fn pack<const W: usize, const LOAD: u8, S: Copy + Into<u32>>(
                 x86::AVX2_F16 | x86::AVX2_BF16 | x86::AVX2_F32 => {
                     x86::gather_words256::<W, LOAD, S>(src.add(o), qs, h, full, dst)
                 }
-                _ => x86::gather_words::<W, LOAD>(src.add(o).cast(), qs, h, full, dst),
+                _ => x86::gather_words::<W, LOAD, S>(src.add(o), qs, h, full, dst),
             }
         };
         done = full;
@@ -1365,6 +1395,85 @@ mod x86 {
     /// float32 words copied as they are, for [`micro_avx2`]'s tiles (float32 products).
     pub(super) const AVX2_F32: u8 = 6;
 
+    /// How the AVX-512 packers read operand values as 16-bit bits: `u16` values are
+    /// those bits; `u32` values are float32 bits, rounded to bfloat16 or float16 (`F16`)
+    /// as they are read (a float32 operand of a 16-bit product: the bits of the operand
+    /// cast first, see [`super::rounds_f32`]).
+    pub(in super::super) trait Word: Copy {
+        /// The 16 values at `p`.
+        ///
+        /// # Safety
+        /// They are readable; the CPU has AVX-512 F/BW/VL.
+        unsafe fn load16<const F16: bool>(p: *const Self) -> __m256i;
+        /// The values at `p` in the lanes of `k` (the others 0, not read).
+        ///
+        /// # Safety
+        /// Those are readable; the CPU has AVX-512 F/BW/VL.
+        unsafe fn maskz16<const F16: bool>(k: __mmask16, p: *const Self) -> __m256i;
+        /// The 32 bfloat16 values at `p`.
+        ///
+        /// # Safety
+        /// They are readable; the CPU has AVX-512 F/BW/VL.
+        unsafe fn load32(p: *const Self) -> __m512i;
+    }
+
+    impl Word for u16 {
+        #[inline(always)]
+        unsafe fn load16<const F16: bool>(p: *const u16) -> __m256i {
+            // SAFETY: the trait's contract.
+            unsafe { _mm256_loadu_si256(p.cast()) }
+        }
+        #[inline(always)]
+        unsafe fn maskz16<const F16: bool>(k: __mmask16, p: *const u16) -> __m256i {
+            // SAFETY: the trait's contract.
+            unsafe { _mm256_maskz_loadu_epi16(k, p.cast()) }
+        }
+        #[inline(always)]
+        unsafe fn load32(p: *const u16) -> __m512i {
+            // SAFETY: the trait's contract.
+            unsafe { _mm512_loadu_si512(p.cast()) }
+        }
+    }
+
+    /// 16 float32 lanes rounded to float16 (`F16`: `vcvtps2ph`, the bits of `half`'s
+    /// conversion) or bfloat16 (`narrow_bf16_16`, `amp_tensor::round_to_bf16`'s).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F (the caller is compiled with it).
+    #[inline(always)]
+    unsafe fn narrow16<const F16: bool>(v: __m512) -> __m256i {
+        // SAFETY: register-only intrinsics (the caller's contract).
+        unsafe {
+            if F16 {
+                _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v)
+            } else {
+                crate::half16::lanes::narrow_bf16_16(v)
+            }
+        }
+    }
+
+    impl Word for u32 {
+        #[inline(always)]
+        unsafe fn load16<const F16: bool>(p: *const u32) -> __m256i {
+            // SAFETY: the trait's contract.
+            unsafe { narrow16::<F16>(_mm512_loadu_ps(p.cast())) }
+        }
+        #[inline(always)]
+        unsafe fn maskz16<const F16: bool>(k: __mmask16, p: *const u32) -> __m256i {
+            // SAFETY: the trait's contract.
+            unsafe { narrow16::<F16>(_mm512_maskz_loadu_ps(k, p.cast())) }
+        }
+        #[inline(always)]
+        unsafe fn load32(p: *const u32) -> __m512i {
+            // SAFETY: the trait's contract.
+            unsafe {
+                let lo = narrow16::<false>(_mm512_loadu_ps(p.cast()));
+                let hi = narrow16::<false>(_mm512_loadu_ps(p.add(16).cast()));
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+            }
+        }
+    }
+
     /// 16 words of `h ≤ W` contiguous lines (line `r` at `src + r·ls`, read as `LOAD`
     /// says) into `dst[p·W + r]`, `p < 16`, lines `h..W` zero: per 16 lines, one
     /// register transpose.
@@ -1373,8 +1482,8 @@ mod x86 {
     /// The CPU has AVX-512 F/BW/VL; the lines are readable (32 values each for [`RAW`],
     /// 16 otherwise); `dst` holds `16·W` words.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    pub(super) unsafe fn transpose_words<const W: usize, const LOAD: u8>(
-        src: *const u16,
+    pub(super) unsafe fn transpose_words<const W: usize, const LOAD: u8, E: Word>(
+        src: *const E,
         ls: usize,
         h: usize,
         dst: &mut [u32],
@@ -1388,9 +1497,9 @@ mod x86 {
                 // contract).
                 *l = unsafe {
                     match LOAD {
-                        RAW => _mm512_loadu_si512(line.cast()),
-                        FROM_F16 => widen::<true>(_mm256_loadu_si256(line.cast())),
-                        _ => widen::<false>(_mm256_loadu_si256(line.cast())),
+                        RAW => E::load32(line),
+                        FROM_F16 => widen::<true>(E::load16::<true>(line)),
+                        _ => widen::<false>(E::load16::<false>(line)),
                     }
                 };
             }
@@ -1431,8 +1540,8 @@ mod x86 {
     /// The CPU has AVX-512 F/BW/VL; the first `h` lines at each inner index read are
     /// readable; `dst` holds `words·W` words.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    pub(super) unsafe fn gather_words<const W: usize, const LOAD: u8>(
-        src: *const u16,
+    pub(super) unsafe fn gather_words<const W: usize, const LOAD: u8, E: Word>(
+        src: *const E,
         qs: usize,
         h: usize,
         words: usize,
@@ -1447,10 +1556,14 @@ mod x86 {
                 let q0 = src.add(step * p * qs);
                 for c in 0..W.div_ceil(16) {
                     let load = chunk_lanes(h, c);
-                    let x = _mm256_maskz_loadu_epi16(load, q0.add(16 * c).cast());
+                    let x = if LOAD == FROM_F16 {
+                        E::maskz16::<true>(load, q0.add(16 * c))
+                    } else {
+                        E::maskz16::<false>(load, q0.add(16 * c))
+                    };
                     let v = match LOAD {
                         RAW => {
-                            let y = _mm256_maskz_loadu_epi16(load, q0.add(qs + 16 * c).cast());
+                            let y = E::maskz16::<false>(load, q0.add(qs + 16 * c));
                             _mm512_or_si512(
                                 _mm512_cvtepu16_epi32(x),
                                 _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(y)),
@@ -1900,6 +2013,11 @@ mod x86 {
     pub(super) const AVX2_F16: u8 = 5;
     pub(super) const AVX2_F32: u8 = 6;
 
+    /// The operand values the packers read (as on x86; never read here).
+    pub(in super::super) trait Word: Copy {}
+    impl Word for u16 {}
+    impl Word for u32 {}
+
     /// No AMX off x86-64.
     pub(super) fn amx_permitted() -> bool {
         false
@@ -1936,8 +2054,8 @@ mod x86 {
     }
 
     /// Never called, as above.
-    pub(super) unsafe fn transpose_words<const W: usize, const LOAD: u8>(
-        _: *const u16,
+    pub(super) unsafe fn transpose_words<const W: usize, const LOAD: u8, E>(
+        _: *const E,
         _: usize,
         _: usize,
         _: &mut [u32],
@@ -1946,8 +2064,8 @@ mod x86 {
     }
 
     /// Never called, as above.
-    pub(super) unsafe fn gather_words<const W: usize, const LOAD: u8>(
-        _: *const u16,
+    pub(super) unsafe fn gather_words<const W: usize, const LOAD: u8, E>(
+        _: *const E,
         _: usize,
         _: usize,
         _: usize,

@@ -74,6 +74,81 @@ pub(super) unsafe fn direct16<S: Half16>(pr: Product<'_, f32, S>) -> bool {
     }
 }
 
+/// [`direct16`] for float32 operands read as if first cast to `S` ([`Rounded`]): each
+/// value rounded to `S` as it is widened (`A` into its stack buffer, `B` as its rows
+/// are loaded), so the sums, and the bits, are [`direct16`]'s for the cast operands,
+/// with no cast tensor. Returns false (nothing done) where [`direct16`] would.
+///
+/// # Safety
+/// As for [`small_product`].
+pub(super) unsafe fn direct16_rounded<S: Half16>(pr: Product<'_, f32, S, Rounded<S>>) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: the caller's contract.
+        unsafe { S::vector_product16_rounded(pr) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = pr;
+        false
+    }
+}
+
+/// A float32 operand value read as if first cast to the 16-bit type `T`: rounded to
+/// `T` as `Tensor::to_dtype` rounds (nearest even; bfloat16 NaN as `0x7FC0`), then
+/// widened back, exactly. A slice of `f32` is viewed as a slice of these
+/// ([`Rounded::slice`]).
+#[repr(transparent)]
+pub(crate) struct Rounded<T>(f32, std::marker::PhantomData<T>);
+
+// (Not derived: the derive would ask `T: Copy`.)
+impl<T> Clone for Rounded<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for Rounded<T> {}
+
+impl<T> Rounded<T> {
+    /// `x` viewed as values to be rounded to `T`.
+    pub(crate) fn slice(x: &[f32]) -> &[Rounded<T>] {
+        // SAFETY: `Rounded<T>` is `repr(transparent)` over `f32` (its other field is
+        // zero-sized), so the two slices have the same layout.
+        unsafe { std::slice::from_raw_parts(x.as_ptr().cast(), x.len()) }
+    }
+}
+
+/// A value the 16-bit direct kernel widens to float32 one at a time (a strided `A`).
+pub(crate) trait Widen16: Copy {
+    /// The value as float32 (exact for the 16-bit types, rounded first for
+    /// [`Rounded`]).
+    fn widen(self) -> f32;
+}
+
+impl Widen16 for amp_tensor::half::bf16 {
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+}
+
+impl Widen16 for amp_tensor::half::f16 {
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+}
+
+impl Widen16 for Rounded<amp_tensor::half::bf16> {
+    fn widen(self) -> f32 {
+        amp_tensor::round_to_bf16(self.0).to_f32()
+    }
+}
+
+impl Widen16 for Rounded<amp_tensor::half::f16> {
+    fn widen(self) -> f32 {
+        amp_tensor::half::f16::from_f32(self.0).to_f32()
+    }
+}
+
 /// Values the direct kernel stages a `B` with strided rows in (on the stack).
 pub(super) const PACK: usize = 4096;
 
@@ -85,20 +160,37 @@ pub(crate) trait Half16: amp_tensor::Element {
     /// As for [`small_product`].
     #[cfg(target_arch = "x86_64")]
     unsafe fn vector_product16(pr: Product<'_, f32, Self>) -> bool;
+
+    /// [`direct16_rounded`] for this type.
+    ///
+    /// # Safety
+    /// As for [`small_product`].
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn vector_product16_rounded(pr: Product<'_, f32, Self, Rounded<Self>>) -> bool;
 }
 
 macro_rules! half16 {
-    ($($t:ty: $direct:ident),*) => {$(
+    ($($t:ty: $plain:ident, $rounded:ident),*) => {$(
         impl Half16 for $t {
             #[cfg(target_arch = "x86_64")]
             unsafe fn vector_product16(pr: Product<'_, f32, Self>) -> bool {
                 // SAFETY: the caller's contract.
-                unsafe { x86::$direct(pr) }
+                unsafe { x86::$plain(pr) }
+            }
+            #[cfg(target_arch = "x86_64")]
+            unsafe fn vector_product16_rounded(
+                pr: Product<'_, f32, Self, Rounded<Self>>,
+            ) -> bool {
+                // SAFETY: the caller's contract.
+                unsafe { x86::$rounded(pr) }
             }
         }
     )*};
 }
-half16!(amp_tensor::half::bf16: direct_bf16, amp_tensor::half::f16: direct_f16);
+half16!(
+    amp_tensor::half::bf16: direct_bf16, direct_bf16_rounded,
+    amp_tensor::half::f16: direct_f16, direct_f16_rounded
+);
 
 /// Whether the CPU has the vector form of [`direct16`] (AVX2, FMA and F16C).
 pub(super) fn vector_kernel16() -> bool {
@@ -258,7 +350,7 @@ mod x86 {
     //! The vector kernel: one register type per float type and instruction set
     //! ([`Lanes`]), one tile loop generic over it and over the storage type
     //! ([`Stored`]: the register's own type, or a 16-bit type widened to it).
-    use super::{GemmFloat, Half16, Product, SmallVector, PACK};
+    use super::{GemmFloat, Product, Rounded, SmallVector, Widen16, PACK};
     use crate::half16::lanes::narrow_bf16_16;
     use amp_tensor::half::{bf16, f16};
     use std::arch::x86_64::*;
@@ -515,23 +607,83 @@ mod x86 {
         f16: |x| _mm512_cvtph_ps(x), |v| _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
     );
 
-    /// [`super::direct16`] for bfloat16.
-    ///
-    /// # Safety
-    /// The contract of [`run`].
-    pub(super) unsafe fn direct_bf16(pr: Product<'_, f32, bf16>) -> bool {
-        // SAFETY: the caller's contract.
-        unsafe { on_widest16(pr) }
+    /// float32 values read as if first cast to a 16-bit type ([`Rounded`]): each vector
+    /// loaded as float32, rounded (`$round`, the rounding of [`Stored`]'s 16-bit stores
+    /// above, `v` its float32 lanes) and widened back; a store writes the rounded values.
+    /// Compiled for the register's features (`$feat`), so that the rounding's
+    /// intrinsics inline into them wherever they are called from (`Tile::block` loads
+    /// `B` in a closure: as `#[inline(always)]` methods, the rounding's intrinsics were
+    /// calls, and `bmm` of `[32, 8, 64] × [32, 64, 8]` took 180 µs instead of 5).
+    macro_rules! stored_rounded {
+        ($l:ident, $feat:literal; $($t:ty: |$v:ident| $round:expr;)*) => {$(
+            impl Stored<$l> for Rounded<$t> {
+                #[inline]
+                #[target_feature(enable = $feat)]
+                unsafe fn splat(p: *const Self) -> $l {
+                    // SAFETY: the trait's contract.
+                    unsafe { $l::splat((*p).widen()) }
+                }
+                #[inline]
+                #[target_feature(enable = $feat)]
+                unsafe fn load(p: *const Self, len: usize) -> $l {
+                    // SAFETY: the trait's contract (`Rounded` is an `f32`).
+                    unsafe {
+                        let $v = $l::load(p.cast::<f32>(), len).0;
+                        $l($round)
+                    }
+                }
+                #[inline]
+                #[target_feature(enable = $feat)]
+                unsafe fn store(v: $l, p: *mut Self, len: usize) {
+                    // SAFETY: the trait's contract (`Rounded` is an `f32`).
+                    unsafe {
+                        let $v = v.0;
+                        $l($round).store(p.cast::<f32>(), len)
+                    }
+                }
+            }
+        )*};
     }
+    #[rustfmt::skip]
+    stored_rounded!(Avx2F32, "avx2,fma,f16c";
+        bf16: |v| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
+            amp_tensor::simd::bf16_bits8_avx2(v),
+        )));
+        f16: |v| _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
+    );
+    #[rustfmt::skip]
+    stored_rounded!(Avx512F32, "avx512f,avx512bw,avx512vl,avx2,fma,f16c";
+        bf16: |v| _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
+            narrow_bf16_16(v),
+        )));
+        f16: |v| _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
+    );
 
-    /// [`super::direct16`] for float16.
-    ///
-    /// # Safety
-    /// The contract of [`run`].
-    pub(super) unsafe fn direct_f16(pr: Product<'_, f32, f16>) -> bool {
-        // SAFETY: the caller's contract.
-        unsafe { on_widest16(pr) }
+    /// [`super::direct16`] and [`super::direct16_rounded`] for each 16-bit type.
+    macro_rules! direct16_entries {
+        ($($t:ty: $plain:ident, $rounded:ident;)*) => {$(
+            #[doc = concat!("[`super::direct16`] for `", stringify!($t), "`.")]
+            ///
+            /// # Safety
+            /// The contract of [`run`].
+            pub(super) unsafe fn $plain(pr: Product<'_, f32, $t>) -> bool {
+                // SAFETY: the caller's contract.
+                unsafe { on_widest16(pr) }
+            }
+            #[doc = concat!("[`super::direct16_rounded`] for `", stringify!($t), "`.")]
+            ///
+            /// # Safety
+            /// The contract of [`run`].
+            pub(super) unsafe fn $rounded(pr: Product<'_, f32, $t, Rounded<$t>>) -> bool {
+                // SAFETY: the caller's contract.
+                unsafe { on_widest16(pr) }
+            }
+        )*};
     }
+    direct16_entries!(
+        bf16: direct_bf16, direct_bf16_rounded;
+        f16: direct_f16, direct_f16_rounded;
+    );
 
     /// A 16-bit product on [`Avx512F32`] where it is more than 8 columns wide and the
     /// CPU has AVX-512 F/BW/VL, FMA and F16C, else on [`Avx2F32`] where it has AVX2,
@@ -544,19 +696,24 @@ mod x86 {
     ///
     /// # Safety
     /// The contract of [`run`].
-    unsafe fn on_widest16<S>(pr: Product<'_, f32, S>) -> bool
+    unsafe fn on_widest16<S, I>(pr: Product<'_, f32, S, I>) -> bool
     where
-        S: Stored<Avx2F32> + Stored<Avx512F32> + Half16,
+        S: Stored<Avx2F32> + Stored<Avx512F32>,
+        I: Stored<Avx2F32> + Stored<Avx512F32> + Widen16,
     {
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-        unsafe fn wide<S: Stored<Avx512F32> + Half16>(pr: Product<'_, f32, S>) -> bool {
+        unsafe fn wide<S: Stored<Avx512F32>, I: Stored<Avx512F32> + Widen16>(
+            pr: Product<'_, f32, S, I>,
+        ) -> bool {
             // SAFETY: the caller's contract.
-            unsafe { run16::<Avx512F32, S>(pr) }
+            unsafe { run16::<Avx512F32, S, I>(pr) }
         }
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn narrow<S: Stored<Avx2F32> + Half16>(pr: Product<'_, f32, S>) -> bool {
+        unsafe fn narrow<S: Stored<Avx2F32>, I: Stored<Avx2F32> + Widen16>(
+            pr: Product<'_, f32, S, I>,
+        ) -> bool {
             // SAFETY: the caller's contract.
-            unsafe { run16::<Avx2F32, S>(pr) }
+            unsafe { run16::<Avx2F32, S, I>(pr) }
         }
         let avx2 = is_x86_feature_detected!("avx2")
             && is_x86_feature_detected!("fma")
@@ -656,7 +813,7 @@ mod x86 {
         // SAFETY: the caller's contract; `A` is `pr`'s own; `b` holds `B`'s rows.
         unsafe {
             let a0 = a.as_ptr().add(sa.offsets[ia]);
-            tiles::<L, S, S>(&pr, pr.m, pr.d, a0, sa.rs, sa.cs, b, brs);
+            tiles::<L, S, S, S>(&pr, pr.m, pr.d, a0, sa.rs, sa.cs, b, brs);
         }
         true
     }
@@ -669,10 +826,10 @@ mod x86 {
     /// # Safety
     /// Matrix `ib` of `pr`'s `B` lies inside its buffer.
     #[inline(always)]
-    unsafe fn b_rows<C, S: Copy>(
-        pr: &Product<'_, C, S>,
-        buf: &mut [MaybeUninit<S>; PACK],
-    ) -> Option<(*const S, usize)> {
+    unsafe fn b_rows<C, S, I: Copy>(
+        pr: &Product<'_, C, S, I>,
+        buf: &mut [MaybeUninit<I>; PACK],
+    ) -> Option<(*const I, usize)> {
         let (b, sb, ib) = pr.b;
         let (k, n) = (pr.k, pr.n);
         // SAFETY: matrix `ib` of `b` lies inside it (the caller's contract).
@@ -704,7 +861,9 @@ mod x86 {
     /// The contract of [`small_product`](super::small_product); the CPU has `L`'s
     /// features, FMA and F16C.
     #[inline(always)]
-    unsafe fn run16<L: Lanes<E = f32>, S: Stored<L> + Half16>(pr: Product<'_, f32, S>) -> bool
+    unsafe fn run16<L: Lanes<E = f32>, S: Stored<L>, I: Stored<L> + Widen16>(
+        pr: Product<'_, f32, S, I>,
+    ) -> bool
     where
         f32: Stored<L>,
     {
@@ -714,7 +873,7 @@ mod x86 {
             return false;
         }
         let chunk = PACK / k;
-        let mut buf = [MaybeUninit::<S>::uninit(); PACK];
+        let mut buf = [MaybeUninit::<I>::uninit(); PACK];
         // SAFETY: the caller's contract.
         let Some((b, brs)) = (unsafe { b_rows(&pr, &mut buf) }) else {
             return false;
@@ -736,7 +895,7 @@ mod x86 {
                     let src = a[at + p * sa.cs..at + p * sa.cs + h].as_ptr();
                     // SAFETY: `h` values of column `p`; `p·h + h ≤ k·h ≤ PACK` values of
                     // `wa`.
-                    unsafe { widen_run::<L, S>(src, dst.add(p * h), h) };
+                    unsafe { widen_run::<L, I>(src, dst.add(p * h), h) };
                 }
             } else {
                 for r in 0..h {
@@ -744,10 +903,10 @@ mod x86 {
                     if sa.cs == 1 {
                         // SAFETY: `k` values of the row; `r·k + k ≤ h·k ≤ PACK` values of
                         // `wa`.
-                        unsafe { widen_run::<L, S>(a[row..row + k].as_ptr(), dst.add(r * k), k) };
+                        unsafe { widen_run::<L, I>(a[row..row + k].as_ptr(), dst.add(r * k), k) };
                     } else {
                         for (p, d) in wa[r * k..(r + 1) * k].iter_mut().enumerate() {
-                            d.write(a[row + p * sa.cs].to_f32());
+                            d.write(a[row + p * sa.cs].widen());
                         }
                     }
                 }
@@ -758,7 +917,7 @@ mod x86 {
             // column-major as `ars`, `acs` say), `b` holds `B`'s rows.
             unsafe {
                 let d = pr.d.add(r0 * n);
-                tiles::<L, f32, S>(&pr, h, d, wa.as_ptr().cast(), ars, acs, b, brs);
+                tiles::<L, f32, I, S>(&pr, h, d, wa.as_ptr().cast(), ars, acs, b, brs);
             }
         }
         true
@@ -799,14 +958,14 @@ mod x86 {
     /// at `m` rows of the output.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn tiles<L: Lanes, SA: Stored<L>, S: Stored<L>>(
-        pr: &Product<'_, L::E, S>,
+    unsafe fn tiles<L: Lanes, SA: Stored<L>, SB: Stored<L>, S: Stored<L>>(
+        pr: &Product<'_, L::E, S, SB>,
         m: usize,
         d: *mut S,
         a: *const SA,
         ars: usize,
         acs: usize,
-        b: *const S,
+        b: *const SB,
         brs: usize,
     ) {
         let zero = <L::E as num_traits::Zero>::zero();
@@ -840,13 +999,13 @@ mod x86 {
     }
 
     /// One vector of output columns: where its operands and output start (`A` stored
-    /// as `SA`, `B` and the output as `S`).
-    struct Tile<L: Lanes, SA, S> {
+    /// as `SA`, `B` as `SB`, the output as `S`).
+    struct Tile<L: Lanes, SA, SB, S> {
         a: *const SA,
         ars: usize,
         acs: usize,
         /// `B`'s first row at this tile's first column.
-        b: *const S,
+        b: *const SB,
         brs: usize,
         k: usize,
         /// Columns in this tile (1..=N).
@@ -862,14 +1021,14 @@ mod x86 {
     }
 
     // (Not derived: the derive would ask `S: Copy` of the pointers' target.)
-    impl<L: Lanes, SA, S> Clone for Tile<L, SA, S> {
+    impl<L: Lanes, SA, SB, S> Clone for Tile<L, SA, SB, S> {
         fn clone(&self) -> Self {
             *self
         }
     }
-    impl<L: Lanes, SA, S> Copy for Tile<L, SA, S> {}
+    impl<L: Lanes, SA, SB, S> Copy for Tile<L, SA, SB, S> {}
 
-    impl<L: Lanes, SA: Stored<L>, S: Stored<L>> Tile<L, SA, S> {
+    impl<L: Lanes, SA: Stored<L>, SB: Stored<L>, S: Stored<L>> Tile<L, SA, SB, S> {
         /// Output rows `i..i + R`, all columns: tiles of `V` vectors while they fit,
         /// then one vector at a time; returns `R`.
         ///
@@ -922,7 +1081,8 @@ mod x86 {
                 let mut acc = [[L::zero(); V]; R];
                 for p in 0..self.k {
                     let brow = self.b.add(p * self.brs);
-                    let bv: [L; V] = std::array::from_fn(|v| S::load(brow.add(v * L::N), self.len));
+                    let bv: [L; V] =
+                        std::array::from_fn(|v| SB::load(brow.add(v * L::N), self.len));
                     let ap = a.add(p * self.acs);
                     for (r, row) in acc.iter_mut().enumerate() {
                         let av = SA::splat(ap.add(r * self.ars));

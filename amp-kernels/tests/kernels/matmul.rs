@@ -2,8 +2,8 @@
 //! every floating dtype, strided operands, PyTorch's broadcasting cases and messages.
 
 use amp_kernels::{
-    addbmm, addmm, addmv, addr, baddbmm, bmm, dot, kernel16, matmul, mm, mv, outer, with_kernel16,
-    Kernel16,
+    addbmm, addmm, addmv, addr, baddbmm, bmm, bmm_as, dot, kernel16, matmul, mm, mm_as, mv, outer,
+    with_kernel16, Kernel16,
 };
 use amp_tensor::{DType, Generator, Tensor};
 use amp_testing::tensors::bits;
@@ -1569,4 +1569,114 @@ fn direct_kernel_sums_in_order() {
             assert_eq!(bits(&got), bits(&want), "addmm {what}");
         }
     }
+}
+
+/// float32 values of `dims` that round to 16 bits every way: random ones, and among
+/// them (every seventh) ties to even, values that overflow to inf, subnormals, inf and
+/// NaN with a payload.
+fn rounding_cases(dims: &[usize], seed: u64) -> Tensor {
+    let special = [
+        f32::from_bits(0x3F80_8000), // a bfloat16 tie (rounds down to even)
+        f32::from_bits(0x3F81_8000), // a bfloat16 tie (rounds up to even)
+        1.000_488_3,                 // a float16 tie
+        f32::MAX,
+        1e-40,
+        -3e-39,
+        f32::INFINITY,
+        f32::from_bits(0x7FC0_1234),
+        f32::from_bits(0xFF80_0001),
+    ];
+    let mut v = randn(dims, DType::F32, seed).to_vec_f64();
+    for (i, x) in v.iter_mut().enumerate().filter(|(i, _)| i % 7 == 3) {
+        *x = special[(i / 7) % special.len()] as f64;
+    }
+    let v: Vec<f32> = v.into_iter().map(|x| x as f32).collect();
+    Tensor::from_vec(v, dims.to_vec()).unwrap()
+}
+
+/// `mm_as` and `bmm_as` (float32 operands read as bfloat16 or float16: rounded as the
+/// kernels read them where they can, else cast first) give the bits of the product of
+/// the cast operands, on every kernel the CPU has, for the direct kernel's sizes and
+/// the packing kernels', row- and column-major operands, a batch and a broadcast one,
+/// with values that round every way (ties, overflow, subnormals, NaN).
+#[test]
+fn products_read_as_16_bit_give_the_bits_of_the_cast_operands() {
+    let shapes = [
+        (8, 8, 8),
+        (5, 17, 9),
+        (16, 16, 16),
+        (16, 64, 16),
+        (32, 32, 32),
+        (40, 31, 70),
+        (96, 96, 96),
+        (64, 130, 72),
+        (200, 64, 150),
+        (1, 300, 7),
+    ];
+    let operand = |rows: usize, cols: usize, col_major: bool, seed: u64| {
+        if col_major {
+            rounding_cases(&[cols, rows], seed).t().unwrap()
+        } else {
+            rounding_cases(&[rows, cols], seed)
+        }
+    };
+    let test = "products_read_as_16_bit_give_the_bits_of_the_cast_operands";
+    for dt in [DType::BF16, DType::F16] {
+        for kernel in Kernel16::ALL
+            .into_iter()
+            .filter(|&k| applicable(dt, k, test))
+        {
+            for (c, &(m, k, n)) in shapes.iter().enumerate() {
+                for (a_cols, b_cols) in [(false, false), (true, false), (false, true), (true, true)]
+                {
+                    let seed = 700 + 10 * c as u64;
+                    let (a, b) = (operand(m, k, a_cols, seed), operand(k, n, b_cols, seed + 1));
+                    let what = format!(
+                        "{dt} {m}x{k}x{n} a_cols={a_cols} b_cols={b_cols} on {}",
+                        kernel.name()
+                    );
+                    let (got, want) = with_kernel16(kernel, || {
+                        let want = mm(&a.to_dtype(dt).unwrap(), &b.to_dtype(dt).unwrap()).unwrap();
+                        (mm_as(&a, &b, dt).unwrap(), want)
+                    })
+                    .unwrap();
+                    assert_eq!(got.dtype(), dt, "mm_as {what}");
+                    assert!(bits(&got) == bits(&want), "mm_as {what}");
+                }
+                // A batch of three.
+                let seed = 800 + 10 * c as u64;
+                let a = rounding_cases(&[3, m, k], seed);
+                // `B` column-major (each matrix transposed), or one matrix expanded.
+                let b = rounding_cases(&[3, n, k], seed + 1)
+                    .transpose(1usize, 2usize)
+                    .unwrap();
+                let one = rounding_cases(&[1, k, n], seed + 2)
+                    .expand(vec![3, k, n])
+                    .unwrap();
+                for b in [b, one] {
+                    let what = format!("{dt} 3x{m}x{k}x{n} on {}", kernel.name());
+                    let (got, want) = with_kernel16(kernel, || {
+                        let want = bmm(&a.to_dtype(dt).unwrap(), &b.to_dtype(dt).unwrap()).unwrap();
+                        (bmm_as(&a, &b, dt).unwrap(), want)
+                    })
+                    .unwrap();
+                    assert!(bits(&got) == bits(&want), "bmm_as {what}");
+                }
+            }
+        }
+    }
+    // Operands that are not float32 are cast first: the same bits again.
+    let (a, b) = (
+        randn(&[20, 30], DType::F64, 900),
+        randn(&[30, 10], DType::F64, 901),
+    );
+    let want = mm(
+        &a.to_dtype(DType::BF16).unwrap(),
+        &b.to_dtype(DType::BF16).unwrap(),
+    )
+    .unwrap();
+    assert!(
+        bits(&mm_as(&a, &b, DType::BF16).unwrap()) == bits(&want),
+        "float64 operands"
+    );
 }
