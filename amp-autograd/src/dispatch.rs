@@ -15,6 +15,11 @@
 //! autocast wrappers run their body under an `ExcludeDispatchKeyGuard` in the same way.
 //! Otherwise (an op the layer left alone, such as one on no autocast list) the body's ops
 //! are dispatched as usual and get their own policies.
+//!
+//! **Reading arguments as another dtype.** An op that can read float32 arguments as a
+//! 16-bit dtype with the bits of its casts (`mm`, `bmm`) enters through
+//! [`dispatch_read_as`]; the layer may then set [`OpCall::read_as`] instead of casting,
+//! and the op reads [`BodyGuard::read_as`]. Other ops never see it.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -56,6 +61,15 @@ pub struct OpCall<'a> {
     pub accepts_dtype: bool,
     /// How the op was called.
     pub kind: CallKind,
+    /// Whether the op can read float32 arguments as a 16-bit dtype itself, with the bits
+    /// of the op on the arguments cast to it (`mm`, `bmm`: the kernels round each value
+    /// as they read it), so that a layer may ask for that instead of casting
+    /// ([`OpCall::read_as`]).
+    pub can_read_as: bool,
+    /// Set by a layer instead of casting the arguments (only when [`OpCall::can_read_as`]
+    /// and no argument needs a gradient): the op reads its float32 arguments as this
+    /// dtype ([`BodyGuard::read_as`]).
+    pub read_as: Option<DType>,
 }
 
 /// What a layer did with a call, which decides how the op's body runs.
@@ -137,6 +151,8 @@ pub fn is_layer_excluded() -> bool {
 pub struct BodyGuard {
     /// The exclusion to restore, when this guard set one.
     restore: Option<bool>,
+    /// The dtype the layer asked the op to read its float32 arguments as.
+    read_as: Option<DType>,
     _not_send: std::marker::PhantomData<*const ()>,
 }
 
@@ -145,6 +161,7 @@ impl BodyGuard {
     const fn none() -> Self {
         BodyGuard {
             restore: None,
+            read_as: None,
             _not_send: std::marker::PhantomData,
         }
     }
@@ -154,12 +171,19 @@ impl BodyGuard {
         set_state(INSTALLED.get(), true);
         BodyGuard {
             restore: Some(prev),
+            read_as: None,
             _not_send: std::marker::PhantomData,
         }
     }
     /// Whether this guard excludes the layer.
     pub fn excludes(&self) -> bool {
         self.restore.is_some()
+    }
+    /// The dtype the op reads its float32 arguments as, when the layer asked for that
+    /// instead of casting them ([`OpCall::read_as`]; never without
+    /// [`dispatch_read_as`]).
+    pub fn read_as(&self) -> Option<DType> {
+        self.read_as
     }
 }
 
@@ -197,7 +221,31 @@ pub fn dispatch(
         explicit_dtype: dtype.is_some(),
         accepts_dtype,
         kind,
+        can_read_as: false,
+        read_as: None,
     })
+}
+
+/// [`dispatch`] for a functional op without a `dtype=` argument that can read float32
+/// arguments as a 16-bit dtype itself ([`OpCall::can_read_as`]): the layer may answer
+/// with [`BodyGuard::read_as`] instead of casting the arguments, and the op then reads
+/// them so.
+#[inline]
+pub fn dispatch_read_as(op: &'static OpName, args: &mut [Tensor]) -> Result<BodyGuard> {
+    if !ACTIVE.get() {
+        return Ok(BodyGuard::none());
+    }
+    dispatch_slow(OpCall {
+        op,
+        args,
+        dtype: None,
+        explicit_dtype: false,
+        accepts_dtype: false,
+        kind: CallKind::Functional,
+        can_read_as: true,
+        read_as: None,
+    })
+    .map(|(_, body)| body)
 }
 
 #[inline(never)]
@@ -210,10 +258,11 @@ fn dispatch_slow(mut call: OpCall<'_>) -> Result<(Option<DType>, BodyGuard)> {
         let _layer = BodyGuard::exclude();
         layer.on_call(&mut call)?
     };
-    let body = if mode == BodyMode::Excluded || call.op.is_opaque() {
+    let mut body = if mode == BodyMode::Excluded || call.op.is_opaque() {
         BodyGuard::exclude()
     } else {
         BodyGuard::none()
     };
+    body.read_as = call.read_as.filter(|_| call.can_read_as);
     Ok((call.dtype, body))
 }

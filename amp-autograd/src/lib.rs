@@ -41,8 +41,8 @@ pub mod ops;
 mod tensor;
 
 pub use dispatch::{
-    current_layer, dispatch, install_layer, is_layer_excluded, BodyGuard, BodyMode, CallKind,
-    DispatchLayer, LayerGuard, OpCall, OpName,
+    current_layer, dispatch, dispatch_read_as, install_layer, is_layer_excluded, BodyGuard,
+    BodyMode, CallKind, DispatchLayer, LayerGuard, OpCall, OpName,
 };
 pub use engine::{backward, grad, GradOptions};
 pub use error::{Error, Result};

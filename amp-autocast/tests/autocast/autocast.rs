@@ -397,3 +397,50 @@ fn trace_explains_decisions() {
     assert_eq!(mse.dtypes_out, vec![DType::F32, DType::F32]);
     assert!(t.to_string().contains("lower_precision_fp"));
 }
+
+/// `mm` and `bmm` whose arguments need no gradient read their float32 arguments as the
+/// region's dtype, with no cast tensors: the dtype and bits of the casts written by
+/// hand, at the direct kernel's sizes and the packing kernels'. With an argument that
+/// requires grad the casts are made (on the tape) and its float32 leaf gets a float32
+/// gradient; under `no_grad` such a leaf still goes through the weight cache, and the
+/// bits are the same.
+#[test]
+fn products_without_gradients_read_their_arguments_as_the_lower_dtype() {
+    use amp_testing::tensors::bits;
+    let mut g = Generator::new(5);
+    for (m, k, n) in [(8, 8, 8), (40, 31, 70), (96, 96, 96)] {
+        let a = Tensor::randn([m, k], DType::F32, &mut g).unwrap();
+        let b = Tensor::randn([k, n], DType::F32, &mut g).unwrap();
+        let cast = |t: &Tensor| t.to_dtype(DType::BF16).unwrap();
+        let manual = ops::mm(&cast(&a), &cast(&b)).unwrap();
+        let auto = autocast(CPU, DType::BF16, || ops::mm(&a, &b))
+            .unwrap()
+            .unwrap();
+        assert_eq!(auto.dtype(), DType::BF16);
+        assert_eq!(bits(auto.data()), bits(manual.data()), "mm {m}x{k}x{n}");
+        let (a3, b3) = (
+            ops::stack(&[a.clone(), a.clone()], 0).unwrap(),
+            ops::stack(&[b.clone(), b.clone()], 0).unwrap(),
+        );
+        let manual3 = ops::bmm(&cast(&a3), &cast(&b3)).unwrap();
+        let auto = autocast(CPU, DType::BF16, || ops::bmm(&a3, &b3))
+            .unwrap()
+            .unwrap();
+        assert_eq!(auto.dtype(), DType::BF16);
+        assert_eq!(bits(auto.data()), bits(manual3.data()), "bmm 2x{m}x{k}x{n}");
+        // A weight that requires grad: cast on the tape, float32 gradient.
+        let w = b.detach();
+        w.requires_grad_(true).unwrap();
+        let y = autocast(CPU, DType::BF16, || ops::mm(&a, &w))
+            .unwrap()
+            .unwrap();
+        assert_eq!(y.dtype(), DType::BF16);
+        assert_eq!(bits(y.data()), bits(manual.data()));
+        ops::sum_all(&y).unwrap().backward().unwrap();
+        assert_eq!(w.grad().unwrap().dtype(), DType::F32);
+        let y = amp_autograd::no_grad(|| autocast(CPU, DType::BF16, || ops::mm(&a, &w)))
+            .unwrap()
+            .unwrap();
+        assert_eq!(bits(y.data()), bits(manual.data()));
+    }
+}

@@ -10,7 +10,7 @@ use super::names::{
 use super::pointwise::{add, mul, mul_scalar};
 use super::reduce::sum;
 use super::shape::{expand, reshape, squeeze, transpose, unsqueeze};
-use super::{check, enter, enter_vec, sum_to};
+use super::{check, enter, enter_read_as, enter_vec, sum_to};
 use crate::graph::{grad_if, record, Kept};
 use crate::{Error, Result, Tensor};
 
@@ -80,8 +80,13 @@ fn product(
 
 /// Matrix product of two 2-D tensors.
 pub fn mm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let ([a, b], _body) = enter(&MM, [a, b])?;
-    let out = amp_kernels::mm(a.data(), b.data())?;
+    let ([a, b], body) = enter_read_as(&MM, [a, b])?;
+    // Read as the layer's dtype (autocast, nothing needing a gradient): the bits of the
+    // product of the cast arguments, without the casts.
+    let out = match body.read_as() {
+        Some(dtype) => amp_kernels::mm_as(a.data(), b.data(), dtype)?,
+        None => amp_kernels::mm(a.data(), b.data())?,
+    };
     let (a_col, b_col) = (column_major(&a), column_major(&b));
     Ok(product(
         out,
@@ -104,9 +109,25 @@ macro_rules! products {
     )*};
 }
 
+/// Batched matrix product of two 3-D tensors.
+pub fn bmm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let ([a, b], body) = enter_read_as(&BMM, [a, b])?;
+    // As `mm`: read as the layer's dtype when it asks.
+    let out = match body.read_as() {
+        Some(dtype) => amp_kernels::bmm_as(a.data(), b.data(), dtype)?,
+        None => amp_kernels::bmm(a.data(), b.data())?,
+    };
+    Ok(product(
+        out,
+        "BmmBackward0",
+        &a,
+        &b,
+        |g, b| bmm(g, &tr(b)?),
+        |g, a| bmm(&tr(a)?, g),
+    ))
+}
+
 products! {
-    /// Batched matrix product of two 3-D tensors.
-    bmm = BMM, "BmmBackward0", |g, a, b| bmm(g, &tr(b)?), bmm(&tr(a)?, g);
     /// Matrix × vector.
     mv = MV, "MvBackward0", |g, m, v| outer(g, v), mv(&tr(m)?, g);
     /// Inner product of two 1-D tensors.

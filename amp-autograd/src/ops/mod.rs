@@ -58,6 +58,19 @@ pub(crate) fn enter<const N: usize>(
     Ok((a, body))
 }
 
+/// [`enter`] for an op that can read float32 arguments as a 16-bit dtype itself
+/// ([`crate::dispatch_read_as`]): the guard's [`BodyGuard::read_as`] says when the layer
+/// asked for that instead of casting.
+#[inline]
+pub(crate) fn enter_read_as<const N: usize>(
+    op: &'static OpName,
+    args: [&Tensor; N],
+) -> Result<([Tensor; N], BodyGuard)> {
+    let mut a: [Tensor; N] = args.map(Tensor::clone);
+    let body = crate::dispatch::dispatch_read_as(op, &mut a)?;
+    Ok((a, body))
+}
+
 /// Dispatch a functional call that has a `dtype=` argument; returns the args, the
 /// dtype to use and the guard the body runs under.
 #[inline]

@@ -176,3 +176,52 @@ fn without_a_layer_nothing_is_excluded() {
     assert!(!body.excludes());
     assert!(!is_layer_excluded());
 }
+
+/// Asks every op to read its float32 arguments as bfloat16, and records which ops said
+/// they can.
+struct ReadAs {
+    can: RefCell<Vec<&'static str>>,
+}
+
+impl DispatchLayer for ReadAs {
+    fn on_call(&self, call: &mut OpCall<'_>) -> amp_autograd::Result<BodyMode> {
+        if call.can_read_as {
+            self.can.borrow_mut().push(call.op.name());
+        }
+        call.read_as = Some(DType::BF16);
+        Ok(BodyMode::Excluded)
+    }
+}
+
+/// `mm` and `bmm` honour a layer's `read_as` (a bfloat16 product of their float32
+/// arguments, with the bits of the casts written by hand); ops that cannot read their
+/// arguments so (`add`) are never asked, and a `read_as` set for them anyway is ignored.
+#[test]
+fn products_read_their_arguments_as_the_layer_asks() {
+    let mut g = amp_tensor::Generator::new(3);
+    let a = Tensor::randn([5, 7], DType::F32, &mut g).unwrap();
+    let b = Tensor::randn([7, 3], DType::F32, &mut g).unwrap();
+    let cast = |t: &Tensor| t.to_dtype(DType::BF16).unwrap();
+    let want = ops::mm(&cast(&a), &cast(&b)).unwrap();
+    let (a3, b3) = (
+        ops::unsqueeze(&a, 0).unwrap(),
+        ops::unsqueeze(&b, 0).unwrap(),
+    );
+    let want3 = ops::bmm(&cast(&a3), &cast(&b3)).unwrap();
+    let layer = Rc::new(ReadAs {
+        can: RefCell::new(Vec::new()),
+    });
+    let (got, got3, sum) = {
+        let _g = install_layer(Some(layer.clone()));
+        (
+            ops::mm(&a, &b).unwrap(),
+            ops::bmm(&a3, &b3).unwrap(),
+            ops::add(&a, &a).unwrap(),
+        )
+    };
+    assert_eq!(*layer.can.borrow(), ["mm", "bmm"]);
+    assert_eq!(got.dtype(), DType::BF16);
+    assert_eq!(got.data().to_vec_f64(), want.data().to_vec_f64());
+    assert_eq!(got3.data().to_vec_f64(), want3.data().to_vec_f64());
+    assert_eq!(sum.dtype(), DType::F32);
+}
