@@ -462,9 +462,10 @@ fn mm_plan<'a>(
 }
 
 /// `mm(a.to_dtype(dtype), b.to_dtype(dtype))`, bit for bit, without the cast tensors
-/// where the kernel can round float32 operands as it reads them (see [`rounded`]):
-/// autocast's `mm` when nothing needs a gradient. Operands that are not float32 on the
-/// CPU, or a `dtype` that is not bfloat16 or float16, are cast first.
+/// where the kernel can round float32 operands as it reads them (the direct kernel, the
+/// AVX-512 packing kernels): autocast's `mm` when nothing needs a gradient. Operands that
+/// are not float32 on the CPU, or a `dtype` that is not bfloat16 or float16, are cast
+/// first.
 ///
 /// # Errors
 /// As [`mm`] on the cast operands.
@@ -516,7 +517,7 @@ enum RoundPath {
     Packed(Kernel16),
 }
 
-/// The path [`half`] takes for the plan's operands cast to `T` (contiguous, as
+/// The path [`half()`] takes for the plan's operands cast to `T` (contiguous, as
 /// `Tensor::to_dtype` makes them: a row-major `B`), when that path can read the
 /// float32 operands in place instead, rounding each value to `T` as it reads it: the
 /// direct kernel (whose `B` with strided rows is copied into a stack buffer of
@@ -544,7 +545,7 @@ fn round_path<T: native16::Packed>(p: &Plan<'_>) -> Option<RoundPath> {
 }
 
 /// A plan whose float32 operands are read as if first cast to `T` (`p.round`), on the
-/// path [`round_path`] found: the bits of [`half`] on the cast operands (the same
+/// path [`round_path`] found: the bits of [`half()`] on the cast operands (the same
 /// kernel, the same words, the same sums), with no cast tensor and no pass over the
 /// operands of its own. Measured on a Zen 4 EPYC (AVX-512 BF16), 2 threads, medians
 /// of 15 rounds, µs, float32 / casts then the bfloat16 product / this: `mm` 8³

@@ -412,22 +412,23 @@ fn products_without_gradients_read_their_arguments_as_the_lower_dtype() {
         let a = Tensor::randn([m, k], DType::F32, &mut g).unwrap();
         let b = Tensor::randn([k, n], DType::F32, &mut g).unwrap();
         let cast = |t: &Tensor| t.to_dtype(DType::BF16).unwrap();
-        let manual = ops::mm(&cast(&a), &cast(&b)).unwrap();
-        let auto = autocast(CPU, DType::BF16, || ops::mm(&a, &b))
-            .unwrap()
-            .unwrap();
-        assert_eq!(auto.dtype(), DType::BF16);
-        assert_eq!(bits(auto.data()), bits(manual.data()), "mm {m}x{k}x{n}");
+        // `op` under autocast against `op` of the casts written by hand.
+        let check = |op: fn(&Tensor, &Tensor) -> amp_autograd::Result<Tensor>,
+                     x: &Tensor,
+                     y: &Tensor,
+                     what: String| {
+            let manual = op(&cast(x), &cast(y)).unwrap();
+            let auto = autocast(CPU, DType::BF16, || op(x, y)).unwrap().unwrap();
+            assert_eq!(auto.dtype(), DType::BF16, "{what}");
+            assert_eq!(bits(auto.data()), bits(manual.data()), "{what}");
+            manual
+        };
+        let manual = check(ops::mm, &a, &b, format!("mm {m}x{k}x{n}"));
         let (a3, b3) = (
             ops::stack(&[a.clone(), a.clone()], 0).unwrap(),
             ops::stack(&[b.clone(), b.clone()], 0).unwrap(),
         );
-        let manual3 = ops::bmm(&cast(&a3), &cast(&b3)).unwrap();
-        let auto = autocast(CPU, DType::BF16, || ops::bmm(&a3, &b3))
-            .unwrap()
-            .unwrap();
-        assert_eq!(auto.dtype(), DType::BF16);
-        assert_eq!(bits(auto.data()), bits(manual3.data()), "bmm 2x{m}x{k}x{n}");
+        check(ops::bmm, &a3, &b3, format!("bmm 2x{m}x{k}x{n}"));
         // A weight that requires grad: cast on the tape, float32 gradient.
         let w = b.detach();
         w.requires_grad_(true).unwrap();

@@ -53,9 +53,9 @@ pub(crate) fn enter<const N: usize>(
     op: &'static OpName,
     args: [&Tensor; N],
 ) -> Result<([Tensor; N], BodyGuard)> {
-    let mut a: [Tensor; N] = args.map(Tensor::clone);
-    let (_, body) = dispatch(op, &mut a, None, false, CallKind::Functional)?;
-    Ok((a, body))
+    entered(args, |a| {
+        dispatch(op, a, None, false, CallKind::Functional).map(|(_, body)| body)
+    })
 }
 
 /// [`enter`] for an op that can read float32 arguments as a 16-bit dtype itself
@@ -66,8 +66,18 @@ pub(crate) fn enter_read_as<const N: usize>(
     op: &'static OpName,
     args: [&Tensor; N],
 ) -> Result<([Tensor; N], BodyGuard)> {
+    entered(args, |a| crate::dispatch::dispatch_read_as(op, a))
+}
+
+/// The arguments, owned, after `dispatch` has seen (and maybe rewritten) them, and the
+/// guard it returned.
+#[inline(always)]
+fn entered<const N: usize>(
+    args: [&Tensor; N],
+    dispatch: impl FnOnce(&mut [Tensor]) -> Result<BodyGuard>,
+) -> Result<([Tensor; N], BodyGuard)> {
     let mut a: [Tensor; N] = args.map(Tensor::clone);
-    let body = crate::dispatch::dispatch_read_as(op, &mut a)?;
+    let body = dispatch(&mut a)?;
     Ok((a, body))
 }
 
