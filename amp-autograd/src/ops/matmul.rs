@@ -10,7 +10,7 @@ use super::names::{
 use super::pointwise::{add, mul, mul_scalar};
 use super::reduce::sum;
 use super::shape::{expand, reshape, squeeze, transpose, unsqueeze};
-use super::{check, enter, enter_read_as, enter_vec, sum_to};
+use super::{check, enter, enter_read_as, enter_vec, promoted, sum_to};
 use crate::graph::{grad_if, record, Kept};
 use crate::{Error, Result, Tensor};
 
@@ -229,6 +229,7 @@ pub fn addmv(input: &Tensor, m: &Tensor, v: &Tensor, beta: f64, alpha: f64) -> R
 pub fn addr(input: &Tensor, v1: &Tensor, v2: &Tensor, beta: f64, alpha: f64) -> Result<Tensor> {
     let ([input, v1, v2], _body) = enter(&ADDR, [input, v1, v2])?;
     check::addr(&input, &v1, &v2)?;
+    let [input, v1, v2] = promoted([&input, &v1, &v2])?;
     scaled_sum(&input, beta, outer(&v1, &v2)?, alpha)
 }
 

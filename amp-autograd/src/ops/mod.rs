@@ -81,6 +81,29 @@ fn entered<const N: usize>(
     Ok((a, body))
 }
 
+/// The floating arguments of a pointwise composite (`addcmul`, `addcdiv`, `addr`) cast
+/// to the dtype PyTorch's TensorIterator computes it in, `result_type` of all of them
+/// (dimensioned tensors outranking 0-dim ones), so that mixed dtypes are not rounded
+/// to the narrower one on the way: `addcmul` of float32 `input` and float16 `t1`, `t2`
+/// multiplies in float32, as PyTorch does, not in float16. Casts on the tape (each
+/// argument's gradient comes back in its own dtype); integer and bool arguments, and
+/// arguments already of that dtype, as they are.
+pub(crate) fn promoted<const N: usize>(args: [&Tensor; N]) -> Result<[Tensor; N]> {
+    let operands = args.map(|t| amp_tensor::Operand::Tensor {
+        dtype: t.dtype(),
+        ndim: t.rank(),
+    });
+    let mut out = args.map(Tensor::clone);
+    if let Some(common) = amp_tensor::result_type(&operands).filter(|d| d.is_floating_point()) {
+        for t in out.iter_mut() {
+            if t.dtype().is_floating_point() && t.dtype() != common {
+                *t = t.to_dtype(common)?;
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Dispatch a functional call that has a `dtype=` argument; returns the args, the
 /// dtype to use and the guard the body runs under.
 #[inline]

@@ -5,7 +5,7 @@ use amp_kernels::{BinaryOp, CmpOp, UnaryOp};
 use amp_tensor::Scalar;
 
 use super::names::{self, ADDCDIV, ADDCMUL, CLAMP, SOFTPLUS, WHERE};
-use super::{enter, sum_to};
+use super::{enter, promoted, sum_to};
 use crate::grad_mode::is_grad_enabled;
 use crate::graph::{grad_if, record, Kept, SavedOutput};
 use crate::{Result, Tensor};
@@ -402,12 +402,14 @@ pub fn clamp(x: &Tensor, min: Option<f64>, max: Option<f64>) -> Result<Tensor> {
 /// `input + value * t1 * t2`.
 pub fn addcmul(input: &Tensor, t1: &Tensor, t2: &Tensor, value: f64) -> Result<Tensor> {
     let ([input, t1, t2], _body) = enter(&ADDCMUL, [input, t1, t2])?;
+    let [input, t1, t2] = promoted([&input, &t1, &t2])?;
     add(&input, &mul_scalar(&mul(&t1, &t2)?, value)?)
 }
 
 /// `input + value * t1 / t2`.
 pub fn addcdiv(input: &Tensor, t1: &Tensor, t2: &Tensor, value: f64) -> Result<Tensor> {
     let ([input, t1, t2], _body) = enter(&ADDCDIV, [input, t1, t2])?;
+    let [input, t1, t2] = promoted([&input, &t1, &t2])?;
     add(&input, &mul_scalar(&div(&t1, &t2)?, value)?)
 }
 

@@ -1527,3 +1527,55 @@ fn gelu_backward_in_one_pass_matches_the_formula() {
         );
     }
 }
+
+/// `addcmul`, `addcdiv` and `addr` of a float32 (or bfloat16) input with float16
+/// operands compute in their common dtype, float32, as PyTorch's TensorIterator does:
+/// the float16 product or quotient is not rounded to float16 on the way (it was, by
+/// 1e-4 relative, which float32's tolerance caught in PyTorch-computed variants). The
+/// gradients come back in each argument's own dtype.
+#[test]
+fn pointwise_composites_of_mixed_dtypes_compute_in_the_common_dtype() {
+    let mut g = Generator::new(11);
+    let input = Tensor::randn([3, 4], DType::BF16, &mut g).unwrap();
+    let t1 = Tensor::randn([3, 4], DType::F16, &mut g).unwrap();
+    let t2 = Tensor::randn([3, 4], DType::F16, &mut g).unwrap();
+    let (v1, v2) = (
+        Tensor::randn([3], DType::F16, &mut g).unwrap(),
+        Tensor::randn([4], DType::F16, &mut g).unwrap(),
+    );
+    let (x, a, b) = (vals(&input), vals(&t1), vals(&t2));
+    let (p, q) = (vals(&v1), vals(&v2));
+    let cases: [(&str, Tensor, Vec<f64>); 3] = [
+        (
+            "addcmul",
+            ops::addcmul(&input, &t1, &t2, 0.5).unwrap(),
+            (0..12).map(|i| x[i] + 0.5 * a[i] * b[i]).collect(),
+        ),
+        (
+            "addcdiv",
+            ops::addcdiv(&input, &t1, &t2, 0.5).unwrap(),
+            (0..12).map(|i| x[i] + 0.5 * a[i] / b[i]).collect(),
+        ),
+        (
+            "addr",
+            ops::addr(&input, &v1, &v2, 1.0, 1.0).unwrap(),
+            (0..12).map(|i| x[i] + p[i / 4] * q[i % 4]).collect(),
+        ),
+    ];
+    for (what, got, want) in cases {
+        assert_eq!(got.dtype(), DType::F32, "{what}");
+        for (i, (&g, &w)) in vals(&got).iter().zip(&want).enumerate() {
+            // float32 arithmetic on the exact values: a few float32 roundings.
+            assert!(
+                (g - w).abs() <= 4e-7 * w.abs().max(1.0),
+                "{what} [{i}]: {g} vs {w}"
+            );
+        }
+    }
+    // Gradients in each argument's dtype.
+    let t1 = t1.detach();
+    t1.requires_grad_(true).unwrap();
+    let y = ops::addcmul(&input, &t1, &t2, 0.5).unwrap();
+    ops::sum_all(&y).unwrap().backward().unwrap();
+    assert_eq!(t1.grad().unwrap().dtype(), DType::F16);
+}
