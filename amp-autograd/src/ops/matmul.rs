@@ -345,18 +345,70 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tens
 }
 
 fn chain(ms: &[Tensor], op: &'static str) -> Result<Tensor> {
-    let mut it = ms.iter();
-    let first = it
-        .next()
-        .ok_or_else(|| Error::invalid(op, "expects at least one tensor"))?;
-    let mut acc = first.clone();
-    for m in it {
-        acc = mm(&acc, m)?;
+    match ms {
+        [] => Err(Error::invalid(op, "expects at least one tensor")),
+        [m] => Ok(m.clone()),
+        [a, b] => mm(a, b),
+        [x, y, z] => {
+            // PyTorch's rule for three: `(a×b)(b×c)(c×d)` as `A(BC)` only when that
+            // costs strictly less (a tie multiplies left to right).
+            let (a, b, c, d) = (x.dims()[0], y.dims()[0], z.dims()[0], z.dims()[1]);
+            if (a * c) * (b + d) > (b * d) * (a + c) {
+                mm(x, &mm(y, z)?)
+            } else {
+                mm(&mm(x, y)?, z)
+            }
+        }
+        _ => {
+            let split = chain_order(ms);
+            chain_split(ms, &split, 0, ms.len() - 1)
+        }
     }
-    Ok(acc)
 }
 
-/// Product of a chain of matrices, left to right.
+/// The order of fewest multiply-adds for a chain of four or more matrices, as PyTorch's
+/// `matrix_chain_order` finds it (the textbook dynamic program, the first best split
+/// kept): `split[i][j]` is where the product of matrices `i..=j` is cut. The order
+/// matters to the result beyond float32: each product is rounded to the chain's dtype.
+fn chain_order(ms: &[Tensor]) -> Vec<Vec<usize>> {
+    let n = ms.len();
+    // Matrix `i` is `p[i] × p[i + 1]`.
+    let mut p: Vec<usize> = ms.iter().map(|m| m.dims()[0]).collect();
+    p.push(ms[n - 1].dims()[1]);
+    let mut cost = vec![vec![0usize; n]; n];
+    let mut split = vec![vec![0usize; n]; n];
+    for l in 1..n {
+        for i in 0..n - l {
+            let j = i + l;
+            cost[i][j] = usize::MAX;
+            for k in i..j {
+                let q = cost[i][k]
+                    .saturating_add(cost[k + 1][j])
+                    .saturating_add(p[i] * p[k + 1] * p[j + 1]);
+                if q < cost[i][j] {
+                    cost[i][j] = q;
+                    split[i][j] = k;
+                }
+            }
+        }
+    }
+    split
+}
+
+/// The product of matrices `i..=j` of `ms` in the order `split` gives.
+fn chain_split(ms: &[Tensor], split: &[Vec<usize>], i: usize, j: usize) -> Result<Tensor> {
+    if i == j {
+        return Ok(ms[i].clone());
+    }
+    let k = split[i][j];
+    mm(
+        &chain_split(ms, split, i, k)?,
+        &chain_split(ms, split, k + 1, j)?,
+    )
+}
+
+/// Product of a chain of matrices, in the order of fewest multiply-adds (PyTorch's
+/// `chain_matmul` is `linalg.multi_dot`).
 pub fn chain_matmul(ms: &[Tensor]) -> Result<Tensor> {
     let refs: Vec<&Tensor> = ms.iter().collect();
     let (ms, _body) = enter_vec(&CHAIN_MATMUL, &refs)?;

@@ -1579,3 +1579,38 @@ fn pointwise_composites_of_mixed_dtypes_compute_in_the_common_dtype() {
     ops::sum_all(&y).unwrap().backward().unwrap();
     assert_eq!(t1.grad().unwrap().dtype(), DType::F16);
 }
+
+/// `multi_dot` and `chain_matmul` multiply in PyTorch's order, which shows in bfloat16
+/// (each product is rounded): three matrices as `A(BC)` only when that costs strictly
+/// fewer multiply-adds, four or more in the order of fewest (the first best split).
+#[test]
+fn matrix_chains_multiply_in_pytorchs_order() {
+    let mut g = Generator::new(12);
+    let mut m = |r: usize, c: usize| Tensor::randn([r, c], DType::BF16, &mut g).unwrap();
+    let bits = |t: &Tensor| amp_testing::tensors::bits(t.data());
+    let mm = |a: &Tensor, b: &Tensor| ops::mm(a, b).unwrap();
+    // [3, 2] [2, 4] [4, 3]: (AB)C costs 60, A(BC) 42.
+    let (a, b, c) = (m(3, 2), m(2, 4), m(4, 3));
+    let want = bits(&mm(&a, &mm(&b, &c)));
+    assert_ne!(want, bits(&mm(&mm(&a, &b), &c)), "the orders differ");
+    assert_eq!(
+        bits(&ops::multi_dot(&[a.clone(), b.clone(), c.clone()]).unwrap()),
+        want
+    );
+    assert_eq!(bits(&ops::chain_matmul(&[a, b, c]).unwrap()), want);
+    // [2, 3] [3, 3] [3, 2]: a tie (30 each), left to right (the orders round apart).
+    let (a, b, c) = (m(2, 3), m(3, 3), m(3, 2));
+    let want = bits(&mm(&mm(&a, &b), &c));
+    assert_ne!(want, bits(&mm(&a, &mm(&b, &c))), "the orders differ");
+    assert_eq!(bits(&ops::multi_dot(&[a, b, c]).unwrap()), want);
+    // [2, 8] [8, 3] [3, 8] [8, 2]: ((AB)C)D and A(B(CD)) cost 128, (AB)(CD) 108, the
+    // orders through BC (192 alone) more: the split after B.
+    let (a, b, c, d) = (m(2, 8), m(8, 3), m(3, 8), m(8, 2));
+    let want = bits(&mm(&mm(&a, &b), &mm(&c, &d)));
+    assert_ne!(
+        want,
+        bits(&mm(&mm(&mm(&a, &b), &c), &d)),
+        "the orders differ"
+    );
+    assert_eq!(bits(&ops::multi_dot(&[a, b, c, d]).unwrap()), want);
+}
