@@ -345,6 +345,14 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tens
 }
 
 fn chain(ms: &[Tensor], op: &'static str) -> Result<Tensor> {
+    if ms.len() > 2 && ms.iter().any(|m| m.rank() != 2) {
+        // Not a chain of matrices: `mm`'s error, from the first product that has one.
+        let mut acc = ms[0].clone();
+        for m in &ms[1..] {
+            acc = mm(&acc, m)?;
+        }
+        return Ok(acc);
+    }
     match ms {
         [] => Err(Error::invalid(op, "expects at least one tensor")),
         [m] => Ok(m.clone()),
