@@ -17,7 +17,7 @@
 //! are dispatched as usual and get their own policies.
 //!
 //! **Reading arguments as another dtype.** An op that can read float32 arguments as a
-//! 16-bit dtype with the bits of its casts (`mm`, `bmm`) enters through
+//! 16-bit dtype with the bits of its casts (`mm`, `bmm`, `matmul`, `@`) enters through
 //! [`dispatch_read_as`]; the layer may then set [`OpCall::read_as`] instead of casting,
 //! and the op reads [`BodyGuard::read_as`]. Other ops never see it.
 

@@ -398,12 +398,12 @@ fn trace_explains_decisions() {
     assert!(t.to_string().contains("lower_precision_fp"));
 }
 
-/// `mm` and `bmm` whose arguments need no gradient read their float32 arguments as the
-/// region's dtype, with no cast tensors: the dtype and bits of the casts written by
-/// hand, at the direct kernel's sizes and the packing kernels'. With an argument that
-/// requires grad the casts are made (on the tape) and its float32 leaf gets a float32
-/// gradient; under `no_grad` such a leaf still goes through the weight cache, and the
-/// bits are the same.
+/// `mm`, `bmm` and `matmul` whose arguments need no gradient read their float32
+/// arguments as the region's dtype, with no cast tensors: the dtype and bits of the
+/// casts written by hand, at the direct kernel's sizes and the packing kernels'. With an
+/// argument that requires grad the casts are made (on the tape) and its float32 leaf
+/// gets a float32 gradient; under `no_grad` such a leaf still goes through the weight
+/// cache, and the bits are the same.
 #[test]
 fn products_without_gradients_read_their_arguments_as_the_lower_dtype() {
     use amp_testing::tensors::bits;
@@ -424,6 +424,7 @@ fn products_without_gradients_read_their_arguments_as_the_lower_dtype() {
             manual
         };
         let manual = check(ops::mm, &a, &b, format!("mm {m}x{k}x{n}"));
+        check(ops::matmul, &a, &b, format!("matmul {m}x{k}x{n}"));
         let (a3, b3) = (
             ops::stack(&[a.clone(), a.clone()], 0).unwrap(),
             ops::stack(&[b.clone(), b.clone()], 0).unwrap(),

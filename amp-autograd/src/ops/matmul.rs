@@ -236,14 +236,43 @@ pub fn addr(input: &Tensor, v1: &Tensor, v2: &Tensor, beta: f64, alpha: f64) -> 
 /// `torch.matmul`: dot, mv, mm, or batched with broadcasting of the batch dims
 /// (1-D operands are promoted to matrices and the added dim removed).
 pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let ([a, b], _body) = enter(&MATMUL, [a, b])?;
-    matmul_impl(&a, &b)
+    let ([a, b], body) = enter_read_as(&MATMUL, [a, b])?;
+    match body.read_as() {
+        Some(dtype) => matmul_read_as(&a, &b, dtype),
+        None => matmul_impl(&a, &b),
+    }
 }
 
 /// `a @ b` (`Tensor.__matmul__`).
 pub fn dunder_matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let ([a, b], _body) = enter(&DUNDER_MATMUL, [a, b])?;
-    matmul(&a, &b)
+    let ([a, b], body) = enter_read_as(&DUNDER_MATMUL, [a, b])?;
+    match body.read_as() {
+        Some(dtype) => matmul_read_as(&a, &b, dtype),
+        None => matmul(&a, &b),
+    }
+}
+
+/// `matmul` of float32 `a` and `b` read as `dtype` (the layer asked: nothing needs a
+/// gradient): a product of two matrices or of two equal batches of them reads its
+/// arguments as `dtype` in the kernel (`mm_as`, `bmm_as`: the bits of the casts'
+/// product); other shapes cast first and take `matmul`'s path.
+fn matmul_read_as(a: &Tensor, b: &Tensor, dtype: amp_tensor::DType) -> Result<Tensor> {
+    let same_batch = a.rank() == 3 && b.rank() == 3 && a.dims()[0] == b.dims()[0];
+    if a.rank() == 2 && b.rank() == 2 {
+        Ok(Tensor::from_raw(amp_kernels::mm_as(
+            a.data(),
+            b.data(),
+            dtype,
+        )?))
+    } else if same_batch {
+        Ok(Tensor::from_raw(amp_kernels::bmm_as(
+            a.data(),
+            b.data(),
+            dtype,
+        )?))
+    } else {
+        matmul_impl(&a.to_dtype(dtype)?, &b.to_dtype(dtype)?)
+    }
 }
 
 fn matmul_impl(a: &Tensor, b: &Tensor) -> Result<Tensor> {

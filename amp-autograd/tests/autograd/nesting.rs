@@ -193,9 +193,11 @@ impl DispatchLayer for ReadAs {
     }
 }
 
-/// `mm` and `bmm` honour a layer's `read_as` (a bfloat16 product of their float32
-/// arguments, with the bits of the casts written by hand); ops that cannot read their
-/// arguments so (`add`) are never asked, and a `read_as` set for them anyway is ignored.
+/// `mm`, `bmm`, `matmul` and `@` honour a layer's `read_as` (a bfloat16 product of their
+/// float32 arguments, with the bits of the casts written by hand; `matmul` of shapes
+/// other than two matrices or two equal batches casts first); ops that cannot read
+/// their arguments so (`add`) are never asked, and a `read_as` set for them anyway is
+/// ignored.
 #[test]
 fn products_read_their_arguments_as_the_layer_asks() {
     let mut g = amp_tensor::Generator::new(3);
@@ -211,17 +213,35 @@ fn products_read_their_arguments_as_the_layer_asks() {
     let layer = Rc::new(ReadAs {
         can: RefCell::new(Vec::new()),
     });
-    let (got, got3, sum) = {
+    // `matmul` of a batch by a matrix casts first and takes its own path.
+    let want_folded = ops::matmul(&cast(&a3), &cast(&b)).unwrap();
+    let (got, got3, sum, via_matmul, folded) = {
         let _g = install_layer(Some(layer.clone()));
         (
             ops::mm(&a, &b).unwrap(),
             ops::bmm(&a3, &b3).unwrap(),
             ops::add(&a, &a).unwrap(),
+            [
+                ops::matmul(&a, &b).unwrap(),
+                ops::dunder_matmul(&a, &b).unwrap(),
+                ops::matmul(&a3, &b3).unwrap(),
+            ],
+            ops::matmul(&a3, &b).unwrap(),
         )
     };
-    assert_eq!(*layer.can.borrow(), ["mm", "bmm"]);
+    assert_eq!(
+        *layer.can.borrow(),
+        ["mm", "bmm", "matmul", "__matmul__", "matmul", "matmul"]
+    );
     assert_eq!(got.dtype(), DType::BF16);
-    assert_eq!(got.data().to_vec_f64(), want.data().to_vec_f64());
-    assert_eq!(got3.data().to_vec_f64(), want3.data().to_vec_f64());
+    let values = |t: &Tensor| t.data().to_vec_f64();
+    assert_eq!(values(&got), values(&want));
+    assert_eq!(values(&got3), values(&want3));
     assert_eq!(sum.dtype(), DType::F32);
+    for (t, w) in via_matmul.iter().zip([&want, &want, &want3]) {
+        assert_eq!(t.dtype(), DType::BF16);
+        assert_eq!(values(t), values(w));
+    }
+    assert_eq!(folded.dtype(), DType::BF16);
+    assert_eq!(values(&folded), values(&want_folded));
 }
