@@ -3,9 +3,10 @@
 //! so the casts are on the tape before the op), and keeps the weight-cast cache.
 //!
 //! An op that can read float32 arguments as a 16-bit dtype itself (`mm`, `bmm`,
-//! `matmul`, `@`: [`OpCall::can_read_as`]) is asked to instead of given casts when no argument needs a
-//! gradient or goes through the cache ([`OpCall::read_as`]): the same dtype and bits,
-//! without the cast tensors (forward passes under `no_grad`, inference). Measured on a
+//! `matmul`, `@`: [`OpCall::can_read_as`]) is asked to instead of given casts when no
+//! argument needs a gradient or goes through the cache ([`OpCall::read_as`]): the same
+//! dtype and bits, without the cast tensors (forward passes under `no_grad`, inference).
+//! Measured on a
 //! Zen 4 EPYC, 2 threads, `amp-bench --sweep --filter mm/`, speed against our float32:
 //! `mm` of 8² 0.35 → 0.52, 96² 0.50 → 1.16; `bmm` `[32, 16, 64] × [32, 64, 16]` 0.52 →
 //! 0.73.
