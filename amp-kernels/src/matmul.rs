@@ -292,9 +292,9 @@ struct Plan<'a> {
     beta: f64,
     alpha: f64,
     reduce: bool,
-    /// Float32 operands read as if first cast to this 16-bit dtype, the product's
-    /// (`mm_as`, `bmm_as`, `matmul_as`; see [`rounded`]).
-    round: Option<DType>,
+    /// Float32 operands read as if first cast to this 16-bit dtype, the product's, on
+    /// this path ([`round_path`]; `mm_as`, `bmm_as`, see [`rounded`]).
+    round: Option<(DType, HalfPath)>,
     out_dims: Vec<usize>,
 }
 
@@ -500,21 +500,12 @@ fn product_as<'a>(
             DType::F16 => round_path::<f16>(&p),
             _ => None,
         };
-        if path.is_some() {
-            p.round = Some(dtype);
+        if let Some(path) = path {
+            p.round = Some((dtype, path));
             return run(p);
         }
     }
     op(&a.to_dtype(dtype)?, &b.to_dtype(dtype)?)
-}
-
-/// Where a plan of float32 operands read as `T` runs ([`rounded`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum RoundPath {
-    /// The direct kernel ([`small::direct16_rounded`]).
-    Direct,
-    /// A packing kernel that rounds as it packs ([`native16::rounds_f32`]).
-    Packed(Kernel16),
 }
 
 /// The path [`half()`] takes for the plan's operands cast to `T` (contiguous, as
@@ -522,43 +513,31 @@ enum RoundPath {
 /// float32 operands in place instead, rounding each value to `T` as it reads it: the
 /// direct kernel (whose `B` with strided rows is copied into a stack buffer of
 /// `small::PACK` values), or the AVX-512 packing kernels. `None` elsewhere (the AMX
-/// and AVX2 tiles, the widened paths, a sum or input term): the operands are then cast
-/// first.
-fn round_path<T: native16::Packed>(p: &Plan<'_>) -> Option<RoundPath> {
-    let (m, n, k) = (p.m, p.n, p.k);
-    if p.input.is_some() || p.reduce || m == 0 || n == 0 || k == 0 {
-        return None;
-    }
-    let direct16_size =
-        m * n * k <= direct16_work(T::DTYPE) && direct(m, n, k, &Side::row_major(n));
-    if direct16_size && k <= small::PACK && small::vector_kernel16() {
-        return (p.sb.cs == 1 || k * n <= small::PACK).then_some(RoundPath::Direct);
-    }
-    let fits = [m * k, k * n, m * n].iter().all(|&l| l <= DIRECT16_LEN);
-    if fits && direct16_size && small::vector_kernel() {
-        return None;
-    }
-    match native16::chosen(T::DTYPE, m, n, k) {
-        Some(kernel) if native16::rounds_f32(kernel) => Some(RoundPath::Packed(kernel)),
+/// and AVX2 tiles, the widened paths): the operands are then cast first.
+fn round_path<T: native16::Packed>(p: &Plan<'_>) -> Option<HalfPath> {
+    match half_path::<T>(p, &Side::row_major(p.n)) {
+        HalfPath::Direct if p.sb.cs == 1 || p.k * p.n <= small::PACK => Some(HalfPath::Direct),
+        HalfPath::Packed(kernel) if native16::rounds_f32(kernel) => Some(HalfPath::Packed(kernel)),
         _ => None,
     }
 }
 
-/// A plan whose float32 operands are read as if first cast to `T` (`p.round`), on the
-/// path [`round_path`] found: the bits of [`half()`] on the cast operands (the same
-/// kernel, the same words, the same sums), with no cast tensor and no pass over the
-/// operands of its own. Measured on a Zen 4 EPYC (AVX-512 BF16), 2 threads, medians
+/// A plan whose float32 operands are read as if first cast to `T` (`p.round`), on
+/// `path`, the one [`round_path`] found: the bits of [`half()`] on the cast operands
+/// (the same kernel, the same words, the same sums), with no cast tensor and no pass
+/// over the operands of its own. Measured on a Zen 4 EPYC (AVX-512 BF16), 2 threads, medians
 /// of 15 rounds, µs, float32 / casts then the bfloat16 product / this: `mm` 8³
 /// 0.20 / 0.42 / 0.25, 16³ 0.25 / 0.53 / 0.35, 96³ 9.6 / 10.8 / 8.1, 128³
 /// 19.9 / 21.8 / 14.1, 256³ 151 / 101 / 86; `bmm` `[32, n, 64] × [32, 64, n]` n = 8
 /// 5.9 / 8.3 / 6.7, 64 85 / 67 / 62, 256 1300 / 767 / 743.
-fn rounded<T: native16::Packed + small::Half16>(p: &Plan<'_>) -> Result<Tensor> {
-    match round_path::<T>(p).expect("`product_as` found a rounding path") {
-        RoundPath::Direct => with_operands::<f32, _>(p, |a, b| {
+fn rounded<T: native16::Packed + small::Half16>(p: &Plan<'_>, path: HalfPath) -> Result<Tensor> {
+    match path {
+        HalfPath::Direct => with_operands::<f32, _>(p, |a, b| {
             let (a, b) = (small::Rounded::slice(a), small::Rounded::slice(b));
             direct16_from::<T, small::Rounded<T>>(p, a, b)
         })?,
-        RoundPath::Packed(kernel) => packed16_from::<T, f32>(p, kernel),
+        HalfPath::Packed(kernel) => packed16_from::<T, f32>(p, kernel),
+        _ => unreachable!("`round_path` gives only the direct and packing paths"),
     }
 }
 
@@ -972,8 +951,8 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 fn run(p: Plan<'_>) -> Result<Tensor> {
     crate::compute::on_device!(p.op, [p.a, p.b], run_device(&p));
     match p.round {
-        Some(DType::BF16) => return rounded::<bf16>(&p),
-        Some(DType::F16) => return rounded::<f16>(&p),
+        Some((DType::BF16, path)) => return rounded::<bf16>(&p, path),
+        Some((DType::F16, path)) => return rounded::<f16>(&p, path),
         _ => {}
     }
     match p.dtype {
@@ -1093,23 +1072,45 @@ fn native<C: GemmFloat>(p: &Plan<'_>) -> Result<Tensor> {
 /// products one per task ([`per_product16`]) when it is spread over the threads by
 /// entry, a single product or a batch sum whole ([`widened`]).
 fn half<T: native16::Packed + small::Half16>(p: &Plan<'_>) -> Result<Tensor> {
+    match half_path::<T>(p, &p.sb) {
+        HalfPath::Direct => direct16::<T>(p),
+        HalfPath::PerProduct => per_product16::<T>(p),
+        HalfPath::Packed(kernel) => packed16::<T>(p, kernel),
+        HalfPath::Widened => widened::<T>(p),
+    }
+}
+
+/// The paths of a 16-bit product ([`half()`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum HalfPath {
+    /// The direct kernel ([`direct16`]).
+    Direct,
+    /// One product per task, widened per block of rows ([`per_product16`]).
+    PerProduct,
+    /// A packing kernel ([`packed16`]).
+    Packed(Kernel16),
+    /// Widened whole ([`widened`]).
+    Widened,
+}
+
+/// The path [`half()`] takes for plan `p` of `T` operands whose `B` has side `sb`.
+fn half_path<T: native16::Packed>(p: &Plan<'_>, sb: &Side) -> HalfPath {
+    let (m, n, k) = (p.m, p.n, p.k);
     let input = p.input.is_some() && p.beta != 0.0;
-    let fits = [p.m * p.k, p.k * p.n, p.m * p.n]
-        .iter()
-        .all(|&l| l <= DIRECT16_LEN);
-    let direct16_size = p.m * p.n * p.k <= direct16_work(T::DTYPE) && direct(p.m, p.n, p.k, &p.sb);
-    let whole = !p.reduce && p.m > 0 && p.n > 0 && p.k > 0;
+    let fits = [m * k, k * n, m * n].iter().all(|&l| l <= DIRECT16_LEN);
+    let direct16_size = m * n * k <= direct16_work(T::DTYPE) && direct(m, n, k, sb);
+    let whole = !p.reduce && m > 0 && n > 0 && k > 0;
     let plain = whole && !input;
-    if whole && direct16_size && p.k <= small::PACK && small::vector_kernel16() {
-        return direct16::<T>(p);
+    if whole && direct16_size && k <= small::PACK && small::vector_kernel16() {
+        return HalfPath::Direct;
     }
     if plain && fits && direct16_size && small::vector_kernel() {
-        return per_product16::<T>(p);
+        return HalfPath::PerProduct;
     }
-    match native16::chosen(T::DTYPE, p.m, p.n, p.k) {
-        Some(kernel) => packed16::<T>(p, kernel),
-        None if plain && by_entry(p.sa.offsets.len(), p.m * p.n * p.k) => per_product16::<T>(p),
-        None => widened::<T>(p),
+    match native16::chosen(T::DTYPE, m, n, k) {
+        Some(kernel) => HalfPath::Packed(kernel),
+        None if plain && by_entry(p.sa.offsets.len(), m * n * k) => HalfPath::PerProduct,
+        None => HalfPath::Widened,
     }
 }
 
