@@ -612,6 +612,45 @@ unsafe fn map_row<S: Lane, D: Lane>(
 
 // ----- row kernels ----------------------------------------------------------------------
 
+/// A row kernel `$name(args.., ne)` with the kernels' features, and `$ne`, a second copy
+/// of its body compiled with AVX512-BF16 as well, which it runs when `ne`. The body
+/// reads the constant `$NE` (false in the first copy, true in the second) to round
+/// bfloat16 rows by [`map_row_bf16_ne`], which inlines only into the second copy. Both
+/// copies are the body itself, not calls of a shared function: closures take the
+/// features of the function they are written in, so the body's closures (the lane
+/// maps) must be written inside each copy (an `#[inline(always)]` body called from both
+/// made bfloat16 layer norm ten times slower).
+macro_rules! ne_kernel {
+    ($(#[$attr:meta])*
+     fn $name:ident, $ne:ident<S $(, const $c:ident: $ct:ty)*; $NE:ident>(
+        $($arg:ident: $ty:ty),* $(,)?
+     ) $body:block) => {
+        $(#[$attr])*
+        #[allow(clippy::too_many_arguments)]
+        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+        pub(crate) unsafe fn $name<S: Lane $(, const $c: $ct)*>($($arg: $ty,)* ne: bool) {
+            if ne {
+                // SAFETY: the caller's contract (`ne` only for bfloat16 on a CPU with
+                // AVX512-BF16, as `$ne` needs).
+                return unsafe { $ne::<S $(, $c)*>($($arg),*) };
+            }
+            const $NE: bool = false;
+            $body
+        }
+
+        /// The `ne` copy of the kernel of the same name (compiled with AVX512-BF16).
+        ///
+        /// # Safety
+        /// As that kernel with `ne`.
+        #[allow(clippy::too_many_arguments)]
+        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c,avx512bf16")]
+        unsafe fn $ne<S: Lane $(, const $c: $ct)*>($($arg: $ty),*) {
+            const $NE: bool = true;
+            $body
+        }
+    };
+}
+
 /// Rows of scratch a softmax keeps on the stack (longer rows allocate once per block).
 const STACK_ROW: usize = 1024;
 
@@ -626,7 +665,7 @@ const STACK_ROW: usize = 1024;
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
 pub(crate) unsafe fn softmax_rows<S: Lane>(x: &[S], out: &mut [MaybeUninit<S>], n: usize) {
     // SAFETY: the caller's contract; `ne` only where the CPU has AVX512-BF16.
-    unsafe { softmax_rows_with(x, out, n, bf16_ne::<S>(), 1.0, 0, 0) }
+    unsafe { softmax_rows_with(x, out, n, 1.0, 0, 0, bf16_ne::<S>()) }
 }
 
 /// The softmax of `scale · x` over each row (attention's probabilities, one pass for
@@ -650,57 +689,57 @@ pub(crate) unsafe fn scaled_softmax_rows<S: Lane>(
     r0: usize,
 ) {
     // SAFETY: the caller's contract; `ne` only where the CPU has AVX512-BF16.
-    unsafe { softmax_rows_with(x, out, n, bf16_ne::<S>(), scale, causal, r0) }
+    unsafe { softmax_rows_with(x, out, n, scale, causal, r0, bf16_ne::<S>()) }
 }
 
-/// [`scaled_softmax_rows`], rounding bfloat16 outputs with `vcvtneps2bf16` when `ne`
-/// (see [`map_row_bf16_ne`]).
-///
-/// # Safety
-/// As [`scaled_softmax_rows`]; `ne` only for bfloat16 on a CPU with AVX512-BF16.
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
-unsafe fn softmax_rows_with<S: Lane>(
-    x: &[S],
-    out: &mut [MaybeUninit<S>],
-    n: usize,
-    ne: bool,
-    scale: f32,
-    causal: usize,
-    r0: usize,
-) {
-    let mut stack = [MaybeUninit::<f32>::uninit(); STACK_ROW];
-    let mut heap = Vec::new();
-    let scratch: *mut f32 = if S::F32 {
-        std::ptr::null_mut()
-    } else if n <= STACK_ROW {
-        stack.as_mut_ptr().cast()
-    } else {
-        heap.resize(n, 0f32);
-        heap.as_mut_ptr()
-    };
-    for (r, (xr, or)) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)).enumerate() {
-        let (xp, op) = (xr.as_ptr(), or.as_mut_ptr().cast::<S>());
-        let len = if causal > 0 {
-            ((r0 + r) % causal + 1).min(n)
+ne_kernel! {
+    /// [`scaled_softmax_rows`], rounding bfloat16 outputs with `vcvtneps2bf16` when `ne`
+    /// (see [`map_row_bf16_ne`]).
+    ///
+    /// # Safety
+    /// As [`scaled_softmax_rows`]; `ne` only for bfloat16 on a CPU with AVX512-BF16.
+    fn softmax_rows_with, softmax_rows_ne<S; NE>(
+        x: &[S],
+        out: &mut [MaybeUninit<S>],
+        n: usize,
+        scale: f32,
+        causal: usize,
+        r0: usize,
+    ) {
+        let mut stack = [MaybeUninit::<f32>::uninit(); STACK_ROW];
+        let mut heap = Vec::new();
+        let scratch: *mut f32 = if S::F32 {
+            std::ptr::null_mut()
+        } else if n <= STACK_ROW {
+            stack.as_mut_ptr().cast()
         } else {
-            n
+            heap.resize(n, 0f32);
+            heap.as_mut_ptr()
         };
-        // The float32 row: the output itself when it is float32.
-        let buf: *mut f32 = if S::F32 { op.cast() } else { scratch };
-        // SAFETY: every pointer covers `n >= len` elements (`buf` is the output row or
-        // `n <= STACK_ROW` / `heap.len() == n` elements); the features are this
-        // function's. `buf` is written before it is read back.
-        unsafe {
-            let m = max_nan(xp, len) * scale;
-            let sum = if scale == 1.0 {
-                exp_row::<S, false>(xp, buf, len, scale, m)
+        for (r, (xr, or)) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)).enumerate() {
+            let (xp, op) = (xr.as_ptr(), or.as_mut_ptr().cast::<S>());
+            let len = if causal > 0 {
+                ((r0 + r) % causal + 1).min(n)
             } else {
-                exp_row::<S, true>(xp, buf, len, scale, m)
+                n
             };
-            let inv = _mm512_set1_ps(1.0 / sum);
-            map_row_ne(buf.cast_const(), op, len, |e, _| _mm512_mul_ps(e, inv), ne);
-            // Masked entries: probability 0 (all-zero bits in every storage type).
-            std::ptr::write_bytes(op.add(len), 0, n - len);
+            // The float32 row: the output itself when it is float32.
+            let buf: *mut f32 = if S::F32 { op.cast() } else { scratch };
+            // SAFETY: every pointer covers `n >= len` elements (`buf` is the output row or
+            // `n <= STACK_ROW` / `heap.len() == n` elements); the features are this
+            // function's. `buf` is written before it is read back.
+            unsafe {
+                let m = max_nan(xp, len) * scale;
+                let sum = if scale == 1.0 {
+                    exp_row::<S, false>(xp, buf, len, scale, m)
+                } else {
+                    exp_row::<S, true>(xp, buf, len, scale, m)
+                };
+                let inv = _mm512_set1_ps(1.0 / sum);
+                map_row_ne::<_, _, NE>(buf.cast_const(), op, len, |e, _| _mm512_mul_ps(e, inv));
+                // Masked entries: probability 0 (all-zero bits in every storage type).
+                std::ptr::write_bytes(op.add(len), 0, n - len);
+            }
         }
     }
 }
@@ -759,10 +798,16 @@ unsafe fn exp_row<S: Lane, const SCALED: bool>(
 /// reference leave the loop; through a raw pointer they were made again every vector
 /// (the bfloat16 layer norm was 20% slower).
 ///
+/// Always inlined, into the row kernels' copies compiled with AVX512-BF16 ([`ne_kernel!`]):
+/// called from the kernels' own features, one call per row, the call itself (closure
+/// captures reloaded from memory, `vzeroupper`, no overlap of one row's tail with the
+/// next row's sums) cost more than the rounding saved (Zen 5: bfloat16 layer norm of
+/// `[128, 128]` at 1.3× the float32 time).
+///
 /// # Safety
 /// `out` is valid for `n` elements and `f` reads only what its `(i, k)` cover; the CPU
-/// has AVX-512 and AVX512-BF16.
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c,avx512bf16")]
+/// has AVX-512 and AVX512-BF16, and the caller is compiled with them.
+#[inline(always)]
 unsafe fn map_row_bf16_ne(
     out: &mut [MaybeUninit<bf16>],
     f: impl Fn(usize, usize) -> __m512,
@@ -798,23 +843,23 @@ fn bf16_ne<S: Lane>() -> bool {
     TypeId::of::<S>() == TypeId::of::<bf16>() && vmath::has_bf16_ne()
 }
 
-/// [`map_row`], with a bfloat16 output rounded by `vcvtneps2bf16` when `ne`
+/// [`map_row`], with a bfloat16 output rounded by `vcvtneps2bf16` when `NE`
 /// ([`map_row_bf16_ne`]; a row holding a NaN or subnormal is computed again and
 /// written with the integer rounding, so the bits are [`map_row`]'s).
 ///
 /// # Safety
-/// As [`map_row`]; `ne` only for a bfloat16 `D` on a CPU with AVX512-BF16.
+/// As [`map_row`]; `NE` only for a bfloat16 `D` on a CPU with AVX512-BF16, in a caller
+/// compiled with it.
 #[inline(always)]
-unsafe fn map_row_ne<S: Lane, D: Lane>(
+unsafe fn map_row_ne<S: Lane, D: Lane, const NE: bool>(
     x: *const S,
     out: *mut D,
     n: usize,
     f: impl Fn(__m512, usize) -> __m512,
-    ne: bool,
 ) {
     // SAFETY: the caller's contract.
     unsafe {
-        if !(ne
+        if !(NE
             && map_row_bf16_ne(std::slice::from_raw_parts_mut(out.cast(), n), |i, k| {
                 f(lanes(x, i, k), i)
             }))
@@ -840,98 +885,101 @@ unsafe fn lanes<L: Lane>(p: *const L, i: usize, k: usize) -> __m512 {
     }
 }
 
-/// Log-softmax of each row: `(x - max) - ln(sum)`, the sum of `exp(x - max)` (without
-/// fused multiply-adds) taken as `FastExp::exp_shift_sum` does, in pieces of 256
-/// elements each summed in [`Sum16`]'s order, the pieces added in order.
-///
-/// # Safety
-/// As [`softmax_rows`].
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
-pub(crate) unsafe fn log_softmax_rows<S: Lane>(x: &[S], out: &mut [MaybeUninit<S>], n: usize) {
-    let ne = bf16_ne::<S>();
-    for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
-        let (xp, op) = (xr.as_ptr(), or.as_mut_ptr().cast::<S>());
-        // SAFETY: every pointer covers `n` elements; the features are this function's.
-        unsafe {
-            let mx = max_nan(xp, n);
-            let m = _mm512_set1_ps(mx);
-            let mut s = 0f32;
-            let mut j = 0;
-            while j < n {
-                let len = (n - j).min(256);
-                s += sum16(xp.add(j), len, |v| exp_le0::<false>(_mm512_sub_ps(v, m)));
-                j += len;
+ne_kernel! {
+    /// Log-softmax of each row: `(x - max) - ln(sum)`, the sum of `exp(x - max)`
+    /// (without fused multiply-adds) taken as `FastExp::exp_shift_sum` does, in pieces
+    /// of 256 elements each summed in [`Sum16`]'s order, the pieces added in order;
+    /// bfloat16 outputs rounded with `vcvtneps2bf16` when `ne`.
+    ///
+    /// # Safety
+    /// As [`softmax_rows`]; `ne` only for bfloat16 on a CPU with AVX512-BF16.
+    fn log_softmax_rows, log_softmax_rows_ne<S; NE>(
+        x: &[S],
+        out: &mut [MaybeUninit<S>],
+        n: usize,
+    ) {
+        for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+            let (xp, op) = (xr.as_ptr(), or.as_mut_ptr().cast::<S>());
+            // SAFETY: every pointer covers `n` elements; the features are this function's.
+            unsafe {
+                let mx = max_nan(xp, n);
+                let m = _mm512_set1_ps(mx);
+                let mut s = 0f32;
+                let mut j = 0;
+                while j < n {
+                    let len = (n - j).min(256);
+                    s += sum16(xp.add(j), len, |v| exp_le0::<false>(_mm512_sub_ps(v, m)));
+                    j += len;
+                }
+                let lse = _mm512_set1_ps(s.ln());
+                map_row_ne::<_, _, NE>(xp, op, n, |v, _| {
+                    _mm512_sub_ps(_mm512_sub_ps(v, m), lse)
+                });
             }
-            let lse = _mm512_set1_ps(s.ln());
-            map_row_ne(
-                xp,
-                op,
-                n,
-                |v, _| _mm512_sub_ps(_mm512_sub_ps(v, m), lse),
-                ne,
-            );
         }
     }
 }
 
-/// The gradient of each row of softmax (`LOG = false`: `y * (g - sum(g * y))`, the sum
-/// in [`Sum16`]'s order) or of log-softmax (`LOG = true`: `g - exp(y) * sum(g)`, `exp`
-/// without fused multiply-adds, of `y - 0` as the portable kernel computes it), times
-/// `scale` ([`scaled_softmax_rows`]' backward) before the one rounding.
-///
-/// # Safety
-/// As [`softmax_rows`], and `g.len() == y.len() == out.len()`.
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
-pub(crate) unsafe fn softmax_backward_rows<S: Lane, const LOG: bool>(
-    g: &[S],
-    y: &[S],
-    out: &mut [MaybeUninit<S>],
-    n: usize,
-    scale: f32,
-) {
-    let ne = bf16_ne::<S>();
-    for ((gr, yr), or) in g
-        .chunks_exact(n)
-        .zip(y.chunks_exact(n))
-        .zip(out.chunks_exact_mut(n))
-    {
-        let (gp, yp, op) = (gr.as_ptr(), yr.as_ptr(), or.as_mut_ptr().cast::<S>());
-        // SAFETY: every pointer covers `n` elements; the features are this function's.
-        unsafe {
-            let zero = _mm512_setzero_ps();
-            let s = if LOG {
-                sum16(gp, n, |v| v)
-            } else {
-                // `g * y` lane by lane: the `y` row is loaded alongside.
-                let mut acc = Sum16::new();
-                let mut i = 0;
-                while i + 16 <= n {
-                    acc.add(_mm512_mul_ps(S::load(gp.add(i)), S::load(yp.add(i))));
-                    i += 16;
-                }
-                if i < n {
-                    let k = n - i;
-                    let p = _mm512_mul_ps(
-                        S::load_tail(gp.add(i), k, zero),
-                        S::load_tail(yp.add(i), k, zero),
-                    );
-                    acc.add_tail(k, p);
-                }
-                acc.finish()
-            };
-            let s = _mm512_set1_ps(s);
-            let sc = _mm512_set1_ps(scale);
-            // Times `scale` (exact when it is 1: the plain kernel's bits).
-            let grad = |gv, i| {
-                let yv = lanes(yp, i, (n - i).min(16));
-                let d = if LOG {
-                    _mm512_sub_ps(gv, _mm512_mul_ps(exp(_mm512_sub_ps(yv, zero)), s))
+ne_kernel! {
+    /// The gradient of each row of softmax (`LOG = false`: `y * (g - sum(g * y))`, the
+    /// sum in [`Sum16`]'s order) or of log-softmax (`LOG = true`: `g - exp(y) * sum(g)`,
+    /// `exp` without fused multiply-adds, of `y - 0` as the portable kernel computes
+    /// it), times `scale` ([`scaled_softmax_rows`]' backward) before the one rounding;
+    /// bfloat16 outputs rounded with `vcvtneps2bf16` when `ne`.
+    ///
+    /// # Safety
+    /// As [`softmax_rows`], and `g.len() == y.len() == out.len()`; `ne` only for
+    /// bfloat16 on a CPU with AVX512-BF16.
+    fn softmax_backward_rows, softmax_backward_rows_ne<S, const LOG: bool; NE>(
+            g: &[S],
+            y: &[S],
+            out: &mut [MaybeUninit<S>],
+            n: usize,
+            scale: f32,
+        ) {
+        for ((gr, yr), or) in g
+            .chunks_exact(n)
+            .zip(y.chunks_exact(n))
+            .zip(out.chunks_exact_mut(n))
+        {
+            let (gp, yp, op) = (gr.as_ptr(), yr.as_ptr(), or.as_mut_ptr().cast::<S>());
+            // SAFETY: every pointer covers `n` elements; the features are this function's.
+            unsafe {
+                let zero = _mm512_setzero_ps();
+                let s = if LOG {
+                    sum16(gp, n, |v| v)
                 } else {
-                    _mm512_mul_ps(yv, _mm512_sub_ps(gv, s))
+                    // `g * y` lane by lane: the `y` row is loaded alongside.
+                    let mut acc = Sum16::new();
+                    let mut i = 0;
+                    while i + 16 <= n {
+                        acc.add(_mm512_mul_ps(S::load(gp.add(i)), S::load(yp.add(i))));
+                        i += 16;
+                    }
+                    if i < n {
+                        let k = n - i;
+                        let p = _mm512_mul_ps(
+                            S::load_tail(gp.add(i), k, zero),
+                            S::load_tail(yp.add(i), k, zero),
+                        );
+                        acc.add_tail(k, p);
+                    }
+                    acc.finish()
                 };
-                _mm512_mul_ps(d, sc)
-            };
-            map_row_ne(gp, op, n, grad, ne);
+                let s = _mm512_set1_ps(s);
+                let sc = _mm512_set1_ps(scale);
+                // Times `scale` (exact when it is 1: the plain kernel's bits).
+                let grad = |gv, i| {
+                    let yv = lanes(yp, i, (n - i).min(16));
+                    let d = if LOG {
+                        _mm512_sub_ps(gv, _mm512_mul_ps(exp(_mm512_sub_ps(yv, zero)), s))
+                    } else {
+                        _mm512_mul_ps(yv, _mm512_sub_ps(gv, s))
+                    };
+                    _mm512_mul_ps(d, sc)
+                };
+                map_row_ne::<_, _, NE>(gp, op, n, grad);
+            }
         }
     }
 }
@@ -964,71 +1012,74 @@ pub(crate) unsafe fn layer_norm_rows<S: Lane>(
     unsafe { layer_norm_rows_with(x, out, n, eps, (w, b), (mean, rstd), bf16_ne::<S>()) }
 }
 
-/// [`layer_norm_rows`], rounding bfloat16 outputs with `vcvtneps2bf16` when `ne` (see
-/// [`map_row_bf16_ne`]).
-///
-/// # Safety
-/// As [`layer_norm_rows`]; `ne` only for bfloat16 on a CPU with AVX512-BF16.
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
-unsafe fn layer_norm_rows_with<S: Lane>(
-    x: &[S],
-    out: &mut [MaybeUninit<S>],
-    n: usize,
-    eps: f32,
-    (w, b): (Option<&[f32]>, Option<&[f32]>),
-    (mean, rstd): (&mut [f32], &mut [f32]),
-    ne: bool,
-) {
-    let nc = n as f32;
-    let wp = w.map(|w| w[..n].as_ptr());
-    let bp = b.map(|b| b[..n].as_ptr());
-    let mut stack = [MaybeUninit::<f32>::uninit(); STACK_ROW];
-    let widen = !S::F32 && (256..=STACK_ROW).contains(&n);
-    let buf: *mut f32 = stack.as_mut_ptr().cast();
-    // One row read from `$xp` (the storage, or the widened scratch), written to `$op`.
-    // The closures are written here so that they have this function's features.
-    macro_rules! row {
-        ($sum:expr, $xp:expr, $op:expr, $k:expr) => {{
-            let (mu, xp, op) = ($sum / nc, $xp, $op);
-            let muv = _mm512_set1_ps(mu);
-            let var = wide_sum(xp, n, |v| {
-                let d = _mm512_sub_ps(v, muv);
-                _mm512_mul_ps(d, d)
-            }) / nc;
-            let rs = 1.0 / (var + eps).sqrt();
-            (mean[$k], rstd[$k]) = (mu, rs);
-            let rsv = _mm512_set1_ps(rs);
-            let param = |p: *const f32, i: usize| {
-                if i + 16 <= n {
-                    f32::load(p.add(i))
+ne_kernel! {
+    /// [`layer_norm_rows`], rounding bfloat16 outputs with `vcvtneps2bf16` when `ne`
+    /// (see [`map_row_bf16_ne`]).
+    ///
+    /// # Safety
+    /// As [`layer_norm_rows`]; `ne` only for bfloat16 on a CPU with AVX512-BF16.
+    fn layer_norm_rows_with, layer_norm_rows_ne<S; NE>(
+        x: &[S],
+        out: &mut [MaybeUninit<S>],
+        n: usize,
+        eps: f32,
+        wb: (Option<&[f32]>, Option<&[f32]>),
+        stats: (&mut [f32], &mut [f32]),
+    ) {
+        let ((w, b), (mean, rstd)) = (wb, stats);
+        let nc = n as f32;
+        let wp = w.map(|w| w[..n].as_ptr());
+        let bp = b.map(|b| b[..n].as_ptr());
+        let mut stack = [MaybeUninit::<f32>::uninit(); STACK_ROW];
+        let widen = !S::F32 && (256..=STACK_ROW).contains(&n);
+        let buf: *mut f32 = stack.as_mut_ptr().cast();
+        // One row read from `$xp` (the storage, or the widened scratch), written to `$op`.
+        // The closures are written here so that they have this function's features.
+        macro_rules! row {
+            ($sum:expr, $xp:expr, $op:expr, $k:expr) => {{
+                let (mu, xp, op) = ($sum / nc, $xp, $op);
+                let muv = _mm512_set1_ps(mu);
+                let var = wide_sum(xp, n, |v| {
+                    let d = _mm512_sub_ps(v, muv);
+                    _mm512_mul_ps(d, d)
+                }) / nc;
+                let rs = 1.0 / (var + eps).sqrt();
+                (mean[$k], rstd[$k]) = (mu, rs);
+                let rsv = _mm512_set1_ps(rs);
+                let param = |p: *const f32, i: usize| {
+                    if i + 16 <= n {
+                        f32::load(p.add(i))
+                    } else {
+                        f32::load_tail(p.add(i), n - i, _mm512_setzero_ps())
+                    }
+                };
+                let norm = |v, i| {
+                    let y = _mm512_mul_ps(_mm512_sub_ps(v, muv), rsv);
+                    match (wp, bp) {
+                        (Some(w), Some(b)) => {
+                            _mm512_add_ps(_mm512_mul_ps(y, param(w, i)), param(b, i))
+                        }
+                        (Some(w), None) => _mm512_mul_ps(y, param(w, i)),
+                        (None, Some(b)) => _mm512_add_ps(y, param(b, i)),
+                        (None, None) => y,
+                    }
+                };
+                map_row_ne::<_, _, NE>(xp, op, n, norm);
+            }};
+        }
+        for (k, (xr, or)) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)).enumerate() {
+            let op = or.as_mut_ptr().cast::<S>();
+            // SAFETY: every pointer covers `n` elements (`w` and `b` were cut to `n`;
+            // `buf` holds `STACK_ROW >= n` and is written before it is read); the
+            // features are this function's.
+            unsafe {
+                if widen {
+                    // The mean's pass widens the row into `buf` as it sums it.
+                    let sum = wide_sum_keep::<S, true>(xr.as_ptr(), n, |v| v, buf);
+                    row!(sum, buf.cast_const(), op, k);
                 } else {
-                    f32::load_tail(p.add(i), n - i, _mm512_setzero_ps())
+                    row!(wide_sum(xr.as_ptr(), n, |v| v), xr.as_ptr(), op, k);
                 }
-            };
-            let norm = |v, i| {
-                let y = _mm512_mul_ps(_mm512_sub_ps(v, muv), rsv);
-                match (wp, bp) {
-                    (Some(w), Some(b)) => _mm512_add_ps(_mm512_mul_ps(y, param(w, i)), param(b, i)),
-                    (Some(w), None) => _mm512_mul_ps(y, param(w, i)),
-                    (None, Some(b)) => _mm512_add_ps(y, param(b, i)),
-                    (None, None) => y,
-                }
-            };
-            map_row_ne(xp, op, n, norm, ne);
-        }};
-    }
-    for (k, (xr, or)) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)).enumerate() {
-        let op = or.as_mut_ptr().cast::<S>();
-        // SAFETY: every pointer covers `n` elements (`w` and `b` were cut to `n`;
-        // `buf` holds `STACK_ROW >= n` and is written before it is read); the
-        // features are this function's.
-        unsafe {
-            if widen {
-                // The mean's pass widens the row into `buf` as it sums it.
-                let sum = wide_sum_keep::<S, true>(xr.as_ptr(), n, |v| v, buf);
-                row!(sum, buf.cast_const(), op, k);
-            } else {
-                row!(wide_sum(xr.as_ptr(), n, |v| v), xr.as_ptr(), op, k);
             }
         }
     }
@@ -1064,6 +1115,7 @@ fn run_rows<S: Lane + Send + Sync>(
     rows: usize,
     n: usize,
 ) {
+    let ne = bf16_ne::<S>();
     let body = |r0: usize, block: &mut [MaybeUninit<S>]| {
         let lo = r0 * n;
         let part = |k: usize| &ins[k][lo..lo + block.len()];
@@ -1072,12 +1124,12 @@ fn run_rows<S: Lane + Send + Sync>(
         unsafe {
             match op {
                 RowOp::Softmax => softmax_rows(part(0), block, n),
-                RowOp::LogSoftmax => log_softmax_rows(part(0), block, n),
+                RowOp::LogSoftmax => log_softmax_rows(part(0), block, n, ne),
                 RowOp::SoftmaxBackward => {
-                    softmax_backward_rows::<_, false>(part(0), part(1), block, n, 1.0)
+                    softmax_backward_rows::<_, false>(part(0), part(1), block, n, 1.0, ne)
                 }
                 RowOp::LogSoftmaxBackward => {
-                    softmax_backward_rows::<_, true>(part(0), part(1), block, n, 1.0)
+                    softmax_backward_rows::<_, true>(part(0), part(1), block, n, 1.0, ne)
                 }
                 RowOp::ScaledSoftmax { scale, causal } => {
                     scaled_softmax_rows(part(0), block, n, f32::from_bits(scale), causal, r0)
@@ -1088,6 +1140,7 @@ fn run_rows<S: Lane + Send + Sync>(
                     block,
                     n,
                     f32::from_bits(scale),
+                    ne,
                 ),
             }
         }
@@ -1274,7 +1327,7 @@ mod tests {
             let mut out = vec![MaybeUninit::<bf16>::uninit(); x.len()];
             // SAFETY: `available()` (implied by `has_bf16_ne`) and AVX512-BF16 checked;
             // whole rows.
-            unsafe { softmax_rows_with(&x, &mut out, n, ne, 1.0, 0, 0) };
+            unsafe { softmax_rows_with(&x, &mut out, n, 1.0, 0, 0, ne) };
             // SAFETY: every element was written.
             out.iter()
                 .map(|o| unsafe { o.assume_init() }.to_bits())
