@@ -17,6 +17,9 @@
 //! rounds, so that both sides of a ratio are measured within a second or so of each
 //! other (on a shared host, two runs minutes apart differ by up to 2× on memory-bound
 //! entries). An entry whose first call is over [`SLOW_S`] is measured once per side.
+//! An entry whose spread (ours, or PyTorch's measured beside it) is over [`SPREAD_OK`]
+//! is measured again, up to [`ATTEMPTS`] times in all, and the steadiest measurement is
+//! kept (both sides of it, so a ratio's two sides always come from one measurement).
 //!
 //! The run writes `<out>/<machine>.json` (ours, and PyTorch's when compared) and `<out>/<machine>.svg` (ours / PyTorch per size, one panel per op), where
 //! `<machine>` is the CPU flags the kernels choose by; `xtask/sweeps/` keeps one per
@@ -52,6 +55,13 @@ const HEAD: usize = 64;
 const SETTLE: std::time::Duration = std::time::Duration::from_millis(50);
 /// The spread (max/min − 1 over the rounds) an entry is trusted within.
 const SPREAD_OK: f64 = 0.20;
+/// Measurements of an entry at most: one whose spread (ours, or PyTorch's beside it) is
+/// over [`SPREAD_OK`] is measured again, both sides, and the measurement with the
+/// smaller worst spread is kept; the JSON records how many were made (`attempts`), and
+/// the summary counts the entries measured more than once. On a shared 2-core host a
+/// neighbour's burst of a few milliseconds spoils a round, and a full sweep beside
+/// PyTorch had 176 of 324 entries over 20% in one measurement each (Zen 5, 2026-12-02).
+const ATTEMPTS: usize = 3;
 
 /// Options of `bench --sweep`.
 pub struct SweepOptions {
@@ -407,6 +417,8 @@ fn workloads(n: usize, gen: &mut Generator, keep: &dyn Fn(&str, &str) -> bool) -
 
 /// One entry of the sweep, ours and (when compared) PyTorch's.
 struct Entry {
+    /// How many times it was measured ([`ATTEMPTS`]).
+    attempts: usize,
     key: String,
     op: &'static str,
     mode: &'static str,
@@ -477,6 +489,7 @@ pub fn main(opts: &SweepOptions, isa: Value) -> ExitCode {
     } else {
         None
     };
+    let interleaved_torch = server.is_some();
     let machine = machine(&isa);
     eprintln!("xtask bench --sweep: machine {machine}, isa {isa}");
     let mut gen = Generator::new(0);
@@ -488,20 +501,36 @@ pub fn main(opts: &SweepOptions, isa: Value) -> ExitCode {
         };
         for mut w in workloads(n, &mut gen, &keep) {
             let key = format!("{}/{}/{n}", w.op, w.mode);
-            let (ours, torch) = match server.as_mut() {
-                Some(s) => match interleaved(s, &key, &mut w.run) {
-                    Ok(both) => both,
+            let mut attempt = || match server.as_mut() {
+                Some(s) => interleaved(s, &key, &mut w.run),
+                None => Ok((
+                    measure(&mut w.run),
+                    torch.as_ref().and_then(|t| t.get(&key).cloned()),
+                )),
+            };
+            // The worst spread of a measurement: ours, or PyTorch's when measured beside.
+            let worst = |(o, t): &(Timing, Option<Timing>)| {
+                let t = if interleaved_torch { t.as_ref() } else { None };
+                t.map_or(o.spread(), |t| o.spread().max(t.spread()))
+            };
+            let mut attempts = 0;
+            let mut best: Option<(Timing, Option<Timing>)> = None;
+            while attempts < ATTEMPTS && best.as_ref().is_none_or(|b| worst(b) > SPREAD_OK) {
+                let m = match attempt() {
+                    Ok(m) => m,
                     Err(e) => {
                         eprintln!("xtask bench --sweep: {e}");
                         return ExitCode::FAILURE;
                     }
-                },
-                None => (
-                    measure(&mut w.run),
-                    torch.as_ref().and_then(|t| t.get(&key).cloned()),
-                ),
-            };
+                };
+                attempts += 1;
+                if best.as_ref().is_none_or(|b| worst(&m) < worst(b)) {
+                    best = Some(m);
+                }
+            }
+            let (ours, torch) = best.expect("measured at least once");
             let e = Entry {
+                attempts,
                 torch,
                 key,
                 op: w.op,
@@ -610,6 +639,14 @@ fn summary(entries: &[Entry]) -> String {
         if noisy.is_empty() { "" } else { ": " },
         noisy.join(", ")
     );
+    let again = entries.iter().filter(|e| e.attempts > 1).count();
+    let _ = writeln!(
+        s,
+        "entries measured again for a spread over {:.0}% (at most {ATTEMPTS} times, the \
+         steadiest kept): {again} of {}",
+        SPREAD_OK * 100.0,
+        entries.len(),
+    );
     let ours_f32: BTreeMap<(&str, usize), f64> = entries
         .iter()
         .filter(|e| e.mode == "f32")
@@ -645,6 +682,7 @@ fn to_json(entries: &[Entry], isa: &Value, machine: &str, interleaved: bool) -> 
         let mut o = timing_json(&e.ours);
         o["work"] = json!(e.work);
         o["unit"] = json!(e.unit);
+        o["attempts"] = json!(e.attempts);
         ours.insert(e.key.clone(), o);
         if let Some(t) = &e.torch {
             let mut o = timing_json(t);
