@@ -239,8 +239,12 @@ pub(crate) mod lanes {
     /// `p` is valid for 32 reads; the caller runs with AVX-512F.
     #[inline(always)]
     pub(crate) unsafe fn ld_bf16_32(p: *const bf16) -> [f32; 32] {
-        // SAFETY: the caller's contract.
-        unsafe { transmute(ld_bf16_pairs(p)) }
+        // SAFETY: the caller's contract; an array of two vectors is 32 float32 lanes
+        // in order (a tuple's layout would not be guaranteed).
+        unsafe {
+            let (even, odd) = ld_bf16_pairs(p);
+            transmute::<[__m512; 2], [f32; 32]>([even, odd])
+        }
     }
     /// 32 float32 lanes in [`ld_bf16_32`]'s order rounded to bfloat16 and stored in
     /// place, by `vcvtne2ps2bf16` ([`st_bf16_pairs_ne`]) unless a lane holds a NaN or a
@@ -256,7 +260,7 @@ pub(crate) mod lanes {
     pub(crate) unsafe fn st_bf16_32_ne(p: *mut MaybeUninit<bf16>, r: [f32; 32]) {
         // SAFETY: the caller's contract.
         unsafe {
-            let (even, odd): (__m512, __m512) = transmute(r);
+            let [even, odd] = transmute::<[f32; 32], [__m512; 2]>(r);
             if st_bf16_pairs_ne(p, even, odd) != 0 {
                 // Word `w` is element `w / 2` of `even` or `odd` (as `ld_bf16_pairs`).
                 let (e, o) = (narrow_bf16_16(even), narrow_bf16_16(odd));
@@ -397,6 +401,28 @@ macro_rules! bin_loop {
     (@at splat, $v:ident, $k:ident) => {
         $v
     };
+    // `$body` with `$i` bound to the start of each `L`-element vector covering
+    // `0..$n` (`$n >= L`): 0 when the aligned vectors (`aligned_start`) start later,
+    // those, then `$n - L` when they leave a tail. The body is written out at each of
+    // its three places (a closure called from them did not always inline, and one loop
+    // choosing the next start cost the narrow loops a quarter more instructions).
+    (@cover $S:ty, $L:literal, $dst:ident, $n:ident, $i:ident => $body:block) => {{
+        let start = aligned_start::<$S, $L>($dst);
+        if start > 0 {
+            let $i = 0;
+            $body
+        }
+        let mut at = start;
+        while at + $L <= $n {
+            let $i = at;
+            $body
+            at += $L;
+        }
+        if at < $n {
+            let $i = $n - $L;
+            $body
+        }
+    }};
     // Elements `i..i + L` (`i + L <= n`) of a unary loop (`$x` a slice).
     (@unary $L:literal, $ld:ident, $st:ident, $dst:ident, $f:ident, $x:ident, $i:expr) => {{
         let i = $i;
@@ -425,20 +451,9 @@ macro_rules! bin_loop {
                 $dst[k].write(<$S>::narrow($f(a, b)));
             }
         } else {
-            // The vector body written out at each of its three places (a closure
-            // called from them did not always inline, and one loop choosing the next
-            // start cost the narrow loops a quarter more instructions).
-            let mut i = aligned_start::<$S, $L>($dst);
-            if i > 0 {
-                bin_loop!(@vector $L, $ld, $st, $dst, $f, $x: $xk, $y: $yk, 0);
-            }
-            while i + $L <= n {
+            bin_loop!(@cover $S, $L, $dst, n, i => {
                 bin_loop!(@vector $L, $ld, $st, $dst, $f, $x: $xk, $y: $yk, i);
-                i += $L;
-            }
-            if i < n {
-                bin_loop!(@vector $L, $ld, $st, $dst, $f, $x: $xk, $y: $yk, n - $L);
-            }
+            });
         }
     }};
 }
@@ -490,17 +505,9 @@ macro_rules! fused {
                 return;
             }
             // As `bin_loop`: whole vectors only, the first and last overlapping.
-            let mut i = aligned_start::<$S, $L>(dst);
-            if i > 0 {
-                bin_loop!(@unary $L, $ld, $st, dst, f, x, 0);
-            }
-            while i + $L <= n {
+            bin_loop!(@cover $S, $L, dst, n, i => {
                 bin_loop!(@unary $L, $ld, $st, dst, f, x, i);
-                i += $L;
-            }
-            if i < n {
-                bin_loop!(@unary $L, $ld, $st, dst, f, x, n - $L);
-            }
+            });
         }
     };
 }

@@ -612,8 +612,10 @@ unsafe fn map_row<S: Lane, D: Lane>(
 
 // ----- row kernels ----------------------------------------------------------------------
 
-/// A row kernel `$name(args.., ne)` with the kernels' features, and `$ne`, a second copy
-/// of its body compiled with AVX512-BF16 as well, which it runs when `ne`. The body
+/// A row kernel `$name(args.., ne)` with the kernels' features (its docs end with the
+/// contract of `ne`, which the macro adds after the invocation's `# Safety`), and `$ne`,
+/// a second copy of its body compiled with AVX512-BF16 as well, which it runs when
+/// `ne`. The body
 /// reads the constant `$NE` (false in the first copy, true in the second) to round
 /// bfloat16 rows by [`map_row_bf16_ne`], which inlines only into the second copy. Both
 /// copies are the body itself, not calls of a shared function: closures take the
@@ -626,6 +628,9 @@ macro_rules! ne_kernel {
         $($arg:ident: $ty:ty),* $(,)?
      ) $body:block) => {
         $(#[$attr])*
+        ///
+        /// With `ne`, bfloat16 outputs are rounded by `vcvtneps2bf16`
+        /// ([`map_row_bf16_ne`]): `ne` only for bfloat16 on a CPU with AVX512-BF16.
         #[allow(clippy::too_many_arguments)]
         #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
         pub(crate) unsafe fn $name<S: Lane $(, const $c: $ct)*>($($arg: $ty,)* ne: bool) {
@@ -693,11 +698,10 @@ pub(crate) unsafe fn scaled_softmax_rows<S: Lane>(
 }
 
 ne_kernel! {
-    /// [`scaled_softmax_rows`], rounding bfloat16 outputs with `vcvtneps2bf16` when `ne`
-    /// (see [`map_row_bf16_ne`]).
+    /// [`scaled_softmax_rows`], with the rounding chosen by the caller.
     ///
     /// # Safety
-    /// As [`scaled_softmax_rows`]; `ne` only for bfloat16 on a CPU with AVX512-BF16.
+    /// As [`scaled_softmax_rows`].
     fn softmax_rows_with, softmax_rows_ne<S; NE>(
         x: &[S],
         out: &mut [MaybeUninit<S>],
@@ -888,11 +892,10 @@ unsafe fn lanes<L: Lane>(p: *const L, i: usize, k: usize) -> __m512 {
 ne_kernel! {
     /// Log-softmax of each row: `(x - max) - ln(sum)`, the sum of `exp(x - max)`
     /// (without fused multiply-adds) taken as `FastExp::exp_shift_sum` does, in pieces
-    /// of 256 elements each summed in [`Sum16`]'s order, the pieces added in order;
-    /// bfloat16 outputs rounded with `vcvtneps2bf16` when `ne`.
+    /// of 256 elements each summed in [`Sum16`]'s order, the pieces added in order.
     ///
     /// # Safety
-    /// As [`softmax_rows`]; `ne` only for bfloat16 on a CPU with AVX512-BF16.
+    /// As [`softmax_rows`].
     fn log_softmax_rows, log_softmax_rows_ne<S; NE>(
         x: &[S],
         out: &mut [MaybeUninit<S>],
@@ -924,12 +927,10 @@ ne_kernel! {
     /// The gradient of each row of softmax (`LOG = false`: `y * (g - sum(g * y))`, the
     /// sum in [`Sum16`]'s order) or of log-softmax (`LOG = true`: `g - exp(y) * sum(g)`,
     /// `exp` without fused multiply-adds, of `y - 0` as the portable kernel computes
-    /// it), times `scale` ([`scaled_softmax_rows`]' backward) before the one rounding;
-    /// bfloat16 outputs rounded with `vcvtneps2bf16` when `ne`.
+    /// it), times `scale` ([`scaled_softmax_rows`]' backward) before the one rounding.
     ///
     /// # Safety
-    /// As [`softmax_rows`], and `g.len() == y.len() == out.len()`; `ne` only for
-    /// bfloat16 on a CPU with AVX512-BF16.
+    /// As [`softmax_rows`], and `g.len() == y.len() == out.len()`.
     fn softmax_backward_rows, softmax_backward_rows_ne<S, const LOG: bool; NE>(
             g: &[S],
             y: &[S],
@@ -1013,11 +1014,10 @@ pub(crate) unsafe fn layer_norm_rows<S: Lane>(
 }
 
 ne_kernel! {
-    /// [`layer_norm_rows`], rounding bfloat16 outputs with `vcvtneps2bf16` when `ne`
-    /// (see [`map_row_bf16_ne`]).
+    /// [`layer_norm_rows`], with the rounding chosen by the caller.
     ///
     /// # Safety
-    /// As [`layer_norm_rows`]; `ne` only for bfloat16 on a CPU with AVX512-BF16.
+    /// As [`layer_norm_rows`].
     fn layer_norm_rows_with, layer_norm_rows_ne<S; NE>(
         x: &[S],
         out: &mut [MaybeUninit<S>],
