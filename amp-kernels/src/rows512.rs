@@ -334,6 +334,7 @@ unsafe fn fold16(acc: __m512) -> f32 {
 }
 
 /// The running state of a 16-lane sum over a row: element `i` goes to lane `i % 16`.
+#[derive(Clone, Copy)]
 struct Sum16(__m512);
 
 impl Sum16 {
@@ -399,50 +400,72 @@ unsafe fn load_keep<S: Lane, const KEEP: bool>(
     }
 }
 
-/// `sum(g(x[i]))` over `n` elements at `x` in [`Sum16`]'s order (`lane_sum`).
-///
-/// # Safety
-/// `x` is valid for `n` reads; the caller runs with the kernels' features.
-#[inline(always)]
-unsafe fn sum16<S: Lane>(x: *const S, n: usize, g: impl Fn(__m512) -> __m512) -> f32 {
-    // SAFETY: the caller's contract (nothing kept).
-    unsafe { sum16_keep::<S, false>(x, n, g, std::ptr::null_mut()) }
+/// The sums (`[f32; R]`) of `R` rows of `len` elements in [`Sum16`]'s order, `$v`
+/// giving elements `$i..$i + $k` of row `$r` (`$k` is 16 but for the last `len % 16`;
+/// lanes from `$k` on are not added). The rows' vectors alternate, so one row's chain
+/// of additions runs beside the others' ([`PAIR_ROW`]); each row's sum is the one it
+/// has alone. A macro, not a function taking a closure: a closure is compiled without
+/// the kernels' features unless it inlines, and one holding an exponential did not
+/// (softmax ran 25 times slower).
+macro_rules! sum16_rows_by {
+    ($R:expr, $len:expr, |$r:ident, $i:ident, $k:ident| $v:expr) => {{
+        let len = $len;
+        let mut acc = [Sum16::new(); $R];
+        let mut $i = 0;
+        while $i + 16 <= len {
+            let $k = 16;
+            for ($r, a) in acc.iter_mut().enumerate() {
+                a.add($v);
+            }
+            $i += 16;
+        }
+        if $i < len {
+            let $k = len - $i;
+            for ($r, a) in acc.iter_mut().enumerate() {
+                a.add_tail($k, $v);
+            }
+        }
+        let mut sums = [0f32; $R];
+        for (s, a) in sums.iter_mut().zip(acc) {
+            *s = a.finish();
+        }
+        sums
+    }};
 }
 
-/// [`sum16`], also storing the elements widened to float32 at `keep` when `KEEP`.
+/// `sum(g(x[i]))` over each of `R` rows of `len` elements at `x` (row `r` from
+/// `x + r·stride`; `g` is given the row) in [`Sum16`]'s order (`lane_sum`), also storing the elements widened to float32
+/// at `keep` (row `r` at `keep + r·stride`) when `KEEP`.
 ///
 /// # Safety
-/// As [`sum16`]; with `KEEP`, `keep` is valid for `n` float32 writes.
+/// `x` is valid for `(R - 1)·stride + len` reads (and, with `KEEP`, `keep` for as many
+/// writes); the caller runs with the kernels' features.
 #[inline(always)]
-unsafe fn sum16_keep<S: Lane, const KEEP: bool>(
+unsafe fn sum16_rows<S: Lane, const KEEP: bool, const R: usize>(
     x: *const S,
-    n: usize,
-    g: impl Fn(__m512) -> __m512,
+    (stride, len): (usize, usize),
+    g: impl Fn(__m512, usize) -> __m512,
     keep: *mut f32,
-) -> f32 {
-    // SAFETY: the loads (and stores) stay within `n` elements; the features are the
-    // caller's.
+) -> [f32; R] {
+    // SAFETY: the loads (and stores) stay within the rows; `keep` is only offset
+    // (`wrapping_add`: it may be null) and written with `KEEP`.
     unsafe {
-        let mut acc = Sum16::new();
-        let mut i = 0;
-        while i + 16 <= n {
-            acc.add(g(load_keep::<S, KEEP>(x, keep, i, 16)));
-            i += 16;
-        }
-        if i < n {
-            let k = n - i;
-            acc.add_tail(k, g(load_keep::<S, KEEP>(x, keep, i, k)));
-        }
-        acc.finish()
+        sum16_rows_by!(R, len, |r, i, k| {
+            let at = r * stride;
+            g(
+                load_keep::<S, KEEP>(x.add(at), keep.wrapping_add(at), i, k),
+                r,
+            )
+        })
     }
 }
 
-/// `sum(g(x[i]))` as `norm.rs`'s `wide_sum`: [`sum16`] for rows under 256 elements,
+/// `sum(g(x[i]))` as `norm.rs`'s `wide_sum`: [`sum16_rows`] for rows under 256 elements,
 /// else 64 lanes (four registers; element `i` to lane `i % 64`) folded into 16 lanes in
 /// order (`((0 + a0) + a1) + a2) + a3`) and then pairwise.
 ///
 /// # Safety
-/// As [`sum16`].
+/// `x` is valid for `n` reads; the caller runs with the kernels' features.
 #[inline(always)]
 unsafe fn wide_sum<S: Lane>(x: *const S, n: usize, g: impl Fn(__m512) -> __m512) -> f32 {
     // SAFETY: the caller's contract (nothing kept).
@@ -453,7 +476,7 @@ unsafe fn wide_sum<S: Lane>(x: *const S, n: usize, g: impl Fn(__m512) -> __m512)
 /// (a 16-bit layer norm's first pass: one pass where widening first took two).
 ///
 /// # Safety
-/// As [`sum16_keep`].
+/// As [`sum16_rows`] for one row.
 #[inline(always)]
 unsafe fn wide_sum_keep<S: Lane, const KEEP: bool>(
     x: *const S,
@@ -463,7 +486,7 @@ unsafe fn wide_sum_keep<S: Lane, const KEEP: bool>(
 ) -> f32 {
     if n < 256 {
         // SAFETY: the caller's contract.
-        return unsafe { sum16_keep::<S, KEEP>(x, n, g, keep) };
+        return unsafe { sum16_rows::<S, KEEP, 1>(x, (n, n), |v, _| g(v), keep)[0] };
     }
     // SAFETY: the loads (and stores) stay within `n` elements; the features are the
     // caller's.
@@ -511,7 +534,7 @@ unsafe fn wide_sum_keep<S: Lane, const KEEP: bool>(
 /// the exact order ([`first_nan`]).
 ///
 /// # Safety
-/// As [`sum16`].
+/// `x` is valid for `n` reads; the caller runs with the kernels' features.
 #[inline(always)]
 unsafe fn max_nan<S: Lane>(x: *const S, n: usize) -> f32 {
     // SAFETY: the loads stay within `n` elements; the features are the caller's.
@@ -549,7 +572,7 @@ unsafe fn max_nan<S: Lane>(x: *const S, n: usize) -> f32 {
 /// The first NaN of the `n` elements at `x` (widened as the loads widen); there is one.
 ///
 /// # Safety
-/// As [`sum16`].
+/// `x` is valid for `n` reads; the caller runs with the kernels' features.
 #[cold]
 #[inline(never)]
 unsafe fn first_nan<S: Lane>(x: *const S, n: usize) -> f32 {
@@ -720,73 +743,106 @@ ne_kernel! {
             heap.resize(n, 0f32);
             heap.as_mut_ptr()
         };
-        for (r, (xr, or)) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)).enumerate() {
-            let (xp, op) = (xr.as_ptr(), or.as_mut_ptr().cast::<S>());
-            let len = if causal > 0 {
-                ((r0 + r) % causal + 1).min(n)
-            } else {
-                n
-            };
-            // The float32 row: the output itself when it is float32.
-            let buf: *mut f32 = if S::F32 { op.cast() } else { scratch };
-            // SAFETY: every pointer covers `n >= len` elements (`buf` is the output row or
-            // `n <= STACK_ROW` / `heap.len() == n` elements); the features are this
-            // function's. `buf` is written before it is read back.
-            unsafe {
-                let m = max_nan(xp, len) * scale;
-                let sum = if scale == 1.0 {
-                    exp_row::<S, false>(xp, buf, len, scale, m)
+        let rows = x.len() / n;
+        let (xs, os) = (x.as_ptr(), out.as_mut_ptr().cast::<S>());
+        // `R` rows from row `r`, written here so that the closures have this function's
+        // features.
+        macro_rules! block {
+            ($R:literal, $r:expr) => {{
+                let r = $r;
+                let (xp, op) = (xs.add(r * n), os.add(r * n));
+                let len = if causal > 0 {
+                    ((r0 + r) % causal + 1).min(n)
                 } else {
-                    exp_row::<S, true>(xp, buf, len, scale, m)
+                    n
                 };
-                let inv = _mm512_set1_ps(1.0 / sum);
-                map_row_ne::<_, _, NE>(buf.cast_const(), op, len, |e, _| _mm512_mul_ps(e, inv));
-                // Masked entries: probability 0 (all-zero bits in every storage type).
-                std::ptr::write_bytes(op.add(len), 0, n - len);
+                // The float32 rows: the output itself when it is float32.
+                let buf: *mut f32 = if S::F32 { op.cast() } else { scratch };
+                let mut m = [0f32; $R];
+                for (j, m) in m.iter_mut().enumerate() {
+                    *m = max_nan(xp.add(j * n), len) * scale;
+                }
+                let sums = if scale == 1.0 {
+                    exp_rows::<S, false, $R>(xp, buf, (n, len), scale, m)
+                } else {
+                    exp_rows::<S, true, $R>(xp, buf, (n, len), scale, m)
+                };
+                for (j, sum) in sums.into_iter().enumerate() {
+                    let inv = _mm512_set1_ps(1.0 / sum);
+                    let (b, o) = (buf.add(j * n).cast_const(), op.add(j * n));
+                    map_row_ne::<_, _, NE>(b, o, len, |e, _| _mm512_mul_ps(e, inv));
+                    // Masked entries: probability 0 (all-zero bits in every storage type).
+                    std::ptr::write_bytes(o.add(len), 0, n - len);
+                }
+            }};
+        }
+        // Unmasked short rows two at a time; `2n <= STACK_ROW` keeps a 16-bit pair's
+        // scratch on the stack.
+        let pairs = if causal == 0 && n <= PAIR_ROW && 2 * n <= STACK_ROW {
+            rows / 2
+        } else {
+            0
+        };
+        // SAFETY: every pointer covers the rows it is given (`x` and `out` hold `rows`
+        // rows; `buf` is the output rows or `STACK_ROW >= 2n` / `heap.len() == n`
+        // elements, a pair's only with `2n <= STACK_ROW`); the features are this
+        // function's. `buf` is written before it is read back.
+        unsafe {
+            for p in 0..pairs {
+                block!(2, 2 * p);
+            }
+            for r in 2 * pairs..rows {
+                block!(1, r);
             }
         }
     }
 }
 
-/// `buf[i] = exp(scale · x[i] - m)` over a row of `n` elements, returning their sum in
-/// [`Sum16`]'s order (`m` is `scale` times the row's maximum, so every exponent is `<= 0`
-/// or NaN: [`exp_le0`]). `SCALED = false` skips the product, for `scale == 1` (exact:
-/// `x · 1 = x`).
+/// Rows of at most this many elements are run two at a time (softmax, log-softmax,
+/// their backward, layer norm), their vectors alternating: a short row's time is mostly
+/// the latency of its reductions (the sum's fold, the division, the maximum), which one
+/// row alone leaves the vector units waiting on. Zen 5, `[64, 64]` softmax: float32
+/// 1.49 to 1.23 µs, bfloat16 1.80 to 1.51.
+const PAIR_ROW: usize = 256;
+
+/// `buf[i] = exp(scale · x[i] - m[r])` over each of `R` consecutive rows (row `r` at
+/// `x + r·stride` and `buf + r·stride`, `len` elements), returning their sums, each in
+/// [`Sum16`]'s order (`m[r]` is `scale` times row `r`'s maximum, so every exponent is
+/// `<= 0` or NaN: [`exp_le0`]); the rows' vectors alternate ([`sum16_rows`]).
+/// `SCALED = false` skips the product, for `scale == 1` (exact: `x · 1 = x`).
 ///
 /// # Safety
-/// `x` and `buf` are valid for `n` elements; the caller runs with the kernels'
-/// features.
+/// `x` and `buf` are valid for `(R - 1)·stride + len` elements; the caller runs with
+/// the kernels' features.
 #[inline(always)]
-unsafe fn exp_row<S: Lane, const SCALED: bool>(
+unsafe fn exp_rows<S: Lane, const SCALED: bool, const R: usize>(
     x: *const S,
     buf: *mut f32,
-    n: usize,
+    (stride, len): (usize, usize),
     scale: f32,
-    m: f32,
-) -> f32 {
-    // SAFETY: the loads and stores stay within `n` elements; the features are the
-    // caller's.
+    m: [f32; R],
+) -> [f32; R] {
+    // SAFETY: the loads and stores stay within the rows; the features are the caller's.
     unsafe {
-        let (sc, m) = (_mm512_set1_ps(scale), _mm512_set1_ps(m));
-        let shifted = |v: __m512| {
+        let sc = _mm512_set1_ps(scale);
+        let mut mv = [_mm512_setzero_ps(); R];
+        for (v, m) in mv.iter_mut().zip(m) {
+            *v = _mm512_set1_ps(m);
+        }
+        let shifted = |v: __m512, m: __m512| {
             let v = if SCALED { _mm512_mul_ps(v, sc) } else { v };
             exp_le0::<true>(_mm512_sub_ps(v, m))
         };
-        let mut acc = Sum16::new();
-        let mut i = 0;
-        while i + 16 <= n {
-            let e = shifted(S::load(x.add(i)));
-            _mm512_storeu_ps(buf.add(i), e);
-            acc.add(e);
-            i += 16;
-        }
-        if i < n {
-            let k = n - i;
-            let e = shifted(S::load_tail(x.add(i), k, _mm512_setzero_ps()));
-            f32::store_tail(buf.add(i), k, e);
-            acc.add_tail(k, e);
-        }
-        acc.finish()
+        sum16_rows_by!(R, len, |r, i, k| {
+            let at = r * stride + i;
+            let e = shifted(lanes(x.add(at), 0, k), mv[r]);
+            if k == 16 {
+                _mm512_storeu_ps(buf.add(at), e);
+            } else {
+                f32::store_tail(buf.add(at), k, e);
+            }
+            e
+        })
     }
 }
 
@@ -901,23 +957,50 @@ ne_kernel! {
         out: &mut [MaybeUninit<S>],
         n: usize,
     ) {
-        for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
-            let (xp, op) = (xr.as_ptr(), or.as_mut_ptr().cast::<S>());
-            // SAFETY: every pointer covers `n` elements; the features are this function's.
-            unsafe {
-                let mx = max_nan(xp, n);
-                let m = _mm512_set1_ps(mx);
-                let mut s = 0f32;
+        let rows = x.len() / n;
+        let (xs, os) = (x.as_ptr(), out.as_mut_ptr().cast::<S>());
+        // `R` rows from row `r` (the closures written here have this function's
+        // features).
+        macro_rules! block {
+            ($R:literal, $r:expr) => {{
+                let (xp, op) = (xs.add($r * n), os.add($r * n));
+                let mut m = [_mm512_setzero_ps(); $R];
+                for (j, m) in m.iter_mut().enumerate() {
+                    *m = _mm512_set1_ps(max_nan(xp.add(j * n), n));
+                }
+                let mut s = [0f32; $R];
                 let mut j = 0;
                 while j < n {
                     let len = (n - j).min(256);
-                    s += sum16(xp.add(j), len, |v| exp_le0::<false>(_mm512_sub_ps(v, m)));
+                    let e = |v, r: usize| exp_le0::<false>(_mm512_sub_ps(v, m[r]));
+                    let part = sum16_rows::<S, false, $R>(
+                        xp.add(j),
+                        (n, len),
+                        e,
+                        std::ptr::null_mut(),
+                    );
+                    for (s, p) in s.iter_mut().zip(part) {
+                        *s += p;
+                    }
                     j += len;
                 }
-                let lse = _mm512_set1_ps(s.ln());
-                map_row_ne::<_, _, NE>(xp, op, n, |v, _| {
-                    _mm512_sub_ps(_mm512_sub_ps(v, m), lse)
-                });
+                for (r, s) in s.into_iter().enumerate() {
+                    let (lse, m) = (_mm512_set1_ps(s.ln()), m[r]);
+                    map_row_ne::<_, _, NE>(xp.add(r * n), op.add(r * n), n, |v, _| {
+                        _mm512_sub_ps(_mm512_sub_ps(v, m), lse)
+                    });
+                }
+            }};
+        }
+        let pairs = if n <= PAIR_ROW { rows / 2 } else { 0 };
+        // SAFETY: every pointer covers the rows it is given (a pair's rows are one
+        // piece: `n <= PAIR_ROW = 256`); the features are this function's.
+        unsafe {
+            for p in 0..pairs {
+                block!(2, 2 * p);
+            }
+            for r in 2 * pairs..rows {
+                block!(1, r);
             }
         }
     }
@@ -938,48 +1021,49 @@ ne_kernel! {
             n: usize,
             scale: f32,
         ) {
-        for ((gr, yr), or) in g
-            .chunks_exact(n)
-            .zip(y.chunks_exact(n))
-            .zip(out.chunks_exact_mut(n))
-        {
-            let (gp, yp, op) = (gr.as_ptr(), yr.as_ptr(), or.as_mut_ptr().cast::<S>());
-            // SAFETY: every pointer covers `n` elements; the features are this function's.
-            unsafe {
+        let rows = g.len() / n;
+        let (gs, ys, os) = (g.as_ptr(), y.as_ptr(), out.as_mut_ptr().cast::<S>());
+        // `R` rows from row `r` (the closures written here have this function's
+        // features).
+        macro_rules! block {
+            ($R:literal, $r:expr) => {{
+                let at = $r * n;
+                let (gp, yp, op) = (gs.add(at), ys.add(at), os.add(at));
                 let zero = _mm512_setzero_ps();
-                let s = if LOG {
-                    sum16(gp, n, |v| v)
+                let sums: [f32; $R] = if LOG {
+                    sum16_rows_by!($R, n, |r, i, k| lanes(gp.add(r * n), i, k))
                 } else {
                     // `g * y` lane by lane: the `y` row is loaded alongside.
-                    let mut acc = Sum16::new();
-                    let mut i = 0;
-                    while i + 16 <= n {
-                        acc.add(_mm512_mul_ps(S::load(gp.add(i)), S::load(yp.add(i))));
-                        i += 16;
-                    }
-                    if i < n {
-                        let k = n - i;
-                        let p = _mm512_mul_ps(
-                            S::load_tail(gp.add(i), k, zero),
-                            S::load_tail(yp.add(i), k, zero),
-                        );
-                        acc.add_tail(k, p);
-                    }
-                    acc.finish()
+                    sum16_rows_by!($R, n, |r, i, k| {
+                        _mm512_mul_ps(lanes(gp.add(r * n), i, k), lanes(yp.add(r * n), i, k))
+                    })
                 };
-                let s = _mm512_set1_ps(s);
                 let sc = _mm512_set1_ps(scale);
-                // Times `scale` (exact when it is 1: the plain kernel's bits).
-                let grad = |gv, i| {
-                    let yv = lanes(yp, i, (n - i).min(16));
-                    let d = if LOG {
-                        _mm512_sub_ps(gv, _mm512_mul_ps(exp(_mm512_sub_ps(yv, zero)), s))
-                    } else {
-                        _mm512_mul_ps(yv, _mm512_sub_ps(gv, s))
+                for (r, s) in sums.into_iter().enumerate() {
+                    let (s, yr) = (_mm512_set1_ps(s), yp.add(r * n));
+                    // Times `scale` (exact when it is 1: the plain kernel's bits).
+                    let grad = |gv, i| {
+                        let yv = lanes(yr, i, (n - i).min(16));
+                        let d = if LOG {
+                            _mm512_sub_ps(gv, _mm512_mul_ps(exp(_mm512_sub_ps(yv, zero)), s))
+                        } else {
+                            _mm512_mul_ps(yv, _mm512_sub_ps(gv, s))
+                        };
+                        _mm512_mul_ps(d, sc)
                     };
-                    _mm512_mul_ps(d, sc)
-                };
-                map_row_ne::<_, _, NE>(gp, op, n, grad);
+                    map_row_ne::<_, _, NE>(gp.add(r * n), op.add(r * n), n, grad);
+                }
+            }};
+        }
+        let pairs = if n <= PAIR_ROW { rows / 2 } else { 0 };
+        // SAFETY: every pointer covers the rows it is given; the features are this
+        // function's.
+        unsafe {
+            for p in 0..pairs {
+                block!(2, 2 * p);
+            }
+            for r in 2 * pairs..rows {
+                block!(1, r);
             }
         }
     }
@@ -1033,19 +1117,17 @@ ne_kernel! {
         let mut stack = [MaybeUninit::<f32>::uninit(); STACK_ROW];
         let widen = !S::F32 && (256..=STACK_ROW).contains(&n);
         let buf: *mut f32 = stack.as_mut_ptr().cast();
-        // One row read from `$xp` (the storage, or the widened scratch), written to `$op`.
-        // The closures are written here so that they have this function's features.
-        macro_rules! row {
-            ($sum:expr, $xp:expr, $op:expr, $k:expr) => {{
-                let (mu, xp, op) = ($sum / nc, $xp, $op);
-                let muv = _mm512_set1_ps(mu);
-                let var = wide_sum(xp, n, |v| {
-                    let d = _mm512_sub_ps(v, muv);
-                    _mm512_mul_ps(d, d)
-                }) / nc;
-                let rs = 1.0 / (var + eps).sqrt();
+        let rows = x.len() / n;
+        let (xs, os) = (x.as_ptr(), out.as_mut_ptr().cast::<S>());
+        // Row `$k`'s output from `$xp` (the storage, or the widened scratch) with its
+        // statistics. The closures are written here so that they have this function's
+        // features.
+        macro_rules! normalize {
+            ($xp:expr, $k:expr, $mu:expr, $var:expr) => {{
+                let (xp, op, mu) = ($xp, os.add($k * n), $mu);
+                let rs = 1.0 / ($var + eps).sqrt();
                 (mean[$k], rstd[$k]) = (mu, rs);
-                let rsv = _mm512_set1_ps(rs);
+                let (muv, rsv) = (_mm512_set1_ps(mu), _mm512_set1_ps(rs));
                 let param = |p: *const f32, i: usize| {
                     if i + 16 <= n {
                         f32::load(p.add(i))
@@ -1067,18 +1149,43 @@ ne_kernel! {
                 map_row_ne::<_, _, NE>(xp, op, n, norm);
             }};
         }
-        for (k, (xr, or)) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)).enumerate() {
-            let op = or.as_mut_ptr().cast::<S>();
-            // SAFETY: every pointer covers `n` elements (`w` and `b` were cut to `n`;
-            // `buf` holds `STACK_ROW >= n` and is written before it is read); the
-            // features are this function's.
-            unsafe {
+        let square = |v, mu| {
+            let d = _mm512_sub_ps(v, mu);
+            _mm512_mul_ps(d, d)
+        };
+        // Rows under 256 elements (16-lane sums) two at a time.
+        let pairs = if n < 256 { rows / 2 } else { 0 };
+        // SAFETY: every pointer covers the rows it is given (`w` and `b` were cut to
+        // `n`; `buf` holds `STACK_ROW >= n` and is written before it is read); the
+        // features are this function's.
+        unsafe {
+            for p in 0..pairs {
+                let (k, xp) = (2 * p, xs.add(2 * p * n));
+                let null = std::ptr::null_mut();
+                let sums = sum16_rows::<S, false, 2>(xp, (n, n), |v, _| v, null);
+                let mu = sums.map(|s| s / nc);
+                let muv = mu.map(|m| _mm512_set1_ps(m));
+                let vars = sum16_rows::<S, false, 2>(xp, (n, n), |v, r| square(v, muv[r]), null);
+                for (r, (mu, var)) in mu.into_iter().zip(vars).enumerate() {
+                    normalize!(xp.add(r * n), k + r, mu, var / nc);
+                }
+            }
+            for k in 2 * pairs..rows {
+                // The variance's pass and the output read `$xp`.
+                macro_rules! single {
+                    ($sum:expr, $xp:expr) => {{
+                        let (mu, xp) = ($sum / nc, $xp);
+                        let muv = _mm512_set1_ps(mu);
+                        let var = wide_sum(xp, n, |v| square(v, muv)) / nc;
+                        normalize!(xp, k, mu, var);
+                    }};
+                }
+                let xp = xs.add(k * n);
                 if widen {
                     // The mean's pass widens the row into `buf` as it sums it.
-                    let sum = wide_sum_keep::<S, true>(xr.as_ptr(), n, |v| v, buf);
-                    row!(sum, buf.cast_const(), op, k);
+                    single!(wide_sum_keep::<S, true>(xp, n, |v| v, buf), buf.cast_const());
                 } else {
-                    row!(wide_sum(xr.as_ptr(), n, |v| v), xr.as_ptr(), op, k);
+                    single!(wide_sum(xp, n, |v| v), xp);
                 }
             }
         }
