@@ -13,7 +13,11 @@
 //! layer norm at 0.55–0.9× the speed of the float32 ones although they move half the
 //! bytes. The kernels here also keep their accumulators in registers (the portable
 //! layer-norm sums kept theirs on the stack) and handle the last `n % 16` elements of a
-//! row with masked loads and stores instead of scalar loops.
+//! row with masked loads and stores instead of scalar loops. Rows of up to
+//! [`PAIR_ROW`] elements (layer norm: under 256) are run two at a time, their vectors
+//! alternating, so that one row's reductions (the sum's fold, the division, the
+//! maximum), which leave a short row's vector units waiting, overlap the other's work;
+//! each row is computed exactly as it is alone.
 //!
 //! Every result is bit for bit the one of the portable kernels compiled for AVX-512:
 //! the same operations in the same order. The sums reproduce
