@@ -774,6 +774,21 @@ macro_rules! ne_kernel {
     };
 }
 
+/// Every one of `$rows` rows through the kernel's own `$block!(R, first row)`: two at a
+/// time ([`PAIR_ROW`]) when `$pair`, the row left over (or every row) one at a time.
+macro_rules! paired {
+    ($pair:expr, $rows:expr, $block:ident) => {{
+        let rows = $rows;
+        let pairs = if $pair { rows / 2 } else { 0 };
+        for p in 0..pairs {
+            $block!(2, 2 * p);
+        }
+        for r in 2 * pairs..rows {
+            $block!(1, r);
+        }
+    }};
+}
+
 /// Rows of scratch a softmax keeps on the stack (longer rows allocate once per block).
 const STACK_ROW: usize = 1024;
 
@@ -873,23 +888,12 @@ ne_kernel! {
         }
         // Unmasked short rows two at a time; `2n <= STACK_ROW` keeps a 16-bit pair's
         // scratch on the stack.
-        let pairs = if causal == 0 && n <= PAIR_ROW && 2 * n <= STACK_ROW {
-            rows / 2
-        } else {
-            0
-        };
+        let pair = causal == 0 && n <= PAIR_ROW && 2 * n <= STACK_ROW;
         // SAFETY: every pointer covers the rows it is given (`x` and `out` hold `rows`
         // rows; `buf` is the output rows or `STACK_ROW >= 2n` / `heap.len() == n`
         // elements, a pair's only with `2n <= STACK_ROW`); the features are this
         // function's. `buf` is written before it is read back.
-        unsafe {
-            for p in 0..pairs {
-                block!(2, 2 * p);
-            }
-            for r in 2 * pairs..rows {
-                block!(1, r);
-            }
-        }
+        unsafe { paired!(pair, rows, block) }
     }
 }
 
@@ -1111,17 +1115,9 @@ ne_kernel! {
                 }
             }};
         }
-        let pairs = if n <= PAIR_ROW { rows / 2 } else { 0 };
         // SAFETY: every pointer covers the rows it is given (a pair's rows are one
         // piece: `n <= PAIR_ROW = 256`); the features are this function's.
-        unsafe {
-            for p in 0..pairs {
-                block!(2, 2 * p);
-            }
-            for r in 2 * pairs..rows {
-                block!(1, r);
-            }
-        }
+        unsafe { paired!(n <= PAIR_ROW, rows, block) }
     }
 }
 
@@ -1174,17 +1170,9 @@ ne_kernel! {
                 }
             }};
         }
-        let pairs = if n <= PAIR_ROW { rows / 2 } else { 0 };
         // SAFETY: every pointer covers the rows it is given; the features are this
         // function's.
-        unsafe {
-            for p in 0..pairs {
-                block!(2, 2 * p);
-            }
-            for r in 2 * pairs..rows {
-                block!(1, r);
-            }
-        }
+        unsafe { paired!(n <= PAIR_ROW, rows, block) }
     }
 }
 
