@@ -60,8 +60,11 @@ const SPREAD_OK: f64 = 0.20;
 /// smaller worst spread is kept; the JSON records how many were made (`attempts`), and
 /// the summary counts the entries measured more than once. On a shared 2-core host a
 /// neighbour's burst of a few milliseconds spoils a round, and a full sweep beside
-/// PyTorch had 176 of 324 entries over 20% in one measurement each (Zen 5, 2026-12-02).
-const ATTEMPTS: usize = 3;
+/// PyTorch had 176 of 324 entries over 20% in one measurement each (Zen 5, 2026-12-02);
+/// with three measurements at most, the float32 entries kept 45 and then 20 of 96 over
+/// 20% in two runs an hour apart (the host's noise comes and goes; alone, without
+/// PyTorch's side, 2 to 6 of 324).
+const ATTEMPTS: usize = 5;
 
 /// Options of `bench --sweep`.
 pub struct SweepOptions {
@@ -277,8 +280,12 @@ fn region<R>(auto: bool, f: impl FnOnce() -> R) -> R {
     }
 }
 
-/// The workloads of one size, in `torch_sweep.py`'s order; only those `keep(op, mode)`
-/// accepts are set up.
+/// The workloads of one size, in `torch_sweep.py`'s order: op by op (in the order
+/// they are set up here), each op's modes in turn, so that an op's 16-bit entries are
+/// measured within seconds of its float32 entry that the summary compares them with
+/// (mode by mode, minutes apart on a host whose speed drifts, a full sweep counted 122
+/// 16-bit entries below our float32 where most were the drift: Zen 5, 2026-12-02).
+/// Only those `keep(op, mode)` accepts are set up (the data is drawn in set-up order).
 fn workloads(n: usize, gen: &mut Generator, keep: &dyn Fn(&str, &str) -> bool) -> Vec<Workload> {
     let mut out = Vec::new();
     let nf = n as f64;
@@ -412,6 +419,14 @@ fn workloads(n: usize, gen: &mut Generator, keep: &dyn Fn(&str, &str) -> bool) -
             );
         }
     }
+    // A stable sort by each op's first appearance keeps the modes' order.
+    let mut ops: Vec<&str> = Vec::new();
+    for w in &out {
+        if !ops.contains(&w.op) {
+            ops.push(w.op);
+        }
+    }
+    out.sort_by_key(|w| ops.iter().position(|&op| op == w.op));
     out
 }
 

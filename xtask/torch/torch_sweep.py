@@ -64,7 +64,8 @@ def data(shape, dtype, gen):
 
 
 def workloads(n, gen):
-    """(op, mode, work, unit, function) for one size, in sweep.rs's order."""
+    """(op, mode, work, unit, function) for one size, in sweep.rs's order: op by op, each
+    op's modes in turn (the data is drawn in set-up order)."""
     out = []
     for mode in ("f32", "bf16", "f16", "autocast_bf16"):
         dt = torch.float32 if mode == "autocast_bf16" else DTYPES[mode]
@@ -111,6 +112,8 @@ def workloads(n, gen):
         out.append(("add", mode, 3 * n * n * size, "GB/s", lambda x=x, y=y: torch.add(x, y)))
         out.append(("mul", mode, 3 * n * n * size, "GB/s", lambda x=x, y=y: torch.mul(x, y)))
         out.append(("gelu", mode, 2 * n * n * size, "GB/s", lambda x=x: F.gelu(x)))
+    ops = list(dict.fromkeys(op for op, *_ in out))
+    out.sort(key=lambda w: ops.index(w[0]))  # stable: each op's modes keep their order
     return out
 
 
