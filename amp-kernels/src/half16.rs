@@ -79,7 +79,7 @@ fn avx2() -> bool {
     has!("avx2") && has!("fma")
 }
 
-/// One element widened and rounded back (the loops' tails; `norm/rows16.rs`'s too): the
+/// One element widened and rounded back (the loops' tails; `norm/rows_avx2.rs`'s too): the
 /// bits of the vector forms.
 pub(crate) trait Scalar: Copy {
     /// The value as float32 (exact).

@@ -17,7 +17,7 @@ use crate::reduce::{
 use crate::vmath::{self, Level};
 
 #[cfg(target_arch = "x86_64")]
-mod rows16;
+mod rows_avx2;
 
 /// `(outer rows, normalized elements)` of a layer norm over the trailing
 /// `normalized_shape`, with PyTorch's checks.
@@ -102,7 +102,7 @@ struct NormInput<'a, T, C> {
     eps: C,
     wb: Params<'a, C>,
     /// None for layer norm, whose 16-bit rows may then take the AVX2 row kernel
-    /// (`rows16`).
+    /// (`rows_avx2`).
     affine: Option<Affine<'a, C>>,
 }
 
@@ -149,29 +149,42 @@ fn norm_block<T: Element, C: Real + Num>(
         let var = wide_sum(xr, |v: C| (v - mu) * (v - mu)) / nc;
         let rs = C::ONE / (var + eps).sqrt();
         (mean[k], rstd[k]) = (mu, rs);
-        // The weight and bias in the same pass (`y · w + b`, rounded as two steps).
-        let write = |y: &mut [C]| {
-            let it = y.iter_mut().zip(xr);
-            match wb {
-                (Some(w), Some(b)) => it
-                    .zip(w)
-                    .zip(b)
-                    .for_each(|(((y, &v), &w), &b)| *y = (v - mu) * rs * w + b),
-                (Some(w), None) => it.zip(w).for_each(|((y, &v), &w)| *y = (v - mu) * rs * w),
-                (None, Some(b)) => it.zip(b).for_each(|((y, &v), &b)| *y = (v - mu) * rs + b),
-                (None, None) => it.for_each(|(y, &v)| *y = (v - mu) * rs),
-            }
-            if let Some(f) = affine {
-                f(r, y);
-            }
-        };
+        // `write_row` is a function, not a closure: a closure is compiled on its own
+        // at the baseline ISA (not this block's AVX2 / AVX-512) unless it is inlined,
+        // and the one here before, called twice, was not: float32 layer norm wrote its
+        // rows 4 lanes wide (SSE).
         match as_same_mut::<T, C>(orow) {
-            Some(o) => write(o),
+            Some(o) => {
+                write_row(o, xr, wb, mu, rs);
+                if let Some(f) = affine {
+                    f(r, o);
+                }
+            }
             None => {
-                write(&mut yb);
+                write_row(&mut yb, xr, wb, mu, rs);
+                if let Some(f) = affine {
+                    f(r, &mut yb);
+                }
                 cast_into(&yb, orow);
             }
         }
+    }
+}
+
+/// `y = (x - mu) · rs`, times the weight plus the bias of each element when given
+/// (`y · w + b`, rounded as two steps), in one pass. Always inlined, so it takes the
+/// SIMD level of its caller.
+#[inline(always)]
+fn write_row<C: Real + Num>(y: &mut [C], xr: &[C], wb: Params<'_, C>, mu: C, rs: C) {
+    let it = y.iter_mut().zip(xr);
+    match wb {
+        (Some(w), Some(b)) => it
+            .zip(w)
+            .zip(b)
+            .for_each(|(((y, &v), &w), &b)| *y = (v - mu) * rs * w + b),
+        (Some(w), None) => it.zip(w).for_each(|((y, &v), &w)| *y = (v - mu) * rs * w),
+        (None, Some(b)) => it.zip(b).for_each(|((y, &v), &b)| *y = (v - mu) * rs + b),
+        (None, None) => it.for_each(|(y, &v)| *y = (v - mu) * rs),
     }
 }
 
@@ -192,8 +205,8 @@ unsafe fn norm_block_avx512<T: Element, C: Real + Num>(
 /// [`norm_block`] compiled for AVX2 (identical results, as [`norm_block_avx512`]): on
 /// CPUs without AVX-512 the baseline build ran it 4 lanes wide, and layer norm over
 /// `[512, 512]` float32 took 1.3× PyTorch's time on an AVX2-only EPYC. Layer norm of
-/// bfloat16 and float16 rows (float32 statistics and parameters) runs on
-/// [`rows16::rows`] where the CPU has F16C, with the same bits.
+/// float32, bfloat16 and float16 rows (float32 statistics and parameters) runs on
+/// [`rows_avx2::rows`] where the CPU has F16C, with the same bits.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn norm_block_avx2<T: Element, C: Real + Num>(
@@ -216,12 +229,12 @@ unsafe fn norm_block_avx2<T: Element, C: Real + Num>(
                     if let (Some(s), Some(o)) = (as_same::<T, $S>(s), as_same_mut::<T, $S>(out)) {
                         // SAFETY: the CPU has AVX2 and FMA (this function's features)
                         // and F16C (checked above).
-                        unsafe { rows16::rows::<$S>(s, n, eps, wb, o, (m, r)) };
+                        unsafe { rows_avx2::rows::<$S>(s, n, eps, wb, o, (m, r)) };
                         return;
                     }
                 )*};
             }
-            typed!(amp_tensor::half::bf16, amp_tensor::half::f16);
+            typed!(f32, amp_tensor::half::bf16, amp_tensor::half::f16);
         }
     }
     norm_block(input, r0, out, mean, rstd)

@@ -1,9 +1,20 @@
-//! Layer norm of bfloat16 / float16 rows on AVX2, straight from the 16-bit storage:
-//! each pass loads 8 elements and widens them in a register, and the output is
-//! rounded in registers and stored, where the portable path widened every row into a
-//! float32 buffer, wrote the normalised row into a second one and narrowed that
-//! (on a Zen 3 EPYC, bfloat16 layer norm of `[512, 512]` took 1.6× the float32 time,
-//! 30% of it in the two casts).
+//! Layer norm rows on AVX2 with explicit 8-lane vectors: bfloat16 / float16 straight
+//! from the 16-bit storage, and float32.
+//!
+//! 16-bit rows: each pass loads 8 elements and widens them in a register, and the
+//! output is rounded in registers and stored, where the portable path widened every
+//! row into a float32 buffer, wrote the normalised row into a second one and narrowed
+//! that (on a Zen 3 EPYC, bfloat16 layer norm of `[512, 512]` took 1.6× the float32
+//! time, 30% of it in the two casts).
+//!
+//! float32 rows: the portable `norm_block` compiled for AVX2 kept the 64 lanes of its
+//! mean's sum on the stack (a store and a reload per 8 lanes, every step waiting on
+//! the last) and, before its row writer was a function, wrote the rows 4 lanes wide;
+//! here every sum stays in registers. On a Zen 3 EPYC (AVX2 only), float32 layer norm
+//! of `[n, n]` with a weight and a bias, GB/s before both changes → the row writer a
+//! function → here (medians, three alternations in one session): n = 256 16.5 / 17.6 /
+//! 24.0, 512 23.5 / 24.8 / 34.5, 1024 25.1 / 27.8 / 38.1 (PyTorch's time over ours at
+//! 1024 was 0.75 in the sweep before).
 //!
 //! The bits are the portable path's: the same float32 operations in the same order,
 //! none fused. The sums keep `wide_sum`'s lanes (element `i` in lane `i mod 64` for
@@ -18,9 +29,9 @@ use amp_tensor::half::{bf16, f16};
 use crate::half16::Scalar;
 use crate::reduce::lane_sum;
 
-/// A 16-bit storage type loaded and stored 8 float32 lanes at a time (one element at a
-/// time by [`Scalar`]).
-pub(super) trait Io16: Scalar + 'static {
+/// A storage type (bfloat16, float16 or float32) loaded and stored 8 float32 lanes at
+/// a time (one element at a time by [`Scalar`]).
+pub(super) trait Io: Scalar + 'static {
     /// 8 elements widened, in order.
     ///
     /// # Safety
@@ -39,7 +50,7 @@ pub(super) trait Io16: Scalar + 'static {
     unsafe fn store16(p: *mut Self, lo: __m256, hi: __m256);
 }
 
-impl Io16 for bf16 {
+impl Io for bf16 {
     #[inline(always)]
     unsafe fn load8(p: *const bf16) -> __m256 {
         // SAFETY: the caller's contract.
@@ -60,7 +71,28 @@ impl Io16 for bf16 {
     }
 }
 
-impl Io16 for f16 {
+impl Io for f32 {
+    #[inline(always)]
+    unsafe fn load8(p: *const f32) -> __m256 {
+        // SAFETY: the caller's contract.
+        unsafe { _mm256_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn store8(p: *mut f32, v: __m256) {
+        // SAFETY: the caller's contract.
+        unsafe { _mm256_storeu_ps(p, v) }
+    }
+    #[inline(always)]
+    unsafe fn store16(p: *mut f32, lo: __m256, hi: __m256) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            _mm256_storeu_ps(p, lo);
+            _mm256_storeu_ps(p.add(8), hi);
+        }
+    }
+}
+
+impl Io for f16 {
     #[inline(always)]
     unsafe fn load8(p: *const f16) -> __m256 {
         // SAFETY: the caller's contract.
@@ -92,7 +124,7 @@ impl Io16 for f16 {
 /// # Safety
 /// The CPU has AVX2 and F16C (the caller is compiled with them).
 #[inline(always)]
-unsafe fn lanes<S: Io16, const A: usize>(
+unsafe fn lanes<S: Io, const A: usize>(
     x: &[S],
     vg: impl Fn(__m256) -> __m256,
     sg: impl Fn(f32) -> f32,
@@ -124,11 +156,7 @@ unsafe fn lanes<S: Io16, const A: usize>(
 /// # Safety
 /// As [`lanes`].
 #[inline(always)]
-unsafe fn wide_sum<S: Io16>(
-    x: &[S],
-    vg: impl Fn(__m256) -> __m256,
-    sg: impl Fn(f32) -> f32,
-) -> f32 {
+unsafe fn wide_sum<S: Io>(x: &[S], vg: impl Fn(__m256) -> __m256, sg: impl Fn(f32) -> f32) -> f32 {
     // SAFETY: the caller's contract.
     unsafe {
         if x.len() < 256 {
@@ -146,7 +174,7 @@ unsafe fn wide_sum<S: Io16>(
 /// # Safety
 /// The CPU has AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn rows<S: Io16>(
+pub(super) unsafe fn rows<S: Io>(
     s: &[S],
     n: usize,
     eps: f32,
@@ -199,7 +227,7 @@ pub(super) unsafe fn rows<S: Io16>(
 /// # Safety
 /// The CPU has AVX2 and F16C (the caller is compiled with them).
 #[inline(always)]
-unsafe fn write<S: Io16, const W: bool, const B: bool>(
+unsafe fn write<S: Io, const W: bool, const B: bool>(
     x: &[S],
     out: &mut [S],
     w: &[f32],
@@ -253,7 +281,7 @@ mod tests {
 
     /// Rows with every kind of value: random ones over many magnitudes, and (in some
     /// rows) NaN, infinities, subnormals and exact zeros.
-    fn row_values<S: Io16>(rows: usize, n: usize, narrow: fn(f32) -> S) -> Vec<S> {
+    fn row_values<S: Io>(rows: usize, n: usize, narrow: fn(f32) -> S) -> Vec<S> {
         let specials = [
             f32::NAN,
             f32::INFINITY,
@@ -278,8 +306,8 @@ mod tests {
 
     /// The AVX2 rows give the portable `norm_block`'s bits: outputs, means and rstds,
     /// for rows shorter and longer than the 64-lane sums, with and without a weight
-    /// and a bias, in both 16-bit types.
-    fn check<S: Io16 + amp_tensor::Element>(narrow: fn(f32) -> S) {
+    /// and a bias, in both 16-bit types and float32.
+    fn check<S: Io + amp_tensor::Element>(narrow: fn(f32) -> S) {
         for n in [1usize, 7, 8, 9, 16, 63, 100, 255, 256, 257, 300, 1000, 1031] {
             let rows = 5;
             let s = row_values(rows, n, narrow);
@@ -347,5 +375,6 @@ mod tests {
         }
         check::<bf16>(amp_tensor::round_to_bf16);
         check::<f16>(f16::from_f32);
+        check::<f32>(|v| v);
     }
 }
