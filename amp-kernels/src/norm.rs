@@ -101,8 +101,8 @@ struct NormInput<'a, T, C> {
     n: usize,
     eps: C,
     wb: Params<'a, C>,
-    /// None for layer norm, whose 16-bit rows may then take the AVX2 row kernel
-    /// (`rows_avx2`).
+    /// None for layer norm, whose float32 and 16-bit rows may then take the AVX2 row
+    /// kernel (`rows_avx2`).
     affine: Option<Affine<'a, C>>,
 }
 
@@ -149,31 +149,27 @@ fn norm_block<T: Element, C: Real + Num>(
         let var = wide_sum(xr, |v: C| (v - mu) * (v - mu)) / nc;
         let rs = C::ONE / (var + eps).sqrt();
         (mean[k], rstd[k]) = (mu, rs);
-        // `write_row` is a function, not a closure: a closure is compiled on its own
-        // at the baseline ISA (not this block's AVX2 / AVX-512) unless it is inlined,
-        // and the one here before, called twice, was not: float32 layer norm wrote its
-        // rows 4 lanes wide (SSE).
-        match as_same_mut::<T, C>(orow) {
-            Some(o) => {
-                write_row(o, xr, wb, mu, rs);
-                if let Some(f) = affine {
-                    f(r, o);
-                }
-            }
-            None => {
-                write_row(&mut yb, xr, wb, mu, rs);
-                if let Some(f) = affine {
-                    f(r, &mut yb);
-                }
-                cast_into(&yb, orow);
-            }
+        // Into the output itself, or into the compute-type buffer cast into it after.
+        let y: &mut [C] = match as_same_mut::<T, C>(orow) {
+            Some(o) => o,
+            None => &mut yb,
+        };
+        write_row(y, xr, wb, mu, rs);
+        if let Some(f) = affine {
+            f(r, y);
+        }
+        if !same {
+            cast_into(&yb, orow);
         }
     }
 }
 
 /// `y = (x - mu) · rs`, times the weight plus the bias of each element when given
 /// (`y · w + b`, rounded as two steps), in one pass. Always inlined, so it takes the
-/// SIMD level of its caller.
+/// SIMD level of its caller. A function, not a closure: a closure is compiled on its
+/// own at the baseline ISA (not its caller's AVX2 / AVX-512) unless it is inlined, and
+/// the one that wrote the rows before, called twice, was not: float32 layer norm wrote
+/// its rows 4 lanes wide (SSE).
 #[inline(always)]
 fn write_row<C: Real + Num>(y: &mut [C], xr: &[C], wb: Params<'_, C>, mu: C, rs: C) {
     let it = y.iter_mut().zip(xr);
