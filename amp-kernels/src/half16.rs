@@ -118,6 +118,111 @@ impl Scalar for f16 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) use io8::Io;
+
+/// [`Io`]: 8-lane AVX2 loads and stores of the storage types (the AVX2 row kernels'
+/// `norm/rows_avx2.rs` and `softmax/rows_avx2.rs`).
+#[cfg(target_arch = "x86_64")]
+mod io8 {
+    use std::arch::x86_64::*;
+
+    use amp_tensor::half::{bf16, f16};
+
+    use super::Scalar;
+
+    /// A storage type (bfloat16, float16 or float32) loaded and stored 8 float32 lanes at
+    /// a time (one element at a time by [`Scalar`]).
+    pub(crate) trait Io: Scalar + 'static {
+        /// `true` for float32 itself (an output row can hold float32 intermediates).
+        const F32: bool = false;
+        /// 8 elements widened, in order.
+        ///
+        /// # Safety
+        /// `p` is readable for 8 elements; the CPU has AVX2 and F16C (the caller is
+        /// compiled with them).
+        unsafe fn load8(p: *const Self) -> __m256;
+        /// 8 lanes rounded and stored, in order.
+        ///
+        /// # Safety
+        /// `p` is writable for 8 elements; the CPU has AVX2 and F16C (as above).
+        unsafe fn store8(p: *mut Self, v: __m256);
+        /// 16 lanes (`lo` then `hi`) rounded and stored, in order.
+        ///
+        /// # Safety
+        /// `p` is writable for 16 elements; the CPU has AVX2 and F16C (as above).
+        unsafe fn store16(p: *mut Self, lo: __m256, hi: __m256);
+    }
+
+    impl Io for bf16 {
+        #[inline(always)]
+        unsafe fn load8(p: *const bf16) -> __m256 {
+            // SAFETY: the caller's contract.
+            unsafe {
+                let x = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast()));
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(x))
+            }
+        }
+        #[inline(always)]
+        unsafe fn store8(p: *mut bf16, v: __m256) {
+            // SAFETY: the caller's contract.
+            unsafe { _mm_storeu_si128(p.cast(), amp_tensor::simd::bf16_bits8_avx2(v)) }
+        }
+        #[inline(always)]
+        unsafe fn store16(p: *mut bf16, lo: __m256, hi: __m256) {
+            // SAFETY: the caller's contract.
+            unsafe { _mm256_storeu_si256(p.cast(), amp_tensor::simd::bf16_bits16_avx2(lo, hi)) }
+        }
+    }
+
+    impl Io for f32 {
+        const F32: bool = true;
+        #[inline(always)]
+        unsafe fn load8(p: *const f32) -> __m256 {
+            // SAFETY: the caller's contract.
+            unsafe { _mm256_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn store8(p: *mut f32, v: __m256) {
+            // SAFETY: the caller's contract.
+            unsafe { _mm256_storeu_ps(p, v) }
+        }
+        #[inline(always)]
+        unsafe fn store16(p: *mut f32, lo: __m256, hi: __m256) {
+            // SAFETY: the caller's contract.
+            unsafe {
+                _mm256_storeu_ps(p, lo);
+                _mm256_storeu_ps(p.add(8), hi);
+            }
+        }
+    }
+
+    impl Io for f16 {
+        #[inline(always)]
+        unsafe fn load8(p: *const f16) -> __m256 {
+            // SAFETY: the caller's contract.
+            unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+        }
+        #[inline(always)]
+        unsafe fn store8(p: *mut f16, v: __m256) {
+            // SAFETY: the caller's contract.
+            unsafe {
+                let bits = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
+                _mm_storeu_si128(p.cast(), bits);
+            }
+        }
+        #[inline(always)]
+        unsafe fn store16(p: *mut f16, lo: __m256, hi: __m256) {
+            // SAFETY: the caller's contract.
+            unsafe {
+                let lo = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(lo);
+                let hi = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(hi);
+                _mm256_storeu_si256(p.cast(), _mm256_set_m128i(hi, lo));
+            }
+        }
+    }
+}
+
 /// Vector loads and stores of the formats, as arrays of float32 lanes. Each is
 /// `unsafe`: `p` must be valid for the lanes read or written, and the caller must run in
 /// a function compiled with the width's features (AVX-512F/BW, or AVX2 + F16C).

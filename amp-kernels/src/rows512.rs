@@ -1316,6 +1316,18 @@ pub(crate) enum RowOp {
     ScaledSoftmaxBackward { scale: u32 },
 }
 
+impl RowOp {
+    /// How many input rows the op reads per output row (`x`, or `g` and `y`).
+    pub(crate) fn inputs(self) -> usize {
+        match self {
+            RowOp::Softmax | RowOp::LogSoftmax | RowOp::ScaledSoftmax { .. } => 1,
+            RowOp::SoftmaxBackward
+            | RowOp::LogSoftmaxBackward
+            | RowOp::ScaledSoftmaxBackward { .. } => 2,
+        }
+    }
+}
+
 /// `op` over the `rows` contiguous rows of `n > 0` elements of `ins` (each
 /// `rows * n` long, as many as `op` takes), split into blocks of rows as
 /// [`crate::reduce::map_lines`] splits them.
@@ -1371,12 +1383,7 @@ pub(crate) fn line_rows<T: Element>(
     if n == 0 || rows == 0 || !available() {
         return None;
     }
-    let need = match op {
-        RowOp::Softmax | RowOp::LogSoftmax | RowOp::ScaledSoftmax { .. } => 1,
-        RowOp::SoftmaxBackward
-        | RowOp::LogSoftmaxBackward
-        | RowOp::ScaledSoftmaxBackward { .. } => 2,
-    };
+    let need = op.inputs();
     assert!(
         ins.len() == need && ins.iter().all(|s| s.len() == rows * n),
         "line_rows: {op:?} takes {need} inputs of {rows}x{n}"
@@ -1404,7 +1411,7 @@ pub(crate) fn line_rows<T: Element>(
 ///
 /// # Safety
 /// `fill` writes every element of the slice it is given.
-unsafe fn written<T: Element, S: 'static>(
+pub(crate) unsafe fn written<T: Element, S: 'static>(
     len: usize,
     fill: impl FnOnce(&mut [MaybeUninit<S>]),
 ) -> Result<Vec<T>> {
@@ -1646,7 +1653,7 @@ mod tests {
 }
 
 #[cfg(test)]
-mod same_as_portable {
+pub(crate) mod same_as_portable {
     //! The kernels against the portable line kernels they replace, bit for bit, on
     //! rows of every length up to 70 and around the 256 and 1024 boundaries, with
     //! zeros of both signs, infinities and NaNs sprinkled in.
@@ -1701,7 +1708,18 @@ mod same_as_portable {
         v
     }
 
-    fn check<T: Element>(from: fn(f32) -> T) {
+    /// A row back-end under test: a `line_rows` (this module's, or the AVX2 one's).
+    pub(crate) trait Rows<T>:
+        Fn(RowOp, &[&[T]], usize, usize) -> Option<Result<Vec<T>>>
+    {
+    }
+    impl<T, F: Fn(RowOp, &[&[T]], usize, usize) -> Option<Result<Vec<T>>>> Rows<T> for F {}
+
+    /// The softmax-family row kernels of `run` against the portable line kernels, bit
+    /// for bit, on rows of every length of [`lengths`], with and without specials; and
+    /// the scaled (and causal) softmax and its gradient against the op-by-op path in
+    /// float32 on the widened input, rounded once ([`check_scaled`]).
+    pub(crate) fn check_line_kernels<T: Element>(from: fn(f32) -> T, run: impl Rows<T>) {
         let rows = 3;
         for n in lengths() {
             for specials in [false, true] {
@@ -1717,8 +1735,7 @@ mod same_as_portable {
                 let want = |ins: &[&[T]], f: fn(&[&[f32]], &mut [f32])| {
                     map_lines::<T, f32>(ins, geom, f).expect("portable")
                 };
-                let got =
-                    |op, ins: &[&[T]]| line_rows(op, ins, rows, n).expect("kernel").expect("alloc");
+                let got = |op, ins: &[&[T]]| run(op, ins, rows, n).expect("kernel").expect("alloc");
                 let y = want(&[&x], softmax_line::<f32>);
                 assert_eq!(bits(&got(RowOp::Softmax, &[&x])), bits(&y), "softmax n={n}");
                 let ly = want(&[&x], log_softmax_line::<f32>);
@@ -1737,6 +1754,85 @@ mod same_as_portable {
                     bits(&want(&[&g, &ly], log_softmax_backward_line::<f32>)),
                     "log_softmax_backward n={n}"
                 );
+            }
+        }
+        check_scaled(from, &run);
+    }
+
+    /// [`RowOp::ScaledSoftmax`] (plain and causal: one `[n, n]` matrix, row `r`
+    /// keeping `r + 1` elements) against the float32 op-by-op path on the widened
+    /// input (the product, the mask as -inf, the portable softmax), rounded once to
+    /// `T`; a masked entry is 0 (never computed, even where a NaN in the row makes the
+    /// op-by-op path's NaN). Its gradient against the portable softmax gradient times
+    /// `scale` in float32, rounded once.
+    fn check_scaled<T: Element>(from: fn(f32) -> T, run: &impl Rows<T>) {
+        let wide = |v: &[T]| v.iter().map(|x| x.to_f64() as f32).collect::<Vec<f32>>();
+        for n in [1usize, 5, 37, 300] {
+            let rows = n;
+            let geom = (rows, n, 1);
+            for specials in [false, true] {
+                let x: Vec<T> = data(rows * n, 11 + n as u32, specials)
+                    .into_iter()
+                    .map(from)
+                    .collect();
+                let g: Vec<T> = data(rows * n, 5 + n as u32, false)
+                    .into_iter()
+                    .map(from)
+                    .collect();
+                for (scale, causal) in [(0.125f32, 0), (0.125, n), (1.0, n), (3.0, 0)] {
+                    let masked = |k: usize| causal > 0 && k % n > k / n;
+                    let w: Vec<f32> = (wide(&x).into_iter().enumerate())
+                        .map(|(k, v)| {
+                            if masked(k) {
+                                f32::NEG_INFINITY
+                            } else {
+                                v * scale
+                            }
+                        })
+                        .collect();
+                    let want: Vec<T> = map_lines::<f32, f32>(&[&w], geom, softmax_line::<f32>)
+                        .expect("portable")
+                        .into_iter()
+                        .enumerate()
+                        .map(|(k, v)| from(if masked(k) { 0.0 } else { v }))
+                        .collect();
+                    let op = RowOp::ScaledSoftmax {
+                        scale: scale.to_bits(),
+                        causal,
+                    };
+                    let y = run(op, &[&x], rows, n).expect("kernel").expect("alloc");
+                    let what = format!("n={n} scale={scale} causal={causal} specials={specials}");
+                    assert_eq!(bits(&y), bits(&want), "scaled softmax {what}");
+                    let d: Vec<T> = map_lines::<f32, f32>(
+                        &[&wide(&g), &wide(&y)],
+                        geom,
+                        softmax_backward_line::<f32>,
+                    )
+                    .expect("portable")
+                    .into_iter()
+                    .map(|v| from(v * scale))
+                    .collect();
+                    let op = RowOp::ScaledSoftmaxBackward {
+                        scale: scale.to_bits(),
+                    };
+                    let got = run(op, &[&g, &y], rows, n).expect("kernel").expect("alloc");
+                    assert_eq!(bits(&got), bits(&d), "scaled softmax backward {what}");
+                }
+            }
+        }
+    }
+
+    /// [`layer_norm`] against the portable layer norm, bit for bit (outputs, means,
+    /// rstds), on rows of every length of [`lengths`], with and without a weight and a
+    /// bias.
+    fn check_layer_norm<T: Element>(from: fn(f32) -> T) {
+        let rows = 3;
+        for n in lengths() {
+            for specials in [false, true] {
+                let x: Vec<T> = data(rows * n, n as u32, specials)
+                    .into_iter()
+                    .map(from)
+                    .collect();
                 let w: Vec<f32> = data(n, 3, false);
                 let b: Vec<f32> = data(n, 4, false);
                 let xt = amp_tensor::Tensor::from_vec(x.clone(), vec![rows, n]).expect("x");
@@ -1763,40 +1859,42 @@ mod same_as_portable {
         }
     }
 
+    /// Rows whose maximum is zero, `-0` and `+0` in every pair of lanes and
+    /// accumulators, the rest far below, through `run`'s log-softmax: the kernels'
+    /// running maxima may keep the other zero than the portable fold, which must not
+    /// change a bit of log-softmax (`x - max - lse`), the kernel where a sign could
+    /// show.
+    pub(crate) fn check_zero_maximum<T: Element>(from: fn(f32) -> T, run: impl Rows<T>) {
+        for n in [20, 100, 300] {
+            for (i, j) in (0..n)
+                .step_by(7)
+                .flat_map(|i| (0..n).step_by(5).map(move |j| (i, j)))
+            {
+                if i == j {
+                    continue;
+                }
+                let mut x = vec![-40.0f32; n];
+                (x[i], x[j]) = (-0.0, 0.0);
+                let x: Vec<T> = x.into_iter().map(from).collect();
+                let want = map_lines::<T, f32>(&[&x], (1, n, 1), log_softmax_line::<f32>)
+                    .expect("portable");
+                let got = run(RowOp::LogSoftmax, &[&x], 1, n)
+                    .expect("kernel")
+                    .expect("alloc");
+                assert_eq!(bits(&got), bits(&want), "n {n}, -0 at {i}, +0 at {j}");
+            }
+        }
+    }
+
     #[test]
     fn a_zero_maximum_gives_the_portable_bits() {
         if !available() {
             eprintln!("skipped: no AVX-512");
             return;
         }
-        // Rows whose maximum is zero, `-0` and `+0` in every pair of lanes and
-        // accumulators, the rest far below: the kernels' four running maxima may keep
-        // the other zero than the portable fold, which must not change a bit of
-        // log-softmax (`x - max - lse`), the kernel where a sign could show.
-        fn check<T: Element>(from: fn(f32) -> T) {
-            for n in [20, 100, 300] {
-                for (i, j) in (0..n)
-                    .step_by(7)
-                    .flat_map(|i| (0..n).step_by(5).map(move |j| (i, j)))
-                {
-                    if i == j {
-                        continue;
-                    }
-                    let mut x = vec![-40.0f32; n];
-                    (x[i], x[j]) = (-0.0, 0.0);
-                    let x: Vec<T> = x.into_iter().map(from).collect();
-                    let want = map_lines::<T, f32>(&[&x], (1, n, 1), log_softmax_line::<f32>)
-                        .expect("portable");
-                    let got = line_rows(RowOp::LogSoftmax, &[&x], 1, n)
-                        .expect("kernel")
-                        .expect("alloc");
-                    assert_eq!(bits(&got), bits(&want), "n {n}, -0 at {i}, +0 at {j}");
-                }
-            }
-        }
-        check::<f32>(|v| v);
-        check::<bf16>(amp_tensor::round_to_bf16);
-        check::<f16>(f16::from_f32);
+        check_zero_maximum::<f32>(|v| v, line_rows);
+        check_zero_maximum::<bf16>(amp_tensor::round_to_bf16, line_rows);
+        check_zero_maximum::<f16>(f16::from_f32, line_rows);
     }
 
     #[test]
@@ -1805,8 +1903,11 @@ mod same_as_portable {
             eprintln!("skipped: no AVX-512");
             return;
         }
-        check::<f32>(|v| v);
-        check::<bf16>(amp_tensor::round_to_bf16);
-        check::<f16>(f16::from_f32);
+        check_line_kernels::<f32>(|v| v, line_rows);
+        check_line_kernels::<bf16>(amp_tensor::round_to_bf16, line_rows);
+        check_line_kernels::<f16>(f16::from_f32, line_rows);
+        check_layer_norm::<f32>(|v| v);
+        check_layer_norm::<bf16>(amp_tensor::round_to_bf16);
+        check_layer_norm::<f16>(f16::from_f32);
     }
 }

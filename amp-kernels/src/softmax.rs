@@ -16,6 +16,9 @@ use crate::reduce::{
 use crate::rows512::{self, RowOp};
 use crate::vmath::{self, Level};
 
+#[cfg(target_arch = "x86_64")]
+mod rows_avx2;
+
 /// Float compute types with a fast shifted exponential over slices.
 pub(crate) trait FastExp: Real + Num {
     /// `y[i] = exp(x[i] - shift)` for `x[i] <= shift` (NaN propagates), returning the
@@ -255,9 +258,9 @@ fn unary_lines(
     })
 }
 
-/// The lines of `ins` (`geom`: outer, length, inner) through the AVX-512 row kernel `k`
-/// where it applies (contiguous rows, a CPU that has it), else through the portable
-/// `line` kernel: both give the same bits. The row kernels are as fast or faster at
+/// The lines of `ins` (`geom`: outer, length, inner) through the row kernel `k` where
+/// it applies (contiguous rows; AVX-512 ([`rows512`]), else AVX2 with FMA and F16C
+/// (`rows_avx2`)), else through the portable `line` kernel: all give the same bits. The row kernels are as fast or faster at
 /// every row length (since their maximum runs four accumulators: softmax/f32/2048 and
 /// the 16-bit ones at 384–2048 used to be slower).
 fn lines<T: Element, C: Real>(
@@ -268,7 +271,9 @@ fn lines<T: Element, C: Real>(
 ) -> Result<Vec<T>> {
     #[cfg(target_arch = "x86_64")]
     if geom.2 == 1 {
-        if let Some(out) = rows512::line_rows::<T>(k, ins, geom.0, geom.1) {
+        if let Some(out) = rows512::line_rows::<T>(k, ins, geom.0, geom.1)
+            .or_else(|| rows_avx2::line_rows::<T>(k, ins, geom.0, geom.1, true))
+        {
             return out;
         }
     }
@@ -347,10 +352,10 @@ pub fn log_softmax_backward(grad_out: &Tensor, out: &Tensor, dim: i64) -> Result
 /// Attention's probabilities: `softmax(scale · x)` over the last dim, with `causal` each
 /// trailing `[L, S]` matrix masked above its diagonal (row `i` keeps columns `0..=i`;
 /// the others get probability 0). On a device one launch; on the host one pass per
-/// row on the AVX-512 row kernels where they apply (the masked part of a row never
-/// computed; float32 gives the bits of the math path's kernels, 16-bit rounds once
-/// where they round `scale · x` first), else the scalar product, the mask (`where` with
-/// -inf) and [`softmax`] in turn.
+/// row on the AVX-512 or AVX2 row kernels where they apply (the masked part of a row
+/// never computed; float32 gives the bits of the math path's kernels, 16-bit rounds
+/// once where they round `scale · x` first), else the scalar product, the mask (`where`
+/// with -inf) and [`softmax`] in turn.
 pub fn scaled_softmax(x: &Tensor, scale: f64, causal: bool) -> Result<Tensor> {
     const OP: &str = "scaled_softmax";
     if x.rank() < 1 + usize::from(causal) {
@@ -416,7 +421,7 @@ pub fn scaled_softmax_backward(grad_out: &Tensor, out: &Tensor, scale: f64) -> R
 }
 
 /// A scaled softmax row op (`op` of the scale's float32 bits) over the last dim of
-/// `ins` (one dtype and shape) on the AVX-512 row kernels, one pass per row (a causal
+/// `ins` (one dtype and shape) on the AVX-512 or AVX2 row kernels, one pass per row (a causal
 /// row's masked part never computed), where they apply: float32, bfloat16 or float16
 /// rows, `scale` positive and finite as float32, a CPU that
 /// has them. `None` elsewhere (the caller runs the ops in turn); the rows give what the
@@ -449,7 +454,9 @@ fn scaled_rows(
         float_kernel!(x.dtype(), name, |T, C| {
             let run = |a: &[T], b: Option<&[T]>| -> Option<Result<Vec<T>>> {
                 let parts: Vec<&[T]> = std::iter::once(a).chain(b).collect();
-                rows512::line_rows::<T>(op(s.to_bits()), &parts, rows, n)
+                let op = op(s.to_bits());
+                rows512::line_rows::<T>(op, &parts, rows, n)
+                    .or_else(|| rows_avx2::line_rows::<T>(op, &parts, rows, n, true))
             };
             let out = match &cs[..] {
                 [a] => with_slice::<T, _>(a, |a| run(a, None))?,

@@ -24,98 +24,8 @@
 
 use std::arch::x86_64::*;
 
-use amp_tensor::half::{bf16, f16};
-
-use crate::half16::Scalar;
+use crate::half16::Io;
 use crate::reduce::lane_sum;
-
-/// A storage type (bfloat16, float16 or float32) loaded and stored 8 float32 lanes at
-/// a time (one element at a time by [`Scalar`]).
-pub(super) trait Io: Scalar + 'static {
-    /// 8 elements widened, in order.
-    ///
-    /// # Safety
-    /// `p` is readable for 8 elements; the CPU has AVX2 and F16C (the caller is
-    /// compiled with them).
-    unsafe fn load8(p: *const Self) -> __m256;
-    /// 8 lanes rounded and stored, in order.
-    ///
-    /// # Safety
-    /// `p` is writable for 8 elements; the CPU has AVX2 and F16C (as above).
-    unsafe fn store8(p: *mut Self, v: __m256);
-    /// 16 lanes (`lo` then `hi`) rounded and stored, in order.
-    ///
-    /// # Safety
-    /// `p` is writable for 16 elements; the CPU has AVX2 and F16C (as above).
-    unsafe fn store16(p: *mut Self, lo: __m256, hi: __m256);
-}
-
-impl Io for bf16 {
-    #[inline(always)]
-    unsafe fn load8(p: *const bf16) -> __m256 {
-        // SAFETY: the caller's contract.
-        unsafe {
-            let x = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast()));
-            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(x))
-        }
-    }
-    #[inline(always)]
-    unsafe fn store8(p: *mut bf16, v: __m256) {
-        // SAFETY: the caller's contract.
-        unsafe { _mm_storeu_si128(p.cast(), amp_tensor::simd::bf16_bits8_avx2(v)) }
-    }
-    #[inline(always)]
-    unsafe fn store16(p: *mut bf16, lo: __m256, hi: __m256) {
-        // SAFETY: the caller's contract.
-        unsafe { _mm256_storeu_si256(p.cast(), amp_tensor::simd::bf16_bits16_avx2(lo, hi)) }
-    }
-}
-
-impl Io for f32 {
-    #[inline(always)]
-    unsafe fn load8(p: *const f32) -> __m256 {
-        // SAFETY: the caller's contract.
-        unsafe { _mm256_loadu_ps(p) }
-    }
-    #[inline(always)]
-    unsafe fn store8(p: *mut f32, v: __m256) {
-        // SAFETY: the caller's contract.
-        unsafe { _mm256_storeu_ps(p, v) }
-    }
-    #[inline(always)]
-    unsafe fn store16(p: *mut f32, lo: __m256, hi: __m256) {
-        // SAFETY: the caller's contract.
-        unsafe {
-            _mm256_storeu_ps(p, lo);
-            _mm256_storeu_ps(p.add(8), hi);
-        }
-    }
-}
-
-impl Io for f16 {
-    #[inline(always)]
-    unsafe fn load8(p: *const f16) -> __m256 {
-        // SAFETY: the caller's contract.
-        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
-    }
-    #[inline(always)]
-    unsafe fn store8(p: *mut f16, v: __m256) {
-        // SAFETY: the caller's contract.
-        unsafe {
-            let bits = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
-            _mm_storeu_si128(p.cast(), bits);
-        }
-    }
-    #[inline(always)]
-    unsafe fn store16(p: *mut f16, lo: __m256, hi: __m256) {
-        // SAFETY: the caller's contract.
-        unsafe {
-            let lo = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(lo);
-            let hi = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(hi);
-            _mm256_storeu_si256(p.cast(), _mm256_set_m128i(hi, lo));
-        }
-    }
-}
 
 /// `sum(g(x))` over a row in `8·A` lanes (element `i` in lane `i mod 8A`, in order),
 /// folded by [`lane_sum`]: `vg` is `g` on 8 lanes, `sg` on one value, the same
@@ -278,6 +188,7 @@ unsafe fn write<S: Io, const W: bool, const B: bool>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use amp_tensor::half::{bf16, f16};
 
     /// Rows with every kind of value: random ones over many magnitudes, and (in some
     /// rows) NaN, infinities, subnormals and exact zeros.
