@@ -42,7 +42,7 @@ use crate::reduce::{as_same, as_same_mut, for_row_blocks};
 
 use crate::half16::lanes::narrow_bf16_16;
 use crate::vmath;
-use crate::vmath::{EXP_HI, EXP_LO, EXP_POLY};
+use crate::vmath::{EXP_HI, EXP_LO};
 
 /// Whether the CPU has the features the kernels are compiled with.
 pub(crate) fn available() -> bool {
@@ -268,29 +268,15 @@ const MAGIC: f32 = 12_582_912.0;
 unsafe fn exp_parts<const FMA: bool>(x: __m512) -> (__m512, __m512) {
     // SAFETY: register-only intrinsics; the features are the caller's.
     unsafe {
-        let s = _mm512_set1_ps;
-        let (add, sub, mul) = (_mm512_add_ps, _mm512_sub_ps, _mm512_mul_ps);
-        let fma = _mm512_fmadd_ps;
-        if FMA {
-            let t = fma(x, s(std::f32::consts::LOG2_E), s(MAGIC));
-            let n = sub(t, s(MAGIC));
-            let r = fma(n, s(-0.693_359_4), x);
-            let r = fma(n, s(2.121_944_4e-4), r);
-            let mut p = s(EXP_POLY[0]);
-            for c in &EXP_POLY[1..] {
-                p = fma(p, r, s(*c));
-            }
-            (add(fma(p, mul(r, r), r), s(1.0)), t)
-        } else {
-            let t = add(mul(x, s(std::f32::consts::LOG2_E)), s(MAGIC));
-            let n = sub(t, s(MAGIC));
-            let r = sub(sub(x, mul(n, s(0.693_359_4))), mul(n, s(-2.121_944_4e-4)));
-            let mut p = s(EXP_POLY[0]);
-            for c in &EXP_POLY[1..] {
-                p = add(mul(p, r), s(*c));
-            }
-            (add(add(mul(p, mul(r, r)), r), s(1.0)), t)
-        }
+        vmath::exp_parts_lanes!(
+            x,
+            FMA,
+            _mm512_set1_ps,
+            _mm512_add_ps,
+            _mm512_sub_ps,
+            _mm512_mul_ps,
+            _mm512_fmadd_ps
+        )
     }
 }
 
@@ -1383,26 +1369,61 @@ pub(crate) fn line_rows<T: Element>(
     if n == 0 || rows == 0 || !available() {
         return None;
     }
-    let need = op.inputs();
-    assert!(
-        ins.len() == need && ins.iter().all(|s| s.len() == rows * n),
-        "line_rows: {op:?} takes {need} inputs of {rows}x{n}"
-    );
-    macro_rules! typed {
-        ($($S:ty),*) => {$(
-            if as_same::<T, $S>(&[]).is_some() {
-                let a: [&[$S]; 2] = std::array::from_fn(|k| {
-                    as_same::<T, $S>(ins.get(k).copied().unwrap_or(&[])).expect("same type")
-                });
-                // SAFETY: each row kernel writes its rows in full.
-                return Some(unsafe {
-                    written::<T, $S>(rows * n, |o| run_rows::<$S>(op, &a[..need], o, rows, n))
-                });
-            }
-        )*};
+    let kernels = RowKernels {
+        f32: run_rows::<f32>,
+        bf16: run_rows::<bf16>,
+        f16: run_rows::<f16>,
+    };
+    kernels.run(op, ins, rows, n)
+}
+
+/// One storage type's row driver: `op` over the `rows` rows of `n > 0` elements of the
+/// inputs into the output (every element written).
+pub(crate) type RowFn<S> = fn(RowOp, &[&[S]], &mut [MaybeUninit<S>], usize, usize);
+
+/// A back-end's row drivers ([`line_rows`] here, `softmax/rows_avx2.rs` on AVX2), one
+/// per storage type.
+pub(crate) struct RowKernels {
+    pub(crate) f32: RowFn<f32>,
+    pub(crate) bf16: RowFn<bf16>,
+    pub(crate) f16: RowFn<f16>,
+}
+
+impl RowKernels {
+    /// `op` over `rows > 0` rows of `n > 0` elements of `ins` through the driver of
+    /// `T` (the inputs `rows * n` long, as many as `op` takes): the output, taken
+    /// uninitialised from the buffer pool; `None` for another type.
+    pub(crate) fn run<T: Element>(
+        &self,
+        op: RowOp,
+        ins: &[&[T]],
+        rows: usize,
+        n: usize,
+    ) -> Option<Result<Vec<T>>> {
+        let need = op.inputs();
+        assert!(
+            ins.len() == need && ins.iter().all(|s| s.len() == rows * n),
+            "line_rows: {op:?} takes {need} inputs of {rows}x{n}"
+        );
+        macro_rules! typed {
+            ($S:ty, $f:expr) => {
+                if as_same::<T, $S>(&[]).is_some() {
+                    let f = $f;
+                    let a: [&[$S]; 2] = std::array::from_fn(|k| {
+                        as_same::<T, $S>(ins.get(k).copied().unwrap_or(&[])).expect("same type")
+                    });
+                    // SAFETY: each row driver writes its rows in full.
+                    return Some(unsafe {
+                        written::<T, $S>(rows * n, |o| f(op, &a[..need], o, rows, n))
+                    });
+                }
+            };
+        }
+        typed!(f32, self.f32);
+        typed!(bf16, self.bf16);
+        typed!(f16, self.f16);
+        None
     }
-    typed!(f32, bf16, f16);
-    None
 }
 
 /// A `len`-element output of `T` (which is `S`) filled by `fill`, taken uninitialised
@@ -1411,7 +1432,7 @@ pub(crate) fn line_rows<T: Element>(
 ///
 /// # Safety
 /// `fill` writes every element of the slice it is given.
-pub(crate) unsafe fn written<T: Element, S: 'static>(
+unsafe fn written<T: Element, S: 'static>(
     len: usize,
     fill: impl FnOnce(&mut [MaybeUninit<S>]),
 ) -> Result<Vec<T>> {
@@ -1692,6 +1713,11 @@ pub(crate) mod same_as_portable {
             .collect()
     }
 
+    /// [`data`] rounded to `T` by `from`.
+    fn data_as<T>(from: fn(f32) -> T, len: usize, seed: u32, specials: bool) -> Vec<T> {
+        data(len, seed, specials).into_iter().map(from).collect()
+    }
+
     /// The bits of each value, every NaN as one pattern: which NaN an operation on
     /// NaNs gives depends on the operand order the compiler picks (LLVM treats `+` and
     /// `*` as commutative), in the portable kernels as much as here.
@@ -1723,14 +1749,8 @@ pub(crate) mod same_as_portable {
         let rows = 3;
         for n in lengths() {
             for specials in [false, true] {
-                let x: Vec<T> = data(rows * n, n as u32, specials)
-                    .into_iter()
-                    .map(from)
-                    .collect();
-                let g: Vec<T> = data(rows * n, 7 + n as u32, false)
-                    .into_iter()
-                    .map(from)
-                    .collect();
+                let x: Vec<T> = data_as(from, rows * n, n as u32, specials);
+                let g: Vec<T> = data_as(from, rows * n, 7 + n as u32, false);
                 let geom = (rows, n, 1);
                 let want = |ins: &[&[T]], f: fn(&[&[f32]], &mut [f32])| {
                     map_lines::<T, f32>(ins, geom, f).expect("portable")
@@ -1771,14 +1791,8 @@ pub(crate) mod same_as_portable {
             let rows = n;
             let geom = (rows, n, 1);
             for specials in [false, true] {
-                let x: Vec<T> = data(rows * n, 11 + n as u32, specials)
-                    .into_iter()
-                    .map(from)
-                    .collect();
-                let g: Vec<T> = data(rows * n, 5 + n as u32, false)
-                    .into_iter()
-                    .map(from)
-                    .collect();
+                let x: Vec<T> = data_as(from, rows * n, 11 + n as u32, specials);
+                let g: Vec<T> = data_as(from, rows * n, 5 + n as u32, false);
                 for (scale, causal) in [(0.125f32, 0), (0.125, n), (1.0, n), (3.0, 0)] {
                     let masked = |k: usize| causal > 0 && k % n > k / n;
                     let w: Vec<f32> = (wide(&x).into_iter().enumerate())
@@ -1829,10 +1843,7 @@ pub(crate) mod same_as_portable {
         let rows = 3;
         for n in lengths() {
             for specials in [false, true] {
-                let x: Vec<T> = data(rows * n, n as u32, specials)
-                    .into_iter()
-                    .map(from)
-                    .collect();
+                let x: Vec<T> = data_as(from, rows * n, n as u32, specials);
                 let w: Vec<f32> = data(n, 3, false);
                 let b: Vec<f32> = data(n, 4, false);
                 let xt = amp_tensor::Tensor::from_vec(x.clone(), vec![rows, n]).expect("x");

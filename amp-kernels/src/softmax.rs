@@ -272,7 +272,7 @@ fn lines<T: Element, C: Real>(
     #[cfg(target_arch = "x86_64")]
     if geom.2 == 1 {
         if let Some(out) = rows512::line_rows::<T>(k, ins, geom.0, geom.1)
-            .or_else(|| rows_avx2::line_rows::<T>(k, ins, geom.0, geom.1, true))
+            .or_else(|| rows_avx2::line_rows::<T>(k, ins, geom.0, geom.1))
         {
             return out;
         }
@@ -456,7 +456,7 @@ fn scaled_rows(
                 let parts: Vec<&[T]> = std::iter::once(a).chain(b).collect();
                 let op = op(s.to_bits());
                 rows512::line_rows::<T>(op, &parts, rows, n)
-                    .or_else(|| rows_avx2::line_rows::<T>(op, &parts, rows, n, true))
+                    .or_else(|| rows_avx2::line_rows::<T>(op, &parts, rows, n))
             };
             let out = match &cs[..] {
                 [a] => with_slice::<T, _>(a, |a| run(a, None))?,

@@ -67,6 +67,45 @@ pub(crate) const EXP_POLY: [f32; 6] = [
     0.5,
 ];
 
+/// The body of a vector `exp_parts::<FMA>(x) -> (y, t)` (the row kernels' at AVX-512
+/// width in `rows512.rs` and AVX2 width in `softmax/rows_avx2.rs`), given the width's
+/// `set1`, `add`, `sub`, `mul` and `fmadd` intrinsics: `exp(x) = y · 2^n` with
+/// `t = n + 1.5·2^23`, the operations of [`exp`] (`FMA = false`, none fused) or of
+/// `exp_parts` (`FMA = true`), in the same order, so every lane has their bits. One
+/// definition of the polynomial for every width. Expands to unsafe intrinsic calls:
+/// the caller runs with the width's features and FMA.
+macro_rules! exp_parts_lanes {
+    ($x:expr, $fma_on:expr, $set1:ident, $add:ident, $sub:ident, $mul:ident, $fma:ident) => {{
+        let x = $x;
+        let s = $set1;
+        let (add, sub, mul, fma) = ($add, $sub, $mul, $fma);
+        const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
+        use $crate::vmath::EXP_POLY;
+        if $fma_on {
+            let t = fma(x, s(std::f32::consts::LOG2_E), s(MAGIC));
+            let n = sub(t, s(MAGIC));
+            let r = fma(n, s(-0.693_359_4), x);
+            let r = fma(n, s(2.121_944_4e-4), r);
+            let mut p = s(EXP_POLY[0]);
+            for c in &EXP_POLY[1..] {
+                p = fma(p, r, s(*c));
+            }
+            (add(fma(p, mul(r, r), r), s(1.0)), t)
+        } else {
+            let t = add(mul(x, s(std::f32::consts::LOG2_E)), s(MAGIC));
+            let n = sub(t, s(MAGIC));
+            let r = sub(sub(x, mul(n, s(0.693_359_4))), mul(n, s(-2.121_944_4e-4)));
+            let mut p = s(EXP_POLY[0]);
+            for c in &EXP_POLY[1..] {
+                p = add(mul(p, r), s(*c));
+            }
+            (add(add(mul(p, mul(r, r)), r), s(1.0)), t)
+        }
+    }};
+}
+#[cfg(target_arch = "x86_64")]
+pub(crate) use exp_parts_lanes;
+
 /// `exp(x) = y · 2^n` with fused multiply-adds, Cephes' `expf` polynomial (about 1
 /// ulp): `(y, t)`, `y` in `[0.7, 1.42]` and `n = round(x · log2 e)` in the low mantissa
 /// bits of `t` (`t.to_bits() - 0x4B40_0000`). For `|x| < 2^21`; no range checks.

@@ -30,9 +30,9 @@ use amp_tensor::half::{bf16, f16};
 use amp_tensor::{Element, Result};
 
 use crate::half16::Io;
-use crate::reduce::{as_same, for_row_blocks, lane_sum};
-use crate::rows512::{written, RowOp};
-use crate::vmath::{self, EXP_HI, EXP_LO, EXP_POLY};
+use crate::reduce::{for_row_blocks, lane_sum};
+use crate::rows512::{RowKernels, RowOp};
+use crate::vmath::{self, EXP_HI, EXP_LO};
 
 /// Whether the CPU has what the kernels are compiled with (AVX2, FMA, F16C).
 pub(crate) fn available() -> bool {
@@ -40,12 +40,10 @@ pub(crate) fn available() -> bool {
     has!("avx2") && has!("fma") && has!("f16c")
 }
 
-/// `1.5 · 2^23`: adding it rounds a float32 to an integer, kept in the low mantissa bits.
-const MAGIC: f32 = 12_582_912.0;
-
 /// `(y, t)` of [`vmath::exp`] (`FMA = false`, no fused operations) or of
 /// `vmath::exp_fma` (`FMA = true`) on 8 lanes, without their range handling:
-/// `exp(x) = y · 2^n` for `x` in `[EXP_LO, EXP_HI]`, `t = n + MAGIC`.
+/// `exp(x) = y · 2^n` for `x` in `[EXP_LO, EXP_HI]`, `t = n + 1.5·2^23`
+/// ([`vmath::exp_parts_lanes`], the polynomial `rows512` evaluates too).
 ///
 /// # Safety
 /// The caller runs with AVX2 and FMA.
@@ -53,28 +51,15 @@ const MAGIC: f32 = 12_582_912.0;
 unsafe fn exp_parts<const FMA: bool>(x: __m256) -> (__m256, __m256) {
     // SAFETY: register-only intrinsics; the features are the caller's.
     unsafe {
-        let s = _mm256_set1_ps;
-        let (add, sub, mul, fma) = (_mm256_add_ps, _mm256_sub_ps, _mm256_mul_ps, _mm256_fmadd_ps);
-        if FMA {
-            let t = fma(x, s(std::f32::consts::LOG2_E), s(MAGIC));
-            let n = sub(t, s(MAGIC));
-            let r = fma(n, s(-0.693_359_4), x);
-            let r = fma(n, s(2.121_944_4e-4), r);
-            let mut p = s(EXP_POLY[0]);
-            for c in &EXP_POLY[1..] {
-                p = fma(p, r, s(*c));
-            }
-            (add(fma(p, mul(r, r), r), s(1.0)), t)
-        } else {
-            let t = add(mul(x, s(std::f32::consts::LOG2_E)), s(MAGIC));
-            let n = sub(t, s(MAGIC));
-            let r = sub(sub(x, mul(n, s(0.693_359_4))), mul(n, s(-2.121_944_4e-4)));
-            let mut p = s(EXP_POLY[0]);
-            for c in &EXP_POLY[1..] {
-                p = add(mul(p, r), s(*c));
-            }
-            (add(add(mul(p, mul(r, r)), r), s(1.0)), t)
-        }
+        vmath::exp_parts_lanes!(
+            x,
+            FMA,
+            _mm256_set1_ps,
+            _mm256_add_ps,
+            _mm256_sub_ps,
+            _mm256_mul_ps,
+            _mm256_fmadd_ps
+        )
     }
 }
 
@@ -521,41 +506,24 @@ fn run_rows<S: Io + Send + Sync>(
 /// `op` over `rows` rows of `n` elements of float32, bfloat16 or float16 storage `T`
 /// (the inputs `rows * n` long, contiguous), straight from and to the storage type, as
 /// [`crate::rows512::line_rows`]; `None` (nothing done) for other types or when the
-/// CPU lacks AVX2, FMA or F16C. `f32` says whether float32 rows run here too (the
-/// callers choose: see `softmax.rs`).
+/// CPU lacks AVX2, FMA or F16C. float32 rows run here too: as fast as the portable
+/// line kernels compiled for AVX2 or faster (softmax of `[n, n]`, Zen 3: 1.2–2× at
+/// n = 8..96, within the host's noise above).
 pub(crate) fn line_rows<T: Element>(
     op: RowOp,
     ins: &[&[T]],
     rows: usize,
     n: usize,
-    f32_too: bool,
 ) -> Option<Result<Vec<T>>> {
     if n == 0 || rows == 0 || !available() {
         return None;
     }
-    let need = op.inputs();
-    assert!(
-        ins.len() == need && ins.iter().all(|s| s.len() == rows * n),
-        "line_rows: {op:?} takes {need} inputs of {rows}x{n}"
-    );
-    macro_rules! typed {
-        ($($S:ty),*) => {$(
-            if as_same::<T, $S>(&[]).is_some() {
-                let a: [&[$S]; 2] = std::array::from_fn(|k| {
-                    as_same::<T, $S>(ins.get(k).copied().unwrap_or(&[])).expect("same type")
-                });
-                // SAFETY: each row kernel writes its rows in full.
-                return Some(unsafe {
-                    written::<T, $S>(rows * n, |o| run_rows::<$S>(op, &a[..need], o, rows, n))
-                });
-            }
-        )*};
-    }
-    typed!(bf16, f16);
-    if f32_too {
-        typed!(f32);
-    }
-    None
+    let kernels = RowKernels {
+        f32: run_rows::<f32>,
+        bf16: run_rows::<bf16>,
+        f16: run_rows::<f16>,
+    };
+    kernels.run(op, ins, rows, n)
 }
 
 #[cfg(test)]
@@ -636,13 +604,9 @@ mod tests {
         if skipped() {
             return;
         }
-        check_line_kernels::<f32>(|v| v, |op, ins, r, n| line_rows(op, ins, r, n, true));
-        check_line_kernels::<bf16>(amp_tensor::round_to_bf16, |op, ins, r, n| {
-            line_rows(op, ins, r, n, true)
-        });
-        check_line_kernels::<f16>(f16::from_f32, |op, ins, r, n| {
-            line_rows(op, ins, r, n, true)
-        });
+        check_line_kernels::<f32>(|v| v, line_rows);
+        check_line_kernels::<bf16>(amp_tensor::round_to_bf16, line_rows);
+        check_line_kernels::<f16>(f16::from_f32, line_rows);
     }
 
     #[test]
@@ -650,12 +614,8 @@ mod tests {
         if skipped() {
             return;
         }
-        check_zero_maximum::<f32>(|v| v, |op, ins, r, n| line_rows(op, ins, r, n, true));
-        check_zero_maximum::<bf16>(amp_tensor::round_to_bf16, |op, ins, r, n| {
-            line_rows(op, ins, r, n, true)
-        });
-        check_zero_maximum::<f16>(f16::from_f32, |op, ins, r, n| {
-            line_rows(op, ins, r, n, true)
-        });
+        check_zero_maximum::<f32>(|v| v, line_rows);
+        check_zero_maximum::<bf16>(amp_tensor::round_to_bf16, line_rows);
+        check_zero_maximum::<f16>(f16::from_f32, line_rows);
     }
 }
