@@ -284,10 +284,29 @@ pub fn with_kernel16<R>(kernel: Kernel16, f: impl FnOnce() -> R) -> Result<R> {
 /// forces one, else the fastest the CPU has when the product is wide enough that a
 /// tile's padding does not dominate (thinner products are memory-bound either way; the
 /// widened path handles them), and for float32 large enough on every side
-/// ([`AVX2_F32_WORK`]).
-pub(super) fn chosen(dtype: DType, m: usize, n: usize, k: usize) -> Option<Kernel16> {
+/// ([`AVX2_F32_WORK`]). `per_entry`: the product is one of a batch the caller can run
+/// one whole product per task, widened (`per_product16`); on the AVX2 tiles it then
+/// does (`None`).
+pub(super) fn chosen(
+    dtype: DType,
+    m: usize,
+    n: usize,
+    k: usize,
+    per_entry: bool,
+) -> Option<Kernel16> {
     let mut kernel = kernel16(dtype)?;
     let forced = FORCED.get().is_some_and(|f| f.supports(dtype));
+    // A batch of 16-bit products run one whole product per task skips the AVX2 tiles:
+    // each product widened by blocks of rows and multiplied by faer's float32 kernel on
+    // one thread is faster. Attention-shaped `bmm` (`[32, T, 64] × [32, 64, T]`) on a
+    // Zen 3 EPYC, GFLOP/s widened against the tiles (alternated in one session): T =
+    // 192 108–110 against 77–88, 256 98–103 against 67–89, 384 97–101 against 69–73,
+    // 512 101–115 against 77–93, 1024 96–109 against 80–94; 2048 88–98 both, T <= 128
+    // within the noise. Single products keep the tiles: widened, the main job's
+    // bfloat16 step took 10% longer.
+    if kernel == Kernel16::Avx2Fma && !forced && per_entry {
+        return None;
+    }
     if kernel == Kernel16::Amx && !forced && m < AMX_MIN_ROWS {
         kernel = Kernel16::Avx512Bf16;
     }
